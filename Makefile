@@ -1,0 +1,49 @@
+# The two commands in the README: `make demo` (main job on the embedded model) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+MODEL_CONFIG ?= models/training/configs/shapes-sd.json
+export HF_HUB_OFFLINE := 1
+
+.PHONY: demo test install-run install-dev model model-export clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# run-time only: numpy, onnxruntime, tokenizers, Pillow (no torch)
+$(VENV)/.run-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# export/training extra + test tools; torch first so pip never pulls a CUDA build
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[export,dev]'
+	touch $@ $(VENV)/.run-installed
+
+install-run: $(VENV)/.run-installed
+install-dev: $(VENV)/.dev-installed
+
+demo: $(VENV)/.run-installed
+	mkdir -p out
+	$(BIN)/onnxdiffusion generate "a small red circle on the left" --steps 20 --seed 0 -o out/demo.png
+	$(BIN)/onnxdiffusion generate "a blue star above a yellow square" --sampler dpmpp_2m --steps 20 --batch 4 -o out/demo-pair.png
+	@echo "images written to out/"
+
+test: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Retrain the embedded model from scratch (about two hours on 2 CPU cores), then export it.
+model: $(VENV)/.dev-installed
+	$(BIN)/python models/training/train_pipeline.py $(MODEL_CONFIG) --stage vae --work runs/shapes-sd
+	$(BIN)/python models/training/train_pipeline.py $(MODEL_CONFIG) --stage unet --work runs/shapes-sd
+	$(BIN)/python models/training/train_pipeline.py $(MODEL_CONFIG) --stage assemble --work runs/shapes-sd --out models/shapes-sd
+	$(BIN)/python models/training/train_judge.py --out models/judge
+	$(MAKE) model-export
+
+model-export: $(VENV)/.dev-installed
+	$(BIN)/onnxdiffusion export models/shapes-sd models/shapes-sd-onnx --overwrite
+
+clean:
+	rm -rf $(VENV) out runs

@@ -1,0 +1,139 @@
+"""Command line: a map from verb to typed library function. Docstrings are the help."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"warning: {message}", file=sys.stderr)
+
+
+@app.command()
+def export(
+    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder")],
+    out: Annotated[Path, typer.Argument(help="output model folder")],
+    opset: int = 17,
+    overwrite: bool = False,
+    no_validate: Annotated[bool, typer.Option("--no-validate", help="skip the PyTorch comparison")] = False,
+) -> None:
+    """Export a Stable-Diffusion-family pipeline to ONNX (validated against PyTorch)."""
+    from .export import ExportOptions, export_pipeline
+
+    manifest = export_pipeline(src, out, ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate))
+    for name, info in manifest["components"].items():
+        v = info.get("validation", {})
+        err = f"max abs err {v['max_abs_error']:.2e}" if v else "not validated"
+        print(f"{name:13s} {info['bytes'] / 1e6:9.1f} MB  {err}")
+    print(f"wrote {out} in {manifest['export_seconds']:.1f}s")
+
+
+@app.command()
+def generate(
+    args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT (MODEL defaults to the embedded model)")],
+    negative_prompt: Annotated[Optional[str], typer.Option("--negative-prompt", "-n")] = None,
+    steps: int = 20,
+    sampler: str = "ddim",
+    guidance: float = 7.5,
+    seed: int = 0,
+    height: Optional[int] = None,
+    width: Optional[int] = None,
+    batch: int = 1,
+    spacing: Optional[str] = None,
+    provider: str = "cpu",
+    output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
+) -> None:
+    """Generate images from a prompt with ONNX Runtime (no torch)."""
+    from tqdm import tqdm
+
+    from .imageio import output_paths
+    from .runtime import GenerationResult, Pipeline
+
+    if len(args) == 1:
+        model, prompt = None, args[0]
+    elif len(args) == 2:
+        model, prompt = Path(args[0]), args[1]
+    else:
+        raise UserError("expected [MODEL] PROMPT")
+    output_paths(output, batch)  # fail before loading anything
+    pipe = Pipeline.from_folder(model, provider=provider)
+    events = pipe.iter_generate(
+        prompt, negative_prompt=negative_prompt, steps=steps, sampler=sampler, guidance=guidance, seed=seed,
+        height=height, width=width, batch=batch, spacing=spacing,
+    )
+    result = None
+    with tqdm(total=steps, desc="sampling", unit="step") as bar:
+        for event in events:
+            if isinstance(event, GenerationResult):
+                result = event
+            else:
+                bar.update(1)
+    for p in result.save(output):
+        print(p)
+
+
+@app.command()
+def evaluate(
+    model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
+    count: int = 256,
+    steps: int = 20,
+    sampler: str = "ddim",
+    guidance: float = 4.0,
+    batch: int = 32,
+    provider: str = "cpu",
+    output: Annotated[Path, typer.Option("--output", "-o", help="JSON result")] = Path("evaluate.json"),
+    grid: Annotated[Optional[Path], typer.Option(help="also save a grid of the first 64 images")] = None,
+) -> None:
+    """Held-out prompts with fixed seeds: judge attribute / strict accuracy and Fréchet distance."""
+    import json
+
+    from .artifacts import atomic_write_bytes
+    from .evaluate.run import EvaluateOptions, evaluate_model
+    from .imageio import image_grid, output_paths
+
+    if not output.parent.is_dir():
+        raise UserError(f"output directory does not exist: {output.parent}")
+    if grid is not None:
+        output_paths(grid, 1)
+    options = EvaluateOptions(count=count, steps=steps, sampler=sampler, guidance=guidance, batch=batch)
+    result = evaluate_model(model, options, provider=provider)
+    images = result.pop("_images")
+    atomic_write_bytes(output, (json.dumps(result, indent=2) + "\n").encode())
+    if grid is not None:
+        from .imageio import save_images
+
+        save_images(image_grid(images[:64], 8)[None], grid)
+    print(f"attribute accuracy {result['attribute_accuracy']:.3f}  strict {result['strict_accuracy']:.3f}  "
+          f"FD {result['frechet_distance']:.2f}  ({result['count']} images) -> {output}")
+
+
+def main() -> None:
+    warnings.showwarning = _one_line_warning
+    try:
+        app(standalone_mode=False)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

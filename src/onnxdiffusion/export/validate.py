@@ -1,0 +1,77 @@
+"""Export one component and check it against PyTorch: validation is part of export."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from ..errors import UserError
+from .components import ComponentSpec
+from .external_data import consolidate, external_files
+
+
+def _compare(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
+    max_abs, max_rel = 0.0, 0.0
+    for r, g in zip(ref, got):
+        diff = float(np.max(np.abs(r.astype(np.float64) - g.astype(np.float64))))
+        scale = float(np.max(np.abs(r))) or 1.0
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / scale)
+    return max_abs, max_rel
+
+
+def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: list[dict], folder: Path, options) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    names_in = [t.name for t in spec.inputs]
+    names_out = [t.name for t in spec.outputs]
+    first = feed_list[0]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            tuple(first[n] for n in names_in),
+            str(path),
+            input_names=names_in,
+            output_names=names_out,
+            dynamic_axes=spec.dynamic_axes(),
+            opset_version=options.opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    consolidate(path)
+    info = {
+        "path": f"{spec.name}/model.onnx",
+        "external_data": [f"{spec.name}/{f}" for f in external_files(path)],
+        "precision": "fp32",
+        **spec.to_manifest(),
+        "bytes": sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
+    }
+    onnx.checker.check_model(str(path))
+    if not options.validate:
+        return info
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    worst_abs, worst_rel = 0.0, 0.0
+    for feeds in feed_list:
+        with torch.no_grad():
+            ref = module(*(feeds[n] for n in names_in))
+        ref = [r.numpy() for r in (ref if isinstance(ref, tuple) else (ref,))]
+        got = sess.run(names_out, {n: feeds[n].numpy() for n in names_in})
+        for r, g in zip(ref, got):
+            if r.shape != g.shape:
+                raise UserError(f"{spec.name}: ONNX output shape {g.shape} != PyTorch {r.shape}")
+        a, rel = _compare(ref, got)
+        worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+        bound = spec.atol * max(1.0, max(float(np.max(np.abs(r))) for r in ref))
+        if a > bound:
+            raise UserError(
+                f"{spec.name}: ONNX Runtime differs from PyTorch by {a:.3g} (max abs) > tolerance {bound:.3g}"
+            )
+    del sess
+    info["validation"] = {"max_abs_error": worst_abs, "max_rel_error": worst_rel, "atol": spec.atol}
+    return info

@@ -1,0 +1,27 @@
+"""Where the shipped artifacts live (the repo's models/ folder, or $ONNXDIFFUSION_MODELS)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import UserError
+
+EMBEDDED_NAME = "shapes-sd"
+
+
+def models_root() -> Path:
+    env = os.environ.get("ONNXDIFFUSION_MODELS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "models"
+
+
+def default_model_folder() -> Path:
+    """The embedded model, exported to ONNX and shipped so that run time never needs torch."""
+    folder = models_root() / f"{EMBEDDED_NAME}-onnx"
+    if not folder.is_dir():
+        raise UserError(f"embedded model not found at {folder} (set ONNXDIFFUSION_MODELS or pass a MODEL folder)")
+    return folder
+
+
+def embedded_diffusers_folder() -> Path:
+    return models_root() / EMBEDDED_NAME

@@ -1,0 +1,45 @@
+"""ONNX Runtime sessions: provider choice and clear errors for unusable models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+
+from ..errors import UserError
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+}
+
+
+def resolve_provider(name: str) -> list[str]:
+    """Provider list for ORT: the requested one, then CPU as the fallback for unsupported ops."""
+    key = name.lower()
+    if key not in PROVIDERS:
+        raise UserError(f"unknown provider {name!r}; choose from {', '.join(PROVIDERS)}")
+    wanted = PROVIDERS[key]
+    available = ort.get_available_providers()
+    if wanted not in available:
+        names = ", ".join(k for k, v in PROVIDERS.items() if v in available)
+        raise UserError(f"provider {name!r} is not available in this onnxruntime install (available: {names})")
+    return [wanted] if wanted == "CPUExecutionProvider" else [wanted, "CPUExecutionProvider"]
+
+
+def make_session(path: Path, provider: str = "cpu", threads: int | None = None) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_provider(provider))
+    except UserError:
+        raise
+    except Exception as e:  # ORT raises several private exception types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot load {path}: {first[:300]}") from None

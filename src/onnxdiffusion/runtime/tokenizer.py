@@ -1,0 +1,54 @@
+"""CLIP tokenization with the `tokenizers` library, matching transformers' CLIPTokenizer."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from ..errors import UserError
+
+
+class PromptTokenizer:
+    def __init__(self, folder: Path):
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise UserError(f"tokenizer file missing: {path}")
+        self._tok = Tokenizer.from_file(str(path))
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.max_length = int(cfg.get("model_max_length", 77))
+
+        def token_id(key: str, default: str) -> int:
+            tok = cfg.get(key, default)
+            if isinstance(tok, dict):
+                tok = tok.get("content", default)
+            i = self._tok.token_to_id(tok)
+            if i is None:
+                raise UserError(f"{cfg_path}: {key} {tok!r} is not in the vocabulary")
+            return i
+
+        self.bos = token_id("bos_token", "<|startoftext|>")
+        self.eos = token_id("eos_token", "<|endoftext|>")
+        self.pad = token_id("pad_token", "<|endoftext|>")
+
+    def __call__(self, prompts: list[str]) -> np.ndarray:
+        """(batch, max_length) int32 ids: bos, tokens, eos, then padding; over-long prompts are truncated."""
+        out = np.full((len(prompts), self.max_length), self.pad, dtype=np.int32)
+        room = self.max_length - 2
+        for row, prompt in enumerate(prompts):
+            ids = self._tok.encode(prompt, add_special_tokens=False).ids
+            if len(ids) > room:
+                dropped = self._tok.decode(ids[room:])
+                warnings.warn(
+                    f"prompt truncated to {self.max_length} tokens; dropped: {dropped!r}", UserWarning, stacklevel=3
+                )
+                ids = ids[:room]
+            seq = [self.bos, *ids, self.eos]
+            out[row, : len(seq)] = seq
+        return out

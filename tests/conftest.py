@@ -1,0 +1,80 @@
+import os
+import sys
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "models" / "training"))
+
+
+def build_tiny_pipeline(folder: Path, prediction_type: str = "epsilon", spacing: str = "leading") -> Path:
+    """A real Stable Diffusion pipeline, shrunk: every block type SD uses, random weights."""
+    import torch
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from tokenizer_build import build_tokenizer_files
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    from onnxdiffusion import scenes
+
+    torch.manual_seed(0)
+    build_tokenizer_files(scenes.vocabulary(), folder / "_tok", 16)
+    tokenizer = CLIPTokenizer.from_pretrained(folder / "_tok")
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=16,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=8,
+    )
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 16),
+        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+        layers_per_block=1, norm_num_groups=8, sample_size=32,
+    )
+    scheduler = DDIMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+        set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type, timestep_spacing=spacing,
+    )
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+    pipe.save_pretrained(folder / "diffusers", safe_serialization=True)
+    return folder / "diffusers"
+
+
+@pytest.fixture(scope="session")
+def tiny_diffusers(tmp_path_factory) -> Path:
+    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx(tiny_diffusers, tmp_path_factory) -> Path:
+    from onnxdiffusion.export import export_pipeline
+
+    out = tmp_path_factory.mktemp("tiny_onnx") / "model"
+    export_pipeline(tiny_diffusers, out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_v_diffusers(tmp_path_factory) -> Path:
+    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny_v"), prediction_type="v_prediction", spacing="trailing")
+
+
+@pytest.fixture(scope="session")
+def tiny_v_onnx(tiny_v_diffusers, tmp_path_factory) -> Path:
+    from onnxdiffusion.export import export_pipeline
+
+    out = tmp_path_factory.mktemp("tiny_v_onnx") / "model"
+    export_pipeline(tiny_v_diffusers, out, progress=False)
+    return out
