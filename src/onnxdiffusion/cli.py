@@ -50,6 +50,7 @@ def generate(
     batch: int = 1,
     spacing: Optional[str] = None,
     provider: str = "cpu",
+    loop: Annotated[str, typer.Option(help="host | loop | unrolled (the last two need compile-loop)")] = "host",
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
@@ -68,7 +69,7 @@ def generate(
     pipe = Pipeline.from_folder(model, provider=provider)
     events = pipe.iter_generate(
         prompt, negative_prompt=negative_prompt, steps=steps, sampler=sampler, guidance=guidance, seed=seed,
-        height=height, width=width, batch=batch, spacing=spacing,
+        height=height, width=width, batch=batch, spacing=spacing, loop=loop,
     )
     result = None
     with tqdm(total=steps, desc="sampling", unit="step") as bar:
@@ -77,8 +78,25 @@ def generate(
                 result = event
             else:
                 bar.update(1)
+        bar.update(steps - bar.n)  # one-graph loops report only at the end
     for p in result.save(output):
         print(p)
+
+
+@app.command("compile-loop")
+def compile_loop_cmd(
+    model: Annotated[Path, typer.Argument(help="exported model folder")],
+    out: Annotated[Path, typer.Argument(help="output model folder (may equal MODEL to add in place)")],
+    form: Annotated[str, typer.Option(help="loop (step count at run time) | unrolled (fixed --steps)")] = "loop",
+    steps: Optional[int] = None,
+    whole: Annotated[bool, typer.Option(help="token ids in, uint8 image out: text encoder + loop + VAE decoder")] = False,
+    overwrite: bool = False,
+) -> None:
+    """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
+    from .loops import compile_loop
+
+    info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite)
+    print(f"{info['path']}: {info['bytes'] / 1e6:.1f} MB in {info['compile_seconds']:.1f}s -> {out}")
 
 
 @app.command()

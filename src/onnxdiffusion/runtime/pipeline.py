@@ -19,8 +19,12 @@ from ..paths import default_model_folder
 from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample
 from ..schedules import NoiseSchedule
 from .backbone import GuidedBackbone
+from .sampling_graph import SamplingGraph
 from .session import make_session
 from .tokenizer import PromptTokenizer
+
+
+LOOP_FORMS = ("host", "loop", "unrolled")
 
 
 @dataclass
@@ -56,6 +60,7 @@ class GenerateOptions:
     width: int | None = None
     batch: int = 1
     spacing: str | None = None
+    loop: str = "host"  # host | loop | unrolled
 
 
 class Pipeline:
@@ -70,6 +75,8 @@ class Pipeline:
         self.text_encoder = make_session(folder / comps["text_encoder"]["path"], provider, threads)
         self.unet = make_session(folder / comps["unet"]["path"], provider, threads)
         self.vae_decoder = make_session(folder / comps["vae_decoder"]["path"], provider, threads)
+        self._threads = threads
+        self._graphs: dict[str, SamplingGraph] = {}
         sched_path = folder / "scheduler" / "scheduler_config.json"
         try:
             self.schedule = NoiseSchedule.from_scheduler_config(json.loads(sched_path.read_text()))
@@ -124,6 +131,17 @@ class Pipeline:
     def latent_shape_for(self, batch: int, height: int | None = None, width: int | None = None) -> tuple[int, ...]:
         return self.latent_shape(GenerateOptions(batch=batch, height=height, width=width))
 
+    def sampling_graph(self, form: str) -> SamplingGraph:
+        if form not in LOOP_FORMS[1:]:
+            raise UserError(f"unknown loop form {form!r}; choose from {', '.join(LOOP_FORMS)}")
+        if form not in self._graphs:
+            info = self.manifest["components"].get(f"sampler_{form}")
+            if info is None:
+                raise UserError(f"{self.folder} has no '{form}' sampling graph (run `onnxdiffusion compile-loop --form {form}`)")
+            session = make_session(self.folder / info["path"], self.provider, self._threads)
+            self._graphs[form] = SamplingGraph(session, info)
+        return self._graphs[form]
+
     # -- generation ---------------------------------------------------------------------------
     def prepare(self, options: GenerateOptions, latents: np.ndarray | None, noise: np.ndarray | None):
         """Validate everything before any model runs; returns (table, latents, noise)."""
@@ -131,6 +149,10 @@ class Pipeline:
             raise UserError(f"guidance must be >= 0, got {options.guidance}")
         table = self.table(options)
         shape = self.latent_shape(options)
+        if options.loop != "host":
+            graph = self.sampling_graph(options.loop)
+            if graph.form == "unrolled" and graph.steps != options.steps:
+                raise UserError(f"this model's unrolled graph runs exactly {graph.steps} steps, got {options.steps}")
         rng = np.random.default_rng(options.seed)
         if latents is None:
             latents = rng.standard_normal(shape, dtype=np.float32)
@@ -168,11 +190,15 @@ class Pipeline:
     def _run(self, options, table, latents, noise, prompts, negatives):
         guided = options.guidance > 1.0
         cond = self.encode_prompt(prompts)
-        uncond = self.encode_prompt(negatives) if guided else None
-        model_fn = GuidedBackbone(self.unet, latents.shape, cond, uncond, options.guidance)
-        x = latents
-        for i, x, den in iter_sample(model_fn, latents, table, noise):
-            yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
+        if options.loop != "host":
+            uncond = self.encode_prompt(negatives)
+            x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
+        else:
+            uncond = self.encode_prompt(negatives) if guided else None
+            model_fn = GuidedBackbone(self.unet, latents.shape, cond, uncond, options.guidance)
+            x = latents
+            for i, x, den in iter_sample(model_fn, latents, table, noise):
+                yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
         yield GenerationResult(
             images=self.decode(x),
             latents=x,

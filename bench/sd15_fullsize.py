@@ -1,0 +1,774 @@
+#!/usr/bin/env python
+"""Full-size check (not CI): Stable Diffusion v1.5's architecture, random weights, end to end on CPU.
+
+  build     write an SD1.5-shaped diffusers StableDiffusionPipeline folder (seeded random weights)
+  export    `onnxdiffusion.export.export_pipeline` on it (validated against PyTorch by the exporter);
+            check the >2 GB UNet is model.onnx + ONE external data file and that ONNX Runtime loads it
+  generate  one 256x256 image through `onnxdiffusion.runtime.Pipeline` (DDIM, 10 steps, guidance 7.5)
+
+Each phase runs as its own subprocess under `/usr/bin/time -v` (peak RSS); its numbers are merged
+into bench/results/sd15_fullsize.json, so phases can be run one at a time and resumed. Everything
+runs on ONE thread by default (torch, OpenMP/BLAS, ONNX Runtime intra/inter-op).
+
+  python bench/sd15_fullsize.py --phase all [--work /tmp/sd15-bench]   # ~10 GB of disk under --work
+  python bench/sd15_fullsize.py --phase generate --steps 10            # rerun just one phase
+  python bench/sd15_fullsize.py --table                                # print the last results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RESULTS = ROOT / "bench" / "results" / "sd15_fullsize.json"
+PHASES = ("build", "export", "generate")
+NEED_DISK_GB = {"build": 5.0, "export": 9.0, "generate": 0.1}
+
+# --- Stable Diffusion v1.5 architecture (runwayml/stable-diffusion-v1-5 configs) -------------------
+UNET_CONFIG = {
+    "sample_size": 64,
+    "in_channels": 4,
+    "out_channels": 4,
+    "center_input_sample": False,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+    "down_block_types": ("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    "block_out_channels": (320, 640, 1280, 1280),
+    "layers_per_block": 2,
+    "downsample_padding": 1,
+    "mid_block_scale_factor": 1,
+    "act_fn": "silu",
+    "norm_num_groups": 32,
+    "norm_eps": 1e-5,
+    "cross_attention_dim": 768,
+    "attention_head_dim": 8,
+}
+VAE_CONFIG = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "up_block_types": ("UpDecoderBlock2D",) * 4,
+    "block_out_channels": (128, 256, 512, 512),
+    "layers_per_block": 2,
+    "act_fn": "silu",
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "sample_size": 512,
+    "scaling_factor": 0.18215,
+}
+TEXT_ENCODER_CONFIG = {  # CLIP ViT-L/14's text tower
+    "vocab_size": 49408,  # raised to len(tokenizer) if that is larger
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "projection_dim": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-5,
+    "attention_dropout": 0.0,
+    "dropout": 0.0,
+    "initializer_range": 0.02,
+    "initializer_factor": 1.0,
+}
+SCHEDULER_CONFIG = {  # SD1.5 ships a PNDMScheduler with these values; the runtime reads the same keys
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "trained_betas": None,
+    "skip_prk_steps": True,
+    "set_alpha_to_one": False,
+    "steps_offset": 1,
+    "prediction_type": "epsilon",
+    "timestep_spacing": "leading",
+}
+TOKENIZER_MAX_LENGTH = 77
+GiB = 1024**3
+
+
+class BenchError(Exception):
+    """A one-line failure message."""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def check_disk(folder: Path, need_gb: float) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < need_gb * GiB:
+        raise BenchError(f"only {free / GiB:.1f} GiB free under {folder}, this phase needs ~{need_gb:.0f} GiB")
+
+
+# --- per-process memory ---------------------------------------------------------------------------
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def peak_rss_bytes() -> int | None:
+    kb = _status_kb("VmHWM")
+    if kb is None:
+        import resource
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so a later read is the peak since now."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def machine_info() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        cpu = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"model name\s*:\s*(.+)", cpu)
+        info["cpu"] = m.group(1).strip() if m else None
+        m = re.search(r"MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text())
+        info["mem_total_bytes"] = int(m.group(1)) * 1024 if m else None
+    except OSError:
+        pass
+    return info
+
+
+# === child side: the phases =======================================================================
+def one_thread(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+
+
+def phase_build(args) -> dict:
+    check_disk(args.work, NEED_DISK_GB["build"])
+    sys.path.insert(0, str(ROOT / "models" / "training"))
+    import torch
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from tokenizer_build import build_tokenizer_files
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    from onnxdiffusion import scenes
+
+    one_thread(args.threads)
+    torch.manual_seed(args.seed)
+    target, tmp = args.work / "diffusers", args.work / "diffusers.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    seconds: dict[str, float] = {}
+
+    log("build: tokenizer")
+    tok_dir = args.work / "tokenizer_src"
+    build_tokenizer_files(scenes.vocabulary(), tok_dir, TOKENIZER_MAX_LENGTH)
+    tokenizer = CLIPTokenizer.from_pretrained(tok_dir)
+    text_cfg = dict(TEXT_ENCODER_CONFIG)
+    text_cfg["vocab_size"] = max(TEXT_ENCODER_CONFIG["vocab_size"], len(tokenizer))
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}
+    for key, value in ids.items():
+        if value is None or not 0 <= value < text_cfg["vocab_size"]:
+            raise BenchError(f"tokenizer {key} {value!r} does not fit text-encoder vocab {text_cfg['vocab_size']}")
+    text_cfg.update(ids)
+
+    models = {}
+    for name, make in (
+        ("text_encoder", lambda: CLIPTextModel(CLIPTextConfig(**text_cfg))),
+        ("unet", lambda: UNet2DConditionModel(**UNET_CONFIG)),
+        ("vae", lambda: AutoencoderKL(**VAE_CONFIG)),
+    ):
+        log(f"build: {name} (random init, seed {args.seed})")
+        t0 = time.perf_counter()
+        models[name] = make().eval()
+        seconds[f"init_{name}"] = round(time.perf_counter() - t0, 2)
+    params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
+    log("build: parameters " + ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in params.items()))
+    scheduler = PNDMScheduler(**SCHEDULER_CONFIG)
+    pipe = StableDiffusionPipeline(
+        vae=models["vae"], text_encoder=models["text_encoder"], tokenizer=tokenizer, unet=models["unet"],
+        scheduler=scheduler, safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+    log(f"build: saving diffusers folder (safetensors) to {target}")
+    t0 = time.perf_counter()
+    pipe.save_pretrained(tmp, safe_serialization=True)
+    seconds["save"] = round(time.perf_counter() - t0, 2)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    sizes = {c: folder_bytes(target / c) for c in ("text_encoder", "unet", "vae", "tokenizer", "scheduler")}
+    log(f"build: done, {fmt_bytes(folder_bytes(target))} on disk")
+    return {
+        "folder": str(target),
+        "params": params,
+        "params_total": sum(params.values()),
+        "text_encoder_vocab_size": text_cfg["vocab_size"],
+        "tokenizer_len": len(tokenizer),
+        "seconds": seconds,
+        "bytes": sizes,
+    }
+
+
+class _ExportProbe:
+    """Time (and peak-RSS) each exporter step by wrapping the functions validate.py calls."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.current: str | None = None
+        self.stats: dict[str, dict] = {}
+        self.peak_reset_ok = False
+
+    def add(self, key: str, seconds: float) -> None:
+        if self.current is not None:
+            rec = self.stats[self.current]
+            rec[key] = round(rec.get(key, 0.0) + seconds, 2)
+
+    def timed(self, key: str, fn, label: str):
+        def wrapper(*a, **kw):
+            if self.current:
+                log(f"export: {self.current}: {label}")
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.add(key, time.perf_counter() - t0)
+
+        return wrapper
+
+    def install(self) -> None:
+        import onnx
+        import onnxruntime as ort
+        import torch
+
+        import onnxdiffusion.export.validate as V
+
+        ort.set_default_logger_severity(3)
+        real_session = ort.InferenceSession
+        threads = self.threads
+
+        def session(path_or_bytes, sess_options=None, providers=None, **kw):
+            if sess_options is None:  # the exporter's validation session: force our thread budget
+                sess_options = ort.SessionOptions()
+                sess_options.intra_op_num_threads = threads
+                sess_options.inter_op_num_threads = 1
+            return real_session(path_or_bytes, sess_options=sess_options, providers=providers, **kw)
+
+        ort.InferenceSession = self.timed("ort_load_s", session, "loading into ONNX Runtime, validating")
+        torch.onnx.export = self.timed("torch_onnx_export_s", torch.onnx.export, "torch.onnx.export")
+        V.consolidate = self.timed("consolidate_s", V.consolidate, "consolidating external data")
+        onnx.checker.check_model = self.timed("onnx_checker_s", onnx.checker.check_model, "onnx.checker")
+        real_component = V.export_component
+
+        def component(spec, *a, **kw):
+            self.current = spec.name
+            self.stats[spec.name] = {}
+            self.peak_reset_ok = reset_peak_rss()
+            t0 = time.perf_counter()
+            try:
+                return real_component(spec, *a, **kw)
+            finally:
+                rec = self.stats[spec.name]
+                rec["total_s"] = round(time.perf_counter() - t0, 2)
+                known = sum(rec.get(k, 0.0) for k in ("torch_onnx_export_s", "consolidate_s", "onnx_checker_s", "ort_load_s"))
+                rec["validate_run_s"] = round(max(0.0, rec["total_s"] - known), 2)
+                rec["peak_rss_bytes" if self.peak_reset_ok else "peak_rss_bytes_since_start"] = peak_rss_bytes()
+                log(f"export: {spec.name}: done in {rec['total_s']:.1f} s")
+                self.current = None
+
+        V.export_component = component
+
+
+def _check_unet_folder(out: Path, manifest: dict, threads: int) -> dict:
+    """model.onnx + exactly one external data file, and ORT loads and runs it."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    folder = out / "unet"
+    files = sorted(p.name for p in folder.iterdir())
+    onnx_like = [f for f in files if f != "config.json"]
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    locations = {ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)}
+    listed = manifest["components"]["unet"]["external_data"]
+    proto_bytes = (folder / "model.onnx").stat().st_size
+    del model
+    if len(locations) != 1 or len(listed) != 1 or len(onnx_like) != 2 or "model.onnx" not in onnx_like:
+        raise BenchError(
+            f"unet folder should hold model.onnx + ONE external data file, found files {files}, "
+            f"graph references {sorted(locations)}, manifest lists {listed}"
+        )
+    data_file = folder / next(iter(locations))
+    log("export: check: loading unet/model.onnx in a fresh ONNX Runtime session and running it once")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    t0 = time.perf_counter()
+    try:
+        sess = ort.InferenceSession(str(folder / "model.onnx"), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises private types
+        raise BenchError(f"ONNX Runtime cannot load {folder / 'model.onnx'}: {str(e).splitlines()[0][:300]}") from None
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    hidden = UNET_CONFIG["cross_attention_dim"]
+    feeds = {
+        "sample": rng.standard_normal((1, 4, 8, 8), dtype=np.float32),
+        "timestep": np.array([500.0], np.float32),
+        "encoder_hidden_states": rng.standard_normal((1, TOKENIZER_MAX_LENGTH, hidden), dtype=np.float32),
+    }
+    t0 = time.perf_counter()
+    (y,) = sess.run(["out_sample"], feeds)
+    run_s = time.perf_counter() - t0
+    if y.shape != (1, 4, 8, 8) or not np.isfinite(y).all():
+        raise BenchError(f"unet ONNX output is wrong: shape {y.shape}, finite {bool(np.isfinite(y).all())}")
+    del sess
+    return {
+        "files": files,
+        "external_data_file": data_file.name,
+        "model_onnx_bytes": proto_bytes,
+        "external_data_bytes": data_file.stat().st_size,
+        "ort_load_s": round(load_s, 2),
+        "ort_run_8x8_s": round(run_s, 2),
+        "ok": True,
+    }
+
+
+def phase_export(args) -> dict:
+    src, out = args.work / "diffusers", args.work / "onnx"
+    if not (src / "model_index.json").is_file():
+        raise BenchError(f"no diffusers folder at {src}; run --phase build first")
+    check_disk(args.work, NEED_DISK_GB["export"])
+    one_thread(args.threads)
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    probe = _ExportProbe(args.threads)
+    probe.install()
+    log(f"export: {src} -> {out} (opset 17, validation on)")
+    t0 = time.perf_counter()
+    manifest = export_pipeline(src, out, ExportOptions(overwrite=True), progress=True)
+    total_s = time.perf_counter() - t0
+    log(f"export: finished in {total_s:.1f} s")
+    unet_check = _check_unet_folder(out, manifest, args.threads)
+    comps = {}
+    for name, info in manifest["components"].items():
+        comps[name] = {
+            **probe.stats.get(name, {}),
+            "bytes": folder_bytes(out / name),
+            "external_data": info.get("external_data", []),
+            "validation": info.get("validation"),
+            "shapes_validated": info.get("shapes_validated"),
+        }
+    component_s = sum(c.get("total_s", 0.0) for c in comps.values())
+    return {
+        "folder": str(out),
+        "export_pipeline_s": round(total_s, 2),
+        "manifest_export_seconds": manifest.get("export_seconds"),
+        "load_and_finish_s": round(total_s - component_s, 2),  # loading torch models, tokenizer, hashing
+        "components": comps,
+        "bytes_total": folder_bytes(out),
+        "unet_check": unet_check,
+        "tool_versions": manifest.get("tool_versions"),
+    }
+
+
+def phase_generate(args) -> dict:
+    folder = args.work / "onnx"
+    if not (folder / "manifest.json").is_file():
+        raise BenchError(f"no exported model at {folder}; run --phase export first")
+    import numpy as np
+
+    from onnxdiffusion.runtime import GenerationResult, Pipeline, StepEvent
+
+    log(f"generate: loading {folder} (threads={args.threads}, hashes verified)")
+    t0 = time.perf_counter()
+    pipe = Pipeline.from_folder(folder, threads=args.threads)
+    load_s = time.perf_counter() - t0
+    log(f"generate: loaded in {load_s:.1f} s")
+
+    calls: dict[str, list[float]] = {"text_encoder": [], "vae_decoder": []}
+    marks = {"encode_end": None}
+
+    def timed(key, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            r = fn(*a, **kw)
+            now = time.perf_counter()
+            calls[key].append(now - t)
+            if key == "text_encoder":
+                marks["encode_end"] = now
+            return r
+
+        return wrapper
+
+    pipe.encode_prompt = timed("text_encoder", pipe.encode_prompt)
+    pipe.decode = timed("vae_decoder", pipe.decode)
+    size = args.size
+    log(f"generate: {size}x{size}, ddim, {args.steps} steps, guidance {args.guidance}, seed {args.seed}")
+    t_start = time.perf_counter()
+    events = pipe.iter_generate(args.prompt, steps=args.steps, sampler="ddim", guidance=args.guidance,
+                                seed=args.seed, height=size, width=size)
+    steps: list[float] = []
+    prev = None
+    result = None
+    for ev in events:
+        now = time.perf_counter()
+        if isinstance(ev, StepEvent):
+            start = prev if prev is not None else marks["encode_end"]
+            steps.append(now - start)
+            prev = now
+            log(f"generate: step {ev.step + 1}/{ev.num_steps} t={ev.timestep:.0f} {steps[-1]:.2f} s")
+        elif isinstance(ev, GenerationResult):
+            result = ev
+    total_s = time.perf_counter() - t_start
+    if result is None:
+        raise BenchError("the pipeline ended without a result")
+    if not np.isfinite(result.latents).all():
+        raise BenchError("final latents contain NaN/inf")
+    image_path = result.save(args.work / f"sd15_{size}.png")[0]
+    log(f"generate: wrote {image_path} in {total_s:.1f} s")
+    steps_arr = np.array(steps)
+    return {
+        "height": size,
+        "width": size,
+        "latent_shape": list(result.latents.shape),
+        "sampler": "ddim",
+        "steps": args.steps,
+        "guidance": args.guidance,
+        "unet_batch": 2 if args.guidance > 1.0 else 1,
+        "prompt": args.prompt,
+        "threads": args.threads,
+        "pipeline_load_s": round(load_s, 2),
+        "text_encoder_s": [round(x, 3) for x in calls["text_encoder"]],
+        "text_encoder_total_s": round(sum(calls["text_encoder"]), 3),
+        "step_s": [round(x, 3) for x in steps],
+        "step_median_s": round(float(np.median(steps_arr)), 3),
+        "step_first_s": round(steps[0], 3),
+        "step_min_s": round(float(steps_arr.min()), 3),
+        "step_max_s": round(float(steps_arr.max()), 3),
+        "vae_decoder_s": round(sum(calls["vae_decoder"]), 3),
+        "generation_total_s": round(total_s, 2),
+        "image": str(image_path),
+        "image_mean": round(float(result.images.mean()), 2),
+        "image_std": round(float(result.images.std()), 2),
+    }
+
+
+PHASE_FNS = {"build": phase_build, "export": phase_export, "generate": phase_generate}
+
+
+def child_main(args) -> int:
+    """Run one phase in this process; write its record (or a one-line error) for the parent."""
+    record_path = args.work / f"phase_{args.phase}.json"
+    error_path = args.work / f"phase_{args.phase}.error"
+    for p in (record_path, error_path):
+        p.unlink(missing_ok=True)
+
+    def fail(msg: str, code: int) -> int:
+        msg = " ".join(msg.split())[:500]
+        error_path.write_text(msg + "\n")
+        print(f"sd15_fullsize: {args.phase}: {msg}", file=sys.stderr, flush=True)
+        return code
+
+    t0 = time.perf_counter()
+    try:
+        from onnxdiffusion.errors import UserError
+    except ImportError as e:
+        return fail(f"cannot import onnxdiffusion ({e}); run with the project's venv", 2)
+    try:
+        record = PHASE_FNS[args.phase](args)
+    except (BenchError, UserError) as e:
+        return fail(str(e), 2)
+    except MemoryError:
+        return fail(f"out of memory (MemoryError); peak RSS {fmt_bytes(peak_rss_bytes())}", 3)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    except Exception as e:  # noqa: BLE001 - one line, traceback on --debug
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0]
+        return fail(f"{type(e).__name__}: {first} (rerun with --debug for the traceback)", 1)
+    record["wall_s"] = round(time.perf_counter() - t0, 2)
+    record["self_peak_rss_bytes"] = peak_rss_bytes()
+    record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+# === parent side ==================================================================================
+def parse_time_v(text: str) -> dict:
+    out: dict = {}
+    patterns = {
+        "max_rss_kb": r"Maximum resident set size \(kbytes\):\s*(\d+)",
+        "user_s": r"User time \(seconds\):\s*([\d.]+)",
+        "sys_s": r"System time \(seconds\):\s*([\d.]+)",
+        "exit_status": r"Exit status:\s*(\d+)",
+        "signal": r"Command terminated by signal (\d+)",
+    }
+    for key, pat in patterns.items():
+        m = re.search(pat, text)
+        if m:
+            out[key] = float(m.group(1)) if "." in m.group(1) else int(m.group(1))
+    return out
+
+
+def run_phase(args, phase: str) -> dict:
+    """Run one phase as a subprocess under /usr/bin/time -v; returns its merged record or raises BenchError."""
+    check_disk(args.work, NEED_DISK_GB[phase])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--phase", phase, "--work", str(args.work),
+           "--seed", str(args.seed), "--steps", str(args.steps), "--guidance", str(args.guidance),
+           "--size", str(args.size), "--prompt", args.prompt, "--threads", str(args.threads)]
+    cmd += ["--debug"] * args.debug + ["--smoke"] * args.smoke
+    time_file = args.work / f"time_{phase}.txt"
+    time_file.unlink(missing_ok=True)
+    gnu_time = shutil.which("time", path="/usr/bin:/bin")
+    if gnu_time:
+        cmd = [gnu_time, "-v", "-o", str(time_file), *cmd]
+    log(f"=== phase {phase}: {' '.join(cmd)}")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd)
+    wall = time.perf_counter() - t0
+    tv = parse_time_v(time_file.read_text()) if gnu_time and time_file.is_file() else {}
+    if tv.get("max_rss_kb"):
+        rss, rss_source = tv["max_rss_kb"] * 1024, "/usr/bin/time -v"
+    else:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        rss_source = "getrusage(RUSAGE_CHILDREN) (max over all phases run so far)"
+    rc = proc.returncode
+    signal_no = tv.get("signal") or (-rc if rc < 0 else None)
+    if rc != 0 or signal_no:
+        err_file = args.work / f"phase_{phase}.error"
+        detail = err_file.read_text().strip() if err_file.is_file() else ""
+        if signal_no:
+            total = machine_info().get("mem_total_bytes")
+            hint = " (SIGKILL: most likely the kernel OOM killer)" if signal_no == 9 else ""
+            detail = (f"killed by signal {signal_no}{hint}; peak RSS {fmt_bytes(rss)} of {fmt_bytes(total)} RAM"
+                      + (f"; {detail}" if detail else ""))
+        raise BenchError(f"phase {phase} failed after {wall:.0f} s (exit {rc}): {detail or 'see the output above'}")
+    record = json.loads((args.work / f"phase_{phase}.json").read_text())
+    record["peak_rss_bytes"] = rss
+    record["peak_rss_source"] = rss_source
+    record["process_wall_s"] = round(wall, 2)
+    if tv:
+        record["cpu_user_s"], record["cpu_sys_s"] = tv.get("user_s"), tv.get("sys_s")
+    log(f"=== phase {phase}: ok in {wall:.0f} s, peak RSS {fmt_bytes(rss)}")
+    return record
+
+
+def load_results(path: Path) -> dict:
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            log(f"warning: {path} is not valid JSON; starting a fresh one")
+    return {}
+
+
+def save_results(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def table(results: dict) -> str:
+    lines = []
+    ph = results.get("phases", {})
+    lines.append("SD1.5 full-size check (random weights), threads=%s" % results.get("threads", "?"))
+    lines.append("")
+    lines.append(f"{'phase':<10}{'wall':>10}{'peak RSS':>12}  finished")
+    for name in PHASES:
+        r = ph.get(name)
+        if r:
+            lines.append(f"{name:<10}{r.get('process_wall_s', 0):>9.0f}s{fmt_bytes(r.get('peak_rss_bytes')):>12}  {r.get('finished', '')}")
+        else:
+            lines.append(f"{name:<10}{'-':>10}{'-':>12}  (not run)")
+    b = ph.get("build")
+    if b:
+        lines.append("")
+        lines.append("params: " + ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in b["params"].items())
+                     + f" (total {b['params_total'] / 1e6:.1f}M); diffusers folder "
+                     + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in b["bytes"].items() if k in ("unet", "vae", "text_encoder")))
+    e = ph.get("export")
+    if e:
+        lines.append("")
+        hdr = f"{'component':<14}{'total s':>9}{'trace+export':>14}{'validate':>10}{'size':>12}{'max abs err':>13}{'max rel err':>13}{'peak RSS':>12}"
+        lines.append(hdr)
+        for name, c in e["components"].items():
+            v = c.get("validation") or {}
+            val_s = c.get("ort_load_s", 0) + c.get("validate_run_s", 0)
+            rss = c.get("peak_rss_bytes", c.get("peak_rss_bytes_since_start"))
+            lines.append(
+                f"{name:<14}{c.get('total_s', 0):>9.1f}{c.get('torch_onnx_export_s', 0):>14.1f}{val_s:>10.1f}"
+                f"{fmt_bytes(c['bytes']):>12}{v.get('max_abs_error', float('nan')):>13.3g}"
+                f"{v.get('max_rel_error', float('nan')):>13.3g}{fmt_bytes(rss):>12}"
+            )
+        lines.append(f"{'total':<14}{e['export_pipeline_s']:>9.1f}{'':>14}{'':>10}{fmt_bytes(e['bytes_total']):>12}"
+                     f"   (incl. {e['load_and_finish_s']:.1f} s loading torch models + hashing)")
+        u = e.get("unet_check", {})
+        if u:
+            lines.append(f"unet folder: {', '.join(u['files'])}; model.onnx {fmt_bytes(u['model_onnx_bytes'])} + "
+                         f"{u['external_data_file']} {fmt_bytes(u['external_data_bytes'])}; ORT load {u['ort_load_s']:.1f} s, ok")
+    g = ph.get("generate")
+    if g:
+        lines.append("")
+        lines.append(f"generate {g['height']}x{g['width']} ddim {g['steps']} steps, guidance {g['guidance']} "
+                     f"(UNet batch {g['unet_batch']}), threads {g['threads']}:")
+        lines.append(f"  pipeline load (incl. sha256 check) {g['pipeline_load_s']:.1f} s")
+        lines.append(f"  text encoder    {g['text_encoder_total_s']:.2f} s ({len(g['text_encoder_s'])} calls: "
+                     f"{', '.join(f'{x:.2f}' for x in g['text_encoder_s'])})")
+        lines.append(f"  UNet step       median {g['step_median_s']:.2f} s (first {g['step_first_s']:.2f}, "
+                     f"min {g['step_min_s']:.2f}, max {g['step_max_s']:.2f})")
+        lines.append(f"  VAE decoder     {g['vae_decoder_s']:.2f} s")
+        lines.append(f"  total           {g['generation_total_s']:.1f} s  -> {g['image']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phase", choices=(*PHASES, "all"), default="all",
+                    help="all = build, export, generate; finished build/export outputs are reused unless --redo")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/sd15-bench"), help="work folder (default /tmp/sd15-bench)")
+    ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="results JSON (merged phase by phase)")
+    ap.add_argument("--redo", action="store_true", help="with --phase all: rerun build/export even if their output exists")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--guidance", type=float, default=7.5)
+    ap.add_argument("--size", type=int, default=256, help="image height and width (multiple of 64)")
+    ap.add_argument("--prompt", default="a red circle above a blue square")
+    ap.add_argument("--threads", type=int, default=1, help="threads for torch and ONNX Runtime (default 1)")
+    ap.add_argument("--table", action="store_true", help="only print the table from the results JSON")
+    ap.add_argument("--debug", action="store_true", help="print tracebacks")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny configs of the same block types, to test this script in a minute (results go to --work)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.work = args.work.resolve()
+    if args.smoke and args.results == DEFAULT_RESULTS:
+        args.results = args.work / "sd15_fullsize_smoke.json"
+    return args
+
+
+def apply_smoke() -> None:
+    """Shrink the configs in place (same block types) so the whole script runs in about a minute."""
+    UNET_CONFIG.update(block_out_channels=(32, 64, 64, 64), layers_per_block=1, norm_num_groups=8,
+                       cross_attention_dim=32, attention_head_dim=4)
+    VAE_CONFIG.update(block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=8)
+    TEXT_ENCODER_CONFIG.update(hidden_size=32, intermediate_size=64, projection_dim=32, num_hidden_layers=2,
+                               num_attention_heads=4)
+    NEED_DISK_GB.update(build=0.1, export=0.1)
+
+
+def _done(phase: str, markers: dict[str, Path]) -> bool:
+    """A phase's output exists and is newer than the output it was made from."""
+    marker = markers.get(phase)
+    if marker is None or not marker.is_file():
+        return False
+    before = markers["build"] if phase == "export" else None
+    return before is None or (before.is_file() and marker.stat().st_mtime >= before.stat().st_mtime)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # One thread everywhere; set before numpy/torch/onnxruntime are imported (children inherit it).
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if args.smoke:
+        apply_smoke()
+    if args.child:
+        return child_main(args)
+    if args.table:
+        if not args.results.is_file():
+            print(f"sd15_fullsize: no results at {args.results}", file=sys.stderr)
+            return 2
+        print(table(load_results(args.results)))
+        return 0
+    if args.size <= 0 or args.size % 64:
+        print(f"sd15_fullsize: --size must be a positive multiple of 64, got {args.size}", file=sys.stderr)
+        return 2
+    try:
+        args.work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"sd15_fullsize: cannot create work folder {args.work}: {e.strerror}", file=sys.stderr)
+        return 2
+    results = load_results(args.results)
+    results.update({
+        "what": "SD v1.5 architecture, random weights: build -> onnxdiffusion export -> one image on CPU"
+                + (" [SMOKE: shrunk configs]" if args.smoke else ""),
+        "work": str(args.work),
+        "threads": args.threads,
+        "machine": machine_info(),
+        "configs": {"unet": UNET_CONFIG, "vae": VAE_CONFIG, "text_encoder": TEXT_ENCODER_CONFIG,
+                    "scheduler": SCHEDULER_CONFIG, "tokenizer_max_length": TOKENIZER_MAX_LENGTH},
+    })
+    results.setdefault("phases", {})
+    todo = PHASES if args.phase == "all" else (args.phase,)
+    done_marker = {"build": args.work / "diffusers" / "model_index.json", "export": args.work / "onnx" / "manifest.json"}
+    t0 = time.perf_counter()
+    try:
+        for phase in todo:
+            if args.phase == "all" and not args.redo and _done(phase, done_marker):
+                log(f"=== phase {phase}: skipped, {done_marker[phase].parent} exists (--redo to rerun)")
+                continue
+            record = run_phase(args, phase)
+            record["command"] = " ".join([Path(sys.executable).name, *sys.argv])
+            results["phases"][phase] = record
+            if phase == "build":  # a new model invalidates later numbers
+                for later in ("export", "generate"):
+                    if results["phases"].pop(later, None) is not None and later not in todo:
+                        log(f"note: dropped stale '{later}' results (the model was rebuilt)")
+            save_results(args.results, results)
+    except BenchError as e:
+        print(f"sd15_fullsize: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("sd15_fullsize: interrupted", file=sys.stderr)
+        return 130
+    log(f"all requested phases done in {time.perf_counter() - t0:.0f} s; results in {args.results}")
+    print()
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""`compile-loop`: add a one-graph sampling stage (Loop or unrolled, optionally the whole pipeline)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+from .artifacts import MANIFEST, atomic_dir, hash_tree, read_manifest, verify_folder, write_json
+from .errors import UserError
+from .samplers.graph import FORMS, build_sampling_graph
+
+TWO_GB = 2**31
+
+
+def component_name(form: str, whole: bool) -> str:
+    return f"sampler_{form}" + ("_whole" if whole else "")
+
+
+def _tensor_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
+    """Save inline below 2 GB, else with every weight in one external file beside the model."""
+    if _tensor_bytes(model) < TWO_GB - (64 << 20):
+        onnx.save_model(model, str(path))
+        return []
+    data = path.name + "_data"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data, size_threshold=1024)
+    return [data]
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
+                 whole: bool = False, overwrite: bool = False, backbone: str = "unet") -> dict:
+    """Write `out`: the model folder plus one graph running the whole sampling loop.
+
+    `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
+    """
+    model, out = Path(model), Path(out)
+    if form not in FORMS:
+        raise UserError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
+    if form == "unrolled" and (steps is None or steps < 1):
+        raise UserError("--form unrolled needs --steps >= 1")
+    if form == "loop" and steps is not None:
+        raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
+    manifest = read_manifest(model)
+    verify_folder(model, manifest)
+    comps = manifest["components"]
+    if backbone not in comps:
+        raise UserError(f"{model}: no '{backbone}' component to loop over")
+    t0 = time.time()
+    unet = onnx.load(str(model / comps[backbone]["path"]))
+    extra = {}
+    if whole:
+        extra = dict(
+            text_encoder=onnx.load(str(model / comps["text_encoder"]["path"])),
+            vae_decoder=onnx.load(str(model / comps["vae_decoder"]["path"])),
+            vae_scaling_factor=float(manifest["pipeline"]["vae_scaling_factor"]),
+        )
+    graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]), **extra)
+    del unet, extra
+    name = component_name(form, whole)
+    in_place = out.resolve() == model.resolve()
+
+    def write_component(root: Path) -> dict:
+        folder = root / name
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir()
+        files = save_model(graph, folder / "model.onnx")
+        info = {
+            "path": f"{name}/model.onnx",
+            "external_data": [f"{name}/{f}" for f in files],
+            "kind": "sampling_graph",
+            "form": form,
+            "steps": steps,
+            "whole": whole,
+            "backbone": backbone,
+            "precision": comps[backbone].get("precision", "fp32"),
+            "bytes": sum(p.stat().st_size for p in folder.iterdir()),
+            "compile_seconds": round(time.time() - t0, 2),
+        }
+        return info
+
+    if in_place:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=model))
+        try:
+            info = write_component(tmp)
+            if (model / name).exists():
+                shutil.rmtree(model / name)
+            os.replace(tmp / name, model / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        root = model
+        manifest["components"][name] = info
+        manifest["files"] = hash_tree(root)
+        write_json(root / MANIFEST, manifest)
+        return info
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        shutil.copytree(model, tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
+        info = write_component(tmp)
+        manifest["components"][name] = info
+        manifest["files"] = hash_tree(tmp)
+        write_json(tmp / MANIFEST, manifest)
+    return info

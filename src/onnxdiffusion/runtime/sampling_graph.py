@@ -1,0 +1,55 @@
+"""Running a compiled sampling graph (Loop or unrolled): inputs checked before ONNX Runtime sees them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UserError
+from ..samplers import COLUMNS, SamplerTable
+
+
+class SamplingGraph:
+    def __init__(self, session, info: dict):
+        self.session = session
+        self.form = info["form"]
+        self.steps = info.get("steps")
+        self.whole = bool(info.get("whole"))
+        self.latent_channels = session.get_inputs()[0].shape[1]
+
+    def check(self, table: np.ndarray, latents: np.ndarray, noise: np.ndarray | None, steps: int) -> None:
+        if table.ndim != 2 or table.shape[1] != len(COLUMNS) or table.dtype != np.float32:
+            raise UserError(f"sampler table must be float32 of shape (N, {len(COLUMNS)}), got {table.dtype} {table.shape}")
+        if steps < 1 or steps > table.shape[0]:
+            raise UserError(f"step count must be in [1, {table.shape[0]}] (rows of the table), got {steps}")
+        if self.form == "unrolled" and steps != self.steps:
+            raise UserError(f"this unrolled graph runs exactly {self.steps} steps, got {steps}")
+        if latents.ndim != 4 or latents.shape[1] != self.latent_channels:
+            raise UserError(f"latents must have shape (batch, {self.latent_channels}, h, w), got {latents.shape}")
+        if noise is not None and (noise.ndim != 5 or noise.shape[1:] != latents.shape or noise.shape[0] < 1):
+            raise UserError(f"noise must have shape (K, *{latents.shape}), got {noise.shape}")
+
+    def feeds(self, table: SamplerTable, latents: np.ndarray, noise: np.ndarray | None, guidance: float,
+              steps: int | None = None) -> dict[str, np.ndarray]:
+        rows = np.ascontiguousarray(table.rows, dtype=np.float32)
+        steps = table.num_steps if steps is None else steps
+        latents = np.ascontiguousarray(latents, dtype=np.float32)
+        self.check(rows, latents, noise, steps)
+        if noise is None:
+            noise = np.zeros((1, *latents.shape), np.float32)
+        feeds = {
+            "latents": latents,
+            "table": rows,
+            "init_scale": np.array(table.init_scale, np.float32),
+            # the host loop skips guidance at scale <= 1 (cond only); u + 1*(c - u) is that
+            "guidance": np.array(max(guidance, 1.0), np.float32),
+            "noise": np.ascontiguousarray(noise, dtype=np.float32),
+        }
+        if self.form == "loop":
+            feeds["steps"] = np.array(steps, np.int64)
+        return feeds
+
+    def run(self, table: SamplerTable, latents: np.ndarray, cond: np.ndarray, uncond: np.ndarray,
+            guidance: float, noise: np.ndarray | None = None, steps: int | None = None) -> np.ndarray:
+        feeds = self.feeds(table, latents, noise, guidance, steps)
+        feeds["cond"], feeds["uncond"] = cond, uncond
+        return self.session.run(None, feeds)[0]

@@ -1,0 +1,340 @@
+"""The sampler loop as ONNX: the host loop's graph twin (see ``tables`` for the contract).
+
+Two forms over the same step body:
+  loop      one ``Loop`` node; the step count is a run-time input; the backbone's weights are
+            outer-scope initializers, stored once
+  unrolled  N copies of the body in the main graph, all reading the same initializers
+
+Graph inputs: latents (B,C,H,W), cond and uncond embeddings (B,S,D), the sampler table (N,8)
+as built by ``build_table``, init_scale and guidance scalars, noise (K,B,C,H,W) where step i
+reads noise[min(i, K-1)] (pass K=1 zeros for deterministic samplers), and, for ``loop``, steps.
+Output: final latents. Guidance runs inside: one backbone call on [uncond; cond].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .tables import COLUMNS
+
+BACKBONE_IO = {"sample": "sample", "timestep": "timestep", "context": "encoder_hidden_states", "out": "out_sample"}
+FORMS = ("loop", "unrolled")
+
+TEXT_ENCODER_IO = {"ids": "input_ids", "out": "last_hidden_state"}
+VAE_DECODER_IO = {"latents": "latent_sample", "out": "sample"}
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A backbone graph split into what goes outer scope (weights) and what goes in the body."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    io: dict[str, str]
+    opset_imports: list[onnx.OperatorSetIdProto]
+    functions: list[onnx.FunctionProto]
+    weight_names: frozenset[str]
+
+
+def load_component(model: onnx.ModelProto, io: dict[str, str], prefix: str) -> Backbone:
+    """Rename every tensor of a component graph under `prefix` so it can be inlined beside others.
+
+    `io` maps roles to the component's graph input/output names ("out" is the output). Weights
+    referenced by name stay initializers; nothing is copied.
+    """
+    g = model.graph
+    graph_inputs = {i.name for i in g.input}
+    missing = [v for k, v in io.items() if k != "out" and v not in graph_inputs]
+    if missing or io["out"] not in {o.name for o in g.output}:
+        raise ValueError(f"{prefix.rstrip('/')} graph lacks inputs/outputs {missing or [io['out']]}")
+
+    def rename(name: str) -> str:
+        return name if name == "" else prefix + name
+
+    nodes = []
+    for node in g.node:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        del new.input[:]
+        del new.output[:]
+        new.input.extend(rename(x) for x in node.input)
+        new.output.extend(rename(x) for x in node.output)
+        new.name = rename(node.name or f"node{len(nodes)}")
+        _rename_subgraphs(new, rename)
+        nodes.append(new)
+    inits = []
+    for t in g.initializer:
+        new_t = onnx.TensorProto()
+        new_t.CopyFrom(t)
+        new_t.name = rename(t.name)
+        inits.append(new_t)
+    return Backbone(
+        nodes=nodes,
+        initializers=inits,
+        io={k: rename(v) for k, v in io.items()},
+        opset_imports=list(model.opset_import),
+        functions=list(model.functions),
+        weight_names=frozenset(t.name for t in inits),
+    )
+
+
+def load_backbone(model: onnx.ModelProto, prefix: str = "unet/") -> Backbone:
+    return load_component(model, BACKBONE_IO, prefix)
+
+
+def _rename_subgraphs(node: onnx.NodeProto, rename: Callable[[str], str]) -> None:
+    """If/Loop inside the backbone: their bodies read outer names, which were renamed."""
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            local = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+            for n in sub.node:
+                local.update(n.output)
+            for n in sub.node:
+                for k, x in enumerate(n.input):
+                    if x and x not in local:
+                        n.input[k] = rename(x)
+                _rename_subgraphs(n, rename)
+            for o in sub.output:
+                if o.name not in local:
+                    o.name = rename(o.name)
+
+
+class _Builder:
+    def __init__(self):
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def op(self, op_type: str, inputs: list[str], out: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def ops(self, op_type: str, inputs: list[str], outs: list[str], **attrs) -> list[str]:
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=outs[0], **attrs))
+        return outs
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+
+def _prologue(b: _Builder) -> dict[str, str]:
+    """Values computed once, before the loop: guided context, batch sizes, starting state."""
+    b.const("axes0", np.array([0], np.int64))
+    b.const("one_i64", np.array(1, np.int64))
+    b.const("zero_f", np.array(0.0, np.float32))
+    for k, col in enumerate(COLUMNS):
+        b.const(f"col_{col}", np.array(k, np.int64))
+    ctx = b.op("Concat", ["uncond", "cond"], "context", axis=0)
+    ctx_shape = b.op("Shape", [ctx], "context_shape")
+    b.const("slice0_start", np.array([0], np.int64))
+    b.const("slice0_end", np.array([1], np.int64))
+    batch2 = b.op("Slice", [ctx_shape, "slice0_start", "slice0_end"], "batch2")
+    noise_shape = b.op("Shape", ["noise"], "noise_shape")
+    k = b.op("Slice", [noise_shape, "slice0_start", "slice0_end"], "noise_k_vec")
+    k = b.op("Squeeze", [k, "axes0"], "noise_k")
+    last_noise = b.op("Sub", [k, "one_i64"], "noise_last")
+    x0 = b.op("Mul", ["latents", "init_scale"], "x_init")
+    d0 = b.op("Mul", [x0, "zero_f"], "d_init")
+    return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0}
+
+
+def _step(b: _Builder, bb: Backbone, pre: dict[str, str], i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
+    """One sampler step: nodes appended to `b`; returns the names of the new x and D."""
+
+    def n(hint: str) -> str:
+        return f"{tag}{hint}"
+
+    row = b.op("Gather", ["table", i], n("row"), axis=0)
+    c = {col: b.op("Gather", [row, f"col_{col}"], n(col), axis=0) for col in COLUMNS}
+    x_in = b.op("Mul", [x, c["c_in"]], n("x_in"))
+    doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0)
+    t_vec = b.op("Expand", [c["t"], pre["batch2"]], n("t_vec"))
+    # inline the backbone, its inputs/outputs bound to this step's tensors
+    remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec, bb.io["context"]: pre["context"]}
+    out_name = bb.io["out"]
+    for node in bb.nodes:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        if tag:  # unrolled: each copy needs its own intermediate names
+            del new.input[:]
+            del new.output[:]
+            new.input.extend(remap.get(x_, x_ if x_ in bb.weight_names or not x_ else tag + x_) for x_ in node.input)
+            new.output.extend(tag + o for o in node.output)
+            new.name = tag + node.name
+        else:
+            for k_, x_ in enumerate(new.input):
+                if x_ in remap:
+                    new.input[k_] = remap[x_]
+        b.nodes.append(new)
+    out = tag + out_name if tag else out_name
+    u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
+    diff = b.op("Sub", [cnd, u], n("cfg_diff"))
+    guided = b.op("Add", [u, b.op("Mul", [diff, "guidance"], n("cfg_scaled"))], n("guided"))
+    den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
+    noise_idx = b.op("Min", [i, pre["noise_last"]], n("noise_idx"))
+    noise_i = b.op("Gather", ["noise", noise_idx], n("noise_i"), axis=0)
+    terms = [
+        b.op("Mul", [x, c["a"]], n("ax")),
+        b.op("Mul", [den, c["c"]], n("cD")),
+        b.op("Mul", [d_prev, c["d"]], n("dDprev")),
+        b.op("Mul", [noise_i, c["e"]], n("eNoise")),
+    ]
+    x_new = b.op("Sum", terms, n("x_next"))
+    return x_new, den
+
+
+def _inline(b: _Builder, comp: Backbone, remap: dict[str, str]) -> str:
+    for node in comp.nodes:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        for k, x in enumerate(new.input):
+            if x in remap:
+                new.input[k] = remap[x]
+        b.nodes.append(new)
+    return comp.io["out"]
+
+
+def _graph_inputs(latent_channels: int, hidden: int, with_steps: bool, whole: bool) -> list[onnx.ValueInfoProto]:
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("latents", f, ["batch", latent_channels, "height", "width"])]
+    if whole:
+        ins += [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "sequence"]),
+            helper.make_tensor_value_info("uncond_input_ids", TensorProto.INT32, ["batch", "sequence"]),
+        ]
+    else:
+        ins += [
+            helper.make_tensor_value_info("cond", f, ["batch", "sequence", hidden]),
+            helper.make_tensor_value_info("uncond", f, ["batch", "sequence", hidden]),
+        ]
+    ins += [
+        helper.make_tensor_value_info("table", f, ["table_rows", len(COLUMNS)]),
+        helper.make_tensor_value_info("init_scale", f, []),
+        helper.make_tensor_value_info("guidance", f, []),
+        helper.make_tensor_value_info("noise", f, ["noise_steps", "batch", latent_channels, "height", "width"]),
+    ]
+    if with_steps:
+        ins.append(helper.make_tensor_value_info("steps", TensorProto.INT64, []))
+    return ins
+
+
+def _text_prologue(b: _Builder, te: Backbone) -> None:
+    """[uncond; cond] ids through the text encoder once; its halves become `uncond` and `cond`."""
+    ids = b.op("Concat", ["uncond_input_ids", "input_ids"], "all_input_ids", axis=0)
+    hidden = _inline(b, te, {te.io["ids"]: ids})
+    b.ops("Split", [hidden], ["uncond", "cond"], axis=0)
+
+
+def _image_epilogue(b: _Builder, vae: Backbone, latents: str, scaling_factor: float) -> None:
+    """Latents -> uint8 NHWC image, exactly as the host pipeline's decode()."""
+    inv = b.const("inv_scaling_factor", np.array(1.0 / scaling_factor, np.float32))
+    scaled = b.op("Mul", [latents, inv], "decoder_in")
+    img = _inline(b, vae, {vae.io["latents"]: scaled})
+    half = b.const("half_f", np.array(0.5, np.float32))
+    img = b.op("Add", [b.op("Mul", [img, half], "img_half"), half], "img_01")
+    img = b.op("Clip", [img, "zero_f", b.const("one_f", np.array(1.0, np.float32))], "img_clip")
+    img = b.op("Round", [b.op("Mul", [img, b.const("f255", np.array(255.0, np.float32))], "img_255")], "img_round")
+    img = b.op("Transpose", [img], "img_nhwc", perm=[0, 2, 3, 1])
+    b.op("Cast", [img], "image", to=TensorProto.UINT8)
+
+
+def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: int | None = None,
+                         latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
+                         vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0) -> onnx.ModelProto:
+    """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
+
+    With `text_encoder` and `vae_decoder` the graph is the whole pipeline: token ids in
+    (`input_ids`, `uncond_input_ids`), a uint8 NHWC `image` out.
+    """
+    if form not in FORMS:
+        raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
+    if form == "unrolled" and (steps is None or steps < 1):
+        raise ValueError("the unrolled form needs steps >= 1")
+    whole = text_encoder is not None or vae_decoder is not None
+    if whole and (text_encoder is None or vae_decoder is None):
+        raise ValueError("the whole-pipeline graph needs both the text encoder and the VAE decoder")
+    bb = load_backbone(backbone)
+    ctx = next(i for i in backbone.graph.input if i.name == BACKBONE_IO["context"])
+    hidden = ctx.type.tensor_type.shape.dim[2].dim_value
+    b = _Builder()
+    extra_inits: list[onnx.TensorProto] = []
+    functions = list(bb.functions)
+    if whole:
+        te = load_component(text_encoder, TEXT_ENCODER_IO, "text_encoder/")
+        _text_prologue(b, te)
+        extra_inits += te.initializers
+        functions += te.functions
+    pre = _prologue(b)
+    if form == "loop":
+        body = _Builder()
+        x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
+        body.op("Identity", ["cond_in"], "cond_out")
+        body.op("Identity", [x_new], "x_out")
+        body.op("Identity", [den], "d_out")
+        f = TensorProto.FLOAT
+        graph = helper.make_graph(
+            body.nodes,
+            "sampler_step",
+            [
+                helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+                helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("x_carried", f, None),
+                helper.make_tensor_value_info("d_carried", f, None),
+            ],
+            [
+                helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("x_out", f, None),
+                helper.make_tensor_value_info("d_out", f, None),
+            ],
+        )
+        # an explicit true condition: same meaning as none, and onnx's reference Loop needs it
+        b.const("loop_true", np.array(True))
+        b.nodes.append(
+            helper.make_node("Loop", ["steps", "loop_true", pre["x0"], pre["d0"]], ["latents_out", "denoised_out"],
+                             name="sampler_loop", body=graph)
+        )
+        final = "latents_out"
+    else:
+        x, d = pre["x0"], pre["d0"]
+        for k in range(steps):
+            i = b.const(f"step_{k}", np.array(k, np.int64))
+            x, d = _step(b, bb, pre, i, x, d, tag=f"s{k}/")
+        final = x
+    f = TensorProto.FLOAT
+    if whole:
+        vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
+        _image_epilogue(b, vae, final, vae_scaling_factor)
+        extra_inits += vae.initializers
+        functions += vae.functions
+        outputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "image_height", "image_width", 3])]
+    else:
+        b.op("Identity", [final], "final_latents")
+        outputs = [helper.make_tensor_value_info("final_latents", f, ["batch", latent_channels, "height", "width"])]
+    graph = helper.make_graph(
+        b.nodes,
+        f"sampler_{form}" + ("_whole" if whole else ""),
+        _graph_inputs(latent_channels, hidden, form == "loop", whole),
+        outputs,
+        initializer=b.inits + bb.initializers + extra_inits,
+    )
+    model = helper.make_model(graph, opset_imports=_merge_opsets(backbone, text_encoder, vae_decoder),
+                              producer_name="onnxdiffusion")
+    model.ir_version = backbone.ir_version
+    model.functions.extend(functions)
+    return model
+
+
+def _merge_opsets(*models: onnx.ModelProto | None) -> list[onnx.OperatorSetIdProto]:
+    versions: dict[str, int] = {}
+    for m in models:
+        if m is None:
+            continue
+        for o in m.opset_import:
+            versions[o.domain] = max(versions.get(o.domain, 0), o.version)
+    return [helper.make_opsetid(d, v) for d, v in versions.items()]

@@ -1,0 +1,201 @@
+"""The one-graph sampling loops (Loop and unrolled) against their eager twin, the numpy host loop."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.loops import compile_loop
+from onnxdiffusion.runtime import Pipeline
+from onnxdiffusion.samplers import SAMPLERS, build_table, guided, sample
+from onnxdiffusion.samplers.graph import build_sampling_graph
+from onnxdiffusion.schedules import NoiseSchedule
+
+SD = NoiseSchedule(1000, 0.00085, 0.012, "scaled_linear", "epsilon", steps_offset=1)
+
+
+def toy_backbone(channels=4, hidden=8) -> onnx.ModelProto:
+    """A few ops standing in for a UNet, so the reference evaluator can run the whole loop."""
+    f = TensorProto.FLOAT
+    w = np.linspace(0.5, 1.5, channels, dtype=np.float32).reshape(1, channels, 1, 1)
+    nodes = [
+        helper.make_node("Mul", ["sample", "w"], ["xs"]),
+        helper.make_node("Tanh", ["xs"], ["th"]),
+        helper.make_node("ReduceMean", ["encoder_hidden_states"], ["ctx_mean"], axes=[1, 2], keepdims=0),
+        helper.make_node("Mul", ["timestep", "t_scale"], ["t_small"]),
+        helper.make_node("Add", ["ctx_mean", "t_small"], ["bias"]),
+        helper.make_node("Reshape", ["bias", "bias_shape"], ["bias4"]),
+        helper.make_node("Add", ["th", "bias4"], ["out_sample"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "toy",
+        [
+            helper.make_tensor_value_info("sample", f, ["b", channels, "h", "w"]),
+            helper.make_tensor_value_info("timestep", f, ["b"]),
+            helper.make_tensor_value_info("encoder_hidden_states", f, ["b", "s", hidden]),
+        ],
+        [helper.make_tensor_value_info("out_sample", f, ["b", channels, "h", "w"])],
+        initializer=[
+            onnx.numpy_helper.from_array(w, "w"),
+            onnx.numpy_helper.from_array(np.array(1e-3, np.float32), "t_scale"),
+            onnx.numpy_helper.from_array(np.array([-1, 1, 1, 1], np.int64), "bias_shape"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def toy_eager(model):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def batched(ctx):
+        def fn(x, t):
+            return sess.run(None, {"sample": x, "timestep": np.full(len(x), t, np.float32), "encoder_hidden_states": ctx})[0]
+        return fn
+
+    return batched
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("form", ["loop", "unrolled"])
+def test_toy_loop_matches_host_and_reference_evaluator(sampler, form):
+    rng = np.random.default_rng(0)
+    steps = 6
+    table = build_table(sampler, SD, steps)
+    latents = rng.standard_normal((2, 4, 4, 4), dtype=np.float32)
+    cond = rng.standard_normal((2, 3, 8), dtype=np.float32)
+    uncond = rng.standard_normal((2, 3, 8), dtype=np.float32)
+    noise = rng.standard_normal((steps, *latents.shape), dtype=np.float32) if table.needs_noise else None
+    backbone = toy_backbone()
+    host = sample(guided(toy_eager(backbone)(np.concatenate([uncond, cond])), 3.0), latents, table, noise)
+
+    graph = build_sampling_graph(backbone, form, steps if form == "unrolled" else None)
+    onnx.checker.check_model(graph, full_check=True)
+    feeds = {
+        "latents": latents, "cond": cond, "uncond": uncond, "table": table.rows,
+        "init_scale": np.array(table.init_scale, np.float32), "guidance": np.array(3.0, np.float32),
+        "noise": noise if noise is not None else np.zeros((1, *latents.shape), np.float32),
+    }
+    if form == "loop":
+        feeds["steps"] = np.array(steps, np.int64)
+    got = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    ref = ReferenceEvaluator(graph).run(None, feeds)[0]
+    scale = np.linalg.norm(host)
+    assert np.linalg.norm(got - host) / scale < 1e-5
+    assert np.linalg.norm(ref - host) / scale < 1e-5
+
+
+def test_loop_runs_any_prefix_of_the_table():
+    """The Loop form's trip count is an input: fewer steps than table rows is a valid run."""
+    rng = np.random.default_rng(1)
+    table = build_table("ddim", SD, 8)
+    latents = rng.standard_normal((1, 4, 4, 4), dtype=np.float32)
+    ctx = rng.standard_normal((1, 3, 8), dtype=np.float32)
+    graph = build_sampling_graph(toy_backbone(), "loop")
+    sess = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"latents": latents, "cond": ctx, "uncond": ctx, "table": table.rows,
+             "init_scale": np.array(1.0, np.float32), "guidance": np.array(1.0, np.float32),
+             "noise": np.zeros((1, *latents.shape), np.float32), "steps": np.array(3, np.int64)}
+    got = sess.run(None, feeds)[0]
+    partial = None
+    for partial in _host_steps(toy_backbone(), latents, ctx, table, 3):
+        pass
+    assert np.linalg.norm(got - partial) / np.linalg.norm(partial) < 1e-5
+
+
+def _host_steps(backbone, latents, ctx, table, n):
+    from onnxdiffusion.samplers import iter_sample
+
+    fn = guided(toy_eager(backbone)(np.concatenate([ctx, ctx])), 1.0)
+    for i, x, _ in iter_sample(fn, latents, table):
+        if i == n - 1:
+            yield x
+            return
+
+
+@pytest.fixture(scope="module")
+def tiny_loops(tiny_onnx, tmp_path_factory):
+    out = tmp_path_factory.mktemp("loops") / "model"
+    compile_loop(tiny_onnx, out, form="loop")
+    for n in (1, 2, 10):
+        compile_loop(out, out, form="unrolled", steps=n)  # in place; the last one wins
+    compile_loop(out, out, form="loop", whole=True)
+    return out
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("steps", [1, 2, 10])
+def test_exported_model_loop_forms_match_host(tiny_loops, sampler, steps):
+    pipe = Pipeline.from_folder(tiny_loops)
+    kwargs = dict(steps=steps, sampler=sampler, guidance=5.0, seed=steps, batch=2)
+    host = pipe("a red circle on the left", **kwargs)
+    loop = pipe("a red circle on the left", loop="loop", **kwargs)
+    rel = np.linalg.norm(loop.latents - host.latents) / np.linalg.norm(host.latents)
+    assert rel < 1e-4
+    assert psnr(loop.images, host.images) >= 60
+    if steps == 10:
+        unrolled = pipe("a red circle on the left", loop="unrolled", **kwargs)
+        rel = np.linalg.norm(unrolled.latents - host.latents) / np.linalg.norm(host.latents)
+        assert rel < 1e-4
+
+
+def test_weights_stored_once(tiny_loops, tiny_onnx):
+    import json
+
+    manifest = json.loads((tiny_loops / "manifest.json").read_text())
+    unet_bytes = manifest["components"]["unet"]["bytes"]
+    loop_bytes = manifest["components"]["sampler_loop"]["bytes"]
+    assert loop_bytes <= 1.05 * unet_bytes
+    whole = manifest["components"]["sampler_loop_whole"]["bytes"]
+    parts = sum(manifest["components"][c]["bytes"] for c in ("unet", "text_encoder", "vae_decoder"))
+    assert whole <= 1.05 * parts
+
+
+def test_whole_graph_from_token_ids(tiny_loops):
+    """token ids in, uint8 image out, with onnxruntime alone; same image as the host pipeline."""
+    pipe = Pipeline.from_folder(tiny_loops)
+    host = pipe("a blue star", negative_prompt="a red ring", steps=5, sampler="dpmpp_2m", guidance=4.0, seed=2)
+    table = build_table("dpmpp_2m", pipe.schedule, 5)
+    sess = ort.InferenceSession(str(tiny_loops / "sampler_loop_whole" / "model.onnx"), providers=["CPUExecutionProvider"])
+    image = sess.run(["image"], {
+        "input_ids": pipe.tokenizer(["a blue star"]), "uncond_input_ids": pipe.tokenizer(["a red ring"]),
+        "latents": host.init_latents, "table": table.rows, "init_scale": np.array(table.init_scale, np.float32),
+        "guidance": np.array(4.0, np.float32), "noise": np.zeros((1, *host.init_latents.shape), np.float32),
+        "steps": np.array(5, np.int64),
+    })[0]
+    assert image.dtype == np.uint8 and image.shape == host.images.shape
+    assert psnr(image, host.images) >= 40
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (dict(steps=0), "step count"),
+        (dict(steps=9), "step count"),
+        (dict(table=np.zeros((8, 5), np.float32)), "table"),
+        (dict(latents=np.zeros((1, 3, 8, 8), np.float32)), "latents"),
+        (dict(noise=np.zeros((2, 1, 4, 4, 4), np.float32)), "noise"),
+    ],
+)
+def test_bad_inputs_fail_before_the_run(tiny_loops, change, fragment):
+    from onnxdiffusion.errors import UserError
+
+    pipe = Pipeline.from_folder(tiny_loops)
+    graph = pipe.sampling_graph("loop")
+    table = build_table("ddim", pipe.schedule, 8)
+    rows = change.get("table", table.rows)
+    latents = change.get("latents", np.zeros((1, 4, 8, 8), np.float32))
+    with pytest.raises(UserError, match=fragment):
+        graph.check(rows, latents, change.get("noise"), change.get("steps", 8))
+
+
+def test_compile_loop_errors(tiny_onnx, tmp_path):
+    from onnxdiffusion.errors import UserError
+
+    with pytest.raises(UserError, match="unrolled needs"):
+        compile_loop(tiny_onnx, tmp_path / "a", form="unrolled")
+    with pytest.raises(UserError, match="unknown loop form"):
+        compile_loop(tiny_onnx, tmp_path / "b", form="scan")
+    assert list(tmp_path.iterdir()) == []
