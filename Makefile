@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 MODEL_CONFIG ?= models/training/configs/shapes-sd.json
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test install-run install-dev model model-export clean
+.PHONY: demo test install-run install-dev model model-export peers clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,15 @@ model: $(VENV)/.dev-installed
 
 model-export: $(VENV)/.dev-installed
 	$(BIN)/onnxdiffusion export models/shapes-sd models/shapes-sd-onnx --overwrite
+
+# Peers live in their own venvs so they never pin our dependencies (interop tests and bench).
+peers: .venv-optimum/.installed
+.venv-optimum/.installed:
+	$(PY) -m venv .venv-optimum
+	.venv-optimum/bin/pip install -q --upgrade pip
+	.venv-optimum/bin/pip install -q torch==2.13.0
+	.venv-optimum/bin/pip install -q "optimum-onnx[onnxruntime]==0.1.0" "diffusers==0.39.*" "transformers==4.57.*"
+	touch $@
 
 clean:
 	rm -rf $(VENV) out runs

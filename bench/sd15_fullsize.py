@@ -295,6 +295,7 @@ class _ExportProbe:
 
         def component(spec, *a, **kw):
             self.current = spec.name
+            log(f"export: component {len(self.stats) + 1}/4: {spec.name}")
             self.stats[spec.name] = {}
             self.peak_reset_ok = reset_peak_rss()
             t0 = time.perf_counter()
@@ -312,8 +313,8 @@ class _ExportProbe:
         V.export_component = component
 
 
-def _check_unet_folder(out: Path, manifest: dict, threads: int) -> dict:
-    """model.onnx + exactly one external data file, and ORT loads and runs it."""
+def _check_unet_folder(out: Path, manifest: dict, threads: int, expect_external: bool = True) -> dict:
+    """model.onnx + exactly one external data file (none allowed for --smoke), and ORT loads and runs it."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -327,12 +328,13 @@ def _check_unet_folder(out: Path, manifest: dict, threads: int) -> dict:
     listed = manifest["components"]["unet"]["external_data"]
     proto_bytes = (folder / "model.onnx").stat().st_size
     del model
-    if len(locations) != 1 or len(listed) != 1 or len(onnx_like) != 2 or "model.onnx" not in onnx_like:
+    n_ext = 1 if expect_external else len(locations)
+    if len(locations) != n_ext or len(listed) != n_ext or len(onnx_like) != 1 + n_ext or "model.onnx" not in onnx_like:
         raise BenchError(
             f"unet folder should hold model.onnx + ONE external data file, found files {files}, "
             f"graph references {sorted(locations)}, manifest lists {listed}"
         )
-    data_file = folder / next(iter(locations))
+    data_file = folder / next(iter(locations)) if locations else None
     log("export: check: loading unet/model.onnx in a fresh ONNX Runtime session and running it once")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -359,9 +361,9 @@ def _check_unet_folder(out: Path, manifest: dict, threads: int) -> dict:
     del sess
     return {
         "files": files,
-        "external_data_file": data_file.name,
+        "external_data_file": data_file.name if data_file else None,
         "model_onnx_bytes": proto_bytes,
-        "external_data_bytes": data_file.stat().st_size,
+        "external_data_bytes": data_file.stat().st_size if data_file else 0,
         "ort_load_s": round(load_s, 2),
         "ort_run_8x8_s": round(run_s, 2),
         "ok": True,
@@ -380,10 +382,10 @@ def phase_export(args) -> dict:
     probe.install()
     log(f"export: {src} -> {out} (opset 17, validation on)")
     t0 = time.perf_counter()
-    manifest = export_pipeline(src, out, ExportOptions(overwrite=True), progress=True)
+    manifest = export_pipeline(src, out, ExportOptions(overwrite=True), progress=False)
     total_s = time.perf_counter() - t0
     log(f"export: finished in {total_s:.1f} s")
-    unet_check = _check_unet_folder(out, manifest, args.threads)
+    unet_check = _check_unet_folder(out, manifest, args.threads, expect_external=not args.smoke)
     comps = {}
     for name, info in manifest["components"].items():
         comps[name] = {
@@ -697,13 +699,16 @@ def apply_smoke() -> None:
     NEED_DISK_GB.update(build=0.1, export=0.1)
 
 
-def _done(phase: str, markers: dict[str, Path]) -> bool:
-    """A phase's output exists and is newer than the output it was made from."""
-    marker = markers.get(phase)
-    if marker is None or not marker.is_file():
+def _done(work: Path, phase: str) -> bool:
+    """The phase finished (its record exists), its output is there, and it is newer than what it was made from."""
+    outputs = {"build": work / "diffusers" / "model_index.json", "export": work / "onnx" / "manifest.json"}
+    record = work / f"phase_{phase}.json"
+    if phase not in outputs or not outputs[phase].is_file() or not record.is_file():
         return False
-    before = markers["build"] if phase == "export" else None
-    return before is None or (before.is_file() and marker.stat().st_mtime >= before.stat().st_mtime)
+    if phase == "export":
+        built = work / "phase_build.json"
+        return built.is_file() and record.stat().st_mtime >= built.stat().st_mtime
+    return True
 
 
 def main(argv=None) -> int:
@@ -743,12 +748,11 @@ def main(argv=None) -> int:
     })
     results.setdefault("phases", {})
     todo = PHASES if args.phase == "all" else (args.phase,)
-    done_marker = {"build": args.work / "diffusers" / "model_index.json", "export": args.work / "onnx" / "manifest.json"}
     t0 = time.perf_counter()
     try:
         for phase in todo:
-            if args.phase == "all" and not args.redo and _done(phase, done_marker):
-                log(f"=== phase {phase}: skipped, {done_marker[phase].parent} exists (--redo to rerun)")
+            if args.phase == "all" and not args.redo and _done(args.work, phase):
+                log(f"=== phase {phase}: skipped, already done in {args.work} (--redo to rerun)")
                 continue
             record = run_phase(args, phase)
             record["command"] = " ".join([Path(sys.executable).name, *sys.argv])
