@@ -3,6 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL_CONFIG ?= models/training/configs/shapes-sd.json
+GUIDANCE ?= 4.0
 export HF_HUB_OFFLINE := 1
 
 .PHONY: demo test install-run install-dev model model-export peers clean
@@ -41,6 +42,8 @@ model: $(VENV)/.dev-installed
 	$(BIN)/python models/training/train_pipeline.py $(MODEL_CONFIG) --stage assemble --work runs/shapes-sd --out models/shapes-sd
 	$(BIN)/python models/training/train_judge.py --out models/judge
 	$(MAKE) model-export
+	$(BIN)/onnxdiffusion evaluate models/shapes-sd-onnx --count 256 --guidance $(GUIDANCE) -o models/shapes-sd/eval.json
+	$(BIN)/python models/training/make_card.py --work runs/shapes-sd --model models/shapes-sd --onnx models/shapes-sd-onnx --eval models/shapes-sd/eval.json
 
 model-export: $(VENV)/.dev-installed
 	$(BIN)/onnxdiffusion export models/shapes-sd models/shapes-sd-onnx --overwrite

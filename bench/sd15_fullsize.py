@@ -135,17 +135,23 @@ def _status_kb(key: str) -> int | None:
     return None
 
 
-def peak_rss_bytes() -> int | None:
+_PEAK_BEFORE_RESETS = 0  # VmHWM (and so the ru_maxrss that /usr/bin/time reports) forgets older peaks on reset
+
+
+def peak_rss_bytes(since_reset: bool = False) -> int | None:
+    """Peak RSS of this process; since_reset=True: only since the last reset_peak_rss()."""
     kb = _status_kb("VmHWM")
     if kb is None:
         import resource
 
         kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb * 1024
+    return kb * 1024 if since_reset else max(kb * 1024, _PEAK_BEFORE_RESETS)
 
 
 def reset_peak_rss() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0), so a later read is the peak since now."""
+    global _PEAK_BEFORE_RESETS
+    _PEAK_BEFORE_RESETS = peak_rss_bytes()
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -306,7 +312,8 @@ class _ExportProbe:
                 rec["total_s"] = round(time.perf_counter() - t0, 2)
                 known = sum(rec.get(k, 0.0) for k in ("torch_onnx_export_s", "consolidate_s", "onnx_checker_s", "ort_load_s"))
                 rec["validate_run_s"] = round(max(0.0, rec["total_s"] - known), 2)
-                rec["peak_rss_bytes" if self.peak_reset_ok else "peak_rss_bytes_since_start"] = peak_rss_bytes()
+                rec["peak_rss_bytes" if self.peak_reset_ok else "peak_rss_bytes_since_start"] = peak_rss_bytes(
+                    since_reset=self.peak_reset_ok)
                 log(f"export: {spec.name}: done in {rec['total_s']:.1f} s")
                 self.current = None
 
@@ -528,6 +535,7 @@ def child_main(args) -> int:
         return fail(f"{type(e).__name__}: {first} (rerun with --debug for the traceback)", 1)
     record["wall_s"] = round(time.perf_counter() - t0, 2)
     record["self_peak_rss_bytes"] = peak_rss_bytes()
+    record["peak_rss_was_reset"] = _PEAK_BEFORE_RESETS > 0
     record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     return 0
@@ -575,6 +583,13 @@ def run_phase(args, phase: str) -> dict:
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         rss_source = "getrusage(RUSAGE_CHILDREN) (max over all phases run so far)"
     rc = proc.returncode
+    record_path = args.work / f"phase_{phase}.json"
+    record = json.loads(record_path.read_text()) if rc == 0 and record_path.is_file() else None
+    own = (record or {}).get("self_peak_rss_bytes") or 0
+    # The export phase resets VmHWM per component, which also resets what `time` sees.
+    if (record or {}).get("peak_rss_was_reset") and own > rss:
+        rss, rss_source = own, "child's own VmHWM, kept across per-component resets"
+    rc = proc.returncode
     signal_no = tv.get("signal") or (-rc if rc < 0 else None)
     if rc != 0 or signal_no:
         err_file = args.work / f"phase_{phase}.error"
@@ -585,7 +600,8 @@ def run_phase(args, phase: str) -> dict:
             detail = (f"killed by signal {signal_no}{hint}; peak RSS {fmt_bytes(rss)} of {fmt_bytes(total)} RAM"
                       + (f"; {detail}" if detail else ""))
         raise BenchError(f"phase {phase} failed after {wall:.0f} s (exit {rc}): {detail or 'see the output above'}")
-    record = json.loads((args.work / f"phase_{phase}.json").read_text())
+    if record is None:
+        raise BenchError(f"phase {phase} exited 0 but wrote no {record_path.name}")
     record["peak_rss_bytes"] = rss
     record["peak_rss_source"] = rss_source
     record["process_wall_s"] = round(wall, 2)

@@ -11,8 +11,12 @@ EMBEDDED_NAME = "shapes-sd"
 
 
 def models_root() -> Path:
+    """$ONNXDIFFUSION_MODELS, else the source checkout's models/ (editable install), else ./models."""
     env = os.environ.get("ONNXDIFFUSION_MODELS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "models"
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2] / "models"
+    return repo if repo.is_dir() else Path.cwd() / "models"
 
 
 def default_model_folder() -> Path:

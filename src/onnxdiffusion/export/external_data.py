@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import onnx
-from onnx.external_data_helper import ExternalDataInfo, set_external_data, uses_external_data
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 TWO_GB = 2**31
 
@@ -19,6 +19,19 @@ def _external_tensors(model: onnx.ModelProto):
         for attr in node.attribute:
             if attr.HasField("t") and uses_external_data(attr.t):
                 yield attr.t
+
+
+def _point_to(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Rewrite an external tensor's location entries in place.
+
+    (onnx's `set_external_data` refuses tensors without `raw_data`, and tensors loaded with
+    `load_external_data=False` never have it.)
+    """
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def consolidate(model_path: Path, data_name: str = "model.onnx_data") -> None:
@@ -53,7 +66,7 @@ def consolidate(model_path: Path, data_name: str = "model.onnx_data") -> None:
             out.write(b"\0" * pad)
             offset += pad
             out.write(data)
-            set_external_data(t, location=data_name, offset=offset, length=len(data))
+            _point_to(t, data_name, offset, len(data))
             offset += len(data)
     model_tmp = folder / (model_path.name + ".tmp")
     onnx.save(model, str(model_tmp))

@@ -31,7 +31,28 @@ def resolve_provider(name: str) -> list[str]:
     return [wanted] if wanted == "CPUExecutionProvider" else [wanted, "CPUExecutionProvider"]
 
 
+def check_external_data(path: Path) -> None:
+    """Untrusted folders: every external-data file must resolve inside the model's own folder."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"model file missing: {path}")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf decode errors have no common public type
+        raise UserError(f"cannot load {path}: not a valid ONNX file ({type(e).__name__})") from None
+    root = path.parent.resolve()
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            target = (root / ExternalDataInfo(tensor).location).resolve()
+            if root not in target.parents:
+                raise UserError(f"{path}: external data {ExternalDataInfo(tensor).location!r} points outside {root}")
+
+
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None) -> ort.InferenceSession:
+    check_external_data(path)
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
