@@ -3,7 +3,6 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL_CONFIG ?= models/training/configs/shapes-sd.json
-GUIDANCE ?= 4.0
 export HF_HUB_OFFLINE := 1
 
 .PHONY: demo test install-run install-dev model model-export peers clean
@@ -26,11 +25,20 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 install-run: $(VENV)/.run-installed
 install-dev: $(VENV)/.dev-installed
 
-demo: $(VENV)/.run-installed
+# demo ends with a short bench of every variant found (PyTorch and peers only where installed; the others
+# are listed in the report as not run, with the reason)
+demo: $(VENV)/.run-installed $(VENV)/.bench-installed
 	mkdir -p out
 	$(BIN)/onnxdiffusion generate "a small red circle on the left" --steps 20 --seed 0 -o out/demo.png
 	$(BIN)/onnxdiffusion generate "a blue star above a yellow square" --sampler dpmpp_2m --steps 20 --batch 4 -o out/demo-pair.png
 	@echo "images written to out/"
+	$(BIN)/onnxdiffusion bench --steps 10 --repeats 5 --prompts 8 --out out/bench
+	@echo "bench report: $(CURDIR)/out/bench/report.html"
+
+# the bench's plots need matplotlib (not a run-time dependency)
+$(VENV)/.bench-installed: | $(BIN)/python
+	$(BIN)/pip install -q "matplotlib>=3.8"
+	touch $@
 
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -39,11 +47,8 @@ test: $(VENV)/.dev-installed
 model: $(VENV)/.dev-installed
 	$(BIN)/python models/training/train_pipeline.py $(MODEL_CONFIG) --stage vae --work runs/shapes-sd
 	$(BIN)/python models/training/train_pipeline.py $(MODEL_CONFIG) --stage unet --work runs/shapes-sd
-	$(BIN)/python models/training/train_pipeline.py $(MODEL_CONFIG) --stage assemble --work runs/shapes-sd --out models/shapes-sd
 	$(BIN)/python models/training/train_judge.py --out models/judge
-	$(MAKE) model-export
-	$(BIN)/onnxdiffusion evaluate models/shapes-sd-onnx --count 256 --guidance $(GUIDANCE) -o models/shapes-sd/eval.json
-	$(BIN)/python models/training/make_card.py --work runs/shapes-sd --model models/shapes-sd --onnx models/shapes-sd-onnx --eval models/shapes-sd/eval.json
+	PYBIN=$(BIN) models/training/finish.sh runs/shapes-sd models/shapes-sd models/shapes-sd-onnx
 
 model-export: $(VENV)/.dev-installed
 	$(BIN)/onnxdiffusion export models/shapes-sd models/shapes-sd-onnx --overwrite
