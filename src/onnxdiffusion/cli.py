@@ -100,6 +100,53 @@ def compile_loop_cmd(
 
 
 @app.command()
+def quantize(
+    model: Annotated[Path, typer.Argument(help="exported fp32 model folder")],
+    out: Annotated[Path, typer.Argument(help="output model folder (same layout, quantized components)")],
+    recipe: Annotated[str, typer.Option(help="fp16 | int8-dynamic | int8-static | int8-naive | int8-timestep | mixed | int4-weights")],
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-O", help="recipe field KEY=VALUE (repeatable), e.g. -O groups=4")] = None,
+    calib_prompts: Annotated[Optional[Path], typer.Option(help="calibration prompts, one per line (default: the scene world's calib split)")] = None,
+    calib_count: Annotated[int, typer.Option(help="calibration prompts to use")] = 32,
+    calib_seed: Annotated[int, typer.Option(help="prompt i starts from the latents of seed CALIB_SEED + i")] = 10_000,
+    calib_sampler: str = "ddim",
+    calib_steps: int = 20,
+    calib_guidance: float = 4.0,
+    correct: Annotated[bool, typer.Option(help="fit a per-timestep scale/bias correction of the backbone output, applied in the sampler")] = False,
+    provider: str = "cpu",
+    threads: Annotated[int, typer.Option(help="ONNX Runtime threads for calibration and latency")] = 1,
+    latency_runs: int = 30,
+    require_speedup: Annotated[bool, typer.Option(help="fail (no output) unless the backbone is measurably faster than fp32")] = False,
+    force: Annotated[bool, typer.Option(help="quantize a folder that is already quantized")] = False,
+    overwrite: bool = False,
+) -> None:
+    """Quantize a model folder with a typed recipe; writes the folder and quantize_report.json, prints the report."""
+    from .quantize import CalibrationConfig, QuantizeConfig, quantize as run_quantize, recipe_class
+    from .quantize.api import SpeedGateError, stderr_log
+    from .quantize.report import format_table
+
+    options = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--option expects KEY=VALUE, got {item!r}")
+        options[key.strip()] = value.strip()
+    config = QuantizeConfig(
+        recipe=recipe_class(recipe).with_options(options),
+        calibration=CalibrationConfig(count=calib_count, prompts_file=str(calib_prompts) if calib_prompts else None,
+                                      seed=calib_seed, sampler=calib_sampler, steps=calib_steps, guidance=calib_guidance),
+        correct=correct, provider=provider, threads=threads, latency_runs=latency_runs,
+    )
+    try:
+        report = run_quantize(model, out, config, overwrite=overwrite, force=force, require_speedup=require_speedup,
+                              log=stderr_log)
+    except SpeedGateError as e:
+        print(format_table(e.report))
+        raise
+    print(format_table(report))
+    print(f"wrote {out} in {report['seconds']:.1f}s")
+
+
+@app.command()
 def evaluate(
     model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
     count: int = 256,
@@ -134,6 +181,42 @@ def evaluate(
           f"FD {result['frechet_distance']:.2f}  ({result['count']} images) -> {output}")
 
 
+@app.command()
+def bench(
+    model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
+    variants: Annotated[Optional[list[str]], typer.Option(
+        "--variants", help="names to run, comma-separated or repeated (default: every variant found), e.g. "
+                           "torch-fp32,ort-fp32,ort-fp32-loop,ort-fp32-dpmpp,ort-int8-dynamic,optimum-ort,openvino-fp32")] = None,
+    variants_dir: Annotated[Optional[Path], typer.Option(
+        help="folder whose sub-folders are quantized model folders (default: MODEL's siblings)")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="DDIM steps (default 20; --arch sd15: 10)")] = None,
+    fast_steps: Annotated[Optional[int], typer.Option(help="DPM-Solver++ 2M steps for *-dpmpp (default steps/2)")] = None,
+    repeats: Annotated[int, typer.Option(help="timed repeats per variant, interleaved, after warm-up")] = 5,
+    prompts: Annotated[Optional[int], typer.Option(help="held-out prompts for the quality columns (default 16)")] = None,
+    batch: Annotated[int, typer.Option(help="batch size of the quality pass")] = 8,
+    guidance: Annotated[Optional[float], typer.Option(help="default: the model's evaluated guidance, else 4.0")] = None,
+    size: Annotated[Optional[int], typer.Option(help="image height = width (default: the model's)")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="intra-op threads for every runtime (default: libraries')")] = None,
+    rss: Annotated[str, typer.Option(help="subprocess (peak RSS per variant in a fresh process) | off")] = "subprocess",
+    arch: Annotated[Optional[str], typer.Option(help="sd15: full-size random-weight model, speed/memory/size only")] = None,
+    work: Annotated[Optional[Path], typer.Option(help="--arch sd15: build folder (default /tmp/sd15-bench)")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("bench-out"),
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Every variant side by side: latency per component, memory, size, fidelity, judge accuracy -> report.html."""
+    from .bench import BenchOptions, run_bench
+    from .bench.report import print_table
+
+    options = BenchOptions(
+        model=model, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps, fast_steps=fast_steps,
+        repeats=repeats, prompts=prompts, batch=batch, guidance=guidance, size=size, threads=threads, rss=rss,
+        arch=arch, work=work, out=out, progress=not quiet,
+    )
+    results = run_bench(options)
+    print_table(results)
+    print(f"bench took {results['bench_seconds']:.0f} s; report: {results['files']['report_html']}")
+
+
 def main() -> None:
     warnings.showwarning = _one_line_warning
     try:
@@ -145,9 +228,8 @@ def main() -> None:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(e, click.ClickException):
+        # typer >= 0.20 vendors click as typer._click: recognise its exceptions by their interface
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             sys.exit(e.exit_code)
         raise

@@ -36,6 +36,18 @@ def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
     return [data]
 
 
+def _has_qdq(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in _all_nodes(model.graph))
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _all_nodes(g)
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -63,6 +75,23 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError(f"{model}: no '{backbone}' component to loop over")
     t0 = time.time()
     unet = onnx.load(str(model / comps[backbone]["path"]))
+    prefused = None
+    if _has_qdq(unet):
+        # A QDQ backbone: inline the graph ONNX Runtime's CPU provider runs after fusing its Q/DQ
+        # pairs (QLinearConv, MatMulIntegerToFloat, ...). The integer kernels are then in the file,
+        # whatever ORT would or would not fuse inside a Loop body at load time, and the body computes
+        # what the host loop's session computes (quantize records the layout optimizers it disables).
+        import onnxruntime
+
+        from .quantize.runner import ort_optimized
+
+        unet = ort_optimized(unet)
+        prefused = f"onnxruntime {onnxruntime.__version__} CPU, ORT_ENABLE_EXTENDED"
+    correction = None
+    if comps[backbone].get("correction"):
+        from .quantize.correction import OutputCorrection
+
+        correction = OutputCorrection.from_dict(comps[backbone]["correction"])
     extra = {}
     if whole:
         extra = dict(
@@ -70,7 +99,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             vae_decoder=onnx.load(str(model / comps["vae_decoder"]["path"])),
             vae_scaling_factor=float(manifest["pipeline"]["vae_scaling_factor"]),
         )
-    graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]), **extra)
+    graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
+                                 correction=correction, **extra)
     del unet, extra
     name = component_name(form, whole)
     in_place = out.resolve() == model.resolve()
@@ -90,6 +120,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "whole": whole,
             "backbone": backbone,
             "precision": comps[backbone].get("precision", "fp32"),
+            "prefused": prefused,
+            "corrected": correction is not None,
             "bytes": sum(p.stat().st_size for p in folder.iterdir()),
             "compile_seconds": round(time.time() - t0, 2),
         }

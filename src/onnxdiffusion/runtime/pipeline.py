@@ -20,7 +20,7 @@ from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample
 from ..schedules import NoiseSchedule
 from .backbone import GuidedBackbone
 from .sampling_graph import SamplingGraph
-from .session import make_session
+from .session import check_external_data, make_session, resolve_provider
 from .tokenizer import PromptTokenizer
 
 
@@ -73,10 +73,16 @@ class Pipeline:
         self.tokenizer = PromptTokenizer(folder / "tokenizer")
         comps = manifest["components"]
         self.text_encoder = make_session(folder / comps["text_encoder"]["path"], provider, threads)
-        self.unet = make_session(folder / comps["unet"]["path"], provider, threads)
+        self.unet = _backbone_session(folder / comps["unet"]["path"], comps["unet"], provider, threads)
         self.vae_decoder = make_session(folder / comps["vae_decoder"]["path"], provider, threads)
         self._threads = threads
         self._graphs: dict[str, SamplingGraph] = {}
+        # a quantized backbone may come with a sampler-side output correction (quantize --correct)
+        self.correction = None
+        if comps["unet"].get("correction"):
+            from ..quantize.correction import OutputCorrection
+
+            self.correction = OutputCorrection.from_dict(comps["unet"]["correction"])
         sched_path = folder / "scheduler" / "scheduler_config.json"
         try:
             self.schedule = NoiseSchedule.from_scheduler_config(json.loads(sched_path.read_text()))
@@ -196,6 +202,8 @@ class Pipeline:
         else:
             uncond = self.encode_prompt(negatives) if guided else None
             model_fn = GuidedBackbone(self.unet, latents.shape, cond, uncond, options.guidance)
+            if self.correction is not None:
+                model_fn = self.correction.wrap(model_fn)
             x = latents
             for i, x, den in iter_sample(model_fn, latents, table, noise):
                 yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
@@ -213,3 +221,30 @@ class Pipeline:
             result = event
         assert isinstance(result, GenerationResult)
         return result
+
+
+def _backbone_session(path: Path, info: dict, provider: str, threads: int | None):
+    """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
+
+    int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
+    transposes (slower on CPU), and NCHWc changes float convolutions' summation order, which made
+    the host loop and the Loop form (where ORT does not apply it) round differently.
+    """
+    disabled = list((info.get("session_options") or {}).get("disabled_optimizers") or [])
+    if not disabled:
+        return make_session(path, provider, threads)
+    import onnxruntime as ort
+
+    check_external_data(path)
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_provider(provider),
+                                    disabled_optimizers=disabled)
+    except UserError:
+        raise
+    except Exception as e:  # ORT raises several private exception types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot load {path}: {first[:300]}") from None

@@ -158,24 +158,34 @@ def _step(b: _Builder, bb: Backbone, pre: dict[str, str], i: str, x: str, d_prev
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec, bb.io["context"]: pre["context"]}
     out_name = bb.io["out"]
+
+    def rename(x_: str) -> str:
+        if x_ in remap:
+            return remap[x_]
+        return x_ if not tag or not x_ or x_ in bb.weight_names else tag + x_
+
     for node in bb.nodes:
         new = onnx.NodeProto()
         new.CopyFrom(node)
         if tag:  # unrolled: each copy needs its own intermediate names
             del new.input[:]
             del new.output[:]
-            new.input.extend(remap.get(x_, x_ if x_ in bb.weight_names or not x_ else tag + x_) for x_ in node.input)
+            new.input.extend(rename(x_) for x_ in node.input)
             new.output.extend(tag + o for o in node.output)
             new.name = tag + node.name
         else:
             for k_, x_ in enumerate(new.input):
                 if x_ in remap:
                     new.input[k_] = remap[x_]
+        # If/Loop nodes inside the backbone (timestep-group switches) read outer names too
+        _rename_subgraphs(new, rename)
         b.nodes.append(new)
     out = tag + out_name if tag else out_name
     u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
     diff = b.op("Sub", [cnd, u], n("cfg_diff"))
     guided = b.op("Add", [u, b.op("Mul", [diff, "guidance"], n("cfg_scaled"))], n("guided"))
+    if "corr_table" in pre:
+        guided = _correct(b, pre, c["t"], guided, n)
     den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
     noise_idx = b.op("Min", [i, pre["noise_last"]], n("noise_idx"))
     noise_i = b.op("Gather", ["noise", noise_idx], n("noise_i"), axis=0)
@@ -187,6 +197,34 @@ def _step(b: _Builder, bb: Backbone, pre: dict[str, str], i: str, x: str, d_prev
     ]
     x_new = b.op("Sum", terms, n("x_next"))
     return x_new, den
+
+
+def _correction_prologue(b: _Builder, pre: dict[str, str], correction) -> None:
+    """Constants of the sampler-side output correction (quantize --correct), read by every step."""
+    il, cl, ir, cr = correction.hat_coefficients()
+    for name, v in (("corr_il", il), ("corr_cl", cl), ("corr_ir", ir), ("corr_cr", cr)):
+        pre[name] = b.const(name, v)
+    pre["corr_table"] = b.const("corr_table", correction.table())
+    pre["corr_zero"] = b.const("corr_zero_f", np.array(0.0, np.float32))
+    pre["corr_one"] = b.const("corr_one_f", np.array(1.0, np.float32))
+    b.const("corr_s_index", np.array([0], np.int64))
+    b.const("corr_b_start", np.array([1], np.int64))
+    b.const("corr_b_end", np.array([1 << 30], np.int64))
+    b.const("corr_axis1", np.array([1], np.int64))
+    b.const("corr_b_shape", np.array([1, -1, 1, 1], np.int64))
+
+
+def _correct(b: _Builder, pre: dict[str, str], t: str, out: str, n: Callable[[str], str]) -> str:
+    """out * s(t) + b(t): hat-function interpolation of the per-timestep tables (OutputCorrection's twin)."""
+    left = b.op("Add", [b.op("Mul", [t, pre["corr_il"]], n("corr_tl")), pre["corr_cl"]], n("corr_left"))
+    right = b.op("Add", [b.op("Mul", [t, pre["corr_ir"]], n("corr_tr")), pre["corr_cr"]], n("corr_right"))
+    w = b.op("Clip", [b.op("Min", [left, right], n("corr_min")), pre["corr_zero"], pre["corr_one"]], n("corr_w"))
+    w2 = b.op("Unsqueeze", [w, "axes0"], n("corr_w2"))
+    vals = b.op("MatMul", [w2, pre["corr_table"]], n("corr_vals"))  # (1, 1 + C)
+    s = b.op("Gather", [vals, "corr_s_index"], n("corr_s"), axis=1)  # (1, 1)
+    bias = b.op("Slice", [vals, "corr_b_start", "corr_b_end", "corr_axis1"], n("corr_bvec"))
+    bias = b.op("Reshape", [bias, "corr_b_shape"], n("corr_b"))  # (1, C, 1, 1)
+    return b.op("Add", [b.op("Mul", [out, s], n("corr_scaled")), bias], n("corrected"))
 
 
 def _inline(b: _Builder, comp: Backbone, remap: dict[str, str]) -> str:
@@ -246,11 +284,14 @@ def _image_epilogue(b: _Builder, vae: Backbone, latents: str, scaling_factor: fl
 
 def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: int | None = None,
                          latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
-                         vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0) -> onnx.ModelProto:
+                         vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
+                         correction=None) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With `text_encoder` and `vae_decoder` the graph is the whole pipeline: token ids in
-    (`input_ids`, `uncond_input_ids`), a uint8 NHWC `image` out.
+    (`input_ids`, `uncond_input_ids`), a uint8 NHWC `image` out. `correction` (an
+    ``OutputCorrection``) scales and shifts the guided backbone output per timestep, as the
+    host loop does for quantized backbones fitted with ``quantize --correct``.
     """
     if form not in FORMS:
         raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
@@ -271,6 +312,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         extra_inits += te.initializers
         functions += te.functions
     pre = _prologue(b)
+    if correction is not None:
+        _correction_prologue(b, pre, correction)
     if form == "loop":
         body = _Builder()
         x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")

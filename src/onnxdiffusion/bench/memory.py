@@ -1,0 +1,93 @@
+"""Peak resident memory per variant, measured in a fresh process.
+
+The bench keeps every variant loaded in one process (so repeats can interleave), which makes an
+in-process peak meaningless per variant. So each variant's peak RSS comes from a child process that
+imports what the variant needs, loads it and generates one batch-1 image, and reports VmHWM (the
+kernel's high-water mark of its resident set) plus its RSS after imports (the baseline). A peer
+worker reports the same numbers about itself after its first call.
+
+    python -m onnxdiffusion.bench.memory SPEC.json   # prints one JSON line
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def current_rss_bytes() -> int | None:
+    kb = _status_kb("VmRSS")
+    return kb * 1024 if kb is not None else None
+
+
+def peak_rss_bytes() -> int:
+    kb = _status_kb("VmHWM")
+    if kb is None:  # not Linux: ru_maxrss is KiB on Linux, bytes on macOS
+        v = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return v if sys.platform == "darwin" else v * 1024
+    return kb * 1024
+
+
+METHOD = ("VmHWM of a fresh child process that imports the variant's libraries, loads it and generates one "
+          "batch-1 image (peers: the worker process's own VmHWM after its first call)")
+
+
+def probe(spec: dict, python: str | None = None, timeout: float = 1800, env: dict | None = None) -> dict:
+    """Run this module in a child process for one variant spec; returns its JSON record or {'error': ...}."""
+    cmd = [python or sys.executable, "-m", "onnxdiffusion.bench.memory", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"memory probe timed out after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
+        return {"error": f"memory probe failed: {tail}"}
+    return json.loads(lines[-1])
+
+
+def _child(spec_json: str) -> int:
+    import numpy as np
+
+    from .runners import Job, make_runner
+    from .variants import VariantSpec
+
+    d = json.loads(spec_json)
+    job = d.pop("job")
+    threads = d.pop("threads", None)
+    d["folder"] = Path(d["folder"]) if d.get("folder") else None
+    d["peer_python"] = Path(d["peer_python"]) if d.get("peer_python") else None
+    spec = VariantSpec(**d)
+    if spec.kind == "torch":  # the import is part of what this variant costs
+        import diffusers  # noqa: F401
+        import torch  # noqa: F401
+    else:
+        import onnxruntime  # noqa: F401
+    baseline = current_rss_bytes()
+    runner = make_runner(spec, threads=threads, height=job["height"], width=job["width"])
+    info = runner.load()
+    after_load = current_rss_bytes()
+    latents = np.asarray(job["latents"], dtype=np.float32).reshape(job["shape"])
+    runner.generate(Job([job["prompt"]], latents, job["guidance"], job["height"], job["width"]))
+    out = {"peak_rss_bytes": peak_rss_bytes(), "baseline_rss_bytes": baseline, "after_load_rss_bytes": after_load,
+           "load_s": info.get("load_s"), "pid": os.getpid()}
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,245 @@
+"""Bench worker for a peer pipeline, run by the peer's own venv Python (never imports onnxdiffusion).
+
+  optimum   optimum.onnxruntime.ORTStableDiffusionPipeline on an `onnxdiffusion export` folder
+  openvino  optimum.intel.OVStableDiffusionPipeline on the diffusers source folder, converted once to
+            OpenVINO IR under --cache (mode fp32, or int8-hybrid: optimum-intel's hybrid quantization,
+            8-bit weights everywhere + 8-bit activations in the UNet, calibrated on --calib-prompts)
+
+Protocol: one JSON object per line. On start the worker loads the pipeline and writes
+{"event": "loaded", "load_s": ..., ...} (or {"event": "error", "message": ...}); then it answers
+{"cmd": "generate", ...} with {"event": "done", "timings": {...}}, {"cmd": "rss"} with its VmRSS/VmHWM,
+and exits on {"cmd": "quit"} or end of input. Timings are measured here, inside the peer's process.
+Everything the libraries print goes to stderr; stdout carries only the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+_PROTO = None
+
+
+def send(obj: dict) -> None:
+    _PROTO.write(json.dumps(obj) + "\n")
+    _PROTO.flush()
+
+
+def status_bytes(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def ddim_from_config(cls, config):
+    """As onnxdiffusion.bench.runners.ddim_from_config: never clip x0 unless the config asks for it."""
+    extra = {} if "clip_sample" in config else {"clip_sample": False}
+    return cls.from_config(config, **extra)
+
+
+class Sink:
+    def __init__(self):
+        self.te = 0.0
+        self.te_end = 0.0
+        self.vae = 0.0
+
+
+def wrap_forward(obj, sink: Sink, kind: str) -> None:
+    """Time a pipeline part by shadowing its `forward` (both optimum's ORT and OV parts call self.forward)."""
+    if obj is None or not hasattr(obj, "forward"):
+        return
+    fn = obj.forward
+
+    def forward(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            now = time.perf_counter()
+            if kind == "te":
+                sink.te += now - t
+                sink.te_end = now
+            else:
+                sink.vae += now - t
+
+    obj.forward = forward
+
+
+def load_optimum(args):
+    import onnxruntime as ort
+    from diffusers import DDIMScheduler
+    from optimum.onnxruntime import ORTStableDiffusionPipeline
+
+    so = ort.SessionOptions()
+    if args.threads:
+        so.intra_op_num_threads = args.threads
+        so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    t0 = time.perf_counter()
+    pipe = ORTStableDiffusionPipeline.from_pretrained(args.folder, export=False, provider="CPUExecutionProvider",
+                                                      session_options=so, local_files_only=True)
+    load_s = time.perf_counter() - t0
+    pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
+    versions = {"optimum": dist_version("optimum"), "optimum-onnx": dist_version("optimum-onnx"),
+                "onnxruntime": ort.__version__}
+    return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.vae_decoder)
+
+
+def load_openvino(args):
+    from diffusers import DDIMScheduler
+    from optimum.intel import OVStableDiffusionPipeline
+
+    ir = Path(args.cache) / f"ir-{args.mode}"
+    info: dict = {}
+    if not (ir / "model_index.json").is_file():
+        kw = {}
+        if args.mode == "int8-hybrid":
+            from optimum.intel import OVWeightQuantizationConfig
+
+            prompts = json.loads(Path(args.calib_prompts).read_text()) if args.calib_prompts else []
+            if len(prompts) < 2:
+                raise RuntimeError("int8-hybrid needs calibration prompts")
+            kw["quantization_config"] = OVWeightQuantizationConfig(bits=8, quant_method="hybrid", dataset=prompts,
+                                                                   num_samples=len(prompts))
+        t0 = time.perf_counter()
+        pipe = OVStableDiffusionPipeline.from_pretrained(args.folder, export=True, compile=False,
+                                                         local_files_only=True, **kw)
+        pipe.save_pretrained(ir)
+        info["convert_s"] = time.perf_counter() - t0
+        del pipe
+    ov_config = {"PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
+    if args.threads:
+        ov_config["INFERENCE_NUM_THREADS"] = str(args.threads)
+    t0 = time.perf_counter()
+    pipe = OVStableDiffusionPipeline.from_pretrained(ir, compile=False, ov_config=ov_config, local_files_only=True)
+    pipe.compile()
+    info["load_s"] = time.perf_counter() - t0
+    info["ir_bytes"] = sum(p.stat().st_size for p in ir.rglob("*") if p.is_file())
+    info["ir_folder"] = str(ir)
+    pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
+    import openvino
+
+    versions = {"openvino": openvino.__version__ if hasattr(openvino, "__version__") else dist_version("openvino"),
+                "optimum-intel": dist_version("optimum-intel"), "nncf": dist_version("nncf")}
+    return pipe, info, versions, (pipe.text_encoder, pipe.vae_decoder)
+
+
+def generate(pipe, sink: Sink, msg: dict) -> dict:
+    import numpy as np
+    import torch
+
+    latents = np.load(msg["latents"]).astype(np.float32)
+    prompts = msg["prompts"]
+    steps: list[float] = []
+    state = {"prev": None, "book": 0.0, "last": None}
+    n = int(msg["steps"])
+
+    def on_step(p, i, t, kwargs):
+        now = time.perf_counter()
+        start = state["prev"] if state["prev"] is not None else sink.te_end
+        steps.append(now - start)
+        if i == n - 1:
+            state["last"] = kwargs["latents"].detach().float().cpu().numpy().copy()
+        state["prev"] = time.perf_counter()
+        state["book"] += state["prev"] - now
+        return {}
+
+    sink.te = sink.vae = 0.0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = pipe(prompts, latents=torch.from_numpy(latents), num_inference_steps=n, guidance_scale=float(msg["guidance"]),
+                   output_type="np", height=int(msg["height"]), width=int(msg["width"]),
+                   callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["latents"])
+    total = time.perf_counter() - t0
+    images = (np.asarray(out.images) * 255).round().astype(np.uint8)
+    np.save(msg["out"], images)
+    if state["last"] is not None and msg.get("final_latents"):
+        np.save(msg["final_latents"], state["last"])
+    return {"total_s": total - state["book"], "text_encoder_s": sink.te, "vae_s": sink.vae, "step_s": steps}
+
+
+def main(argv=None) -> int:
+    global _PROTO
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=("optimum", "openvino"), required=True)
+    ap.add_argument("--mode", default="fp32", choices=("fp32", "int8-hybrid"))
+    ap.add_argument("--folder", required=True)
+    ap.add_argument("--cache", default=".")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--height", type=int, default=64)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--calib-prompts", default=None)
+    args = ap.parse_args(argv)
+    # the protocol gets the real stdout; anything printed by libraries (Python or C) goes to stderr
+    _PROTO = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        baseline = status_bytes("VmRSS")
+        loader = load_optimum if args.backend == "optimum" else load_openvino
+        pipe, info, versions, (te, vae) = loader(args)
+        pipe.set_progress_bar_config(disable=True)
+        sink = Sink()
+        wrap_forward(te, sink, "te")
+        wrap_forward(vae, sink, "vae")
+        import diffusers
+
+        versions.update(diffusers=diffusers.__version__, torch=torch.__version__)
+        send({"event": "loaded", **info, "versions": versions, "baseline_rss_bytes": baseline,
+              "after_load_rss_bytes": status_bytes("VmRSS")})
+    except Exception as e:  # noqa: BLE001 - reported as one line to the bench
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        import traceback
+
+        traceback.print_exc()
+        send({"event": "error", "message": f"{type(e).__name__}: {first}"})
+        return 1
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        cmd = msg.get("cmd")
+        try:
+            if cmd == "quit":
+                break
+            if cmd == "rss":
+                send({"event": "rss", "rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")})
+            elif cmd == "generate":
+                send({"event": "done", "timings": generate(pipe, sink, msg)})
+            else:
+                send({"event": "error", "message": f"unknown command {cmd!r}"})
+        except Exception as e:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            send({"event": "error", "message": f"{type(e).__name__}: {first}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

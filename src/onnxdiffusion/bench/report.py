@@ -1,0 +1,554 @@
+"""Bench output: results.json, results.csv, PNG plots and one self-contained report.html.
+
+Plots are drawn with matplotlib (Agg, no display); every axis is labelled with its unit. The HTML
+embeds the PNGs as base64 data URIs so the file can be mailed or opened anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..artifacts import atomic_write_bytes
+from ..errors import UserError
+
+MiB = 1024 * 1024
+
+# (key, header, unit/help) — the summary table, everywhere
+COLUMNS = [
+    ("name", "variant", ""),
+    ("precision", "precision", ""),
+    ("sampler", "sampler", ""),
+    ("loop", "loop", ""),
+    ("size_mib", "size MiB", "on disk, components loaded"),
+    ("load_s", "load s", "session creation (hash check excluded)"),
+    ("first_call_s", "1st call s", "first generation after load"),
+    ("te_ms", "text enc ms", "median per image"),
+    ("step_ms", "step ms", "backbone + sampler update, median per step"),
+    ("vae_ms", "VAE ms", "median per image"),
+    ("e2e_s", "e2e s", "median end to end, batch 1"),
+    ("p90_s", "p90 s", "90th percentile end to end"),
+    ("speedup", "speedup", "reference median / this median"),
+    ("rss_mib", "peak RSS MiB", "fresh process: load + 1 image"),
+    ("psnr", "PSNR dB", "vs fp32 images, same prompt+seed"),
+    ("ssim", "SSIM", "vs fp32 images"),
+    ("attr", "attr acc", "judge attribute accuracy"),
+    ("strict", "strict acc", "judge strict prompt accuracy"),
+    ("fd", "FD", "Frechet distance to real images (judge embedding)"),
+    ("rel_l2", "final rel L2", "final latents vs fp32"),
+]
+
+
+def _f(v, fmt: str) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return format(v, fmt)
+
+
+def summary_rows(results: dict) -> list[dict]:
+    """One dict of display strings per variant that ran (COLUMNS' keys), plus raw numbers under '_raw'."""
+    rows = []
+    for r in results["variants"]:
+        if r["status"] != "ok":
+            continue
+        t = r.get("timing") or {}
+        q = r.get("quality") or {}
+        steps = f"{r['sampler']} {r['steps']}" if r["kind"] != "peer" else f"ddim {r['steps']}"
+        raw = {
+            "size_mib": (r.get("size_bytes") or 0) / MiB if r.get("size_bytes") else None,
+            "load_s": r.get("load_s"),
+            "first_call_s": r.get("first_call_s"),
+            "te_ms": t.get("text_encoder_median_s") * 1e3 if t.get("text_encoder_median_s") is not None else None,
+            "step_ms": t.get("backbone_step_median_s") * 1e3 if t.get("backbone_step_median_s") is not None else None,
+            "vae_ms": t.get("vae_median_s") * 1e3 if t.get("vae_median_s") is not None else None,
+            "e2e_s": t.get("e2e_median_s"),
+            "p90_s": t.get("e2e_p90_s"),
+            "speedup": r.get("speedup_vs_ref"),
+            "rss_mib": r["peak_rss_bytes"] / MiB if r.get("peak_rss_bytes") else None,
+            "psnr": q.get("psnr_db"),
+            "ssim": q.get("ssim"),
+            "attr": q.get("attribute_accuracy"),
+            "strict": q.get("strict_accuracy"),
+            "fd": q.get("frechet_distance"),
+            "rel_l2": q.get("final_latent_rel_l2"),
+        }
+        fmt = {"size_mib": ".1f", "load_s": ".2f", "first_call_s": ".3f", "te_ms": ".1f", "step_ms": ".1f",
+               "vae_ms": ".1f", "e2e_s": ".3f", "p90_s": ".3f", "speedup": ".2f", "rss_mib": ".0f", "psnr": ".1f",
+               "ssim": ".4f", "attr": ".3f", "strict": ".3f", "fd": ".2f", "rel_l2": ".2e"}
+        row = {"name": r["name"], "precision": r["precision"], "sampler": steps,
+               "loop": r["loop"] if r["kind"] != "peer" else r["name"].split("-")[0]}
+        row.update({k: _f(v, fmt[k]) for k, v in raw.items()})
+        if raw["speedup"] is not None:
+            row["speedup"] += "x"
+        row["_raw"] = raw
+        rows.append(row)
+    return rows
+
+
+def visible_columns(results: dict) -> list[tuple[str, str, str]]:
+    """Drop quality columns that no variant has (e.g. --arch sd15, no judge)."""
+    rows = summary_rows(results)
+    keep = []
+    for key, head, unit in COLUMNS:
+        if key in ("psnr", "ssim", "attr", "strict", "fd", "rel_l2") and all(r["_raw"].get(key) is None for r in rows):
+            continue
+        keep.append((key, head, unit))
+    return keep
+
+
+def text_table(results: dict) -> str:
+    rows = summary_rows(results)
+    cols = visible_columns(results)
+    widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h, _ in cols]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, ((k, h, _), w) in enumerate(zip(cols, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join(r[k].ljust(w) if i == 0 else r[k].rjust(w) for i, ((k, _, _), w) in enumerate(zip(cols, widths))))
+    skipped = [v for v in results["variants"] if v["status"] != "ok"]
+    if skipped:
+        lines.append("")
+        lines.append("not run:")
+        for v in skipped:
+            lines.append(f"  {v['name']}: {v['status']}: {v['reason']}")
+    return "\n".join(lines)
+
+
+SPEED_KEYS = ("name", "precision", "sampler", "loop", "size_mib", "load_s", "first_call_s", "te_ms", "step_ms", "vae_ms",
+              "e2e_s", "p90_s", "speedup", "rss_mib")
+QUALITY_KEYS = ("name", "psnr", "ssim", "attr", "strict", "fd", "rel_l2")
+
+
+def print_table(results: dict, console=None) -> None:
+    """The summary on the terminal (rich when available): a speed/memory/size table and a quality table."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(text_table(results))
+        return
+    import shutil
+
+    console = console or Console(width=max(shutil.get_terminal_size((200, 40)).columns, 200))
+    cols = visible_columns(results)
+    rows = summary_rows(results)
+    name = Path(results["model"]).name if not results.get("arch") else f"--arch {results['arch']} (random weights)"
+    titles = {SPEED_KEYS: f"bench {name}: speed, memory, size (speed reference {results.get('speed_reference')})",
+              QUALITY_KEYS: f"bench {name}: quality (fidelity reference {results.get('fidelity_reference')})"}
+    for keys, title in titles.items():
+        use = [c for c in cols if c[0] in keys]
+        if len(use) <= 1 or not rows:
+            continue
+        table = Table(title=title, title_justify="left")
+        for i, (k, h, _) in enumerate(use):
+            table.add_column(h, justify="left" if k in ("name", "precision", "sampler", "loop") else "right",
+                             no_wrap=True)
+        for r in rows:
+            table.add_row(*[r[k] for k, _, _ in use])
+        console.print(table)
+    for v in results["variants"]:
+        if v["status"] != "ok":
+            console.print(f"[yellow]{v['status']}[/] {v['name']}: {v['reason']}", highlight=False, soft_wrap=True)
+
+
+# --- results files -------------------------------------------------------------------------------------
+def _jsonable(obj):
+    if isinstance(obj, float):
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        if math.isnan(obj):
+            return None
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating,)):
+        return _jsonable(float(obj))
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_csv(path: Path, results: dict) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    keys = [k for k, _, _ in COLUMNS]
+    w.writerow(keys[:1] + ["status", "reason"] + keys[1:])
+    raw = {r["name"]: r["_raw"] for r in summary_rows(results)}
+    by = {r["name"]: r for r in summary_rows(results)}
+    for v in results["variants"]:
+        row = [v["name"], v["status"], v["reason"] or ""]
+        for k in keys[1:]:
+            if v["name"] in raw:
+                val = raw[v["name"]].get(k, by[v["name"]].get(k))
+                if isinstance(val, float):
+                    val = "inf" if math.isinf(val) else f"{val:.6g}"
+                row.append("" if val is None else val)
+            else:
+                row.append({"precision": v["precision"], "sampler": f"{v['sampler']} {v['steps']}",
+                            "loop": v["loop"]}.get(k, ""))
+        w.writerow(row)
+    atomic_write_bytes(path, buf.getvalue().encode())
+
+
+# --- plots -----------------------------------------------------------------------------------------------
+def _plt():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("the bench's plots need matplotlib: pip install matplotlib "
+                        "(or install the dev extra: pip install -e '.[dev]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 110, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def plot_latency(path: Path, results: dict) -> None:
+    plt = _plt()
+    rows = [r for r in results["variants"] if r["status"] == "ok" and r.get("timing")]
+    names = [r["name"] for r in rows]
+    t = [r["timing"] for r in rows]
+    parts = [("text encoder", "text_encoder_median_s", "#4c72b0"), ("denoising steps", "sampling_median_s", "#dd8452"),
+             ("VAE decoder", "vae_median_s", "#55a868"), ("other", "other_median_s", "#8c8c8c")]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.8), gridspec_kw={"width_ratios": [3, 2]})
+    y = np.arange(len(rows))
+    left = np.zeros(len(rows))
+    for label, key, colour in parts:
+        vals = np.array([max(x.get(key) or 0.0, 0.0) for x in t])
+        ax.barh(y, vals, left=left, color=colour, label=label, height=0.6)
+        left += vals
+    p90 = np.array([x["e2e_p90_s"] for x in t])
+    ax.errorbar([x["e2e_median_s"] for x in t], y, xerr=[np.zeros(len(rows)), p90 - np.array([x["e2e_median_s"] for x in t])],
+                fmt="none", ecolor="black", capsize=3, label="median → p90")
+    for i, r in enumerate(rows):
+        s = r.get("speedup_vs_ref")
+        ax.text(max(left[i], p90[i]), i, f"  {t[i]['e2e_median_s']:.3g} s" + (f" ({s:.2f}x)" if s else ""), va="center", fontsize=8)
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per image, batch 1 (median of repeats; lower is better)")
+    ax.set_title(f"End-to-end latency by component ({results['settings']['repeats']} repeats, "
+                 f"speed reference {results.get('speed_reference')})")
+    ax.set_xlim(0, max(left.max(), p90.max()) * 1.35)
+    ax.legend(loc="lower right", fontsize=8)
+    steps = np.array([(x.get("backbone_step_median_s") or 0) * 1e3 for x in t])
+    ax2.barh(y, steps, color="#dd8452", height=0.6)
+    for i, v in enumerate(steps):
+        ax2.text(v, i, f" {v:.0f}" if v >= 100 else f" {v:.3g}", va="center", fontsize=8)
+    ax2.set_yticks(y, [""] * len(rows))
+    ax2.invert_yaxis()
+    ax2.set_xlim(0, steps.max() * 1.3 if steps.max() > 0 else 1)
+    ax2.set_xlabel("milliseconds per denoising step (backbone + sampler update, median)")
+    ax2.set_title("Per-step backbone time")
+    _save(fig, path)
+
+
+def _styles(results: dict) -> dict[str, dict]:
+    """One colour / marker / line style per variant, the same in every plot."""
+    plt = _plt()
+    names = [r["name"] for r in results["variants"] if r["status"] == "ok"]
+    cmap = plt.get_cmap("tab20")
+    markers = "o s ^ D v P X < > h".split()
+    out = {}
+    for i, n in enumerate(names):
+        out[n] = {"color": cmap(i % 20), "marker": markers[(i + i // 20) % len(markers)],
+                  "linestyle": ("-", "--", ":", "-.")[(i // 20) % 4]}
+    return out
+
+
+def _pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated (lower x and higher y is better), sorted by x."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -math.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def plot_pareto(path: Path, results: dict) -> bool:
+    plt = _plt()
+    rows = [r for r in results["variants"] if r["status"] == "ok" and r.get("timing") and r.get("quality")]
+    panels = []
+    ps = [r for r in rows if r["quality"].get("psnr_db") is not None]
+    if ps:
+        panels.append(("psnr_db", "PSNR vs fp32 images (dB, higher is better)", ps))
+    acc = [r for r in rows if r["quality"].get("attribute_accuracy") is not None]
+    if acc:
+        panels.append(("attribute_accuracy", "judge attribute accuracy (fraction, higher is better)", acc))
+    if not panels:
+        return False
+    styles = _styles(results)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 2.8, 4.8), squeeze=False)
+    handles = {}
+    for ax, (key, ylabel, rs) in zip(axes[0], panels):
+        xs = [r["timing"]["e2e_median_s"] for r in rs]
+        ys = [r["quality"][key] for r in rs]
+        finite = [v for v in ys if not math.isinf(v)]
+        cap = (max(finite) + 5.0) if finite else 60.0
+        ys_plot = [cap if math.isinf(v) else v for v in ys]
+        for x, yv, r, orig in zip(xs, ys_plot, rs, ys):
+            st = styles[r["name"]]
+            label = r["name"] + (" (reference, ∞ dB)" if math.isinf(orig) else "")
+            h = ax.scatter([x], [yv], s=46, color=st["color"], marker=st["marker"], zorder=3, edgecolors="black",
+                           linewidths=0.4, label=label)
+            handles.setdefault(r["name"], h)
+        front = _pareto_front(list(zip(xs, ys_plot)))
+        ax.plot([xs[i] for i in front], [ys_plot[i] for i in front], "--", color="#c44e52", zorder=2, lw=1)
+        for i in front:  # name the points on the front; the legend names them all
+            ax.annotate(rs[i]["name"], (xs[i], ys_plot[i]), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.set_xlabel("end-to-end latency, median (s per image, lower is better)")
+        ax.set_ylabel(ylabel)
+        ax.margins(x=0.15, y=0.12)
+    from matplotlib.lines import Line2D
+
+    extra = [Line2D([], [], ls="--", color="#c44e52", label="Pareto front (faster and better)")]
+    fig.legend(handles=list(handles.values()) + extra, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7,
+               frameon=False)
+    fig.suptitle("Quality vs latency (each point a variant, same prompts and seeds)")
+    fig.tight_layout()
+    _save(fig, path)
+    return True
+
+
+def plot_error_growth(path: Path, results: dict) -> bool:
+    plt = _plt()
+    rows = [r for r in results["variants"] if r["status"] == "ok" and (r.get("quality") or {}).get("error_curve")]
+    if not rows:
+        return False
+    styles = _styles(results)
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    for r in rows:
+        c = np.maximum(np.asarray(r["quality"]["error_curve"], dtype=np.float64), 1e-12)
+        st = styles[r["name"]]
+        ax.plot(np.arange(1, len(c) + 1), c, marker=st["marker"], ms=3, color=st["color"], ls=st["linestyle"],
+                label=r["name"])
+    ax.set_yscale("log")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("sampling step")
+    ax.set_ylabel("relative L2 error of latents vs fp32 (||x - x_ref|| / ||x_ref||)")
+    ax.set_title(f"Error growth over the sampling loop (reference {results.get('fidelity_reference')})")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    _save(fig, path)
+    return True
+
+
+def plot_memory_size(path: Path, results: dict) -> bool:
+    plt = _plt()
+    rows = [r for r in results["variants"] if r["status"] == "ok"]
+    if not rows:
+        return False
+    names = [r["name"] for r in rows]
+    rss = [(r.get("peak_rss_bytes") or 0) / MiB for r in rows]
+    size = [(r.get("size_bytes") or 0) / MiB for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.4 * len(rows) + 1.8))
+    y = np.arange(len(rows))
+    for ax, vals, xlabel, title, colour in ((a1, rss, "peak resident memory (MiB)", "Peak RSS (fresh process, load + 1 image)", "#8172b3"),
+                                            (a2, size, "size on disk (MiB)", "Model size on disk", "#937860")):
+        ax.barh(y, vals, color=colour, height=0.6)
+        for i, v in enumerate(vals):
+            ax.text(v, i, f" {v:.1f}" if v else " n/a", va="center", fontsize=8)
+        ax.set_yticks(y, names if ax is a1 else [""] * len(rows))
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.set_xlim(0, (max(vals) or 1) * 1.3)
+    _save(fig, path)
+    return True
+
+
+def plot_grid(path: Path, results: dict, image_sets: dict, columns: int = 8) -> bool:
+    plt = _plt()
+    sets = image_sets.get("images") or {}
+    if not sets:
+        return False
+    ref = image_sets.get("reference")
+    order = ([ref] if ref in sets else []) + [n for n in sets if n != ref]
+    ncol = min(columns, min(len(v) for v in sets.values()))
+    if ncol == 1:  # one image per variant (no quality pass): one row, a variant per column
+        fig, axes = plt.subplots(1, len(order), figsize=(2.4 * len(order), 2.9), squeeze=False)
+        for ax, name in zip(axes[0], order):
+            ax.imshow(sets[name][0], interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.grid(False)
+            ax.set_title(name, fontsize=8)
+        caption = (image_sets.get("captions") or [""])[0]
+        fig.suptitle(f"The timed job's image per variant (same prompt and seed): \"{caption}\"", fontsize=9)
+        _save(fig, path)
+        return True
+    psnr = {r["name"]: (r.get("quality") or {}).get("psnr_per_image_db") for r in results["variants"]}
+    h, w = next(iter(sets.values())).shape[1:3]
+    cell = max(1.1, min(2.2, w / 48))
+    fig, axes = plt.subplots(len(order), ncol, figsize=(cell * ncol + 1.8, cell * len(order) + 0.6), squeeze=False)
+    captions = image_sets.get("captions") or []
+    for i, name in enumerate(order):
+        for j in range(ncol):
+            ax = axes[i][j]
+            ax.imshow(sets[name][j], interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.grid(False)
+            p = (psnr.get(name) or [None] * ncol)[j] if name != ref else None
+            if p is not None:
+                ax.set_title("∞ dB" if math.isinf(p) else f"{p:.1f} dB", fontsize=7, pad=2)
+            if j == 0:
+                ax.set_ylabel(name + (" (ref)" if name == ref else ""), rotation=0, ha="right", va="center", fontsize=8)
+            if i == 0 and j < len(captions) and not (p is not None):
+                ax.set_title(captions[j][:28], fontsize=6, pad=2)
+    fig.suptitle("Same prompts and seeds: fp32 reference (top row) vs each variant (PSNR vs the reference above each image)",
+                 fontsize=9)
+    _save(fig, path)
+    return True
+
+
+# --- HTML ------------------------------------------------------------------------------------------------
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1500px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
+table{border-collapse:collapse;font-size:12px} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3;white-space:normal;vertical-align:bottom} .scroll{overflow-x:auto} td.l,th.l{text-align:left} tr:nth-child(even) td{background:#fafafa}
+.meta{color:#555;font-size:13px} .skip td{color:#8a5a00} img.plot{max-width:100%;border:1px solid #eee;margin:6px 0}
+code{background:#f4f4f4;padding:1px 4px;border-radius:3px} .note{font-size:13px;color:#444}
+"""
+
+
+def _img_tag(png: Path, alt: str, cls: str = "plot") -> str:
+    data = base64.b64encode(png.read_bytes()).decode()
+    return f'<img class="{cls}" id="{html.escape(png.stem)}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def write_html(path: Path, results: dict, plots: dict[str, Path]) -> None:
+    e = html.escape
+    s = results["settings"]
+    cols = visible_columns(results)
+    rows = summary_rows(results)
+    out = ["<!doctype html><html><head><meta charset='utf-8'><title>onnxdiffusion bench</title>",
+           f"<style>{_CSS}</style></head><body>"]
+    title = Path(results["model"]).name if not results.get("arch") else f"--arch {results['arch']} (random weights, full size)"
+    out.append(f"<h1>onnxdiffusion bench — {e(title)}</h1>")
+    out.append(f"<p class='meta'>{e(results['created'])} · model <code>{e(results['model'])}</code>"
+               + (f" · diffusers source <code>{e(results['source'])}</code>" if results.get("source") else "")
+               + f"<br>DDIM {s['steps']} steps (DPM-Solver++ 2M {s['fast_steps']} steps for *-dpmpp), guidance {s['guidance']}, "
+               f"{s['height']}x{s['width']}, threads {s['threads'] or 'library default'} · timed job: {e(s['timed_job'])}, "
+               f"{s['repeats']} interleaved repeats after a first call and the quality pass · "
+               + (f"quality: {s['prompts']} held-out prompts, per-item seeds" if s['prompts'] else "no quality pass")
+               + f" · speed reference <b>{e(str(results.get('speed_reference')))}</b>, fidelity reference "
+               f"<b>{e(str(results.get('fidelity_reference')))}</b> · bench took {results.get('bench_seconds', 0):.0f} s</p>")
+    m = results.get("machine", {})
+    out.append(f"<p class='meta'>machine: {e(str(m.get('cpu')))}, {m.get('cpus')} CPUs, "
+               f"{(m.get('mem_total_bytes') or 0) / 2**30:.0f} GiB RAM, load average (1/5/15 min) at start "
+               f"{e(' '.join(m.get('loadavg') or []))}, at end {e(' '.join(m.get('loadavg_end') or []))}; "
+               f"{e(m.get('platform', ''))}</p>")
+    out.append("<h2>Summary</h2><div class='scroll'><table id='summary'><tr>")
+    for i, (k, h, unit) in enumerate(cols):
+        out.append(f"<th class='{'l' if i < 4 else ''}' title='{e(unit)}'>{e(h)}</th>")
+    out.append("</tr>")
+    for r in rows:
+        out.append("<tr>" + "".join(f"<td class='{'l' if i < 4 else ''}'>{e(r[k])}</td>" for i, (k, _, _) in enumerate(cols)) + "</tr>")
+    out.append("</table></div>")
+    out.append("<p class='note'>" + " · ".join(f"<b>{e(h)}</b>: {e(u)}" for _, h, u in cols if u) + "</p>")
+    skipped = [v for v in results["variants"] if v["status"] != "ok"]
+    if skipped:
+        out.append("<h2>Not run</h2><table id='skipped'><tr><th class='l'>variant</th><th class='l'>status</th><th class='l'>reason</th></tr>")
+        for v in skipped:
+            out.append(f"<tr class='skip'><td class='l'>{e(v['name'])}</td><td class='l'>{e(v['status'])}</td>"
+                       f"<td class='l' style='white-space:normal'>{e(str(v['reason']))}</td></tr>")
+        out.append("</table>")
+    titles = {"latency": "Latency per component", "pareto": "Quality vs latency", "error_growth": "Error growth per step",
+              "memory_size": "Memory and size", "image_grid": "Image grid: fp32 vs each variant, same seeds"}
+    for key, title in titles.items():
+        if key in plots:
+            out.append(f"<h2>{e(title)}</h2>{_img_tag(plots[key], title)}")
+    if results.get("notes"):
+        out.append("<h2>Notes</h2><ul class='note'>" + "".join(f"<li>{e(n)}</li>" for n in results["notes"]) + "</ul>")
+    out.append("<h2>How it was measured</h2><ul class='note'>"
+               "<li>All variants are loaded in one process (peers in their own venv's worker process, timed inside it) and "
+               "the timed repeats interleave them, rotating the order each round.</li>"
+               "<li>Component times: text encoder and VAE by wrapping those calls; the step time is the time between "
+               "per-step events (host loops) or the sampling time divided by the step count (one-graph loops).</li>"
+               f"<li>Peak RSS: {e(results.get('memory_method', ''))}.</li>"
+               "<li>Fidelity: PSNR pooled over all quality images, SSIM the mean per image (11x11 Gaussian window), final "
+               "rel L2 over the final latents; error curves compare the latents after every step with the reference's "
+               "(host-loop variants with the reference's sampler and step count only).</li>"
+               "<li>Judge accuracy and Fréchet distance use the shipped scene judge on the quality images; the Fréchet "
+               "distance is against renders of the same held-out scenes and is noisy with few prompts.</li></ul>")
+    out.append("<h2>Details</h2><table id='details'><tr><th class='l'>variant</th><th class='l'>label</th><th>verify s</th>"
+               "<th>load s</th><th>e2e min s</th><th>sampling s</th><th>baseline RSS MiB</th><th class='l'>step time from</th>"
+               "<th class='l'>versions / notes</th></tr>")
+    for v in results["variants"]:
+        if v["status"] != "ok":
+            continue
+        t, ld, mem = v.get("timing") or {}, v.get("load") or {}, v.get("memory") or {}
+        out.append(f"<tr><td class='l'>{e(v['name'])}</td><td class='l'>{e(v['label'])}</td><td>{_f(ld.get('verify_s'), '.2f')}</td>"
+                   f"<td>{_f(v.get('load_s'), '.2f')}</td><td>{_f(t.get('e2e_min_s'), '.3f')}</td>"
+                   f"<td>{_f(t.get('sampling_median_s'), '.3f')}</td>"
+                   f"<td>{_f((mem.get('baseline_rss_bytes') or 0) / MiB if mem.get('baseline_rss_bytes') else None, '.0f')}</td>"
+                   f"<td class='l'>{e(t.get('backbone_step_source', ''))}</td>"
+                   f"<td class='l' style='white-space:normal'>{e(_versions_note(ld, v))}</td></tr>")
+    out.append("</table><p class='meta'>Raw numbers: results.json, results.csv beside this file.</p></body></html>")
+    atomic_write_bytes(path, "\n".join(out).encode())
+
+
+def _versions_note(load: dict, v: dict) -> str:
+    parts = [f"{k} {val}" for k, val in (load.get("versions") or {}).items() if val]
+    if load.get("convert_s") is not None:
+        parts.append(f"IR conversion {load['convert_s']:.1f} s (cached)")
+    if load.get("shared_pipeline"):
+        parts.append("pipeline shared with another variant of the same folder")
+    parts += v.get("notes") or []
+    return "; ".join(parts)
+
+
+def write_all(out: Path, results: dict, image_sets: dict) -> dict:
+    """Write every output file under `out`; returns {kind: path}."""
+    out = Path(out)
+    files: dict[str, str] = {}
+    plots: dict[str, Path] = {}
+    makers = [("latency", lambda p: (plot_latency(p, results), True)[1]), ("pareto", lambda p: plot_pareto(p, results)),
+              ("error_growth", lambda p: plot_error_growth(p, results)),
+              ("memory_size", lambda p: plot_memory_size(p, results)),
+              ("image_grid", lambda p: plot_grid(p, results, image_sets))]
+    if not any(r["status"] == "ok" and r.get("timing") for r in results["variants"]):
+        makers = []
+    for key, make in makers:
+        p = out / f"{key}.png"
+        if make(p):
+            plots[key] = p
+            files[key] = str(p)
+        elif p.exists():
+            p.unlink()
+    files["results_json"] = str(out / "results.json")
+    files["results_csv"] = str(out / "results.csv")
+    files["report_html"] = str(out / "report.html")
+    results["files"] = files
+    atomic_write_bytes(out / "results.json", (json.dumps(_jsonable(results), indent=2) + "\n").encode())
+    write_csv(out / "results.csv", results)
+    write_html(out / "report.html", results, plots)
+    return files

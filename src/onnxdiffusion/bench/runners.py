@@ -1,0 +1,414 @@
+"""Runners: load a variant once, then `generate(prompts, latents)` with per-component timings.
+
+Every runner returns a `Generation` with the same fields, so the bench treats PyTorch, our ONNX
+Runtime pipeline and out-of-process peers alike. Timings come from inside the process that ran the
+model (a peer measures itself), with the bench's own bookkeeping (copying per-step latents)
+subtracted from the step times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from .memory import current_rss_bytes, peak_rss_bytes
+from .variants import VariantSpec
+
+PEER_WORKER = Path(__file__).with_name("peer_worker.py")
+
+
+@dataclass
+class Generation:
+    images: np.ndarray  # (batch, H, W, 3) uint8
+    total_s: float
+    text_encoder_s: float
+    sampling_s: float  # all denoising steps (backbone calls + sampler updates)
+    vae_s: float
+    step_s: list[float] | None = None  # per step, when the loop is visible (host loops)
+    step_latents: list[np.ndarray] | None = None  # x after each step (capture=True, host loops)
+    final_latents: np.ndarray | None = None
+
+    @property
+    def steps_measured(self) -> bool:
+        return self.step_s is not None
+
+
+@dataclass
+class Job:
+    prompts: list[str]
+    latents: np.ndarray
+    guidance: float
+    height: int
+    width: int
+    capture: bool = False
+
+
+class Runner:
+    spec: VariantSpec
+    load_info: dict
+
+    def load(self) -> dict:
+        raise NotImplementedError
+
+    def generate(self, job: Job) -> Generation:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+# --- our ONNX Runtime pipeline ----------------------------------------------------------------------
+class _Timed:
+    """Wraps a bound method, adding its wall time to `sink[key]`."""
+
+    def __init__(self, fn, sink: dict, key: str):
+        self.fn, self.sink, self.key = fn, sink, key
+
+    def __call__(self, *a, **kw):
+        t = time.perf_counter()
+        try:
+            return self.fn(*a, **kw)
+        finally:
+            now = time.perf_counter()
+            self.sink[self.key] += now - t
+            self.sink[self.key + "_end"] = now
+
+
+class _PipelineCache:
+    """One loaded Pipeline per model folder, shared by the variants of that folder (fp32 DDIM, DPM++, loops)."""
+
+    def __init__(self, threads: int | None, provider: str):
+        self.threads, self.provider = threads, provider
+        self.pipes: dict[Path, tuple[object, dict, dict]] = {}
+
+    def get(self, folder: Path):
+        key = Path(folder).resolve()
+        if key not in self.pipes:
+            from ..artifacts import read_manifest, verify_folder
+            from ..runtime import Pipeline
+
+            t0 = time.perf_counter()
+            verify_folder(folder, read_manifest(folder))
+            verify_s = time.perf_counter() - t0
+            rss0 = current_rss_bytes()
+            t0 = time.perf_counter()
+            pipe = Pipeline.from_folder(folder, provider=self.provider, verify=False, threads=self.threads)
+            load_s = time.perf_counter() - t0
+            sink = {"te": 0.0, "te_end": 0.0, "vae": 0.0, "vae_end": 0.0}
+            pipe.encode_prompt = _Timed(pipe.encode_prompt, sink, "te")
+            pipe.decode = _Timed(pipe.decode, sink, "vae")
+            info = {"verify_s": verify_s, "load_s": load_s, "rss_delta_bytes": _delta(rss0)}
+            self.pipes[key] = (pipe, sink, info)
+        return self.pipes[key]
+
+
+def _delta(before: int | None) -> int | None:
+    now = current_rss_bytes()
+    return None if before is None or now is None else now - before
+
+
+class OrtRunner(Runner):
+    def __init__(self, spec: VariantSpec, cache: _PipelineCache):
+        self.spec, self.cache = spec, cache
+        self.pipe = None
+        self.load_info: dict = {}
+
+    def load(self) -> dict:
+        shared = Path(self.spec.folder).resolve() in self.cache.pipes
+        self.pipe, self.sink, base = self.cache.get(self.spec.folder)
+        info = dict(base)
+        info["shared_pipeline"] = shared
+        if self.spec.loop != "host":
+            t0 = time.perf_counter()
+            self.pipe.sampling_graph(self.spec.loop)
+            info["graph_load_s"] = time.perf_counter() - t0
+            info["load_s"] = base["load_s"] + info["graph_load_s"]
+        self.load_info = info
+        return info
+
+    def generate(self, job: Job) -> Generation:
+        from ..runtime import GenerationResult
+
+        sink = self.sink
+        sink["te"] = sink["vae"] = 0.0
+        s = self.spec
+        t_start = time.perf_counter()
+        events = self.pipe.iter_generate(
+            job.prompts, latents=job.latents, steps=s.steps, sampler=s.sampler, guidance=job.guidance,
+            batch=len(job.prompts), height=job.height, width=job.width, loop=s.loop,
+        )
+        steps: list[float] = []
+        lat: list[np.ndarray] = []
+        prev = None
+        result = None
+        book = 0.0  # our own bookkeeping (copying latents) is not the model's time
+        for ev in events:
+            now = time.perf_counter()
+            if isinstance(ev, GenerationResult):
+                result = ev
+                break
+            start = prev if prev is not None else sink["te_end"]
+            steps.append(now - start)
+            if job.capture:
+                lat.append(np.array(ev.latents, copy=True))
+            prev = time.perf_counter()
+            book += prev - now
+        total = time.perf_counter() - t_start
+        host = s.loop == "host"
+        sampling = sum(steps) if host else total - sink["te"] - sink["vae"]
+        return Generation(
+            images=result.images, total_s=total - book, text_encoder_s=sink["te"], sampling_s=sampling,
+            vae_s=sink["vae"], step_s=steps if host else None, step_latents=lat if (job.capture and host) else None,
+            final_latents=np.array(result.latents, copy=True),
+        )
+
+
+# --- diffusers / PyTorch ----------------------------------------------------------------------------
+class TorchRunner(Runner):
+    """diffusers' StableDiffusionPipeline (fp32, DDIM built from the folder's scheduler config)."""
+
+    def __init__(self, spec: VariantSpec, threads: int | None):
+        self.spec, self.threads = spec, threads
+        self.load_info = {}
+
+    def load(self) -> dict:
+        rss0 = current_rss_bytes()
+        t0 = time.perf_counter()
+        import torch
+        from diffusers import DDIMScheduler, StableDiffusionPipeline
+        from diffusers.utils import logging as dlog
+
+        import_s = time.perf_counter() - t0
+        dlog.set_verbosity_error()
+        dlog.disable_progress_bar()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.torch = torch
+        t0 = time.perf_counter()
+        pipe = StableDiffusionPipeline.from_pretrained(
+            self.spec.folder, safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+            local_files_only=True, torch_dtype=torch.float32,
+        )
+        pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
+        pipe.set_progress_bar_config(disable=True)
+        load_s = time.perf_counter() - t0
+        self.pipe = pipe
+        self.sink = {"te": 0.0, "te_end": 0.0, "vae": 0.0, "vae_end": 0.0}
+        sink = self.sink
+
+        def pre(module, args, kwargs=None):
+            sink["_te_t0"] = time.perf_counter()
+
+        def post(module, args, output):
+            now = time.perf_counter()
+            sink["te"] += now - sink["_te_t0"]
+            sink["te_end"] = now
+
+        pipe.text_encoder.register_forward_pre_hook(pre)
+        pipe.text_encoder.register_forward_hook(post)
+        pipe.vae.decode = _Timed(pipe.vae.decode, sink, "vae")
+        self.load_info = {"load_s": load_s, "import_s": import_s, "rss_delta_bytes": _delta(rss0),
+                          "versions": {"torch": torch.__version__, "diffusers": _version("diffusers")}}
+        return self.load_info
+
+    def generate(self, job: Job) -> Generation:
+        torch = self.torch
+        sink = self.sink
+        sink["te"] = sink["vae"] = 0.0
+        steps: list[float] = []
+        lat: list[np.ndarray] = []
+        state = {"prev": None, "last": None, "book": 0.0}
+
+        def on_step(pipe, i, t, kwargs):
+            now = time.perf_counter()
+            start = state["prev"] if state["prev"] is not None else sink["te_end"]
+            steps.append(now - start)
+            x = kwargs["latents"]
+            if job.capture:
+                lat.append(x.detach().float().cpu().numpy().copy())
+            state["last"] = x.detach().float().cpu().numpy().copy() if i == self.spec.steps - 1 else None
+            state["prev"] = time.perf_counter()
+            state["book"] += state["prev"] - now
+            return {}
+
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.pipe(
+                job.prompts, latents=torch.from_numpy(np.ascontiguousarray(job.latents)), height=job.height,
+                width=job.width, num_inference_steps=self.spec.steps, guidance_scale=job.guidance, output_type="np",
+                callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["latents"],
+            )
+        total = time.perf_counter() - t0
+        images = (np.asarray(out.images) * 255).round().astype(np.uint8)
+        return Generation(images=images, total_s=total - state["book"], text_encoder_s=sink["te"],
+                          sampling_s=sum(steps), vae_s=sink["vae"], step_s=steps,
+                          step_latents=lat if job.capture else None, final_latents=state["last"])
+
+    def close(self) -> None:
+        self.pipe = None
+
+
+def ddim_from_config(cls, config):
+    """DDIM from a folder's scheduler config, computing what our runtime computes.
+
+    Our sampler tables never clip x0. diffusers' DDIMScheduler defaults to clip_sample=True, so a config
+    that does not say (SD1.5's PNDMScheduler config) would clip in diffusers only; pin it off then.
+    (Same rule in peer_worker.py.)
+    """
+    extra = {} if "clip_sample" in config else {"clip_sample": False}
+    return cls.from_config(config, **extra)
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+# --- peers in their own venvs -------------------------------------------------------------------------
+class PeerError(Exception):
+    pass
+
+
+def peer_env(threads: int | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
+               TRANSFORMERS_VERBOSITY="error", DIFFUSERS_VERBOSITY="error")
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    return env
+
+
+def probe_peer(python: Path, peer: str, timeout: float = 120) -> str | None:
+    """None if `python` can import the peer's package, else a one-line reason."""
+    from .variants import PEER_MODULES
+
+    mod = PEER_MODULES[peer]
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", f"import importlib.util as u, sys; sys.exit(u.find_spec({mod.split('.')[0]!r}) is None "
+                                f"or u.find_spec({mod!r}) is None)"],
+            capture_output=True, text=True, env=peer_env(1), timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"peer not usable: {python}: {e}"
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["module not found"])[-1][:200]
+        return f"peer not installed: {python} cannot import {mod} ({tail})"
+    return None
+
+
+class PeerRunner(Runner):
+    """A worker process in the peer's venv speaking JSON lines; it times itself and reports its own peak RSS."""
+
+    def __init__(self, spec: VariantSpec, threads: int | None, work: Path, log_path: Path, height: int, width: int,
+                 calib_prompts: list[str] | None = None, timeout: float = 3600):
+        self.spec, self.threads = spec, threads
+        self.work, self.log_path = Path(work).absolute(), Path(log_path).absolute()
+        self.height, self.width = height, width
+        self.calib_prompts = calib_prompts or []
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self.load_info = {}
+        self.n = 0
+
+    def _send(self, msg: dict) -> dict:
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise PeerError(self._died()) from None
+        return self._recv()
+
+    def _recv(self) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise PeerError(self._died())
+        msg = json.loads(line)
+        if msg.get("event") == "error":
+            raise PeerError(msg.get("message", "peer error"))
+        return msg
+
+    def _died(self) -> str:
+        rc = self.proc.wait(timeout=30) if self.proc else None
+        tail = ""
+        if self.log_path.is_file():
+            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+            tail = lines[-1][:300] if lines else ""
+        return f"peer worker exited ({rc}): {tail or 'see ' + str(self.log_path)}"
+
+    def load(self) -> dict:
+        self.work.mkdir(parents=True, exist_ok=True)
+        calib = self.work / "calib_prompts.json"
+        calib.write_text(json.dumps(self.calib_prompts))
+        cmd = [str(self.spec.peer_python), str(PEER_WORKER), "--backend", self.spec.peer, "--mode", self.spec.peer_mode,
+               "--folder", str(self.spec.folder), "--cache", str(self.work), "--threads", str(self.threads or 0),
+               "--height", str(self.height), "--width", str(self.width), "--calib-prompts", str(calib)]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=peer_env(self.threads), cwd=self.work)
+        msg = self._recv()
+        self.load_info = {k: v for k, v in msg.items() if k != "event"}
+        return self.load_info
+
+    def generate(self, job: Job) -> Generation:
+        self.n += 1
+        lat_path = self.work / "latents.npy"
+        out_path = self.work / "images.npy"
+        fin_path = self.work / "final_latents.npy"
+        np.save(lat_path, np.ascontiguousarray(job.latents, dtype=np.float32))
+        msg = self._send({"cmd": "generate", "prompts": job.prompts, "latents": str(lat_path), "out": str(out_path),
+                          "final_latents": str(fin_path), "steps": self.spec.steps, "guidance": job.guidance,
+                          "height": job.height, "width": job.width})
+        t = msg["timings"]
+        return Generation(images=np.load(out_path), total_s=t["total_s"], text_encoder_s=t["text_encoder_s"],
+                          sampling_s=sum(t["step_s"]), vae_s=t["vae_s"], step_s=t["step_s"],
+                          final_latents=np.load(fin_path) if fin_path.is_file() else None)
+
+    def rss(self) -> dict:
+        return self._send({"cmd": "rss"})
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            self.proc.kill()
+            self.proc.wait()
+        finally:
+            self.log.close()
+            self.proc = None
+
+
+def make_runner(spec: VariantSpec, *, threads: int | None, cache: _PipelineCache | None = None,
+                work: Path | None = None, height: int = 64, width: int = 64,
+                calib_prompts: list[str] | None = None) -> Runner:
+    if spec.kind == "ort":
+        return OrtRunner(spec, cache or _PipelineCache(threads, "cpu"))
+    if spec.kind == "torch":
+        return TorchRunner(spec, threads)
+    if spec.kind == "peer":
+        work = Path(work or tempfile.mkdtemp(prefix="bench-peer-"))
+        return PeerRunner(spec, threads, work / spec.name, work / f"{spec.name}.log", height, width, calib_prompts)
+    raise UserError(f"unknown variant kind {spec.kind!r}")
+
+
+__all__ = ["Generation", "Job", "Runner", "OrtRunner", "TorchRunner", "PeerRunner", "PeerError", "make_runner",
+           "probe_peer", "peak_rss_bytes"]

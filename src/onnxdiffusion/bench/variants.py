@@ -1,0 +1,363 @@
+"""What the bench can run: variants as data, discovered from model folders, never from quantize internals.
+
+A variant is one way to turn a prompt into an image:
+
+  torch-fp32              diffusers' PyTorch pipeline on the model's diffusers source folder (DDIM)
+  ort-fp32                our ONNX Runtime pipeline, numpy host loop (DDIM, --steps)
+  ort-fp32-loop           the same with the sampling loop as one ONNX Loop graph (manifest `sampler_loop`)
+  ort-fp32-unrolled       ... as one unrolled graph (manifest `sampler_unrolled`, fixed step count)
+  ort-fp32-dpmpp          DPM-Solver++ 2M at fewer steps (--fast-steps)
+  ort-<recipe>[-loop|-unrolled|-dpmpp]
+                          a quantized model folder: same layout as an export, `quantization` in its
+                          manifest (found among --variants-dir's sub-folders, default MODEL's siblings)
+  optimum-ort             Hugging Face Optimum's ORTStableDiffusionPipeline on our folder (.venv-optimum)
+  openvino-fp32, openvino-int8-hybrid
+                          optimum-intel's OVStableDiffusionPipeline on the diffusers source (.venv-openvino)
+
+A variant that cannot run here is kept with a `skip` reason (shown in the report), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..artifacts import MANIFEST, read_manifest, verify_folder
+from ..errors import UserError
+from ..paths import embedded_diffusers_folder, models_root
+
+KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights")
+SUFFIXES = {"": "host", "-loop": "loop", "-unrolled": "unrolled", "-dpmpp": "dpmpp"}
+PEERS = {
+    "optimum-ort": ("optimum", "fp32"),
+    "openvino-fp32": ("openvino", "fp32"),
+    "openvino-int8-hybrid": ("openvino", "int8-hybrid"),
+}
+PEER_VENVS = {"optimum": ".venv-optimum", "openvino": ".venv-openvino"}
+PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel"}
+PEER_INSTALL_HINT = {
+    "optimum": "run `make peers` (creates .venv-optimum with optimum-onnx[onnxruntime])",
+    "openvino": "create .venv-openvino with `pip install optimum-intel[openvino]` (see bench/install_openvino.sh)",
+}
+
+
+@dataclass
+class VariantSpec:
+    """One row of the bench. `kind` picks the runner: torch | ort | peer."""
+
+    name: str
+    kind: str
+    label: str
+    folder: Path | None = None  # ort: the model folder; torch / openvino: the diffusers folder; optimum: our folder
+    sampler: str = "ddim"
+    steps: int = 20
+    loop: str = "host"  # host | loop | unrolled (ort only)
+    precision: str = "fp32"  # fp32, or the quantization recipe
+    peer: str | None = None  # optimum | openvino
+    peer_mode: str | None = None  # fp32 | int8-hybrid
+    peer_python: Path | None = None
+    skip: str | None = None
+    hidden: bool = False  # listed only when asked for by name (a loop graph never compiled, quantized + DPM++)
+    other_model: bool = False  # a quantized folder of a different model (never matched by a recipe name)
+    requested: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("folder", "peer_python"):
+            d[k] = str(d[k]) if d[k] is not None else None
+        return d
+
+    @property
+    def host_loop(self) -> bool:
+        """Per-step latents are visible (error curves need them)."""
+        return self.kind in ("ort", "torch") and self.loop == "host"
+
+
+def repo_root() -> Path:
+    return models_root().parent
+
+
+def peer_python(peer: str) -> Path:
+    env = os.environ.get(f"ONNXDIFFUSION_{peer.upper()}_PYTHON")
+    if env:
+        return Path(env)
+    return repo_root() / PEER_VENVS[peer] / "bin" / "python"
+
+
+def source_folder(model: Path, manifest: dict) -> Path | None:
+    """The diffusers folder a model was exported from (manifest `source.path`, else the embedded model's)."""
+    src = manifest.get("source", {}).get("path")
+    if src and (Path(src) / "model_index.json").is_file():
+        return Path(src)
+    emb = embedded_diffusers_folder()
+    if model.resolve() == (emb.parent / f"{emb.name}-onnx").resolve() and (emb / "model_index.json").is_file():
+        return emb
+    return None
+
+
+def recipe_of(manifest: dict) -> str | None:
+    """The quantization recipe name of a model folder, or None for an fp32 export.
+
+    Read from the manifest's `quantization` entry only (a string, or a `recipe` key holding a name or a
+    dict with `name`, at the top or under `config`), so the bench does not depend on how quantize works.
+    """
+    q = manifest.get("quantization")
+    if q is None:
+        return None
+    if isinstance(q, str):
+        return q
+
+    def find(d, depth=0):
+        if not isinstance(d, dict) or depth > 3:
+            return None
+        r = d.get("recipe")
+        if isinstance(r, str):
+            return r
+        if isinstance(r, dict) and isinstance(r.get("name"), str):
+            return r["name"]
+        for key in ("config", "settings"):
+            got = find(d.get(key), depth + 1)
+            if got:
+                return got
+        return None
+
+    return find(q) or (q.get("name") if isinstance(q, dict) and isinstance(q.get("name"), str) else None) or "quantized"
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def model_bytes(folder: Path, manifest: dict) -> int:
+    """Bytes of what a run loads: the pipeline components (not vae_encoder, not sampling graphs)."""
+    total = 0
+    for name in ("text_encoder", "unet", "vae_decoder"):
+        info = manifest.get("components", {}).get(name)
+        if info is None:
+            continue
+        comp = (Path(folder) / info["path"]).parent
+        total += folder_bytes(comp) if comp.is_dir() else 0
+    return total
+
+
+def check_folder(folder: Path, manifest: dict | None = None, verify_hashes: bool = False) -> str | None:
+    """None if a model folder looks runnable, else a one-line reason (missing manifest / component / file)."""
+    try:
+        manifest = manifest if manifest is not None else read_manifest(folder)
+        if verify_hashes:
+            verify_folder(folder, manifest)
+        else:
+            for name in ("text_encoder", "unet", "vae_decoder"):
+                info = manifest.get("components", {}).get(name)
+                if info is None:
+                    return f"manifest has no '{name}' component"
+                if not (Path(folder) / info["path"]).is_file():
+                    return f"component '{name}' is missing ({info['path']})"
+                for ext in info.get("external_data", []) or []:  # paths relative to the model folder
+                    if not (Path(folder) / ext).is_file():
+                        return f"external data of '{name}' is missing ({ext})"
+            for rel in ("tokenizer", "scheduler/scheduler_config.json"):
+                if not (Path(folder) / rel).exists():
+                    return f"{rel} is missing"
+    except UserError as e:
+        return str(e)
+    return None
+
+
+def find_quantized(variants_dir: Path, base: Path) -> list[tuple[Path, dict]]:
+    """Sub-folders of `variants_dir` holding a model folder whose manifest has a `quantization` entry."""
+    out = []
+    if not variants_dir.is_dir():
+        return out
+    for sub in sorted(variants_dir.iterdir()):
+        if not sub.is_dir() or sub.resolve() == base.resolve():
+            continue
+        mpath = sub / MANIFEST
+        if not mpath.is_file():
+            continue
+        try:
+            manifest = json.loads(mpath.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("quantization") is not None:
+            out.append((sub, manifest))
+    return out
+
+
+def _loop_skip(manifest: dict, form: str, steps: int) -> str | None:
+    info = manifest.get("components", {}).get(f"sampler_{form}")
+    if info is None:
+        return f"no '{form}' sampling graph in this folder (run `onnxdiffusion compile-loop --form {form}`)"
+    if form == "unrolled" and info.get("steps") != steps:
+        return f"the unrolled graph runs exactly {info.get('steps')} steps; this bench runs {steps} (pass --steps {info.get('steps')})"
+    return None
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    steps: int = 20
+    fast_steps: int = 10
+    variants_dir: Path | None = None
+
+
+def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
+    """Every variant this model can have, each runnable or carrying the reason it cannot run."""
+    specs: list[VariantSpec] = []
+    ddim = f"DDIM {opts.steps}"
+    fast = f"DPM-Solver++ 2M {opts.fast_steps}"
+
+    torch_skip = None
+    if source is None:
+        torch_skip = "no diffusers source folder (manifest source.path is missing and this is not the embedded model)"
+    else:
+        import importlib.util
+
+        missing = [m for m in ("torch", "diffusers", "transformers") if importlib.util.find_spec(m) is None]
+        if missing:
+            torch_skip = f"not installed: {', '.join(missing)} (the export extra: pip install -e '.[export]')"
+    specs.append(VariantSpec("torch-fp32", "torch", f"PyTorch fp32 (diffusers), {ddim}", source, steps=opts.steps,
+                             skip=torch_skip))
+
+    def ort_family(prefix: str, folder: Path, man: dict, precision: str, folder_skip: str | None) -> list[VariantSpec]:
+        what = "ORT fp32" if precision == "fp32" else f"ORT {precision}"
+        fam = [VariantSpec(f"{prefix}", "ort", f"{what}, host loop, {ddim}", folder, steps=opts.steps,
+                           precision=precision, skip=folder_skip)]
+        for form in ("loop", "unrolled"):
+            absent = f"sampler_{form}" not in man.get("components", {})
+            skip = folder_skip or _loop_skip(man, form, opts.steps)
+            fam.append(VariantSpec(f"{prefix}-{form}", "ort", f"{what}, ONNX {form} graph, {ddim}", folder,
+                                   steps=opts.steps, loop=form, precision=precision, skip=skip,
+                                   hidden=absent or folder_skip is not None))
+        fam.append(VariantSpec(f"{prefix}-dpmpp", "ort", f"{what}, host loop, {fast}", folder, sampler="dpmpp_2m",
+                               steps=opts.fast_steps, precision=precision, skip=folder_skip,
+                               hidden=precision != "fp32" or folder_skip is not None))
+        return fam
+
+    specs += ort_family("ort-fp32", model, manifest, "fp32", check_folder(model, manifest))
+
+    vdir = opts.variants_dir if opts.variants_dir is not None else model.parent
+    found = find_quantized(vdir, model)
+    counts: dict[str, int] = {}
+    for _, man in found:
+        if man.get("pipeline") == manifest.get("pipeline"):
+            r = recipe_of(man) or "quantized"
+            counts[r] = counts.get(r, 0) + 1
+    for folder, man in found:
+        recipe = recipe_of(man) or "quantized"
+        other_model = man.get("pipeline") != manifest.get("pipeline")
+        if other_model:  # a quantized folder of some other model: listed only when asked for
+            skip = f"{folder} is not a variant of {model.name} (its manifest's pipeline block differs)"
+        else:
+            skip = check_folder(folder, man)
+        # one folder per recipe: ort-<recipe>; several: ort-<recipe>@<folder> (all of them match ort-<recipe>)
+        prefix = f"ort-{recipe}" if counts.get(recipe, 0) == 1 and not other_model else f"ort-{recipe}@{folder.name}"
+        for s in ort_family(prefix, folder, man, recipe, skip):
+            s.notes.append(f"folder {folder}")
+            s.hidden = s.hidden or other_model
+            s.other_model = other_model
+            specs.append(s)
+
+    for name, (peer, mode) in PEERS.items():
+        py = peer_python(peer)
+        if peer == "optimum":
+            folder, what = model, "Optimum ORTStableDiffusionPipeline on our folder"
+        else:
+            folder, what = source, f"OpenVINO (optimum-intel) {mode} on the diffusers source"
+        skip = None
+        if not py.exists():
+            skip = f"peer not installed: no {py} ({PEER_INSTALL_HINT[peer]})"
+        elif folder is None:
+            skip = "no diffusers source folder for this model"
+        specs.append(VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, peer=peer,
+                                 peer_mode=mode, precision=mode, peer_python=py, skip=skip))
+    return specs
+
+
+def folder_variant(folder: Path, base: Path, base_manifest: dict, steps: int) -> VariantSpec:
+    """A model folder given by path in --variants: its host-loop DDIM variant, named after its recipe."""
+    folder = Path(folder)
+    skip = check_folder(folder)
+    man: dict = {}
+    if skip is None:
+        man = read_manifest(folder)
+        if man.get("pipeline") != base_manifest.get("pipeline"):
+            skip = f"not the same model as {base.name} (its manifest's pipeline block differs)"
+    recipe = recipe_of(man) or "fp32"
+    name = f"ort-{recipe}@{folder.name}"
+    return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, DDIM {steps}", folder, steps=steps,
+                       precision=recipe, skip=skip, notes=[f"folder {folder}"])
+
+
+def variant_pattern_ok(name: str) -> bool:
+    """Whether a name is one the bench knows how to make (it may still be absent from this model)."""
+    if name in PEERS or name == "torch-fp32":
+        return True
+    if not name.startswith("ort-"):
+        return False
+    rest = name[4:].split("@", 1)[0]
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if suffix and rest.endswith(suffix):
+            rest = rest[: -len(suffix)]
+            break
+    return rest == "fp32" or rest in KNOWN_RECIPES
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    """'ort-int8-static-loop' -> ('int8-static', 'loop'); 'ort-fp16' -> ('fp16', 'host')."""
+    rest = name[4:]
+    for suffix, form in SUFFIXES.items():
+        if suffix and rest.endswith(suffix):
+            return rest[: -len(suffix)], form
+    return rest, "host"
+
+
+def _same_recipe(specs: list[VariantSpec], name: str) -> list[VariantSpec]:
+    """For a recipe found in several folders (named ort-<recipe>@<folder>...), the specs a plain name means."""
+    if not name.startswith("ort-") or "@" in name:
+        return []
+    recipe, form = _split_name(name)
+    out = []
+    for s in specs:
+        if s.kind != "ort" or s.other_model or s.precision != recipe or not s.name.startswith(f"ort-{recipe}@"):
+            continue
+        s_form = "dpmpp" if s.sampler != "ddim" else s.loop
+        if s_form == form:
+            out.append(s)
+    return out
+
+
+def select(specs: list[VariantSpec], names: list[str] | None, variants_dir: Path | None = None) -> list[VariantSpec]:
+    """Filter the plan by --variants names (all by default). Unknown names fail before anything runs."""
+    by_name = {s.name: s for s in specs}
+    if not names or names == ["all"]:
+        return [s for s in specs if not s.hidden]
+    flat = [n.strip() for item in names for n in item.split(",") if n.strip()]
+    unknown = [n for n in flat if n not in by_name and not variant_pattern_ok(n)]
+    if unknown:
+        known = ", ".join(sorted(by_name))
+        raise UserError(f"unknown variant {unknown[0]!r}; known here: {known} "
+                        f"(or ort-<recipe>[-loop|-unrolled|-dpmpp] for recipes {', '.join(KNOWN_RECIPES)})")
+    out: list[VariantSpec] = []
+    for n in dict.fromkeys(flat):
+        several = [] if n in by_name else _same_recipe(specs, n)
+        if several:  # a recipe with several folders: all of them
+            for s in several:
+                s.requested = True
+                out.append(s)
+            continue
+        if n in by_name:
+            s = by_name[n]
+        else:
+            where = variants_dir if variants_dir is not None else "the model's sibling folders"
+            recipe = n[4:]
+            for suffix in ("-loop", "-unrolled", "-dpmpp"):
+                if recipe.endswith(suffix):
+                    recipe = recipe[: -len(suffix)]
+            s = VariantSpec(n, "ort", n, None, skip=f"no model folder with quantization recipe '{recipe}' in {where} "
+                                                    f"(make one with `onnxdiffusion quantize MODEL OUT --recipe {recipe}`)")
+        s.requested = True
+        out.append(s)
+    return out

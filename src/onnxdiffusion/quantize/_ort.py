@@ -1,0 +1,158 @@
+"""The one adapter to ONNX Runtime's quantization and float16 tools.
+
+Nothing else in onnxdiffusion imports ``onnxruntime.quantization`` (or
+``onnxruntime.transformers.float16``): their string-keyed ``extra_options`` dicts, enum
+types and file-path calling conventions stay behind the typed functions below, which take and
+return ``onnx.ModelProto``.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+Range = tuple[float, float]
+
+
+def _quiet() -> None:
+    # ORT's quantizer logs "please run pre-processing" warnings through the root logger
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+
+
+def _qtype(name: str):
+    from onnxruntime.quantization import QuantType
+
+    return {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}[name]
+
+
+def qdq_quantize(model: onnx.ModelProto, ranges: dict[str, Range], nodes: Sequence[str], op_types: Sequence[str],
+                 activation_type: str = "uint8", float_outputs: Sequence[str] = ()) -> onnx.ModelProto:
+    """Static QDQ: per-channel symmetric int8 weights, activations with the given ranges.
+
+    `model` must carry shape information (``onnx.shape_inference.infer_shapes``); only the
+    named nodes are quantized and only `op_types` are considered (a restricted op list is what
+    makes ORT honour node selection). Outputs of `float_outputs` op types get no Q/DQ pair: ORT
+    then runs DQ->MatMul as MatMulIntegerToFloat (int8 in, float out).
+    """
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    _quiet()
+    data = {k: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32)) for k, (lo, hi) in ranges.items()}
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    quantizer = QDQQuantizer(
+        work,
+        True,  # per_channel
+        False,  # reduce_range
+        _qtype("int8"),
+        _qtype(activation_type),
+        TensorsData(CalibrationMethod.MinMax, data),
+        list(nodes),
+        [],
+        list(op_types),
+        {"WeightSymmetric": True, "ActivationSymmetric": False,
+         "OpTypesToExcludeOutputQuantization": list(float_outputs)},
+    )
+    quantizer.quantize_model()
+    return quantizer.model.model
+
+
+def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Sequence[str], weight_type: str,
+                     per_channel: bool) -> onnx.ModelProto:
+    from onnxruntime.quantization import quantize_dynamic
+
+    _quiet()
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-dyn-") as tmp:
+        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        onnx.save_model(model, str(src))
+        quantize_dynamic(src, dst, op_types_to_quantize=list(op_types), per_channel=per_channel, reduce_range=False,
+                         weight_type=_qtype(weight_type), nodes_to_quantize=list(nodes),
+                         extra_options={"MatMulConstBOnly": True})
+        return onnx.load(str(dst))
+
+
+def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int, symmetric: bool,
+                  accuracy_level: int) -> onnx.ModelProto:
+    """MatMul weights to 4-bit blocks: MatMul -> com.microsoft.MatMulNBits."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    _quiet()
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    quantizer = MatMulNBitsQuantizer(work, bits=4, block_size=block_size, is_symmetric=symmetric,
+                                     accuracy_level=accuracy_level or None, nodes_to_include=list(nodes),
+                                     op_types_to_quantize=("MatMul",))
+    quantizer.process()
+    return quantizer.model.model
+
+
+def fp16_convert(model: onnx.ModelProto, op_block_list: Iterable[str] = ()) -> onnx.ModelProto:
+    """float16 weights and compute with float32 graph inputs and outputs."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    _quiet()
+    blocked = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(op_block_list))
+    # with shape inference the converter keeps Resize's scales float32 (without it the VAE decoder breaks)
+    for disable_shape_infer in (False, True):
+        work = onnx.ModelProto()
+        work.CopyFrom(model)
+        try:
+            return convert_float_to_float16(work, keep_io_types=True, op_block_list=blocked,
+                                            disable_shape_infer=disable_shape_infer)
+        except Exception:  # noqa: BLE001 - ONNX shape inference can fail on exotic graphs; retry without
+            if disable_shape_infer:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _Reader:
+    def __init__(self, feeds: Iterable[dict]):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+def histogram_ranges(model: onnx.ModelProto, tensors: Sequence[str], op_types: Sequence[str], feeds: Iterable[dict],
+                     method: str, num_bins: int, percentile: float, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Range]:
+    """Entropy or percentile ranges from ORT's histogram calibrators, fed every calibration batch.
+
+    `num_bins` is passed explicitly: with ORT's default (128 bins, 128 quantized bins) the
+    entropy search has nothing to choose from and returns exactly the min/max range.
+    """
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    _quiet()
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-calib-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(model, str(path))
+        if method == "entropy":
+            cm, extra = CalibrationMethod.Entropy, {"num_bins": num_bins, "num_quantized_bins": 128, "symmetric": False}
+        elif method == "percentile":
+            cm, extra = CalibrationMethod.Percentile, {"num_bins": num_bins, "percentile": percentile, "symmetric": True}
+        else:
+            raise ValueError(f"unknown histogram method {method!r}")
+        calibrator = create_calibrator(path, list(op_types), augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                                       calibrate_method=cm, providers=list(providers), extra_options=extra)
+        for feed in feeds:
+            calibrator.collect_data(_Reader([feed]))
+        data = calibrator.compute_data()
+    out = {}
+    for name in tensors:
+        if name not in data:
+            continue
+        lo, hi = data[name].range_value
+        out[name] = (float(lo), float(hi))
+    return out
+
+
+def version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__

@@ -1,0 +1,279 @@
+"""`quantize`: one function, any recipe; a new model folder with the recipe and its provenance."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..artifacts import MANIFEST, atomic_dir, hash_tree, read_manifest, sha256_file, verify_folder, write_json
+from ..errors import UserError
+from ..loops import save_model
+from . import _ort
+from .configs import QuantizeConfig
+from .graphs import is_quantized, sort_graph
+from .report import REPORT_NAME, SPEEDUP_THRESHOLD, fused_summary, measure_latency
+from .runner import disabled_for
+
+
+class SpeedGateError(UserError):
+    """--require-speedup and the recipe is not faster; carries the report for printing."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def _check_out(model: Path, out: Path, overwrite: bool) -> None:
+    if out.resolve() == model.resolve():
+        raise UserError("OUT must be a new folder, not MODEL itself")
+    if not out.parent.is_dir():
+        raise UserError(f"output directory's parent does not exist: {out.parent}")
+    if out.exists() and not overwrite and (out.is_file() or any(out.iterdir())):
+        raise UserError(f"output {out} already exists (pass --overwrite to replace it)")
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def stderr_log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwrite: bool = False, force: bool = False,
+             require_speedup: bool = False, log=None) -> dict:
+    """Write `out`: `model`'s folder with quantized components, the recipe and calibration provenance
+    in its manifest, and quantize_report.json. Returns the report.
+
+    Every input is checked before any model runs; nothing is left at `out` on failure (including a
+    failed speed gate under `require_speedup`).
+    """
+    from ..runtime import Pipeline
+    from ..runtime.session import resolve_provider
+    from .calibration import capture, load_prompts, naive_set
+    from .configs import Int8NaiveRecipe
+    from .correction import OutputCorrection
+    from .recipes import BUILDERS, Context, evaluate_sqnr, prepare_unet
+    from .runner import ImageProbe
+
+    log = log or (lambda m: None)
+    model, out = Path(model), Path(out)
+    t_start = time.time()
+    recipe = config.recipe
+    resolve_provider(config.provider)  # installed?
+    manifest = read_manifest(model)
+    verify_folder(model, manifest)
+    comps = manifest["components"]
+    _check_out(model, out, overwrite)
+    if manifest.get("quantization") and not force:
+        prev = manifest["quantization"].get("config", {}).get("recipe", {}).get("name", "?")
+        raise UserError(f"{model} is already quantized (recipe {prev}); quantize the fp32 folder, or pass --force")
+    unet_path = model / comps["unet"]["path"]
+    unet = onnx.load(str(unet_path))
+    if is_quantized(unet) and not force:
+        raise UserError(f"{model}: the backbone is already quantized; quantize the fp32 folder, or pass --force")
+    prompts, prompt_source = load_prompts(config.calibration)
+    wanted = set(getattr(recipe, "components", ("unet",)))
+    for name in wanted - {"unet"}:
+        if name not in comps:
+            raise UserError(f"{model}: no '{name}' component to convert")
+
+    pipe = Pipeline.from_folder(model, provider="cpu", verify=False, threads=config.threads)
+    pipe.correction = None  # (a forced re-quantization) references are the plain backbone's
+    cache: dict = {}
+
+    def get_calibration():
+        if "calib" not in cache:
+            if isinstance(recipe, Int8NaiveRecipe):
+                cache["calib"] = naive_set(pipe, recipe, config.calibration.seed)
+            else:
+                log(f"capturing fp32 trajectories: {len(prompts)} prompts x {config.calibration.steps} {config.calibration.sampler} steps")
+                cache["calib"] = capture(pipe, prompts, config.calibration)
+                cache["calib"].provenance["prompt_source"] = prompt_source
+        return cache["calib"]
+
+    def get_trajectories():
+        """fp32 runs over the calibration prompts: calibration data for calibrated recipes, and for
+        every recipe the reference its backbone error (and --correct) is measured against."""
+        if recipe.calibrated:
+            return get_calibration()
+        if "traj" not in cache:
+            cache["traj"] = capture(pipe, prompts, config.calibration)
+            cache["traj"].provenance["prompt_source"] = prompt_source
+        return cache["traj"]
+
+    def get_probe():
+        if "probe" not in cache:
+            n = getattr(recipe, "probe_prompts", 8)
+            cal = config.calibration
+            cache["probe"] = ImageProbe(pipe, prompts[:n], cal.seed, cal.steps, cal.sampler, cal.guidance, config.threads)
+        return cache["probe"]
+
+    others = {name: onnx.load(str(model / comps[name]["path"])) for name in wanted - {"unet"}}
+    ctx = Context(config, prepare_unet(unet), others, get_calibration, get_probe, log)
+    log(f"building {recipe.name}")
+    built = BUILDERS[type(recipe)](ctx, recipe)
+    for m in built.components.values():
+        sort_graph(m)
+    new_unet = built.components.get("unet")
+
+    quality: dict = {}
+    correction = None
+    traj = get_trajectories() if new_unet is not None else None
+    if traj is not None:
+        sq = evaluate_sqnr(new_unet, traj, config.threads)
+        quality["backbone_sqnr_db"] = {k: v for k, v in sq.items() if k != "_outputs"}
+        if config.correct:
+            if config.correct_method == "output":
+                correction = OutputCorrection.fit(traj.timesteps, traj.outputs, sq["_outputs"])
+            else:
+                from ..runtime.pipeline import GenerateOptions
+                from .runner import session as _session
+
+                qsess = _session(new_unet, config.threads)
+                table = pipe.table(GenerateOptions(steps=config.calibration.steps, sampler=config.calibration.sampler))
+                correction = OutputCorrection.fit_trajectory(lambda feed: qsess.run(["out_sample"], feed)[0], traj, table)
+            corrected = np.stack([correction.apply(sq["_outputs"][s], traj.timesteps[s]) for s in range(traj.num_steps)])
+            from .runner import sqnr_db
+
+            quality["backbone_sqnr_corrected_db"] = sqnr_db(traj.outputs, corrected)
+        probe = get_probe()
+        from .runner import session
+
+        quality["probe_psnr_db"] = probe.psnr(session(new_unet, config.threads))
+        if correction is not None:
+            pipe.correction = correction
+            try:
+                quality["probe_psnr_corrected_db"] = probe.psnr(session(new_unet, config.threads))
+            finally:
+                pipe.correction = None
+        quality["probe"] = {"prompts": len(probe.prompts), "note": "calibration prompts, not held-out"}
+
+    log("measuring latency")
+    latency = measure_latency(model, manifest, built.components, config)
+    sizes = {}
+    for name, m in built.components.items():
+        before = comps[name]["bytes"]
+        after = m.ByteSize()
+        sizes[name] = {"fp32_bytes": before, "bytes": after, "ratio": round(before / after, 3)}
+    fused = fused_summary(new_unet, config.threads) if new_unet is not None and config.provider == "cpu" else None
+    memory = None
+    if new_unet is not None and config.measure_memory:
+        from .report import component_feed
+        from .runner import memory_mb
+
+        with tempfile.TemporaryDirectory(prefix="onnxdiffusion-q-") as scratch:
+            path = Path(scratch) / "unet.onnx"
+            save_model(new_unet, path)
+            feed = component_feed("unet", manifest)
+            memory = {"fp32": memory_mb(unet_path, feed), "new": memory_mb(path, feed),
+                      "note": "resident MB a fresh process gains loading the backbone (and after one call)"}
+    gate_key = "unet" if "unet" in latency else None
+    ratio = latency[gate_key]["ratio"] if gate_key else sum(v["median_ms"] for v in latency.values()) / max(
+        sum(v["fp32_median_ms"] for v in latency.values()), 1e-9)
+    pays = ratio <= SPEEDUP_THRESHOLD
+    verdict = f"pays on {config.provider}: {1 / ratio:.2f}x faster" if pays else f"does not pay on {config.provider}"
+    report = {
+        "recipe": recipe.to_dict(),
+        "source": str(model),
+        "output": str(out),
+        "precision": built.precision,
+        "provider": config.provider,
+        "threads": config.threads,
+        "sizes": sizes,
+        "latency": latency,
+        "latency_ratio": round(ratio, 3),
+        "pays": pays,
+        "verdict": verdict,
+        "quality": quality,
+        "float_nodes": built.float_nodes,
+        "float_node_count": len(built.float_nodes),
+        "quantized_node_count": len(built.quantized_nodes),
+        "fused_ops": fused,
+        "memory": memory,
+        "details": built.details,
+        "correction": correction.to_dict() if correction else None,
+        "seconds": None,
+    }
+    if require_speedup and not pays:
+        report["seconds"] = round(time.time() - t_start, 1)
+        raise SpeedGateError(f"{recipe.name} does not pay on {config.provider}: backbone latency {ratio:.2f}x fp32 "
+                             f"(--require-speedup)", report)
+
+    calib = cache.get("calib")
+    provenance = dict(calib.provenance) if calib is not None else {"kind": "none"}
+    if correction is not None:
+        provenance["correction_fitted_on"] = {k: traj.provenance[k] for k in ("kind", "prompts", "seeds", "sampler", "steps", "guidance")}
+    replaced = set(built.components)
+    skip = {comps[n]["path"] for n in replaced} | {p for n in replaced for p in comps[n].get("external_data", [])}
+    skip_dirs = {info["path"].split("/")[0] for n, info in comps.items() if info.get("kind") == "sampling_graph"}
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        for rel in manifest.get("files", {}):
+            if rel in skip or rel.split("/")[0] in skip_dirs:
+                continue
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(str(model / rel), str(tmp / rel))
+        new_manifest = json.loads(json.dumps(manifest))
+        for n in list(new_manifest["components"]):
+            if new_manifest["components"][n].get("kind") == "sampling_graph":
+                del new_manifest["components"][n]
+        for name, m in built.components.items():
+            info = new_manifest["components"][name]
+            rel = Path(info["path"])
+            (tmp / rel.parent).mkdir(parents=True, exist_ok=True)
+            files = save_model(m, tmp / rel)
+            info["external_data"] = [str(rel.parent / f) for f in files]
+            info["precision"] = built.precision
+            info["bytes"] = sum((tmp / rel.parent / f).stat().st_size for f in [rel.name, *files])
+            info["quantized_from"] = {"sha256": manifest["files"].get(info["path"])}
+            info.pop("validation", None)
+            if name == "unet":
+                info["float_nodes"] = len(built.float_nodes)
+                disabled = disabled_for(m)
+                if disabled:
+                    info["session_options"] = {"disabled_optimizers": list(disabled)}
+                else:
+                    info.pop("session_options", None)
+                if correction is not None:
+                    info["correction"] = correction.to_dict()
+                if "boundaries" in built.details:
+                    info["timestep_groups"] = {"boundaries": built.details["boundaries"],
+                                               "groups": built.details["groups"]}
+        new_manifest["quantization"] = {
+            "config": config.to_dict(),
+            "calibration": provenance,
+            "float_nodes": built.float_nodes,
+            "source": {"folder": str(model.resolve()), "unet_sha256": sha256_file(unet_path)},
+            "tool_versions": {"onnxruntime": _ort.version(), "onnx": onnx.__version__},
+        }
+        report["seconds"] = round(time.time() - t_start, 1)
+        write_json(tmp / REPORT_NAME, _jsonable(report))
+        new_manifest["files"] = hash_tree(tmp)
+        write_json(tmp / MANIFEST, new_manifest)
+    return report
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+

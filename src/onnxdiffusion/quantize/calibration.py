@@ -1,0 +1,250 @@
+"""Calibration data: backbone feeds recorded from fp32 sampling runs, and activation ranges.
+
+The capture wraps the guided backbone the host loop calls, so every step records what the
+backbone really sees: the doubled batch [uncond; cond], that step's timestep, and the fp32
+output (kept for the sampler-side correction). Per-step ranges are reduced on the fly, then
+aggregated over any set of steps (all of them for int8-static, one group's for int8-timestep).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .. import scenes as S
+from ..errors import UserError
+from .configs import MIN_CALIBRATION_PROMPTS, CalibrationConfig, Int8NaiveRecipe
+
+
+def load_prompts(cfg: CalibrationConfig) -> tuple[list[str], dict]:
+    """The calibration prompts and where they came from; fails before any model runs."""
+    if cfg.prompts_file is None:
+        prompts = [sc.caption for sc in S.scenes("calib", cfg.count)]
+        return prompts, {"source": "scenes:calib", "count": cfg.count}
+    path = Path(cfg.prompts_file)
+    if not path.is_file():
+        raise UserError(f"calibration prompt file not found: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read calibration prompt file {path}: {e}") from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise UserError(f"calibration prompt file is empty: {path}")
+    if len(prompts) < MIN_CALIBRATION_PROMPTS:
+        raise UserError(f"too few calibration samples: {path} has {len(prompts)} prompts, need >= {MIN_CALIBRATION_PROMPTS}")
+    prompts = prompts[: cfg.count] if len(prompts) > cfg.count else prompts
+    return prompts, {"source": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest(), "count": len(prompts)}
+
+
+@dataclass
+class CalibrationSet:
+    """Backbone feeds over whole trajectories.
+
+    samples (steps, rows, C, H, W) and outputs (same, fp32) per step; context (rows, seq, dim);
+    timesteps (steps,). Row r of every step belongs to context row r: for each prompt chunk the
+    rows are [uncond...; cond...], as the guided backbone batches them.
+    """
+
+    samples: np.ndarray
+    timesteps: np.ndarray
+    context: np.ndarray
+    outputs: np.ndarray | None = None
+    provenance: dict = field(default_factory=dict)
+    # fp32 trajectories: latents (steps + 1, prompts, C, H, W), the first row before scaling by the
+    # table's init_scale; pairs (prompts, 2): each prompt's (uncond row, cond row), uncond -1 when unguided
+    latents: np.ndarray | None = None
+    pairs: np.ndarray | None = None
+    guidance: float = 1.0
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.samples.shape[0])
+
+    @property
+    def rows(self) -> int:
+        return int(self.samples.shape[1])
+
+    def feed(self, step: int, rows: slice | np.ndarray = slice(None)) -> dict[str, np.ndarray]:
+        x = np.ascontiguousarray(self.samples[step, rows])
+        return {
+            "sample": x,
+            "timestep": np.full((len(x),), self.timesteps[step], np.float32),
+            "encoder_hidden_states": np.ascontiguousarray(self.context[rows]),
+        }
+
+    def feeds(self, steps=None, chunk: int = 64):
+        """Every (step, row chunk) feed, steps in trajectory order."""
+        for s in range(self.num_steps) if steps is None else steps:
+            for start in range(0, self.rows, chunk):
+                yield s, self.feed(s, slice(start, start + chunk))
+
+    def spread_steps(self, n: int) -> list[int]:
+        """n step indices spread evenly over the trajectory (first and last included)."""
+        n = max(1, min(n, self.num_steps))
+        return sorted({int(round(v)) for v in np.linspace(0, self.num_steps - 1, n)})
+
+
+def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = False) -> CalibrationSet:
+    """Run the fp32 pipeline over the prompts (seed cfg.seed + i for prompt i) and record every backbone call."""
+    from ..evaluate.run import item_latents
+    from ..runtime.backbone import GuidedBackbone
+    from ..runtime.pipeline import GenerateOptions
+    from ..samplers import sample
+
+    table = pipe.table(GenerateOptions(steps=cfg.steps, sampler=cfg.sampler))
+    if table.needs_noise:
+        raise UserError(f"calibrate with a deterministic sampler (ddim, euler, dpmpp_2m), not {cfg.sampler}")
+    shape = pipe.latent_shape_for(1)[1:]
+    steps_x, steps_out, contexts, trajectories, pairs = [], [], [], [], []
+    rows = 0
+    for start in range(0, len(prompts), cfg.batch):
+        chunk = prompts[start : start + cfg.batch]
+        seeds = [cfg.seed + start + i for i in range(len(chunk))]
+        latents = item_latents(shape, seeds)
+        cond = pipe.encode_prompt(chunk)
+        uncond = pipe.encode_prompt([""] * len(chunk)) if cfg.guidance > 1.0 else None
+        gb = GuidedBackbone(pipe.unet, latents.shape, cond, uncond, cfg.guidance)
+        xs, outs = [], []
+
+        def model_fn(x, t, gb=gb, xs=xs, outs=outs):
+            result = gb(x, t)
+            xs.append(gb.sample.copy())
+            outs.append(gb.out.copy())
+            return result
+
+        xs_traj = [latents.copy()]
+        sample(model_fn, latents, table, callback=lambda i, x, den, xs_traj=xs_traj: xs_traj.append(x.copy()))
+        steps_x.append(np.stack(xs))
+        steps_out.append(np.stack(outs))
+        contexts.append(gb.context.copy())
+        trajectories.append(np.stack(xs_traj))
+        b = len(chunk)
+        for i in range(b):
+            pairs.append((rows + i, rows + b + i) if uncond is not None else (-1, rows + i))
+        rows += gb.context.shape[0]
+    return CalibrationSet(
+        samples=np.concatenate(steps_x, axis=1),
+        timesteps=table.timesteps.astype(np.float32).copy(),
+        context=np.concatenate(contexts, axis=0),
+        outputs=np.concatenate(steps_out, axis=1),
+        latents=np.concatenate(trajectories, axis=1),
+        pairs=np.asarray(pairs, np.int64),
+        guidance=float(cfg.guidance),
+        provenance={
+            "kind": "trajectories",
+            "prompts": list(prompts),
+            "seeds": [cfg.seed + i for i in range(len(prompts))],
+            "sampler": cfg.sampler,
+            "steps": cfg.steps,
+            "guidance": cfg.guidance,
+            "negative_prompt": "",
+            "timesteps": [float(t) for t in table.timesteps],
+            "backbone_calls": int(cfg.steps * -(-len(prompts) // cfg.batch)),
+            "rows_per_step": int(sum(c.shape[0] for c in contexts)),
+        },
+    )
+
+
+def naive_set(pipe, recipe: Int8NaiveRecipe, seed: int) -> CalibrationSet:
+    """What a tutorial does: N(0,1) latents at one timestep, N(0,1) "text embeddings"."""
+    rng = np.random.default_rng(seed)
+    shape = pipe.latent_shape_for(recipe.samples)
+    seq = int(pipe.info["model_max_length"])
+    hidden = int(pipe.unet.get_inputs()[2].shape[2])
+    return CalibrationSet(
+        samples=rng.standard_normal((1, *shape), dtype=np.float32),
+        timesteps=np.array([recipe.timestep], np.float32),
+        context=rng.standard_normal((recipe.samples, seq, hidden), dtype=np.float32),
+        provenance={"kind": "random", "seed": seed, "samples": recipe.samples, "timestep": recipe.timestep,
+                    "distribution": "standard normal latents and text embeddings"},
+    )
+
+
+# --- ranges --------------------------------------------------------------------------------
+
+@dataclass
+class StepRanges:
+    """Per-step min and max of each calibrated tensor: arrays (steps, tensors)."""
+
+    tensors: list[str]
+    lo: np.ndarray
+    hi: np.ndarray
+
+    def aggregate(self, steps=None, how: str = "max") -> dict[str, tuple[float, float]]:
+        idx = np.arange(self.lo.shape[0]) if steps is None else np.asarray(list(steps))
+        lo, hi = self.lo[idx], self.hi[idx]
+        if how == "max":
+            a, b = lo.min(0), hi.max(0)
+        elif how == "mean":
+            a, b = lo.mean(0), hi.mean(0)
+        else:
+            raise ValueError(f"unknown aggregation {how!r}")
+        # every range must hold 0 exactly (ORT does the same), in float32
+        a, b = np.minimum(a, 0.0).astype(np.float32), np.maximum(b, 0.0).astype(np.float32)
+        return {t: (float(a[i]), float(b[i])) for i, t in enumerate(self.tensors)}
+
+
+def step_ranges(model: onnx.ModelProto, tensors: list[str], calib: CalibrationSet, threads: int = 1,
+                chunk: int = 64) -> StepRanges:
+    """Run the backbone with the tensors as extra outputs; reduce each step to (min, max) at once."""
+    from .graphs import with_outputs
+    from .runner import session
+
+    sess = session(with_outputs(model, tensors), threads)
+    lo = np.full((calib.num_steps, len(tensors)), np.inf, np.float32)
+    hi = np.full((calib.num_steps, len(tensors)), -np.inf, np.float32)
+    for s, feed in calib.feeds(chunk=chunk):
+        for i, v in enumerate(sess.run(tensors, feed)):
+            lo[s, i] = min(lo[s, i], float(v.min()))
+            hi[s, i] = max(hi[s, i], float(v.max()))
+    return StepRanges(list(tensors), lo, hi)
+
+
+def timestep_groups(stats: StepRanges, k: int, how: str = "optimal") -> list[list[int]]:
+    """Split the steps (trajectory order) into k contiguous groups.
+
+    "optimal" minimizes the total inflation sum over steps and tensors of log(group range / step
+    range): the resolution each step loses by sharing its group's scale (dynamic programming).
+    """
+    n = stats.lo.shape[0]
+    if k > n:
+        raise UserError(f"groups (K={k}) exceed the {n} calibration steps")
+    if how == "equal":
+        edges = np.linspace(0, n, k + 1).round().astype(int)
+        return [list(range(edges[i], edges[i + 1])) for i in range(k)]
+    width = np.maximum(stats.hi - stats.lo, 1e-12).astype(np.float64)
+    log_w = np.log(width)
+
+    def cost(a: int, b: int) -> float:  # steps a..b-1 share one range
+        lo, hi = stats.lo[a:b].min(0), stats.hi[a:b].max(0)
+        group = np.log(np.maximum(hi - lo, 1e-12).astype(np.float64))
+        return float((group[None] - log_w[a:b]).sum())
+
+    c = np.array([[cost(a, b) if b > a else np.inf for b in range(n + 1)] for a in range(n + 1)])
+    best = np.full((k + 1, n + 1), np.inf)
+    arg = np.zeros((k + 1, n + 1), int)
+    best[0, 0] = 0.0
+    for g in range(1, k + 1):
+        for b in range(g, n + 1):
+            vals = [best[g - 1, a] + c[a, b] for a in range(g - 1, b)]
+            j = int(np.argmin(vals))
+            best[g, b], arg[g, b] = vals[j], j + g - 1
+    groups, b = [], n
+    for g in range(k, 0, -1):
+        a = arg[g, b]
+        groups.append(list(range(a, b)))
+        b = a
+    return groups[::-1]
+
+
+def group_boundaries(timesteps: np.ndarray, groups: list[list[int]]) -> list[float]:
+    """t thresholds between consecutive groups: midpoints between their neighbouring timesteps."""
+    out = []
+    for g1, g2 in zip(groups, groups[1:]):
+        out.append(float((timesteps[g1[-1]] + timesteps[g2[0]]) / 2.0))
+    return out

@@ -1,0 +1,403 @@
+"""ONNX graph helpers for quantization: which nodes to quantize, augmenting, sorting, merging groups.
+
+Pure `onnx` + numpy; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+WEIGHT_OPS = ("Conv", "MatMul", "Gemm")
+# Ops a quantized backbone carries; a folder whose backbone has any of them was quantized already.
+QUANT_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger",
+    "DynamicQuantizeLinear", "MatMulNBits", "QGemm", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+})
+# The float-kept layers peers write by hand (optimum / NNCF / Model Optimizer style lists).
+PEER_FLOAT_PATTERNS = {
+    "time embedding": ("*time_embedding*", "*time_emb_proj*"),
+    "conv_in / conv_out": ("*conv_in/*", "*conv_out/*"),
+    "shortcut convs": ("*conv_shortcut*",),
+    "attention softmax": ("*Softmax*",),
+}
+
+
+@dataclass(frozen=True)
+class QNode:
+    """A node with a constant weight that a recipe may quantize."""
+
+    name: str
+    op_type: str
+    weight: str
+    weight_size: int
+
+
+def initializer_map(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def constant_outputs(model: onnx.ModelProto) -> set[str]:
+    return {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+
+
+def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give every unnamed node a unique name (quantizers address nodes by name)."""
+    seen: set[str] = set()
+    for i, n in enumerate(model.graph.node):
+        if not n.name or n.name in seen:
+            n.name = f"{n.op_type}_{i}"
+        seen.add(n.name)
+    return model
+
+
+def quantizable_nodes(model: onnx.ModelProto, op_types: Iterable[str], keep_float: Iterable[str] = ()) -> list[QNode]:
+    """Conv / MatMul / Gemm nodes whose weight (input 1) is an initializer, in graph order.
+
+    A MatMul of two activations (attention scores, attention x values) is never listed: quantizing
+    those is what made QDQ backbones 2-3.5x slower than float on ONNX Runtime's CPU provider.
+    """
+    inits = initializer_map(model)
+    op_types = set(op_types)
+    patterns = tuple(keep_float)
+    out = []
+    for n in model.graph.node:
+        if n.op_type not in op_types or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        if any(fnmatch.fnmatchcase(n.name, p) for p in patterns):
+            continue
+        w = inits[n.input[1]]
+        if w.data_type != TensorProto.FLOAT:
+            continue
+        out.append(QNode(n.name, n.op_type, w.name, int(np.prod(w.dims))))
+    return out
+
+
+def activation_tensors(model: onnx.ModelProto, node_names: Iterable[str]) -> list[str]:
+    """The float activations (inputs and outputs, not weights) of the named nodes, in graph order."""
+    wanted = set(node_names)
+    inits = set(initializer_map(model)) | constant_outputs(model)
+    out: dict[str, None] = {}
+    for n in model.graph.node:
+        if n.name in wanted:
+            for x in (*n.input, *n.output):
+                if x and x not in inits:
+                    out[x] = None
+    return list(out)
+
+
+def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy whose graph also outputs the named intermediate tensors."""
+    aug = onnx.ModelProto()
+    aug.CopyFrom(model)
+    have = {o.name for o in aug.graph.output}
+    for x in names:
+        if x not in have:
+            aug.graph.output.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, None))
+    return aug
+
+
+def op_counts(model: onnx.ModelProto | onnx.GraphProto) -> Counter:
+    """Op types over the graph and every subgraph (If branches, Loop bodies)."""
+    graph = model.graph if isinstance(model, onnx.ModelProto) else model
+    c: Counter = Counter()
+    for n in graph.node:
+        c[n.op_type] += 1
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                c.update(op_counts(g))
+    return c
+
+
+def is_quantized(model: onnx.ModelProto) -> bool:
+    counts = op_counts(model)
+    if any(counts.get(op) for op in QUANT_OPS):
+        return True
+    return any(t.data_type == TensorProto.FLOAT16 for t in model.graph.initializer)
+
+
+def peer_float_nodes(model: onnx.ModelProto, candidates: Iterable[str]) -> dict[str, list[str]]:
+    """Which of `candidates` (quantizable node names) each peer hand-list category would keep float."""
+    names = list(candidates)
+    out = {}
+    for label, pats in PEER_FLOAT_PATTERNS.items():
+        out[label] = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in pats)]
+    return out
+
+
+def toposort(graph: onnx.GraphProto, outer: Iterable[str] = ()) -> list[onnx.NodeProto]:
+    """Nodes in dependency order (quantizers append Q/DQ nodes at the end; subgraphs must be sorted)."""
+    avail = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""} | set(outer)
+    producers = {o for n in graph.node for o in n.output}
+    pending, out = list(graph.node), []
+    while pending:
+        rest = []
+        for n in pending:
+            if all(x in avail or x not in producers for x in n.input):
+                out.append(n)
+                avail.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            raise ValueError(f"graph {graph.name!r} has a cycle through {rest[0].name!r}")
+        pending = rest
+    return out
+
+
+def sort_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Put the nodes in dependency order in place (ORT's tools append new nodes at the end; a graph
+    inlined into a Loop body or If branch must be sorted)."""
+    ordered = toposort(model.graph)
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+    return model
+
+
+def tensor_key(t: onnx.TensorProto) -> tuple:
+    data = t.raw_data or t.SerializeToString()
+    return (t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest())
+
+
+# --- timestep groups -----------------------------------------------------------------------
+
+BACKBONE_INPUTS = ("sample", "timestep", "encoder_hidden_states")
+
+
+def merge_timestep_groups(models: list[onnx.ModelProto], boundaries: list[float],
+                          output: str = "out_sample") -> onnx.ModelProto:
+    """One backbone that runs group k's graph when the step's timestep falls in group k.
+
+    `models` are the K per-group graphs (same inputs/outputs), ordered from the noisiest group
+    (highest t) down; `boundaries` (K-1, descending): group k runs while t >= boundaries[k]
+    and t < boundaries[k-1]. The switch is a chain of `If` nodes on t = max(timestep); each
+    branch is one group's graph with its intermediate names shortened. Initializers that are
+    byte-identical in every group (the quantized weights) are stored once, in the outer graph;
+    branches hold only their own scales, zero points and int32 biases.
+    """
+    k = len(models)
+    if k < 2 or len(boundaries) != k - 1:
+        raise ValueError(f"need K >= 2 models and K-1 boundaries, got {k} and {len(boundaries)}")
+    if any(b1 <= b2 for b1, b2 in zip(boundaries, boundaries[1:])):
+        raise ValueError(f"boundaries must be strictly descending, got {boundaries}")
+    ref = models[0]
+    keyed = [{t.name: tensor_key(t) for t in m.graph.initializer} for m in models]
+    shared = {name for name, key in keyed[0].items() if all(kd.get(name) == key for kd in keyed[1:])}
+    outer_inits = [t for t in ref.graph.initializer if t.name in shared]
+    # graph inputs are read through Identity nodes so that a caller inlining this graph can
+    # rebind them (samplers.graph remaps node inputs, including inside subgraphs)
+    io = {x: f"groups/{x}" for x in BACKBONE_INPUTS}
+    nodes = [helper.make_node("Identity", [x], [io[x]], name=f"groups/{x}") for x in BACKBONE_INPUTS]
+    nodes.append(helper.make_node("ReduceMax", ["timestep"], ["groups/t"], name="groups/t", keepdims=0))
+    inits = list(outer_inits)
+    for j, b in enumerate(boundaries):
+        inits.append(numpy_helper.from_array(np.array(b, np.float32), f"groups/bound{j}"))
+        nodes.append(helper.make_node("GreaterOrEqual", ["groups/t", f"groups/bound{j}"], [f"groups/in{j}"],
+                                      name=f"groups/in{j}"))
+    branches = [_branch(m, j, shared, io, output) for j, m in enumerate(models)]
+    nodes.extend(_switch_chain(branches, output, inits))
+    graph = helper.make_graph(nodes, ref.graph.name + "_timestep_groups", list(ref.graph.input), list(ref.graph.output),
+                              initializer=inits)
+    merged = helper.make_model(graph, opset_imports=list(ref.opset_import), producer_name="onnxdiffusion")
+    merged.ir_version = ref.ir_version
+    return merged
+
+
+def _switch_chain(branches: list[onnx.GraphProto], output: str, inits: list) -> list[onnx.NodeProto]:
+    """K sibling If nodes, each running its group's graph or passing the previous result along.
+
+    Every If sits in the top-level graph: ONNX Runtime pre-packs the outer-scope weights of
+    integer convolutions only one subgraph level deep, so nested Ifs (a chain or a tree) ran
+    QLinearConv ~2.7x slower for groups below the first level.
+    """
+    k = len(branches)
+    nodes = []
+    inits.append(numpy_helper.from_array(np.zeros((1,), np.float32), "groups/none"))
+    sel = []
+    for j in range(k):
+        if j == 0:
+            sel.append("groups/in0")
+            continue
+        not_prev = nodes_add(nodes, "Not", [f"groups/in{j - 1}"], f"groups/out_of{j - 1}")
+        if j == k - 1:
+            sel.append(not_prev)
+        else:
+            sel.append(nodes_add(nodes, "And", [not_prev, f"groups/in{j}"], f"groups/sel{j}"))
+    prev = "groups/none"
+    for j in range(k):
+        out = output if j == k - 1 else f"groups/out{j}"
+        passthrough = helper.make_graph([helper.make_node("Identity", [prev], [f"groups/pass{j}"], name=f"groups/pass{j}")],
+                                        f"groups_pass{j}", [],
+                                        [helper.make_tensor_value_info(f"groups/pass{j}", TensorProto.FLOAT, None)])
+        nodes.append(helper.make_node("If", [sel[j]], [out], name=f"groups/if{j}", then_branch=branches[j],
+                                      else_branch=passthrough))
+        prev = out
+    return nodes
+
+
+def nodes_add(nodes: list, op: str, inputs: list[str], out: str) -> str:
+    nodes.append(helper.make_node(op, inputs, [out], name=out))
+    return out
+
+
+def _branch(model: onnx.ModelProto, j: int, shared: set[str], io: dict[str, str], output: str) -> onnx.GraphProto:
+    """Group j's graph as an If branch: local names shortened to g{j}/{n}, outer names kept."""
+    g = model.graph
+    local_inits = [t for t in g.initializer if t.name not in shared]
+    ordered = toposort(g)
+    names: dict[str, str] = {}
+
+    def local(x: str) -> str:
+        if x not in names:
+            names[x] = f"g{j}/{len(names)}"
+        return names[x]
+
+    for t in local_inits:
+        local(t.name)
+    for n in ordered:
+        for o in n.output:
+            if o:
+                local(o)
+
+    def rename(x: str) -> str:
+        if not x:
+            return x
+        if x in io:
+            return io[x]
+        return names.get(x, x)
+
+    nodes = []
+    for i, n in enumerate(ordered):
+        new = onnx.NodeProto()
+        new.CopyFrom(n)
+        del new.input[:]
+        del new.output[:]
+        new.input.extend(rename(x) for x in n.input)
+        new.output.extend(rename(x) for x in n.output)
+        new.name = f"g{j}/n{i}"
+        new.doc_string = ""
+        _rename_outer_refs(new, rename)
+        nodes.append(new)
+    inits = []
+    for t in local_inits:
+        c = onnx.TensorProto()
+        c.CopyFrom(t)
+        c.name = names[t.name]
+        inits.append(c)
+    out = helper.make_tensor_value_info(rename(output), TensorProto.FLOAT, None)
+    return helper.make_graph(nodes, f"group{j}", [], [out], initializer=inits)
+
+
+def _rename_outer_refs(node: onnx.NodeProto, rename) -> None:
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            local = {i.name for i in sub.input} | {t.name for t in sub.initializer} | {o for n in sub.node for o in n.output}
+            for n in sub.node:
+                for i, x in enumerate(n.input):
+                    if x and x not in local:
+                        n.input[i] = rename(x)
+                _rename_outer_refs(n, rename)
+            for o in sub.output:
+                if o.name not in local:
+                    o.name = rename(o.name)
+
+
+def model_bytes(model: onnx.ModelProto) -> int:
+    return model.ByteSize()
+
+
+# --- clean-ups after quantization ------------------------------------------------------------
+
+def reroute_shape_reads(model: onnx.ModelProto) -> int:
+    """Shape(DequantizeLinear(q)) -> Shape(q): same shape, and the DQ often had no other reader.
+
+    The TorchScript exporter computes reshape targets from activations, so a quantized backbone
+    dequantizes some tensors only to take their shape; ONNX Runtime runs those DQs every call.
+    Returns the number of Shape nodes rerouted (dead DQs are removed, nodes left sorted).
+    """
+    g = model.graph
+    dq_of = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear"}
+    moved = 0
+    for n in g.node:
+        if n.op_type == "Shape" and n.input[0] in dq_of:
+            n.input[0] = dq_of[n.input[0]].input[0]
+            moved += 1
+    remove_dead_nodes(model)
+    return moved
+
+
+def remove_dead_nodes(model: onnx.ModelProto) -> None:
+    g = model.graph
+    live = {o.name for o in g.output}
+    keep = []
+    for n in reversed(toposort(g)):
+        if any(o in live for o in n.output):
+            keep.append(n)
+            live.update(n.input)
+            for a in n.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    live.update(_outer_reads(sub))
+    keep.reverse()  # topological order, as subgraphs (If, Loop bodies) require
+    del g.node[:]
+    g.node.extend(keep)
+    used = {o.name for o in g.output}
+    for n in g.node:
+        used.update(n.input)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                used.update(_outer_reads(sub))
+    inits = [t for t in g.initializer if t.name in used]
+    if len(inits) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(inits)
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    reads = set()
+    for n in graph.node:
+        reads.update(x for x in n.input if x and x not in local)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                reads.update(x for x in _outer_reads(sub) if x not in local)
+    reads.update(o.name for o in graph.output if o.name not in local)
+    return reads
+
+
+def compact_names(model: onnx.ModelProto, keep_node_names: bool = True) -> onnx.ModelProto:
+    """Short tensor names (graph inputs and outputs keep theirs); Q/DQ nodes get short names too.
+
+    Exported names like "/model/down_blocks.1/attentions.0/.../MatMul_output_0_QuantizeLinear_Output"
+    are ~10% of an int8 backbone's file. Names of the original nodes are kept so that float-node
+    lists and profiles still read.
+    """
+    g = model.graph
+    fixed = {i.name for i in g.input} | {o.name for o in g.output}
+    names: dict[str, str] = {}
+
+    def short(x: str) -> str:
+        if not x or x in fixed:
+            return x
+        if x not in names:
+            names[x] = f"{len(names):x}"
+        return names[x]
+
+    for t in g.initializer:
+        t.name = short(t.name)
+    for n in g.node:
+        for i, x in enumerate(n.input):
+            n.input[i] = short(x)
+        for i, x in enumerate(n.output):
+            n.output[i] = short(x)
+        n.doc_string = ""
+        if not keep_node_names or n.op_type in ("QuantizeLinear", "DequantizeLinear", "Constant"):
+            n.name = ""
+        _rename_outer_refs(n, lambda x: names.get(x, x))
+    del g.value_info[:]
+    return model

@@ -1,0 +1,236 @@
+"""One builder per recipe: fp32 backbone (+ calibration data) in, quantized components out."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import onnx
+
+from ..errors import UserError
+from . import _ort
+from .calibration import CalibrationSet, StepRanges, group_boundaries, step_ranges, timestep_groups
+from .configs import (
+    Fp16Recipe,
+    Int4WeightsRecipe,
+    Int8DynamicRecipe,
+    Int8NaiveRecipe,
+    Int8StaticRecipe,
+    Int8TimestepRecipe,
+    MixedRecipe,
+    QuantizeConfig,
+    Recipe,
+)
+from .graphs import (
+    activation_tensors,
+    compact_names,
+    merge_timestep_groups,
+    name_nodes,
+    peer_float_nodes,
+    quantizable_nodes,
+    reroute_shape_reads,
+)
+from .runner import ImageProbe, ort_optimized
+
+
+@dataclass
+class Context:
+    """What a builder may use; calibration data and the probe are made on first use."""
+
+    config: QuantizeConfig
+    unet: onnx.ModelProto  # fp32, shape-inferred, every node named
+    components: dict[str, onnx.ModelProto]  # fp32 components other than the unet, loaded on demand
+    get_calibration: Callable[[], CalibrationSet]
+    get_probe: Callable[[], ImageProbe]
+    log: Callable[[str], None]
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+
+@dataclass
+class Built:
+    components: dict[str, onnx.ModelProto]  # name -> new model
+    precision: str
+    float_nodes: list[str] = field(default_factory=list)
+    quantized_nodes: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+
+# --- int8 static family ----------------------------------------------------------------------
+
+def _selection(ctx: Context, recipe: Int8StaticRecipe | Int8DynamicRecipe | Int4WeightsRecipe, op_types) -> tuple[list[str], list[str]]:
+    """(nodes to quantize, quantizable nodes kept float by keep_float patterns)."""
+    every = quantizable_nodes(ctx.unet, op_types)
+    chosen = quantizable_nodes(ctx.unet, op_types, recipe.keep_float)
+    if not chosen:
+        raise UserError(f"recipe {recipe.name}: no {'/'.join(op_types)} node with a constant weight to quantize")
+    names = {q.name for q in chosen}
+    return [q.name for q in chosen], [q.name for q in every if q.name not in names]
+
+
+def _ranges(ctx: Context, recipe: Int8StaticRecipe, calib: CalibrationSet, tensors: list[str],
+            stats: StepRanges | None, steps=None) -> dict[str, tuple[float, float]]:
+    if recipe.calibrator == "minmax":
+        return stats.aggregate(steps, recipe.aggregation)
+    feeds = (feed for _, feed in calib.feeds(steps=steps, chunk=64))
+    found = _ort.histogram_ranges(ctx.unet, tensors, recipe.op_types, feeds, recipe.calibrator, recipe.num_bins,
+                                  recipe.percentile)
+    # a tensor the histogram calibrator skipped keeps its min/max range
+    fallback = stats.aggregate(steps, "max")
+    return {t: found.get(t, fallback[t]) for t in tensors}
+
+
+def _static_parts(ctx: Context, recipe: Int8StaticRecipe, calib: CalibrationSet):
+    nodes, kept = _selection(ctx, recipe, recipe.op_types)
+    tensors = activation_tensors(ctx.unet, nodes)
+    ctx.log(f"calibrating {len(tensors)} activations of {len(nodes)} nodes over {calib.num_steps} steps x {calib.rows} rows")
+    stats = step_ranges(ctx.unet, tensors, calib, ctx.threads)
+    return nodes, kept, tensors, stats
+
+
+def _qdq(ctx: Context, recipe: Int8StaticRecipe, ranges, nodes) -> onnx.ModelProto:
+    model = _ort.qdq_quantize(ctx.unet, ranges, nodes, recipe.op_types, recipe.activation_type, recipe.float_outputs)
+    reroute_shape_reads(model)
+    return compact_names(model)
+
+
+def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
+    calib = ctx.get_calibration()
+    nodes, kept, tensors, stats = _static_parts(ctx, recipe, calib)
+    ranges = _ranges(ctx, recipe, calib, tensors, stats)
+    model = _qdq(ctx, recipe, ranges, nodes)
+    return Built({"unet": model}, recipe.name, float_nodes=kept, quantized_nodes=nodes,
+                 details={"calibrated_tensors": len(tensors)})
+
+
+def build_naive(ctx: Context, recipe: Int8NaiveRecipe) -> Built:
+    return build_static(ctx, recipe)  # the difference is all in the calibration set
+
+
+def build_timestep(ctx: Context, recipe: Int8TimestepRecipe) -> Built:
+    calib = ctx.get_calibration()
+    if recipe.groups > calib.num_steps:
+        raise UserError(f"groups (K={recipe.groups}) must not exceed the {calib.num_steps} calibration steps")
+    nodes, kept, tensors, stats = _static_parts(ctx, recipe, calib)
+    groups = timestep_groups(stats, recipe.groups, recipe.grouping)
+    bounds = group_boundaries(calib.timesteps, groups)
+    models = []
+    for g in groups:
+        ranges = _ranges(ctx, recipe, calib, tensors, stats, steps=g)
+        models.append(_qdq(ctx, recipe, ranges, nodes))
+    # Each group is stored as the graph ORT's CPU provider runs after fusing its Q/DQ pairs: the
+    # per-call cost of the If switch then stays at int8-static's level (QDQ branches re-fused at
+    # load time ran ~15% slower). Weights are byte-identical across groups and stored once.
+    merged = merge_timestep_groups([ort_optimized(m, ctx.threads) for m in models], bounds)
+    shared = sum(len(t.raw_data) or t.ByteSize() for t in merged.graph.initializer)
+    spans = [[float(calib.timesteps[g[0]]), float(calib.timesteps[g[-1]])] for g in groups]
+    return Built({"unet": merged}, recipe.name, float_nodes=kept, quantized_nodes=nodes, details={
+        "groups": [{"steps": g, "t_from": s[0], "t_to": s[1]} for g, s in zip(groups, spans)],
+        "boundaries": bounds,
+        "shared_initializer_bytes": int(shared),
+        "single_group_qdq_bytes": int(models[0].ByteSize()),
+        "stored_as": "ONNX Runtime CPU-fused graphs (QLinearConv/QLinearMatMul), one If per group",
+        "calibrated_tensors": len(tensors),
+    })
+
+
+def build_mixed(ctx: Context, recipe: MixedRecipe) -> Built:
+    from .sensitivity import choose_float_nodes
+
+    calib = ctx.get_calibration()
+    nodes, kept, tensors, stats = _static_parts(ctx, recipe, calib)
+    ranges = _ranges(ctx, recipe, calib, tensors, stats)
+
+    def quantize_without(float_nodes: set[str]) -> onnx.ModelProto:
+        return _qdq(ctx, recipe, ranges, [n for n in nodes if n not in float_nodes])
+
+    def quantize_only(node: str) -> onnx.ModelProto:
+        return _ort.qdq_quantize(ctx.unet, ranges, [node], recipe.op_types, recipe.activation_type, recipe.float_outputs)
+
+    result = choose_float_nodes(ctx, recipe, calib, nodes, quantize_only, quantize_without)
+    model = quantize_without(set(result["float_nodes"]))
+    peers = peer_float_nodes(ctx.unet, nodes)
+    peer_all = sorted({n for v in peers.values() for n in v})
+    peer_model = quantize_without(set(peer_all))
+    probe = ctx.get_probe()
+    result["peer_hand_list"] = {"by_category": peers, "count": len(peer_all),
+                                "probe_psnr_db": probe.psnr(peer_model),
+                                "overlap_with_ours": sorted(set(peer_all) & set(result["float_nodes"]))}
+    return Built({"unet": model}, recipe.name, float_nodes=kept + result["float_nodes"],
+                 quantized_nodes=[n for n in nodes if n not in set(result["float_nodes"])], details=result)
+
+
+# --- the others ------------------------------------------------------------------------------
+
+def build_dynamic(ctx: Context, recipe: Int8DynamicRecipe) -> Built:
+    nodes, kept = _selection(ctx, recipe, recipe.op_types)
+    model = _ort.dynamic_quantize(ctx.unet, nodes, recipe.op_types, recipe.weight_type, recipe.per_channel)
+    return Built({"unet": model}, recipe.name, float_nodes=kept, quantized_nodes=nodes)
+
+
+def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
+    every = quantizable_nodes(ctx.unet, ("MatMul",))
+    chosen = [q for q in quantizable_nodes(ctx.unet, ("MatMul",), recipe.keep_float) if q.weight_size >= recipe.block_size]
+    if not chosen:
+        raise UserError("int4-weights: no MatMul with a constant weight to quantize")
+    names = [q.name for q in chosen]
+    model = _ort.int4_quantize(ctx.unet, names, recipe.block_size, recipe.symmetric, recipe.accuracy_level)
+    others = [q.name for q in quantizable_nodes(ctx.unet, ("Conv", "Gemm"), recipe.keep_float)]
+    float_nodes = [q.name for q in every if q.name not in set(names)]
+    if recipe.others == "int8":
+        calib = ctx.get_calibration()
+        tensors = activation_tensors(ctx.unet, others)
+        ranges = step_ranges(ctx.unet, tensors, calib, ctx.threads).aggregate(None, "max")
+        model = onnx.shape_inference.infer_shapes(model)
+        model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",))
+        reroute_shape_reads(model)
+        model = compact_names(model)
+        return Built({"unet": model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
+                     details={"int8_convs_and_gemms": len(others)})
+    return Built({"unet": model}, recipe.name, float_nodes=float_nodes + others, quantized_nodes=names,
+                 details={"float_convs_and_gemms": len(others)})
+
+
+def build_fp16(ctx: Context, recipe: Fp16Recipe) -> Built:
+    out = {}
+    for name in recipe.components:
+        src = ctx.unet if name == "unet" else ctx.components[name]
+        out[name] = _ort.fp16_convert(src, recipe.op_block_list)
+    return Built(out, "fp16")
+
+
+BUILDERS: dict[type[Recipe], Callable[[Context, Recipe], Built]] = {
+    Fp16Recipe: build_fp16,
+    Int8DynamicRecipe: build_dynamic,
+    Int8StaticRecipe: build_static,
+    Int8NaiveRecipe: build_naive,
+    Int8TimestepRecipe: build_timestep,
+    MixedRecipe: build_mixed,
+    Int4WeightsRecipe: build_int4,
+}
+
+
+def prepare_unet(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape information for the quantizer (ONNX's own inference: ORT's symbolic one fails on this UNet)."""
+    model = name_nodes(model)
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - quantizers still work without value_info, just less precisely
+        return model
+
+
+def evaluate_sqnr(model: onnx.ModelProto, calib: CalibrationSet | None, threads: int) -> dict | None:
+    """Backbone output SQNR vs fp32 per calibration step (recorded fp32 outputs)."""
+    if calib is None or calib.outputs is None:
+        return None
+    steps = list(range(calib.num_steps))
+    from .runner import backbone_outputs, sqnr_db
+
+    got = backbone_outputs(model, calib, steps, threads)
+    per_step = [sqnr_db(calib.outputs[s], got[j]) for j, s in enumerate(steps)]
+    total = sqnr_db(calib.outputs, got)
+    return {"mean_db": total, "per_step_db": [round(v, 2) if math.isfinite(v) else None for v in per_step],
+            "timesteps": calib.timesteps.tolist(), "_outputs": got}

@@ -1,0 +1,110 @@
+"""The quantize report: sizes, measured latency against fp32 (the speed gate), quality, fused ops."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .graphs import op_counts
+
+REPORT_NAME = "quantize_report.json"
+# "pays" means at least 5% faster than fp32: closer than that is within run-to-run noise
+SPEEDUP_THRESHOLD = 0.95
+INTEGER_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearConcat", "QLinearSigmoid",
+               "QLinearMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "ConvInteger", "MatMulInteger",
+               "MatMulNBits", "DynamicQuantizeLinear")
+
+
+def component_feed(name: str, manifest: dict, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """One call's inputs at the model's default size (the backbone gets the guided batch 2*batch)."""
+    info = manifest["pipeline"]
+    rng = np.random.default_rng(seed)
+    h, w = info["default_height"] // info["vae_scale_factor"], info["default_width"] // info["vae_scale_factor"]
+    c = info["latent_channels"]
+    if name == "unet":
+        comp = manifest["components"]["unet"]
+        hidden = next(i["shape"][2] for i in comp["inputs"] if i["name"] == "encoder_hidden_states")
+        seq = info["model_max_length"]
+        return {
+            "sample": rng.standard_normal((2 * batch, c, h, w), dtype=np.float32),
+            "timestep": np.full((2 * batch,), 500.0, np.float32),
+            "encoder_hidden_states": rng.standard_normal((2 * batch, seq, hidden), dtype=np.float32),
+        }
+    if name == "text_encoder":
+        return {"input_ids": rng.integers(0, 20, (2 * batch, info["model_max_length"])).astype(np.int32)}
+    if name == "vae_decoder":
+        return {"latent_sample": rng.standard_normal((batch, c, h, w), dtype=np.float32)}
+    if name == "vae_encoder":
+        return {"sample": rng.uniform(-1, 1, (batch, 3, info["default_height"], info["default_width"])).astype(np.float32)}
+    raise ValueError(f"no feed for component {name!r}")
+
+
+def measure_latency(model: Path, manifest: dict, components: dict[str, onnx.ModelProto], config) -> dict:
+    from .runner import latency
+
+    out = {}
+    for name, new in components.items():
+        feed = component_feed(name, manifest)
+        src = model / manifest["components"][name]["path"]
+        t = latency({"fp32": src, "new": new}, feed, config.threads, config.latency_runs, config.provider)
+        out[name] = {
+            "fp32_median_ms": round(t["fp32"]["median_ms"], 3),
+            "median_ms": round(t["new"]["median_ms"], 3),
+            "ratio": round(t["new"]["median_ms"] / t["fp32"]["median_ms"], 3),
+            "runs": config.latency_runs,
+            "feed": {k: list(v.shape) for k, v in feed.items()},
+        }
+    return out
+
+
+def fused_summary(model: onnx.ModelProto, threads: int = 1) -> dict:
+    """What ONNX Runtime's CPU provider turns the graph into: integer kernels vs leftover Q/DQ."""
+    from .runner import ort_optimized
+
+    counts = op_counts(ort_optimized(model, threads))
+    return {
+        "integer_ops": {k: counts[k] for k in INTEGER_OPS if counts.get(k)},
+        "quantize_linear": counts.get("QuantizeLinear", 0),
+        "dequantize_linear": counts.get("DequantizeLinear", 0),
+        "float_conv": counts.get("Conv", 0) + counts.get("FusedConv", 0),
+        "float_matmul": counts.get("MatMul", 0) + counts.get("FusedMatMul", 0) + counts.get("Gemm", 0),
+    }
+
+
+def _fmt(v, spec: str, none: str = "-") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return none
+    return format(v, spec)
+
+
+def format_table(report: dict) -> str:
+    lines = [f"recipe {report['recipe']['name']} -> {report['output']}  ({report['precision']}, provider {report['provider']}, "
+             f"{report['threads']} thread{'s' if report['threads'] != 1 else ''})"]
+    lines.append(f"{'component':13s} {'fp32 MB':>9s} {'new MB':>9s} {'smaller':>8s} {'fp32 ms':>9s} {'new ms':>9s} {'ratio':>7s}")
+    for name, s in report["sizes"].items():
+        lat = report["latency"].get(name, {})
+        lines.append(f"{name:13s} {s['fp32_bytes'] / 1e6:9.2f} {s['bytes'] / 1e6:9.2f} {s['ratio']:7.2f}x "
+                     f"{_fmt(lat.get('fp32_median_ms'), '9.2f'):>9s} {_fmt(lat.get('median_ms'), '9.2f'):>9s} "
+                     f"{_fmt(lat.get('ratio'), '6.2f'):>6s}x")
+    q = report.get("quality") or {}
+    if q:
+        sq = (q.get("backbone_sqnr_db") or {}).get("mean_db")
+        parts = [f"backbone SQNR {_fmt(sq, '.1f')} dB", f"probe image PSNR {_fmt(q.get('probe_psnr_db'), '.1f')} dB"]
+        if "probe_psnr_corrected_db" in q:
+            parts.append(f"corrected: SQNR {_fmt(q.get('backbone_sqnr_corrected_db'), '.1f')} dB, "
+                         f"PSNR {_fmt(q.get('probe_psnr_corrected_db'), '.1f')} dB")
+        lines.append("quality vs fp32 (calibration prompts): " + ", ".join(parts))
+    lines.append(f"float nodes kept: {report['float_node_count']}  quantized: {report['quantized_node_count']}")
+    fused = report.get("fused_ops")
+    if fused:
+        ops = ", ".join(f"{k} {v}" for k, v in fused["integer_ops"].items()) or "none"
+        lines.append(f"ORT CPU fused: {ops}; Q/DQ left {fused['quantize_linear']}/{fused['dequantize_linear']}; "
+                     f"float Conv {fused['float_conv']}, float MatMul {fused['float_matmul']}")
+    mem = report.get("memory") or {}
+    if mem.get("fp32") and mem.get("new"):
+        lines.append(f"backbone resident memory: {mem['new']['after_run_mb']:.1f} MB vs fp32 {mem['fp32']['after_run_mb']:.1f} MB")
+    lines.append(f"speed: {report['verdict']} (backbone latency {report['latency_ratio']:.2f}x fp32)")
+    return "\n".join(lines)

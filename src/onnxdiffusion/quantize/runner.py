@@ -1,0 +1,182 @@
+"""Running candidate backbones: sessions from ModelProtos, output error on calibration data,
+image PSNR on probe prompts, latency, and ORT's optimized (fused) graph."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from ..evaluate.metrics import psnr
+from ..runtime.session import resolve_provider
+from .calibration import CalibrationSet
+
+INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
+
+
+def session_options(threads: int, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, optimized_path: str | None = None):
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = threads
+    o.inter_op_num_threads = 1
+    o.log_severity_level = 3
+    o.graph_optimization_level = level
+    if optimized_path:
+        o.optimized_model_filepath = optimized_path
+    return o
+
+
+# ORT optimizers an int8 backbone runs without (recorded in its manifest entry; the pipeline
+# honours it): NhwcTransformer wraps each QLinearConv in transposes (~5% slower on this UNet);
+# NchwcTransformer changes float convolutions' rounding, so a mixed-precision backbone would
+# differ between the host loop and the Loop form, where ORT does not apply it.
+INT8_DISABLED_OPTIMIZERS = ("NchwcTransformer", "NhwcTransformer")
+
+
+def disabled_for(model: onnx.ModelProto | str | Path) -> tuple[str, ...]:
+    """The optimizers to disable for this backbone: the int8 set when it holds Q/DQ or QLinear ops."""
+    from .graphs import op_counts
+
+    if isinstance(model, (str, Path)):
+        model = onnx.load(str(model))
+    counts = op_counts(model)
+    int8 = any(counts.get(op) for op in ("QuantizeLinear", "QLinearConv", "QLinearMatMul"))
+    return INT8_DISABLED_OPTIMIZERS if int8 else ()
+
+
+def session(model: onnx.ModelProto | str | Path, threads: int = 1, provider: str = "cpu",
+            level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, disabled: tuple[str, ...] | None = None) -> ort.InferenceSession:
+    """`disabled` None: what the pipeline would disable for this backbone (see INT8_DISABLED_OPTIMIZERS)."""
+    opts = session_options(threads, level)
+    providers = resolve_provider(provider)
+    disabled = list(disabled_for(model) if disabled is None else disabled)
+    if isinstance(model, (str, Path)):
+        return ort.InferenceSession(str(model), opts, providers=providers, disabled_optimizers=disabled)
+    if model.ByteSize() < INLINE_LIMIT:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=providers, disabled_optimizers=disabled)
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-q-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(model, str(path), save_as_external_data=True, location="model.onnx_data")
+        return ort.InferenceSession(str(path), opts, providers=providers, disabled_optimizers=disabled)
+
+
+def ort_optimized(model: onnx.ModelProto, threads: int = 1) -> onnx.ModelProto:
+    """The graph ONNX Runtime's CPU provider actually runs after its fusions (QDQ -> QLinearConv, ...).
+
+    Level EXTENDED: every fusion, no NCHWc layout rewrite, so the result is still a portable
+    CPU graph that can be saved, inspected and inlined (e.g. into a Loop body).
+    """
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-opt-") as tmp:
+        path = str(Path(tmp) / "optimized.onnx")
+        opts = session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, path)
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return onnx.load(path)
+
+
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    err = float(np.mean((ref.astype(np.float64) - got.astype(np.float64)) ** 2))
+    sig = float(np.mean(ref.astype(np.float64) ** 2))
+    return math.inf if err == 0 else 10.0 * math.log10(sig / err)
+
+
+def backbone_outputs(model, calib: CalibrationSet, steps: Sequence[int], threads: int = 1, chunk: int = 64) -> np.ndarray:
+    sess = model if isinstance(model, ort.InferenceSession) else session(model, threads)
+    out = np.empty((len(steps), *calib.samples.shape[1:]), np.float32)
+    for j, s in enumerate(steps):
+        for start in range(0, calib.rows, chunk):
+            rows = slice(start, start + chunk)
+            out[j, rows] = sess.run(["out_sample"], calib.feed(s, rows))[0]
+    return out
+
+
+def backbone_sqnr(model, calib: CalibrationSet, steps: Sequence[int], threads: int = 1) -> float:
+    """Signal-to-quantization-noise of the backbone output vs the recorded fp32 output, in dB."""
+    got = backbone_outputs(model, calib, steps, threads)
+    return sqnr_db(calib.outputs[list(steps)], got)
+
+
+class ImageProbe:
+    """fp32 reference images for a few prompt-seed pairs; PSNR of any candidate backbone against them."""
+
+    def __init__(self, pipe, prompts: list[str], seed: int, steps: int, sampler: str, guidance: float, threads: int = 1):
+        self.pipe = pipe
+        self.prompts = prompts
+        self.seed = seed
+        self.kwargs = dict(steps=steps, sampler=sampler, guidance=guidance)
+        self.threads = threads
+        self.reference = self.images(pipe.unet)
+
+    def images(self, unet_session) -> np.ndarray:
+        from ..evaluate.run import item_latents
+
+        shape = self.pipe.latent_shape_for(1)[1:]
+        latents = item_latents(shape, [self.seed + i for i in range(len(self.prompts))])
+        saved = self.pipe.unet
+        self.pipe.unet = unet_session
+        try:
+            return self.pipe(self.prompts, batch=len(self.prompts), latents=latents, **self.kwargs).images
+        finally:
+            self.pipe.unet = saved
+
+    def psnr(self, model) -> float:
+        sess = model if isinstance(model, ort.InferenceSession) else session(model, self.threads)
+        got = self.images(sess)
+        return float(np.mean([psnr(a, b) for a, b in zip(got, self.reference)]))
+
+
+def latency(models: dict[str, onnx.ModelProto | str | Path], feed: dict, threads: int, runs: int,
+            provider: str = "cpu", warmup: int = 3) -> dict[str, dict]:
+    """Median backbone call time per model; calls interleaved so background load hits all alike."""
+    sessions = {k: session(m, threads, provider) for k, m in models.items()}
+    for s in sessions.values():
+        for _ in range(warmup):
+            s.run(None, feed)
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _ in range(runs):
+        for k, s in sessions.items():
+            t0 = time.perf_counter()
+            s.run(None, feed)
+            times[k].append(time.perf_counter() - t0)
+    return {k: {"median_ms": float(np.median(v) * 1e3), "min_ms": float(np.min(v) * 1e3), "runs": runs}
+            for k, v in times.items()}
+
+
+_RSS_SNIPPET = r"""
+import sys, json, numpy as np, onnxruntime as ort
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+feed = {k: np.load(v) for k, v in json.loads(sys.argv[2]).items()}
+o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.log_severity_level = 3
+before = rss()
+s = ort.InferenceSession(sys.argv[1], o, providers=["CPUExecutionProvider"], disabled_optimizers=json.loads(sys.argv[3]))
+loaded = rss()
+s.run(None, feed)
+print(json.dumps({"session_mb": (loaded - before) / 2**20, "after_run_mb": (rss() - before) / 2**20}))
+"""
+
+
+def memory_mb(path: str | Path, feed: dict[str, np.ndarray]) -> dict | None:
+    """Resident memory a fresh process gains by loading the model, and after one call (Linux only)."""
+    import json
+    import subprocess
+    import sys
+
+    if not Path("/proc/self/statm").exists():
+        return None
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-mem-") as tmp:
+        files = {}
+        for k, v in feed.items():
+            files[k] = str(Path(tmp) / f"{k}.npy")
+            np.save(files[k], v)
+        disabled = list(disabled_for(path))
+        proc = subprocess.run([sys.executable, "-c", _RSS_SNIPPET, str(path), json.dumps(files), json.dumps(disabled)],
+                              capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return None
+    return {k: round(v, 1) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
