@@ -422,8 +422,10 @@ def plot_grid(path: Path, results: dict, image_sets: dict, columns: int = 8) -> 
                 ax.set_ylabel(name + (" (ref)" if name == ref else ""), rotation=0, ha="right", va="center", fontsize=8)
             if i == 0 and j < len(captions) and not (p is not None):
                 ax.set_title(captions[j][:28], fontsize=6, pad=2)
+    fig_h = cell * len(order) + 0.6
+    fig.subplots_adjust(top=1 - 0.55 / fig_h, bottom=0.02, hspace=0.35)
     fig.suptitle("Same prompts and seeds: fp32 reference (top row) vs each variant (PSNR vs the reference above each image)",
-                 fontsize=9)
+                 fontsize=9, y=1 - 0.12 / fig_h)
     _save(fig, path)
     return True
 
