@@ -41,7 +41,7 @@ $(VENV)/.bench-installed: | $(BIN)/python
 	touch $@
 
 test: $(VENV)/.dev-installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider
 
 # Retrain the embedded model from scratch (about two hours on 2 CPU cores), then export it.
 model: $(VENV)/.dev-installed

@@ -44,7 +44,8 @@ class PromptTokenizer:
         for row, prompt in enumerate(prompts):
             ids = self._tok.encode(prompt, add_special_tokens=False).ids
             if len(ids) > room:
-                dropped = self._tok.decode(ids[room:])
+                # CLIP marks word ends with </w>; show the dropped words as words
+                dropped = self._tok.decode(ids[room:]).replace("</w>", " ").strip()
                 warnings.warn(
                     f"prompt truncated to {self.max_length} tokens; dropped: {dropped!r}", UserWarning, stacklevel=3
                 )
