@@ -49,6 +49,7 @@ RUNS = [
     ("int8-static+correct", "int8-static", {}, "trajectory"),
     ("int8-static+correct-output", "int8-static", {}, "output"),
     ("mixed", "mixed", {"target_psnr": "36"}, False),
+    ("mixed-45dB", "mixed", {"target_psnr": "45"}, False),
     ("int4-weights", "int4-weights", {}, False),
     ("int4-weights+int8", "int4-weights", {"others": "int8"}, False),
     ("int8-dynamic", "int8-dynamic", {}, False),
