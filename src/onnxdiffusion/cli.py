@@ -90,12 +90,13 @@ def compile_loop_cmd(
     form: Annotated[str, typer.Option(help="loop (step count at run time) | unrolled (fixed --steps)")] = "loop",
     steps: Optional[int] = None,
     whole: Annotated[bool, typer.Option(help="token ids in, uint8 image out: text encoder + loop + VAE decoder")] = False,
+    cpu_tuned: Annotated[bool, typer.Option(help="inline ORT's fully optimized CPU graph (faster; tied to this CPU)")] = False,
     overwrite: bool = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
     from .loops import compile_loop
 
-    info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite)
+    info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned)
     print(f"{info['path']}: {info['bytes'] / 1e6:.1f} MB in {info['compile_seconds']:.1f}s -> {out}")
 
 

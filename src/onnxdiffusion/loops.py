@@ -56,7 +56,8 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
-                 whole: bool = False, overwrite: bool = False, backbone: str = "unet") -> dict:
+                 whole: bool = False, overwrite: bool = False, backbone: str = "unet",
+                 cpu_tuned: bool = False) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
     `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
@@ -76,17 +77,18 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     t0 = time.time()
     unet = onnx.load(str(model / comps[backbone]["path"]))
     prefused = None
-    if _has_qdq(unet):
-        # A QDQ backbone: inline the graph ONNX Runtime's CPU provider runs after fusing its Q/DQ
-        # pairs (QLinearConv, MatMulIntegerToFloat, ...). The integer kernels are then in the file,
-        # whatever ORT would or would not fuse inside a Loop body at load time, and the body computes
-        # what the host loop's session computes (quantize records the layout optimizers it disables).
+    if cpu_tuned or _has_qdq(unet):
+        # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
+        # fusion, no NCHWc layout rewrite. Inline the graph its CPU provider runs after those passes.
+        # EXTENDED stays portable; ALL (cpu_tuned) adds NCHWc blocking tied to this CPU's vector width.
         import onnxruntime
 
         from .quantize.runner import ort_optimized
 
-        unet = ort_optimized(unet)
-        prefused = f"onnxruntime {onnxruntime.__version__} CPU, ORT_ENABLE_EXTENDED"
+        level = onnxruntime.GraphOptimizationLevel
+        unet = ort_optimized(unet, level=level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED)
+        prefused = f"onnxruntime {onnxruntime.__version__} CPU, " + (
+            "ORT_ENABLE_ALL (tuned to this CPU; rebuild on another)" if cpu_tuned else "ORT_ENABLE_EXTENDED")
     correction = None
     if comps[backbone].get("correction"):
         from .quantize.correction import OutputCorrection

@@ -65,7 +65,8 @@ def session(model: onnx.ModelProto | str | Path, threads: int = 1, provider: str
         return ort.InferenceSession(str(path), opts, providers=providers, disabled_optimizers=disabled)
 
 
-def ort_optimized(model: onnx.ModelProto, threads: int = 1) -> onnx.ModelProto:
+def ort_optimized(model: onnx.ModelProto, threads: int = 1,
+                  level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED) -> onnx.ModelProto:
     """The graph ONNX Runtime's CPU provider actually runs after its fusions (QDQ -> QLinearConv, ...).
 
     Level EXTENDED: every fusion, no NCHWc layout rewrite, so the result is still a portable
@@ -73,7 +74,7 @@ def ort_optimized(model: onnx.ModelProto, threads: int = 1) -> onnx.ModelProto:
     """
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-opt-") as tmp:
         path = str(Path(tmp) / "optimized.onnx")
-        opts = session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, path)
+        opts = session_options(threads, level, path)
         ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         return onnx.load(path)
 
