@@ -20,7 +20,7 @@ from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample
 from ..schedules import NoiseSchedule
 from .backbone import GuidedBackbone
 from .sampling_graph import SamplingGraph
-from .session import check_external_data, make_session, resolve_provider
+from .session import make_session
 from .tokenizer import PromptTokenizer
 
 
@@ -231,20 +231,4 @@ def _backbone_session(path: Path, info: dict, provider: str, threads: int | None
     the host loop and the Loop form (where ORT does not apply it) round differently.
     """
     disabled = list((info.get("session_options") or {}).get("disabled_optimizers") or [])
-    if not disabled:
-        return make_session(path, provider, threads)
-    import onnxruntime as ort
-
-    check_external_data(path)
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = threads
-    opts.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_provider(provider),
-                                    disabled_optimizers=disabled)
-    except UserError:
-        raise
-    except Exception as e:  # ORT raises several private exception types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot load {path}: {first[:300]}") from None
+    return make_session(path, provider, threads, disabled_optimizers=disabled or None)

@@ -51,14 +51,16 @@ def check_external_data(path: Path) -> None:
                 raise UserError(f"{path}: external data {ExternalDataInfo(tensor).location!r} points outside {root}")
 
 
-def make_session(path: Path, provider: str = "cpu", threads: int | None = None) -> ort.InferenceSession:
+def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
+                 disabled_optimizers: list[str] | None = None) -> ort.InferenceSession:
     check_external_data(path)
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
     opts.log_severity_level = 3
     try:
-        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_provider(provider))
+        extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
+        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_provider(provider), **extra)
     except UserError:
         raise
     except Exception as e:  # ORT raises several private exception types
