@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..samplers.graph import rename_outer_refs
+
 WEIGHT_OPS = ("Conv", "MatMul", "Gemm")
 # Ops a quantized backbone carries; a folder whose backbone has any of them was quantized already.
 QUANT_OPS = frozenset({
@@ -282,7 +284,7 @@ def _branch(model: onnx.ModelProto, j: int, shared: set[str], io: dict[str, str]
         new.output.extend(rename(x) for x in n.output)
         new.name = f"g{j}/n{i}"
         new.doc_string = ""
-        _rename_outer_refs(new, rename)
+        rename_outer_refs(new, rename)
         nodes.append(new)
     inits = []
     for t in local_inits:
@@ -292,20 +294,6 @@ def _branch(model: onnx.ModelProto, j: int, shared: set[str], io: dict[str, str]
         inits.append(c)
     out = helper.make_tensor_value_info(rename(output), TensorProto.FLOAT, None)
     return helper.make_graph(nodes, f"group{j}", [], [out], initializer=inits)
-
-
-def _rename_outer_refs(node: onnx.NodeProto, rename) -> None:
-    for a in node.attribute:
-        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            local = {i.name for i in sub.input} | {t.name for t in sub.initializer} | {o for n in sub.node for o in n.output}
-            for n in sub.node:
-                for i, x in enumerate(n.input):
-                    if x and x not in local:
-                        n.input[i] = rename(x)
-                _rename_outer_refs(n, rename)
-            for o in sub.output:
-                if o.name not in local:
-                    o.name = rename(o.name)
 
 
 def model_bytes(model: onnx.ModelProto) -> int:
@@ -398,6 +386,6 @@ def compact_names(model: onnx.ModelProto, keep_node_names: bool = True) -> onnx.
         n.doc_string = ""
         if not keep_node_names or n.op_type in ("QuantizeLinear", "DequantizeLinear", "Constant"):
             n.name = ""
-        _rename_outer_refs(n, lambda x: names.get(x, x))
+        rename_outer_refs(n, lambda x: names.get(x, x))
     del g.value_info[:]
     return model

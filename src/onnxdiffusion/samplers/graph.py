@@ -65,7 +65,7 @@ def load_component(model: onnx.ModelProto, io: dict[str, str], prefix: str) -> B
         new.input.extend(rename(x) for x in node.input)
         new.output.extend(rename(x) for x in node.output)
         new.name = rename(node.name or f"node{len(nodes)}")
-        _rename_subgraphs(new, rename)
+        rename_outer_refs(new, rename)
         nodes.append(new)
     inits = []
     for t in g.initializer:
@@ -87,7 +87,7 @@ def load_backbone(model: onnx.ModelProto, prefix: str = "unet/") -> Backbone:
     return load_component(model, BACKBONE_IO, prefix)
 
 
-def _rename_subgraphs(node: onnx.NodeProto, rename: Callable[[str], str]) -> None:
+def rename_outer_refs(node: onnx.NodeProto, rename: Callable[[str], str]) -> None:
     """If/Loop inside the backbone: their bodies read outer names, which were renamed."""
     for attr in node.attribute:
         graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
@@ -99,7 +99,7 @@ def _rename_subgraphs(node: onnx.NodeProto, rename: Callable[[str], str]) -> Non
                 for k, x in enumerate(n.input):
                     if x and x not in local:
                         n.input[k] = rename(x)
-                _rename_subgraphs(n, rename)
+                rename_outer_refs(n, rename)
             for o in sub.output:
                 if o.name not in local:
                     o.name = rename(o.name)
@@ -178,7 +178,7 @@ def _step(b: _Builder, bb: Backbone, pre: dict[str, str], i: str, x: str, d_prev
                 if x_ in remap:
                     new.input[k_] = remap[x_]
         # If/Loop nodes inside the backbone (timestep-group switches) read outer names too
-        _rename_subgraphs(new, rename)
+        rename_outer_refs(new, rename)
         b.nodes.append(new)
     out = tag + out_name if tag else out_name
     u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
