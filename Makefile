@@ -36,8 +36,8 @@ demo: $(VENV)/.run-installed $(VENV)/.bench-installed
 	@echo "bench report: $(CURDIR)/out/bench/report.html"
 
 # the bench's plots need matplotlib (not a run-time dependency)
-$(VENV)/.bench-installed: | $(BIN)/python
-	$(BIN)/pip install -q "matplotlib>=3.8"
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[bench]'
 	touch $@
 
 test: $(VENV)/.dev-installed

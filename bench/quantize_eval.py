@@ -133,6 +133,8 @@ def main(argv=None) -> int:
         ev = evaluate_images(images, scenes, judge)
         per_image = [psnr(a, b) for a, b in zip(images, ref)]
         mse = float(np.mean((images.astype(np.float64) - ref.astype(np.float64)) ** 2))
+        img_mse = np.sort(((images.astype(np.float64) - ref.astype(np.float64)) ** 2).mean(axis=(1, 2, 3)))[::-1]
+        worst = max(1, len(img_mse) // 10)
         log(f"{label}: loop form")
         compile_loop(out, out, form="loop")
         n = min(args.loop_check, len(scenes))
@@ -155,6 +157,8 @@ def main(argv=None) -> int:
             "psnr_db_min": float(np.min(per_image)),
             "psnr_db_of_mean_mse": 10 * math.log10(255.0**2 / mse) if mse > 0 else math.inf,
             "image_mse": mse,
+            # how concentrated the error is: a few images whose layout flipped dominate pooled MSE
+            "mse_share_worst_10pct_images": float(img_mse[:worst].sum() / img_mse.sum()) if img_mse.sum() > 0 else None,
             "strict_accuracy": ev["strict_accuracy"],
             "attribute_accuracy": ev["attribute_accuracy"],
             "frechet_distance": ev["frechet_distance"],
@@ -211,6 +215,11 @@ def _summaries(result: dict) -> None:
             m0, m1 = r["int8-static"]["image_mse"], r[label]["image_mse"]
             s[f"{key}_mse_closed_fraction"] = (m0 - m1) / m0 if m0 > 0 else None
             s[f"{key}_mean_psnr_gain_db"] = r[label]["psnr_db_mean"] - r["int8-static"]["psnr_db_mean"]
+            frac = (r[label].get("quality_on_calibration") or {}).get("backbone_error_affine_fraction")
+            if frac is not None:
+                s["static_backbone_error_affine_fraction"] = frac
+    if "int8-static" in r and r["int8-static"].get("mse_share_worst_10pct_images") is not None:
+        s["static_mse_share_worst_10pct_images"] = r["int8-static"]["mse_share_worst_10pct_images"]
     s["strict_accuracy_fp32"] = result["fp32"]["strict_accuracy"]
     result["summary"] = s
     # the acceptance list, item by item (None: not measured in this run)

@@ -28,21 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from onnxdiffusion.quantize.report import component_feed  # noqa: E402
-from onnxdiffusion.quantize.runner import session  # noqa: E402
+from onnxdiffusion.quantize.runner import session, time_sessions  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
-
-
-def interleaved(sessions: dict, feed: dict, runs: int) -> dict[str, float]:
-    for s in sessions.values():
-        for _ in range(3):
-            s.run(None, feed)
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for _ in range(runs):
-        for k, s in sessions.items():
-            t0 = time.perf_counter()
-            s.run(None, feed)
-            times[k].append(time.perf_counter() - t0)
-    return {k: float(np.median(v) * 1e3) for k, v in times.items()}
 
 
 def generation_seconds(folder: Path, loop: str, runs: int = 5) -> float | None:
@@ -78,7 +65,7 @@ def main(argv=None) -> int:
         row = {}
         for b in (1, 4, 16):
             feed = component_feed("unet", manifest, batch=b)
-            t = interleaved({"fp32": fp32, "q": q}, feed, max(20, args.runs // b))
+            t = {k: v["median_ms"] for k, v in time_sessions({"fp32": fp32, "q": q}, feed, max(20, args.runs // b)).items()}
             row[f"images{b}"] = {"fp32_ms": round(t["fp32"], 3), "ms": round(t["q"], 3), "ratio": round(t["q"] / t["fp32"], 3)}
         row["generate_seconds_per_image"] = {"host": generation_seconds(folder, "host"),
                                               "loop": generation_seconds(folder, "loop")}

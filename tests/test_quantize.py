@@ -25,7 +25,7 @@ from onnxdiffusion.quantize import (
     recipe_class,
     recipe_from_dict,
 )
-from onnxdiffusion.quantize.correction import OutputCorrection
+from onnxdiffusion.quantize.correction import OutputCorrection, affine_explained_fraction
 from onnxdiffusion.quantize.graphs import merge_timestep_groups, op_counts
 from onnxdiffusion.runtime import Pipeline
 
@@ -89,6 +89,16 @@ def test_correction_interpolates_and_fits():
     fitted = OutputCorrection.fit(np.array([800.0, 100.0]), ref, quant)
     assert np.allclose(fitted.scale, 1.05, atol=1e-4) and np.allclose(fitted.bias, 0.2, atol=1e-4)
     assert OutputCorrection.from_dict(json.loads(json.dumps(fitted.to_dict()))).to_dict() == fitted.to_dict()
+
+
+def test_affine_explained_fraction_separates_systematic_from_random_error():
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((2, 3, 4, 5, 5))
+    assert affine_explained_fraction(ref, (ref - 0.2) / 1.05) == pytest.approx(1.0, abs=1e-9)
+    noisy = ref + 0.1 * rng.standard_normal(ref.shape)  # per-sample noise: no affine map helps
+    assert affine_explained_fraction(ref, noisy) < 0.05
+    mixed = (ref - 0.1) + 0.1 * rng.standard_normal(ref.shape)  # half bias, half noise (in MSE)
+    assert 0.4 < affine_explained_fraction(ref, mixed) < 0.6
 
 
 @pytest.mark.parametrize("form", ["loop", "unrolled"])

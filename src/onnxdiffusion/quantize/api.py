@@ -64,7 +64,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     from ..runtime.session import resolve_provider
     from .calibration import capture, load_prompts, naive_set
     from .configs import Int8NaiveRecipe
-    from .correction import OutputCorrection
+    from .correction import OutputCorrection, affine_explained_fraction
     from .recipes import BUILDERS, Context, evaluate_sqnr, prepare_unet
     from .runner import ImageProbe
 
@@ -149,6 +149,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             from .runner import sqnr_db
 
             quality["backbone_sqnr_corrected_db"] = sqnr_db(traj.outputs, corrected)
+            quality["backbone_error_affine_fraction"] = affine_explained_fraction(traj.outputs, sq["_outputs"])
         probe = get_probe()
         from .runner import session
 

@@ -18,6 +18,25 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def affine_explained_fraction(reference: np.ndarray, quantized: np.ndarray) -> float:
+    """Share of the backbone's quantization MSE that the best per-step affine map removes.
+
+    reference/quantized: (steps, rows, C, H, W) paired outputs on the same inputs. The map is
+    fitted in-sample and unclipped (one scale, one bias per channel, per step), so this is the
+    ceiling for any correction of this form; the rest is error that varies per sample and pixel.
+    """
+    total = resid = 0.0
+    for f, q in zip(reference.astype(np.float64), quantized.astype(np.float64)):
+        fm = f.mean(axis=(0, 2, 3), keepdims=True)
+        qm = q.mean(axis=(0, 2, 3), keepdims=True)
+        qc, fc = q - qm, f - fm
+        denom = float((qc * qc).sum())
+        s = float((qc * fc).sum()) / denom if denom > 0 else 1.0
+        total += float(((f - q) ** 2).sum())
+        resid += float(((fc - s * qc) ** 2).sum())
+    return 1.0 - resid / total if total > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class OutputCorrection:
     t: np.ndarray  # (K,) ascending float32

@@ -96,6 +96,8 @@ def format_table(report: dict) -> str:
         if "probe_psnr_corrected_db" in q:
             parts.append(f"corrected: SQNR {_fmt(q.get('backbone_sqnr_corrected_db'), '.1f')} dB, "
                          f"PSNR {_fmt(q.get('probe_psnr_corrected_db'), '.1f')} dB")
+        if "backbone_error_affine_fraction" in q:
+            parts.append(f"affine part of the backbone error {100 * q['backbone_error_affine_fraction']:.0f}%")
         lines.append("quality vs fp32 (calibration prompts): " + ", ".join(parts))
     lines.append(f"float nodes kept: {report['float_node_count']}  quantized: {report['quantized_node_count']}")
     fused = report.get("fused_ops")

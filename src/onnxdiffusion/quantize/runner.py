@@ -130,10 +130,8 @@ class ImageProbe:
         return float(np.mean([psnr(a, b) for a, b in zip(got, self.reference)]))
 
 
-def latency(models: dict[str, onnx.ModelProto | str | Path], feed: dict, threads: int, runs: int,
-            provider: str = "cpu", warmup: int = 3) -> dict[str, dict]:
-    """Median backbone call time per model; calls interleaved so background load hits all alike."""
-    sessions = {k: session(m, threads, provider) for k, m in models.items()}
+def time_sessions(sessions: dict, feed: dict, runs: int, warmup: int = 3) -> dict[str, dict]:
+    """Median call time per session; calls interleaved so background load hits all alike."""
     for s in sessions.values():
         for _ in range(warmup):
             s.run(None, feed)
@@ -145,6 +143,12 @@ def latency(models: dict[str, onnx.ModelProto | str | Path], feed: dict, threads
             times[k].append(time.perf_counter() - t0)
     return {k: {"median_ms": float(np.median(v) * 1e3), "min_ms": float(np.min(v) * 1e3), "runs": runs}
             for k, v in times.items()}
+
+
+def latency(models: dict[str, onnx.ModelProto | str | Path], feed: dict, threads: int, runs: int,
+            provider: str = "cpu", warmup: int = 3) -> dict[str, dict]:
+    """Median backbone call time per model, each in a session built as the pipeline builds it."""
+    return time_sessions({k: session(m, threads, provider) for k, m in models.items()}, feed, runs, warmup)
 
 
 _RSS_SNIPPET = r"""
