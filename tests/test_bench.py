@@ -12,17 +12,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from cli_helpers import assert_one_line_error, run_cli
+
 from onnxdiffusion.artifacts import hash_tree, read_manifest, write_json
 from onnxdiffusion.errors import UserError
 
 CHROMIUM = Path("/usr/bin/chromium")
-CLI = [sys.executable, "-m", "onnxdiffusion.cli"]
 VARIANTS = ("torch-fp32,ort-fp32,ort-fp32-loop,ort-fp32-dpmpp,ort-int8-dynamic,ort-fp16,ort-int8-static,"
             "optimum-ort,openvino-fp32")
 
@@ -181,17 +181,10 @@ def test_report_renders_in_headless_chromium(bench_run, tmp_path):
 
 # -- bad input ------------------------------------------------------------------------------------------
 def _cli(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+    return run_cli(*args, timeout=300)
 
 
-def _one_line_error(proc, *fragments):
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, proc.stderr
-    for f in fragments:
-        assert f in errors[0], errors[0]
+_one_line_error = assert_one_line_error
 
 
 def test_unknown_variant_is_a_one_line_error(bench_models, tmp_path):

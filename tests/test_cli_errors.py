@@ -1,29 +1,14 @@
 """Bad input: one line on stderr, a non-zero exit, no traceback, nothing half-written."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "onnxdiffusion.cli"]
+from cli_helpers import assert_one_line_error, run_cli
 
-
-def run(*args, cwd=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
-
-
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, proc.stderr
-    for f in fragments:
-        assert f in errors[0], errors[0]
+run = run_cli
 
 
 def leftovers(folder: Path, name: str) -> list[Path]:

@@ -18,7 +18,8 @@ r = evaluate_model(sys.argv[1], EvaluateOptions(count=96, guidance=float(sys.arg
 r.pop("_images")
 print(json.dumps(r))
 PY
-  score=$($PYBIN/python -c "import json; r=json.load(open('/tmp/guidance_$g.json')); print(r['strict_accuracy'] + r['attribute_accuracy'])")
+  # accuracy first; the Frechet distance (scaled so 100 FD = 0.001) breaks ties between equal accuracies
+  score=$($PYBIN/python -c "import json; r=json.load(open('/tmp/guidance_$g.json')); print(r['strict_accuracy'] + r['attribute_accuracy'] - 1e-5 * r['frechet_distance'])")
   echo "guidance $g: $(python3 -c "import json; r=json.load(open('/tmp/guidance_$g.json')); print('attr', round(r['attribute_accuracy'],3), 'strict', round(r['strict_accuracy'],3), 'FD', round(r['frechet_distance'],2))")"
   if python3 -c "import sys; sys.exit(0 if $score > $best_score else 1)"; then best=$g; best_score=$score; fi
 done

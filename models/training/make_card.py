@@ -50,12 +50,13 @@ def main() -> None:
     logs_dir = model / "training"
     logs_dir.mkdir(exist_ok=True)
     vae_log, unet_log = read_log(work / "vae_log.jsonl"), read_log(work / "unet_log.jsonl")
-    for name in ("vae_log.jsonl", "unet_log.jsonl"):
+    parse_log = read_log(work / "parse_log.jsonl")
+    for name in ("vae_log.jsonl", "unet_log.jsonl", "parse_log.jsonl"):
         if (work / name).exists():
             shutil.copy2(work / name, logs_dir / name)
     shutil.copy2(args.config, logs_dir / "config.json")
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 3 if parse_log else 2, figsize=(15 if parse_log else 10, 3.6))
     if vae_log:
         s = np.array([r["step"] for r in vae_log])
         axes[0].plot(s, [r["rec"] for r in vae_log], alpha=0.3, color="C0")
@@ -68,6 +69,13 @@ def main() -> None:
         axes[1].plot(s, v, alpha=0.3, color="C1")
         axes[1].plot(s[len(s) - len(smooth(v)):], smooth(v), color="C1")
         axes[1].set(title="UNet + text encoder denoising loss", xlabel="step", ylabel="epsilon MSE")
+    if parse_log:
+        s = np.array([r["step"] for r in parse_log])
+        axes[2].plot(s, [r["parse_loss"] for r in parse_log], color="C2", label="parse loss")
+        ax2 = axes[2].twinx()
+        ax2.plot(s, [r["parse_acc"] for r in parse_log], color="C3", label="all slots right")
+        ax2.set_ylabel("batch accuracy (every slot)")
+        axes[2].set(title="text encoder pre-training: caption -> slots", xlabel="step", ylabel="cross-entropy", yscale="log")
     fig.tight_layout()
     fig.savefig(model / "loss.png", dpi=110)
 
@@ -120,10 +128,18 @@ def main() -> None:
         "",
         f"Weights on disk (safetensors, fp32): {size / 1e6:.1f} MB.",
         "",
-        "## Training (2 CPU cores, one thread per job)",
-        f"- VAE: {cfg['vae']['steps']} steps x batch {cfg['vae']['batch_size']}, {vae_t.get('seconds', 0) / 60:.0f} min;"
+        "## Training (2 CPU cores)",
+        f"- VAE: {cfg['vae']['steps']} steps x batch {cfg['vae']['batch_size']}, {cfg['vae'].get('threads', cfg['threads'])} thread(s), {vae_t.get('seconds', 0) / 60:.0f} min;"
         f" final reconstruction loss {vae_log[-1]['rec']:.4f}." if vae_log else "- VAE: (no log)",
-        f"- UNet + text encoder jointly (denoising loss, 10% empty captions for guidance, EMA 0.999):"
+        (f"- Text encoder pre-training: {cfg['text_parse']['steps']} steps x batch {cfg['text_parse']['batch_size']} on a"
+         " parse loss (a linear head on the end-of-text state names every slot's shape, colour and size;"
+         " sizes ignored where the caption omits them), final batch accuracy"
+         f" {parse_log[-1]['parse_acc']:.3f}. Why: CLIP's causal mask hides the relation word from the first"
+         " object's tokens, and the denoising loss alone left layouts random for \"above\" vs \"left of\"."
+         " The parse loss stays on (weight"
+         f" {cfg['text_parse']['weight']}) during the joint stage; the head is not shipped.") if parse_log and "text_parse" in cfg else "",
+        f"- UNet + text encoder jointly (denoising loss, 10% empty captions for guidance, EMA 0.999,"
+        f" {cfg['unet'].get('threads', cfg['threads'])} thread(s)):"
         f" {unet_log[-1]['step'] + 1 if unet_log else 0} steps x batch {cfg['unet']['batch_size']} on"
         f" {cfg['unet']['num_scenes']:,} scenes, {unet_time / 60 if unet_time else 0:.0f} min;"
         f" final loss {np.mean([r['loss'] for r in unet_log[-20:]]):.4f} (mean of the last 20 logged)." if unet_log else "",
