@@ -38,16 +38,16 @@ def test_parse_head_learns_a_separable_toy_and_ignores_masked_slots():
     head = T.ParseHead(128)  # wider than the batch: separable
     targets = torch.from_numpy(T.caption_slot_targets(range(64)))
     pooled = torch.randn(64, 128)
-    start = float(head.loss(pooled, targets))
+    start = head.loss(pooled, targets).item()
     assert np.isfinite(start) and 0.0 <= head.accuracy(pooled, targets) <= 1.0
     masked = torch.full_like(targets, T.IGNORE)
     masked[0] = targets[0]
     # rows that are all IGNORE (dropped captions) contribute nothing
-    assert float(head.loss(pooled, masked)) == pytest.approx(float(head.loss(pooled[:1], targets[:1])), rel=1e-5)
+    assert head.loss(pooled, masked).item() == pytest.approx(head.loss(pooled[:1], targets[:1]).item(), rel=1e-5)
     opt = torch.optim.Adam(head.parameters(), lr=0.05)
     for _ in range(200):
         loss = head.loss(pooled, targets)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert float(loss) < 0.2 * start and head.accuracy(pooled, targets) > 0.9
+    assert loss.item() < 0.2 * start and head.accuracy(pooled, targets) > 0.9

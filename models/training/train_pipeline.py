@@ -376,8 +376,11 @@ def main() -> None:
     ap.add_argument("--stage", choices=["vae", "unet", "assemble"], required=True)
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--seed", type=int, default=None, help="override the config's seed (reproducibility studies)")
     args = ap.parse_args()
     cfg = json.loads(Path(args.config).read_text())
+    if args.seed is not None:
+        cfg["seed"] = args.seed
     # a stage may override the thread count (the UNet stage scales to both cores, the VAE barely)
     torch.set_num_threads(cfg.get(args.stage, {}).get("threads", cfg["threads"]))
     work = Path(args.work or f"runs/{cfg['name']}")
