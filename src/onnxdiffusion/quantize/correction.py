@@ -18,6 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def _affine_fit(f: np.ndarray, q: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """Least-squares f ~= s * q + b[c] on (rows, C, H, W): the scale s and the channel means of f, q."""
+    fm = f.mean(axis=(0, 2, 3), keepdims=True)
+    qm = q.mean(axis=(0, 2, 3), keepdims=True)
+    qc = q - qm
+    denom = float((qc * qc).sum())
+    s = float((qc * (f - fm)).sum()) / denom if denom > 0 else 1.0
+    return s, fm, qm
+
+
 def affine_explained_fraction(reference: np.ndarray, quantized: np.ndarray) -> float:
     """Share of the backbone's quantization MSE that the best per-step affine map removes.
 
@@ -27,13 +37,9 @@ def affine_explained_fraction(reference: np.ndarray, quantized: np.ndarray) -> f
     """
     total = resid = 0.0
     for f, q in zip(reference.astype(np.float64), quantized.astype(np.float64)):
-        fm = f.mean(axis=(0, 2, 3), keepdims=True)
-        qm = q.mean(axis=(0, 2, 3), keepdims=True)
-        qc, fc = q - qm, f - fm
-        denom = float((qc * qc).sum())
-        s = float((qc * fc).sum()) / denom if denom > 0 else 1.0
+        s, fm, qm = _affine_fit(f, q)
         total += float(((f - q) ** 2).sum())
-        resid += float(((fc - s * qc) ** 2).sum())
+        resid += float(((f - fm - s * (q - qm)) ** 2).sum())
     return 1.0 - resid / total if total > 0 else 0.0
 
 
@@ -103,13 +109,7 @@ class OutputCorrection:
         """reference/quantized: (steps, rows, C, H, W) paired backbone outputs at `timesteps`."""
         ts, scales, biases = [], [], []
         for k, t in enumerate(timesteps):
-            f = reference[k].astype(np.float64)
-            q = quantized[k].astype(np.float64)
-            fm = f.mean(axis=(0, 2, 3), keepdims=True)
-            qm = q.mean(axis=(0, 2, 3), keepdims=True)
-            qc, fc = q - qm, f - fm
-            denom = float((qc * qc).sum())
-            s = float((qc * fc).sum()) / denom if denom > 0 else 1.0
+            s, fm, qm = _affine_fit(reference[k].astype(np.float64), quantized[k].astype(np.float64))
             s = float(np.clip(s, 1.0 - max_scale_change, 1.0 + max_scale_change))
             b = (fm - s * qm).reshape(-1)
             ts.append(float(t))
@@ -145,11 +145,8 @@ class OutputCorrection:
             o = out[u_rows] + g * (out[c_rows] - out[u_rows]) if guided else out[c_rows]
             target_d = (calib.latents[k + 1] - a * x - d * d_prev) / c
             target = (target_d - p * x) / q
-            f, qo = target.astype(np.float64), o.astype(np.float64)
-            fm, qm = f.mean(axis=(0, 2, 3), keepdims=True), qo.mean(axis=(0, 2, 3), keepdims=True)
-            qc, fc = qo - qm, f - fm
-            denom = float((qc * qc).sum())
-            s = float(np.clip((qc * fc).sum() / denom if denom > 0 else 1.0, 1 - max_scale_change, 1 + max_scale_change))
+            s, fm, qm = _affine_fit(target.astype(np.float64), o.astype(np.float64))
+            s = float(np.clip(s, 1 - max_scale_change, 1 + max_scale_change))
             bias = (fm - s * qm).reshape(-1)
             ts.append(float(t))
             scales.append(s)
