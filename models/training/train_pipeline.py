@@ -195,9 +195,13 @@ class ParseHead(torch.nn.Module):
         self.sizes = [n for _, n in SLOT_KEYS]
         self.linear = torch.nn.Linear(width, len(S.POSITION_NAMES) * sum(self.sizes))
 
-    def loss(self, pooled: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def parts(self, pooled: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Logits per slot key: (N, slots, classes) each, in SLOT_KEYS order."""
         logits = self.linear(pooled).view(len(pooled), len(S.POSITION_NAMES), sum(self.sizes))
-        parts = torch.split(logits, self.sizes, dim=-1)
+        return torch.split(logits, self.sizes, dim=-1)
+
+    def loss(self, pooled: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        parts = self.parts(pooled)
         return sum(
             F.cross_entropy(part.reshape(-1, part.shape[-1]), targets[..., k].reshape(-1), ignore_index=IGNORE)
             for k, part in enumerate(parts)
@@ -205,8 +209,7 @@ class ParseHead(torch.nn.Module):
 
     @torch.no_grad()
     def accuracy(self, pooled: torch.Tensor, targets: torch.Tensor) -> float:
-        logits = self.linear(pooled).view(len(pooled), len(S.POSITION_NAMES), sum(self.sizes))
-        parts = torch.split(logits, self.sizes, dim=-1)
+        parts = self.parts(pooled)
         ok = [(p.argmax(-1) == targets[..., k]) | (targets[..., k] == IGNORE) for k, p in enumerate(parts)]
         return float(torch.stack(ok, -1).all(-1).all(-1).float().mean())
 
@@ -229,8 +232,8 @@ def pretrain_parse(text_encoder, head: ParseHead, ids_all: np.ndarray, targets: 
         opt.step()
         if step % 25 == 0 or step == pc["steps"] - 1:
             acc = head.accuracy(pooled, tgt)
-            bar.set_postfix(loss=f"{float(loss.detach()):.4f}", acc=f"{acc:.3f}")
-            log_line(log, {"step": step, "parse_loss": float(loss), "parse_acc": acc})
+            bar.set_postfix(loss=f"{loss.item():.4f}", acc=f"{acc:.3f}")
+            log_line(log, {"step": step, "parse_loss": loss.item(), "parse_acc": acc})
 
 
 def train_unet(cfg: dict, work: Path) -> None:
