@@ -25,11 +25,14 @@ def export(
     opset: int = 17,
     overwrite: bool = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="skip the PyTorch comparison")] = False,
+    no_fuse_attention: Annotated[bool, typer.Option(
+        "--no-fuse-attention", help="plain ONNX attention (portable beyond ONNX Runtime, slower on it)")] = False,
 ) -> None:
     """Export a Stable-Diffusion-family pipeline to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
 
-    manifest = export_pipeline(src, out, ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate))
+    options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate, fuse_attention=not no_fuse_attention)
+    manifest = export_pipeline(src, out, options)
     for name, info in manifest["components"].items():
         v = info.get("validation", {})
         err = f"max abs err {v['max_abs_error']:.2e}" if v else "not validated"

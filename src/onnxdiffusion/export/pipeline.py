@@ -28,6 +28,8 @@ class ExportOptions:
     opset: int = 17
     validate: bool = True
     overwrite: bool = False
+    # diffusers attention -> one ONNX Runtime MultiHeadAttention node (see export/attention.py)
+    fuse_attention: bool = True
     components: tuple[str, ...] = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
 
 
@@ -92,6 +94,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
 
     from tqdm import tqdm
 
+    from .attention import DOMAIN_OP, fuse_attention
     from .components import specs_for
     from .validate import export_component
 
@@ -117,6 +120,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         raise UserError(
             f"text encoder width {hidden} does not match the UNet's cross_attention_dim {unet.config.cross_attention_dim}"
         )
+    fused = {"unet": fuse_attention(unet), "vae": fuse_attention(vae)} if options.fuse_attention else {}
     specs = specs_for(latent_channels, hidden)
     modules = {"text_encoder": text_encoder, "unet": unet, "vae_decoder": vae, "vae_encoder": vae}
     seq = int(tokenizer.model_max_length)
@@ -153,6 +157,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         "opset": options.opset,
         "exporter": "torch.onnx.export (TorchScript)",
         "tool_versions": _versions(),
+        "attention": ({"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused} if fused
+                      else {"fused": False}),
         "pipeline": {
             "prediction_type": scheduler_config.get("prediction_type", "epsilon"),
             "vae_scaling_factor": float(vae.config.scaling_factor),

@@ -389,3 +389,41 @@ def compact_names(model: onnx.ModelProto, keep_node_names: bool = True) -> onnx.
         rename_outer_refs(n, lambda x: names.get(x, x))
     del g.value_info[:]
     return model
+
+
+def fold_matmul_bias(model: onnx.ModelProto) -> int:
+    """Add(MatMulIntegerToFloat(...), bias) -> MatMulIntegerToFloat(..., bias): one kernel, not two.
+
+    ONNX Runtime fuses a QDQ MatMul with a float output into MatMulIntegerToFloat but leaves the
+    linear layer's bias as a separate broadcast Add over the whole activation, although the
+    kernel takes a bias input. Applies to a CPU-fused graph (see runner.ort_optimized); returns
+    the number of Adds folded.
+    """
+    g = model.graph
+    inits = initializer_map(model)
+    producer = {o: n for n in g.node for o in n.output}
+    readers = Counter(x for n in g.node for x in n.input)
+    readers.update(o.name for o in g.output)
+    dead = []
+    for add in g.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+            continue
+        for mm_out, bias in (tuple(add.input), tuple(add.input)[::-1]):
+            mm = producer.get(mm_out)
+            if mm is None or mm.op_type != "MatMulIntegerToFloat" or readers[mm_out] != 1:
+                continue
+            b = inits.get(bias)
+            if b is None or b.data_type != TensorProto.FLOAT or len(b.dims) != 1 or (len(mm.input) > 6 and mm.input[6]):
+                continue
+            weight = inits.get(mm.input[1])
+            if weight is None or not weight.dims or weight.dims[-1] != b.dims[0]:
+                continue
+            inputs = list(mm.input) + [""] * (6 - len(mm.input))
+            del mm.input[:]
+            mm.input.extend(inputs[:6] + [bias])
+            mm.output[0] = add.output[0]
+            dead.append(add)
+            break
+    for add in dead:
+        g.node.remove(add)
+    return len(dead)

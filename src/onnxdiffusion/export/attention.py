@@ -1,0 +1,85 @@
+"""Export diffusers' attention as one ONNX Runtime `com.microsoft.MultiHeadAttention` node.
+
+The TorchScript exporter writes scaled-dot-product attention as ~25 nodes per block (head
+split/merge reshapes and transposes, a runtime sqrt(head_dim) from Shape ops, two scalings, two
+MatMuls, Softmax). ONNX Runtime's CPU provider has a fused kernel for the whole thing, but its
+graph optimizer does not recognise the exported pattern, so the fusion is made here, where the
+module structure is still known: each supported `Attention` module gets a processor whose core
+is an autograd Function that runs PyTorch's SDPA eagerly and exports as the fused node. Both the
+fp32 backbone and every quantized one derived from it run the same kernel; projections stay
+ordinary MatMuls (and so stay quantizable).
+
+The fused node is an ONNX Runtime contrib op: a folder exported this way runs on ONNX Runtime
+only (any provider with the op: CPU, CUDA, ...). `export --no-fuse-attention` writes plain ONNX.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+DOMAIN_OP = "com.microsoft::MultiHeadAttention"
+
+
+class _MultiHeadAttention(torch.autograd.Function):
+    """q [B, S, heads*d], k/v [B, L, heads*d] -> [B, S, heads*dv]: no mask, no bias, no dropout."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, heads: int, scale: float):
+        def heads_first(x):
+            return x.unflatten(-1, (heads, -1)).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), scale=scale)
+        return out.transpose(1, 2).flatten(2)
+
+    @staticmethod
+    def symbolic(g, q, k, v, heads: int, scale: float):
+        return g.op(DOMAIN_OP, q, k, v, num_heads_i=heads, scale_f=scale)
+
+
+def supported(attn) -> bool:
+    """The attention configurations of the SD family: plain self/cross attention, optionally with
+    a GroupNorm on spatial input and a residual (the VAE's mid-block). Anything else keeps its
+    processor (and exports unfused)."""
+    plain = all(getattr(attn, name, None) is None for name in
+                ("spatial_norm", "norm_q", "norm_k", "add_q_proj", "add_k_proj", "add_v_proj", "norm_added_q"))
+    return plain and not getattr(attn, "only_cross_attention", False) and len(attn.to_out) >= 1
+
+
+class FusedAttnProcessor:
+    """A diffusers attention processor whose attention core exports as one fused node."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kwargs):
+        if attention_mask is not None:
+            raise ValueError("fused attention export does not support attention masks")
+        residual = hidden_states
+        spatial = hidden_states.ndim == 4
+        if spatial:
+            b, c, h, w = hidden_states.shape
+            hidden_states = hidden_states.flatten(2).transpose(1, 2)
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        if encoder_hidden_states is not None and attn.norm_cross:
+            context = attn.norm_encoder_hidden_states(context)
+        out = _MultiHeadAttention.apply(attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context),
+                                        int(attn.heads), float(attn.scale))
+        for layer in attn.to_out:  # projection, dropout
+            out = layer(out)
+        if spatial:
+            out = out.transpose(1, 2).reshape(b, c, h, w)
+        if attn.residual_connection:
+            out = out + residual
+        return out / attn.rescale_output_factor
+
+
+def fuse_attention(module: torch.nn.Module) -> int:
+    """Give every supported diffusers `Attention` in `module` the fused processor; returns how many."""
+    from diffusers.models.attention_processor import Attention
+
+    count = 0
+    for sub in module.modules():
+        if isinstance(sub, Attention) and supported(sub):
+            sub.set_processor(FusedAttnProcessor())
+            count += 1
+    return count
