@@ -192,6 +192,22 @@ def test_static_folder_manifest_and_report(static_folder, tiny_onnx, reference):
     assert psnr(images, reference.images) > 15
 
 
+def test_static_backbone_is_stored_cpu_fused_with_biases_folded(static_folder):
+    out, _ = static_folder
+    model = onnx.load(str(out / "unet" / "model.onnx"))
+    consts = {t.name for t in model.graph.initializer}
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    ops = op_counts(model)
+    assert ops["QLinearConv"] > 0 and ops["Conv"] == 0
+    mm = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"]
+    assert any(len(n.input) > 6 and n.input[6] in consts for n in mm)  # the tiny UNet's linear biases
+    unfolded = [n for n in model.graph.node if n.op_type == "Add"
+                and any(producer.get(x) == "MatMulIntegerToFloat" for x in n.input) and any(x in consts for x in n.input)]
+    assert not unfolded
+    unet_entry = json.loads((out / "manifest.json").read_text())["components"]["unet"]
+    assert "CPU-fused" in unet_entry["stored_as"]
+
+
 def test_already_quantized_is_refused_unless_forced(static_folder, tmp_path):
     out, _ = static_folder
     with pytest.raises(UserError, match="already quantized"):

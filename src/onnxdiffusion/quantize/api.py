@@ -249,6 +249,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
                     info.pop("session_options", None)
                 if correction is not None:
                     info["correction"] = correction.to_dict()
+                if "stored_as" in built.details:  # a provider-specific graph, not portable QDQ
+                    info["stored_as"] = built.details["stored_as"]
                 if "boundaries" in built.details:
                     info["timestep_groups"] = {"boundaries": built.details["boundaries"],
                                                "groups": built.details["groups"]}
