@@ -105,19 +105,22 @@ def _qdq(ctx: Context, recipe: Int8StaticRecipe, ranges, nodes) -> onnx.ModelPro
 CPU_STORED_AS = "ONNX Runtime CPU-fused graph (QLinearConv / MatMulIntegerToFloat with folded biases)"
 
 
-def cpu_fused(ctx: Context, model: onnx.ModelProto) -> onnx.ModelProto:
+def stored_form(ctx: Context, recipe: Int8StaticRecipe | Int4WeightsRecipe, model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The backbone as the recipe stores it, and a description for the manifest."""
+    if recipe.stored == "qdq":
+        return compact_names(model), "QDQ (portable; fused by ONNX Runtime at load time)"
     fused = ort_optimized(model, ctx.threads)
     fold_matmul_bias(fused)
-    return compact_names(fused)
+    return compact_names(fused), CPU_STORED_AS
 
 
 def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
     calib = ctx.get_calibration()
     nodes, kept, tensors, stats = _static_parts(ctx, recipe, calib)
     ranges = _ranges(ctx, recipe, calib, tensors, stats)
-    model = cpu_fused(ctx, _qdq(ctx, recipe, ranges, nodes))
+    model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, ranges, nodes))
     return Built({"unet": model}, recipe.name, float_nodes=kept, quantized_nodes=nodes,
-                 details={"calibrated_tensors": len(tensors), "stored_as": CPU_STORED_AS})
+                 details={"calibrated_tensors": len(tensors), "stored_as": stored})
 
 
 def build_naive(ctx: Context, recipe: Int8NaiveRecipe) -> Built:
@@ -138,7 +141,7 @@ def build_timestep(ctx: Context, recipe: Int8TimestepRecipe) -> Built:
     # Each group is stored as the graph ORT's CPU provider runs after fusing its Q/DQ pairs: the
     # per-call cost of the If switch then stays at int8-static's level (QDQ branches re-fused at
     # load time ran ~15% slower). Weights are byte-identical across groups and stored once.
-    merged = merge_timestep_groups([cpu_fused(ctx, m) for m in models], bounds)
+    merged = merge_timestep_groups([stored_form(ctx, recipe, m)[0] for m in models], bounds)
     shared = sum(len(t.raw_data) or t.ByteSize() for t in merged.graph.initializer)
     spans = [[float(calib.timesteps[g[0]]), float(calib.timesteps[g[-1]])] for g in groups]
     return Built({"unet": merged}, recipe.name, float_nodes=kept, quantized_nodes=nodes, details={
@@ -165,8 +168,7 @@ def build_mixed(ctx: Context, recipe: MixedRecipe) -> Built:
         return _ort.qdq_quantize(ctx.unet, ranges, [node], recipe.op_types, recipe.activation_type, recipe.float_outputs)
 
     result = choose_float_nodes(ctx, recipe, calib, nodes, quantize_only, quantize_without)
-    model = cpu_fused(ctx, quantize_without(set(result["float_nodes"])))
-    result["stored_as"] = CPU_STORED_AS
+    model, result["stored_as"] = stored_form(ctx, recipe, quantize_without(set(result["float_nodes"])))
     peers = peer_float_nodes(ctx.unet, nodes)
     peer_all = sorted({n for v in peers.values() for n in v})
     peer_model = quantize_without(set(peer_all))
@@ -202,9 +204,9 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         model = onnx.shape_inference.infer_shapes(model)
         model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",))
         reroute_shape_reads(model)
-        model = cpu_fused(ctx, model)
+        model, stored = stored_form(ctx, recipe, model)
         return Built({"unet": model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
-                     details={"int8_convs_and_gemms": len(others), "stored_as": CPU_STORED_AS})
+                     details={"int8_convs_and_gemms": len(others), "stored_as": stored})
     return Built({"unet": model}, recipe.name, float_nodes=float_nodes + others, quantized_nodes=names,
                  details={"float_convs_and_gemms": len(others)})
 
