@@ -57,10 +57,12 @@ def test_unsupported_attention_keeps_its_processor():
 
     plain = Attention(query_dim=16, heads=2, dim_head=8)
     normed = Attention(query_dim=16, heads=2, dim_head=8, qk_norm="layer_norm")
-    module = torch.nn.ModuleList([plain, normed])
+    grouped = Attention(query_dim=16, heads=4, dim_head=4, kv_heads=2)
+    module = torch.nn.ModuleList([plain, normed, grouped])
     assert fuse_attention(module) == 1
     assert isinstance(plain.processor, FusedAttnProcessor)
     assert not isinstance(normed.processor, FusedAttnProcessor)
+    assert not isinstance(grouped.processor, FusedAttnProcessor)
 
 
 def _matmul_int_to_float(readers_of_product: int = 1):

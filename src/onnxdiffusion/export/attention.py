@@ -43,7 +43,11 @@ def supported(attn) -> bool:
     processor (and exports unfused)."""
     plain = all(getattr(attn, name, None) is None for name in
                 ("spatial_norm", "norm_q", "norm_k", "add_q_proj", "add_k_proj", "add_v_proj", "norm_added_q"))
-    return plain and not getattr(attn, "only_cross_attention", False) and len(attn.to_out) >= 1
+    if not plain or getattr(attn, "only_cross_attention", False) or len(attn.to_out) < 1:
+        return False
+    # one head count for q, k and v (no grouped key/value heads)
+    width = attn.to_q.out_features
+    return attn.to_k.out_features == width and attn.to_v.out_features == width and width % attn.heads == 0
 
 
 class FusedAttnProcessor:
