@@ -106,9 +106,11 @@ CPU_STORED_AS = "ONNX Runtime CPU-fused graph (QLinearConv / MatMulIntegerToFloa
 
 
 def stored_form(ctx: Context, recipe: Int8StaticRecipe | Int4WeightsRecipe, model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
-    """The backbone as the recipe stores it, and a description for the manifest."""
+    """The backbone as the recipe stores it, and a description for the manifest.
+
+    `model` is a QDQ graph with compact names already (see `_qdq`)."""
     if recipe.stored == "qdq":
-        return compact_names(model), "QDQ (portable; fused by ONNX Runtime at load time)"
+        return model, "QDQ (portable; fused by ONNX Runtime at load time)"
     fused = ort_optimized(model, ctx.threads)
     fold_matmul_bias(fused)
     return compact_names(fused), CPU_STORED_AS
@@ -204,7 +206,7 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         model = onnx.shape_inference.infer_shapes(model)
         model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",))
         reroute_shape_reads(model)
-        model, stored = stored_form(ctx, recipe, model)
+        model, stored = stored_form(ctx, recipe, compact_names(model))
         return Built({"unet": model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
                      details={"int8_convs_and_gemms": len(others), "stored_as": stored})
     return Built({"unet": model}, recipe.name, float_nodes=float_nodes + others, quantized_nodes=names,
