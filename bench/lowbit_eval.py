@@ -37,6 +37,7 @@ from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, generate_set, heldout_scenes  # noqa: E402
 from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class  # noqa: E402
 from onnxdiffusion.quantize.calibration import capture, load_prompts, step_ranges  # noqa: E402
+from onnxdiffusion.quantize.graphs import quantizable_nodes  # noqa: E402
 from onnxdiffusion.quantize.lowbit_graphs import simulation_graph  # noqa: E402
 from onnxdiffusion.quantize.recipes import prepare_unet  # noqa: E402
 from onnxdiffusion.quantize.runner import session  # noqa: E402
@@ -113,11 +114,11 @@ def main(argv=None) -> int:
                 prompts, _ = load_prompts(calib_cfg)
                 pipe.unet = fp32_session
                 calib = capture(pipe, prompts, calib_cfg)
-            nodes = [n for n in fp32_unet.graph.node if n.op_type in recipe.op_types]
-            names = [n.name for n in nodes if len(n.input) > 1 and n.input[1] in {t.name for t in fp32_unet.graph.initializer}]
+            names = [q.name for q in quantizable_nodes(fp32_unet, recipe.op_types, recipe.keep_float)]
+            by_name = {n.name: n for n in fp32_unet.graph.node}
             ranges = {}
             if opts["activations"] == "fp8":
-                tensors = list(dict.fromkeys(n.input[0] for n in nodes if n.name in set(names)))
+                tensors = list(dict.fromkeys(by_name[n].input[0] for n in names))
                 ranges = step_ranges(fp32_unet, tensors, calib, 1).aggregate(None, "max")
             sim = simulation_graph(fp32_unet, names, "nvfp4", opts["activations"], ranges)
             pipe.unet = session(sim, 1)

@@ -26,6 +26,12 @@ KNOWN_PROVIDERS = ("cpu", "cuda", "tensorrt", "openvino", "dml", "coreml")
 FP16_COMPONENTS = ("unet", "text_encoder", "vae_decoder", "vae_encoder")
 MIN_CALIBRATION_PROMPTS = 4
 SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m")  # == samplers.SAMPLERS (no import cycle)
+# The layers NVIDIA Model Optimizer's diffusers examples leave unquantized (its `filter_func`),
+# as node-name patterns; the fp8 / nvfp4 recipes keep them float by default. Measured on the
+# embedded UNet (16 held-out pairs): fp8 W8A8 41.7 dB with everything quantized, 43.7 dB without these.
+MODELOPT_KEEP_FLOAT = ("*time_emb_proj*", "*time_embedding*", "*conv_in*", "*conv_out*", "*conv_shortcut*",
+                       "*add_embedding*", "*pos_embed*", "*time_text_embed*", "*context_embedder*", "*norm_out*",
+                       "*x_embedder*", "*patch_embed*")
 
 
 def _check(cond: bool, message: str) -> None:
@@ -314,7 +320,8 @@ class Int4WeightsRecipe(Recipe):
 @dataclass(frozen=True)
 class Fp8Recipe(Recipe):
     """FP8 E4M3 QDQ (opset >= 19): weights per output channel, activations per tensor calibrated on
-    fp32 sampling trajectories (the union of every step's range).
+    fp32 sampling trajectories (the union of every step's range). `keep_float`: node-name patterns
+    left float (default: Model Optimizer's diffusers exclusions, MODELOPT_KEEP_FLOAT).
 
     Built for TensorRT (Hopper / Ada FP8 kernels); ONNX Runtime's CPU provider runs the same file as
     float simulation (it has no FP8 kernels), so its quality is measured here and its speed is not.
@@ -324,7 +331,7 @@ class Fp8Recipe(Recipe):
     calibrated: ClassVar[bool] = True
     providers: ClassVar[tuple[str, ...]] = ("cpu", "tensorrt")
     op_types: tuple[str, ...] = ("Conv", "MatMul", "Gemm")
-    keep_float: tuple[str, ...] = ()
+    keep_float: tuple[str, ...] = MODELOPT_KEEP_FLOAT
     opset: int = 21
 
     def __post_init__(self) -> None:
@@ -352,7 +359,7 @@ class Nvfp4Recipe(Recipe):
     activations: str = "fp8"
     form: str = "portable"
     op_types: tuple[str, ...] = ("MatMul", "Gemm")
-    keep_float: tuple[str, ...] = ()
+    keep_float: tuple[str, ...] = MODELOPT_KEEP_FLOAT
 
     def __post_init__(self) -> None:
         _choice("activations", self.activations, ("fp16", "fp8", "fp4"))
