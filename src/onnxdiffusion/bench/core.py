@@ -66,6 +66,7 @@ class BenchOptions:
     progress: bool = True
     judge_path: Path | None = None
     peer_timeout: float = 3600.0
+    profile: str | None = None  # hardware profile (name or YAML) for the ONNX Runtime variants
 
 
 def _check_out(out: Path, create: bool = True) -> Path:
@@ -301,7 +302,7 @@ def run_bench(options: BenchOptions) -> dict:
 
     n_work = len(active) * (2 + len(batches) + opts.repeats + (opts.rss == "subprocess"))
     bar = _Progress(n_work, opts.progress)
-    cache = _PipelineCache(opts.threads, "cpu")
+    cache = _PipelineCache(opts.threads, "cpu", opts.profile)
     peer_dir = out / "_peers"
     calib = [sc.caption for sc in S.scenes("calib", 16)]
     try:
@@ -552,7 +553,7 @@ def _assemble(opts: BenchOptions, model: Path, manifest: dict, source: Path | No
         "settings": {
             "steps": opts.steps, "fast_steps": opts.fast_steps, "repeats": opts.repeats, "prompts": opts.prompts,
             "batch": opts.batch, "guidance": opts.guidance, "height": height, "width": width,
-            "threads": opts.threads, "rss": opts.rss, "timed_job": "1 prompt, batch 1, seed 0",
+            "threads": opts.threads, "rss": opts.rss, "profile": opts.profile, "timed_job": "1 prompt, batch 1, seed 0",
             "variants_requested": list(opts.variants),
         },
         "speed_reference": speed_ref,

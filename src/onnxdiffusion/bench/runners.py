@@ -85,8 +85,8 @@ class _Timed:
 class _PipelineCache:
     """One loaded Pipeline per model folder, shared by the variants of that folder (fp32 DDIM, DPM++, loops)."""
 
-    def __init__(self, threads: int | None, provider: str):
-        self.threads, self.provider = threads, provider
+    def __init__(self, threads: int | None, provider: str, profile: str | None = None):
+        self.threads, self.provider, self.profile = threads, provider, profile
         self.pipes: dict[Path, tuple[object, dict, dict]] = {}
 
     def get(self, folder: Path):
@@ -100,7 +100,8 @@ class _PipelineCache:
             verify_s = time.perf_counter() - t0
             rss0 = current_rss_bytes()
             t0 = time.perf_counter()
-            pipe = Pipeline.from_folder(folder, provider=self.provider, verify=False, threads=self.threads)
+            pipe = Pipeline.from_folder(folder, provider=self.provider, verify=False, threads=self.threads,
+                                        profile=self.profile)
             load_s = time.perf_counter() - t0
             sink = {"te": 0.0, "te_end": 0.0, "vae": 0.0, "vae_end": 0.0}
             pipe.encode_prompt = _Timed(pipe.encode_prompt, sink, "te")
