@@ -120,3 +120,16 @@ def test_fixup_trt_folder_loads_through_the_tensorrt_profiles_fallback(tiny_onnx
             pipe = Pipeline.from_folder(folder, profile="tensorrt-nvfp4")
         assert any("fallback" in str(w.message) for w in caught)
         np.testing.assert_array_equal(pipe(PROMPTS, **GEN).images, reference)  # the kept fp32 backbone
+
+
+def test_gpu_check_skips_cleanly_without_a_gpu():
+    import subprocess
+    from pathlib import Path
+
+    from onnxdiffusion.profiles import gpu_visible
+
+    if gpu_visible():
+        pytest.skip("a GPU is visible: bench/gpu_check.sh would run for real")
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "skipped: no NVIDIA GPU" in proc.stdout
