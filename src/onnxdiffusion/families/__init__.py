@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .sd import StableDiffusion
+from .sdxl import StableDiffusionXL
 
 _FAMILIES: dict[str, Family] = {}
 DEFAULT = "sd"  # folders exported before families were recorded
@@ -19,6 +20,7 @@ def register(family: Family) -> Family:
 
 
 register(StableDiffusion())
+register(StableDiffusionXL())
 
 
 def names() -> tuple[str, ...]:
