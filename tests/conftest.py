@@ -98,3 +98,19 @@ def tiny_sdxl_onnx(tiny_sdxl_diffusers, tmp_path_factory) -> Path:
     proc = run_cli("export", tiny_sdxl_diffusers, out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_diffusers(tmp_path_factory) -> Path:
+    from family_pipelines import build_tiny_sd3
+
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_onnx(tiny_sd3_diffusers, tmp_path_factory) -> Path:
+    from onnxdiffusion.export import export_pipeline
+
+    out = tmp_path_factory.mktemp("tiny_sd3_onnx") / "model"
+    export_pipeline(tiny_sd3_diffusers, out, progress=False)
+    return out

@@ -113,11 +113,11 @@ def build_tiny_sd3(folder: Path, with_t5: bool = True) -> Path:
     tok3 = te3 = None
     if with_t5:
         tok3 = t5_tokenizer(folder / "_tok3")
-        te3 = T5EncoderModel(T5Config(vocab_size=len(tok3), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        te3 = T5EncoderModel(T5Config(vocab_size=len(tok3), d_model=80, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                       relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1))
     transformer = SD3Transformer2DModel(
         sample_size=8, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
-        joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=64, out_channels=16, pos_embed_max_size=16,
+        joint_attention_dim=80, caption_projection_dim=32, pooled_projection_dim=64, out_channels=16, pos_embed_max_size=16,
     )
     vae = _vae(16, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)

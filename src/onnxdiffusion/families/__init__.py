@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .sd import StableDiffusion
+from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
 
 _FAMILIES: dict[str, Family] = {}
@@ -21,6 +22,7 @@ def register(family: Family) -> Family:
 
 register(StableDiffusion())
 register(StableDiffusionXL())
+register(StableDiffusion3())
 
 
 def names() -> tuple[str, ...]:

@@ -191,6 +191,10 @@ class Family:
             return int(lengths[component])
         return int(info.get("context_length") or info["model_max_length"])
 
+    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
+        """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
+        return None
+
     def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
         f = int(info["vae_scale_factor"])
         return (batch, int(info["latent_channels"]), height // f, width // f)
