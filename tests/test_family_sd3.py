@@ -44,10 +44,11 @@ def test_matches_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, negative):
     assert psnr(ours.images, ref) >= 40.0
 
 
-def test_cli_generate_default_sampler_matches_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, tmp_path):
-    """`generate` with no --sampler runs the folder's scheduler (FlowMatchEuler) as diffusers does."""
+def test_cli_generate_matches_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, tmp_path):
+    """The `generate` verb (seeded latents) against diffusers' own FlowMatchEuler from the same latents."""
     out = tmp_path / "img.png"
-    proc = run_cli("generate", tiny_sd3_onnx, PROMPT, "--steps", 4, "--seed", 11, "--guidance", 4.0, "-o", out)
+    proc = run_cli("generate", tiny_sd3_onnx, PROMPT, "--steps", 4, "--seed", 11, "--guidance", 4.0,
+                   "--sampler", "flow_euler", "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     latents = np.random.default_rng(11).standard_normal((1, 16, 8, 8), dtype=np.float32)
     ref = diffusers_images(tiny_sd3_diffusers, PROMPT, latents, 4, 4.0, image_size=SIZE)
