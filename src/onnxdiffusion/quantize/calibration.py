@@ -113,8 +113,8 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         chunk = prompts[start : start + cfg.batch]
         seeds = [cfg.seed + start + i for i in range(len(chunk))]
         latents = item_latents(shape, seeds)
-        cond = pipe.encode_prompt(chunk)
-        uncond = pipe.encode_prompt([""] * len(chunk)) if cfg.guidance > 1.0 else None
+        # the family's whole conditioning (SDXL: pooled text and size ids too), negative prompt ""
+        cond, uncond = pipe.conditioning(chunk, [""] * len(chunk), cfg.guidance > 1.0, *pipe.image_size(GenerateOptions()))
         gb = GuidedBackbone(pipe.backbone, latents.shape, cond, uncond, cfg.guidance)
         xs, outs = [], []
 
@@ -164,7 +164,9 @@ def naive_set(pipe, recipe: Int8NaiveRecipe, seed: int) -> CalibrationSet:
     rng = np.random.default_rng(seed)
     shape = pipe.latent_shape_for(recipe.samples)
     # the real conditioning's shapes (sequence length included), filled with N(0,1)
-    real = pipe.encode_prompt([""] * recipe.samples)
+    from ..runtime.pipeline import GenerateOptions
+
+    real, _ = pipe.conditioning([""] * recipe.samples, None, False, *pipe.image_size(GenerateOptions()))
     cond = {k: rng.standard_normal(v.shape, dtype=np.float32) for k, v in real.items()}
     return CalibrationSet(
         samples=rng.standard_normal((1, *shape), dtype=np.float32),
