@@ -54,7 +54,7 @@ def step_ms(pipes: dict[str, Pipeline], repeats: int = 50) -> dict[str, float]:
         cond = p.encode_prompt(["a red circle"])
         uncond = p.encode_prompt([""])
         device = p.profile is not None and p.profile.profile.io_binding == "device"
-        fns[k] = ((DeviceBackbone if device else GuidedBackbone)(p.unet, shape, cond, uncond, 4.0),
+        fns[k] = ((DeviceBackbone if device else GuidedBackbone)(p.backbone, shape, cond, uncond, 4.0),
                   np.random.default_rng(0).standard_normal(shape, dtype=np.float32))
     for fn, x in fns.values():
         for _ in range(5):

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     calib_cfg = CalibrationConfig(count=args.calib_count, steps=20, sampler="ddim", guidance=guidance)
 
     pipe = Pipeline.from_folder(args.model, threads=1)
-    fp32_session = pipe.unet
+    fp32_session = pipe.backbone
     log(f"fp32 reference: {len(scenes)} held-out prompts")
     ref = generate_set(pipe, scenes, options, progress=False)
     fp32_eval = evaluate_images(ref, scenes, judge)
@@ -107,12 +107,12 @@ def main(argv=None) -> int:
                  "quantized_nodes": report["quantized_node_count"], "float_nodes": report["float_node_count"],
                  "probe_psnr_db": report["quality"].get("probe_psnr_db")}
         if name == "fp8":
-            pipe.unet = Pipeline.from_folder(out, threads=1).unet
+            pipe.backbone = Pipeline.from_folder(out, threads=1).backbone
             entry["images_from"] = "the stored FP8 QDQ file on ONNX Runtime's CPU provider (float simulation of FP8)"
         elif opts.get("activations") in ("fp16", "fp8"):
             if calib is None:
                 prompts, _ = load_prompts(calib_cfg)
-                pipe.unet = fp32_session
+                pipe.backbone = fp32_session
                 calib = capture(pipe, prompts, calib_cfg)
             names = [q.name for q in quantizable_nodes(fp32_unet, recipe.op_types, recipe.keep_float)]
             by_name = {n.name: n for n in fp32_unet.graph.node}
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                 tensors = list(dict.fromkeys(by_name[n].input[0] for n in names))
                 ranges = step_ranges(fp32_unet, tensors, calib, 1).aggregate(None, "max")
             sim = simulation_graph(fp32_unet, names, "nvfp4", opts["activations"], ranges)
-            pipe.unet = session(sim, 1)
+            pipe.backbone = session(sim, 1)
             entry["images_from"] = "fp32 simulation graph (numpy-twin NVFP4 weights" + (
                 ", FP8 activation Q/DQ)" if opts["activations"] == "fp8" else ", activations rounded through fp16)")
         else:
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
             continue
         log(f"{label}: generate")
         images = generate_set(pipe, scenes, options, progress=False)
-        pipe.unet = fp32_session
+        pipe.backbone = fp32_session
         per_image = [psnr(a, b) for a, b in zip(images, ref)]
         ev = evaluate_images(images, scenes, judge)
         entry.update({"psnr_db_mean": float(np.mean([p for p in per_image if math.isfinite(p)] or [math.inf])),

@@ -95,8 +95,8 @@ def test_device_backbone_matches_host_backbone_on_cpu_memory(tiny_onnx):
     shape = pipe.latent_shape_for(2)
     cond, uncond = pipe.encode_prompt(["a", "b"]), pipe.encode_prompt(["", ""])
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
-    host = GuidedBackbone(pipe.unet, shape, cond, uncond, 4.0)
-    dev = DeviceBackbone(pipe.unet, shape, cond, uncond, 4.0, device="cpu")
+    host = GuidedBackbone(pipe.backbone, shape, cond, uncond, 4.0)
+    dev = DeviceBackbone(pipe.backbone, shape, cond, uncond, 4.0, device="cpu")
     for t in (900.0, 100.0):  # the same bound buffers serve every step
         np.testing.assert_allclose(dev(x, t), host(x, t), rtol=1e-5, atol=1e-5)
 

@@ -20,7 +20,9 @@ def resolve_for_folder(spec, manifest: dict):
     resolved = resolve(spec)
     if resolved.note:
         warnings.warn(resolved.note, stacklevel=3)
-    unet = manifest["components"]["unet"]
+    from ..families import get_family
+
+    unet = manifest["components"][get_family(manifest.get("family")).backbone]
     have = precision_family(unet.get("precision"))
     want = resolved.profile.precision
     if not resolved.fell_back and want not in ("any", have):
