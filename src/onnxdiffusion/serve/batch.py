@@ -102,8 +102,6 @@ def render_and_write(pipe, items: list[BatchItem], out: Path, batch_size: int) -
     from .render import render_mixed
 
     items = fill_defaults(pipe, items)
-    for item in items:  # validation before any model runs
-        pipe.prepare(_options(item), None, None)
     done = []
     for item, images in zip(items, render_mixed(pipe, items, batch_size)):
         save_images(images, image_path(out, item))
@@ -131,6 +129,11 @@ def run_batch(prompts: Path, out: Path, options: BatchOptions) -> dict:
         raise UserError(f"output exists and is not a folder: {out}")
     out.mkdir(parents=True, exist_ok=True)
     pending = [i for i in items if not image_path(out, i).exists()]
+    from ..runtime import Pipeline
+
+    pipe = Pipeline.from_folder(options.model, threads=options.threads)
+    for item in fill_defaults(pipe, pending):  # every item checked before any image is rendered
+        pipe.prepare(_options(item), None, None)
     bar = tqdm(total=len(items), initial=len(items) - len(pending), desc="rendering", unit="img",
                disable=not options.progress)
     if pending and options.ray:
@@ -138,9 +141,6 @@ def run_batch(prompts: Path, out: Path, options: BatchOptions) -> dict:
 
         render_on_ray(pending, out, options, on_done=bar.update)
     elif pending:
-        from ..runtime import Pipeline
-
-        pipe = Pipeline.from_folder(options.model, threads=options.threads)
         for start in range(0, len(pending), options.batch_size):
             chunk = pending[start : start + options.batch_size]
             bar.update(len(render_and_write(pipe, chunk, out, options.batch_size)))
