@@ -172,6 +172,8 @@ def test_probes_models_and_docs(server):
     assert models["int8"]["sibling"] == "fp32" and models["int8"]["precision"] == "int8-dynamic"
     assert models["broken"]["status"] == "degraded" and models["broken"]["golden_psnr_db"] < 30
     assert models["broken"]["fallback_to"] == "fp32"
+    # int8-dynamic quantizes activations with one scale over the whole batch: never micro-batched
+    assert models["fp32"]["batch_invariant"] is True and models["int8"]["batch_invariant"] is False
     assert c.get("/v1/models/int8").json()["id"] == "int8"
     assert_clean_error(c.get("/v1/models/nope"), 404)
     paths = c.get("/openapi.json").json()["paths"]
@@ -315,6 +317,22 @@ def test_cancel_one_job_queue_full_and_micro_batching(server, reference):
     assert 'onnxdiffusion_requests_total{outcome="rejected",route="/v1/jobs"}' in metrics
 
 
+def test_batch_dependent_model_is_not_micro_batched(server, serve_models):
+    from onnxdiffusion.runtime import Pipeline
+
+    c = server.client
+    blocker = c.post("/v1/jobs", json={"prompt": "a big circle", "size": "128x128", "n": 4, "steps": 100}).json()
+    _wait(lambda: c.get(f"/v1/jobs/{blocker['id']}").json()["step"] >= 1)
+    jobs = [c.post("/v1/jobs", json={"prompt": p, "steps": 3, "seed": 5, "model": "int8"}).json()
+            for p in ("a red circle", "a blue star above a green square")]
+    c.delete(f"/v1/jobs/{blocker['id']}")
+    pipe = Pipeline.from_folder(serve_models["int8"], threads=1)
+    for job, prompt in zip(jobs, ("a red circle", "a blue star above a green square")):
+        s = _wait(lambda: (x := c.get(f"/v1/jobs/{job['id']}").json())["status"] == "succeeded" and x)
+        assert s["batch_size"] == 1
+        np.testing.assert_array_equal(decode_png(c.get(s["images"][0]).content), pipe(prompt, seed=5, steps=3).images[0])
+
+
 # -- bad input --------------------------------------------------------------------------------
 BAD = [
     ({"prompt": "x", "n": 0}, "n"), ({"prompt": "x", "n": 99}, "n"),
@@ -414,13 +432,13 @@ def test_web_page_in_headless_chromium(server, tmp_path):
 
 # -- graceful shutdown ------------------------------------------------------------------------
 def test_graceful_shutdown_finishes_in_flight_request(serve_models):
-    srv = Server({"fp32": serve_models["fp32"]}, "--buckets", "64x64,128x128", "--workers", "1")
+    srv = Server({"fp32": serve_models["fp32"]}, "--buckets", "64x64,128x128", "--workers", "1", "--grace", "120")
     try:
         result = {}
 
         def call():
             result["resp"] = srv.client.post("/v1/images/generations",
-                                             json={"prompt": "a red circle", "size": "128x128", "steps": 60, "n": 2})
+                                             json={"prompt": "a red circle", "steps": 40, "n": 2})
 
         t = threading.Thread(target=call)
         t.start()
@@ -428,7 +446,8 @@ def test_graceful_shutdown_finishes_in_flight_request(serve_models):
         # uvicorn finishes open requests, runs the lifespan shutdown, then re-raises the signal it caught
         assert srv.stop() in (0, -signal.SIGTERM)
         t.join(60)
-        assert result["resp"].status_code == 200 and len(result["resp"].json()["data"]) == 2
+        assert result["resp"].status_code == 200, result["resp"].text
+        assert len(result["resp"].json()["data"]) == 2
     finally:
         srv.stop()
 

@@ -235,6 +235,7 @@ def serve(
     max_batch: Annotated[int, typer.Option(help="images per micro-batch of compatible requests (1: off)")] = 4,
     golden_threshold: Annotated[float, typer.Option(help="PSNR (dB) an optimized model needs vs its full-precision sibling")] = 30.0,
     retention: Annotated[float, typer.Option(help="seconds finished results are kept")] = 600.0,
+    grace: Annotated[float, typer.Option(help="on SIGTERM/SIGINT: seconds in-flight requests get to finish")] = 10.0,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile (not available yet)")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
@@ -247,7 +248,7 @@ def serve(
         raise UserError("--profile is not available yet (hardware profiles have not landed)")
     config = ServeConfig(models=tuple(models or ()), host=host, port=port, buckets=buckets, max_queue=max_queue,
                          timeout=timeout, workers=workers or usable_cores(), threads=threads, max_batch=max_batch,
-                         golden_threshold_db=golden_threshold, retention=retention)
+                         golden_threshold_db=golden_threshold, retention=retention, grace=grace)
     _require("fastapi", "uvicorn", "prometheus_client", extra="serve")
     if ray:
         _require("ray", extra="ray")

@@ -96,14 +96,14 @@ def fill_defaults(pipe, items: list[BatchItem]) -> list[BatchItem]:
                          "height": i.height or info["default_height"]}) for i in items]
 
 
-def render_and_write(pipe, items: list[BatchItem], out: Path, batch_size: int) -> list[str]:
-    """Render items (compatible ones batched) and write each PNG atomically; returns the ids written."""
+def render_and_write(pipe, items: list[BatchItem], out: Path, max_images: int) -> list[str]:
+    """Render items (compatible ones batched up to `max_images`) and write each PNG atomically; returns ids."""
     from ..imageio import save_images
     from .render import render_mixed
 
     items = fill_defaults(pipe, items)
     done = []
-    for item, images in zip(items, render_mixed(pipe, items, batch_size)):
+    for item, images in zip(items, render_mixed(pipe, items, max_images)):
         save_images(images, image_path(out, item))
         done.append(item.id)
     return done
@@ -134,16 +134,21 @@ def run_batch(prompts: Path, out: Path, options: BatchOptions) -> dict:
     pipe = Pipeline.from_folder(options.model, threads=options.threads)
     for item in fill_defaults(pipe, pending):  # every item checked before any image is rendered
         pipe.prepare(_options(item), None, None)
+    from .render import batch_invariant
+
+    # a model whose images depend on batch-mates (int8-dynamic) renders one item at a time, so every
+    # image is what `generate` gives and a rerun or --ray cannot change it
+    max_images = options.batch_size if batch_invariant(pipe) else 1
     bar = tqdm(total=len(items), initial=len(items) - len(pending), desc="rendering", unit="img",
                disable=not options.progress)
     if pending and options.ray:
         from .ray import render_on_ray
 
-        render_on_ray(pending, out, options, on_done=bar.update)
+        render_on_ray(pending, out, options, max_images, on_done=bar.update)
     elif pending:
         for start in range(0, len(pending), options.batch_size):
             chunk = pending[start : start + options.batch_size]
-            bar.update(len(render_and_write(pipe, chunk, out, options.batch_size)))
+            bar.update(len(render_and_write(pipe, chunk, out, max_images)))
     bar.close()
     finished = [asdict(i) for i in items if image_path(out, i).exists()]
     atomic_write_bytes(out / "results.jsonl", "".join(json.dumps(d) + "\n" for d in finished).encode())

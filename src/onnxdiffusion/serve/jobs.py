@@ -247,7 +247,9 @@ class JobQueue:
             first = self.pending.pop(0)
             batch, images = [first], first.request.n
             key = first.request.batch_key()
-            for job in list(self.pending):
+            entry = self.manager.models.get(first.request.model)
+            mates = list(self.pending) if entry is None or entry.batch_invariant else []
+            for job in mates:
                 if images + job.request.n > self.max_batch:
                     continue
                 if job.request.batch_key() == key:

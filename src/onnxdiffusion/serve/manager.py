@@ -65,6 +65,9 @@ class ModelEntry:
     quantized_from: str | None  # sha256 of the fp32 backbone it came from
     sibling: str | None = None  # id of the full-precision model it falls back to
     status: str = "ok"  # ok | degraded | unchecked
+    # False when a request's image depends on its batch-mates (e.g. int8-dynamic: one activation scale
+    # per tensor over the whole batch); such a model is never micro-batched. Probed at start-up.
+    batch_invariant: bool = True
     golden_psnr_db: float | None = None
     checked_at: float | None = None
     load_seconds: float = 0.0
@@ -78,7 +81,7 @@ class ModelEntry:
         return {
             "id": self.id, "object": "model", "owned_by": "onnxdiffusion", "precision": self.precision,
             "status": self.status, "fallback_to": self.sibling if self.status == "degraded" else None,
-            "sibling": self.sibling, "golden_psnr_db": self.golden_psnr_db, "checked_at": self.checked_at,
+            "sibling": self.sibling, "batch_invariant": self.batch_invariant, "golden_psnr_db": self.golden_psnr_db, "checked_at": self.checked_at,
             "load_seconds": round(self.load_seconds, 3), "warmup_seconds": round(self.warmup_seconds, 3),
         }
 
@@ -138,6 +141,10 @@ class ModelManager:
                     entry.pipeline(prompt="", steps=1, guidance=1.0, width=w, height=h)
                 entry.warmup_seconds = time.perf_counter() - t0
         for entry in self.models.values():
+            entry.batch_invariant = self.probe_batch_invariance(entry)
+            if not entry.batch_invariant:
+                log(f"{entry.id}: images depend on batch-mates; micro-batching is off for it")
+        for entry in self.models.values():
             if entry.optimized:
                 self.check(entry.id)
                 psnr = "n/a" if entry.golden_psnr_db is None else f"{entry.golden_psnr_db:.1f} dB"
@@ -160,6 +167,11 @@ class ModelManager:
             entry.sibling = same[0].id if same else (full[0].id if len(full) == 1 else None)
             if entry.sibling is None:
                 entry.status = "unchecked"
+
+    def probe_batch_invariance(self, entry: ModelEntry) -> bool:
+        from .render import batch_invariant
+
+        return batch_invariant(entry.pipeline, *self.buckets[0])
 
     # -- golden-sample check ------------------------------------------------------------------
     def golden_images(self, entry: ModelEntry) -> np.ndarray:

@@ -24,18 +24,18 @@ from .batch import BatchItem, BatchOptions, render_and_write
 class BatchRenderer:
     """A Ray Data actor: loads the model once, renders and writes each batch it is given."""
 
-    def __init__(self, model: str | None, out: str, batch_size: int, threads: int | None):
+    def __init__(self, model: str | None, out: str, max_images: int, threads: int | None):
         from pathlib import Path
 
         from ..runtime import Pipeline
 
         self.pipe = Pipeline.from_folder(model, threads=threads)
-        self.out, self.batch_size = Path(out), batch_size
+        self.out, self.max_images = Path(out), max_images
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         count = len(batch["id"])
         items = [BatchItem.from_dict({k: batch[k][i] for k in batch}) for i in range(count)]
-        return {"id": np.array(render_and_write(self.pipe, items, self.out, self.batch_size))}
+        return {"id": np.array(render_and_write(self.pipe, items, self.out, self.max_images))}
 
 
 def _with_sizes(items: list[BatchItem], model) -> list[BatchItem]:
@@ -54,7 +54,7 @@ def _init_ray(num_cpus: int | None = None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
-def render_on_ray(pending: list[BatchItem], out, options: BatchOptions, on_done) -> None:
+def render_on_ray(pending: list[BatchItem], out, options: BatchOptions, max_images: int, on_done) -> None:
     import ray
 
     _init_ray()
@@ -63,7 +63,7 @@ def render_on_ray(pending: list[BatchItem], out, options: BatchOptions, on_done)
     rendered = ds.map_batches(
         BatchRenderer, batch_size=options.batch_size, concurrency=options.actors, num_cpus=1,
         fn_constructor_kwargs={"model": None if options.model is None else str(options.model), "out": str(out),
-                               "batch_size": options.batch_size, "threads": options.threads},
+                               "max_images": max_images, "threads": options.threads},
     )
     for batch in rendered.iter_batches(batch_size=None, batch_format="numpy"):
         on_done(len(batch["id"]))
@@ -109,9 +109,10 @@ def run_ray_serve(config, replicas: int = 1, max_replicas: int | None = None, bl
                 by_model.setdefault(r["model"], []).append(i)
             out: list = [None] * len(requests)
             for model, idx in by_model.items():
-                pipe = self.manager.models[model].pipeline
+                entry = self.manager.models[model]
                 reqs = [self.ns(**requests[i]) for i in idx]
-                images = await asyncio.to_thread(render_mixed, pipe, reqs, self.max_batch)
+                limit = self.max_batch if entry.batch_invariant else 1  # see ModelEntry.batch_invariant
+                images = await asyncio.to_thread(render_mixed, entry.pipeline, reqs, limit)
                 for i, img in zip(idx, images):
                     out[i] = img
             return out

@@ -74,3 +74,13 @@ def render_mixed(pipe, requests: list[Renderable], max_images: int) -> list[np.n
             if i is not None:
                 chunk.append(i)
     return out  # type: ignore[return-value]
+
+
+def batch_invariant(pipe, width: int | None = None, height: int | None = None) -> bool:
+    """Does a request render the same alone as next to another one? (2 steps; False for int8-dynamic.)"""
+    from types import SimpleNamespace
+
+    w, h = width or pipe.info["default_width"], height or pipe.info["default_height"]
+    reqs = [SimpleNamespace(prompt=p, negative_prompt="", n=1, width=w, height=h, steps=2, sampler="ddim",
+                            guidance=7.5, seed=i) for i, p in enumerate(("a small red circle", "a blue star above a square"))]
+    return bool(np.array_equal(render_group(pipe, reqs[:1])[0], render_group(pipe, reqs)[0]))
