@@ -84,7 +84,7 @@ def serve_models(tmp_path_factory) -> dict[str, Path]:
 
 
 class Server:
-    def __init__(self, models: dict[str, Path], *extra: str):
+    def __init__(self, models: dict[str, Path], *extra: str, ready_timeout: float = 300):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         specs = [f"{k}={v}" for k, v in models.items()]
@@ -92,7 +92,7 @@ class Server:
             [sys.executable, "-m", "onnxdiffusion.cli", "serve", *specs, "--port", str(self.port), *extra],
             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.client = httpx.Client(base_url=self.url, timeout=120)
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.stdout.read()
             try:

@@ -132,4 +132,20 @@ def run_ray_serve(config, replicas: int = 1, max_replicas: int | None = None, bl
 
     ingress = serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0})(serve.ingress(build_app)())
     app = ingress.bind(Renderer.bind(config))
-    serve.run(app, name="onnxdiffusion", route_prefix="/", blocking=blocking)
+    if not blocking:
+        return serve.run(app, name="onnxdiffusion", route_prefix="/", blocking=False)
+    import signal
+
+    import ray
+
+    def interrupt(signum, frame):  # SIGTERM shuts down like Ctrl-C: Serve, then the local Ray cluster
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        serve.run(app, name="onnxdiffusion", route_prefix="/", blocking=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
