@@ -339,7 +339,7 @@ BAD = [
     ({"prompt": "x", "steps": 0}, "steps"), ({"prompt": "x", "steps": 1000}, "steps"),
     ({"prompt": "x", "size": "0x0"}, "size"), ({"prompt": "x", "size": "5000x5000"}, "size"),
     ({"prompt": "x", "size": "big"}, "size"), ({"prompt": "x", "model": "nope"}, "model"),
-    ({"prompt": "x", "sampler": "magic"}, "sampler"), ({"prompt": "x", "guidance": -1}, "guidance"),
+    ({"prompt": "x", "sampler": "magic"}, "sampler"), ({"prompt": "x", "sampler": "flow_euler"}, "sampler"), ({"prompt": "x", "guidance": -1}, "guidance"),
     ({"prompt": "x", "n": "two"}, "n"), ({"prompt": "x", "colour": "red"}, "colour"),
     ({"prompt": "   "}, "prompt"), ({"n": 1}, "prompt"), ({"prompt": "x", "response_format": "gif"}, "response_format"),
 ]

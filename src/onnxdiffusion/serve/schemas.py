@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import UserError
 from ..samplers import SAMPLERS
 from .config import ServeConfig
 from .jobs import JobRequest
@@ -63,6 +64,12 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
         raise RequestError(f"unknown model {body.model!r}; available: {', '.join(manager.models)}", "model",
                            code="model_not_found")
     requested, serving = manager.route(body.model)
+    try:  # the sampler must also fit the model's schedule (flow samplers only on flow-matching models)
+        from ..runtime.pipeline import GenerateOptions
+
+        serving.pipeline.table(GenerateOptions(steps=body.steps, sampler=body.sampler))
+    except UserError as e:
+        raise RequestError(str(e), "sampler") from None
     width, height = manager.buckets[0]
     if body.size is not None:
         try:
