@@ -112,7 +112,7 @@ def main() -> None:
     result["finished_items_lost_or_changed"] = sum(1 for k, v in before.items() if after_first.get(k) != v)
     proc, result["rerun_seconds"] = timed(cmd(prompts, killed, "--ray", "--actors", str(args.actors)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result["rerun_stdout"] = proc.stdout.strip().splitlines()[-1]
+    result["rerun_stdout"] = proc.stdout.strip().splitlines()[-1].replace(str(work), "WORK")
     final = digests(killed)
     result["rerun_complete"] = len(final) == args.count
     result["rerun_identical_to_plain"] = final == want
@@ -137,7 +137,7 @@ def main() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = digests(whole)
     result["whole_run_killed"] = {
-        "images_before_kill": len(before), "rerun_stdout": proc.stdout.strip().splitlines()[-1],
+        "images_before_kill": len(before), "rerun_stdout": proc.stdout.strip().splitlines()[-1].replace(str(work), "WORK"),
         "finished_items_lost_or_changed": sum(1 for k, v in before.items() if final.get(k) != v),
         "rerun_complete": len(final) == args.count, "rerun_identical_to_plain": final == want,
         "rerun_seconds": round(rerun_s, 1),

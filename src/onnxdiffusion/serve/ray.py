@@ -51,7 +51,13 @@ def _init_ray(num_cpus: int | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        except Exception as e:  # e.g. the raylet timing out on an overloaded machine
+            from ..errors import UserError
+
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserError(f"Ray could not start a local cluster: {first[:300]}") from None
 
 
 def render_on_ray(pending: list[BatchItem], out, options: BatchOptions, max_images: int, on_done) -> None:
