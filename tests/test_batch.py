@@ -91,8 +91,9 @@ def test_batch_bad_input(tmp_path, content, message):
     assert not list((tmp_path / "out").glob("*.png")) if (tmp_path / "out").exists() else True
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                    reason="ray not installed (pip install 'onnxdiffusion[ray]'; CI skips it: large, ~30 s start-up)")
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None or not os.environ.get("ONNXDIFFUSION_TEST_RAY"),
+                    reason="Ray tests are opt-in (ONNXDIFFUSION_TEST_RAY=1 with the `ray` extra installed): they start "
+                           "a local Ray cluster, ~30-60 s, which times out on an overloaded machine; CI does not install ray")
 def test_batch_on_ray_gives_the_same_images(rendered, tmp_path):
     prompts, out = rendered
     ray_out = tmp_path / "ray"
