@@ -120,7 +120,8 @@ class ModelManager:
             t0 = time.perf_counter()
             pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads)
             self._check_buckets(model_id, pipe)
-            unet = pipe.manifest["components"]["unet"]
+            family = getattr(pipe, "family", None)  # the backbone is `unet` or `transformer`, by model family
+            unet = pipe.manifest["components"][getattr(family, "backbone", "unet")]
             entry = ModelEntry(
                 id=model_id, folder=folder, pipeline=pipe,
                 precision=unet.get("precision", "fp32"),

@@ -40,7 +40,8 @@ def seeded_inputs(pipe, requests: list[Renderable]) -> dict:
         prompts += [r.prompt] * r.n
         negatives += [r.negative_prompt] * r.n
     return dict(
-        prompt=prompts, negative_prompt=negatives, latents=np.concatenate(latents),
+        # no negative prompt at all is passed as None, as `generate` does (some families encode it as zeros)
+        prompt=prompts, negative_prompt=negatives if any(negatives) else None, latents=np.concatenate(latents),
         noise=np.concatenate(noise, axis=1) if needs_noise else None, steps=r0.steps, sampler=r0.sampler,
         guidance=r0.guidance, width=r0.width, height=r0.height, batch=len(prompts),
     )
