@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .memory import current_rss_bytes, peak_rss_bytes
+from .rss import current_rss_bytes, peak_rss_bytes
 from .variants import VariantSpec
 
 PEER_WORKER = Path(__file__).with_name("peer_worker.py")
@@ -354,8 +354,10 @@ class PeerRunner(Runner):
         self.work.mkdir(parents=True, exist_ok=True)
         calib = self.work / "calib_prompts.json"
         calib.write_text(json.dumps(self.calib_prompts))
-        cmd = [str(self.spec.peer_python), str(PEER_WORKER), "--backend", self.spec.peer, "--mode", self.spec.peer_mode,
-               "--folder", str(self.spec.folder), "--cache", str(self.work), "--threads", str(self.threads or 0),
+        # the worker runs in its own cache folder (cwd), so every path it gets is absolute (not resolved:
+        # a venv's python is a symlink whose target is not the venv)
+        cmd = [str(Path(self.spec.peer_python).absolute()), str(PEER_WORKER), "--backend", self.spec.peer, "--mode", self.spec.peer_mode,
+               "--folder", str(Path(self.spec.folder).absolute()), "--cache", str(self.work), "--threads", str(self.threads or 0),
                "--height", str(self.height), "--width", str(self.width), "--calib-prompts", str(calib)]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,

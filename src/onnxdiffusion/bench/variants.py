@@ -39,7 +39,7 @@ PEER_VENVS = {"optimum": ".venv-optimum", "openvino": ".venv-openvino"}
 PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel"}
 PEER_INSTALL_HINT = {
     "optimum": "run `make peers` (creates .venv-optimum with optimum-onnx[onnxruntime])",
-    "openvino": "create .venv-openvino with `pip install optimum-intel[openvino]` (see bench/install_openvino.sh)",
+    "openvino": "run `make peers` (creates .venv-openvino with bench/install_openvino.sh)",
 }
 
 
