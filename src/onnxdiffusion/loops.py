@@ -57,10 +57,15 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str = "unet",
-                 cpu_tuned: bool = False) -> dict:
+                 cpu_tuned: bool | None = None) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
     `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
+    cpu_tuned inlines the graph ONNX Runtime runs on this CPU after all its passes, so the Loop is as
+    fast as the host loop; the entry records the target (ORT version, vector width) and a pipeline on
+    another target refuses the graph with a one-line error. False stays portable (ORT_ENABLE_EXTENDED,
+    ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; a Q/DQ
+    backbone keeps EXTENDED, matching the host loop, which runs it without the NCHWc pass.
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -77,7 +82,11 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     t0 = time.time()
     unet = onnx.load(str(model / comps[backbone]["path"]))
     prefused = None
-    if cpu_tuned or _has_qdq(unet):
+    tuned_for = None
+    qdq = _has_qdq(unet)
+    if cpu_tuned is None:
+        cpu_tuned = not qdq
+    if cpu_tuned or qdq:
         # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
         # fusion, no NCHWc layout rewrite. Inline the graph its CPU provider runs after those passes.
         # EXTENDED stays portable; ALL (cpu_tuned) adds NCHWc blocking tied to this CPU's vector width.
@@ -89,6 +98,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         unet = ort_optimized(unet, level=level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED)
         prefused = f"onnxruntime {onnxruntime.__version__} CPU, " + (
             "ORT_ENABLE_ALL (tuned to this CPU; rebuild on another)" if cpu_tuned else "ORT_ENABLE_EXTENDED")
+        if cpu_tuned:
+            from .runtime.cpu_target import cpu_target
+
+            tuned_for = cpu_target()
     correction = None
     if comps[backbone].get("correction"):
         from .quantize.correction import OutputCorrection
@@ -123,6 +136,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "backbone": backbone,
             "precision": comps[backbone].get("precision", "fp32"),
             "prefused": prefused,
+            "tuned_for": tuned_for,
             "corrected": correction is not None,
             "bytes": sum(p.stat().st_size for p in folder.iterdir()),
             "compile_seconds": round(time.time() - t0, 2),
