@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 INT8_DISABLED = ["NchwcTransformer", "NhwcTransformer"]
 

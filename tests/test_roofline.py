@@ -35,6 +35,12 @@ def test_flops_are_counted_from_shapes(tmp_path):
     conv = 2 * (2 * 8 * 16 * 16) * (3 * 3 * 3)
     matmul = 2 * (2 * 8 * 16 * 32) * 16
     assert got["by_op"] == {"Conv": conv, "MatMul": matmul} and got["total"] == conv + matmul
+    # the same graph with its weights in an external file (how a >2 GB backbone is stored)
+    ext = tmp_path / "ext" / "g.onnx"
+    ext.parent.mkdir()
+    onnx.save(onnx.load(path), ext, save_as_external_data=True, all_tensors_to_one_file=True, location="g.onnx_data",
+              size_threshold=0)
+    assert roofline.count_flops(ext, {"x": [2, 3, 16, 16]})["by_op"] == got["by_op"]
 
 
 def test_measure_on_the_tiny_backbone(tiny_onnx):

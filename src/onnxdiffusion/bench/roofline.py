@@ -132,7 +132,16 @@ def count_flops(model_path: Path, input_shapes: dict[str, list[int]]) -> dict:
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+    from onnx import helper
+    from onnx.external_data_helper import uses_external_data
+
     model = onnx.load(str(model_path), load_external_data=False)
+    # weights kept outside the file become graph inputs of the same shape: shape inference needs their
+    # shapes, never their values, and would otherwise try to read them from an unknown base folder
+    external = [t for t in model.graph.initializer if uses_external_data(t)]
+    for t in external:
+        model.graph.initializer.remove(t)
+        model.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     for inp in model.graph.input:
         if inp.name in input_shapes:
             shape = inp.type.tensor_type.shape
@@ -238,9 +247,10 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
     base = next(iter(folders.values()))
     man0 = read_manifest(base)
     unet0 = base / man0["components"]["unet"]["path"]
-    sess0 = _session(unet0, 1)
-    context_dim = int(sess0.get_inputs()[2].shape[2])
-    del sess0
+    import onnx
+
+    graph_inputs = {i.name: i for i in onnx.load(str(unet0), load_external_data=False).graph.input}
+    context_dim = graph_inputs["encoder_hidden_states"].type.tensor_type.shape.dim[2].dim_value
     feed = backbone_feed(man0, batch, height, width, context_dim)
     progress("roofline: counting FLOPs in the fp32 graph")
     flops = count_flops(unet0, {k: list(v.shape) for k, v in feed.items()})
