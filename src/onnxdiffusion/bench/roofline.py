@@ -215,10 +215,7 @@ def _disabled(manifest: dict) -> list[str]:
 def profile_ops(session_path: Path, feed: dict, threads: int, disabled: list[str], prefix: str) -> dict:
     """ORT profile of one call (after a warm-up): summed kernel time per op type, largest first."""
     sess = _session(session_path, threads, profile=prefix, disabled=disabled)
-    sess.run(None, feed)  # warm-up: prepacking, arena growth
-    sess.end_profiling()
-    sess = _session(session_path, threads, profile=prefix, disabled=disabled)
-    sess.run(None, feed)
+    sess.run(None, feed)  # warm-up (first-run allocations); only the last run's events are summed
     sess.run(None, feed)
     path = Path(sess.end_profiling())
     events = json.loads(path.read_text())
@@ -296,7 +293,9 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
             row["fraction_of_peak_cpu_time"] = flops["total"] / c / 1e9 / peaks[peak_key + "_cpu_time"]
         rows[name] = row
     if profile:
-        for name, (sess, path, disabled, _) in sessions.items():
+        for name in list(sessions):
+            _, path, disabled, q = sessions[name]
+            sessions[name] = (None, path, disabled, q)  # free the timing session: the profiler loads its own
             progress(f"roofline: profiling {name}")
             rows[name]["profile"] = profile_ops(path, feed, threads, disabled, f"/tmp/ortprof-{os.getpid()}-{name}")
     return {"threads": threads, "batch": batch, "height": height, "width": width, "gemm_n": gemm_n,
