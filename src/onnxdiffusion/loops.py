@@ -64,8 +64,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     cpu_tuned inlines the graph ONNX Runtime runs on this CPU after all its passes, so the Loop is as
     fast as the host loop; the entry records the target (ORT version, vector width) and a pipeline on
     another target refuses the graph with a one-line error. False stays portable (ORT_ENABLE_EXTENDED,
-    ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; a Q/DQ
-    backbone keeps EXTENDED, matching the host loop, which runs it without the NCHWc pass.
+    ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; an int8
+    backbone (Q/DQ, or one whose manifest disables ORT passes) keeps what the host loop runs.
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -84,8 +84,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     prefused = None
     tuned_for = None
     qdq = _has_qdq(unet)
-    if cpu_tuned is None:
-        cpu_tuned = not qdq
+    if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
+        cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
     if cpu_tuned or qdq:
         # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
         # fusion, no NCHWc layout rewrite. Inline the graph its CPU provider runs after those passes.
