@@ -86,6 +86,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     qdq = _has_qdq(unet)
     if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
         cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
+        # ORT's optimized graph is taken from an in-memory model, which protobuf caps at 2 GB
+        cpu_tuned = cpu_tuned and _tensor_bytes(unet) < TWO_GB - (64 << 20)
     if cpu_tuned or qdq:
         # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
         # fusion, no NCHWc layout rewrite. Inline the graph its CPU provider runs after those passes.
