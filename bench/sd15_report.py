@@ -94,6 +94,26 @@ def acceptance(results: dict, best_int8: str) -> list[str]:
     return out
 
 
+def memory_section(mem: dict) -> list[str]:
+    """Peak RSS per variant (fresh process: load + one 256x256 image, 2 steps) against its bytes on disk."""
+    lines = ["", "## Memory at full size (peak RSS, not affected by load)", "",
+             "Each variant in a fresh process (`onnxdiffusion.bench.memory`): load the pipeline, one 256x256 image "
+             "(2 DDIM steps, guidance 7.5, 1 thread), VmHWM.", "",
+             "| variant | model bytes on disk GB | peak RSS GB | peak / disk | after load GB |", "|---|---:|---:|---:|---:|"]
+    for r in mem["variants"]:
+        lines.append(f"| {r['variant']} | {r['disk_bytes'] / GB:.2f} | {r['peak_rss_bytes'] / GB:.2f} | "
+                     f"{r['peak_rss_bytes'] / r['disk_bytes']:.2f}x | {r['after_load_rss_bytes'] / GB:.2f} |")
+    by = {r["variant"]: r for r in mem["variants"]}
+    if "ort-fp32" in by:
+        lines += ["", f"- acceptance 4, fp32: peak RSS / bytes on disk = "
+                      f"{by['ort-fp32']['peak_rss_bytes'] / by['ort-fp32']['disk_bytes']:.2f}x (target <= 1.3x)"]
+        for name, r in by.items():
+            if name != "ort-fp32":
+                lines.append(f"- acceptance 4, {name}: peak RSS / fp32 pipeline's = "
+                             f"{r['peak_rss_bytes'] / by['ort-fp32']['peak_rss_bytes']:.2f}x (target <= 0.4x)")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path)
@@ -109,6 +129,9 @@ def main(argv=None) -> int:
                   *acceptance(res, args.best_int8), ""]
     for rf in sorted(args.folder.glob("roofline*.md")):
         parts += ["", rf.read_text()]
+    mem = args.folder / "memory.json"
+    if mem.is_file():
+        parts += memory_section(json.loads(mem.read_text()))
     (args.folder / "README.md").write_text("\n".join(parts) + "\n")
     print((args.folder / "README.md").read_text())
     return 0
