@@ -11,7 +11,7 @@ computes exactly that with one token (NullTokenJointAttention).
 
 Stages (resumable: the transformer stage restarts from its last checkpoint in WORK):
   train     text_encoder_2 parse pre-training, then the transformer (+ periodic judge evaluation)
-  assemble  write a standard StableDiffusion3Pipeline folder; weights stored in float16
+  assemble  write a standard StableDiffusion3Pipeline folder (float32; to_fp16.py halves it after export)
 
 Usage: python models/training/train_mmdit.py CONFIG --stage train|assemble --work runs/NAME [--out DIR]
 """
@@ -130,6 +130,7 @@ def prepare(cfg: dict, work: Path):
     tokenizer = CLIPTokenizer.from_pretrained(work / "tokenizer")
     if not (work / "vae" / "config.json").exists():
         vae = round_fp16_(AutoencoderKL.from_pretrained(src / "vae", torch_dtype=torch.float32).eval())
+        torch.manual_seed(cfg["seed"])
         with torch.no_grad():  # SD3 normalises latents as (z - shift) * scale; measure both here
             x, _ = render_batch("train", np.arange(10_000_000, 10_000_512))
             z = vae.encode(x).latent_dist.sample()
@@ -287,7 +288,9 @@ def train(cfg: dict, work: Path, max_minutes: float | None) -> None:
     bar = tqdm(range(step, tc["steps"]), desc="mmdit", mininterval=10, initial=step, total=tc["steps"])
     model.train()
     for step in bar:
-        lr = tc["lr"] * min(1.0, (step + 1) / tc["warmup"])  # constant after warm-up; EMA does the averaging
+        lr = tc["lr"] * min(1.0, (step + 1) / tc["warmup"])  # constant after warm-up, then a cosine to 0
+        if step >= tc["decay_start"]:
+            lr *= 0.5 * (1 + math.cos(math.pi * (step - tc["decay_start"]) / (tc["steps"] - tc["decay_start"])))
         for gr in opt.param_groups:
             gr["lr"] = lr
         idx = gen.integers(0, len(means), tc["batch_size"])
@@ -341,7 +344,7 @@ def train(cfg: dict, work: Path, max_minutes: float | None) -> None:
 
 
 def assemble(cfg: dict, work: Path, out: Path) -> None:
-    """Standard StableDiffusion3Pipeline folder, float16 safetensors (the ONNX copy keeps float32)."""
+    """Standard StableDiffusion3Pipeline folder (float32; to_fp16.py stores it in float16 after the export)."""
     from diffusers import AutoencoderKL, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection
 
@@ -354,7 +357,7 @@ def assemble(cfg: dict, work: Path, out: Path) -> None:
     )
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
+    pipe.save_pretrained(tmp, safe_serialization=True)
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
