@@ -20,7 +20,7 @@ def pipe():
     from diffusers import StableDiffusion3Pipeline
 
     torch.set_num_threads(2)
-    p = StableDiffusion3Pipeline.from_pretrained(MMDIT, local_files_only=True)
+    p = StableDiffusion3Pipeline.from_pretrained(MMDIT, text_encoder_3=None, tokenizer_3=None, local_files_only=True)
     p.set_progress_bar_config(disable=True)
     return p
 

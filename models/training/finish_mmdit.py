@@ -33,7 +33,8 @@ from onnxdiffusion.imageio import image_grid, save_images  # noqa: E402
 def load_pipeline(folder: Path):
     from diffusers import StableDiffusion3Pipeline
 
-    pipe = StableDiffusion3Pipeline.from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
+    pipe = StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None, torch_dtype=torch.float32,
+                                                    local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -133,8 +134,8 @@ A `StableDiffusion3Pipeline` folder (T5 omitted, as SD3 allows) trained from scr
 
 Prompt: penultimate states of both CLIP encoders side by side ({te1.hidden_size} + {te2.hidden_size} = {tr.joint_attention_dim}),
 then {cfg['t5_tokens']} zero tokens where T5 would be (`max_sequence_length`, diffusers' default); pooled = both projections.
-Weights on disk: float16 safetensors, {folder_mb(model):.1f} MB (the ONNX copy keeps float32; training used the
-float16-rounded VAE and text encoders, and the transformer's rounding is inside the numbers below).
+Weights on disk: float16 safetensors, {folder_mb(model):.1f} MB, evaluated as stored (training used the
+float16-rounded VAE and text encoders; the transformer is rounded after training and its rounding is inside the numbers below).
 
 ## Training (2 CPU cores, {cfg['threads']} torch threads)
 - text_encoder_2: {cfg['text_parse']['steps']} steps x batch {cfg['text_parse']['batch_size']} on the shapes-sd parse loss (a linear head on the projected pooled state names every slot).

@@ -11,7 +11,7 @@ computes exactly that with one token (NullTokenJointAttention).
 
 Stages (resumable: the transformer stage restarts from its last checkpoint in WORK):
   train     text_encoder_2 parse pre-training, then the transformer (+ periodic judge evaluation)
-  assemble  write a standard StableDiffusion3Pipeline folder (float32; to_fp16.py halves it after export)
+  assemble  write a standard StableDiffusion3Pipeline folder (float32; to_fp16.py then stores it in float16)
 
 Usage: python models/training/train_mmdit.py CONFIG --stage train|assemble --work runs/NAME [--out DIR]
 """
@@ -285,7 +285,8 @@ def train(cfg: dict, work: Path, max_minutes: float | None) -> None:
     pipe = make_pipeline(cfg, work, ema, vae, te1, te2)
     log, elog = work / "train_log.jsonl", work / "eval_log.jsonl"
     t0 = last_ckpt = time.time()
-    bar = tqdm(range(step, tc["steps"]), desc="mmdit", mininterval=10, initial=step, total=tc["steps"])
+    end = tc.get("stop_at", tc["steps"])  # the shipped run stopped early in its LR decay (session deadline)
+    bar = tqdm(range(step, end), desc="mmdit", mininterval=10, initial=step, total=end)
     model.train()
     for step in bar:
         lr = tc["lr"] * min(1.0, (step + 1) / tc["warmup"])  # constant after warm-up, then a cosine to 0
@@ -321,7 +322,7 @@ def train(cfg: dict, work: Path, max_minutes: float | None) -> None:
             bar.set_postfix(loss=f"{float(loss):.4f}")
             log_line(log, {"step": step, "loss": float(loss), "grad_norm": float(gnorm), "lr": lr,
                            "time": round(time.time() - t0, 1)})
-        evaluate_now = done % tc["eval_every"] == 0 or done == tc["steps"]
+        evaluate_now = done % tc["eval_every"] == 0 or done == end
         out_of_time = max_minutes is not None and time.time() - t0 > max_minutes * 60
         if evaluate_now or out_of_time or time.time() - last_ckpt > 60 * tc["checkpoint_minutes"]:
             save_checkpoint(work, model, ema, opt, done, gen)
@@ -340,11 +341,11 @@ def train(cfg: dict, work: Path, max_minutes: float | None) -> None:
         if out_of_time:
             print(f"stopping at step {done}: --max-minutes reached")
             return
-    (work / "done.json").write_text(json.dumps({"step": tc["steps"], "seconds": round(time.time() - t0)}))
+    (work / "done.json").write_text(json.dumps({"step": end, "seconds": round(time.time() - t0)}))
 
 
 def assemble(cfg: dict, work: Path, out: Path) -> None:
-    """Standard StableDiffusion3Pipeline folder (float32; to_fp16.py stores it in float16 after the export)."""
+    """Standard StableDiffusion3Pipeline folder (float32; to_fp16.py then stores it in float16)."""
     from diffusers import AutoencoderKL, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection
 
