@@ -93,7 +93,7 @@ def samples(pipe, model: Path, guidance: float, steps: int, t5_tokens: int) -> l
     gen = generate_torch(pipe, [s.caption for s in scs], list(range(16)), steps, guidance, t5_tokens)
     real = np.stack([S.render(s) for s in scs])
     rows = [np.concatenate([real[i:i + 8], gen[i:i + 8]]) for i in range(0, 16, 8)]
-    save_images(image_grid(np.concatenate(rows), 8), model / "samples.png")
+    save_images(image_grid(np.concatenate(rows), 8)[None], model / "samples.png")
     return [s.caption for s in scs]
 
 
@@ -140,7 +140,7 @@ float16-rounded VAE and text encoders; the transformer is rounded after training
 ## Training (2 CPU cores, {cfg['threads']} torch threads)
 - text_encoder_2: {cfg['text_parse']['steps']} steps x batch {cfg['text_parse']['batch_size']} on the shapes-sd parse loss (a linear head on the projected pooled state names every slot).
 - transformer: rectified flow as SD3 trains it (x_t = (1 - s) x0 + s noise, velocity target noise - x0, s logit-normal
-  ({tc['logit_mean']}, {tc['logit_std']})), {tc['uncond_prob']:.0%} empty captions for guidance, AdamW lr {tc['lr']} (constant after {tc['warmup']} warm-up steps), EMA {tc['ema_decay']}:
+  ({tc['logit_mean']}, {tc['logit_std']})), {tc['uncond_prob']:.0%} empty captions for guidance, AdamW lr {tc['lr']} (constant after {tc['warmup']} warm-up steps, then a cosine to 0 from step {tc['decay_start']} of {tc['steps']}; the run stops at step {tc.get('stop_at', tc['steps'])}), EMA {tc['ema_decay']}:
   {prog['step']} steps x batch {tc['batch_size']} on {tc['num_scenes']:,} scenes, {prog['seconds'] / 60:.0f} min; final loss {last:.4f} (mean of the last 20 logged).
   The {cfg['t5_tokens']} identical zero tokens are trained as one token whose attention logit carries log({cfg['t5_tokens']}) (exact: identical keys and values).
 - Seeded; logs in `training/`, curves in `loss.png` (middle: held-out judge accuracy of the EMA weights during training).
