@@ -96,7 +96,9 @@ def compile_loop_cmd(
     form: Annotated[str, typer.Option(help="loop (step count at run time) | unrolled (fixed --steps)")] = "loop",
     steps: Optional[int] = None,
     whole: Annotated[bool, typer.Option(help="token ids in, uint8 image out: text encoder + loop + VAE decoder")] = False,
-    cpu_tuned: Annotated[bool, typer.Option(help="inline ORT's fully optimized CPU graph (faster; tied to this CPU)")] = False,
+    cpu_tuned: Annotated[Optional[bool], typer.Option(
+        "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
+                                       "as the host loop, checked against the CPU at load) or a portable one")] = None,
     overwrite: bool = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""

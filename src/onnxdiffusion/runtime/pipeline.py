@@ -208,6 +208,11 @@ class Pipeline:
             info = self.manifest["components"].get(f"sampler_{form}")
             if info is None:
                 raise UserError(f"{self.folder} has no '{form}' sampling graph (run `onnxdiffusion compile-loop --form {form}`)")
+            from .cpu_target import target_mismatch
+
+            if self.provider == "cpu" and (diff := target_mismatch(info.get("tuned_for"))):
+                raise UserError(f"{self.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
+                                f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
             session = make_session(self.folder / info["path"], self.provider, self._threads, providers=self._chain["other"])
             self._graphs[form] = SamplingGraph(session, info)
         return self._graphs[form]
