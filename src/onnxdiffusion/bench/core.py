@@ -21,6 +21,7 @@ import os
 import platform
 import statistics
 import sys
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -217,8 +218,23 @@ def run_bench(options: BenchOptions) -> dict:
     """Run the bench; write results.json, results.csv, plots and report.html under options.out.
 
     Returns the results dict (what results.json holds). Raises UserError on bad input (unknown
-    variant, output path that is a file, ...) before any model runs.
+    variant, output path that is a file, ...) before any model runs. A failed or interrupted run
+    removes what it wrote under options.out (and the folder, if it created it).
     """
+    out = Path(options.out).absolute()
+    before = set(out.iterdir()) if out.is_dir() else None
+    try:
+        return _run_bench(options)
+    except BaseException:
+        if before is None:
+            shutil.rmtree(out, ignore_errors=True)
+        elif out.is_dir():
+            for p in set(out.iterdir()) - before:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()
+        raise
+
+
+def _run_bench(options: BenchOptions) -> dict:
     opts = _resolve(options)
     t_start = time.perf_counter()
     machine = machine_info()  # load average before any model runs

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, hash_tree, write_json
+from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, check_output_folder, hash_tree, write_json
 from ..errors import UserError
 
 SUPPORTED_PIPELINES = ("StableDiffusionPipeline",)
+OPSET_RANGE = (14, 20)  # attention export needs 14; torch's TorchScript exporter stops at 20
 _EXPECTED = {
     "unet": "UNet2DConditionModel",
     "vae": "AutoencoderKL",
@@ -40,9 +41,13 @@ def _check_source(src: Path) -> dict:
     if not src.is_dir() or not index.is_file():
         raise UserError(f"{src} is not a diffusers pipeline folder (no model_index.json)")
     try:
-        mi = json.loads(index.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{index} is not valid JSON: {e}") from None
+        mi = json.loads(index.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSON and Unicode errors
+        raise UserError(f"{index} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {index}: {e.strerror}") from None
+    if not isinstance(mi, dict):
+        raise UserError(f"{index} must hold a JSON object")
     cls = mi.get("_class_name")
     if cls not in SUPPORTED_PIPELINES:
         raise UserError(f"unsupported pipeline class {cls!r}; supported: {', '.join(SUPPORTED_PIPELINES)}")
@@ -55,6 +60,18 @@ def _check_source(src: Path) -> dict:
         if not (src / comp).is_dir():
             raise UserError(f"{src}: component folder '{comp}' is missing")
     return mi
+
+
+def _recommended(src: Path) -> dict:
+    """Settings the model was evaluated with (eval.json beside the diffusers folder, written by training)."""
+    from ..manifest import check_recommended
+
+    try:
+        opts = json.loads((src / "eval.json").read_text())["options"]
+        rec = {k: opts[k] for k in ("guidance", "steps", "sampler") if k in opts}
+        return check_recommended(rec, str(src / "eval.json"))
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return {}
 
 
 def _versions() -> dict:
@@ -83,7 +100,11 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     """
     options = options or ExportOptions()
     src, out = Path(src), Path(out)
+    if isinstance(options.opset, bool) or not isinstance(options.opset, int) \
+            or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
+        raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
     model_index = _check_source(src)
+    check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
@@ -110,7 +131,14 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     sched_path = src / "scheduler" / "scheduler_config.json"
     if not sched_path.is_file():
         raise UserError(f"{src}: scheduler/scheduler_config.json is missing")
-    scheduler_config = json.loads(sched_path.read_text())
+    from ..manifest import check_scheduler_config
+    from ..schedules import NoiseSchedule
+
+    try:
+        scheduler_config = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
+        NoiseSchedule.from_scheduler_config(scheduler_config)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300]}") from None
 
     vae_factor = 2 ** (len(vae.config.block_out_channels) - 1)
     unet_factor = 2 ** (len(unet.config.block_out_channels) - 1)
@@ -171,8 +199,10 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
             "num_train_timesteps": int(scheduler_config.get("num_train_timesteps", 1000)),
         },
         "components": {},
+        "family": "sd",
+        "recommended": _recommended(src),
     }
-    with atomic_dir(out, overwrite=options.overwrite) as tmp:
+    with atomic_dir(out, overwrite=options.overwrite, inputs=(src,)) as tmp:
         bar = tqdm(options.components, desc="export", disable=not progress)
         for name in bar:
             bar.set_postfix_str(name)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import read_manifest, verify_folder
+from ..artifacts import component_path, read_manifest, verify_folder
 from ..errors import UserError
+from ..manifest import check_scheduler_config, confined
+from . import guards
 from ..paths import default_model_folder
 from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample
 from ..schedules import NoiseSchedule
@@ -44,23 +46,41 @@ class GenerationResult:
     noise: np.ndarray | None
     settings: dict = field(default_factory=dict)
 
-    def save(self, path: Path | str) -> list[Path]:
+    def save(self, path: Path | str, overwrite: bool = False) -> list[Path]:
         from ..imageio import save_images
 
-        return save_images(self.images, Path(path))
+        return save_images(self.images, Path(path), overwrite)
+
+
+DEFAULT_STEPS, DEFAULT_SAMPLER, DEFAULT_GUIDANCE = 20, "ddim", 7.5
 
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    steps: int = 20
-    sampler: str = "ddim"
-    guidance: float = 7.5
+    """None for steps/sampler/guidance: the model's recommended value (manifest `recommended`), else the
+    defaults above. Ranges are in runtime/guards.py."""
+    steps: int | None = None
+    sampler: str | None = None
+    guidance: float | None = None
     seed: int = 0
     height: int | None = None
     width: int | None = None
     batch: int = 1
     spacing: str | None = None
     loop: str = "host"  # host | loop | unrolled
+
+
+def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:
+    """Fill unset steps / sampler / guidance from the model's recommended settings (manifest), else defaults."""
+    if None not in (options.steps, options.sampler, options.guidance):
+        return options
+    r = recommended or {}
+    return replace(
+        options,
+        steps=options.steps if options.steps is not None else r.get("steps", DEFAULT_STEPS),
+        sampler=options.sampler if options.sampler is not None else r.get("sampler", DEFAULT_SAMPLER),
+        guidance=options.guidance if options.guidance is not None else r.get("guidance", DEFAULT_GUIDANCE),
+    )
 
 
 class Pipeline:
@@ -70,11 +90,14 @@ class Pipeline:
         self.provider = provider
         info = manifest["pipeline"]
         self.info = info
-        self.tokenizer = PromptTokenizer(folder / "tokenizer")
+        self.tokenizer = PromptTokenizer(confined(folder, "tokenizer", "tokenizer folder"))
         comps = manifest["components"]
-        self.text_encoder = make_session(folder / comps["text_encoder"]["path"], provider, threads)
-        self.unet = _backbone_session(folder / comps["unet"]["path"], comps["unet"], provider, threads)
-        self.vae_decoder = make_session(folder / comps["vae_decoder"]["path"], provider, threads)
+        self.text_encoder = make_session(component_path(folder, manifest, "text_encoder"), provider, threads)
+        self.unet = _backbone_session(component_path(folder, manifest, "unet"), comps["unet"], provider, threads)
+        self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads)
+        for name, session in (("text_encoder", self.text_encoder), ("unet", self.unet), ("vae_decoder", self.vae_decoder)):
+            guards.check_io(folder, name, session)
+        guards.check_latent_channels(folder, info, {"unet": self.unet, "vae_decoder": self.vae_decoder})
         self._threads = threads
         self._graphs: dict[str, SamplingGraph] = {}
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
@@ -83,11 +106,17 @@ class Pipeline:
             from ..quantize.correction import OutputCorrection
 
             self.correction = OutputCorrection.from_dict(comps["unet"]["correction"])
-        sched_path = folder / "scheduler" / "scheduler_config.json"
+        sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
         try:
-            self.schedule = NoiseSchedule.from_scheduler_config(json.loads(sched_path.read_text()))
-        except (OSError, json.JSONDecodeError, ValueError) as e:
-            raise UserError(f"{sched_path}: {e}") from None
+            cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
+            self.schedule = NoiseSchedule.from_scheduler_config(cfg)
+            guards.check_schedule(self.schedule, sched_path)
+        except (OSError, ValueError, TypeError, RecursionError) as e:  # JSON and Unicode errors are ValueErrors
+            raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from None
+        if self.schedule.prediction_type != info.get("prediction_type", self.schedule.prediction_type):
+            raise UserError(f"{folder}: the scheduler's prediction_type {self.schedule.prediction_type!r} disagrees with "
+                            f"the manifest's {info['prediction_type']!r}")
+        self.recommended = manifest.get("recommended") or {}
 
     @classmethod
     def from_folder(cls, folder: Path | str | None = None, provider: str = "cpu", verify: bool = True,
@@ -110,10 +139,12 @@ class Pipeline:
     def decode(self, latents: np.ndarray) -> np.ndarray:
         scaled = (latents / np.float32(self.info["vae_scaling_factor"])).astype(np.float32)
         image = self.vae_decoder.run(["sample"], {"latent_sample": scaled})[0]
+        guards.check_finite(image, "VAE decoding (the decoder produced NaN/inf pixels)")
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
     def table(self, options: GenerateOptions) -> SamplerTable:
+        options = self.resolve(options)
         if options.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
         try:
@@ -121,18 +152,11 @@ class Pipeline:
         except ValueError as e:
             raise UserError(str(e)) from None
 
+    def resolve(self, options: GenerateOptions) -> GenerateOptions:
+        return resolve_options(options, self.recommended)
+
     def latent_shape(self, options: GenerateOptions) -> tuple[int, int, int, int]:
-        info = self.info
-        h = options.height or info["default_height"]
-        w = options.width or info["default_width"]
-        m = info["size_multiple"]
-        for name, v in (("height", h), ("width", w)):
-            if v <= 0 or v % m:
-                raise UserError(f"{name} must be a positive multiple of {m} for this model, got {v}")
-        if options.batch < 1:
-            raise UserError(f"batch must be >= 1, got {options.batch}")
-        f = info["vae_scale_factor"]
-        return (options.batch, info["latent_channels"], h // f, w // f)
+        return guards.latent_shape(self.info, options)
 
     def latent_shape_for(self, batch: int, height: int | None = None, width: int | None = None) -> tuple[int, ...]:
         return self.latent_shape(GenerateOptions(batch=batch, height=height, width=width))
@@ -144,17 +168,18 @@ class Pipeline:
             info = self.manifest["components"].get(f"sampler_{form}")
             if info is None:
                 raise UserError(f"{self.folder} has no '{form}' sampling graph (run `onnxdiffusion compile-loop --form {form}`)")
-            session = make_session(self.folder / info["path"], self.provider, self._threads)
+            session = make_session(component_path(self.folder, self.manifest, f"sampler_{form}"), self.provider,
+                                   self._threads)
             self._graphs[form] = SamplingGraph(session, info)
         return self._graphs[form]
 
     # -- generation ---------------------------------------------------------------------------
     def prepare(self, options: GenerateOptions, latents: np.ndarray | None, noise: np.ndarray | None):
         """Validate everything before any model runs; returns (table, latents, noise)."""
-        if not np.isfinite(options.guidance) or options.guidance < 0:
-            raise UserError(f"guidance must be >= 0, got {options.guidance}")
+        options = self.resolve(options)
+        shape = guards.check_request(self.folder, self.manifest, options)
+        guards.check_size(self.info, shape, options)
         table = self.table(options)
-        shape = self.latent_shape(options)
         if options.loop != "host":
             graph = self.sampling_graph(options.loop)
             if graph.form == "unrolled" and graph.steps != options.steps:
@@ -163,15 +188,11 @@ class Pipeline:
         if latents is None:
             latents = rng.standard_normal(shape, dtype=np.float32)
         else:
-            latents = np.asarray(latents, dtype=np.float32)
-            if latents.shape != shape:
-                raise UserError(f"latents must have shape {shape}, got {latents.shape}")
+            latents = guards.float_array(latents, "latents", shape)
         if table.needs_noise and noise is None:
             noise = rng.standard_normal((table.num_steps, *shape), dtype=np.float32)
         if noise is not None:
-            noise = np.asarray(noise, dtype=np.float32)
-            if noise.shape != (table.num_steps, *shape):
-                raise UserError(f"noise must have shape {(table.num_steps, *shape)}, got {noise.shape}")
+            noise = guards.float_array(noise, "noise", (table.num_steps, *shape))
         return table, latents, noise
 
     def iter_generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
@@ -182,23 +203,21 @@ class Pipeline:
             options = GenerateOptions(**kwargs)
         except TypeError as e:
             raise UserError(str(e)) from None
+        options = self.resolve(options)
         table, latents, noise = self.prepare(options, latents, noise)
         b = options.batch
-        prompts = [prompt] * b if isinstance(prompt, str) else list(prompt)
-        if len(prompts) != b:
-            raise UserError(f"got {len(prompts)} prompts for batch {b}")
-        negatives = negative_prompt if negative_prompt is not None else ""
-        negatives = [negatives] * b if isinstance(negatives, str) else list(negatives)
-        if len(negatives) != b:
-            raise UserError(f"got {len(negatives)} negative prompts for batch {b}")
+        prompts = guards.prompt_list(prompt, b, "prompt")
+        negatives = guards.prompt_list("" if negative_prompt is None else negative_prompt, b, "negative prompt")
         return self._run(options, table, latents, noise, prompts, negatives)
 
     def _run(self, options, table, latents, noise, prompts, negatives):
         guided = options.guidance > 1.0
         cond = self.encode_prompt(prompts)
+        guards.check_finite(cond, "text encoding (the text encoder produced NaN/inf)")
         if options.loop != "host":
             uncond = self.encode_prompt(negatives)
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
+            guards.check_finite(x, "the sampling graph's output latents")
         else:
             uncond = self.encode_prompt(negatives) if guided else None
             model_fn = GuidedBackbone(self.unet, latents.shape, cond, uncond, options.guidance)
@@ -207,6 +226,8 @@ class Pipeline:
             x = latents
             for i, x, den in iter_sample(model_fn, latents, table, noise):
                 yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
+            # one reduction over the final latents: NaN/inf anywhere in the loop propagates to them
+            guards.check_finite(x, "sampling (the backbone or sampler produced NaN/inf latents)")
         yield GenerationResult(
             images=self.decode(x),
             latents=x,
