@@ -208,3 +208,13 @@ def load_component(folder: Path, manifest: dict, name: str):
         return onnx.load(str(path))
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
+
+
+def check_external_paths(folder: Path, manifest: dict) -> None:
+    """Every component's ONNX external-data locations stay inside the folder (reads graphs, not weights)."""
+    from .runtime.session import check_external_data
+
+    for name in manifest["components"]:
+        path = component_path(folder, manifest, name)
+        if path.is_file():
+            check_external_data(path)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import onnx
 
-from .artifacts import (MANIFEST, atomic_dir, check_output_folder, confined, load_component, read_manifest,
-                        sha256_file, verify_folder, write_json)
+from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, confined, load_component,
+                        read_manifest, sha256_file, verify_folder, write_json)
 from .errors import UserError
 from .samplers.graph import FORMS, build_sampling_graph
 
@@ -77,6 +77,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         check_output_folder(out, overwrite, inputs=(model,))  # before anything is loaded
     manifest = read_manifest(model)
     verify_folder(model, manifest)
+    check_external_paths(model, manifest)  # the output copies every component: all must be clean
     comps = manifest["components"]
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import scenes as S
-from ..artifacts import read_manifest
+from ..artifacts import check_external_paths, read_manifest, verify_folder
 from ..errors import UserError
 from ..paths import default_model_folder
 from . import memory
@@ -251,6 +251,9 @@ def _run_bench(options: BenchOptions) -> dict:
     else:
         model = Path(opts.model) if opts.model is not None else default_model_folder()
         manifest = read_manifest(model)
+        # an untrusted MODEL is refused up front, not reported as a failed row
+        verify_folder(model, manifest)
+        check_external_paths(model, manifest)
         source = source_folder(model, manifest)
     if opts.variants_dir is not None and not Path(opts.variants_dir).is_dir():
         raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")

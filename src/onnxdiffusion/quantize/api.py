@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..artifacts import (MANIFEST, atomic_dir, check_output_folder, component_path, confined, hash_tree, load_component,
-                         read_manifest, sha256_file, verify_folder, write_json)
+from ..artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
+                         hash_tree, load_component, read_manifest, sha256_file, verify_folder, write_json)
 from ..errors import UserError
 from ..loops import save_model
 from . import _ort
@@ -74,6 +74,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     _check_out(model, out, overwrite)  # before anything is loaded
     manifest = read_manifest(model)
     verify_folder(model, manifest)
+    check_external_paths(model, manifest)  # the output copies every component: all must be clean
     comps = manifest["components"]
     if manifest.get("quantization") and not force:
         q = manifest["quantization"]
