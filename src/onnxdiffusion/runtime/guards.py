@@ -210,6 +210,6 @@ def check_latent_channels(folder, info: dict, sessions: dict) -> None:
 
 
 def check_schedule(schedule, where) -> None:
-    ac = schedule.alphas_cumprod
-    if not np.isfinite(ac).all() or (ac <= 0).any() or (ac > 1).any():
+    ac = getattr(schedule, "alphas_cumprod", None)
+    if ac is not None and (not np.isfinite(ac).all() or (ac <= 0).any() or (ac > 1).any()):
         raise UserError(f"{where}: the noise schedule is degenerate (alphas_cumprod outside (0, 1])")

@@ -18,8 +18,7 @@ from ..errors import UserError
 from ..manifest import check_scheduler_config, confined
 from . import guards
 from ..paths import default_model_folder
-from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample
-from ..schedules import NoiseSchedule
+from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
 from .backbone import GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
@@ -109,12 +108,14 @@ class Pipeline:
         sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
         try:
             cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
-            self.schedule = NoiseSchedule.from_scheduler_config(cfg)
+            self.scheduler_config = cfg
+            self.schedule = schedule_from_config(cfg)
             guards.check_schedule(self.schedule, sched_path)
         except (OSError, ValueError, TypeError, RecursionError) as e:  # JSON and Unicode errors are ValueErrors
             raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from None
-        if self.schedule.prediction_type != info.get("prediction_type", self.schedule.prediction_type):
-            raise UserError(f"{folder}: the scheduler's prediction_type {self.schedule.prediction_type!r} disagrees with "
+        kind = getattr(self.schedule, "prediction_type", None)
+        if kind is not None and kind != info.get("prediction_type", kind):
+            raise UserError(f"{folder}: the scheduler's prediction_type {kind!r} disagrees with "
                             f"the manifest's {info['prediction_type']!r}")
         self.recommended = manifest.get("recommended") or {}
 
@@ -143,12 +144,13 @@ class Pipeline:
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
-    def table(self, options: GenerateOptions) -> SamplerTable:
+    def table(self, options: GenerateOptions, mu: float | None = None) -> SamplerTable:
+        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule."""
         options = self.resolve(options)
         if options.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
         try:
-            return build_table(options.sampler, self.schedule, options.steps, options.spacing)
+            return build_table(options.sampler, self.schedule, options.steps, options.spacing, mu=mu)
         except ValueError as e:
             raise UserError(str(e)) from None
 
