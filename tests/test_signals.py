@@ -37,7 +37,7 @@ def _scenario(verb: str, tmp: Path, tiny_onnx: Path, tiny_diffusers: Path):
     work = tmp / "work"
     work.mkdir()
     if verb == "generate":
-        argv = ["generate", default_model_folder(), "a red circle", "--steps", "1000", "--batch", "4",
+        argv = ["generate", default_model_folder(), "a red circle", "--steps", "500", "--batch", "8",
                 "-o", work / "img.png"]
         return argv, _stderr_has(err, "sampling"), work
     if verb == "export":
@@ -82,4 +82,5 @@ def test_interrupt_leaves_nothing(verb, sig, code, word, tmp_path, tiny_onnx, ti
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {word}"], stderr[-2000:]
     assert list(work.iterdir()) == [], list(work.iterdir())  # no partial output, no hidden temp folder
-    assert list(scratch_tmp.iterdir()) == []
+    # no temporary folder and none of our temporary files (importing onnxruntime here drops a `.ses` file)
+    assert [p for p in scratch_tmp.iterdir() if p.is_dir() or p.name.startswith(("onnxdiffusion", "tmp"))] == []

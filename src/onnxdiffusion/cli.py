@@ -308,6 +308,8 @@ def run(argv: list[str] | None = None) -> int:
         pass
     try:
         rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C into a silent 130
+            print("error: interrupted", file=sys.stderr)
         return rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0
     except UserError as e:
         print(f"error: {_one_line(str(e))}", file=sys.stderr)
@@ -326,9 +328,10 @@ def run(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(e.strerror or str(e))}{where}", file=sys.stderr)
         return 2
     except Exception as e:
-        if type(e).__name__ == "Abort":  # click's Ctrl-C while prompting
-            print("error: interrupted", file=sys.stderr)
-            return 130
+        cause = _signal_cause(e)
+        if cause is not None:  # e.g. an ImportError raised because Ctrl-C hit a module's initialisation
+            print(f"error: {'terminated' if cause == 143 else 'interrupted'}", file=sys.stderr)
+            return cause
         if _usage_error(e):
             print(f"error: {_one_line(e.format_message())} (see --help)", file=sys.stderr)
             return e.exit_code
@@ -340,6 +343,19 @@ def run(argv: list[str] | None = None) -> int:
         warnings.showwarning = old_show
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def _signal_cause(e: BaseException) -> int | None:
+    """130 / 143 if a Ctrl-C or SIGTERM is what this exception is about (click's Abort, or one chained)."""
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, Terminated):
+            return 143
+        if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "Abort":
+            return 130
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
 
 
 def _one_line(text: str) -> str:
