@@ -30,10 +30,17 @@ REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 SIDE_FILES = ("tokenizer/tokenizer.json", "scheduler/scheduler_config.json")
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()  # read once: os.umask is process-wide, so toggling it later would race other threads
+
+
+def _umask() -> int:
+    return _UMASK
 
 
 FILE_MODE = 0o644
