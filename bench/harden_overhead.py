@@ -7,7 +7,8 @@ Each round starts one worker per side (alternating which goes first). A worker i
 from its own source tree, warms up once, then times `calls` in-process CLI invocations of
 `generate MODEL PROMPT --steps 20 --guidance 4.0 -o <new file>` (load + validate + sample + decode +
 save: everything a user waits for except the interpreter start) and `calls` bare `Pipeline.__call__`s
-(the sampling loop alone). Prints per-side medians over all calls and the after/before ratio.
+(the sampling loop alone), each as wall time and as process CPU time (all threads; far less sensitive
+to other load on a shared machine). Prints per-side medians over all calls and the after/before ratio.
 """
 
 from __future__ import annotations
@@ -35,15 +36,18 @@ def cli(i):
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         app(args=argv, standalone_mode=False)
 cli(-1)
-e2e = []
+e2e, e2e_cpu = [], []
 for i in range(calls):
-    t = time.perf_counter(); cli(i); e2e.append(time.perf_counter() - t)
+    t, c = time.perf_counter(), time.process_time(); cli(i)
+    e2e.append(time.perf_counter() - t); e2e_cpu.append(time.process_time() - c)
 pipe = Pipeline.from_folder(model)
 pipe("a red circle on the left", steps=20, guidance=4.0, seed=1)
-loop = []
+loop, loop_cpu = [], []
 for i in range(calls):
-    t = time.perf_counter(); pipe("a red circle on the left", steps=20, guidance=4.0, seed=1); loop.append(time.perf_counter() - t)
-print(json.dumps({"e2e": e2e, "loop": loop}))
+    t, c = time.perf_counter(), time.process_time()
+    pipe("a red circle on the left", steps=20, guidance=4.0, seed=1)
+    loop.append(time.perf_counter() - t); loop_cpu.append(time.process_time() - c)
+print(json.dumps({"e2e": e2e, "loop": loop, "e2e_cpu": e2e_cpu, "loop_cpu": loop_cpu}))
 """
 
 
@@ -62,7 +66,7 @@ def main() -> None:
         subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
         sides = {"before": before / "src", "after": repo / "src"}
         env_models = str(repo / "models")
-        samples: dict = {k: {"e2e": [], "loop": []} for k in sides}
+        samples: dict = {k: {"e2e": [], "loop": [], "e2e_cpu": [], "loop_cpu": []} for k in sides}
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             for side in order:
@@ -75,13 +79,14 @@ def main() -> None:
                     samples[side][k] += got[k]
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     rows = {}
-    for k in ("e2e", "loop"):
+    for k in ("e2e", "loop", "e2e_cpu", "loop_cpu"):
         b, a = statistics.median(samples["before"][k]), statistics.median(samples["after"][k])
         rows[k] = {"before_ms": round(b * 1e3, 2), "after_ms": round(a * 1e3, 2), "ratio": round(a / b, 4),
                    "n": len(samples["after"][k])}
     print(json.dumps({"before": args.before, "rounds": args.rounds, "calls": args.calls, **rows}, indent=2))
     print("| measure | before ms | after ms | after/before |\n|---|---|---|---|")
-    for k, label in (("e2e", "CLI generate (load+validate+sample+save)"), ("loop", "Pipeline call (sample+decode)")):
+    for k, label in (("e2e", "CLI generate (load+validate+sample+save), wall"), ("loop", "Pipeline call, wall"),
+                     ("e2e_cpu", "CLI generate, process CPU time"), ("loop_cpu", "Pipeline call, process CPU time")):
         print(f"| {label} | {rows[k]['before_ms']} | {rows[k]['after_ms']} | {rows[k]['ratio']} |")
 
 
