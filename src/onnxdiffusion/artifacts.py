@@ -177,10 +177,17 @@ def component_path(folder: Path, manifest: dict, name: str) -> Path:
     return confined(folder, info["path"], f"component '{name}'")
 
 
-def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] = REQUIRED_COMPONENTS) -> None:
-    """Fail loudly on a missing component, a path leaving the folder, an unlisted component file or
-    a file whose hash differs from the manifest."""
+def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] | None = None) -> None:
+    """Fail loudly on a missing component or a file whose hash differs from the manifest.
+
+    `components`: those that must be there; default: what the folder's model family requires."""
     folder = Path(folder)
+    if components is None:
+        from .families import get_family
+
+        family = get_family(manifest.get("family"))
+        family.check_folder(str(folder), manifest)
+        components = family.required_components(manifest.get("pipeline", {}))
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise UserError(f"{folder}: {MANIFEST} has no 'files' hash list; refusing an unverifiable folder")

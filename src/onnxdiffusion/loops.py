@@ -13,6 +13,7 @@ import onnx
 from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, confined, load_component,
                         read_manifest, sha256_file, verify_folder, write_json)
 from .errors import UserError
+from .families import get_family
 from .samplers.graph import FORMS, build_sampling_graph
 
 TWO_GB = 2**31
@@ -57,7 +58,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
-                 whole: bool = False, overwrite: bool = False, backbone: str = "unet",
+                 whole: bool = False, overwrite: bool = False, backbone: str | None = None,
                  cpu_tuned: bool = False) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
@@ -78,6 +79,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     manifest = read_manifest(model)
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
+    family = get_family(manifest.get("family"))
+    backbone = backbone or family.backbone
     comps = manifest["components"]
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")
@@ -103,10 +106,14 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         correction = OutputCorrection.from_dict(comps[backbone]["correction"])
     extra = {}
     if whole:
+        info = manifest["pipeline"]
+        scale, shift = family.decode_scale_shift(info)
         extra = dict(
-            text_encoder=load_component(model, manifest, "text_encoder"),
+            text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
+                           for s in family.text_encoders if s.name in comps},
+            combine=lambda ops, encoded: family.combine(ops, encoded, info),
             vae_decoder=load_component(model, manifest, "vae_decoder"),
-            vae_scaling_factor=float(manifest["pipeline"]["vae_scaling_factor"]),
+            vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
         )
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, **extra)

@@ -92,9 +92,9 @@ def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
     return shape
 
 
-def check_size(info: dict, shape: tuple[int, ...], options) -> None:
+def check_size(info: dict, size: tuple[int, int]) -> None:
     """A size other than the trained one works but usually looks worse: say so (once, as a warning)."""
-    h, w = shape[2] * info["vae_scale_factor"], shape[3] * info["vae_scale_factor"]
+    h, w = size
     if (h, w) != (info["default_height"], info["default_width"]):
         warnings.warn(f"{h}x{w} differs from the model's trained size {info['default_height']}x{info['default_width']}; "
                       "expect lower quality", UserWarning, stacklevel=4)

@@ -15,11 +15,12 @@ import numpy as np
 
 from ..artifacts import component_path, read_manifest, verify_folder
 from ..errors import UserError
+from ..families import NumpyOps, get_family
 from ..manifest import check_scheduler_config, confined
 from . import guards
 from ..paths import default_model_folder
 from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
-from .backbone import GuidedBackbone
+from .backbone import Conditioning, GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
 from .tokenizer import PromptTokenizer
@@ -89,22 +90,32 @@ class Pipeline:
         self.provider = provider
         info = manifest["pipeline"]
         self.info = info
-        self.tokenizer = PromptTokenizer(confined(folder, "tokenizer", "tokenizer folder"))
+        self.family = family = get_family(manifest.get("family"))
+        family.check_folder(str(folder), manifest)
         comps = manifest["components"]
-        self.text_encoder = make_session(component_path(folder, manifest, "text_encoder"), provider, threads)
-        self.unet = _backbone_session(component_path(folder, manifest, "unet"), comps["unet"], provider, threads)
+        # the family's text encoders this folder has (optional ones, like SD3's T5, may be absent)
+        self.slots = [s for s in family.text_encoders if s.name in comps]
+        self.tokenizers = {s.name: PromptTokenizer(confined(folder, s.tokenizer, "tokenizer folder"),
+                                                   family.sequence_length(s.name, info)) for s in self.slots}
+        self.encoders = {s.name: make_session(component_path(folder, manifest, s.name), provider, threads)
+                         for s in self.slots}
+        bb = comps[family.backbone]
+        self.backbone = _backbone_session(component_path(folder, manifest, family.backbone), bb, provider, threads)
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads)
-        for name, session in (("text_encoder", self.text_encoder), ("unet", self.unet), ("vae_decoder", self.vae_decoder)):
-            guards.check_io(folder, name, session)
-        guards.check_latent_channels(folder, info, {"unet": self.unet, "vae_decoder": self.vae_decoder})
+        if family.backbone == "unet":  # SD's fixed I/O names: a swapped component fails here
+            for name, session in (("text_encoder", self.encoders.get("text_encoder")), ("unet", self.backbone),
+                                  ("vae_decoder", self.vae_decoder)):
+                if session is not None:
+                    guards.check_io(folder, name, session)
+            guards.check_latent_channels(folder, info, {"unet": self.backbone, "vae_decoder": self.vae_decoder})
         self._threads = threads
         self._graphs: dict[str, SamplingGraph] = {}
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
         self.correction = None
-        if comps["unet"].get("correction"):
+        if bb.get("correction"):
             from ..quantize.correction import OutputCorrection
 
-            self.correction = OutputCorrection.from_dict(comps["unet"]["correction"])
+            self.correction = OutputCorrection.from_dict(bb["correction"])
         sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
         try:
             cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
@@ -132,13 +143,46 @@ class Pipeline:
             pipe(prompt="", steps=1, guidance=1.0)
         return pipe
 
+    # the first (SD: only) text encoder and tokenizer, for callers that time or hook them
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        return self.tokenizers[self.slots[0].name]
+
+    @property
+    def text_encoder(self):
+        return self.encoders[self.slots[0].name]
+
     # -- stages -------------------------------------------------------------------------------
-    def encode_prompt(self, prompts: list[str]) -> np.ndarray:
-        ids = self.tokenizer(prompts)
-        return self.text_encoder.run(["last_hidden_state"], {"input_ids": ids})[0]
+    def encode_prompt(self, prompts: list[str]) -> Conditioning:
+        """The text conditioning of the backbone, by input name: every text encoder, combined as
+        the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...)."""
+        encoded = {}
+        for slot in self.slots:
+            ids = self.tokenizers[slot.name](prompts)
+            outs = self.encoders[slot.name].run(list(slot.outputs), {"input_ids": ids})
+            encoded[slot.name] = dict(zip(slot.outputs, outs))
+        cond = self.family.combine(NumpyOps(), encoded, self.info)
+        for v in cond.values():
+            guards.check_finite(v, "text encoding (the text encoder produced NaN/inf)")
+        return cond
+
+    def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
+                     width: int) -> tuple[Conditioning, Conditioning | None]:
+        """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
+        prompt given (SDXL then uses zeros, as diffusers does; others encode "")."""
+        size = self.family.size_conditioning(self.info, len(prompts), height, width)
+        cond = {**self.encode_prompt(prompts), **size}
+        if not guided:
+            return cond, None
+        if negatives is None and self.family.zero_negative(self.info):
+            uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
+        else:
+            uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
+        return cond, {**uncond, **size}
 
     def decode(self, latents: np.ndarray) -> np.ndarray:
-        scaled = (latents / np.float32(self.info["vae_scaling_factor"])).astype(np.float32)
+        scale, shift = self.family.decode_scale_shift(self.info)
+        scaled = (latents * np.float32(scale) + np.float32(shift)).astype(np.float32)
         image = self.vae_decoder.run(["sample"], {"latent_sample": scaled})[0]
         guards.check_finite(image, "VAE decoding (the decoder produced NaN/inf pixels)")
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
@@ -149,6 +193,10 @@ class Pipeline:
         options = self.resolve(options)
         if options.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
+        if mu is None and getattr(self.schedule, "use_dynamic_shifting", False):
+            # dynamic shift: mu from the image token count the family's backbone sees at this size
+            seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
+            mu = None if seq_len is None else self.schedule.mu_for(seq_len)
         try:
             return build_table(options.sampler, self.schedule, options.steps, options.spacing, mu=mu)
         except ValueError as e:
@@ -157,8 +205,14 @@ class Pipeline:
     def resolve(self, options: GenerateOptions) -> GenerateOptions:
         return resolve_options(options, self.recommended)
 
-    def latent_shape(self, options: GenerateOptions) -> tuple[int, int, int, int]:
-        return guards.latent_shape(self.info, options)
+    def image_size(self, options: GenerateOptions) -> tuple[int, int]:
+        shape = guards.latent_shape(self.info, options)  # checks types, ranges, multiples, batch
+        f = self.info["vae_scale_factor"]
+        return shape[2] * f, shape[3] * f
+
+    def latent_shape(self, options: GenerateOptions) -> tuple[int, ...]:
+        h, w = self.image_size(options)
+        return self.family.latent_shape(self.info, options.batch, h, w)
 
     def latent_shape_for(self, batch: int, height: int | None = None, width: int | None = None) -> tuple[int, ...]:
         return self.latent_shape(GenerateOptions(batch=batch, height=height, width=width))
@@ -179,8 +233,9 @@ class Pipeline:
     def prepare(self, options: GenerateOptions, latents: np.ndarray | None, noise: np.ndarray | None):
         """Validate everything before any model runs; returns (table, latents, noise)."""
         options = self.resolve(options)
-        shape = guards.check_request(self.folder, self.manifest, options)
-        guards.check_size(self.info, shape, options)
+        guards.check_request(self.folder, self.manifest, options)
+        shape = self.latent_shape(options)  # the family's (may be packed)
+        guards.check_size(self.info, self.image_size(options))
         table = self.table(options)
         if options.loop != "host":
             graph = self.sampling_graph(options.loop)
@@ -209,20 +264,20 @@ class Pipeline:
         table, latents, noise = self.prepare(options, latents, noise)
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
-        negatives = guards.prompt_list("" if negative_prompt is None else negative_prompt, b, "negative prompt")
+        negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
         return self._run(options, table, latents, noise, prompts, negatives)
 
     def _run(self, options, table, latents, noise, prompts, negatives):
         guided = options.guidance > 1.0
-        cond = self.encode_prompt(prompts)
-        guards.check_finite(cond, "text encoding (the text encoder produced NaN/inf)")
+        h, w = self.image_size(options)
         if options.loop != "host":
-            uncond = self.encode_prompt(negatives)
+            # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u))
+            cond, uncond = self.conditioning(prompts, negatives, True, h, w)
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
             guards.check_finite(x, "the sampling graph's output latents")
         else:
-            uncond = self.encode_prompt(negatives) if guided else None
-            model_fn = GuidedBackbone(self.unet, latents.shape, cond, uncond, options.guidance)
+            cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
+            model_fn = GuidedBackbone(self.backbone, latents.shape, cond, uncond, options.guidance)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             x = latents
@@ -235,7 +290,8 @@ class Pipeline:
             latents=x,
             init_latents=latents,
             noise=noise,
-            settings={"prompt": prompts, "negative_prompt": negatives, **options.__dict__},
+            settings={"prompt": prompts, "negative_prompt": negatives if negatives is not None else [""] * len(prompts),
+                      **options.__dict__},
         )
 
     def __call__(self, prompt: str | list[str], **kwargs) -> GenerationResult:
