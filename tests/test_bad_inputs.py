@@ -353,8 +353,7 @@ MANIFEST_CASES = [
     ("tokenizer-missing", lambda c: ((c.model / "tokenizer" / "tokenizer.json").unlink(), c.rehash()), "tokenizer"),
     ("tokenizer-config-garbage", edit_file("tokenizer/tokenizer_config.json", "{"), "tokenizer_config.json"),
     ("tokenizer-config-bos", edit_file("tokenizer/tokenizer_config.json", '{"bos_token": "<nope>"}'), "bos_token"),
-    ("tokenizer-config-length", edit_file("tokenizer/tokenizer_config.json", '{"model_max_length": -1}'),
-     "model_max_length"),
+    ("tokenizer-config-eos-type", edit_file("tokenizer/tokenizer_config.json", '{"eos_token": 5}'), "eos_token"),
 ]
 CASES += [(f"manifest-{n}", setup, gen(model="copy"), 2, frag) for n, setup, frag in MANIFEST_CASES]
 

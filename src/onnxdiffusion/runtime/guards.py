@@ -26,11 +26,6 @@ MAX_BATCH = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = 2**63 - 1
 
-_EXPECTED_IO = {
-    "text_encoder": (("input_ids",), ("last_hidden_state",)),
-    "unet": (("sample", "timestep", "encoder_hidden_states"), ("out_sample",)),
-    "vae_decoder": (("latent_sample",), ("sample",)),
-}
 
 
 def is_int(v) -> bool:
@@ -188,16 +183,13 @@ def check_finite(a: np.ndarray, stage: str) -> None:
         raise UserError(f"non-finite values after {stage}; the model folder or settings are unusable")
 
 
-def check_io(folder, name: str, session) -> None:
+def check_io(folder, name: str, session, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> None:
     """A component swapped for another (or a foreign ONNX file) fails here, not mid-generation."""
-    expected = _EXPECTED_IO.get(name)
-    if expected is None:
-        return
     ins = {i.name for i in session.get_inputs()}
     outs = {o.name for o in session.get_outputs()}
-    if not set(expected[0]) <= ins or not set(expected[1]) <= outs:
+    if not set(inputs) <= ins or not set(outputs) <= outs:
         raise UserError(f"{folder}: component '{name}' has inputs {sorted(ins)} and outputs {sorted(outs)}; expected "
-                        f"inputs {list(expected[0])} and outputs {list(expected[1])} (a wrong or swapped component?)")
+                        f"inputs {list(inputs)} and outputs {list(outputs)} (a wrong or swapped component?)")
 
 
 def check_latent_channels(folder, info: dict, sessions: dict) -> None:

@@ -102,11 +102,12 @@ class Pipeline:
         bb = comps[family.backbone]
         self.backbone = _backbone_session(component_path(folder, manifest, family.backbone), bb, provider, threads)
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads)
-        if family.backbone == "unet":  # SD's fixed I/O names: a swapped component fails here
-            for name, session in (("text_encoder", self.encoders.get("text_encoder")), ("unet", self.backbone),
-                                  ("vae_decoder", self.vae_decoder)):
-                if session is not None:
-                    guards.check_io(folder, name, session)
+        # every family's components keep fixed I/O names: a swapped or foreign component fails here
+        for slot in self.slots:
+            guards.check_io(folder, slot.name, self.encoders[slot.name], ("input_ids",), tuple(slot.outputs))
+        guards.check_io(folder, family.backbone, self.backbone, ("sample", "timestep"), ("out_sample",))
+        guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
+        if family.backbone == "unet":
             guards.check_latent_channels(folder, info, {"unet": self.backbone, "vae_decoder": self.vae_decoder})
         self._threads = threads
         self._graphs: dict[str, SamplingGraph] = {}
