@@ -20,3 +20,35 @@ def assert_one_line_error(proc, *fragments):
     assert len(errors) == 1, proc.stderr
     for f in fragments:
         assert f in errors[0], errors[0]
+
+
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+class CaseTimeout(BaseException):
+    """Raised by the alarm: not an Exception, so the CLI's handlers cannot swallow it."""
+
+
+def invoke(*args, timeout: float = 60) -> Result:
+    """The CLI in-process (onnxdiffusion.cli.run), stdout/stderr captured, under a wall-clock timeout."""
+    import contextlib
+    import io
+    import signal
+
+    from onnxdiffusion.cli import run
+
+    def alarm(signum, frame):
+        raise CaseTimeout(f"timed out after {timeout}s: {args}")
+
+    out, err = io.StringIO(), io.StringIO()
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run([str(a) for a in args])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return Result(code, out.getvalue(), err.getvalue())

@@ -18,9 +18,33 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .manifest import FORMAT_VERSION, check_relative, confined, validate_manifest
+
+__all__ = ["FORMAT_VERSION", "MANIFEST", "COMPONENTS", "REQUIRED_COMPONENTS", "atomic_dir", "atomic_write_bytes",
+           "check_output_folder", "confined", "hash_tree", "read_manifest", "sha256_file", "verify_folder", "write_json"]
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
+REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+# files the run-time side opens besides the components; verified like them
+SIDE_FILES = ("tokenizer/tokenizer.json", "scheduler/scheduler_config.json")
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once: os.umask is process-wide, so toggling it later would race other threads
+
+
+def _umask() -> int:
+    return _UMASK
+
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -40,38 +64,80 @@ def hash_tree(root: Path) -> dict[str, str]:
     return out
 
 
-@contextlib.contextmanager
-def atomic_dir(final: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling folder; rename it to `final` only if the block succeeds."""
+def _is_model_folder(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def check_output_folder(final: Path, overwrite: bool, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse an OUT that would destroy something: an input (or a folder holding or inside one),
+    a non-empty folder without --overwrite, or anything but a model folder with it."""
     final = Path(final)
     parent = final.parent
     if not parent.is_dir():
         raise UserError(f"output directory's parent does not exist: {parent}")
-    if final.exists() and not overwrite:
-        if final.is_file() or any(final.iterdir()):
+    target = final.resolve()
+    for src in inputs:
+        s = Path(src).resolve()
+        if target == s or target in s.parents or s in target.parents:
+            raise UserError(f"output {final} overlaps the input {src} (OUT must not be, contain or be inside it)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"output directory is not writable: {parent}")
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        raise UserError(f"output {final} exists and is not a folder")
+    if final.exists() and any(final.iterdir()):
+        if not overwrite:
             raise UserError(f"output {final} already exists (pass --overwrite to replace it)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=parent))
+        if not _is_model_folder(final):
+            raise UserError(f"--overwrite replaces only a model folder written by onnxdiffusion; {final} has no {MANIFEST}")
+
+
+def _fix_modes(root: Path) -> None:
+    """mkdtemp/mkstemp create 0700/0600; outputs get the usual 0755/0644 (less the umask)."""
+    mask = _umask()
+    os.chmod(root, DIR_MODE & ~mask)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), DIR_MODE & ~mask)
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if not os.path.islink(p) and os.stat(p).st_nlink == 1:  # hard links share the source's inode
+                os.chmod(p, FILE_MODE & ~mask)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path, overwrite: bool = False, inputs: tuple[Path, ...] = ()) -> Iterator[Path]:
+    """Yield a temporary sibling folder; rename it to `final` only if the block succeeds."""
+    final = Path(final)
+    check_output_folder(final, overwrite, inputs)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
+        _fix_modes(tmp)
+        if final.exists():
+            # move the old folder aside first, so an interruption never leaves neither
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
+            os.replace(final, old / "x")
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists():
-        if final.is_dir():
-            shutil.rmtree(final)
-        else:
-            final.unlink()
-    os.replace(tmp, final)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         raise UserError(f"output directory does not exist: {path.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except PermissionError:
+        raise UserError(f"output directory is not writable: {path.parent}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, FILE_MODE & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -83,7 +149,8 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
-def read_manifest(folder: Path) -> dict:
+def read_manifest(folder: Path, required: tuple[str, ...] = ()) -> dict:
+    """The folder's manifest, validated against the schema (manifest.py); one UserError naming the bad field."""
     folder = Path(folder)
     if not folder.exists():
         raise UserError(f"model folder not found: {folder}")
@@ -92,13 +159,22 @@ def read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     if not path.is_file():
         raise UserError(f"{folder} is not an onnxdiffusion model folder (no {MANIFEST}; run `onnxdiffusion export` first)")
+    confined(folder, MANIFEST, "manifest")
     try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{path}: unsupported format_version {manifest.get('format_version')!r}")
-    return manifest
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise UserError(f"{path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    return validate_manifest(manifest, str(path), required)
+
+
+def component_path(folder: Path, manifest: dict, name: str) -> Path:
+    """The resolved path of a component's ONNX file, confined to the folder."""
+    info = manifest["components"].get(name)
+    if info is None:
+        raise UserError(f"{folder}: manifest has no '{name}' component")
+    return confined(folder, info["path"], f"component '{name}'")
 
 
 def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] | None = None) -> None:
@@ -112,15 +188,47 @@ def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] | No
         family = get_family(manifest.get("family"))
         family.check_folder(str(folder), manifest)
         components = family.required_components(manifest.get("pipeline", {}))
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise UserError(f"{folder}: {MANIFEST} has no 'files' hash list; refusing an unverifiable folder")
     for name in components:
-        info = manifest.get("components", {}).get(name)
-        if info is None:
-            raise UserError(f"{folder}: manifest has no '{name}' component")
-        if not (folder / info["path"]).is_file():
-            raise UserError(f"{folder}: component '{name}' is missing ({info['path']})")
-    for rel, digest in manifest.get("files", {}).items():
-        p = folder / rel
+        path = component_path(folder, manifest, name)
+        if not path.is_file():
+            raise UserError(f"{folder}: component '{name}' is missing ({manifest['components'][name]['path']})")
+    for name, info in manifest["components"].items():
+        for rel in [info["path"], *info.get("external_data", [])]:
+            if rel not in files and (name in components or (folder / rel).exists()):
+                raise UserError(f"{folder}: {rel} (component '{name}') is not in the manifest's hash list")
+    for rel in SIDE_FILES:
+        if (folder / rel).exists() and rel not in files:
+            raise UserError(f"{folder}: {rel} is not in the manifest's hash list")
+    for rel, digest in files.items():
+        p = confined(folder, rel, "file")
         if not p.is_file():
             raise UserError(f"{folder}: file listed in manifest is missing: {rel}")
         if sha256_file(p) != digest:
             raise UserError(f"{folder}: {rel} does not match its sha256 in {MANIFEST} (corrupt or modified)")
+
+
+def load_component(folder: Path, manifest: dict, name: str):
+    """onnx.load of a component after checking its path and its external data stay inside the folder."""
+    import onnx
+
+    from .runtime.session import check_external_data
+
+    path = component_path(folder, manifest, name)
+    check_external_data(path)
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # protobuf and onnx raise several types
+        raise UserError(f"cannot load {path}: {type(e).__name__}") from None
+
+
+def check_external_paths(folder: Path, manifest: dict) -> None:
+    """Every component's ONNX external-data locations stay inside the folder (reads graphs, not weights)."""
+    from .runtime.session import check_external_data
+
+    for name in manifest["components"]:
+        path = component_path(folder, manifest, name)
+        if path.is_file():
+            check_external_data(path)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import tempfile
+import traceback
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,7 +16,9 @@ import typer
 
 from .errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Export, quantize and run diffusion pipelines with ONNX Runtime. "
+                  "Every verb accepts --debug (print the traceback of an internal error).")
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -44,10 +51,11 @@ def export(
 def generate(
     args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT (MODEL defaults to the embedded model)")],
     negative_prompt: Annotated[Optional[str], typer.Option("--negative-prompt", "-n")] = None,
-    steps: int = 20,
-    sampler: str = "ddim",
-    guidance: float = 7.5,
-    seed: int = 0,
+    steps: Annotated[Optional[int], typer.Option(help="1..1000 (default: the model's recommended, else 20)")] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else ddim")] = None,
+    guidance: Annotated[Optional[float], typer.Option(
+        help="0..100, <= 1 turns guidance off (default: the model's recommended, else 7.5)")] = None,
+    seed: Annotated[int, typer.Option(help="0..2**63-1")] = 0,
     height: Optional[int] = None,
     width: Optional[int] = None,
     batch: int = 1,
@@ -55,13 +63,16 @@ def generate(
     provider: str = "cpu",
     loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
+    overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
-    from tqdm import tqdm
-
+    from .artifacts import read_manifest
     from .imageio import output_paths
-    from .runtime import GenerationResult, Pipeline
+    from .paths import default_model_folder
+    from .runtime import guards
+    from .runtime.pipeline import GenerateOptions, resolve_options
+    from .runtime.session import resolve_provider
 
     if len(args) == 1:
         model, prompt = None, args[0]
@@ -69,15 +80,31 @@ def generate(
         model, prompt = Path(args[0]), args[1]
     else:
         raise UserError("expected [MODEL] PROMPT")
-    output_paths(output, batch)  # fail before loading anything
-    pipe = Pipeline.from_folder(model, provider=provider, profile=profile)
-    if loop is None:
-        loop = pipe.profile.profile.loop if pipe.profile is not None else "host"
-    events = pipe.iter_generate(
-        prompt, negative_prompt=negative_prompt, steps=steps, sampler=sampler, guidance=guidance, seed=seed,
-        height=height, width=width, batch=batch, spacing=spacing, loop=loop,
-    )
+    # everything that can be checked without loading a model is checked first
+    guards.prompt_list(prompt, 1, "prompt")
+    if negative_prompt is not None:
+        guards.prompt_list(negative_prompt, 1, "negative prompt")
+    output_paths(output, batch if isinstance(batch, int) and batch > 0 else 1, overwrite)
+    resolve_provider(provider)
+    folder = model if model is not None else default_model_folder()
+    manifest = read_manifest(folder)
+    options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
+                                              width=width, batch=batch, spacing=spacing, loop=loop),
+                              manifest["recommended"])
+    if options.loop is None:  # the profile decides, else the host loop
+        from .profiles import load_profile
+
+        options = replace(options, loop=load_profile(profile).loop if profile is not None else "host")
+    guards.check_request(folder, manifest, options)
+
+    from tqdm import tqdm
+
+    from .runtime import GenerationResult, Pipeline
+
+    pipe = Pipeline.from_folder(folder, provider=provider, profile=profile)
+    events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, **options.__dict__)
     result = None
+    steps = options.steps
     with tqdm(total=steps, desc="sampling", unit="step") as bar:
         for event in events:
             if isinstance(event, GenerationResult):
@@ -85,7 +112,7 @@ def generate(
             else:
                 bar.update(1)
         bar.update(steps - bar.n)  # one-graph loops report only at the end
-    for p in result.save(output):
+    for p in result.save(output, overwrite=overwrite):
         print(p)
 
 
@@ -104,6 +131,7 @@ def compile_loop_cmd(
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
     from .loops import compile_loop
 
+    print(f"compiling the {form} sampling graph of {model}", file=sys.stderr, flush=True)
     info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned)
     print(f"{info['path']}: {info['bytes'] / 1e6:.1f} MB in {info['compile_seconds']:.1f}s -> {out}")
 
@@ -158,36 +186,50 @@ def quantize(
 @app.command()
 def evaluate(
     model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
-    count: int = 256,
+    count: Annotated[int, typer.Option(help="1..4096 held-out prompts")] = 256,
     steps: int = 20,
     sampler: str = "ddim",
     guidance: float = 4.0,
-    batch: int = 32,
+    batch: Annotated[int, typer.Option(help="1..4096 images per run")] = 32,
     provider: str = "cpu",
-    output: Annotated[Path, typer.Option("--output", "-o", help="JSON result")] = Path("evaluate.json"),
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON result (default: none, summary only)")] = None,
     grid: Annotated[Optional[Path], typer.Option(help="also save a grid of the first 64 images")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace existing output files")] = False,
 ) -> None:
     """Held-out prompts with fixed seeds: judge attribute / strict accuracy and Fréchet distance."""
     import json
 
     from .artifacts import atomic_write_bytes
-    from .evaluate.run import EvaluateOptions, evaluate_model
+    from .evaluate.run import EvaluateOptions, check_evaluate_options, evaluate_model
     from .imageio import image_grid, output_paths
 
-    if not output.parent.is_dir():
-        raise UserError(f"output directory does not exist: {output.parent}")
+    if output is not None:
+        check_output_file(output, overwrite)
     if grid is not None:
-        output_paths(grid, 1)
+        output_paths(grid, 1, overwrite)
     options = EvaluateOptions(count=count, steps=steps, sampler=sampler, guidance=guidance, batch=batch)
+    check_evaluate_options(options, provider)
     result = evaluate_model(model, options, provider=provider)
     images = result.pop("_images")
-    atomic_write_bytes(output, (json.dumps(result, indent=2) + "\n").encode())
+    if output is not None:
+        atomic_write_bytes(output, (json.dumps(result, indent=2) + "\n").encode())
     if grid is not None:
         from .imageio import save_images
 
-        save_images(image_grid(images[:64], 8)[None], grid)
+        save_images(image_grid(images[:64], 8)[None], grid, overwrite)
     print(f"attribute accuracy {result['attribute_accuracy']:.3f}  strict {result['strict_accuracy']:.3f}  "
-          f"FD {result['frechet_distance']:.2f}  ({result['count']} images) -> {output}")
+          f"FD {result['frechet_distance']:.2f}  ({result['count']} images)" + (f" -> {output}" if output else ""))
+
+
+def check_output_file(path: Path, overwrite: bool) -> None:
+    if path.is_dir():
+        raise UserError(f"output {path} is a directory; name a file")
+    if not path.parent.is_dir():
+        raise UserError(f"output directory does not exist: {path.parent}")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"output directory is not writable: {path.parent}")
+    if path.exists() and not overwrite:
+        raise UserError(f"output {path} already exists (pass --overwrite to replace it)")
 
 
 @app.command()
@@ -331,22 +373,110 @@ def _require(*modules: str, extra: str) -> None:
         raise UserError(f"{', '.join(missing)} not installed: pip install 'onnxdiffusion[{extra}]'")
 
 
-def main() -> None:
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so every `finally` and temporary-folder cleanup runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _usage_error(e: BaseException) -> bool:
+    # typer >= 0.20 vendors click as typer._click: recognise its exceptions by their interface
+    return callable(getattr(e, "format_message", None)) and isinstance(getattr(e, "exit_code", None), int)
+
+
+def _internal_error(e: BaseException, debug: bool) -> None:
+    """One line and where the traceback is; --debug prints it instead."""
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    if debug:
+        sys.stderr.write(text)
+        print(f"error: internal error: {type(e).__name__}: {first}", file=sys.stderr)
+        return
+    fd, path = tempfile.mkstemp(prefix="onnxdiffusion-traceback-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    print(f"error: internal error: {type(e).__name__}: {first} (traceback in {path}; rerun with --debug to print it)",
+          file=sys.stderr)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The CLI as a function returning its exit status (tests call this in-process).
+
+    2: bad input or an unusable artifact (one line); 130: interrupted (Ctrl-C); 143: terminated (SIGTERM);
+    1: an internal error (one line plus where its traceback was written).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    if not args:
+        args = ["--help"]
+    old_show = warnings.showwarning
     warnings.showwarning = _one_line_warning
+    old_term = None
     try:
-        app(standalone_mode=False)
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        pass
+    try:
+        rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C into a silent 130
+            print("error: interrupted", file=sys.stderr)
+        return rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as e:  # click usage errors carry their own exit code
-        # typer >= 0.20 vendors click as typer._click: recognise its exceptions by their interface
-        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+        return 130
+    except Terminated:
+        print("error: terminated", file=sys.stderr)
+        return 143
+    except MemoryError:
+        print("error: out of memory (use a smaller size or batch)", file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system said no: a full disk, a permission, a vanished folder
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"error: {_one_line(e.strerror or str(e))}{where}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        cause = _signal_cause(e)
+        if cause is not None:  # e.g. an ImportError raised because Ctrl-C hit a module's initialisation
+            print(f"error: {'terminated' if cause == 143 else 'interrupted'}", file=sys.stderr)
+            return cause
+        if _usage_error(e):
+            print(f"error: {_one_line(e.format_message())} (see --help)", file=sys.stderr)
+            return e.exit_code
+        if isinstance(getattr(e, "exit_code", None), int):  # click's Exit
+            return e.exit_code
+        _internal_error(e, debug)
+        return 1
+    finally:
+        warnings.showwarning = old_show
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _signal_cause(e: BaseException) -> int | None:
+    """130 / 143 if a Ctrl-C or SIGTERM is what this exception is about (click's Abort, or one chained)."""
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, Terminated):
+            return 143
+        if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "Abort":
+            return 130
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main() -> None:
+    sys.exit(run())
 
 
 if __name__ == "__main__":

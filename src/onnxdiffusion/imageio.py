@@ -2,36 +2,65 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from .artifacts import atomic_write_bytes
+from .artifacts import _umask
 from .errors import UserError
 
 _FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
 
 
-def output_paths(path: Path, count: int) -> list[Path]:
-    """`out.png` for one image, `out-0.png`, `out-1.png`, ... for a batch; checked before any work."""
+def output_paths(path: Path, count: int, overwrite: bool = False) -> list[Path]:
+    """`out.png` for one image, `out-0.png`, `out-1.png`, ... for a batch; checked before any work:
+    a known image suffix, an existing writable directory, and no existing file unless `overwrite`."""
     path = Path(path)
     if path.suffix.lower() not in _FORMATS:
         raise UserError(f"output must end in one of {', '.join(_FORMATS)}: {path}")
     if not path.parent.is_dir():
         raise UserError(f"output directory does not exist: {path.parent}")
-    if count == 1:
-        return [path]
-    return [path.with_name(f"{path.stem}-{i}{path.suffix}") for i in range(count)]
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"output directory is not writable: {path.parent}")
+    paths = [path] if count == 1 else [path.with_name(f"{path.stem}-{i}{path.suffix}") for i in range(count)]
+    for p in paths:
+        if p.is_dir():
+            raise UserError(f"output {p} is a directory; name an image file")
+        if (p.exists() or p.is_symlink()) and not overwrite:
+            raise UserError(f"output {p} already exists (pass --overwrite to replace it)")
+    return paths
 
 
-def save_images(images: np.ndarray, path: Path) -> list[Path]:
-    paths = output_paths(path, len(images))
-    for img, p in zip(images, paths):
-        buf = io.BytesIO()
-        Image.fromarray(img).save(buf, format=_FORMATS[p.suffix.lower()])
-        atomic_write_bytes(p, buf.getvalue())
+def save_images(images: np.ndarray, path: Path, overwrite: bool = False) -> list[Path]:
+    """All or nothing: every image is encoded to a temporary name first, then all are renamed."""
+    paths = output_paths(path, len(images), overwrite)
+    staged: list[tuple[str, Path]] = []
+    done: list[Path] = []
+    try:
+        for img, p in zip(images, paths):
+            buf = io.BytesIO()
+            Image.fromarray(img).save(buf, format=_FORMATS[p.suffix.lower()])
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+            staged.append((tmp, p))
+            with os.fdopen(fd, "wb") as f:
+                f.write(buf.getvalue())
+            os.chmod(tmp, 0o644 & ~_umask())
+        for tmp, p in staged:
+            os.replace(tmp, p)
+            done.append(p)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        for p in done:  # an interrupted batch leaves none of its images
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        raise
     return paths
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import onnx
 
-from .artifacts import MANIFEST, atomic_dir, hash_tree, read_manifest, verify_folder, write_json
+from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, confined, load_component,
+                        read_manifest, sha256_file, verify_folder, write_json)
 from .errors import UserError
 from .families import get_family
 from .samplers.graph import FORMS, build_sampling_graph
@@ -75,15 +76,21 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError("--form unrolled needs --steps >= 1")
     if form == "loop" and steps is not None:
         raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
+    if form == "unrolled" and steps > 1000:
+        raise UserError(f"--steps must be in [1, 1000], got {steps}")
+    in_place = out.resolve() == model.resolve()
+    if not in_place:
+        check_output_folder(out, overwrite, inputs=(model,))  # before anything is loaded
     manifest = read_manifest(model)
     verify_folder(model, manifest)
+    check_external_paths(model, manifest)  # the output copies every component: all must be clean
     family = get_family(manifest.get("family"))
     backbone = backbone or family.backbone
     comps = manifest["components"]
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")
     t0 = time.time()
-    unet = onnx.load(str(model / comps[backbone]["path"]))
+    unet = load_component(model, manifest, backbone)
     prefused = None
     tuned_for = None
     qdq = _has_qdq(unet)
@@ -117,17 +124,16 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         info = manifest["pipeline"]
         scale, shift = family.decode_scale_shift(info)
         extra = dict(
-            text_encoders={s.name: (onnx.load(str(model / comps[s.name]["path"])), s.outputs)
+            text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
                            for s in family.text_encoders if s.name in comps},
             combine=lambda ops, encoded: family.combine(ops, encoded, info),
-            vae_decoder=onnx.load(str(model / comps["vae_decoder"]["path"])),
+            vae_decoder=load_component(model, manifest, "vae_decoder"),
             vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
         )
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, **extra)
     del unet, extra
     name = component_name(form, whole)
-    in_place = out.resolve() == model.resolve()
 
     def write_component(root: Path) -> dict:
         folder = root / name
@@ -161,15 +167,28 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             os.replace(tmp / name, model / name)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        root = model
         manifest["components"][name] = info
-        manifest["files"] = hash_tree(root)
-        write_json(root / MANIFEST, manifest)
+        manifest["files"] = _files_with(manifest["files"], model, name)
+        write_json(model / MANIFEST, manifest)
         return info
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        shutil.copytree(model, tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
+    with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
+        # copy only what the manifest lists (and hashed): stray files in MODEL are not vouched for
+        for rel in manifest["files"]:
+            if rel.split("/")[0] == name:
+                continue
+            src, dst = confined(model, rel, "file"), confined(tmp, rel, "file")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(str(src), str(dst))
         info = write_component(tmp)
         manifest["components"][name] = info
-        manifest["files"] = hash_tree(tmp)
+        manifest["files"] = _files_with(manifest["files"], tmp, name)
         write_json(tmp / MANIFEST, manifest)
     return info
+
+
+def _files_with(files: dict[str, str], root: Path, name: str) -> dict[str, str]:
+    """The hash list with the new component's folder re-hashed; files this run did not write keep their
+    listed hashes (and unlisted files stay unlisted)."""
+    kept = {rel: h for rel, h in files.items() if rel.split("/")[0] != name}
+    new = {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted((root / name).rglob("*")) if p.is_file()}
+    return {**kept, **new}

@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import sys
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import scenes as S
-from ..artifacts import read_manifest
+from ..artifacts import check_external_paths, read_manifest, verify_folder
 from ..errors import UserError
 from ..paths import default_model_folder
 from . import memory
@@ -187,8 +188,23 @@ def run_bench(options: BenchOptions) -> dict:
     """Run the bench; write results.json, results.csv, plots and report.html under options.out.
 
     Returns the results dict (what results.json holds). Raises UserError on bad input (unknown
-    variant, output path that is a file, ...) before any model runs.
+    variant, output path that is a file, ...) before any model runs. A failed or interrupted run
+    removes what it wrote under options.out (and the folder, if it created it).
     """
+    out = Path(options.out).absolute()
+    before = set(out.iterdir()) if out.is_dir() else None
+    try:
+        return _run_bench(options)
+    except BaseException:
+        if before is None:
+            shutil.rmtree(out, ignore_errors=True)
+        elif out.is_dir():
+            for p in set(out.iterdir()) - before:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()
+        raise
+
+
+def _run_bench(options: BenchOptions) -> dict:
     opts = _resolve(options)
     t_start = time.perf_counter()
     machine = machine_info()  # load average before any model runs
@@ -205,6 +221,9 @@ def run_bench(options: BenchOptions) -> dict:
     else:
         model = Path(opts.model) if opts.model is not None else default_model_folder()
         manifest = read_manifest(model)
+        # an untrusted MODEL is refused up front, not reported as a failed row
+        verify_folder(model, manifest)
+        check_external_paths(model, manifest)
         source = source_folder(model, manifest)
     if opts.variants_dir is not None and not Path(opts.variants_dir).is_dir():
         raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")

@@ -136,6 +136,7 @@ def print_table(results: dict, console=None) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.markup import escape
     except ImportError:
         print(text_table(results))
         return
@@ -151,16 +152,18 @@ def print_table(results: dict, console=None) -> None:
         use = [c for c in cols if c[0] in keys]
         if len(use) <= 1 or not rows:
             continue
-        table = Table(title=title, title_justify="left")
+        table = Table(title=escape(title), title_justify="left")
         for i, (k, h, _) in enumerate(use):
             table.add_column(h, justify="left" if k in ("name", "precision", "sampler", "loop") else "right",
                              no_wrap=True)
         for r in rows:
-            table.add_row(*[r[k] for k, _, _ in use])
+            table.add_row(*[escape(str(r[k])) for k, _, _ in use])
         console.print(table)
     for v in results["variants"]:
         if v["status"] != "ok":
-            console.print(f"[yellow]{v['status']}[/] {v['name']}: {v['reason']}", highlight=False, soft_wrap=True)
+            # escape: reasons hold commands like pip install -e '.[export]' that Rich would read as markup
+            console.print(f"[yellow]{escape(str(v['status']))}[/] {escape(str(v['name']))}: {escape(str(v['reason']))}",
+                          highlight=False, soft_wrap=True)
 
 
 # --- results files -------------------------------------------------------------------------------------

@@ -25,6 +25,24 @@ class EvaluateOptions:
     seed_offset: int = 0
 
 
+def check_evaluate_options(options: EvaluateOptions, provider: str = "cpu") -> None:
+    """Ranges checked before the judge or a model is loaded."""
+    from ..runtime.guards import MAX_BATCH, MAX_GUIDANCE, is_int
+    from ..runtime.session import resolve_provider
+    from ..samplers import SAMPLERS
+
+    for name, lo, hi in (("count", 1, 4096), ("batch", 1, MAX_BATCH), ("steps", 1, 1000), ("seed_offset", 0, 2**62)):
+        v = getattr(options, name)
+        if not is_int(v) or not lo <= v <= hi:
+            raise UserError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+    g = options.guidance
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g <= MAX_GUIDANCE:  # NaN fails both
+        raise UserError(f"guidance must be a number in [0, {MAX_GUIDANCE:g}], got {g!r}")
+    if options.sampler not in SAMPLERS:
+        raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
+    resolve_provider(provider)
+
+
 def heldout_scenes(options: EvaluateOptions) -> list[S.Scene]:
     if options.count < 1:
         raise UserError(f"count must be >= 1, got {options.count}")
@@ -74,6 +92,7 @@ def evaluate_model(model: Path | str | None = None, options: EvaluateOptions | N
     from ..runtime import Pipeline
 
     options = options or EvaluateOptions()
+    check_evaluate_options(options, provider)
     scenes = heldout_scenes(options)
     try:
         judge = Judge.from_file(judge_path)

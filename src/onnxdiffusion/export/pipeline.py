@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, hash_tree, write_json
+from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, check_output_folder, hash_tree, write_json
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
+
+OPSET_RANGE = (14, 20)  # attention export needs 14; torch's TorchScript exporter stops at 20
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,14 @@ class ExportOptions:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from None
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSON and Unicode errors
+        raise UserError(f"{path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    return obj
 
 
 def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
@@ -52,6 +59,13 @@ def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
     if not sched_path.is_file():
         raise UserError(f"{src}: scheduler/scheduler_config.json is missing")
     configs["scheduler"] = _read_json(sched_path)
+    from ..manifest import check_scheduler_config
+    from ..samplers import schedule_from_config
+
+    try:
+        schedule_from_config(check_scheduler_config(configs["scheduler"], str(sched_path)))
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300]}") from None
     for slot in family.text_encoders:
         if class_of(mi, slot.name) is None:
             continue
@@ -64,6 +78,18 @@ def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
             raise UserError(f"{src}: {name}/config.json is missing")
         configs[name] = _read_json(path)
     return family, mi, configs
+
+
+def _recommended(src: Path) -> dict:
+    """Settings the model was evaluated with (eval.json beside the diffusers folder, written by training)."""
+    from ..manifest import check_recommended
+
+    try:
+        opts = json.loads((src / "eval.json").read_text())["options"]
+        rec = {k: opts[k] for k in ("guidance", "steps", "sampler") if k in opts}
+        return check_recommended(rec, str(src / "eval.json"))
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return {}
 
 
 def _versions() -> dict:
@@ -121,7 +147,11 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     """
     options = options or ExportOptions()
     src, out = Path(src), Path(out)
+    if isinstance(options.opset, bool) or not isinstance(options.opset, int) \
+            or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
+        raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
     family, model_index, configs = _check_source(src)
+    check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
@@ -154,8 +184,9 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         "attention": {"fused": False},
         "pipeline": info,
         "components": {},
+        "recommended": _recommended(src),
     }
-    with atomic_dir(out, overwrite=options.overwrite) as tmp:
+    with atomic_dir(out, overwrite=options.overwrite, inputs=(src,)) as tmp:
         with tqdm(total=len(specs), desc="export", disable=not progress) as bar:  # closed (newline) on errors too
             loaded: tuple[str, object] | None = None
             for name, spec in specs.items():

@@ -74,7 +74,10 @@ class StableDiffusion3(Family):
             "context_length": clip_length + T5_LENGTH,
             "context_dim": joint,
             "encoder_widths": widths,
+            "encoder_projections": projections,
             "pooled_dim": sum(projections),
+            # the transformer's learned position table bounds the latent size it accepts
+            "max_latent": int(tr["pos_embed_max_size"]) * patch if tr.get("pos_embed_max_size") else None,
             "t5": t5 is not None,
         }
 
@@ -93,7 +96,7 @@ class StableDiffusion3(Family):
         c = int(info["latent_channels"])
         w1, w2 = info["encoder_widths"]
         s1, s2, s3 = self.text_encoders
-        p1 = p2 = int(info["pooled_dim"]) // 2
+        p1, p2 = (int(p) for p in info["encoder_projections"])
         specs = {
             "text_encoder": text_encoder_spec(s1, {PENULTIMATE: w1, "text_embeds": p1}),
             "text_encoder_2": text_encoder_spec(s2, {PENULTIMATE: w2, "text_embeds": p2}),
@@ -114,6 +117,8 @@ class StableDiffusion3(Family):
             return [{"batch_size": 2, "sequence_length": seq}, {"batch_size": 1, "sequence_length": max(2, seq // 2)}]
         seq = int(info["context_length"])
         first, second = unet_dims(info, 1)
+        if info.get("max_latent") and second["width_latent"] > int(info["max_latent"]):
+            first, second = unet_dims(info, -1)  # one patch narrower: wider would leave the position table
         return [{**first, "sequence_length": seq}, {**second, "sequence_length": seq // 2}]
 
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:

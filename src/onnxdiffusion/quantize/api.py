@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..artifacts import MANIFEST, atomic_dir, hash_tree, read_manifest, sha256_file, verify_folder, write_json
+from ..artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
+                         hash_tree, load_component, read_manifest, sha256_file, verify_folder, write_json)
 from ..errors import UserError
 from ..families import get_family
 from ..loops import save_model
@@ -36,10 +37,7 @@ class SpeedGateError(UserError):
 def _check_out(model: Path, out: Path, overwrite: bool) -> None:
     if out.resolve() == model.resolve():
         raise UserError("OUT must be a new folder, not MODEL itself")
-    if not out.parent.is_dir():
-        raise UserError(f"output directory's parent does not exist: {out.parent}")
-    if out.exists() and not overwrite and (out.is_file() or any(out.iterdir())):
-        raise UserError(f"output {out} already exists (pass --overwrite to replace it)")
+    check_output_folder(out, overwrite, inputs=(model,))
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -74,12 +72,14 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     t_start = time.time()
     recipe = config.recipe
     resolve_provider(config.provider)  # installed?
+    _check_out(model, out, overwrite)  # before anything is loaded
     manifest = read_manifest(model)
     verify_folder(model, manifest)
+    check_external_paths(model, manifest)  # the output copies every component: all must be clean
     comps = manifest["components"]
-    _check_out(model, out, overwrite)
     if manifest.get("quantization") and not force:
-        prev = manifest["quantization"].get("config", {}).get("recipe", {}).get("name", "?")
+        q = manifest["quantization"]
+        prev = q if isinstance(q, str) else str((q.get("config") or {}).get("recipe", {}).get("name", "?"))
         raise UserError(f"{model} is already quantized (recipe {prev}); quantize the fp32 folder, or pass --force")
     # recipes call the backbone "unet" whatever the family; the folder names it as its family does
     backbone = get_family(manifest.get("family")).backbone
@@ -87,8 +87,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     def folder_name(name: str) -> str:
         return backbone if name == "unet" else name
 
-    unet_path = model / comps[backbone]["path"]
-    unet = onnx.load(str(unet_path))
+    unet_path = component_path(model, manifest, backbone)
+    unet = load_component(model, manifest, backbone)
     if is_quantized(unet) and not force:
         raise UserError(f"{model}: the backbone is already quantized; quantize the fp32 folder, or pass --force")
     prompts, prompt_source = load_prompts(config.calibration)
@@ -128,7 +128,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             cache["probe"] = ImageProbe(pipe, prompts[:n], cal.seed, cal.steps, cal.sampler, cal.guidance, config.threads)
         return cache["probe"]
 
-    others = {name: onnx.load(str(model / comps[name]["path"])) for name in wanted - {"unet"}}
+    others = {name: load_component(model, manifest, name) for name in wanted - {"unet"}}
     ctx = Context(config, prepare_unet(unet), others, get_calibration, get_probe, log)
     log(f"building {recipe.name}")
     built = BUILDERS[type(recipe)](ctx, recipe)
@@ -239,12 +239,14 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     replaced = {folder_name(n) for n in replaced}
     skip = {comps[n]["path"] for n in replaced} | {p for n in replaced for p in comps[n].get("external_data", [])}
     skip_dirs = {info["path"].split("/")[0] for n, info in comps.items() if info.get("kind") == "sampling_graph"}
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        for rel in manifest.get("files", {}):
+    with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
+        for rel in manifest["files"]:
             if rel in skip or rel.split("/")[0] in skip_dirs:
                 continue
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(str(model / rel), str(tmp / rel))
+            # both ends confined: a hostile key like "../x" neither reads nor writes outside the folders
+            src, dst = confined(model, rel, "file"), confined(tmp, rel, "file")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(str(src), str(dst))
         new_manifest = json.loads(json.dumps(manifest))
         for n in list(new_manifest["components"]):
             if new_manifest["components"][n].get("kind") == "sampling_graph":

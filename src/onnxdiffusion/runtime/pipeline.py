@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import read_manifest, verify_folder
+from ..artifacts import component_path, read_manifest, verify_folder
 from ..errors import UserError
 from ..families import NumpyOps, get_family
+from ..manifest import check_scheduler_config, confined
+from . import guards
 from ..paths import default_model_folder
 from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
 from .backbone import Conditioning, DeviceBackbone, GuidedBackbone
@@ -44,23 +46,41 @@ class GenerationResult:
     noise: np.ndarray | None
     settings: dict = field(default_factory=dict)
 
-    def save(self, path: Path | str) -> list[Path]:
+    def save(self, path: Path | str, overwrite: bool = False) -> list[Path]:
         from ..imageio import save_images
 
-        return save_images(self.images, Path(path))
+        return save_images(self.images, Path(path), overwrite)
+
+
+DEFAULT_STEPS, DEFAULT_SAMPLER, DEFAULT_GUIDANCE = 20, "ddim", 7.5
 
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    steps: int = 20
-    sampler: str = "ddim"
-    guidance: float = 7.5
+    """None for steps/sampler/guidance: the model's recommended value (manifest `recommended`), else the
+    defaults above. Ranges are in runtime/guards.py."""
+    steps: int | None = None
+    sampler: str | None = None
+    guidance: float | None = None
     seed: int = 0
     height: int | None = None
     width: int | None = None
     batch: int = 1
     spacing: str | None = None
     loop: str = "host"  # host | loop | unrolled
+
+
+def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:
+    """Fill unset steps / sampler / guidance from the model's recommended settings (manifest), else defaults."""
+    if None not in (options.steps, options.sampler, options.guidance):
+        return options
+    r = recommended or {}
+    return replace(
+        options,
+        steps=options.steps if options.steps is not None else r.get("steps", DEFAULT_STEPS),
+        sampler=options.sampler if options.sampler is not None else r.get("sampler", DEFAULT_SAMPLER),
+        guidance=options.guidance if options.guidance is not None else r.get("guidance", DEFAULT_GUIDANCE),
+    )
 
 
 class Pipeline:
@@ -78,15 +98,25 @@ class Pipeline:
         comps = manifest["components"]
         # the family's text encoders this folder has (optional ones, like SD3's T5, may be absent)
         self.slots = [s for s in family.text_encoders if s.name in comps]
-        self.tokenizers = {s.name: PromptTokenizer(folder / s.tokenizer, family.sequence_length(s.name, info))
-                           for s in self.slots}
+        self.tokenizers = {s.name: PromptTokenizer(confined(folder, s.tokenizer, "tokenizer folder"),
+                                                   family.sequence_length(s.name, info)) for s in self.slots}
         bb = comps[family.backbone]
         chain = session_providers(profile, bb, info)
-        self.encoders = {s.name: make_session(folder / comps[s.name]["path"], provider, threads, providers=chain["other"])
+        self.encoders = {s.name: make_session(component_path(folder, manifest, s.name), provider, threads,
+                                              providers=chain["other"])
                          for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
-        self.backbone = _backbone_session(folder / bb["path"], bb, provider, threads, chain["backbone"])
-        self.vae_decoder = make_session(folder / comps["vae_decoder"]["path"], provider, threads, providers=chain["other"])
+        self.backbone = _backbone_session(confined(folder, bb["path"], "backbone"), bb, provider, threads,
+                                          chain["backbone"])
+        self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
+                                        providers=chain["other"])
+        # every family's components keep fixed I/O names: a swapped or foreign component fails here
+        for slot in self.slots:
+            guards.check_io(folder, slot.name, self.encoders[slot.name], ("input_ids",), tuple(slot.outputs))
+        guards.check_io(folder, family.backbone, self.backbone, ("sample", "timestep"), ("out_sample",))
+        guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
+        if family.backbone == "unet":
+            guards.check_latent_channels(folder, info, {"unet": self.backbone, "vae_decoder": self.vae_decoder})
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
@@ -96,12 +126,19 @@ class Pipeline:
             from ..quantize.correction import OutputCorrection
 
             self.correction = OutputCorrection.from_dict(bb["correction"])
-        sched_path = folder / "scheduler" / "scheduler_config.json"
+        sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
         try:
-            self.scheduler_config = json.loads(sched_path.read_text())
-            self.schedule = schedule_from_config(self.scheduler_config)
-        except (OSError, json.JSONDecodeError, ValueError) as e:
-            raise UserError(f"{sched_path}: {e}") from None
+            cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
+            self.scheduler_config = cfg
+            self.schedule = schedule_from_config(cfg)
+            guards.check_schedule(self.schedule, sched_path)
+        except (OSError, ValueError, TypeError, RecursionError) as e:  # JSON and Unicode errors are ValueErrors
+            raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from None
+        kind = getattr(self.schedule, "prediction_type", None)
+        if kind is not None and kind != info.get("prediction_type", kind):
+            raise UserError(f"{folder}: the scheduler's prediction_type {kind!r} disagrees with "
+                            f"the manifest's {info['prediction_type']!r}")
+        self.recommended = manifest.get("recommended") or {}
 
     @classmethod
     def from_folder(cls, folder: Path | str | None = None, provider: str = "cpu", verify: bool = True,
@@ -146,7 +183,10 @@ class Pipeline:
             ids = self.tokenizers[slot.name](prompts)
             outs = self.encoders[slot.name].run(list(slot.outputs), {"input_ids": ids})
             encoded[slot.name] = dict(zip(slot.outputs, outs))
-        return self.family.combine(NumpyOps(), encoded, self.info)
+        cond = self.family.combine(NumpyOps(), encoded, self.info)
+        for v in cond.values():
+            guards.check_finite(v, "text encoding (the text encoder produced NaN/inf)")
+        return cond
 
     def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
                      width: int) -> tuple[Conditioning, Conditioning | None]:
@@ -166,11 +206,13 @@ class Pipeline:
         scale, shift = self.family.decode_scale_shift(self.info)
         scaled = (latents * np.float32(scale) + np.float32(shift)).astype(np.float32)
         image = self.vae_decoder.run(["sample"], {"latent_sample": scaled})[0]
+        guards.check_finite(image, "VAE decoding (the decoder produced NaN/inf pixels)")
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
     def table(self, options: GenerateOptions, mu: float | None = None) -> SamplerTable:
         """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule."""
+        options = self.resolve(options)
         if options.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
         if mu is None and getattr(self.schedule, "use_dynamic_shifting", False):
@@ -182,20 +224,16 @@ class Pipeline:
         except ValueError as e:
             raise UserError(str(e)) from None
 
+    def resolve(self, options: GenerateOptions) -> GenerateOptions:
+        return resolve_options(options, self.recommended)
+
     def image_size(self, options: GenerateOptions) -> tuple[int, int]:
-        info = self.info
-        h = options.height or info["default_height"]
-        w = options.width or info["default_width"]
-        m = info["size_multiple"]
-        for name, v in (("height", h), ("width", w)):
-            if v <= 0 or v % m:
-                raise UserError(f"{name} must be a positive multiple of {m} for this model, got {v}")
-        return h, w
+        shape = guards.latent_shape(self.info, options)  # checks types, ranges, multiples, batch
+        f = self.info["vae_scale_factor"]
+        return shape[2] * f, shape[3] * f
 
     def latent_shape(self, options: GenerateOptions) -> tuple[int, ...]:
         h, w = self.image_size(options)
-        if options.batch < 1:
-            raise UserError(f"batch must be >= 1, got {options.batch}")
         return self.family.latent_shape(self.info, options.batch, h, w)
 
     def latent_shape_for(self, batch: int, height: int | None = None, width: int | None = None) -> tuple[int, ...]:
@@ -213,17 +251,19 @@ class Pipeline:
             if self.provider == "cpu" and (diff := target_mismatch(info.get("tuned_for"))):
                 raise UserError(f"{self.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
                                 f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
-            session = make_session(self.folder / info["path"], self.provider, self._threads, providers=self._chain["other"])
+            session = make_session(component_path(self.folder, self.manifest, f"sampler_{form}"), self.provider,
+                                   self._threads, providers=self._chain["other"])
             self._graphs[form] = SamplingGraph(session, info)
         return self._graphs[form]
 
     # -- generation ---------------------------------------------------------------------------
     def prepare(self, options: GenerateOptions, latents: np.ndarray | None, noise: np.ndarray | None):
         """Validate everything before any model runs; returns (table, latents, noise)."""
-        if not np.isfinite(options.guidance) or options.guidance < 0:
-            raise UserError(f"guidance must be >= 0, got {options.guidance}")
+        options = self.resolve(options)
+        guards.check_request(self.folder, self.manifest, options)
+        shape = self.latent_shape(options)  # the family's (may be packed)
+        guards.check_size(self.info, self.image_size(options))
         table = self.table(options)
-        shape = self.latent_shape(options)
         if options.loop != "host":
             graph = self.sampling_graph(options.loop)
             if graph.form == "unrolled" and graph.steps != options.steps:
@@ -232,15 +272,11 @@ class Pipeline:
         if latents is None:
             latents = rng.standard_normal(shape, dtype=np.float32)
         else:
-            latents = np.asarray(latents, dtype=np.float32)
-            if latents.shape != shape:
-                raise UserError(f"latents must have shape {shape}, got {latents.shape}")
+            latents = guards.float_array(latents, "latents", shape)
         if table.needs_noise and noise is None:
             noise = rng.standard_normal((table.num_steps, *shape), dtype=np.float32)
         if noise is not None:
-            noise = np.asarray(noise, dtype=np.float32)
-            if noise.shape != (table.num_steps, *shape):
-                raise UserError(f"noise must have shape {(table.num_steps, *shape)}, got {noise.shape}")
+            noise = guards.float_array(noise, "noise", (table.num_steps, *shape))
         return table, latents, noise
 
     def iter_generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
@@ -251,16 +287,11 @@ class Pipeline:
             options = GenerateOptions(**kwargs)
         except TypeError as e:
             raise UserError(str(e)) from None
+        options = self.resolve(options)
         table, latents, noise = self.prepare(options, latents, noise)
         b = options.batch
-        prompts = [prompt] * b if isinstance(prompt, str) else list(prompt)
-        if len(prompts) != b:
-            raise UserError(f"got {len(prompts)} prompts for batch {b}")
-        negatives = None
-        if negative_prompt is not None:
-            negatives = [negative_prompt] * b if isinstance(negative_prompt, str) else list(negative_prompt)
-            if len(negatives) != b:
-                raise UserError(f"got {len(negatives)} negative prompts for batch {b}")
+        prompts = guards.prompt_list(prompt, b, "prompt")
+        negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
         return self._run(options, table, latents, noise, prompts, negatives)
 
     def _run(self, options, table, latents, noise, prompts, negatives):
@@ -270,6 +301,7 @@ class Pipeline:
             # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u))
             cond, uncond = self.conditioning(prompts, negatives, True, h, w)
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
+            guards.check_finite(x, "the sampling graph's output latents")
         else:
             cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
             device = self.profile is not None and self.profile.profile.io_binding == "device"
@@ -279,6 +311,8 @@ class Pipeline:
             x = latents
             for i, x, den in iter_sample(model_fn, latents, table, noise):
                 yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
+            # one reduction over the final latents: NaN/inf anywhere in the loop propagates to them
+            guards.check_finite(x, "sampling (the backbone or sampler produced NaN/inf latents)")
         yield GenerationResult(
             images=self.decode(x),
             latents=x,

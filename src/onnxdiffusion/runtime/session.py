@@ -31,10 +31,29 @@ def resolve_provider(name: str) -> list[str]:
     return [wanted] if wanted == "CPUExecutionProvider" else [wanted, "CPUExecutionProvider"]
 
 
+def _tensors(graph):
+    """Every TensorProto a graph can carry, subgraphs and sparse tensors included (any may be external)."""
+    yield from graph.initializer
+    for sp in graph.sparse_initializer:
+        yield sp.values
+        yield sp.indices
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            for sp in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors):
+                yield sp.values
+                yield sp.indices
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _tensors(g)
+
+
 def check_external_data(path: Path) -> None:
     """Untrusted folders: every external-data file must resolve inside the model's own folder."""
     import onnx
-    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    from ..manifest import confined
 
     path = Path(path)
     if not path.is_file():
@@ -43,12 +62,10 @@ def check_external_data(path: Path) -> None:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf decode errors have no common public type
         raise UserError(f"cannot load {path}: not a valid ONNX file ({type(e).__name__})") from None
-    root = path.parent.resolve()
-    for tensor in _get_all_tensors(model):
-        if uses_external_data(tensor):
-            target = (root / ExternalDataInfo(tensor).location).resolve()
-            if root not in target.parents:
-                raise UserError(f"{path}: external data {ExternalDataInfo(tensor).location!r} points outside {root}")
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+            confined(path.parent, location, f"{path.name}: external data of tensor {tensor.name!r}")
 
 
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None,

@@ -21,12 +21,24 @@ class PromptTokenizer:
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise UserError(f"tokenizer file missing: {path}")
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises its own Exception subclasses
+            raise UserError(f"{path}: not a usable tokenizer file ({' '.join(str(e).split())[:200]})") from None
         self._tok.no_padding()
         self._tok.no_truncation()
         cfg_path = folder / "tokenizer_config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.max_length = int(max_length or cfg.get("model_max_length", 77))
+        try:
+            cfg = json.loads(cfg_path.read_bytes().decode("utf-8")) if cfg_path.is_file() else {}
+        except (ValueError, RecursionError) as e:
+            raise UserError(f"{cfg_path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+        if not isinstance(cfg, dict):
+            raise UserError(f"{cfg_path} must hold a JSON object")
+        n = max_length or cfg.get("model_max_length", 77)
+        # transformers writes a huge sentinel for "no limit"; CLIP text encoders take 77 positions
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or not 3 <= n:
+            raise UserError(f"{cfg_path}: model_max_length must be an integer >= 3, got {n!r}")
+        self.max_length = int(min(n, 1 << 16))
         t5 = "T5" in str(cfg.get("tokenizer_class", ""))
 
         def token_id(key: str, default: str | None) -> int | None:
@@ -35,6 +47,8 @@ class PromptTokenizer:
                 tok = tok.get("content", default)
             if tok is None:
                 return None
+            if not isinstance(tok, str):
+                raise UserError(f"{cfg_path}: {key} must be a string, got {tok!r}")
             i = self._tok.token_to_id(tok)
             if i is None:
                 raise UserError(f"{cfg_path}: {key} {tok!r} is not in the vocabulary")

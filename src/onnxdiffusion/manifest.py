@@ -1,0 +1,194 @@
+"""The manifest's schema: every field a consumer reads is checked here, on read, with one error naming it.
+
+Model folders are untrusted input. `validate_manifest` turns a parsed `manifest.json` into a dict every
+consumer can index without guarding (types, ranges and paths checked; optional fields filled with their
+defaults), or raises one UserError naming the first bad field. Unknown keys are kept, so a newer writer's
+extra fields (a family's settings, more components) pass through untouched.
+
+Format version 1 (the only one so far):
+  format_version  1
+  family          str, default "sd"; model-family settings may live in `family_config` (a dict)
+  pipeline        dict: prediction_type str, vae_scaling_factor float > 0, vae_scale_factor / size_multiple /
+                  latent_channels / default_height / default_width / model_max_length / num_train_timesteps
+                  positive ints (heights and widths multiples of size_multiple)
+  components      dict name -> {path: relative str, external_data: [relative str], ...}
+  files           dict relative path -> sha256 hex (required: without it nothing is verified)
+  recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .errors import UserError
+
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+DEFAULT_FAMILY = "sd"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# generous but finite: a manifest asking for more than this is not a model this tool made
+_MAX_SIDE = 16384
+_MAX_INT = 1 << 20
+
+
+class ManifestError(UserError):
+    """A manifest field is missing, of the wrong type, out of range or points outside the folder."""
+
+
+def _fail(where: str, field: str, problem: str) -> None:
+    raise ManifestError(f"{where}: manifest field '{field}' {problem}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_relative(rel: Any, where: str, field: str) -> str:
+    """A path from an untrusted file: a non-empty relative posix path with no `..`, no drive, no NUL."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        _fail(where, field, f"must be a relative path inside the model folder, got {rel!r}")
+    p = PurePosixPath(rel)
+    if p.is_absolute() or ".." in p.parts or re.match(r"^[A-Za-z]:", rel):
+        _fail(where, field, f"must stay inside the model folder, got {rel!r}")
+    return rel
+
+
+def confined(folder: Path | str, rel: Any, what: str = "path") -> Path:
+    """`folder / rel` resolved (symlinks included), refused unless it stays inside `folder`."""
+    root = Path(folder).resolve()
+    if isinstance(rel, str) and rel and "\x00" not in rel and "\\" not in rel:
+        p = PurePosixPath(rel)
+        if not p.is_absolute() and ".." not in p.parts:
+            target = (root / rel).resolve()
+            if target == root or root in target.parents:
+                return target
+    raise UserError(f"{folder}: {what} {rel!r} points outside the model folder")
+
+
+def _check_pipeline(p: Any, where: str) -> None:
+    if not isinstance(p, dict):
+        _fail(where, "pipeline", f"must be an object, got {type(p).__name__}")
+    if not isinstance(p.get("prediction_type", "epsilon"), str):
+        _fail(where, "pipeline.prediction_type", "must be a string")
+    s = p.get("vae_scaling_factor")
+    if not _is_num(s) or not 1e-6 <= s <= 1e6:
+        _fail(where, "pipeline.vae_scaling_factor", f"must be a finite number in [1e-6, 1e6], got {s!r}")
+    if "vae_shift_factor" in p and p["vae_shift_factor"] is not None and not _is_num(p["vae_shift_factor"]):
+        _fail(where, "pipeline.vae_shift_factor", f"must be a finite number, got {p['vae_shift_factor']!r}")
+    for key, hi in (("vae_scale_factor", 64), ("size_multiple", 1024), ("latent_channels", 4096),
+                    ("default_height", _MAX_SIDE), ("default_width", _MAX_SIDE), ("model_max_length", 1 << 16),
+                    ("num_train_timesteps", 100_000)):
+        v = p.get(key)
+        if not _is_int(v) or not 1 <= v <= hi:
+            _fail(where, f"pipeline.{key}", f"must be an integer in [1, {hi}], got {v!r}")
+    m = p["size_multiple"]
+    if m % p["vae_scale_factor"]:
+        _fail(where, "pipeline.size_multiple", f"must be a multiple of vae_scale_factor {p['vae_scale_factor']}, got {m}")
+    for key in ("default_height", "default_width"):
+        if p[key] % m:
+            _fail(where, f"pipeline.{key}", f"must be a multiple of size_multiple {m}, got {p[key]}")
+
+
+def _check_components(comps: Any, where: str, required: tuple[str, ...]) -> None:
+    if not isinstance(comps, dict):
+        _fail(where, "components", f"must be an object, got {type(comps).__name__}")
+    for name in required:
+        if name not in comps:
+            _fail(where, f"components.{name}", "is missing")
+    for name, info in comps.items():
+        if not isinstance(info, dict):
+            _fail(where, f"components.{name}", f"must be an object, got {type(info).__name__}")
+        check_relative(info.get("path"), where, f"components.{name}.path")
+        ext = info.setdefault("external_data", [])
+        if not isinstance(ext, list):
+            _fail(where, f"components.{name}.external_data", "must be a list of relative paths")
+        for i, rel in enumerate(ext):
+            check_relative(rel, where, f"components.{name}.external_data[{i}]")
+        for key in ("session_options", "correction"):
+            if info.get(key) is not None and not isinstance(info[key], dict):
+                _fail(where, f"components.{name}.{key}", "must be an object")
+
+
+def _check_files(files: Any, where: str) -> None:
+    if files is None:
+        _fail(where, "files", "is missing (the hash list; a folder without it cannot be verified)")
+    if not isinstance(files, dict) or not files:
+        _fail(where, "files", "must be a non-empty object mapping relative paths to sha256 digests")
+    for rel, digest in files.items():
+        check_relative(rel, where, f"files[{rel!r}]")
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            _fail(where, f"files[{rel!r}]", f"must be a sha256 hex digest, got {digest!r}")
+
+
+def check_recommended(r: Any, where: str) -> dict:
+    if r is None:
+        return {}
+    if not isinstance(r, dict):
+        _fail(where, "recommended", f"must be an object, got {type(r).__name__}")
+    g = r.get("guidance")
+    if g is not None and (not _is_num(g) or not 0 <= g <= 100):
+        _fail(where, "recommended.guidance", f"must be a number in [0, 100], got {g!r}")
+    s = r.get("steps")
+    if s is not None and (not _is_int(s) or not 1 <= s <= 1000):
+        _fail(where, "recommended.steps", f"must be an integer in [1, 1000], got {s!r}")
+    for key in ("sampler", "spacing"):
+        if r.get(key) is not None and not isinstance(r[key], str):
+            _fail(where, f"recommended.{key}", f"must be a string, got {r[key]!r}")
+    return r
+
+
+def validate_manifest(manifest: Any, where: str, required: tuple[str, ...] = ()) -> dict:
+    """Check a parsed manifest (see the module docstring); returns it with defaults filled in."""
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{where}: manifest must be a JSON object, got {type(manifest).__name__}")
+    v = manifest.get("format_version")
+    if not _is_int(v) or v not in SUPPORTED_VERSIONS:
+        _fail(where, "format_version", f"must be one of {list(SUPPORTED_VERSIONS)}, got {v!r}")
+    family = manifest.setdefault("family", DEFAULT_FAMILY)
+    if not isinstance(family, str) or not family:
+        _fail(where, "family", f"must be a non-empty string, got {family!r}")
+    if manifest.get("family_config") is not None and not isinstance(manifest["family_config"], dict):
+        _fail(where, "family_config", "must be an object")
+    _check_pipeline(manifest.get("pipeline"), where)
+    _check_components(manifest.get("components"), where, required)
+    _check_files(manifest.get("files"), where)
+    manifest["recommended"] = check_recommended(manifest.get("recommended"), where)
+    for key in ("quantization", "attention", "source"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], (dict, str)):
+            _fail(where, key, "must be an object")
+    return manifest
+
+
+# --- scheduler/scheduler_config.json -------------------------------------------------------------------
+def check_scheduler_config(cfg: Any, where: str) -> dict:
+    """The fields NoiseSchedule reads, typed and in range (it trusts them)."""
+    if not isinstance(cfg, dict):
+        raise UserError(f"{where}: scheduler config must be a JSON object, got {type(cfg).__name__}")
+
+    def bad(field: str, problem: str):
+        raise UserError(f"{where}: scheduler field '{field}' {problem}")
+
+    n = cfg.get("num_train_timesteps")
+    if n is not None and (not _is_int(n) or not 2 <= n <= 100_000):
+        bad("num_train_timesteps", f"must be an integer in [2, 100000], got {n!r}")
+    for key in ("beta_start", "beta_end"):
+        v = cfg.get(key)
+        if v is not None and (not _is_num(v) or not 0 < v < 1):
+            bad(key, f"must be a number in (0, 1), got {v!r}")
+    off = cfg.get("steps_offset")
+    if off is not None and (not _is_int(off) or not 0 <= off < (n or 1000)):
+        bad("steps_offset", f"must be an integer in [0, num_train_timesteps), got {off!r}")
+    for key in ("beta_schedule", "prediction_type", "timestep_spacing"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], str):
+            bad(key, f"must be a string, got {cfg[key]!r}")
+    for key in ("set_alpha_to_one", "clip_sample"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], bool):
+            bad(key, f"must be true or false, got {cfg[key]!r}")
+    return cfg

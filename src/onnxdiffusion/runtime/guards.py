@@ -1,0 +1,207 @@
+"""Checks the generation path runs before (and, cheaply, after) the models: ranges, shapes, memory, NaN.
+
+Documented ranges (README "Settings and their ranges"):
+  steps      1 .. the schedule's num_train_timesteps (1000 for SD)
+  guidance   0 .. 100 (<= 1 means no classifier-free guidance)
+  seed       0 .. 2**63 - 1
+  batch      1 .. 4096, and the memory estimate below must fit in this machine's RAM
+  height / width  positive multiples of the model's size_multiple, at most 16384
+Non-finite latents or pixels are an error naming the stage where they were found; the check is one
+reduction over the final latents and one over the image (not per step), so it costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+
+import numpy as np
+
+from ..errors import UserError
+
+MAX_SIDE = 16384
+MAX_BATCH = 4096
+MAX_GUIDANCE = 100.0
+MAX_SEED = 2**63 - 1
+
+
+
+def is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def check_options(options) -> None:
+    g = options.guidance
+    if isinstance(g, bool) or not isinstance(g, (int, float, np.floating)) or not math.isfinite(g) \
+            or not 0 <= g <= MAX_GUIDANCE:
+        raise UserError(f"guidance must be a number in [0, {MAX_GUIDANCE:g}], got {g!r}")
+    if not is_int(options.seed) or not 0 <= options.seed <= MAX_SEED:
+        raise UserError(f"seed must be an integer in [0, 2**63-1], got {options.seed!r}")
+    if not is_int(options.steps):
+        raise UserError(f"steps must be an integer, got {options.steps!r}")
+    if not isinstance(options.sampler, str):
+        raise UserError(f"sampler must be a string, got {options.sampler!r}")
+    if options.spacing is not None and not isinstance(options.spacing, str):
+        raise UserError(f"spacing must be a string, got {options.spacing!r}")
+    if options.loop not in ("host", "loop", "unrolled"):
+        raise UserError(f"unknown loop form {options.loop!r}; choose from host, loop, unrolled")
+
+
+def latent_shape(info: dict, options) -> tuple[int, int, int, int]:
+    h = info["default_height"] if options.height is None else options.height
+    w = info["default_width"] if options.width is None else options.width
+    m = info["size_multiple"]
+    for name, v in (("height", h), ("width", w)):
+        if not is_int(v) or v <= 0 or v % m:
+            raise UserError(f"{name} must be a positive multiple of {m} for this model, got {v!r}")
+        if v > MAX_SIDE:
+            raise UserError(f"{name} must be at most {MAX_SIDE}, got {v}")
+    if not is_int(options.batch) or not 1 <= options.batch <= MAX_BATCH:
+        raise UserError(f"batch must be an integer in [1, {MAX_BATCH}], got {options.batch!r}")
+    f = info["vae_scale_factor"]
+    return (options.batch, info["latent_channels"], h // f, w // f)
+
+
+def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
+    """Everything about a request that needs only the manifest (no model loaded): ranges, sampler,
+    loop form, size, memory. Returns the latent shape."""
+    from ..samplers import SAMPLERS
+
+    check_options(options)
+    if options.sampler not in SAMPLERS:
+        raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
+    n = manifest["pipeline"]["num_train_timesteps"]
+    if not 1 <= options.steps <= n:
+        raise UserError(f"num_steps must be in [1, {n}], got {options.steps}")
+    shape = latent_shape(manifest["pipeline"], options)
+    if options.loop != "host":
+        info = manifest["components"].get(f"sampler_{options.loop}")
+        if info is None:
+            raise UserError(f"{folder} has no '{options.loop}' sampling graph "
+                            f"(run `onnxdiffusion compile-loop --form {options.loop}`)")
+        if options.loop == "unrolled" and info.get("steps") != options.steps:
+            raise UserError(f"this model's unrolled graph runs exactly {info.get('steps')} steps, got {options.steps}")
+    check_memory(folder, manifest, shape)
+    return shape
+
+
+def check_size(info: dict, size: tuple[int, int]) -> None:
+    """A size other than the trained one works but usually looks worse: say so (once, as a warning)."""
+    h, w = size
+    if (h, w) != (info["default_height"], info["default_width"]):
+        warnings.warn(f"{h}x{w} differs from the model's trained size {info['default_height']}x{info['default_width']}; "
+                      "expect lower quality", UserWarning, stacklevel=4)
+
+
+def _channels(folder, manifest: dict, rel: str, default: int) -> int:
+    """The first block width from a component's diffusers config.json (listed and hashed), else a default."""
+    from ..manifest import confined
+
+    if rel not in manifest.get("files", {}):
+        return default
+    try:
+        c = json.loads(confined(folder, rel, "config").read_text())["block_out_channels"][0]
+        return int(c) if is_int(c) and 0 < c < 100_000 else default
+    except (OSError, ValueError, KeyError, IndexError, TypeError, UserError):
+        return default
+
+
+_CHANNELS: dict = {}
+
+
+def memory_estimate(folder, manifest: dict, shape: tuple[int, ...]) -> int:
+    """A lower bound on the bytes one generation needs at its peak (fp32 activations):
+
+    backbone: 2*b rows (guidance) x h*w latent pixels x (16 live tensors of c_unet channels) plus one
+    attention score matrix (h*w)^2 per row; VAE decoder: b x H*W pixels x 8 live tensors of c_vae
+    channels plus its mid-block attention (h*w)^2. Channel widths come from the folder's config.json.
+    """
+    key = (str(folder), manifest["files"].get("unet/config.json"), manifest["files"].get("vae_decoder/config.json"))
+    if key not in _CHANNELS:
+        _CHANNELS[key] = (_channels(folder, manifest, "unet/config.json", 320),
+                          _channels(folder, manifest, "vae_decoder/config.json", 128))
+    c_unet, c_vae = _CHANNELS[key]
+    b, _, h, w = shape
+    f = manifest["pipeline"]["vae_scale_factor"]
+    tokens = h * w
+    unet = 2 * b * (tokens * c_unet * 16 + tokens * tokens) * 4
+    vae = b * (tokens * f * f * c_vae * 8 + tokens * tokens) * 4
+    return max(unet, vae)
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def check_memory(folder, manifest: dict, shape: tuple[int, ...]) -> None:
+    need, have = memory_estimate(folder, manifest, shape), physical_memory()
+    if need > have:
+        raise UserError(f"this request needs at least {need / 2**30:.1f} GiB (estimate for batch {shape[0]}, latents "
+                        f"{shape[2]}x{shape[3]}) but this machine has {have / 2**30:.1f} GiB; use a smaller size or batch")
+
+
+def float_array(a, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Caller-supplied latents / noise: a real numeric array of the right shape, finite."""
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "fiu" or a.dtype == np.bool_:
+        try:
+            a = np.asarray(a)
+        except (ValueError, TypeError):
+            raise UserError(f"{name} must be a float array of shape {shape}") from None
+        if a.dtype.kind not in "fiu":
+            raise UserError(f"{name} must be a float array of shape {shape}, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise UserError(f"{name} must have shape {shape}, got {a.shape}")
+    a = np.asarray(a, dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise UserError(f"{name} contain NaN or inf")
+    return a
+
+
+def prompt_list(prompt, batch: int, what: str) -> list[str]:
+    prompts = [prompt] * batch if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
+        raise UserError(f"{what} must be a string or a list of strings, got {type(prompt).__name__}")
+    if len(prompts) != batch:
+        raise UserError(f"got {len(prompts)} {what}s for batch {batch}")
+    for p in prompts:
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{what} is not valid UTF-8 text") from None
+        if "\x00" in p:
+            raise UserError(f"{what} contains a NUL character")
+    return list(prompts)
+
+
+def check_finite(a: np.ndarray, stage: str) -> None:
+    if not np.isfinite(a).all():
+        raise UserError(f"non-finite values after {stage}; the model folder or settings are unusable")
+
+
+def check_io(folder, name: str, session, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> None:
+    """A component swapped for another (or a foreign ONNX file) fails here, not mid-generation."""
+    ins = {i.name for i in session.get_inputs()}
+    outs = {o.name for o in session.get_outputs()}
+    if not set(inputs) <= ins or not set(outputs) <= outs:
+        raise UserError(f"{folder}: component '{name}' has inputs {sorted(ins)} and outputs {sorted(outs)}; expected "
+                        f"inputs {list(inputs)} and outputs {list(outputs)} (a wrong or swapped component?)")
+
+
+def check_latent_channels(folder, info: dict, sessions: dict) -> None:
+    """The manifest's latent_channels must be what the backbone and decoder take."""
+    for name, input_name in (("unet", "sample"), ("vae_decoder", "latent_sample")):
+        shape = next(i.shape for i in sessions[name].get_inputs() if i.name == input_name)
+        if len(shape) != 4 or (isinstance(shape[1], int) and shape[1] != info["latent_channels"]):
+            raise UserError(f"{folder}: manifest field 'pipeline.latent_channels' is {info['latent_channels']} but "
+                            f"component '{name}' takes {input_name} of shape {shape}")
+
+
+def check_schedule(schedule, where) -> None:
+    ac = getattr(schedule, "alphas_cumprod", None)
+    if ac is not None and (not np.isfinite(ac).all() or (ac <= 0).any() or (ac > 1).any()):
+        raise UserError(f"{where}: the noise schedule is degenerate (alphas_cumprod outside (0, 1])")
