@@ -78,3 +78,17 @@ def tiny_v_onnx(tiny_v_diffusers, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_v_onnx") / "model"
     export_pipeline(tiny_v_diffusers, out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_diffusers(tmp_path_factory) -> Path:
+    from tiny_families import build_tiny_flux
+
+    return build_tiny_flux(tmp_path_factory.mktemp("tiny_flux"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenimage_diffusers(tmp_path_factory) -> Path:
+    from tiny_families import build_tiny_qwenimage
+
+    return build_tiny_qwenimage(tmp_path_factory.mktemp("tiny_qwenimage"))
