@@ -10,7 +10,8 @@ from onnx.reference import ReferenceEvaluator
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.loops import compile_loop
 from onnxdiffusion.runtime import Pipeline
-from onnxdiffusion.samplers import SAMPLERS, build_table, guided, sample
+from onnxdiffusion.samplers import DISCRETE_SAMPLERS as SAMPLERS
+from onnxdiffusion.samplers import build_table, guided, sample
 from onnxdiffusion.samplers.graph import build_sampling_graph
 from onnxdiffusion.schedules import NoiseSchedule
 

@@ -22,7 +22,7 @@ from diffusers import (  # noqa: E402
 
 from onnxdiffusion.samplers import (  # noqa: E402
     COLUMNS,
-    SAMPLERS,
+    DISCRETE_SAMPLERS as SAMPLERS,
     build_table,
     cfg_batch,
     cfg_combine,

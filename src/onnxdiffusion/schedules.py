@@ -142,3 +142,108 @@ class NoiseSchedule:
         ac = self.alphas_cumprod
         return _readonly(np.sqrt((1.0 - ac) / ac))
 
+
+
+# --- flow matching ----------------------------------------------------------------------------
+
+TIME_SHIFT_TYPES = ("exponential", "linear")
+
+
+def _f32(a) -> np.ndarray:
+    """Round to float32 and widen again: diffusers keeps its sigmas as float32 tensors."""
+    return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class FlowSchedule:
+    """A rectified-flow schedule (x = (1 - sigma) x0 + sigma noise): no betas, sigma in (0, 1].
+
+    Reproduces ``FlowMatchEulerDiscreteScheduler.set_timesteps``: a grid between the scheduler's
+    own sigma_max and sigma_min (or caller-given base sigmas, as the Flux and Qwen-Image
+    pipelines pass), then a static shift or, with ``use_dynamic_shifting``, a time shift by the
+    caller's ``mu``, then the optional stretch to ``shift_terminal``.  The model's timestep input
+    is ``sigma * num_train_timesteps``.
+    """
+
+    num_train_timesteps: int = 1000
+    shift: float = 1.0
+    use_dynamic_shifting: bool = False
+    base_shift: float = 0.5
+    max_shift: float = 1.15
+    base_image_seq_len: int = 256
+    max_image_seq_len: int = 4096
+    shift_terminal: float | None = None
+    time_shift_type: str = "exponential"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_train_timesteps, bool) or not isinstance(self.num_train_timesteps, (int, np.integer)) \
+                or self.num_train_timesteps < 1:
+            raise ValueError(f"num_train_timesteps must be a positive int, got {self.num_train_timesteps!r}")
+        if not self.shift > 0:
+            raise ValueError(f"shift must be > 0, got {self.shift!r}")
+        if self.time_shift_type not in TIME_SHIFT_TYPES:
+            raise ValueError(f"unknown time_shift_type {self.time_shift_type!r}; expected one of {TIME_SHIFT_TYPES}")
+        if self.shift_terminal is not None and not 0 < self.shift_terminal < 1:
+            raise ValueError(f"shift_terminal must be in (0, 1), got {self.shift_terminal!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check_steps(self, num_steps: int) -> int:
+        if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)):
+            raise ValueError(f"num_steps must be an int, got {num_steps!r}")
+        if not 1 <= num_steps <= self.num_train_timesteps:
+            raise ValueError(f"num_steps must be in [1, {self.num_train_timesteps}], got {num_steps}")
+        return int(num_steps)
+
+    def mu_for(self, image_seq_len: int) -> float:
+        """The SD3/Flux/Qwen-Image pipelines' ``calculate_shift``: mu linear in the image token count."""
+        m = (self.max_shift - self.base_shift) / (self.max_image_seq_len - self.base_image_seq_len)
+        b = self.base_shift - m * self.base_image_seq_len
+        return float(image_seq_len * m + b)
+
+    def _static_shift(self, s: np.ndarray) -> np.ndarray:
+        return self.shift * s / (1 + (self.shift - 1) * s)
+
+    def _time_shift(self, mu: float, s: np.ndarray) -> np.ndarray:
+        k = math.exp(mu) if self.time_shift_type == "exponential" else mu
+        return k / (k + (1 / s - 1))
+
+    @property
+    def train_sigma_range(self) -> tuple[float, float]:
+        """(sigma_max, sigma_min) of the training grid, as the scheduler's constructor computes them (float32)."""
+        T = self.num_train_timesteps
+        s = np.float32(np.array([T, 1], np.float32) / np.float32(T))
+        if not self.use_dynamic_shifting:
+            # torch computes this in float32 (the python-float shift rounded to float32 first)
+            k = np.float32(self.shift)
+            s = (k * s / (np.float32(1) + (k - np.float32(1)) * s)).astype(np.float32)
+        return float(s[0]), float(s[1])
+
+    def sigmas(self, num_steps: int, mu: float | None = None, base: np.ndarray | None = None) -> np.ndarray:
+        """Step sigmas (num_steps,), float32 values held in float64; the terminal 0 is not included."""
+        n = self.check_steps(num_steps)
+        T = self.num_train_timesteps
+        if base is None:
+            hi, lo = self.train_sigma_range
+            s = np.linspace(hi * T, lo * T, n) / T
+        else:
+            s = _f32(base)
+            if s.shape != (n,) or not np.all((s > 0) & (s <= 1)):
+                raise ValueError(f"base sigmas must be {n} values in (0, 1], got shape {s.shape}")
+        if self.use_dynamic_shifting:
+            if mu is None:
+                raise ValueError("this flow schedule uses dynamic shifting: pass mu (or the image token count)")
+            s = self._time_shift(float(mu), s)
+        else:
+            s = self._static_shift(s)
+        if self.shift_terminal:
+            one_minus = 1 - s
+            if one_minus[-1] <= 0:  # diffusers divides by zero here (one step from sigma 1)
+                raise ValueError(f"shift_terminal needs a last sigma below 1; {n} step(s) give {s[-1]}")
+            s = 1 - one_minus / (one_minus[-1] / (1 - self.shift_terminal))
+        return _f32(s)
+
+    def timesteps(self, sigmas: np.ndarray) -> np.ndarray:
+        """What the backbone receives: sigma * num_train_timesteps, rounded as diffusers' float32 product."""
+        return (sigmas.astype(np.float32) * np.float32(self.num_train_timesteps)).astype(np.float64)

@@ -17,8 +17,7 @@ from ..artifacts import read_manifest, verify_folder
 from ..errors import UserError
 from ..families import NumpyOps, get_family
 from ..paths import default_model_folder
-from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample
-from ..schedules import NoiseSchedule
+from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
 from .backbone import Conditioning, GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
@@ -92,7 +91,8 @@ class Pipeline:
             self.correction = OutputCorrection.from_dict(bb["correction"])
         sched_path = folder / "scheduler" / "scheduler_config.json"
         try:
-            self.schedule = NoiseSchedule.from_scheduler_config(json.loads(sched_path.read_text()))
+            self.scheduler_config = json.loads(sched_path.read_text())
+            self.schedule = schedule_from_config(self.scheduler_config)
         except (OSError, json.JSONDecodeError, ValueError) as e:
             raise UserError(f"{sched_path}: {e}") from None
 
@@ -150,11 +150,12 @@ class Pipeline:
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
-    def table(self, options: GenerateOptions) -> SamplerTable:
+    def table(self, options: GenerateOptions, mu: float | None = None) -> SamplerTable:
+        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule."""
         if options.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
         try:
-            return build_table(options.sampler, self.schedule, options.steps, options.spacing)
+            return build_table(options.sampler, self.schedule, options.steps, options.spacing, mu=mu)
         except ValueError as e:
             raise UserError(str(e)) from None
 

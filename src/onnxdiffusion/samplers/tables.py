@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..schedules import NoiseSchedule, check_spacing
+from ..schedules import FlowSchedule, NoiseSchedule, check_spacing
+from . import flow
 
-SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m")
+DISCRETE_SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m")  # for betas-derived schedules
+FLOW_SAMPLERS = ("flow_euler",)  # for rectified-flow schedules
+SAMPLERS = DISCRETE_SAMPLERS + FLOW_SAMPLERS
 COLUMNS = ("t", "c_in", "p", "q", "a", "c", "d", "e")
 
 
@@ -191,18 +194,49 @@ def _dpmpp_2m(sched: NoiseSchedule, n: int, spacing: str):
     return np.stack([ts, np.ones(n), p, q, a, c, d, np.zeros(n)], axis=1), 1.0
 
 
-_BUILDERS = {"ddim": _ddim, "euler": _euler, "euler_a": _euler_a, "dpmpp_2m": _dpmpp_2m}
+_DISCRETE = {"ddim": _ddim, "euler": _euler, "euler_a": _euler_a, "dpmpp_2m": _dpmpp_2m}
+_FLOW = {"flow_euler": flow.flow_euler}
+_NOISY = frozenset({"euler_a"})
 
 
-def build_table(sampler: str, schedule: NoiseSchedule, num_steps: int, spacing: str | None = None) -> SamplerTable:
-    if sampler not in _BUILDERS:
+def _discrete_rows(sampler, schedule: NoiseSchedule, n, spacing, mu, sigmas):
+    if mu is not None or sigmas is not None:
+        raise ValueError("mu and base sigmas apply to flow-matching schedules only")
+    return _DISCRETE[sampler](schedule, n, check_spacing(schedule.timestep_spacing if spacing is None else spacing))
+
+
+def _flow_rows(sampler, schedule: FlowSchedule, n, spacing, mu, sigmas):
+    if spacing is not None:
+        raise ValueError("timestep spacing does not apply to flow-matching schedules")
+    return _FLOW[sampler](schedule, schedule.sigmas(n, mu=mu, base=sigmas))
+
+
+# One entry per schedule kind: its samplers and how a row table is made from it.
+_KINDS = {NoiseSchedule: (_DISCRETE, _discrete_rows), FlowSchedule: (_FLOW, _flow_rows)}
+
+
+def samplers_for(schedule: NoiseSchedule | FlowSchedule) -> tuple[str, ...]:
+    """The samplers that apply to this kind of schedule."""
+    return tuple(_KINDS[type(schedule)][0])
+
+
+def build_table(sampler: str, schedule: NoiseSchedule | FlowSchedule, num_steps: int, spacing: str | None = None,
+                *, mu: float | None = None, sigmas: np.ndarray | None = None) -> SamplerTable:
+    """The coefficient table for `num_steps` steps of `sampler` on `schedule`.
+
+    `mu` (dynamic shifting) and `sigmas` (caller-given base sigmas, as diffusers' ``set_timesteps(sigmas=)``)
+    apply to flow schedules only; `spacing` overrides a discrete schedule's timestep spacing.
+    """
+    if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}; expected one of {SAMPLERS}")
-    spacing = check_spacing(schedule.timestep_spacing if spacing is None else spacing)
+    builders, rows_of = _KINDS[type(schedule)]
+    if sampler not in builders:
+        raise ValueError(f"sampler {sampler!r} does not apply to this schedule; expected one of {tuple(builders)}")
     n = schedule.check_steps(num_steps)
-    rows64, init_scale = _BUILDERS[sampler](schedule, n, spacing)
+    rows64, init_scale = rows_of(sampler, schedule, n, spacing, mu, sigmas)
     rows64 = np.ascontiguousarray(rows64, dtype=np.float64)
     rows = rows64.astype(np.float32)
     rows.setflags(write=False)
     rows64.setflags(write=False)
     return SamplerTable(sampler=sampler, rows=rows, init_scale=float(init_scale),
-                        needs_noise=sampler == "euler_a", rows64=rows64)
+                        needs_noise=sampler in _NOISY, rows64=rows64)
