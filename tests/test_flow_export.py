@@ -23,7 +23,7 @@ from onnxdiffusion.export.flow_components import (
 from onnxdiffusion.export.pipeline import ExportOptions
 from onnxdiffusion.export.rope import qwen_image_ids, rotate_pairs
 from onnxdiffusion.export.validate import export_component
-from onnxdiffusion.runtime import latents as lat
+from onnxdiffusion.families import latents as lat
 
 OPTS = ExportOptions()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from onnxdiffusion.runtime import latents as lat
+from onnxdiffusion.families import latents as lat
 from onnxdiffusion.runtime.tokenizer import PaddedTokenizer
 
 

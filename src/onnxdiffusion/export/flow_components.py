@@ -2,8 +2,9 @@
 
 Each wrapper gives a diffusers/transformers module a flat tensor signature the exporter can trace:
 
-- `FluxTransformer`: packed 2x2 latent tokens, T5 sequence, CLIP pooled projection, timestep
-  (sigma, as FluxPipeline passes `t / 1000`), rotary ids `img_ids` / `txt_ids`, guidance.
+- `FluxTransformer`: packed 2x2 latent tokens, timestep (the table's t = 1000 sigma), T5
+  sequence, CLIP pooled projection, rotary `img_ids` (batched like every conditioning input;
+  `txt_ids` are zeros and made in the graph), guidance.
 - `QwenImageTransformer`: the same token layout plus a text mask; its complex rotary table and
   complex q/k rotation are rewritten in real arithmetic from position ids (export/rope.py).
 - `EncoderHiddenStates`: a bidirectional text encoder's last hidden state (T5 for Flux and SD3).
@@ -21,7 +22,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .components import ComponentSpec, TensorSpec
 from .rope import axis_inv_freqs, cos_sin_from_ids, rotate_pairs
 
 
@@ -64,10 +64,12 @@ class FluxTransformer(torch.nn.Module):
         for block in (*model.transformer_blocks, *model.single_transformer_blocks):
             block.attn.set_processor(_FluxJointAttention())
 
-    def forward(self, hidden_states, encoder_hidden_states, pooled_projections, timestep, img_ids, txt_ids, guidance=None):
-        return self.model(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
-                          pooled_projections=pooled_projections, timestep=timestep, img_ids=img_ids, txt_ids=txt_ids,
-                          guidance=guidance if self.guidance else None, return_dict=False)[0]
+    def forward(self, sample, timestep, encoder_hidden_states, pooled_projections, img_ids, guidance=None):
+        # the table's timestep is sigma * 1000; FluxPipeline hands the transformer t / 1000
+        txt_ids = torch.zeros(encoder_hidden_states.shape[1], 3, dtype=img_ids.dtype)
+        return self.model(hidden_states=sample, encoder_hidden_states=encoder_hidden_states,
+                          pooled_projections=pooled_projections, timestep=timestep / 1000, img_ids=img_ids[0],
+                          txt_ids=txt_ids, guidance=guidance if self.guidance else None, return_dict=False)[0]
 
 
 class EncoderHiddenStates(torch.nn.Module):
@@ -143,7 +145,8 @@ class _RealRotaryJointAttention:
 
 class QwenImageTransformer(torch.nn.Module):
     """QwenImageTransformer2DModel.forward with the rotary table built from position ids in real
-    arithmetic; `txt_ids` rows are (p, p, p) with p counting on from the largest image index."""
+    arithmetic. `img_ids` [B, S, 3] (rows of one image; the first is used, as diffusers uses one
+    shape per batch); the mask is 1 for text tokens, 0 for padding."""
 
     def __init__(self, model):
         super().__init__()
@@ -157,11 +160,17 @@ class QwenImageTransformer(torch.nn.Module):
         for block in model.transformer_blocks:
             block.attn.set_processor(_RealRotaryJointAttention())
 
-    def forward(self, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, timestep, img_ids, txt_ids):
+    def forward(self, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids):
         m = self.model
-        hidden_states = m.img_in(hidden_states)
+        img_ids = img_ids[0]
+        # text positions (p, p, p) count on from the largest image row/column index, as QwenEmbedRope does
+        start = img_ids[:, 1:].max() + 1
+        pos = torch.arange(encoder_hidden_states.shape[1], dtype=img_ids.dtype) + start
+        txt_ids = pos[:, None].expand(-1, 3)
+        hidden_states = m.img_in(sample)
         text = m.txt_in(m.txt_norm(encoder_hidden_states))
-        temb = m.time_text_embed(timestep.to(hidden_states.dtype), hidden_states)
+        # the table's timestep is sigma * 1000; QwenImagePipeline hands the transformer t / 1000
+        temb = m.time_text_embed((timestep / 1000).to(hidden_states.dtype), hidden_states)
         rotary = (cos_sin_from_ids(img_ids, self.axes_dim, self.inv_freq),
                   cos_sin_from_ids(txt_ids, self.axes_dim, self.inv_freq))
         mask = encoder_hidden_states_mask.to(torch.bool)
@@ -169,50 +178,3 @@ class QwenImageTransformer(torch.nn.Module):
             text, hidden_states = block(hidden_states=hidden_states, encoder_hidden_states=text,
                                         encoder_hidden_states_mask=mask, temb=temb, image_rotary_emb=rotary)
         return m.proj_out(m.norm_out(hidden_states, temb))
-
-
-def _tokens(name: str, width: int | str, seq: str = "image_sequence_length") -> TensorSpec:
-    return TensorSpec(name, "float32", ("batch_size", seq, width))
-
-
-def flux_transformer_spec(packed_channels: int, text_width: int, pooled_width: int, guidance: bool) -> ComponentSpec:
-    inputs = [
-        _tokens("hidden_states", packed_channels),
-        _tokens("encoder_hidden_states", text_width, "text_sequence_length"),
-        TensorSpec("pooled_projections", "float32", ("batch_size", pooled_width)),
-        TensorSpec("timestep", "float32", ("batch_size",)),
-        TensorSpec("img_ids", "float32", ("image_sequence_length", 3)),
-        TensorSpec("txt_ids", "float32", ("text_sequence_length", 3)),
-    ]
-    if guidance:
-        inputs.append(TensorSpec("guidance", "float32", ("batch_size",)))
-    return ComponentSpec("transformer", tuple(inputs), (_tokens("out_hidden_states", packed_channels),),
-                         FluxTransformer, atol=1e-3)
-
-
-def qwenimage_transformer_spec(packed_channels: int, out_channels: int, text_width: int) -> ComponentSpec:
-    inputs = (
-        _tokens("hidden_states", packed_channels),
-        _tokens("encoder_hidden_states", text_width, "text_sequence_length"),
-        TensorSpec("encoder_hidden_states_mask", "int64", ("batch_size", "text_sequence_length")),
-        TensorSpec("timestep", "float32", ("batch_size",)),
-        TensorSpec("img_ids", "float32", ("image_sequence_length", 3)),
-        TensorSpec("txt_ids", "float32", ("text_sequence_length", 3)),
-    )
-    return ComponentSpec("transformer", inputs, (_tokens("out_hidden_states", out_channels),),
-                         QwenImageTransformer, atol=1e-3)
-
-
-def encoder_hidden_states_spec(name: str, width: int) -> ComponentSpec:
-    """A bidirectional encoder without a mask (T5 as Flux and SD3 run it): ids -> last hidden state."""
-    ids = ("batch_size", "sequence_length")
-    return ComponentSpec(name, (TensorSpec("input_ids", "int64", ids),),
-                         (TensorSpec("last_hidden_state", "float32", (*ids, width)),), EncoderHiddenStates, atol=1e-4)
-
-
-def decoder_hidden_states_spec(name: str, width: int, rope_axes: int) -> ComponentSpec:
-    """A decoder-only language model (Qwen2.5-VL's text model): ids + padding mask -> last hidden state."""
-    ids = ("batch_size", "sequence_length")
-    return ComponentSpec(name, (TensorSpec("input_ids", "int64", ids), TensorSpec("attention_mask", "int64", ids)),
-                         (TensorSpec("last_hidden_state", "float32", (*ids, width)),),
-                         lambda model: DecoderHiddenStates(model, rope_axes), atol=1e-4)

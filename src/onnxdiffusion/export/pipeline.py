@@ -130,7 +130,6 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from tqdm import tqdm
 
     from .attention import DOMAIN_OP, fuse_attention
-    from .dummies import dummy_feeds
     from .validate import export_component
 
     t_start = time.time()
@@ -171,7 +170,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
             vocab = int(getattr(module.config, "vocab_size", 0) or 0)
             dims = family.export_dims(spec, info)
             gen = torch.Generator().manual_seed(0)
-            feed_list = [dummy_feeds(spec, d, gen, vocab) for d in dims]
+            feed_list = [family.export_feeds(spec, d, gen, vocab) for d in dims]
             entry = export_component(spec, family.wrap(spec, module).eval(), feed_list, tmp / name, options)
             entry["family"] = family.name
             entry["shapes_validated"] = dims

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
+from .flux import Flux
 from .sd import StableDiffusion
 
 _FAMILIES: dict[str, Family] = {}
@@ -19,6 +20,7 @@ def register(family: Family) -> Family:
 
 
 register(StableDiffusion())
+register(Flux())
 
 
 def names() -> tuple[str, ...]:

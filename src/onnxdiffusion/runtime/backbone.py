@@ -27,11 +27,12 @@ class GuidedBackbone:
     """
 
     def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
-                 uncond: Conditioning | None, guidance: float):
+                 uncond: Conditioning | None, guidance: float, rescale: bool = False):
         self.batch = latents_shape[0]
         self.guided = uncond is not None
         n = 2 * self.batch if self.guided else self.batch
         self.guidance = guidance
+        self.rescale = rescale
         self.sample = np.empty((n, *latents_shape[1:]), np.float32)
         self.timestep = np.empty((n,), np.float32)
         self.out = np.empty_like(self.sample)
@@ -60,4 +61,4 @@ class GuidedBackbone:
         self.session.run_with_iobinding(self.binding)
         if not self.guided:
             return self.out.copy()
-        return cfg_combine(self.out[:b], self.out[b:], self.guidance)
+        return cfg_combine(self.out[:b], self.out[b:], self.guidance, rescale=self.rescale)

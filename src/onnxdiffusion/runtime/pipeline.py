@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..families import NumpyOps, get_family
 from ..paths import default_model_folder
 from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
+from ..schedules import FlowSchedule
 from .backbone import Conditioning, GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
@@ -75,8 +76,7 @@ class Pipeline:
         comps = manifest["components"]
         # the family's text encoders this folder has (optional ones, like SD3's T5, may be absent)
         self.slots = [s for s in family.text_encoders if s.name in comps]
-        self.tokenizers = {s.name: PromptTokenizer(folder / s.tokenizer, family.sequence_length(s.name, info))
-                           for s in self.slots}
+        self.tokenizers = {s.name: family.make_tokenizer(s, folder, info) for s in self.slots}
         self.encoders = {s.name: make_session(folder / comps[s.name]["path"], provider, threads) for s in self.slots}
         bb = comps[family.backbone]
         self.backbone = _backbone_session(folder / bb["path"], bb, provider, threads)
@@ -122,11 +122,9 @@ class Pipeline:
     def encode_prompt(self, prompts: list[str]) -> Conditioning:
         """The text conditioning of the backbone, by input name: every text encoder, combined as
         the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...)."""
-        encoded = {}
-        for slot in self.slots:
-            ids = self.tokenizers[slot.name](prompts)
-            outs = self.encoders[slot.name].run(list(slot.outputs), {"input_ids": ids})
-            encoded[slot.name] = dict(zip(slot.outputs, outs))
+        encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name], self.encoders[slot.name],
+                                                      prompts, self.info)
+                   for slot in self.slots}
         return self.family.combine(NumpyOps(), encoded, self.info)
 
     def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
@@ -141,21 +139,30 @@ class Pipeline:
             uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
         else:
             uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
-        return cond, {**uncond, **size}
+        return self.family.align(cond, {**uncond, **size})
 
-    def decode(self, latents: np.ndarray) -> np.ndarray:
-        scale, shift = self.family.decode_scale_shift(self.info)
-        scaled = (latents * np.float32(scale) + np.float32(shift)).astype(np.float32)
-        image = self.vae_decoder.run(["sample"], {"latent_sample": scaled})[0]
+    def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None) -> np.ndarray:
+        """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
+        h, w = height or self.info["default_height"], width or self.info["default_width"]
+        feed = self.family.decoder_feed(self.info, latents, h, w)
+        image = self.family.decoded_images(self.vae_decoder.run(["sample"], {"latent_sample": feed})[0])
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
     def table(self, options: GenerateOptions, mu: float | None = None) -> SamplerTable:
-        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule."""
+        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule
+        (default: from the family's image token count, as the diffusers pipelines compute it)."""
         if options.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
+        flow = {}
+        if isinstance(self.schedule, FlowSchedule):
+            h, w = self.image_size(options)
+            seq = self.family.image_seq_len(self.info, h, w)
+            if mu is None and seq is not None and self.schedule.use_dynamic_shifting:
+                mu = self.schedule.mu_for(seq)
+            flow = {"mu": mu, "sigmas": self.family.base_sigmas(options.steps)}
         try:
-            return build_table(options.sampler, self.schedule, options.steps, options.spacing, mu=mu)
+            return build_table(options.sampler, self.schedule, options.steps, options.spacing, **flow)
         except ValueError as e:
             raise UserError(str(e)) from None
 
@@ -236,7 +243,8 @@ class Pipeline:
         return self._run(options, table, latents, noise, prompts, negatives)
 
     def _run(self, options, table, latents, noise, prompts, negatives):
-        guided = options.guidance > 1.0
+        embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
+        guided = options.guidance > 1.0 and embedded is None
         h, w = self.image_size(options)
         if options.loop != "host":
             # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u))
@@ -244,14 +252,17 @@ class Pipeline:
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
         else:
             cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
-            model_fn = GuidedBackbone(self.backbone, latents.shape, cond, uncond, options.guidance)
+            if embedded is not None:
+                cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
+            model_fn = GuidedBackbone(self.backbone, latents.shape, cond, uncond, options.guidance,
+                                      rescale=self.family.cfg_rescale)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             x = latents
             for i, x, den in iter_sample(model_fn, latents, table, noise):
                 yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
         yield GenerationResult(
-            images=self.decode(x),
+            images=self.decode(x, h, w),
             latents=x,
             init_latents=latents,
             noise=noise,
