@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .flux import Flux
+from .qwenimage import QwenImage
 from .sd import StableDiffusion
 
 _FAMILIES: dict[str, Family] = {}
@@ -21,6 +22,7 @@ def register(family: Family) -> Family:
 
 register(StableDiffusion())
 register(Flux())
+register(QwenImage())
 
 
 def names() -> tuple[str, ...]:
