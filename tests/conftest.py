@@ -92,3 +92,26 @@ def tiny_qwenimage_diffusers(tmp_path_factory) -> Path:
     from tiny_families import build_tiny_qwenimage
 
     return build_tiny_qwenimage(tmp_path_factory.mktemp("tiny_qwenimage"))
+
+
+def export_family(src: Path, out: Path) -> Path:
+    """Export the components generate needs (the VAE encoder is left out to keep tests fast)."""
+    import json
+
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+    from onnxdiffusion.families import family_for_pipeline
+
+    family = family_for_pipeline(json.loads((src / "model_index.json").read_text())["_class_name"])
+    names = (*(s.name for s in family.text_encoders), family.backbone, "vae_decoder")
+    export_pipeline(src, out, ExportOptions(components=names), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_onnx(tiny_flux_diffusers, tmp_path_factory) -> Path:
+    return export_family(tiny_flux_diffusers, tmp_path_factory.mktemp("tiny_flux_onnx") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenimage_onnx(tiny_qwenimage_diffusers, tmp_path_factory) -> Path:
+    return export_family(tiny_qwenimage_diffusers, tmp_path_factory.mktemp("tiny_qwenimage_onnx") / "model")

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from onnxdiffusion.families import latents as lat
-from onnxdiffusion.runtime.tokenizer import PaddedTokenizer
+from onnxdiffusion.runtime.tokenizer import PaddedTokenizer, PromptTokenizer
 
 
 def test_pack_unpack_match_diffusers():
@@ -31,9 +31,9 @@ def test_t5_tokenizer_pads_and_truncates_like_transformers(tiny_flux_diffusers):
     from transformers import T5TokenizerFast
 
     ref = T5TokenizerFast.from_pretrained(tiny_flux_diffusers / "tokenizer_2")
-    tok = PaddedTokenizer(tiny_flux_diffusers / "tokenizer_2", max_length=16)
+    tok = PromptTokenizer(tiny_flux_diffusers / "tokenizer_2", 16)  # what Flux's T5 slot runs
     prompts = ["a red circle", "a small blue square on the left of a large yellow star above a green ring and more words"]
-    ids, _ = tok(prompts, pad_to_max=True, truncate_to=16)
+    ids = tok(prompts)
     want = ref(prompts, padding="max_length", max_length=16, truncation=True).input_ids
     assert ids.shape == (2, 16) and ids.tolist() == want
 

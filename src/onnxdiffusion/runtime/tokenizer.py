@@ -64,9 +64,9 @@ class PromptTokenizer:
 
 
 class PaddedTokenizer:
-    """A `tokenizer.json` tokenizer that pads (and truncates) the way transformers' fast tokenizers
-    do: T5 (post-processor adds `</s>`, padded to `max_length`) and Qwen2 (a prompt template,
-    padded to the longest prompt, with an attention mask)."""
+    """A `tokenizer.json` tokenizer that pads and truncates through the `tokenizers` library itself,
+    as transformers' fast tokenizers do, returning an attention mask too: Qwen2 (a prompt template,
+    padded to the longest prompt)."""
 
     def __init__(self, folder: Path, max_length: int | None, template: str = "{}"):
         path = folder / "tokenizer.json"

@@ -1,0 +1,111 @@
+"""Flux and Qwen-Image: `export` then `generate` reproduces the diffusers pipeline given the same
+initial latents, prompt, steps and guidance (acceptance 1), for every flow sampler that has a
+diffusers twin; per-component ONNX-vs-PyTorch validation is recorded in the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.runtime import Pipeline
+from onnxdiffusion.samplers import FLOW_SAMPLERS
+
+H = W = 32
+STEPS = 4
+PROMPT = "a small red circle on the left"
+# sampler -> the diffusers scheduler class it reproduces (a new flow sampler must add its twin here)
+TWINS = {"flow_euler": "FlowMatchEulerDiscreteScheduler", "flow_heun": "FlowMatchHeunDiscreteScheduler"}
+
+
+def _scheduler(pipe, sampler: str):
+    import diffusers
+
+    if sampler not in TWINS:
+        pytest.fail(f"sampler {sampler!r} has no diffusers twin in TWINS")
+    return getattr(diffusers, TWINS[sampler]).from_config(pipe.scheduler.config)
+
+
+def _uint8(images: np.ndarray) -> np.ndarray:
+    return (images * 255).round().astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def flux_pair(tiny_flux_diffusers, tiny_flux_onnx):
+    from diffusers import FluxPipeline
+
+    return FluxPipeline.from_pretrained(tiny_flux_diffusers), Pipeline.from_folder(tiny_flux_onnx)
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(tiny_qwenimage_diffusers, tiny_qwenimage_onnx):
+    from diffusers import QwenImagePipeline
+
+    return QwenImagePipeline.from_pretrained(tiny_qwenimage_diffusers), Pipeline.from_folder(tiny_qwenimage_onnx)
+
+
+def _packed_latents(pipe, channels: int, factor: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    h, w = H // factor, W // factor
+    return pipe._pack_latents(torch.randn(1, channels, h, w, generator=g), 1, channels, h, w)
+
+
+@pytest.mark.parametrize("onnx_fixture", ["tiny_flux_onnx", "tiny_qwenimage_onnx"])
+def test_manifest_records_family_and_per_component_validation(onnx_fixture, request):
+    manifest = json.loads((request.getfixturevalue(onnx_fixture) / "manifest.json").read_text())
+    assert manifest["family"] in ("flux", "qwenimage")
+    for name, comp in manifest["components"].items():
+        assert comp["validation"]["max_rel_error"] < 1e-4, name
+        first, second = comp["shapes_validated"]
+        assert first != second and first["batch_size"] != second["batch_size"], name  # dynamic axes exercised
+
+
+@pytest.mark.parametrize("sampler", FLOW_SAMPLERS)
+def test_flux_generate_matches_diffusers(flux_pair, sampler):
+    ref_pipe, pipe = flux_pair
+    ref_pipe.scheduler = _scheduler(ref_pipe, sampler)
+    latents = _packed_latents(ref_pipe, 4, 2, seed=0)
+    t5_len = pipe.info["max_lengths"]["text_encoder_2"]
+    want = ref_pipe(PROMPT, height=H, width=W, num_inference_steps=STEPS, guidance_scale=3.5, latents=latents,
+                    max_sequence_length=t5_len, output_type="np").images
+    got = pipe(PROMPT, steps=STEPS, sampler=sampler, guidance=3.5, height=H, width=W, latents=latents.numpy())
+    assert psnr(got.images, _uint8(want)) >= 40.0
+
+
+@pytest.mark.parametrize("sampler", FLOW_SAMPLERS)
+def test_qwenimage_generate_matches_diffusers(qwen_pair, sampler):
+    ref_pipe, pipe = qwen_pair
+    ref_pipe.scheduler = _scheduler(ref_pipe, sampler)
+    latents = _packed_latents(ref_pipe, 4, 4, seed=1)
+    # true CFG with a negative prompt of a different token length than the prompt
+    want = ref_pipe(PROMPT, negative_prompt="blurry", true_cfg_scale=4.0, height=H, width=W,
+                    num_inference_steps=STEPS, latents=latents, output_type="np").images
+    got = pipe(PROMPT, negative_prompt="blurry", steps=STEPS, sampler=sampler, guidance=4.0, height=H, width=W,
+               latents=latents.numpy())
+    assert psnr(got.images, _uint8(want)) >= 40.0
+
+
+def test_qwen_prompt_template_is_the_pipelines(qwen_pair):
+    ref_pipe, pipe = qwen_pair
+    assert pipe.info["prompt_template"] == ref_pipe.prompt_template_encode
+    assert pipe.info["prompt_template_drop"] == ref_pipe.prompt_template_encode_start_idx
+    assert pipe.info["max_prompt_tokens"] == ref_pipe.tokenizer_max_length
+
+
+def test_flux_folder_without_t5_is_refused(tiny_flux_diffusers, tmp_path):
+    import shutil
+
+    from onnxdiffusion.export import export_pipeline
+
+    src = tmp_path / "flux"
+    shutil.copytree(tiny_flux_diffusers, src)
+    index = json.loads((src / "model_index.json").read_text())
+    del index["text_encoder_2"]
+    (src / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(UserError, match="text_encoder_2"):
+        export_pipeline(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
