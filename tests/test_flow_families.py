@@ -109,3 +109,26 @@ def test_flux_folder_without_t5_is_refused(tiny_flux_diffusers, tmp_path):
     with pytest.raises(UserError, match="text_encoder_2"):
         export_pipeline(src, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("onnx_fixture,negative,guidance", [("tiny_flux_onnx", None, 3.5),
+                                                            ("tiny_qwenimage_onnx", "blurry", 4.0)])
+def test_loop_and_unrolled_forms_match_the_host_loop(onnx_fixture, negative, guidance, request, tmp_path):
+    """Acceptance 3: Flux's graph runs cond only (guidance is a backbone input); Qwen-Image's runs
+    the padded [uncond; cond] batch with the norm-rescaled CFG inside."""
+    import shutil
+
+    from onnxdiffusion.loops import compile_loop
+
+    folder = tmp_path / "model"
+    shutil.copytree(request.getfixturevalue(onnx_fixture), folder)
+    compile_loop(folder, folder, form="loop")
+    compile_loop(folder, folder, form="unrolled", steps=3)
+    pipe = Pipeline.from_folder(folder)
+    kw = dict(steps=3, sampler="flow_euler", guidance=guidance, height=H, width=W, seed=3)
+    host = pipe(PROMPT, negative_prompt=negative, **kw)
+    for form in ("loop", "unrolled"):
+        got = pipe(PROMPT, negative_prompt=negative, loop=form, **kw)
+        assert psnr(got.images, host.images) >= 60.0, form
+        span = float(host.latents.max() - host.latents.min())
+        assert psnr(got.latents, host.latents, data_range=span) >= 60.0, form

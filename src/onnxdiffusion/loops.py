@@ -108,8 +108,11 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             vae_decoder=onnx.load(str(model / comps["vae_decoder"]["path"])),
             vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
         )
+    mode = "none" if family.guidance_input else ("cfg_rescale" if family.cfg_rescale else "cfg")
+    if whole and mode != "cfg":
+        raise UserError(f"--whole is not available for {family.name} folders yet (its guidance is not plain CFG)")
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
-                                 correction=correction, **extra)
+                                 correction=correction, guidance_mode=mode, **extra)
     del unet, extra
     name = component_name(form, whole)
     in_place = out.resolve() == model.resolve()

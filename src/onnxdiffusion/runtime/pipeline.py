@@ -247,8 +247,11 @@ class Pipeline:
         guided = options.guidance > 1.0 and embedded is None
         h, w = self.image_size(options)
         if options.loop != "host":
-            # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u))
-            cond, uncond = self.conditioning(prompts, negatives, True, h, w)
+            # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
+            # except for a guidance-distilled backbone, which takes the scale as an input
+            cond, uncond = self.conditioning(prompts, negatives, embedded is None, h, w)
+            if embedded is not None:
+                cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
         else:
             cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
