@@ -95,7 +95,8 @@ def tiny_qwenimage_diffusers(tmp_path_factory) -> Path:
 
 
 def export_family(src: Path, out: Path) -> Path:
-    """Export the components generate needs (the VAE encoder is left out to keep tests fast)."""
+    """Export the components generate needs (the VAE encoder is left out to keep tests fast), with a
+    32x32 default size (the pipelines' own default is 128 latent patches a side)."""
     import json
 
     from onnxdiffusion.export import ExportOptions, export_pipeline
@@ -103,7 +104,7 @@ def export_family(src: Path, out: Path) -> Path:
 
     family = family_for_pipeline(json.loads((src / "model_index.json").read_text())["_class_name"])
     names = (*(s.name for s in family.text_encoders), family.backbone, "vae_decoder")
-    export_pipeline(src, out, ExportOptions(components=names), progress=False)
+    export_pipeline(src, out, ExportOptions(components=names, default_size=32), progress=False)
     return out
 
 

@@ -27,6 +27,8 @@ class ExportOptions:
     fuse_attention: bool = True
     # None: every component the family declares that the source has
     components: tuple[str, ...] | None = None
+    # the folder's default image size (square); None: the family's (diffusers' pipeline default)
+    default_size: int | None = None
 
 
 def _read_json(path: Path) -> dict:
@@ -134,6 +136,11 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
 
     t_start = time.time()
     info = family.pipeline_info(configs)
+    if options.default_size is not None:
+        m = int(info["size_multiple"])
+        if options.default_size <= 0 or options.default_size % m:
+            raise UserError(f"default size must be a positive multiple of {m} for this model, got {options.default_size}")
+        info["default_height"] = info["default_width"] = int(options.default_size)
     present = {n for n in configs if "/" not in n and n not in ("model_index", "scheduler")}
     specs = family.component_specs(info, present)
     wanted = options.components

@@ -141,6 +141,16 @@ class Pipeline:
             uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
         return self.family.align(cond, {**uncond, **size})
 
+    def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
+                        width: int, shape: tuple[int, ...]) -> GuidedBackbone:
+        """model_fn(x, t) over the backbone, conditioned and guided as this family is (a guidance-
+        distilled backbone takes the scale as an input and runs unbatched)."""
+        embedded = self.family.guidance_input
+        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
+        if embedded is not None:
+            cond[embedded] = np.full((len(prompts),), guidance, np.float32)
+        return GuidedBackbone(self.backbone, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale)
+
     def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None) -> np.ndarray:
         """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
         h, w = height or self.info["default_height"], width or self.info["default_width"]
@@ -254,11 +264,7 @@ class Pipeline:
                 cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
         else:
-            cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
-            if embedded is not None:
-                cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
-            model_fn = GuidedBackbone(self.backbone, latents.shape, cond, uncond, options.guidance,
-                                      rescale=self.family.cfg_rescale)
+            model_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             x = latents
