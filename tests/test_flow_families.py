@@ -160,3 +160,44 @@ def test_quantized_backbone_runs_and_its_loop_form_matches_the_host_loop(onnx_fi
     loop = pipe(PROMPT, negative_prompt=negative, loop="loop", **kw)
     assert psnr(loop.images, host.images) >= 60
 
+
+
+def test_flux_whole_graph_from_token_ids(tiny_flux_onnx, tmp_path):
+    """Acceptance 3, `--whole` for Flux: CLIP and T5 ids in, uint8 image out (2x2 unpacking in the graph)."""
+    import shutil
+
+    import onnxruntime as ort
+
+    from onnxdiffusion.loops import compile_loop
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_flux_onnx, folder)
+    compile_loop(folder, folder, form="loop", whole=True)
+    pipe = Pipeline.from_folder(folder)
+    host = pipe(PROMPT, steps=3, sampler="flow_euler", guidance=3.5, height=H, width=W, seed=4)
+    table = pipe.table(pipe_options(steps=3, sampler="flow_euler", height=H, width=W))
+    rows, cols = H // 4, W // 4
+    cond = pipe.family.size_conditioning(pipe.info, 1, H, W)
+    sess = ort.InferenceSession(str(folder / "sampler_loop_whole" / "model.onnx"), providers=["CPUExecutionProvider"])
+    image = sess.run(["image"], {
+        "input_ids": pipe.tokenizers["text_encoder"]([PROMPT]), "input_ids_2": pipe.tokenizers["text_encoder_2"]([PROMPT]),
+        "latents": host.init_latents, "cond_img_ids": cond["img_ids"], "cond_guidance": np.array([3.5], np.float32),
+        "grid_rows": np.array(rows, np.int64), "grid_cols": np.array(cols, np.int64),
+        "table": table.rows, "init_scale": np.array(table.init_scale, np.float32), "guidance": np.array(1.0, np.float32),
+        "noise": np.zeros((1, *host.init_latents.shape), np.float32), "steps": np.array(3, np.int64),
+    })[0]
+    assert image.dtype == np.uint8 and image.shape == host.images.shape
+    assert psnr(image, host.images) >= 40
+
+
+def test_qwenimage_whole_graph_is_refused(tiny_qwenimage_onnx, tmp_path):
+    from onnxdiffusion.loops import compile_loop
+
+    with pytest.raises(UserError, match="--whole is not available for qwenimage"):
+        compile_loop(tiny_qwenimage_onnx, tmp_path / "out", form="loop", whole=True)
+
+
+def pipe_options(**kw):
+    from onnxdiffusion.runtime.pipeline import GenerateOptions
+
+    return GenerateOptions(**kw)

@@ -204,6 +204,10 @@ class Family:
     guidance_input: ClassVar[str | None] = None
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)
     cfg_rescale: ClassVar[bool] = False
+    # latents packed into p x p patch tokens [B, S, C*p*p] (Flux, Qwen-Image); None: NCHW
+    latent_patch: ClassVar[int | None] = None
+    # whether `compile-loop --whole` can inline the text side (ids -> encoders -> combine)
+    whole_graph: ClassVar[bool] = True
 
     def export_feeds(self, spec: ComponentSpec, dims: dict[str, int], gen, vocab: int) -> dict:
         """Torch feeds for export validation (random by default; ids and masks need real values)."""

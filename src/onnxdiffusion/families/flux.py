@@ -71,6 +71,7 @@ class Flux(Family):
     )
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     guidance_input: ClassVar[str | None] = GUIDANCE
+    latent_patch: ClassVar[int | None] = 2
 
     def pipeline_info(self, configs: dict[str, dict]) -> dict:
         tr, clip, t5 = configs["transformer"], configs["text_encoder"], configs["text_encoder_2"]

@@ -65,6 +65,8 @@ class QwenImage(Family):
     vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKLQwenImage",)
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     cfg_rescale: ClassVar[bool] = True
+    latent_patch: ClassVar[int | None] = 2
+    whole_graph: ClassVar[bool] = False  # template, prefix drop and re-padding are host-side
 
     def pipeline_info(self, configs: dict[str, dict]) -> dict:
         tr, te, vae = configs["transformer"], configs["text_encoder"], configs["vae"]

@@ -319,7 +319,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
                          vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
-                         vae_shift_factor: float = 0.0, guidance_mode: str = "cfg") -> onnx.ModelProto:
+                         vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
+                         latent_patch: int | None = None) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -331,16 +332,15 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     `guidance_mode`: "cfg" ([uncond; cond] batch, u + g (c - u)), "cfg_rescale" (then rescaled to
     the conditional output's norm over the last axis) or "none" (cond only: a guidance-distilled
     backbone takes the scale as one of its conditioning inputs). The latents take the backbone
-    sample's layout (NCHW, or packed tokens [B, S, D]).
+    sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
+    `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
     """
-    from .graph_whole import image_epilogue, text_prologue
+    from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
     if form not in FORMS:
         raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
     if guidance_mode not in GUIDANCE_MODES:
         raise ValueError(f"unknown guidance mode {guidance_mode!r}; choose from {', '.join(GUIDANCE_MODES)}")
-    if guidance_mode == "none" and (text_encoder is not None or text_encoders):
-        raise ValueError("the whole-pipeline graph needs the [uncond; cond] batch (guidance mode cfg)")
     if form == "unrolled" and (steps is None or steps < 1):
         raise ValueError("the unrolled form needs steps >= 1")
     if text_encoder is not None:
@@ -363,7 +363,12 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     given: dict[str, str] = {}
     id_inputs: list[onnx.ValueInfoProto] = []
     if whole:
-        given, inits, funcs, id_inputs = text_prologue(b, text_encoders, combine, load_component)
+        given, inits, funcs, id_inputs = text_prologue(b, text_encoders, combine, load_component,
+                                                       guided=guidance_mode != "none")
+        if len(latent_dims) == 2:
+            if not latent_patch:
+                raise ValueError("a whole graph over packed latent tokens needs latent_patch")
+            id_inputs += [helper.make_tensor_value_info(n, TensorProto.INT64, []) for n in ("grid_rows", "grid_cols")]
         extra_inits += inits
         functions += funcs
     pre = _prologue(b, [c.name for c in conditioning], given, guidance_mode)
@@ -407,6 +412,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     f = TensorProto.FLOAT
     if whole:
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
+        if len(latent_dims) == 2:
+            final = unpack_patches(b, final, int(latent_dims[1]) // (latent_patch * latent_patch), latent_patch)
         image_epilogue(b, vae, final, 1.0 / vae_scaling_factor, vae_shift_factor)
         extra_inits += vae.initializers
         functions += vae.functions
