@@ -162,30 +162,29 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         "components": {},
     }
     with atomic_dir(out, overwrite=options.overwrite) as tmp:
-        bar = tqdm(total=len(specs), desc="export", disable=not progress)
-        loaded: tuple[str, object] | None = None
-        for name, spec in specs.items():
-            bar.set_postfix_str(name)
-            if loaded is None or loaded[0] != spec.source:
-                loaded = module = None  # release the previous source's weights before loading the next
-                gc.collect()
-                module = _load(src, spec.source, class_of(model_index, spec.source))
-                if options.fuse_attention and spec.kind != "text_encoder":
-                    fused[spec.source] = fuse_attention(module)
-                loaded = (spec.source, module)
-            module = loaded[1]
-            vocab = int(getattr(module.config, "vocab_size", 0) or 0)
-            dims = family.export_dims(spec, info)
-            gen = torch.Generator().manual_seed(0)
-            feed_list = [family.export_feeds(spec, d, gen, vocab) for d in dims]
-            entry = export_component(spec, family.wrap(spec, module).eval(), feed_list, tmp / name, options)
-            entry["family"] = family.name
-            entry["shapes_validated"] = dims
-            manifest["components"][name] = entry
-            if (src / spec.source / "config.json").is_file():
-                shutil.copy2(src / spec.source / "config.json", tmp / name / "config.json")
-            bar.update(1)
-        bar.close()
+        with tqdm(total=len(specs), desc="export", disable=not progress) as bar:  # closed (newline) on errors too
+            loaded: tuple[str, object] | None = None
+            for name, spec in specs.items():
+                bar.set_postfix_str(name)
+                if loaded is None or loaded[0] != spec.source:
+                    loaded = module = None  # release the previous source's weights before loading the next
+                    gc.collect()
+                    module = _load(src, spec.source, class_of(model_index, spec.source))
+                    if options.fuse_attention and spec.kind != "text_encoder":
+                        fused[spec.source] = fuse_attention(module)
+                    loaded = (spec.source, module)
+                module = loaded[1]
+                vocab = int(getattr(module.config, "vocab_size", 0) or 0)
+                dims = family.export_dims(spec, info)
+                gen = torch.Generator().manual_seed(0)
+                feed_list = [family.export_feeds(spec, d, gen, vocab) for d in dims]
+                entry = export_component(spec, family.wrap(spec, module).eval(), feed_list, tmp / name, options)
+                entry["family"] = family.name
+                entry["shapes_validated"] = dims
+                manifest["components"][name] = entry
+                if (src / spec.source / "config.json").is_file():
+                    shutil.copy2(src / spec.source / "config.json", tmp / name / "config.json")
+                bar.update(1)
         loaded = module = None
         gc.collect()
         if any(fused.values()):

@@ -10,6 +10,8 @@ from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOp
 from .flux import Flux
 from .qwenimage import QwenImage
 from .sd import StableDiffusion
+from .sd3 import StableDiffusion3
+from .sdxl import StableDiffusionXL
 
 _FAMILIES: dict[str, Family] = {}
 DEFAULT = "sd"  # folders exported before families were recorded
@@ -21,6 +23,8 @@ def register(family: Family) -> Family:
 
 
 register(StableDiffusion())
+register(StableDiffusionXL())
+register(StableDiffusion3())
 register(Flux())
 register(QwenImage())
 

@@ -191,6 +191,10 @@ class Family:
             return int(lengths[component])
         return int(info.get("context_length") or info["model_max_length"])
 
+    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
+        """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
+        return None
+
     def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
         f = int(info["vae_scale_factor"])
         return (batch, int(info["latent_channels"]), height // f, width // f)
@@ -228,10 +232,6 @@ class Family:
     def align(self, cond: dict[str, Any], uncond: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Make cond and uncond batchable (same shapes); text of variable length is padded here."""
         return cond, uncond
-
-    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
-        """Image token count that sets a dynamically shifted flow schedule's mu (None: not used)."""
-        return None
 
     def base_sigmas(self, steps: int) -> np.ndarray | None:
         """Base sigmas the diffusers pipeline hands its flow scheduler (None: the scheduler's own)."""
