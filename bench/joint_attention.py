@@ -44,7 +44,7 @@ def main() -> None:
                num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
                pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192)
     family = get_family("sd3")
-    info = {"latent_channels": 16, "context_dim": 4096, "pooled_dim": 2048}
+    info = {"latent_channels": 16, "context_dim": 4096, "pooled_dim": 2048, "encoder_widths": [768, 1280]}
     spec = family.backbone_spec(info)
     lat = args.size // 8
     dims = {"batch_size": 2, "height_latent": lat, "width_latent": lat, "sequence_length": 77 + 256}

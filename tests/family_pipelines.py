@@ -129,13 +129,13 @@ def build_tiny_sd3(folder: Path, with_t5: bool = True) -> Path:
 
 
 def diffusers_images(folder, prompt, latents, steps, guidance, sampler=None, noise=None, negative=None,
-                     image_size=None, **extra) -> np.ndarray:
+                     image_size=None, load_kwargs=None, **extra) -> np.ndarray:
     """The diffusers pipeline at `folder` (its own scheduler, or `sampler`'s class) from our latents, as uint8."""
     import diffusers
     import torch
     from diffusers import DiffusionPipeline
 
-    pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True, **(load_kwargs or {}))
     if sampler is not None:
         cls_name, kw = SCHEDULERS[sampler]
         pipe.scheduler = getattr(diffusers, cls_name).from_config(pipe.scheduler.config, **kw)

@@ -112,8 +112,10 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         chunk = prompts[start : start + cfg.batch]
         seeds = [cfg.seed + start + i for i in range(len(chunk))]
         latents = item_latents(shape, seeds)
+        # the family's whole conditioning (SDXL: pooled text and size ids; Flux: its guidance input),
+        # negative prompt ""
         height, width = pipe.image_size(GenerateOptions())
-        gb = pipe.guided_backbone(chunk, None, cfg.guidance, height, width, latents.shape)
+        gb = pipe.guided_backbone(chunk, [""] * len(chunk), cfg.guidance, height, width, latents.shape)
         xs, outs = [], []
 
         def model_fn(x, t, gb=gb, xs=xs, outs=outs):
@@ -162,7 +164,9 @@ def naive_set(pipe, recipe: Int8NaiveRecipe, seed: int) -> CalibrationSet:
     rng = np.random.default_rng(seed)
     shape = pipe.latent_shape_for(recipe.samples)
     # the real conditioning's shapes (sequence length included), filled with N(0,1)
-    real = pipe.encode_prompt([""] * recipe.samples)
+    from ..runtime.pipeline import GenerateOptions
+
+    real, _ = pipe.conditioning([""] * recipe.samples, None, False, *pipe.image_size(GenerateOptions()))
     cond = {k: rng.standard_normal(v.shape, dtype=np.float32) for k, v in real.items()}
     return CalibrationSet(
         samples=rng.standard_normal((1, *shape), dtype=np.float32),
