@@ -114,3 +114,43 @@ def tiny_sd3_onnx(tiny_sd3_diffusers, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_sd3_onnx") / "model"
     export_pipeline(tiny_sd3_diffusers, out, progress=False)
     return out
+
+
+# -- Flux and Qwen-Image (tests/tiny_families.py builds them) -----------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_flux_diffusers(tmp_path_factory) -> Path:
+    from tiny_families import build_tiny_flux
+
+    return build_tiny_flux(tmp_path_factory.mktemp("tiny_flux"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenimage_diffusers(tmp_path_factory) -> Path:
+    from tiny_families import build_tiny_qwenimage
+
+    return build_tiny_qwenimage(tmp_path_factory.mktemp("tiny_qwenimage"))
+
+
+def export_family(src: Path, out: Path) -> Path:
+    """Export the components generate needs (the VAE encoder is left out to keep tests fast), with a
+    32x32 default size (the pipelines' own default is 128 latent patches a side)."""
+    import json
+
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+    from onnxdiffusion.families import family_for_pipeline
+
+    family = family_for_pipeline(json.loads((src / "model_index.json").read_text())["_class_name"])
+    names = (*(s.name for s in family.text_encoders), family.backbone, "vae_decoder")
+    export_pipeline(src, out, ExportOptions(components=names, default_size=32), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_onnx(tiny_flux_diffusers, tmp_path_factory) -> Path:
+    return export_family(tiny_flux_diffusers, tmp_path_factory.mktemp("tiny_flux_onnx") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenimage_onnx(tiny_qwenimage_diffusers, tmp_path_factory) -> Path:
+    return export_family(tiny_qwenimage_diffusers, tmp_path_factory.mktemp("tiny_qwenimage_onnx") / "model")

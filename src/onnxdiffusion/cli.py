@@ -34,11 +34,14 @@ def export(
     no_validate: Annotated[bool, typer.Option("--no-validate", help="skip the PyTorch comparison")] = False,
     no_fuse_attention: Annotated[bool, typer.Option(
         "--no-fuse-attention", help="plain ONNX attention (portable beyond ONNX Runtime, slower on it)")] = False,
+    default_size: Annotated[Optional[int], typer.Option(
+        "--default-size", help="the folder's default (square) image size; default: the pipeline's own")] = None,
 ) -> None:
-    """Export a Stable-Diffusion-family pipeline to ONNX (validated against PyTorch)."""
+    """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
 
-    options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate, fuse_attention=not no_fuse_attention)
+    options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
+                            fuse_attention=not no_fuse_attention, default_size=default_size)
     manifest = export_pipeline(src, out, options)
     for name, info in manifest["components"].items():
         v = info.get("validation", {})

@@ -130,8 +130,12 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             vae_decoder=load_component(model, manifest, "vae_decoder"),
             vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
         )
+    mode = "none" if family.guidance_input else ("cfg_rescale" if family.cfg_rescale else "cfg")
+    if whole and not family.whole_graph:
+        raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
+                        f"ids -> encoder -> combine)")
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
-                                 correction=correction, **extra)
+                                 correction=correction, guidance_mode=mode, latent_patch=family.latent_patch, **extra)
     del unet, extra
     name = component_name(form, whole)
 

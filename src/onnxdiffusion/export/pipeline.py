@@ -29,6 +29,8 @@ class ExportOptions:
     fuse_attention: bool = True
     # None: every component the family declares that the source has
     components: tuple[str, ...] | None = None
+    # the folder's default image size (square); None: the family's (diffusers' pipeline default)
+    default_size: int | None = None
 
 
 def _read_json(path: Path) -> dict:
@@ -160,11 +162,15 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from tqdm import tqdm
 
     from .attention import DOMAIN_OP, fuse_attention
-    from .dummies import dummy_feeds
     from .validate import export_component
 
     t_start = time.time()
     info = family.pipeline_info(configs)
+    if options.default_size is not None:
+        m = int(info["size_multiple"])
+        if options.default_size <= 0 or options.default_size % m:
+            raise UserError(f"default size must be a positive multiple of {m} for this model, got {options.default_size}")
+        info["default_height"] = info["default_width"] = int(options.default_size)
     present = {n for n in configs if "/" not in n and n not in ("model_index", "scheduler")}
     specs = family.component_specs(info, present)
     wanted = options.components
@@ -202,7 +208,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 vocab = int(getattr(module.config, "vocab_size", 0) or 0)
                 dims = family.export_dims(spec, info)
                 gen = torch.Generator().manual_seed(0)
-                feed_list = [dummy_feeds(spec, d, gen, vocab) for d in dims]
+                feed_list = [family.export_feeds(spec, d, gen, vocab) for d in dims]
                 entry = export_component(spec, family.wrap(spec, module).eval(), feed_list, tmp / name, options)
                 entry["family"] = family.name
                 entry["shapes_validated"] = dims

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
+from .flux import Flux
+from .qwenimage import QwenImage
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
@@ -23,6 +25,8 @@ def register(family: Family) -> Family:
 register(StableDiffusion())
 register(StableDiffusionXL())
 register(StableDiffusion3())
+register(Flux())
+register(QwenImage())
 
 
 def names() -> tuple[str, ...]:

@@ -203,6 +203,50 @@ class Family:
         """(scale, shift) with decoder input = latents * scale + shift (diffusers: x / scaling + shift)."""
         return 1.0 / float(info["vae_scaling_factor"]), float(info.get("vae_shift_factor") or 0.0)
 
+    # -- hooks the transformer families override (the defaults are Stable Diffusion's behaviour) ---
+    # backbone input fed the guidance scale itself (guidance-distilled Flux): no [uncond; cond] batch
+    guidance_input: ClassVar[str | None] = None
+    # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)
+    cfg_rescale: ClassVar[bool] = False
+    # latents packed into p x p patch tokens [B, S, C*p*p] (Flux, Qwen-Image); None: NCHW
+    latent_patch: ClassVar[int | None] = None
+    # whether `compile-loop --whole` can inline the text side (ids -> encoders -> combine)
+    whole_graph: ClassVar[bool] = True
+
+    def export_feeds(self, spec: ComponentSpec, dims: dict[str, int], gen, vocab: int) -> dict:
+        """Torch feeds for export validation (random by default; ids and masks need real values)."""
+        from ..export.dummies import dummy_feeds
+
+        return dummy_feeds(spec, dims, gen, vocab)
+
+    def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
+        from ..manifest import confined
+        from ..runtime.tokenizer import PromptTokenizer
+
+        return PromptTokenizer(confined(folder, slot.tokenizer, "tokenizer folder"), self.sequence_length(slot.name, info))
+
+    def encode_text(self, slot: TextEncoderSlot, tokenizer, session, prompts: list[str], info: dict) -> dict[str, Any]:
+        """One text encoder's outputs (by output name) for `prompts`."""
+        outs = session.run(list(slot.outputs), {"input_ids": tokenizer(prompts)})
+        return dict(zip(slot.outputs, outs))
+
+    def align(self, cond: dict[str, Any], uncond: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Make cond and uncond batchable (same shapes); text of variable length is padded here."""
+        return cond, uncond
+
+    def base_sigmas(self, steps: int) -> np.ndarray | None:
+        """Base sigmas the diffusers pipeline hands its flow scheduler (None: the scheduler's own)."""
+        return None
+
+    def decoder_feed(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
+        """Final sampler state -> the VAE decoder's `latent_sample`."""
+        scale, shift = self.decode_scale_shift(info)
+        return (latents * np.float32(scale) + np.float32(shift)).astype(np.float32)
+
+    def decoded_images(self, sample: np.ndarray) -> np.ndarray:
+        """The VAE decoder's output -> (batch, 3, H, W) in [-1, 1]."""
+        return sample
+
     def required_components(self, info: dict) -> tuple[str, ...]:
         return (*(s.name for s in self.text_encoders if s.required), self.backbone, "vae_decoder")
 

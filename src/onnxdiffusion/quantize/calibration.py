@@ -99,7 +99,6 @@ class CalibrationSet:
 def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = False) -> CalibrationSet:
     """Run the fp32 pipeline over the prompts (seed cfg.seed + i for prompt i) and record every backbone call."""
     from ..evaluate.run import item_latents
-    from ..runtime.backbone import GuidedBackbone
     from ..runtime.pipeline import GenerateOptions
     from ..samplers import sample
 
@@ -113,9 +112,10 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         chunk = prompts[start : start + cfg.batch]
         seeds = [cfg.seed + start + i for i in range(len(chunk))]
         latents = item_latents(shape, seeds)
-        # the family's whole conditioning (SDXL: pooled text and size ids too), negative prompt ""
-        cond, uncond = pipe.conditioning(chunk, [""] * len(chunk), cfg.guidance > 1.0, *pipe.image_size(GenerateOptions()))
-        gb = GuidedBackbone(pipe.backbone, latents.shape, cond, uncond, cfg.guidance)
+        # the family's whole conditioning (SDXL: pooled text and size ids; Flux: its guidance input),
+        # negative prompt ""
+        height, width = pipe.image_size(GenerateOptions())
+        gb = pipe.guided_backbone(chunk, [""] * len(chunk), cfg.guidance, height, width, latents.shape)
         xs, outs = [], []
 
         def model_fn(x, t, gb=gb, xs=xs, outs=outs):
@@ -132,7 +132,7 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         trajectories.append(np.stack(xs_traj))
         b = len(chunk)
         for i in range(b):
-            pairs.append((rows + i, rows + b + i) if uncond is not None else (-1, rows + i))
+            pairs.append((rows + i, rows + b + i) if gb.guided else (-1, rows + i))
         rows += gb.context.shape[0]
     joined = {k: np.concatenate([c[k] for c in contexts], axis=0) for k in contexts[0]}
     return CalibrationSet(

@@ -27,11 +27,12 @@ class GuidedBackbone:
     """
 
     def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
-                 uncond: Conditioning | None, guidance: float):
+                 uncond: Conditioning | None, guidance: float, rescale: bool = False):
         self.batch = latents_shape[0]
         self.guided = uncond is not None
         n = 2 * self.batch if self.guided else self.batch
         self.guidance = guidance
+        self.rescale = rescale
         self.sample = np.empty((n, *latents_shape[1:]), np.float32)
         self.timestep = np.empty((n,), np.float32)
         self.out = np.empty_like(self.sample)
@@ -60,7 +61,7 @@ class GuidedBackbone:
         self.session.run_with_iobinding(self.binding)
         if not self.guided:
             return self.out.copy()
-        return cfg_combine(self.out[:b], self.out[b:], self.guidance)
+        return cfg_combine(self.out[:b], self.out[b:], self.guidance, rescale=self.rescale)
 
 
 class DeviceBackbone:
@@ -74,11 +75,13 @@ class DeviceBackbone:
     """
 
     def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
-                 uncond: Conditioning | None, guidance: float, device: str = "cuda", device_id: int = 0):
+                 uncond: Conditioning | None, guidance: float, rescale: bool = False, device: str = "cuda",
+                 device_id: int = 0):
         self.batch = latents_shape[0]
         self.guided = uncond is not None
         n = 2 * self.batch if self.guided else self.batch
         self.guidance = guidance
+        self.rescale = rescale
         self.session = session
         self.host_sample = np.empty((n, *latents_shape[1:]), np.float32)
         self.host_timestep = np.empty((n,), np.float32)
@@ -104,4 +107,4 @@ class DeviceBackbone:
         out = self.out.numpy()
         if not self.guided:
             return out
-        return cfg_combine(out[:b], out[b:], self.guidance)
+        return cfg_combine(out[:b], out[b:], self.guidance, rescale=self.rescale)

@@ -20,6 +20,7 @@ from ..manifest import check_scheduler_config, confined
 from . import guards
 from ..paths import default_model_folder
 from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
+from ..schedules import FlowSchedule
 from .backbone import Conditioning, DeviceBackbone, GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
@@ -98,8 +99,7 @@ class Pipeline:
         comps = manifest["components"]
         # the family's text encoders this folder has (optional ones, like SD3's T5, may be absent)
         self.slots = [s for s in family.text_encoders if s.name in comps]
-        self.tokenizers = {s.name: PromptTokenizer(confined(folder, s.tokenizer, "tokenizer folder"),
-                                                   family.sequence_length(s.name, info)) for s in self.slots}
+        self.tokenizers = {s.name: family.make_tokenizer(s, folder, info) for s in self.slots}
         bb = comps[family.backbone]
         chain = session_providers(profile, bb, info)
         self.encoders = {s.name: make_session(component_path(folder, manifest, s.name), provider, threads,
@@ -178,11 +178,9 @@ class Pipeline:
     def encode_prompt(self, prompts: list[str]) -> Conditioning:
         """The text conditioning of the backbone, by input name: every text encoder, combined as
         the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...)."""
-        encoded = {}
-        for slot in self.slots:
-            ids = self.tokenizers[slot.name](prompts)
-            outs = self.encoders[slot.name].run(list(slot.outputs), {"input_ids": ids})
-            encoded[slot.name] = dict(zip(slot.outputs, outs))
+        encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name], self.encoders[slot.name],
+                                                      prompts, self.info)
+                   for slot in self.slots}
         cond = self.family.combine(NumpyOps(), encoded, self.info)
         for v in cond.values():
             guards.check_finite(v, "text encoding (the text encoder produced NaN/inf)")
@@ -200,27 +198,44 @@ class Pipeline:
             uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
         else:
             uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
-        return cond, {**uncond, **size}
+        return self.family.align(cond, {**uncond, **size})
 
-    def decode(self, latents: np.ndarray) -> np.ndarray:
-        scale, shift = self.family.decode_scale_shift(self.info)
-        scaled = (latents * np.float32(scale) + np.float32(shift)).astype(np.float32)
-        image = self.vae_decoder.run(["sample"], {"latent_sample": scaled})[0]
+    def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
+                        width: int, shape: tuple[int, ...]) -> GuidedBackbone:
+        """model_fn(x, t) over the backbone, conditioned and guided as this family is (a guidance-
+        distilled backbone takes the scale as an input and runs unbatched)."""
+        embedded = self.family.guidance_input
+        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
+        if embedded is not None:
+            cond[embedded] = np.full((len(prompts),), guidance, np.float32)
+        device = self.profile is not None and self.profile.profile.io_binding == "device"
+        return (DeviceBackbone if device else GuidedBackbone)(self.backbone, shape, cond, uncond, guidance,
+                                                              rescale=self.family.cfg_rescale)
+
+    def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None) -> np.ndarray:
+        """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
+        h, w = height or self.info["default_height"], width or self.info["default_width"]
+        feed = self.family.decoder_feed(self.info, latents, h, w)
+        image = self.family.decoded_images(self.vae_decoder.run(["sample"], {"latent_sample": feed})[0])
         guards.check_finite(image, "VAE decoding (the decoder produced NaN/inf pixels)")
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
     def table(self, options: GenerateOptions, mu: float | None = None) -> SamplerTable:
-        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule."""
+        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule
+        (default: from the family's image token count, as the diffusers pipelines compute it)."""
         options = self.resolve(options)
         if options.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
-        if mu is None and getattr(self.schedule, "use_dynamic_shifting", False):
-            # dynamic shift: mu from the image token count the family's backbone sees at this size
-            seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
-            mu = None if seq_len is None else self.schedule.mu_for(seq_len)
+        flow = {}
+        if isinstance(self.schedule, FlowSchedule):
+            h, w = self.image_size(options)
+            seq = self.family.image_seq_len(self.info, h, w)
+            if mu is None and seq is not None and self.schedule.use_dynamic_shifting:
+                mu = self.schedule.mu_for(seq)
+            flow = {"mu": mu, "sigmas": self.family.base_sigmas(options.steps)}
         try:
-            return build_table(options.sampler, self.schedule, options.steps, options.spacing, mu=mu)
+            return build_table(options.sampler, self.schedule, options.steps, options.spacing, **flow)
         except ValueError as e:
             raise UserError(str(e)) from None
 
@@ -295,17 +310,19 @@ class Pipeline:
         return self._run(options, table, latents, noise, prompts, negatives)
 
     def _run(self, options, table, latents, noise, prompts, negatives):
-        guided = options.guidance > 1.0
+        embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
+        guided = options.guidance > 1.0 and embedded is None
         h, w = self.image_size(options)
         if options.loop != "host":
-            # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u))
-            cond, uncond = self.conditioning(prompts, negatives, True, h, w)
+            # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
+            # except for a guidance-distilled backbone, which takes the scale as an input
+            cond, uncond = self.conditioning(prompts, negatives, embedded is None, h, w)
+            if embedded is not None:
+                cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
             guards.check_finite(x, "the sampling graph's output latents")
         else:
-            cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
-            device = self.profile is not None and self.profile.profile.io_binding == "device"
-            model_fn = (DeviceBackbone if device else GuidedBackbone)(self.backbone, latents.shape, cond, uncond, options.guidance)
+            model_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             x = latents
@@ -314,7 +331,7 @@ class Pipeline:
             # one reduction over the final latents: NaN/inf anywhere in the loop propagates to them
             guards.check_finite(x, "sampling (the backbone or sampler produced NaN/inf latents)")
         yield GenerationResult(
-            images=self.decode(x),
+            images=self.decode(x, h, w),
             latents=x,
             init_latents=latents,
             noise=noise,

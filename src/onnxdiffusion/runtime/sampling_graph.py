@@ -15,6 +15,8 @@ class SamplingGraph:
         self.steps = info.get("steps")
         self.whole = bool(info.get("whole"))
         self.latent_channels = session.get_inputs()[0].shape[1]
+        self.latent_rank = len(session.get_inputs()[0].shape)
+        self.input_names = {i.name for i in session.get_inputs()}
 
     def check(self, table: np.ndarray, latents: np.ndarray, noise: np.ndarray | None, steps: int) -> None:
         if table.ndim != 2 or table.shape[1] != len(COLUMNS) or table.dtype != np.float32:
@@ -23,9 +25,11 @@ class SamplingGraph:
             raise UserError(f"step count must be in [1, {table.shape[0]}] (rows of the table), got {steps}")
         if self.form == "unrolled" and steps != self.steps:
             raise UserError(f"this unrolled graph runs exactly {self.steps} steps, got {steps}")
-        if latents.ndim != 4 or latents.shape[1] != self.latent_channels:
-            raise UserError(f"latents must have shape (batch, {self.latent_channels}, h, w), got {latents.shape}")
-        if noise is not None and (noise.ndim != 5 or noise.shape[1:] != latents.shape or noise.shape[0] < 1):
+        fixed = self.latent_channels if isinstance(self.latent_channels, int) else None
+        if latents.ndim != self.latent_rank or (fixed is not None and self.latent_rank == 4 and latents.shape[1] != fixed):
+            raise UserError(f"latents must have {self.latent_rank} dims (batch, {self.latent_channels}, ...), "
+                            f"got {latents.shape}")
+        if noise is not None and (noise.ndim != self.latent_rank + 1 or noise.shape[1:] != latents.shape or noise.shape[0] < 1):
             raise UserError(f"noise must have shape (K, *{latents.shape}), got {noise.shape}")
 
     def feeds(self, table: SamplerTable, latents: np.ndarray, noise: np.ndarray | None, guidance: float,
@@ -49,9 +53,10 @@ class SamplingGraph:
         return feeds
 
     def run(self, table: SamplerTable, latents: np.ndarray, cond: dict[str, np.ndarray] | np.ndarray,
-            uncond: dict[str, np.ndarray] | np.ndarray, guidance: float, noise: np.ndarray | None = None,
+            uncond: dict[str, np.ndarray] | np.ndarray | None, guidance: float, noise: np.ndarray | None = None,
             steps: int | None = None) -> np.ndarray:
-        """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone)."""
+        """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone);
+        uncond None for a graph without the guidance batch (guidance-distilled backbones)."""
         from ..samplers.graph import CONTEXT, cond_input_names
 
         feeds = self.feeds(table, latents, noise, guidance, steps)
@@ -60,5 +65,8 @@ class SamplingGraph:
         for name, value in cond.items():
             c, u = cond_input_names(name)
             feeds[c] = np.ascontiguousarray(value, dtype=np.float32)
-            feeds[u] = np.ascontiguousarray(uncond[name], dtype=np.float32)
+            if u in self.input_names:
+                if uncond is None:
+                    raise UserError(f"this sampling graph runs guided: it needs unconditional {name!r}")
+                feeds[u] = np.ascontiguousarray(uncond[name], dtype=np.float32)
         return self.session.run(None, feeds)[0]

@@ -75,3 +75,41 @@ class PromptTokenizer:
             seq = [*head, *ids, self.eos]
             out[row, : len(seq)] = seq
         return out
+
+
+class PaddedTokenizer:
+    """A `tokenizer.json` tokenizer that pads and truncates through the `tokenizers` library itself,
+    as transformers' fast tokenizers do, returning an attention mask too: Qwen2 (a prompt template,
+    padded to the longest prompt)."""
+
+    def __init__(self, folder: Path, max_length: int | None, template: str = "{}"):
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise UserError(f"tokenizer file missing: {path}")
+        self._tok = Tokenizer.from_file(str(path))
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        pad = cfg.get("pad_token")
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        pad_id = self._tok.token_to_id(pad) if pad else None
+        if pad_id is None:
+            raise UserError(f"{cfg_path}: pad_token {pad!r} is not in the vocabulary")
+        if cfg.get("padding_side", "right") != "right":
+            raise UserError(f"{cfg_path}: padding_side {cfg.get('padding_side')!r} is not supported (right only)")
+        self.max_length, self.template = max_length, template
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self._pad_id, self._pad = pad_id, pad
+
+    def __call__(self, prompts: list[str], pad_to_max: bool, truncate_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, mask), both (batch, length) int64."""
+        self._tok.no_truncation()
+        if truncate_to is not None:
+            self._tok.enable_truncation(truncate_to)
+        length = self.max_length if pad_to_max else None
+        self._tok.enable_padding(pad_id=self._pad_id, pad_token=self._pad, length=length)
+        enc = self._tok.encode_batch([self.template.format(p) for p in prompts])
+        self._tok.no_padding()
+        ids = np.array([e.ids for e in enc], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        return ids, mask

@@ -12,8 +12,14 @@ from typing import Callable
 import numpy as np
 
 
-def cfg_combine(out_uncond: np.ndarray, out_cond: np.ndarray, guidance_scale: float) -> np.ndarray:
-    return out_uncond + np.float32(guidance_scale) * (out_cond - out_uncond)
+def cfg_combine(out_uncond: np.ndarray, out_cond: np.ndarray, guidance_scale: float,
+                rescale: bool = False) -> np.ndarray:
+    """u + g (c - u); `rescale`: then scaled to the conditional output's norm over the last axis,
+    per token (Qwen-Image's true CFG)."""
+    out = out_uncond + np.float32(guidance_scale) * (out_cond - out_uncond)
+    if rescale:
+        out = out * (np.linalg.norm(out_cond, axis=-1, keepdims=True) / np.linalg.norm(out, axis=-1, keepdims=True))
+    return out
 
 
 def cfg_batch(x: np.ndarray) -> np.ndarray:

@@ -9,7 +9,8 @@ Graph inputs: latents (B,C,H,W), cond and uncond embeddings (B,S,D) (and, for a 
 more conditioning inputs, cond_<name> and uncond_<name> for each), the sampler table (N,8)
 as built by ``build_table``, init_scale and guidance scalars, noise (K,B,C,H,W) where step i
 reads noise[min(i, K-1)] (pass K=1 zeros for deterministic samplers), and, for ``loop``, steps.
-Output: final latents. Guidance runs inside: one backbone call on [uncond; cond].
+Output: final latents. Guidance runs inside: one backbone call on [uncond; cond] (cond alone
+for a guidance-distilled backbone). Packed-token backbones take latents (B,S,D) instead.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .tables import COLUMNS
 CONTEXT = "encoder_hidden_states"
 BACKBONE_IO = {"sample": "sample", "timestep": "timestep", "cond:" + CONTEXT: CONTEXT, "out": "out_sample"}
 FORMS = ("loop", "unrolled")
+GUIDANCE_MODES = ("cfg", "cfg_rescale", "none")
 
 VAE_DECODER_IO = {"latents": "latent_sample", "out": "sample"}
 
@@ -89,6 +91,16 @@ def conditioning_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in (BACKBONE_IO["sample"], BACKBONE_IO["timestep"])]
 
 
+def _latent_dims(model: onnx.ModelProto, latent_channels: int) -> list:
+    """The sampler state's dims after the batch: NCHW keeps the names it always had; other
+    layouts (packed tokens) take the backbone sample's own."""
+    sample = next(i for i in model.graph.input if i.name == BACKBONE_IO["sample"])
+    dims = sample.type.tensor_type.shape.dim
+    if len(dims) == 4:
+        return [latent_channels, "height", "width"]
+    return [d.dim_value if d.dim_value else (d.dim_param or f"latent_{k}") for k, d in enumerate(dims)][1:]
+
+
 def load_backbone(model: onnx.ModelProto, prefix: str = "unet/") -> Backbone:
     io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": BACKBONE_IO["out"]}
     io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
@@ -146,15 +158,17 @@ def _constants(b: _Builder) -> None:
         b.const(f"col_{col}", np.array(k, np.int64))
 
 
-def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str]) -> dict:
+def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guidance_mode: str = "cfg") -> dict:
     """Values computed once, before the loop: guided conditioning, batch sizes, starting state.
 
     `given`: conditioning already in [uncond; cond] form (the whole graph's text side); the
-    rest come in as cond/uncond graph inputs."""
+    rest come in as cond/uncond graph inputs (cond alone when guidance_mode is "none")."""
     ctx = {}
     for name in conditioning:
         if name in given:
             ctx[name] = given[name]
+        elif guidance_mode == "none":
+            ctx[name] = cond_input_names(name)[0]
         else:
             c, u = cond_input_names(name)
             ctx[name] = b.op("Concat", [u, c], "context" if name == CONTEXT else f"context_{name}", axis=0)
@@ -166,7 +180,9 @@ def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str]) -> di
     last_noise = b.op("Sub", [k, "one_i64"], "noise_last")
     x0 = b.op("Mul", ["latents", "init_scale"], "x_init")
     d0 = b.op("Mul", [x0, "zero_f"], "d_init")
-    return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0}
+    if guidance_mode == "cfg_rescale":
+        b.const("last_axis", np.array([-1], np.int64))
+    return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0, "mode": guidance_mode}
 
 
 def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
@@ -178,7 +194,8 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     row = b.op("Gather", ["table", i], n("row"), axis=0)
     c = {col: b.op("Gather", [row, f"col_{col}"], n(col), axis=0) for col in COLUMNS}
     x_in = b.op("Mul", [x, c["c_in"]], n("x_in"))
-    doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0)
+    guided_batch = pre["mode"] != "none"
+    doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0) if guided_batch else x_in
     t_vec = b.op("Expand", [c["t"], pre["batch2"]], n("t_vec"))
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
@@ -207,9 +224,14 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
         rename_outer_refs(new, rename)
         b.nodes.append(new)
     out = tag + out_name if tag else out_name
-    u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
-    diff = b.op("Sub", [cnd, u], n("cfg_diff"))
-    guided = b.op("Add", [u, b.op("Mul", [diff, "guidance"], n("cfg_scaled"))], n("guided"))
+    if guided_batch:
+        u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
+        diff = b.op("Sub", [cnd, u], n("cfg_diff"))
+        guided = b.op("Add", [u, b.op("Mul", [diff, "guidance"], n("cfg_scaled"))], n("guided"))
+        if pre["mode"] == "cfg_rescale":
+            guided = _rescale(b, guided, cnd, n)
+    else:  # guidance-distilled: the scale went in as a backbone input
+        guided = out
     if "corr_table" in pre:
         guided = _correct(b, pre, c["t"], guided, n)
     den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
@@ -223,6 +245,16 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     ]
     x_new = b.op("Sum", terms, n("x_next"))
     return x_new, den
+
+
+def _rescale(b: _Builder, guided: str, cond: str, n: Callable[[str], str]) -> str:
+    """guided * |cond| / |guided|, norms over the last axis (cfg_combine(..., rescale=True)'s twin)."""
+    def norm(x: str, hint: str) -> str:
+        sq = b.op("ReduceSum", [b.op("Mul", [x, x], n(hint + "_sq")), "last_axis"], n(hint + "_sumsq"), keepdims=1)
+        return b.op("Sqrt", [sq], n(hint + "_norm"))
+
+    ratio = b.op("Div", [norm(cond, "cond"), norm(guided, "guided")], n("rescale_ratio"))
+    return b.op("Mul", [guided, ratio], n("rescaled"))
 
 
 def _correction_prologue(b: _Builder, pre: dict[str, str], correction) -> None:
@@ -253,10 +285,11 @@ def _correct(b: _Builder, pre: dict[str, str], t: str, out: str, n: Callable[[st
     return b.op("Add", [b.op("Mul", [out, s], n("corr_scaled")), bias], n("corrected"))
 
 
-def _graph_inputs(latent_channels: int, conditioning: list[onnx.ValueInfoProto], with_steps: bool,
-                  given: set[str], id_inputs: list[onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:
+def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], with_steps: bool,
+                  given: set[str], id_inputs: list[onnx.ValueInfoProto],
+                  guidance_mode: str = "cfg") -> list[onnx.ValueInfoProto]:
     f = TensorProto.FLOAT
-    ins = [helper.make_tensor_value_info("latents", f, ["batch", latent_channels, "height", "width"])]
+    ins = [helper.make_tensor_value_info("latents", f, ["batch", *latent_dims])]
     ins += id_inputs
     for vi in conditioning:
         if vi.name in given:
@@ -265,12 +298,13 @@ def _graph_inputs(latent_channels: int, conditioning: list[onnx.ValueInfoProto],
                 for k, d in enumerate(vi.type.tensor_type.shape.dim)]
         dims[0] = "batch"
         dims = ["sequence" if d == "sequence_length" else d for d in dims]
-        ins += [helper.make_tensor_value_info(n, vi.type.tensor_type.elem_type, dims) for n in cond_input_names(vi.name)]
+        names = cond_input_names(vi.name)[:1] if guidance_mode == "none" else cond_input_names(vi.name)
+        ins += [helper.make_tensor_value_info(n, vi.type.tensor_type.elem_type, dims) for n in names]
     ins += [
         helper.make_tensor_value_info("table", f, ["table_rows", len(COLUMNS)]),
         helper.make_tensor_value_info("init_scale", f, []),
         helper.make_tensor_value_info("guidance", f, []),
-        helper.make_tensor_value_info("noise", f, ["noise_steps", "batch", latent_channels, "height", "width"]),
+        helper.make_tensor_value_info("noise", f, ["noise_steps", "batch", *latent_dims]),
     ]
     if with_steps:
         ins.append(helper.make_tensor_value_info("steps", TensorProto.INT64, []))
@@ -285,7 +319,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
                          vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
-                         vae_shift_factor: float = 0.0) -> onnx.ModelProto:
+                         vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
+                         latent_patch: int | None = None) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -294,11 +329,18 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     the family's `combine(ops, encoded)`; `text_encoder` alone is the one-CLIP (SD) case.
     `correction` (an ``OutputCorrection``) scales and shifts the guided backbone output per
     timestep, as the host loop does for quantized backbones fitted with ``quantize --correct``.
+    `guidance_mode`: "cfg" ([uncond; cond] batch, u + g (c - u)), "cfg_rescale" (then rescaled to
+    the conditional output's norm over the last axis) or "none" (cond only: a guidance-distilled
+    backbone takes the scale as one of its conditioning inputs). The latents take the backbone
+    sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
+    `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
     """
-    from .graph_whole import image_epilogue, text_prologue
+    from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
     if form not in FORMS:
         raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
+    if guidance_mode not in GUIDANCE_MODES:
+        raise ValueError(f"unknown guidance mode {guidance_mode!r}; choose from {', '.join(GUIDANCE_MODES)}")
     if form == "unrolled" and (steps is None or steps < 1):
         raise ValueError("the unrolled form needs steps >= 1")
     if text_encoder is not None:
@@ -308,6 +350,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     if whole and (not text_encoders or vae_decoder is None or combine is None):
         raise ValueError("the whole-pipeline graph needs the text encoders, their combine and the VAE decoder")
     bb = load_backbone(backbone)
+    latent_dims = _latent_dims(backbone, latent_channels)
     conditioning = conditioning_inputs(backbone)
     if CONTEXT not in [c.name for c in conditioning]:
         raise ValueError(f"the backbone has no {CONTEXT} input")
@@ -320,10 +363,15 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     given: dict[str, str] = {}
     id_inputs: list[onnx.ValueInfoProto] = []
     if whole:
-        given, inits, funcs, id_inputs = text_prologue(b, text_encoders, combine, load_component)
+        given, inits, funcs, id_inputs = text_prologue(b, text_encoders, combine, load_component,
+                                                       guided=guidance_mode != "none")
+        if len(latent_dims) == 2:
+            if not latent_patch:
+                raise ValueError("a whole graph over packed latent tokens needs latent_patch")
+            id_inputs += [helper.make_tensor_value_info(n, TensorProto.INT64, []) for n in ("grid_rows", "grid_cols")]
         extra_inits += inits
         functions += funcs
-    pre = _prologue(b, [c.name for c in conditioning], given)
+    pre = _prologue(b, [c.name for c in conditioning], given, guidance_mode)
     if correction is not None:
         _correction_prologue(b, pre, correction)
     if form == "loop":
@@ -364,17 +412,19 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     f = TensorProto.FLOAT
     if whole:
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
+        if len(latent_dims) == 2:
+            final = unpack_patches(b, final, int(latent_dims[1]) // (latent_patch * latent_patch), latent_patch)
         image_epilogue(b, vae, final, 1.0 / vae_scaling_factor, vae_shift_factor)
         extra_inits += vae.initializers
         functions += vae.functions
         outputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "image_height", "image_width", 3])]
     else:
         b.op("Identity", [final], "final_latents")
-        outputs = [helper.make_tensor_value_info("final_latents", f, ["batch", latent_channels, "height", "width"])]
+        outputs = [helper.make_tensor_value_info("final_latents", f, ["batch", *latent_dims])]
     graph = helper.make_graph(
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
-        _graph_inputs(latent_channels, conditioning, form == "loop", set(given), id_inputs),
+        _graph_inputs(latent_dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode),
         outputs,
         initializer=b.inits + bb.initializers + extra_inits,
     )

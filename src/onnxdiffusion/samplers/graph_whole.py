@@ -77,17 +77,17 @@ def _output_dims(model: onnx.ModelProto, name: str) -> tuple[int, int]:
 
 
 def text_prologue(b, encoders: dict[str, tuple[onnx.ModelProto, tuple[str, ...]]], combine: Callable,
-                  load_component) -> tuple[dict[str, str], list, list, list[onnx.ValueInfoProto]]:
-    """Inline every text encoder on [uncond; cond] ids; returns (conditioning name -> doubled-batch
-    tensor, initializers, functions, the id graph inputs)."""
+                  load_component, guided: bool = True) -> tuple[dict[str, str], list, list, list[onnx.ValueInfoProto]]:
+    """Inline every text encoder on [uncond; cond] ids (the prompt's ids alone when not `guided`);
+    returns (conditioning name -> tensor, initializers, functions, the id graph inputs)."""
     inits, functions, inputs = [], [], []
     encoded: dict[str, dict[str, GVal]] = {}
     for name, (model, outputs) in encoders.items():
         suffix = name[len("text_encoder"):]
         ids, uncond_ids = f"input_ids{suffix}", f"uncond_input_ids{suffix}"
         inputs += [helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", f"sequence{suffix}"])
-                   for n in (ids, uncond_ids)]
-        both = b.op("Concat", [uncond_ids, ids], f"{name}/all_input_ids", axis=0)
+                   for n in ((ids, uncond_ids) if guided else (ids,))]
+        both = b.op("Concat", [uncond_ids, ids], f"{name}/all_input_ids", axis=0) if guided else ids
         io = {"ids": "input_ids", **{f"out:{o}": o for o in outputs}, "out": outputs[0]}
         comp = load_component(model, io, f"{name}/")
         inline(b, comp, {comp.io["ids"]: both})
@@ -96,6 +96,24 @@ def text_prologue(b, encoders: dict[str, tuple[onnx.ModelProto, tuple[str, ...]]
         encoded[name] = {o: GVal(comp.io[f"out:{o}"], *_output_dims(model, o)) for o in outputs}
     combined = combine(GraphOps(b), encoded)
     return {k: v.name for k, v in combined.items()}, inits, functions, inputs
+
+
+def unpack_patches(b, tokens: str, channels: int, patch: int) -> str:
+    """[B, rows*cols, C*p*p] -> [B, C, rows*p, cols*p] (families/latents.unpack_patches' twin);
+    rows and cols are the graph's int64 inputs `grid_rows`, `grid_cols`."""
+    one = b.const("unpack_one", np.array([1], np.int64))
+    rows = b.op("Reshape", ["grid_rows", one], "unpack_rows")
+    cols = b.op("Reshape", ["grid_cols", one], "unpack_cols")
+    b.const("unpack_lead", np.array([-1], np.int64))
+    b.const("unpack_tail", np.array([channels, patch, patch], np.int64))
+    b.const("unpack_c", np.array([channels], np.int64))
+    p = b.const("unpack_p", np.array([patch], np.int64))
+    six = b.op("Concat", ["unpack_lead", rows, cols, "unpack_tail"], "unpack_shape6", axis=0)
+    x = b.op("Reshape", [tokens, six], "unpack_6d")
+    x = b.op("Transpose", [x], "unpack_perm", perm=[0, 3, 1, 4, 2, 5])
+    four = b.op("Concat", ["unpack_lead", "unpack_c", b.op("Mul", [rows, p], "unpack_h"),
+                           b.op("Mul", [cols, p], "unpack_w")], "unpack_shape4", axis=0)
+    return b.op("Reshape", [x, four], "unpacked")
 
 
 def image_epilogue(b, vae, latents: str, scale: float, shift: float) -> None:

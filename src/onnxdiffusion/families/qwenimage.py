@@ -1,0 +1,226 @@
+"""Qwen-Image: a Qwen2.5-VL text encoder read through a chat prompt template, an MMDiT over
+packed 2x2 latent patches with centred rotary ids and a text mask, true CFG rescaled to the
+conditional prediction's norm, and a 3D (video-style) VAE with per-channel latent normalization.
+
+Text encoding follows QwenImagePipeline._get_qwen_prompt_embeds in numpy: the template is
+tokenized (padded to the longest prompt), the encoder's last hidden state is read under the
+padding mask, each row keeps its valid tokens minus the template's first `drop` tokens, and rows
+are padded again to the longest with a mask the transformer attends under.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import UserError
+from ..manifest import confined
+from . import latents as lat
+from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, TensorSpec, TextEncoderSlot
+from .flux import TOKENS, flow_scheduler_info, flow_sigmas, grid_dims, packed_shape, token_grid
+
+MASK, IMG_IDS = "encoder_hidden_states_mask", "img_ids"
+# QwenImagePipeline's prompt template, the count of its leading tokens dropped, and its prompt length
+TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+    "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+DROP = 34
+MAX_PROMPT_TOKENS = 1024
+
+
+class _TemplateTokenizer:
+    def __init__(self, folder, info: dict):
+        from ..runtime.tokenizer import PaddedTokenizer
+
+        self._tok = PaddedTokenizer(folder, None, info["prompt_template"])
+        self.limit = int(info["max_prompt_tokens"]) + int(info["prompt_template_drop"])
+
+    def __call__(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return self._tok(prompts, pad_to_max=False, truncate_to=self.limit)
+
+
+def pad_tokens(rows: list[np.ndarray], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length [n_i, D] rows -> ([B, L, D] zero-padded, [B, L] float mask)."""
+    length = max(r.shape[0] for r in rows) if length is None else length
+    out = np.zeros((len(rows), length, rows[0].shape[-1]), np.float32)
+    mask = np.zeros((len(rows), length), np.float32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+        mask[i, :len(r)] = 1.0
+    return out, mask
+
+
+class QwenImage(Family):
+    name: ClassVar[str] = "qwenimage"
+    pipeline_classes: ClassVar[tuple[str, ...]] = ("QwenImagePipeline",)
+    backbone: ClassVar[str] = "transformer"
+    backbone_classes: ClassVar[tuple[str, ...]] = ("QwenImageTransformer2DModel",)
+    backbone_kind: ClassVar[str] = "qwenimage_transformer"
+    text_encoders: ClassVar[tuple[TextEncoderSlot, ...]] = (
+        TextEncoderSlot("text_encoder", "tokenizer", ("Qwen2_5_VLForConditionalGeneration",),
+                        ("Qwen2Tokenizer", "Qwen2TokenizerFast"), ("last_hidden_state",)),
+    )
+    vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKLQwenImage",)
+    predictions: ClassVar[tuple[str, ...]] = ("flow",)
+    cfg_rescale: ClassVar[bool] = True
+    latent_patch: ClassVar[int | None] = 2
+    whole_graph: ClassVar[bool] = False  # template, prefix drop and re-padding are host-side
+
+    def pipeline_info(self, configs: dict[str, dict]) -> dict:
+        tr, te, vae = configs["transformer"], configs["text_encoder"], configs["vae"]
+        width = int((te.get("text_config") or te).get("hidden_size"))
+        if int(tr["joint_attention_dim"]) != width:
+            raise UserError(f"text encoder width {width} does not match the transformer's joint_attention_dim "
+                            f"{tr['joint_attention_dim']} (components of different models mixed?)")
+        for key in ("zero_cond_t", "use_additional_t_cond", "use_layer3d_rope", "guidance_embeds"):
+            if tr.get(key):
+                raise UserError(f"transformer option {key} is not supported (Qwen-Image text-to-image only)")
+        z = int(vae["z_dim"])
+        if int(tr["in_channels"]) != 4 * z or int(tr.get("patch_size", 2)) != 2:
+            raise UserError(f"transformer in_channels {tr['in_channels']} is not 4x the VAE's z_dim {z} (2x2 packing)")
+        mean, std = vae.get("latents_mean"), vae.get("latents_std")
+        if mean is None or std is None or len(mean) != z or len(std) != z:
+            raise UserError("the VAE config needs latents_mean and latents_std with one value per latent channel")
+        f = 2 ** len(vae["temperal_downsample"])
+        size = 128 * f  # QwenImagePipeline.default_sample_size
+        return {
+            **flow_scheduler_info(configs["scheduler"]),
+            "vae_scaling_factor": 1.0,
+            "vae_scale_factor": f,
+            "vae_latents_mean": [float(v) for v in mean],
+            "vae_latents_std": [float(v) for v in std],
+            "latent_channels": z,
+            "out_channels": int(tr.get("out_channels") or z),
+            "size_multiple": 2 * f,
+            "default_height": size,
+            "default_width": size,
+            "model_max_length": MAX_PROMPT_TOKENS + DROP,
+            "max_prompt_tokens": MAX_PROMPT_TOKENS,
+            "prompt_template": TEMPLATE,
+            "prompt_template_drop": DROP,
+            "context_dim": width,
+        }
+
+    def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
+        return (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info["context_dim"]))),
+                TensorSpec(MASK, "float32", ("batch_size", "sequence_length")),
+                TensorSpec(IMG_IDS, "float32", (*TOKENS, 3)))
+
+    def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
+        c, out = 4 * int(info["latent_channels"]), 4 * int(info["out_channels"])
+        z = int(info["latent_channels"])
+        ids = ("batch_size", "sequence_length")
+        specs = {
+            "text_encoder": ComponentSpec(
+                "text_encoder", (TensorSpec("input_ids", "int64", ids), TensorSpec("attention_mask", "int64", ids)),
+                (TensorSpec("last_hidden_state", "float32", (*ids, int(info["context_dim"]))),), atol=1e-4,
+                kind="decoder_text_encoder", source="text_encoder"),
+            "transformer": ComponentSpec(
+                "transformer",
+                (TensorSpec(SAMPLE, "float32", (*TOKENS, c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),
+                 *self.conditioning(info)),
+                (TensorSpec(OUT, "float32", (*TOKENS, out)),), atol=1e-3, kind=self.backbone_kind, source="transformer"),
+            "vae_decoder": ComponentSpec(
+                "vae_decoder", (TensorSpec("latent_sample", "float32", ("batch_size", z, 1, "height_latent", "width_latent")),),
+                (TensorSpec("sample", "float32", ("batch_size", 3, 1, "height", "width")),), atol=2e-3,
+                kind="vae_decoder", source="vae"),
+        }
+        return {k: v for k, v in specs.items() if v.source in present}
+
+    def export_dims(self, spec: ComponentSpec, info: dict) -> list[dict[str, int]]:
+        if spec.kind == "decoder_text_encoder":
+            return [{"batch_size": 2, "sequence_length": 48}, {"batch_size": 1, "sequence_length": 40}]
+        f = int(info["vae_scale_factor"])
+        dims = []
+        for g, text in zip(grid_dims(info), (12, 7)):
+            h, w = 2 * g["rows"], 2 * g["cols"]
+            dims.append({**g, "image_sequence_length": g["rows"] * g["cols"], "sequence_length": text,
+                         "height_latent": h, "width_latent": w, "height": h * f, "width": w * f})
+        return dims
+
+    def export_feeds(self, spec: ComponentSpec, dims: dict[str, int], gen, vocab: int) -> dict:
+        import torch
+
+        feeds = super().export_feeds(spec, dims, gen, vocab)
+        b, s = dims["batch_size"], dims.get("sequence_length", 0)
+        mask = torch.ones(b, s, dtype=torch.int64)
+        if b > 1:
+            mask[-1, s - 3:] = 0  # a padded row: the mask must matter
+        if "attention_mask" in feeds:
+            feeds["attention_mask"] = mask
+        if MASK in feeds:
+            feeds[MASK] = mask.to(torch.float32)
+        if IMG_IDS in feeds:
+            ids = lat.image_ids(dims["rows"], dims["cols"], centred=True)
+            feeds[IMG_IDS] = torch.from_numpy(np.repeat(ids[None], b, axis=0))
+        return feeds
+
+    def wrap(self, spec: ComponentSpec, module):
+        from ..export.fixups import decompose_rms_norms, exact_nearest_upsamples
+        from ..export.flow_components import DecoderHiddenStates, QwenImageTransformer
+
+        if spec.kind == "decoder_text_encoder":
+            return DecoderHiddenStates(module.model.language_model, rope_axes=3)
+        if spec.kind == self.backbone_kind:
+            decompose_rms_norms(module)
+            return QwenImageTransformer(module)
+        if spec.kind == "vae_decoder":
+            exact_nearest_upsamples(module)
+        return super().wrap(spec, module)
+
+    # -- run time ---------------------------------------------------------------------------------
+    def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
+        return _TemplateTokenizer(confined(folder, slot.tokenizer, "tokenizer folder"), info)
+
+    def encode_text(self, slot: TextEncoderSlot, tokenizer, session, prompts: list[str], info: dict) -> dict[str, Any]:
+        ids, mask = tokenizer(prompts)
+        hidden = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})[0]
+        drop = int(info["prompt_template_drop"])
+        rows = [h[m.astype(bool)][drop:] for h, m in zip(hidden, mask)]
+        states, keep = pad_tokens(rows)
+        return {"last_hidden_state": states, "mask": keep}
+
+    def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
+        te = encoded["text_encoder"]
+        return {CONTEXT: te["last_hidden_state"], MASK: te["mask"]}
+
+    def align(self, cond: dict[str, Any], uncond: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Prompt and negative prompt differ in length: zero-pad the shorter, masked out."""
+        length = max(cond[CONTEXT].shape[1], uncond[CONTEXT].shape[1])
+
+        def pad(c: dict) -> dict:
+            extra = length - c[CONTEXT].shape[1]
+            if not extra:
+                return c
+            return {**c, CONTEXT: np.pad(c[CONTEXT], ((0, 0), (0, extra), (0, 0))),
+                    MASK: np.pad(c[MASK], ((0, 0), (0, extra)))}
+
+        return pad(cond), pad(uncond)
+
+    def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
+        rows, cols = token_grid(info, height, width)
+        return {IMG_IDS: np.repeat(lat.image_ids(rows, cols, centred=True)[None], batch, axis=0)}
+
+    def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
+        return packed_shape(info, batch, height, width)
+
+    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
+        rows, cols = token_grid(info, height, width)
+        return rows * cols
+
+    def base_sigmas(self, steps: int) -> np.ndarray | None:
+        return flow_sigmas(steps)
+
+    def decoder_feed(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
+        rows, cols = token_grid(info, height, width)
+        x = lat.unpack_patches(latents, 2 * rows, 2 * cols)[:, :, None]
+        shape = (1, -1, 1, 1, 1)
+        mean = np.asarray(info["vae_latents_mean"], np.float32).reshape(shape)
+        inv_std = (np.float32(1.0) / np.asarray(info["vae_latents_std"], np.float32)).reshape(shape)
+        return (x / inv_std + mean).astype(np.float32)  # diffusers' arithmetic, in its order
+
+    def decoded_images(self, sample: np.ndarray) -> np.ndarray:
+        return sample[:, :, 0]  # the one frame
