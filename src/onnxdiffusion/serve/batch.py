@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +35,10 @@ class BatchItem:
     prompt: str
     negative_prompt: str = ""
     seed: int = 0
-    steps: int = 20
-    sampler: str = "ddim"
-    guidance: float = 7.5
+    # None: the model's recommended setting (manifest), as `generate` resolves it
+    steps: int | None = None
+    sampler: str | None = None
+    guidance: float | None = None
     width: int | None = None
     height: int | None = None
     n: int = 1  # one image per item (the render helpers take a request's image count)
@@ -91,9 +92,16 @@ def image_path(out: Path, item: BatchItem) -> Path:
 
 
 def fill_defaults(pipe, items: list[BatchItem]) -> list[BatchItem]:
-    info = pipe.info
-    return [BatchItem(**{**asdict(i), "width": i.width or info["default_width"],
-                         "height": i.height or info["default_height"]}) for i in items]
+    """Unset size and steps/sampler/guidance resolved as `generate` resolves them for this model."""
+    return [fill_item(i, pipe.info, pipe.recommended) for i in items]
+
+
+def fill_item(item: BatchItem, info: dict, recommended: dict) -> BatchItem:
+    from ..runtime.pipeline import GenerateOptions, resolve_options
+
+    o = resolve_options(GenerateOptions(steps=item.steps, sampler=item.sampler, guidance=item.guidance), recommended)
+    return replace(item, width=item.width or info["default_width"], height=item.height or info["default_height"],
+                   steps=o.steps, sampler=o.sampler, guidance=o.guidance)
 
 
 def render_and_write(pipe, items: list[BatchItem], out: Path, max_images: int) -> list[str]:
@@ -150,7 +158,7 @@ def run_batch(prompts: Path, out: Path, options: BatchOptions) -> dict:
             chunk = pending[start : start + options.batch_size]
             bar.update(len(render_and_write(pipe, chunk, out, max_images)))
     bar.close()
-    finished = [asdict(i) for i in items if image_path(out, i).exists()]
+    finished = [asdict(i) for i in fill_defaults(pipe, items) if image_path(out, i).exists()]
     atomic_write_bytes(out / "results.jsonl", "".join(json.dumps(d) + "\n" for d in finished).encode())
     return {"total": len(items), "skipped": len(items) - len(pending), "rendered": len(pending),
             "finished": len(finished)}

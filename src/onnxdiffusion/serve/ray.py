@@ -39,12 +39,13 @@ class BatchRenderer:
 
 
 def _with_sizes(items: list[BatchItem], model) -> list[BatchItem]:
-    """Explicit sizes before the items become table columns (no nulls in int columns)."""
+    """Explicit settings before the items become table columns (no nulls in int columns)."""
     from ..artifacts import read_manifest
     from ..paths import default_model_folder
+    from .batch import fill_item
 
-    info = read_manifest(model if model is not None else default_model_folder())["pipeline"]
-    return [replace(i, width=i.width or info["default_width"], height=i.height or info["default_height"]) for i in items]
+    manifest = read_manifest(model if model is not None else default_model_folder())
+    return [fill_item(i, manifest["pipeline"], manifest.get("recommended") or {}) for i in items]
 
 
 def _init_ray(num_cpus: int | None = None) -> None:

@@ -34,9 +34,10 @@ class ImageRequest(BaseModel):
     model: Optional[str] = Field(None, description="model id from GET /v1/models (default: the first loaded)")
     # extensions
     negative_prompt: str = Field("", max_length=2000)
-    steps: int = 20
-    sampler: str = Field("ddim", description=", ".join(SAMPLERS))
-    guidance: float = 7.5
+    # None: the model's recommended setting (its manifest), echoed in the response
+    steps: Optional[int] = None
+    sampler: Optional[str] = Field(None, description=", ".join(SAMPLERS))
+    guidance: Optional[float] = None
     seed: Optional[int] = Field(None, description="default: a random seed, echoed in the response")
     preview: bool = Field(False, description="jobs: low-resolution previews in the event stream")
     # OpenAI fields accepted for compatibility and ignored (one quality level, one style here)
@@ -51,23 +52,25 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
         raise RequestError("prompt must not be empty", "prompt")
     if not 1 <= body.n <= config.max_n:
         raise RequestError(f"n must be between 1 and {config.max_n}, got {body.n}", "n")
-    if not 1 <= body.steps <= config.max_steps:
-        raise RequestError(f"steps must be between 1 and {config.max_steps}, got {body.steps}", "steps")
-    if body.sampler not in SAMPLERS:
-        raise RequestError(f"unknown sampler {body.sampler!r}; choose from {', '.join(SAMPLERS)}", "sampler")
-    if not 0 <= body.guidance <= 50:
-        raise RequestError(f"guidance must be between 0 and 50, got {body.guidance}", "guidance")
-    seed = secrets.randbelow(2**31) if body.seed is None else body.seed
-    if not 0 <= seed < 2**63:
-        raise RequestError(f"seed must be between 0 and 2**63-1, got {seed}", "seed")
     if body.model is not None and body.model not in manager.models:
         raise RequestError(f"unknown model {body.model!r}; available: {', '.join(manager.models)}", "model",
                            code="model_not_found")
     requested, serving = manager.route(body.model)
-    try:  # the sampler must also fit the model's schedule (flow samplers only on flow-matching models)
-        from ..runtime.pipeline import GenerateOptions
+    from ..runtime.pipeline import GenerateOptions
 
-        serving.pipeline.table(GenerateOptions(steps=body.steps, sampler=body.sampler))
+    settings = serving.pipeline.resolve(GenerateOptions(steps=body.steps, sampler=body.sampler, guidance=body.guidance))
+    steps, sampler, guidance = settings.steps, settings.sampler, settings.guidance
+    if not 1 <= steps <= config.max_steps:
+        raise RequestError(f"steps must be between 1 and {config.max_steps}, got {steps}", "steps")
+    if sampler not in SAMPLERS:
+        raise RequestError(f"unknown sampler {sampler!r}; choose from {', '.join(SAMPLERS)}", "sampler")
+    if not 0 <= guidance <= 50:
+        raise RequestError(f"guidance must be between 0 and 50, got {guidance}", "guidance")
+    seed = secrets.randbelow(2**31) if body.seed is None else body.seed
+    if not 0 <= seed < 2**63:
+        raise RequestError(f"seed must be between 0 and 2**63-1, got {seed}", "seed")
+    try:  # the sampler must also fit the model's schedule (flow samplers only on flow-matching models)
+        serving.pipeline.table(GenerateOptions(steps=steps, sampler=sampler))
     except UserError as e:
         raise RequestError(str(e), "sampler") from None
     width, height = manager.buckets[0]
@@ -80,8 +83,8 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
             raise RequestError(f"size sides must be between 1 and {config.max_side}, got {body.size}", "size")
     bw, bh = manager.snap(width, height)
     return JobRequest(
-        prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n, width=bw, height=bh, steps=body.steps,
-        sampler=body.sampler, guidance=float(body.guidance), seed=int(seed), model=serving.id,
+        prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n, width=bw, height=bh, steps=steps,
+        sampler=sampler, guidance=float(guidance), seed=int(seed), model=serving.id,
         model_requested=requested.id, fallback=serving.id != requested.id, requested_size=f"{width}x{height}",
         preview=body.preview,
     )
