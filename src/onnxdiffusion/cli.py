@@ -395,12 +395,12 @@ def _internal_error(e: BaseException, debug: bool) -> None:
     first = (str(e).strip().splitlines() or [""])[0][:200]
     if debug:
         sys.stderr.write(text)
-        print(f"error: internal error: {type(e).__name__}: {first}", file=sys.stderr)
+        _say(f"error: internal error: {type(e).__name__}: {first}", file=sys.stderr)
         return
     fd, path = tempfile.mkstemp(prefix="onnxdiffusion-traceback-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    print(f"error: internal error: {type(e).__name__}: {first} (traceback in {path}; rerun with --debug to print it)",
+    _say(f"error: internal error: {type(e).__name__}: {first} (traceback in {path}; rerun with --debug to print it)",
           file=sys.stderr)
 
 
@@ -425,31 +425,31 @@ def run(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into a silent 130
-            print("error: interrupted", file=sys.stderr)
+            _say("error: interrupted", file=sys.stderr)
         return rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0
     except UserError as e:
-        print(f"error: {_one_line(str(e))}", file=sys.stderr)
+        _say(f"error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        _say("error: interrupted", file=sys.stderr)
         return 130
     except Terminated:
-        print("error: terminated", file=sys.stderr)
+        _say("error: terminated", file=sys.stderr)
         return 143
     except MemoryError:
-        print("error: out of memory (use a smaller size or batch)", file=sys.stderr)
+        _say("error: out of memory (use a smaller size or batch)", file=sys.stderr)
         return 2
     except OSError as e:  # the file system said no: a full disk, a permission, a vanished folder
         where = f": {e.filename}" if getattr(e, "filename", None) else ""
-        print(f"error: {_one_line(e.strerror or str(e))}{where}", file=sys.stderr)
+        _say(f"error: {_one_line(e.strerror or str(e))}{where}", file=sys.stderr)
         return 2
     except Exception as e:
         cause = _signal_cause(e)
         if cause is not None:  # e.g. an ImportError raised because Ctrl-C hit a module's initialisation
-            print(f"error: {'terminated' if cause == 143 else 'interrupted'}", file=sys.stderr)
+            _say(f"error: {'terminated' if cause == 143 else 'interrupted'}", file=sys.stderr)
             return cause
         if _usage_error(e):
-            print(f"error: {_one_line(e.format_message())} (see --help)", file=sys.stderr)
+            _say(f"error: {_one_line(e.format_message())} (see --help)", file=sys.stderr)
             return e.exit_code
         if isinstance(getattr(e, "exit_code", None), int):  # click's Exit
             return e.exit_code
@@ -472,6 +472,14 @@ def _signal_cause(e: BaseException) -> int | None:
         e = e.__cause__ or e.__context__
         seen += 1
     return None
+
+
+def _say(*args, **kwargs) -> None:
+    """The final error line, on a line of its own: progress bars still open are closed first."""
+    tqdm_module = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm_module, "tqdm", None), "_instances", ())):
+        bar.close()
+    print(*args, **kwargs)
 
 
 def _one_line(text: str) -> str:

@@ -11,7 +11,8 @@ Format version 1 (the only one so far):
   pipeline        dict: prediction_type str, vae_scaling_factor float > 0, vae_scale_factor / size_multiple /
                   latent_channels / default_height / default_width / model_max_length / num_train_timesteps
                   positive ints (heights and widths multiples of size_multiple)
-  components      dict name -> {path: relative str, external_data: [relative str], ...}
+  components      dict name -> {path: relative str, external_data: [relative str],
+                  inputs/outputs: [{name: str, dtype: str, shape: [int | axis name]}], ...}
   files           dict relative path -> sha256 hex (required: without it nothing is verified)
   recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults
 """
@@ -88,12 +89,37 @@ def _check_pipeline(p: Any, where: str) -> None:
         v = p.get(key)
         if not _is_int(v) or not 1 <= v <= hi:
             _fail(where, f"pipeline.{key}", f"must be an integer in [1, {hi}], got {v!r}")
+    _check_family_fields(p, where)
     m = p["size_multiple"]
     if m % p["vae_scale_factor"]:
         _fail(where, "pipeline.size_multiple", f"must be a multiple of vae_scale_factor {p['vae_scale_factor']}, got {m}")
     for key in ("default_height", "default_width"):
         if p[key] % m:
             _fail(where, f"pipeline.{key}", f"must be a multiple of size_multiple {m}, got {p[key]}")
+
+
+# settings only some families record (SDXL/SD3/Flux/Qwen-Image): checked when present
+_OPTIONAL_INTS = {"context_dim": (1, 1 << 16), "pooled_dim": (1, 1 << 16), "patch_size": (1, 64),
+                  "out_channels": (1, 4096), "context_length": (1, 1 << 16), "max_prompt_tokens": (1, 1 << 16),
+                  "prompt_template_drop": (0, 1 << 16), "max_latent": (1, _MAX_SIDE)}
+_OPTIONAL_INT_LISTS = ("encoder_widths", "encoder_projections")
+_OPTIONAL_NUM_LISTS = ("vae_latents_mean", "vae_latents_std")
+
+
+def _check_family_fields(p: dict, where: str) -> None:
+    for key, (lo, hi) in _OPTIONAL_INTS.items():
+        v = p.get(key)
+        if key in p and not (key == "max_latent" and v is None) and (not _is_int(v) or not lo <= v <= hi):
+            _fail(where, f"pipeline.{key}", f"must be an integer in [{lo}, {hi}], got {v!r}")
+    for key in _OPTIONAL_INT_LISTS:
+        v = p.get(key)
+        if key in p and (not isinstance(v, list) or not all(_is_int(x) and 1 <= x <= 1 << 16 for x in v)):
+            _fail(where, f"pipeline.{key}", f"must be a list of positive integers, got {v!r}")
+    for key in _OPTIONAL_NUM_LISTS:
+        v = p.get(key)
+        if key in p and (not isinstance(v, list) or len(v) != p.get("latent_channels")
+                         or not all(_is_num(x) for x in v) or (key.endswith("std") and min(v, default=1) <= 0)):
+            _fail(where, f"pipeline.{key}", f"must be one finite number per latent channel, got {v!r}")
 
 
 def _check_components(comps: Any, where: str, required: tuple[str, ...]) -> None:
@@ -114,6 +140,20 @@ def _check_components(comps: Any, where: str, required: tuple[str, ...]) -> None
         for key in ("session_options", "correction"):
             if info.get(key) is not None and not isinstance(info[key], dict):
                 _fail(where, f"components.{name}.{key}", "must be an object")
+        for key in ("inputs", "outputs"):
+            _check_tensor_specs(info.get(key, []), where, f"components.{name}.{key}")
+
+
+def _check_tensor_specs(specs: Any, where: str, field: str) -> None:
+    """I/O records: {name: str, dtype: str, shape: [int | axis name]} (read by the family and quantize)."""
+    if not isinstance(specs, list):
+        _fail(where, field, "must be a list of {name, dtype, shape} objects")
+    for i, t in enumerate(specs):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("dtype"), str):
+            _fail(where, f"{field}[{i}]", "must be an object with a string name and dtype")
+        shape = t.get("shape")
+        if not isinstance(shape, list) or not all((_is_int(d) and d >= 0) or isinstance(d, str) for d in shape):
+            _fail(where, f"{field}[{i}].shape", "must be a list of sizes and axis names")
 
 
 def _check_files(files: Any, where: str) -> None:
