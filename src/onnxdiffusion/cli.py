@@ -45,7 +45,7 @@ def generate(
     args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT (MODEL defaults to the embedded model)")],
     negative_prompt: Annotated[Optional[str], typer.Option("--negative-prompt", "-n")] = None,
     steps: int = 20,
-    sampler: str = "ddim",
+    sampler: Annotated[Optional[str], typer.Option(help="default: the one the folder's scheduler_config.json names")] = None,
     guidance: float = 7.5,
     seed: int = 0,
     height: Optional[int] = None,
@@ -80,8 +80,9 @@ def generate(
             if isinstance(event, GenerationResult):
                 result = event
             else:
+                bar.total = event.num_steps  # model evaluations: Heun makes two per step
                 bar.update(1)
-        bar.update(steps - bar.n)  # one-graph loops report only at the end
+        bar.update(bar.total - bar.n)  # one-graph loops report only at the end
     for p in result.save(output):
         print(p)
 

@@ -25,7 +25,7 @@ INT8_PROVIDERS = ("cpu",)
 KNOWN_PROVIDERS = ("cpu", "cuda", "tensorrt", "openvino", "dml", "coreml")
 FP16_COMPONENTS = ("unet", "text_encoder", "vae_decoder", "vae_encoder")
 MIN_CALIBRATION_PROMPTS = 4
-SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler")  # == samplers.SAMPLERS (no import cycle)
+SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler", "flow_heun")  # == samplers.SAMPLERS (no import cycle)
 
 
 def _check(cond: bool, message: str) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from ..artifacts import read_manifest, verify_folder
 from ..errors import UserError
 from ..paths import default_model_folder
-from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
+from ..samplers import SamplerTable, iter_sample, schedule_from_config, table_from_config
 from .backbone import GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
@@ -52,7 +52,7 @@ class GenerationResult:
 @dataclass(frozen=True)
 class GenerateOptions:
     steps: int = 20
-    sampler: str = "ddim"
+    sampler: str | None = None  # None: the one the folder's scheduler_config.json names
     guidance: float = 7.5
     seed: int = 0
     height: int | None = None
@@ -113,12 +113,15 @@ class Pipeline:
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
-    def table(self, options: GenerateOptions, mu: float | None = None) -> SamplerTable:
-        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule."""
-        if options.sampler not in SAMPLERS:
-            raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
+    def table(self, options: GenerateOptions, mu: float | None = None,
+              image_seq_len: int | None = None) -> SamplerTable:
+        """The sampler table from the folder's scheduler config (its own sampler unless options name one).
+
+        `mu` or `image_seq_len`: the dynamic shift of a flow schedule that uses one.
+        """
         try:
-            return build_table(options.sampler, self.schedule, options.steps, options.spacing, mu=mu)
+            return table_from_config(self.scheduler_config, options.steps, options.sampler, spacing=options.spacing,
+                                     mu=mu, image_seq_len=image_seq_len)
         except ValueError as e:
             raise UserError(str(e)) from None
 
@@ -158,8 +161,9 @@ class Pipeline:
         shape = self.latent_shape(options)
         if options.loop != "host":
             graph = self.sampling_graph(options.loop)
-            if graph.form == "unrolled" and graph.steps != options.steps:
-                raise UserError(f"this model's unrolled graph runs exactly {graph.steps} steps, got {options.steps}")
+            if graph.form == "unrolled" and graph.steps != table.num_steps:
+                raise UserError(f"this model's unrolled graph runs exactly {graph.steps} model evaluations, "
+                                f"this sampler needs {table.num_steps}")
         rng = np.random.default_rng(options.seed)
         if latents is None:
             latents = rng.standard_normal(shape, dtype=np.float32)
@@ -213,7 +217,7 @@ class Pipeline:
             latents=x,
             init_latents=latents,
             noise=noise,
-            settings={"prompt": prompts, "negative_prompt": negatives, **options.__dict__},
+            settings={"prompt": prompts, "negative_prompt": negatives, **options.__dict__, "sampler": table.sampler},
         )
 
     def __call__(self, prompt: str | list[str], **kwargs) -> GenerationResult:
