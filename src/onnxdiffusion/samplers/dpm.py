@@ -35,7 +35,7 @@ def dpmpp_rows(alpha, sigma, alpha_next, sigma_next, second: np.ndarray, solver_
             heun = alpha_next * (np.expm1(-h) / h + 1.0)
     c2 = 0.5 * c1 if solver_type == "midpoint" else heun
     c, d = c1.copy(), np.zeros_like(a)
-    for i in np.flatnonzero(second):
+    for i in np.flatnonzero(second & (h != 0)):  # h == 0 (a repeated sigma): the step is x' = x
         r = (lam[i] - lam[i - 1]) / h[i]  # D1 = (D - D_prev) / r
         c[i], d[i] = c1[i] + c2[i] / r, -c2[i] / r
     return a, c, d, e
