@@ -21,7 +21,7 @@ FOLDER_SCHEDULERS = [
     ("ddim", {"_class_name": "DDIMScheduler", **SD, "clip_sample": True, "clip_sample_range": 0.5,
               "set_alpha_to_one": False}),
     ("dpmpp_2m", {"_class_name": "DPMSolverMultistepScheduler", **SD, "use_exponential_sigmas": True,
-                  "final_sigmas_type": "sigma_min", "lower_order_final": False, "solver_type": "heun"}),
+                  "final_sigmas_type": "sigma_min", "lower_order_final": False}),
 ]
 
 
