@@ -78,3 +78,39 @@ def tiny_v_onnx(tiny_v_diffusers, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_v_onnx") / "model"
     export_pipeline(tiny_v_diffusers, out, progress=False)
     return out
+
+
+# -- other model families (tests/family_pipelines.py builds them) -------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_sdxl_diffusers(tmp_path_factory) -> Path:
+    from family_pipelines import build_tiny_sdxl
+
+    return build_tiny_sdxl(tmp_path_factory.mktemp("tiny_sdxl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sdxl_onnx(tiny_sdxl_diffusers, tmp_path_factory) -> Path:
+    """Exported with the CLI verb, as a user would."""
+    from cli_helpers import run_cli
+
+    out = tmp_path_factory.mktemp("tiny_sdxl_onnx") / "model"
+    proc = run_cli("export", tiny_sdxl_diffusers, out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_diffusers(tmp_path_factory) -> Path:
+    from family_pipelines import build_tiny_sd3
+
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_onnx(tiny_sd3_diffusers, tmp_path_factory) -> Path:
+    from onnxdiffusion.export import export_pipeline
+
+    out = tmp_path_factory.mktemp("tiny_sd3_onnx") / "model"
+    export_pipeline(tiny_sd3_diffusers, out, progress=False)
+    return out

@@ -35,10 +35,22 @@ def test_export_unsupported_class(tmp_path, tiny_diffusers):
     src = tmp_path / "src"
     shutil.copytree(tiny_diffusers, src)
     index = json.loads((src / "model_index.json").read_text())
+    index["_class_name"] = "KandinskyPipeline"
+    (src / "model_index.json").write_text(json.dumps(index))
+    proc = run("export", src, tmp_path / "out")
+    assert_one_line_error(proc, "unsupported pipeline class", "KandinskyPipeline")
+    assert leftovers(tmp_path, "out") == []
+
+
+def test_export_missing_required_encoder(tmp_path, tiny_diffusers):
+    """An SD folder labelled SDXL lacks SDXL's second text encoder: named, before anything loads."""
+    src = tmp_path / "src"
+    shutil.copytree(tiny_diffusers, src)
+    index = json.loads((src / "model_index.json").read_text())
     index["_class_name"] = "StableDiffusionXLPipeline"
     (src / "model_index.json").write_text(json.dumps(index))
     proc = run("export", src, tmp_path / "out")
-    assert_one_line_error(proc, "StableDiffusionXLPipeline")
+    assert_one_line_error(proc, "sdxl", "text_encoder_2")
     assert leftovers(tmp_path, "out") == []
 
 

@@ -21,8 +21,6 @@ from .errors import UserError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
-COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
-REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -103,9 +101,17 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] = REQUIRED_COMPONENTS) -> None:
-    """Fail loudly on a missing component or a file whose hash differs from the manifest."""
+def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] | None = None) -> None:
+    """Fail loudly on a missing component or a file whose hash differs from the manifest.
+
+    `components`: those that must be there; default: what the folder's model family requires."""
     folder = Path(folder)
+    if components is None:
+        from .families import get_family
+
+        family = get_family(manifest.get("family"))
+        family.check_folder(str(folder), manifest)
+        components = family.required_components(manifest.get("pipeline", {}))
     for name in components:
         info = manifest.get("components", {}).get(name)
         if info is None:

@@ -222,6 +222,74 @@ def bench(
     print(f"bench took {results['bench_seconds']:.0f} s; report: {results['files']['report_html']}")
 
 
+
+@app.command()
+def serve(
+    models: Annotated[Optional[list[str]], typer.Argument(help="model folders, FOLDER or NAME=FOLDER (default: the embedded model)")] = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    buckets: Annotated[str, typer.Option(help="sizes WIDTHxHEIGHT, comma-separated; requests snap to the nearest; the first is the default")] = "64x64,128x128,96x96,64x128,128x64",
+    max_queue: Annotated[int, typer.Option(help="queued jobs before new ones get 503 + Retry-After")] = 64,
+    timeout: Annotated[float, typer.Option(help="per-request timeout in seconds (0: none)")] = 120.0,
+    workers: Annotated[Optional[int], typer.Option(help="concurrent backbone batches (default: one per usable core)")] = None,
+    threads: Annotated[int, typer.Option(help="ONNX Runtime threads per session")] = 1,
+    max_batch: Annotated[int, typer.Option(help="images per micro-batch of compatible requests (1: off)")] = 4,
+    golden_threshold: Annotated[float, typer.Option(help="PSNR (dB) an optimized model needs vs its full-precision sibling")] = 30.0,
+    retention: Annotated[float, typer.Option(help="seconds finished results are kept")] = 600.0,
+    grace: Annotated[float, typer.Option(help="on SIGTERM/SIGINT: seconds in-flight requests get to finish")] = 10.0,
+    profile: Annotated[Optional[str], typer.Option(help="hardware profile (not available yet)")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
+    replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
+    max_replicas: Annotated[Optional[int], typer.Option(help="--ray: autoscale between --replicas and this")] = None,
+) -> None:
+    """HTTP service: OpenAI-compatible images API, jobs with progress/cancel, model manager, buckets, fallback."""
+    from .serve.config import ServeConfig, usable_cores
+
+    if profile is not None:
+        raise UserError("--profile is not available yet (hardware profiles have not landed)")
+    config = ServeConfig(models=tuple(models or ()), host=host, port=port, buckets=buckets, max_queue=max_queue,
+                         timeout=timeout, workers=workers or usable_cores(), threads=threads, max_batch=max_batch,
+                         golden_threshold_db=golden_threshold, retention=retention, grace=grace)
+    _require("fastapi", "uvicorn", "prometheus_client", extra="serve")
+    if ray:
+        _require("ray", extra="ray")
+        from .serve.ray import run_ray_serve
+
+        run_ray_serve(config, replicas=replicas, max_replicas=max_replicas)
+        return
+    from .serve.app import run_server
+
+    print(f"serving on http://{host}:{port} (docs: /docs, page: /)", file=sys.stderr, flush=True)
+    run_server(config)
+
+
+@app.command("batch")
+def batch_cmd(
+    prompts: Annotated[Path, typer.Argument(help="JSON lines: {\"prompt\": ..., optional id, seed, steps, sampler, guidance, negative_prompt, size}")],
+    out: Annotated[Path, typer.Argument(help="output folder: one PNG per item (ID.png) + results.jsonl")],
+    model: Annotated[Optional[Path], typer.Option(help="model folder (default: the embedded model)")] = None,
+    batch_size: Annotated[int, typer.Option(help="items per backbone batch (compatible items only)")] = 4,
+    ray: Annotated[bool, typer.Option("--ray", help="render on Ray Data actors (the `ray` extra)")] = False,
+    actors: Annotated[int, typer.Option(help="--ray: actors (one model load each)")] = 2,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Render a prompt file offline; resumable (items whose image exists are skipped)."""
+    from .serve.batch import BatchOptions, run_batch
+
+    if ray:
+        _require("ray", extra="ray")
+    options = BatchOptions(model=model, batch_size=batch_size, ray=ray, actors=actors, progress=not quiet)
+    summary = run_batch(prompts, out, options)
+    print(f"{summary['rendered']} rendered, {summary['skipped']} already done, {summary['total']} items -> {out}")
+
+
+def _require(*modules: str, extra: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} not installed: pip install 'onnxdiffusion[{extra}]'")
+
 def main() -> None:
     warnings.showwarning = _one_line_warning
     try:

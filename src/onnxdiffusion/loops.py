@@ -12,6 +12,7 @@ import onnx
 
 from .artifacts import MANIFEST, atomic_dir, hash_tree, read_manifest, verify_folder, write_json
 from .errors import UserError
+from .families import get_family
 from .samplers.graph import FORMS, build_sampling_graph
 
 TWO_GB = 2**31
@@ -56,7 +57,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
-                 whole: bool = False, overwrite: bool = False, backbone: str = "unet",
+                 whole: bool = False, overwrite: bool = False, backbone: str | None = None,
                  cpu_tuned: bool = False) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
@@ -71,6 +72,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
     manifest = read_manifest(model)
     verify_folder(model, manifest)
+    family = get_family(manifest.get("family"))
+    backbone = backbone or family.backbone
     comps = manifest["components"]
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")
@@ -96,10 +99,14 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         correction = OutputCorrection.from_dict(comps[backbone]["correction"])
     extra = {}
     if whole:
+        info = manifest["pipeline"]
+        scale, shift = family.decode_scale_shift(info)
         extra = dict(
-            text_encoder=onnx.load(str(model / comps["text_encoder"]["path"])),
+            text_encoders={s.name: (onnx.load(str(model / comps[s.name]["path"])), s.outputs)
+                           for s in family.text_encoders if s.name in comps},
+            combine=lambda ops, encoded: family.combine(ops, encoded, info),
             vae_decoder=onnx.load(str(model / comps["vae_decoder"]["path"])),
-            vae_scaling_factor=float(manifest["pipeline"]["vae_scaling_factor"]),
+            vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
         )
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, **extra)

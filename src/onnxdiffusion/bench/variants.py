@@ -127,6 +127,13 @@ def recipe_of(manifest: dict) -> str | None:
     return find(q) or (q.get("name") if isinstance(q, dict) and isinstance(q.get("name"), str) else None) or "quantized"
 
 
+def _run_components(manifest: dict) -> tuple[str, ...]:
+    """What generation loads: the folder's family's text encoders, backbone and VAE decoder."""
+    from ..families import get_family
+
+    return get_family(manifest.get("family")).required_components(manifest.get("pipeline", {}))
+
+
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
@@ -134,7 +141,7 @@ def folder_bytes(folder: Path) -> int:
 def model_bytes(folder: Path, manifest: dict) -> int:
     """Bytes of what a run loads: the pipeline components (not vae_encoder, not sampling graphs)."""
     total = 0
-    for name in ("text_encoder", "unet", "vae_decoder"):
+    for name in _run_components(manifest):
         info = manifest.get("components", {}).get(name)
         if info is None:
             continue
@@ -150,7 +157,7 @@ def check_folder(folder: Path, manifest: dict | None = None, verify_hashes: bool
         if verify_hashes:
             verify_folder(folder, manifest)
         else:
-            for name in ("text_encoder", "unet", "vae_decoder"):
+            for name in _run_components(manifest):
                 info = manifest.get("components", {}).get(name)
                 if info is None:
                     return f"manifest has no '{name}' component"

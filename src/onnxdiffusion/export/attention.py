@@ -77,13 +77,65 @@ class FusedAttnProcessor:
         return out / attn.rescale_output_factor
 
 
-def fuse_attention(module: torch.nn.Module) -> int:
-    """Give every supported diffusers `Attention` in `module` the fused processor; returns how many."""
+class FusedJointAttnProcessor:
+    """Joint (MMDiT) attention, SD3's `JointAttnProcessor2_0` with the core as one fused node.
+
+    Image and text tokens are projected separately (per-head q/k norms applied on (B, S, H, D),
+    the same normalization as diffusers' (B, H, S, D)), concatenated along the sequence, attended
+    as one self-attention, then split back and projected out."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
+        if attention_mask is not None:
+            raise ValueError("fused attention export does not support attention masks")
+        heads = int(attn.heads)
+
+        def project(x, linear, norm):
+            y = linear(x)
+            return y if norm is None else norm(y.unflatten(-1, (heads, -1))).flatten(2)
+
+        n = hidden_states.shape[1]
+        q = project(hidden_states, attn.to_q, attn.norm_q)
+        k = project(hidden_states, attn.to_k, attn.norm_k)
+        v = attn.to_v(hidden_states)
+        ctx = encoder_hidden_states
+        if ctx is not None:
+            q = torch.cat([q, project(ctx, attn.add_q_proj, attn.norm_added_q)], dim=1)
+            k = torch.cat([k, project(ctx, attn.add_k_proj, attn.norm_added_k)], dim=1)
+            v = torch.cat([v, attn.add_v_proj(ctx)], dim=1)
+        out = _MultiHeadAttention.apply(q, k, v, heads, float(attn.scale))
+        if ctx is not None:
+            out, ctx = out[:, :n], out[:, n:]
+            if not attn.context_pre_only:
+                ctx = attn.to_add_out(ctx)
+        for layer in attn.to_out:  # projection, dropout
+            out = layer(out)
+        return out if ctx is None else (out, ctx)
+
+
+def joint_supported(attn) -> bool:
+    """SD3-style joint attention: JointAttnProcessor2_0, one head count for q, k and v."""
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    if not isinstance(attn.processor, JointAttnProcessor2_0) or getattr(attn, "spatial_norm", None) is not None:
+        return False
+    width = attn.to_q.out_features
+    return attn.to_k.out_features == width and attn.to_v.out_features == width and width % attn.heads == 0
+
+
+def fuse_attention(module: torch.nn.Module, joint: bool = True) -> int:
+    """Give every supported diffusers `Attention` in `module` a fused processor; returns how many.
+
+    `joint`: also SD3's joint (MMDiT) attention (see FusedJointAttnProcessor)."""
     from diffusers.models.attention_processor import Attention
 
     count = 0
     for sub in module.modules():
-        if isinstance(sub, Attention) and supported(sub):
+        if not isinstance(sub, Attention):
+            continue
+        if joint and joint_supported(sub):
+            sub.set_processor(FusedJointAttnProcessor())
+            count += 1
+        elif supported(sub):
             sub.set_processor(FusedAttnProcessor())
             count += 1
     return count

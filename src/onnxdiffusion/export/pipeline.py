@@ -1,7 +1,8 @@
-"""`export`: a local diffusers Stable-Diffusion-family folder -> an ONNX model folder."""
+"""`export`: a local diffusers pipeline folder -> an ONNX model folder, driven by the model's family."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -13,14 +14,8 @@ from pathlib import Path
 from .. import __version__
 from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, hash_tree, write_json
 from ..errors import UserError
-
-SUPPORTED_PIPELINES = ("StableDiffusionPipeline",)
-_EXPECTED = {
-    "unet": "UNet2DConditionModel",
-    "vae": "AutoencoderKL",
-    "text_encoder": "CLIPTextModel",
-    "tokenizer": ("CLIPTokenizer", "CLIPTokenizerFast"),
-}
+from ..families import Family, family_for_pipeline
+from ..families.base import class_of
 
 
 @dataclass(frozen=True)
@@ -30,31 +25,45 @@ class ExportOptions:
     overwrite: bool = False
     # diffusers attention -> one ONNX Runtime MultiHeadAttention node (see export/attention.py)
     fuse_attention: bool = True
-    components: tuple[str, ...] = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
+    # None: every component the family declares that the source has
+    components: tuple[str, ...] | None = None
 
 
-def _check_source(src: Path) -> dict:
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from None
+
+
+def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
+    """The family, model_index and every JSON config export needs, checked before torch loads anything."""
     if not src.exists():
         raise UserError(f"source folder not found: {src}")
     index = src / "model_index.json"
     if not src.is_dir() or not index.is_file():
         raise UserError(f"{src} is not a diffusers pipeline folder (no model_index.json)")
-    try:
-        mi = json.loads(index.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{index} is not valid JSON: {e}") from None
-    cls = mi.get("_class_name")
-    if cls not in SUPPORTED_PIPELINES:
-        raise UserError(f"unsupported pipeline class {cls!r}; supported: {', '.join(SUPPORTED_PIPELINES)}")
-    for comp, expected in _EXPECTED.items():
-        entry = mi.get(comp)
-        name = entry[1] if isinstance(entry, list) and len(entry) == 2 else None
-        ok = name in expected if isinstance(expected, tuple) else name == expected
-        if not ok:
-            raise UserError(f"{src}: component '{comp}' is {name!r}, expected {expected}")
-        if not (src / comp).is_dir():
-            raise UserError(f"{src}: component folder '{comp}' is missing")
-    return mi
+    mi = _read_json(index)
+    family = family_for_pipeline(mi.get("_class_name"))
+    present = {p.name for p in src.iterdir() if p.is_dir()}
+    family.check_source(str(src), mi, present)
+    configs: dict[str, dict] = {"model_index": mi}
+    sched_path = src / "scheduler" / "scheduler_config.json"
+    if not sched_path.is_file():
+        raise UserError(f"{src}: scheduler/scheduler_config.json is missing")
+    configs["scheduler"] = _read_json(sched_path)
+    for slot in family.text_encoders:
+        if class_of(mi, slot.name) is None:
+            continue
+        configs[slot.name] = _read_json(src / slot.name / "config.json")
+        tok_cfg = src / slot.tokenizer / "tokenizer_config.json"
+        configs[f"{slot.tokenizer}/tokenizer_config"] = _read_json(tok_cfg) if tok_cfg.is_file() else {}
+    for name in (family.backbone, "vae"):
+        path = src / name / "config.json"
+        if not path.is_file():
+            raise UserError(f"{src}: {name}/config.json is missing")
+        configs[name] = _read_json(path)
+    return family, mi, configs
 
 
 def _versions() -> dict:
@@ -75,119 +84,110 @@ def _versions() -> dict:
     }
 
 
+def _load(src: Path, name: str, class_name: str):
+    """from_pretrained of a class the family accepted (never a class name taken unchecked from the folder)."""
+    import diffusers
+    import transformers
+
+    cls = getattr(diffusers, class_name, None) or getattr(transformers, class_name, None)
+    if cls is None:
+        raise UserError(f"{src}: component class {class_name!r} is not available in this diffusers/transformers")
+    try:
+        return cls.from_pretrained(src / name, local_files_only=True).eval()
+    except (OSError, ValueError, RuntimeError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not load {src / name}: {first}") from None
+
+
+def _save_tokenizer(src: Path, name: str, class_name: str, out: Path) -> None:
+    """Re-save as a fast tokenizer: the run time reads tokenizer.json with the `tokenizers` library."""
+    import transformers
+
+    fast = class_name if class_name.endswith("Fast") else class_name + "Fast"
+    try:
+        tok = getattr(transformers, fast).from_pretrained(src / name, local_files_only=True)
+    except (OSError, ValueError, RuntimeError, TypeError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not load tokenizer {src / name}: {first}") from None
+    tok.save_pretrained(out / name)
+
+
 def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None, progress: bool = True) -> dict:
     """Export every component of a local diffusers pipeline to ONNX, validate it, write a manifest.
 
     Returns the manifest. Raises UserError on bad input or a component over its tolerance;
-    nothing is left at `out` unless the whole export succeeds.
+    nothing is left at `out` unless the whole export succeeds. Components are loaded one source
+    folder at a time and released after export, so peak memory follows the largest component.
     """
     options = options or ExportOptions()
     src, out = Path(src), Path(out)
-    model_index = _check_source(src)
+    family, model_index, configs = _check_source(src)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
-        from diffusers import AutoencoderKL, UNet2DConditionModel
-        from transformers import CLIPTextModel, CLIPTokenizerFast
     except ImportError as e:
         raise UserError(f"export needs the export extra (pip install 'onnxdiffusion[export]'): {e}") from None
-
     from tqdm import tqdm
 
     from .attention import DOMAIN_OP, fuse_attention
-    from .components import specs_for
+    from .dummies import dummy_feeds
     from .validate import export_component
 
     t_start = time.time()
-    try:
-        unet = UNet2DConditionModel.from_pretrained(src / "unet", local_files_only=True).eval()
-        vae = AutoencoderKL.from_pretrained(src / "vae", local_files_only=True).eval()
-        text_encoder = CLIPTextModel.from_pretrained(src / "text_encoder", local_files_only=True).eval()
-        tokenizer = CLIPTokenizerFast.from_pretrained(src / "tokenizer", local_files_only=True)
-    except (OSError, ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"could not load {src} with diffusers: {first}") from None
-    sched_path = src / "scheduler" / "scheduler_config.json"
-    if not sched_path.is_file():
-        raise UserError(f"{src}: scheduler/scheduler_config.json is missing")
-    scheduler_config = json.loads(sched_path.read_text())
-
-    vae_factor = 2 ** (len(vae.config.block_out_channels) - 1)
-    unet_factor = 2 ** (len(unet.config.block_out_channels) - 1)
-    latent_channels = int(unet.config.in_channels)
-    hidden = int(text_encoder.config.hidden_size)
-    if unet.config.cross_attention_dim != hidden:
-        raise UserError(
-            f"text encoder width {hidden} does not match the UNet's cross_attention_dim {unet.config.cross_attention_dim}"
-        )
-    fused = {"unet": fuse_attention(unet), "vae": fuse_attention(vae)} if options.fuse_attention else {}
-    specs = specs_for(latent_channels, hidden)
-    modules = {"text_encoder": text_encoder, "unet": unet, "vae_decoder": vae, "vae_encoder": vae}
-    seq = int(tokenizer.model_max_length)
-    lat = min(int(unet.config.sample_size), 32)
-    lat -= lat % unet_factor
-    lat = max(lat, unet_factor)
-
-    def shapes(name: str) -> list[dict]:
-        """Export-time dummy first, then a second, different shape to prove the axes are dynamic."""
-        if name == "text_encoder":
-            return [{"batch": 2, "seq": seq}, {"batch": 1, "seq": max(2, seq // 2)}]
-        return [{"batch": 2, "h": lat, "w": lat}, {"batch": 1, "h": lat, "w": lat + unet_factor}]
-
-    def feeds(name: str, shape: dict, gen: torch.Generator) -> dict:
-        b = shape["batch"]
-        if name == "text_encoder":
-            ids = torch.randint(0, text_encoder.config.vocab_size - 1, (b, shape["seq"]), generator=gen)
-            ids[:, -1] = text_encoder.config.vocab_size - 1  # an end token for the pooler
-            return {"input_ids": ids.to(torch.int32)}
-        h, w = shape["h"], shape["w"]
-        if name == "unet":
-            return {
-                "sample": torch.randn(b, latent_channels, h, w, generator=gen),
-                "timestep": torch.linspace(999, 1, b),
-                "encoder_hidden_states": torch.randn(b, seq, hidden, generator=gen),
-            }
-        if name == "vae_decoder":
-            return {"latent_sample": torch.randn(b, latent_channels, h, w, generator=gen)}
-        return {"sample": torch.rand(b, 3, h * vae_factor, w * vae_factor, generator=gen) * 2 - 1}
-
+    info = family.pipeline_info(configs)
+    present = {n for n in configs if "/" not in n and n not in ("model_index", "scheduler")}
+    specs = family.component_specs(info, present)
+    wanted = options.components
+    if wanted is not None:
+        unknown = [n for n in wanted if n not in specs]
+        if unknown:
+            raise UserError(f"unknown component(s) {unknown} for a {family.name} pipeline; have {list(specs)}")
+        specs = {k: v for k, v in specs.items() if k in wanted}
+    fused: dict[str, int] = {}
     manifest: dict = {
         "format_version": FORMAT_VERSION,
+        "family": family.name,
         "source": {"path": str(src.resolve()), "class": model_index["_class_name"]},
         "opset": options.opset,
         "exporter": "torch.onnx.export (TorchScript)",
         "tool_versions": _versions(),
-        "attention": ({"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused} if fused
-                      else {"fused": False}),
-        "pipeline": {
-            "prediction_type": scheduler_config.get("prediction_type", "epsilon"),
-            "vae_scaling_factor": float(vae.config.scaling_factor),
-            "vae_scale_factor": vae_factor,
-            "size_multiple": vae_factor * unet_factor,
-            "latent_channels": latent_channels,
-            "default_height": int(unet.config.sample_size) * vae_factor,
-            "default_width": int(unet.config.sample_size) * vae_factor,
-            "model_max_length": seq,
-            "num_train_timesteps": int(scheduler_config.get("num_train_timesteps", 1000)),
-        },
+        "attention": {"fused": False},
+        "pipeline": info,
         "components": {},
     }
     with atomic_dir(out, overwrite=options.overwrite) as tmp:
-        bar = tqdm(options.components, desc="export", disable=not progress)
-        for name in bar:
-            bar.set_postfix_str(name)
-            spec = specs[name]
-            gen = torch.Generator().manual_seed(0)
-            feed_list = [feeds(name, s, gen) for s in shapes(name)]
-            info = export_component(spec, spec.wrap(modules[name]).eval(), feed_list, tmp / name, options)
-            info["shapes_validated"] = shapes(name)
-            manifest["components"][name] = info
-        tokenizer.save_pretrained(tmp / "tokenizer")
+        with tqdm(total=len(specs), desc="export", disable=not progress) as bar:  # closed (newline) on errors too
+            loaded: tuple[str, object] | None = None
+            for name, spec in specs.items():
+                bar.set_postfix_str(name)
+                if loaded is None or loaded[0] != spec.source:
+                    loaded = module = None  # release the previous source's weights before loading the next
+                    gc.collect()
+                    module = _load(src, spec.source, class_of(model_index, spec.source))
+                    if options.fuse_attention and spec.kind != "text_encoder":
+                        fused[spec.source] = fuse_attention(module)
+                    loaded = (spec.source, module)
+                module = loaded[1]
+                vocab = int(getattr(module.config, "vocab_size", 0) or 0)
+                dims = family.export_dims(spec, info)
+                gen = torch.Generator().manual_seed(0)
+                feed_list = [dummy_feeds(spec, d, gen, vocab) for d in dims]
+                entry = export_component(spec, family.wrap(spec, module).eval(), feed_list, tmp / name, options)
+                entry["family"] = family.name
+                entry["shapes_validated"] = dims
+                manifest["components"][name] = entry
+                if (src / spec.source / "config.json").is_file():
+                    shutil.copy2(src / spec.source / "config.json", tmp / name / "config.json")
+                bar.update(1)
+        loaded = module = None
+        gc.collect()
+        if any(fused.values()):
+            manifest["attention"] = {"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused}
+        for slot in family.text_encoders:
+            if slot.name in specs:
+                _save_tokenizer(src, slot.tokenizer, class_of(model_index, slot.tokenizer), tmp)
         (tmp / "scheduler").mkdir()
-        shutil.copy2(sched_path, tmp / "scheduler" / "scheduler_config.json")
-        for name, cfg_src in (("unet", "unet"), ("text_encoder", "text_encoder"), ("vae_decoder", "vae"), ("vae_encoder", "vae")):
-            if (tmp / name).is_dir() and (src / cfg_src / "config.json").is_file():
-                shutil.copy2(src / cfg_src / "config.json", tmp / name / "config.json")
+        shutil.copy2(src / "scheduler" / "scheduler_config.json", tmp / "scheduler" / "scheduler_config.json")
         write_json(tmp / "model_index.json", model_index)
         manifest["export_seconds"] = round(time.time() - t_start, 2)
         manifest["files"] = hash_tree(tmp)

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import torch
 
 from ..errors import UserError
-from .components import ComponentSpec
+from ..families.base import ComponentSpec
 from .external_data import consolidate, external_files
 
 

@@ -16,6 +16,7 @@ import onnx
 
 from ..artifacts import MANIFEST, atomic_dir, hash_tree, read_manifest, sha256_file, verify_folder, write_json
 from ..errors import UserError
+from ..families import get_family
 from ..loops import save_model
 from . import _ort
 from .configs import QuantizeConfig
@@ -80,7 +81,13 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     if manifest.get("quantization") and not force:
         prev = manifest["quantization"].get("config", {}).get("recipe", {}).get("name", "?")
         raise UserError(f"{model} is already quantized (recipe {prev}); quantize the fp32 folder, or pass --force")
-    unet_path = model / comps["unet"]["path"]
+    # recipes call the backbone "unet" whatever the family; the folder names it as its family does
+    backbone = get_family(manifest.get("family")).backbone
+
+    def folder_name(name: str) -> str:
+        return backbone if name == "unet" else name
+
+    unet_path = model / comps[backbone]["path"]
     unet = onnx.load(str(unet_path))
     if is_quantized(unet) and not force:
         raise UserError(f"{model}: the backbone is already quantized; quantize the fp32 folder, or pass --force")
@@ -163,10 +170,10 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         quality["probe"] = {"prompts": len(probe.prompts), "note": "calibration prompts, not held-out"}
 
     log("measuring latency")
-    latency = measure_latency(model, manifest, built.components, config)
+    latency = measure_latency(model, manifest, {folder_name(k): v for k, v in built.components.items()}, config)
     sizes = {}
     for name, m in built.components.items():
-        before = comps[name]["bytes"]
+        before = comps[folder_name(name)]["bytes"]
         after = m.ByteSize()
         sizes[name] = {"fp32_bytes": before, "bytes": after, "ratio": round(before / after, 3)}
     fused = fused_summary(new_unet, config.threads) if new_unet is not None and config.provider == "cpu" else None
@@ -178,10 +185,10 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         with tempfile.TemporaryDirectory(prefix="onnxdiffusion-q-") as scratch:
             path = Path(scratch) / "unet.onnx"
             save_model(new_unet, path)
-            feed = component_feed("unet", manifest)
+            feed = component_feed(backbone, manifest)
             memory = {"fp32": memory_mb(unet_path, feed), "new": memory_mb(path, feed),
                       "note": "resident MB a fresh process gains loading the backbone (and after one call)"}
-    gate_key = "unet" if "unet" in latency else None
+    gate_key = backbone if backbone in latency else None
     ratio = latency[gate_key]["ratio"] if gate_key else sum(v["median_ms"] for v in latency.values()) / max(
         sum(v["fp32_median_ms"] for v in latency.values()), 1e-9)
     pays = ratio <= SPEEDUP_THRESHOLD
@@ -218,6 +225,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     if correction is not None:
         provenance["correction_fitted_on"] = {k: traj.provenance[k] for k in ("kind", "prompts", "seeds", "sampler", "steps", "guidance")}
     replaced = set(built.components)
+    replaced = {folder_name(n) for n in replaced}
     skip = {comps[n]["path"] for n in replaced} | {p for n in replaced for p in comps[n].get("external_data", [])}
     skip_dirs = {info["path"].split("/")[0] for n, info in comps.items() if info.get("kind") == "sampling_graph"}
     with atomic_dir(out, overwrite=overwrite) as tmp:
@@ -231,7 +239,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             if new_manifest["components"][n].get("kind") == "sampling_graph":
                 del new_manifest["components"][n]
         for name, m in built.components.items():
-            info = new_manifest["components"][name]
+            info = new_manifest["components"][folder_name(name)]
             rel = Path(info["path"])
             (tmp / rel.parent).mkdir(parents=True, exist_ok=True)
             files = save_model(m, tmp / rel)

@@ -46,7 +46,7 @@ class CalibrationSet:
     """Backbone feeds over whole trajectories.
 
     samples (steps, rows, C, H, W) and outputs (same, fp32) per step; context (rows, seq, dim);
-    timesteps (steps,). Row r of every step belongs to context row r: for each prompt chunk the
+    timesteps (steps,); extras: the family's other conditioning inputs (rows, ...) by input name. Row r of every step belongs to context row r: for each prompt chunk the
     rows are [uncond...; cond...], as the guided backbone batches them.
     """
 
@@ -60,6 +60,13 @@ class CalibrationSet:
     latents: np.ndarray | None = None
     pairs: np.ndarray | None = None
     guidance: float = 1.0
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def conditioning(self, rows: slice | np.ndarray = slice(None)) -> dict[str, np.ndarray]:
+        """Every conditioning input of the backbone for these rows."""
+        out = {"encoder_hidden_states": np.ascontiguousarray(self.context[rows])}
+        out.update({k: np.ascontiguousarray(v[rows]) for k, v in self.extras.items()})
+        return out
 
     @property
     def num_steps(self) -> int:
@@ -74,7 +81,7 @@ class CalibrationSet:
         return {
             "sample": x,
             "timestep": np.full((len(x),), self.timesteps[step], np.float32),
-            "encoder_hidden_states": np.ascontiguousarray(self.context[rows]),
+            **self.conditioning(rows),
         }
 
     def feeds(self, steps=None, chunk: int = 64):
@@ -106,9 +113,9 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         chunk = prompts[start : start + cfg.batch]
         seeds = [cfg.seed + start + i for i in range(len(chunk))]
         latents = item_latents(shape, seeds)
-        cond = pipe.encode_prompt(chunk)
-        uncond = pipe.encode_prompt([""] * len(chunk)) if cfg.guidance > 1.0 else None
-        gb = GuidedBackbone(pipe.unet, latents.shape, cond, uncond, cfg.guidance)
+        # the family's whole conditioning (SDXL: pooled text and size ids too), negative prompt ""
+        cond, uncond = pipe.conditioning(chunk, [""] * len(chunk), cfg.guidance > 1.0, *pipe.image_size(GenerateOptions()))
+        gb = GuidedBackbone(pipe.backbone, latents.shape, cond, uncond, cfg.guidance)
         xs, outs = [], []
 
         def model_fn(x, t, gb=gb, xs=xs, outs=outs):
@@ -121,16 +128,18 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         sample(model_fn, latents, table, callback=lambda i, x, den, xs_traj=xs_traj: xs_traj.append(x.copy()))
         steps_x.append(np.stack(xs))
         steps_out.append(np.stack(outs))
-        contexts.append(gb.context.copy())
+        contexts.append({k: v.copy() for k, v in gb.conditioning.items()})
         trajectories.append(np.stack(xs_traj))
         b = len(chunk)
         for i in range(b):
             pairs.append((rows + i, rows + b + i) if uncond is not None else (-1, rows + i))
         rows += gb.context.shape[0]
+    joined = {k: np.concatenate([c[k] for c in contexts], axis=0) for k in contexts[0]}
     return CalibrationSet(
         samples=np.concatenate(steps_x, axis=1),
         timesteps=table.timesteps.astype(np.float32).copy(),
-        context=np.concatenate(contexts, axis=0),
+        context=joined.pop("encoder_hidden_states"),
+        extras=joined,
         outputs=np.concatenate(steps_out, axis=1),
         latents=np.concatenate(trajectories, axis=1),
         pairs=np.asarray(pairs, np.int64),
@@ -145,7 +154,7 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
             "negative_prompt": "",
             "timesteps": [float(t) for t in table.timesteps],
             "backbone_calls": int(cfg.steps * -(-len(prompts) // cfg.batch)),
-            "rows_per_step": int(sum(c.shape[0] for c in contexts)),
+            "rows_per_step": int(rows),
         },
     )
 
@@ -154,12 +163,16 @@ def naive_set(pipe, recipe: Int8NaiveRecipe, seed: int) -> CalibrationSet:
     """What a tutorial does: N(0,1) latents at one timestep, N(0,1) "text embeddings"."""
     rng = np.random.default_rng(seed)
     shape = pipe.latent_shape_for(recipe.samples)
-    seq = int(pipe.info["model_max_length"])
-    hidden = int(pipe.unet.get_inputs()[2].shape[2])
+    # the real conditioning's shapes (sequence length included), filled with N(0,1)
+    from ..runtime.pipeline import GenerateOptions
+
+    real, _ = pipe.conditioning([""] * recipe.samples, None, False, *pipe.image_size(GenerateOptions()))
+    cond = {k: rng.standard_normal(v.shape, dtype=np.float32) for k, v in real.items()}
     return CalibrationSet(
         samples=rng.standard_normal((1, *shape), dtype=np.float32),
         timesteps=np.array([recipe.timestep], np.float32),
-        context=rng.standard_normal((recipe.samples, seq, hidden), dtype=np.float32),
+        context=cond.pop("encoder_hidden_states"),
+        extras=cond,
         provenance={"kind": "random", "seed": seed, "samples": recipe.samples, "timestep": recipe.timestep,
                     "distribution": "standard normal latents and text embeddings"},
     )

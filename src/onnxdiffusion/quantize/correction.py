@@ -142,7 +142,7 @@ class OutputCorrection:
             if guided:
                 sample[u_rows] = x * c_in
             feed = {"sample": sample, "timestep": np.full((len(sample),), t, np.float32),
-                    "encoder_hidden_states": calib.context}
+                    **calib.conditioning()}
             out = run_backbone(feed)
             o = out[u_rows] + g * (out[c_rows] - out[u_rows]) if guided else out[c_rows]
             target_d = (calib.latents[k + 1] - a * x - d * d_prev) / c

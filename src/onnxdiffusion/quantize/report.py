@@ -19,27 +19,30 @@ INTEGER_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearCo
 
 
 def component_feed(name: str, manifest: dict, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """One call's inputs at the model's default size (the backbone gets the guided batch 2*batch)."""
+    """One call's inputs at the model's default size (the backbone gets the guided batch 2*batch),
+    shaped from the component's I/O recorded in the manifest."""
+    from ..families import get_family
+
     info = manifest["pipeline"]
+    family = get_family(manifest.get("family"))
     rng = np.random.default_rng(seed)
-    h, w = info["default_height"] // info["vae_scale_factor"], info["default_width"] // info["vae_scale_factor"]
-    c = info["latent_channels"]
-    if name == "unet":
-        comp = manifest["components"]["unet"]
-        hidden = next(i["shape"][2] for i in comp["inputs"] if i["name"] == "encoder_hidden_states")
-        seq = info["model_max_length"]
-        return {
-            "sample": rng.standard_normal((2 * batch, c, h, w), dtype=np.float32),
-            "timestep": np.full((2 * batch,), 500.0, np.float32),
-            "encoder_hidden_states": rng.standard_normal((2 * batch, seq, hidden), dtype=np.float32),
-        }
-    if name == "text_encoder":
-        return {"input_ids": rng.integers(0, 20, (2 * batch, info["model_max_length"])).astype(np.int32)}
-    if name == "vae_decoder":
-        return {"latent_sample": rng.standard_normal((batch, c, h, w), dtype=np.float32)}
-    if name == "vae_encoder":
-        return {"sample": rng.uniform(-1, 1, (batch, 3, info["default_height"], info["default_width"])).astype(np.float32)}
-    raise ValueError(f"no feed for component {name!r}")
+    f = info["vae_scale_factor"]
+    dims = {"batch_size": batch if name.startswith("vae") else 2 * batch,
+            "height_latent": info["default_height"] // f, "width_latent": info["default_width"] // f,
+            "height": info["default_height"], "width": info["default_width"],
+            "sequence_length": family.sequence_length(name, info)}
+    feed = {}
+    for t in manifest["components"][name]["inputs"]:
+        shape = tuple(dims.get(d, 1) if isinstance(d, str) else d for d in t["shape"])
+        if t["dtype"].startswith("int"):
+            feed[t["name"]] = rng.integers(0, 20, shape).astype(t["dtype"])
+        elif t["name"] == "timestep":
+            feed[t["name"]] = np.full(shape, 500.0, np.float32)
+        elif name == "vae_encoder":
+            feed[t["name"]] = rng.uniform(-1, 1, shape).astype(np.float32)
+        else:
+            feed[t["name"]] = rng.standard_normal(shape, dtype=np.float32)
+    return feed
 
 
 def measure_latency(model: Path, manifest: dict, components: dict[str, onnx.ModelProto], config) -> dict:

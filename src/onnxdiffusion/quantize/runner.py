@@ -110,19 +110,19 @@ class ImageProbe:
         self.seed = seed
         self.kwargs = dict(steps=steps, sampler=sampler, guidance=guidance)
         self.threads = threads
-        self.reference = self.images(pipe.unet)
+        self.reference = self.images(pipe.backbone)
 
-    def images(self, unet_session) -> np.ndarray:
+    def images(self, backbone_session) -> np.ndarray:
         from ..evaluate.run import item_latents
 
         shape = self.pipe.latent_shape_for(1)[1:]
         latents = item_latents(shape, [self.seed + i for i in range(len(self.prompts))])
-        saved = self.pipe.unet
-        self.pipe.unet = unet_session
+        saved = self.pipe.backbone
+        self.pipe.backbone = backbone_session
         try:
             return self.pipe(self.prompts, batch=len(self.prompts), latents=latents, **self.kwargs).images
         finally:
-            self.pipe.unet = saved
+            self.pipe.backbone = saved
 
     def psnr(self, model) -> float:
         sess = model if isinstance(model, ort.InferenceSession) else session(model, self.threads)

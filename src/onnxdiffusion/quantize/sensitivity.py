@@ -22,7 +22,8 @@ MAX_SENSITIVITY_ROWS = 32
 def choose_float_nodes(ctx, recipe, calib, nodes: list[str], quantize_only, quantize_without) -> dict:
     steps = calib.spread_steps(recipe.sensitivity_steps)
     rows = min(calib.rows, MAX_SENSITIVITY_ROWS)
-    sub = type(calib)(calib.samples[:, :rows], calib.timesteps, calib.context[:rows], calib.outputs[:, :rows])
+    sub = type(calib)(calib.samples[:, :rows], calib.timesteps, calib.context[:rows], calib.outputs[:, :rows],
+                      extras={k: v[:rows] for k, v in calib.extras.items()})
     ref = sub.outputs[steps].astype(np.float64)
     signal = float(np.mean(ref**2))
     ctx.log(f"sensitivity of {len(nodes)} nodes on {len(steps)} timesteps x {rows} rows")

@@ -5,18 +5,29 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from ..families.base import OUT, SAMPLE, TIMESTEP
 from ..samplers import cfg_combine
+
+Conditioning = dict[str, np.ndarray]  # backbone input name -> (batch, ...) array
+
+
+def batch_conditioning(cond: Conditioning, uncond: Conditioning | None) -> Conditioning:
+    """[uncond; cond] along the batch for every conditioning input (cond alone when unguided)."""
+    if uncond is None:
+        return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in cond.items()}
+    return {k: np.ascontiguousarray(np.concatenate([uncond[k], v]), dtype=np.float32) for k, v in cond.items()}
 
 
 class GuidedBackbone:
-    """model_fn(x, t) for the sampler loop: one UNet call on [uncond; cond], then guidance.
+    """model_fn(x, t) for the sampler loop: one backbone call on [uncond; cond], then guidance.
 
     The sample, timestep and output buffers are bound to the session once; each step writes
-    into them in place, so the loop allocates nothing per step on the CPU provider.
+    into them in place, so the loop allocates nothing per step on the CPU provider. `cond`
+    (and `uncond`) hold every conditioning input of the family's backbone, by input name.
     """
 
-    def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: np.ndarray,
-                 uncond: np.ndarray | None, guidance: float):
+    def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
+                 uncond: Conditioning | None, guidance: float):
         self.batch = latents_shape[0]
         self.guided = uncond is not None
         n = 2 * self.batch if self.guided else self.batch
@@ -24,12 +35,21 @@ class GuidedBackbone:
         self.sample = np.empty((n, *latents_shape[1:]), np.float32)
         self.timestep = np.empty((n,), np.float32)
         self.out = np.empty_like(self.sample)
-        self.context = np.ascontiguousarray(np.concatenate([uncond, cond]) if self.guided else cond, dtype=np.float32)
+        self.conditioning = batch_conditioning(cond, uncond)
+        wanted = {i.name for i in session.get_inputs()} - {SAMPLE, TIMESTEP}
+        if wanted != set(self.conditioning):
+            raise ValueError(f"backbone wants conditioning {sorted(wanted)}, got {sorted(self.conditioning)}")
         self.session = session
         self.binding = session.io_binding()
-        for name, arr in (("sample", self.sample), ("timestep", self.timestep), ("encoder_hidden_states", self.context)):
+        feeds = {SAMPLE: self.sample, TIMESTEP: self.timestep, **self.conditioning}
+        for name, arr in feeds.items():
             self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
-        self.binding.bind_ortvalue_output("out_sample", ort.OrtValue.ortvalue_from_numpy(self.out))
+        self.binding.bind_ortvalue_output(OUT, ort.OrtValue.ortvalue_from_numpy(self.out))
+
+    @property
+    def context(self) -> np.ndarray:
+        """The sequence conditioning (encoder_hidden_states), [uncond; cond]."""
+        return self.conditioning["encoder_hidden_states"]
 
     def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
         b = self.batch

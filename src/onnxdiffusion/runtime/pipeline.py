@@ -15,9 +15,10 @@ import numpy as np
 
 from ..artifacts import read_manifest, verify_folder
 from ..errors import UserError
+from ..families import NumpyOps, get_family
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, iter_sample, schedule_from_config, table_from_config
-from .backbone import GuidedBackbone
+from .backbone import Conditioning, GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
 from .tokenizer import PromptTokenizer
@@ -69,19 +70,25 @@ class Pipeline:
         self.provider = provider
         info = manifest["pipeline"]
         self.info = info
-        self.tokenizer = PromptTokenizer(folder / "tokenizer")
+        self.family = family = get_family(manifest.get("family"))
+        family.check_folder(str(folder), manifest)
         comps = manifest["components"]
-        self.text_encoder = make_session(folder / comps["text_encoder"]["path"], provider, threads)
-        self.unet = _backbone_session(folder / comps["unet"]["path"], comps["unet"], provider, threads)
+        # the family's text encoders this folder has (optional ones, like SD3's T5, may be absent)
+        self.slots = [s for s in family.text_encoders if s.name in comps]
+        self.tokenizers = {s.name: PromptTokenizer(folder / s.tokenizer, family.sequence_length(s.name, info))
+                           for s in self.slots}
+        self.encoders = {s.name: make_session(folder / comps[s.name]["path"], provider, threads) for s in self.slots}
+        bb = comps[family.backbone]
+        self.backbone = _backbone_session(folder / bb["path"], bb, provider, threads)
         self.vae_decoder = make_session(folder / comps["vae_decoder"]["path"], provider, threads)
         self._threads = threads
         self._graphs: dict[str, SamplingGraph] = {}
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
         self.correction = None
-        if comps["unet"].get("correction"):
+        if bb.get("correction"):
             from ..quantize.correction import OutputCorrection
 
-            self.correction = OutputCorrection.from_dict(comps["unet"]["correction"])
+            self.correction = OutputCorrection.from_dict(bb["correction"])
         sched_path = folder / "scheduler" / "scheduler_config.json"
         try:
             self.scheduler_config = json.loads(sched_path.read_text())
@@ -102,13 +109,43 @@ class Pipeline:
             pipe(prompt="", steps=1, guidance=1.0)
         return pipe
 
+    # the first (SD: only) text encoder and tokenizer, for callers that time or hook them
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        return self.tokenizers[self.slots[0].name]
+
+    @property
+    def text_encoder(self):
+        return self.encoders[self.slots[0].name]
+
     # -- stages -------------------------------------------------------------------------------
-    def encode_prompt(self, prompts: list[str]) -> np.ndarray:
-        ids = self.tokenizer(prompts)
-        return self.text_encoder.run(["last_hidden_state"], {"input_ids": ids})[0]
+    def encode_prompt(self, prompts: list[str]) -> Conditioning:
+        """The text conditioning of the backbone, by input name: every text encoder, combined as
+        the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...)."""
+        encoded = {}
+        for slot in self.slots:
+            ids = self.tokenizers[slot.name](prompts)
+            outs = self.encoders[slot.name].run(list(slot.outputs), {"input_ids": ids})
+            encoded[slot.name] = dict(zip(slot.outputs, outs))
+        return self.family.combine(NumpyOps(), encoded, self.info)
+
+    def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
+                     width: int) -> tuple[Conditioning, Conditioning | None]:
+        """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
+        prompt given (SDXL then uses zeros, as diffusers does; others encode "")."""
+        size = self.family.size_conditioning(self.info, len(prompts), height, width)
+        cond = {**self.encode_prompt(prompts), **size}
+        if not guided:
+            return cond, None
+        if negatives is None and self.family.zero_negative(self.info):
+            uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
+        else:
+            uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
+        return cond, {**uncond, **size}
 
     def decode(self, latents: np.ndarray) -> np.ndarray:
-        scaled = (latents / np.float32(self.info["vae_scaling_factor"])).astype(np.float32)
+        scale, shift = self.family.decode_scale_shift(self.info)
+        scaled = (latents * np.float32(scale) + np.float32(shift)).astype(np.float32)
         image = self.vae_decoder.run(["sample"], {"latent_sample": scaled})[0]
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
@@ -117,15 +154,18 @@ class Pipeline:
               image_seq_len: int | None = None) -> SamplerTable:
         """The sampler table from the folder's scheduler config (its own sampler unless options name one).
 
-        `mu` or `image_seq_len`: the dynamic shift of a flow schedule that uses one.
+        `mu` or `image_seq_len`: the dynamic shift of a flow schedule that uses one (by default the
+        image token count the family's backbone sees at this size).
         """
+        if mu is None and image_seq_len is None and getattr(self.schedule, "use_dynamic_shifting", False):
+            image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
         try:
             return table_from_config(self.scheduler_config, options.steps, options.sampler, spacing=options.spacing,
                                      mu=mu, image_seq_len=image_seq_len)
         except ValueError as e:
             raise UserError(str(e)) from None
 
-    def latent_shape(self, options: GenerateOptions) -> tuple[int, int, int, int]:
+    def image_size(self, options: GenerateOptions) -> tuple[int, int]:
         info = self.info
         h = options.height or info["default_height"]
         w = options.width or info["default_width"]
@@ -133,10 +173,13 @@ class Pipeline:
         for name, v in (("height", h), ("width", w)):
             if v <= 0 or v % m:
                 raise UserError(f"{name} must be a positive multiple of {m} for this model, got {v}")
+        return h, w
+
+    def latent_shape(self, options: GenerateOptions) -> tuple[int, ...]:
+        h, w = self.image_size(options)
         if options.batch < 1:
             raise UserError(f"batch must be >= 1, got {options.batch}")
-        f = info["vae_scale_factor"]
-        return (options.batch, info["latent_channels"], h // f, w // f)
+        return self.family.latent_shape(self.info, options.batch, h, w)
 
     def latent_shape_for(self, batch: int, height: int | None = None, width: int | None = None) -> tuple[int, ...]:
         return self.latent_shape(GenerateOptions(batch=batch, height=height, width=width))
@@ -192,21 +235,23 @@ class Pipeline:
         prompts = [prompt] * b if isinstance(prompt, str) else list(prompt)
         if len(prompts) != b:
             raise UserError(f"got {len(prompts)} prompts for batch {b}")
-        negatives = negative_prompt if negative_prompt is not None else ""
-        negatives = [negatives] * b if isinstance(negatives, str) else list(negatives)
-        if len(negatives) != b:
-            raise UserError(f"got {len(negatives)} negative prompts for batch {b}")
+        negatives = None
+        if negative_prompt is not None:
+            negatives = [negative_prompt] * b if isinstance(negative_prompt, str) else list(negative_prompt)
+            if len(negatives) != b:
+                raise UserError(f"got {len(negatives)} negative prompts for batch {b}")
         return self._run(options, table, latents, noise, prompts, negatives)
 
     def _run(self, options, table, latents, noise, prompts, negatives):
         guided = options.guidance > 1.0
-        cond = self.encode_prompt(prompts)
+        h, w = self.image_size(options)
         if options.loop != "host":
-            uncond = self.encode_prompt(negatives)
+            # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u))
+            cond, uncond = self.conditioning(prompts, negatives, True, h, w)
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
         else:
-            uncond = self.encode_prompt(negatives) if guided else None
-            model_fn = GuidedBackbone(self.unet, latents.shape, cond, uncond, options.guidance)
+            cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
+            model_fn = GuidedBackbone(self.backbone, latents.shape, cond, uncond, options.guidance)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             x = latents
@@ -217,7 +262,8 @@ class Pipeline:
             latents=x,
             init_latents=latents,
             noise=noise,
-            settings={"prompt": prompts, "negative_prompt": negatives, **options.__dict__, "sampler": table.sampler},
+            settings={"prompt": prompts, "negative_prompt": negatives if negatives is not None else [""] * len(prompts),
+                      **options.__dict__, "sampler": table.sampler},
         )
 
     def __call__(self, prompt: str | list[str], **kwargs) -> GenerationResult:

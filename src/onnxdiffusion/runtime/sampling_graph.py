@@ -57,8 +57,17 @@ class SamplingGraph:
             feeds["steps"] = np.array(steps, np.int64)
         return feeds
 
-    def run(self, table: SamplerTable, latents: np.ndarray, cond: np.ndarray, uncond: np.ndarray,
-            guidance: float, noise: np.ndarray | None = None, steps: int | None = None) -> np.ndarray:
+    def run(self, table: SamplerTable, latents: np.ndarray, cond: dict[str, np.ndarray] | np.ndarray,
+            uncond: dict[str, np.ndarray] | np.ndarray, guidance: float, noise: np.ndarray | None = None,
+            steps: int | None = None) -> np.ndarray:
+        """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone)."""
+        from ..samplers.graph import CONTEXT, cond_input_names
+
         feeds = self.feeds(table, latents, noise, guidance, steps)
-        feeds["cond"], feeds["uncond"] = cond, uncond
+        if isinstance(cond, np.ndarray):
+            cond, uncond = {CONTEXT: cond}, {CONTEXT: uncond}
+        for name, value in cond.items():
+            c, u = cond_input_names(name)
+            feeds[c] = np.ascontiguousarray(value, dtype=np.float32)
+            feeds[u] = np.ascontiguousarray(uncond[name], dtype=np.float32)
         return self.session.run(None, feeds)[0]

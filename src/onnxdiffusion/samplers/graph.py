@@ -5,7 +5,8 @@ Two forms over the same step body:
             outer-scope initializers, stored once
   unrolled  N copies of the body in the main graph, all reading the same initializers
 
-Graph inputs: latents (B,C,H,W), cond and uncond embeddings (B,S,D), the sampler table (N,10)
+Graph inputs: latents (B,C,H,W), cond and uncond embeddings (B,S,D) (and, for a backbone with
+more conditioning inputs, cond_<name> and uncond_<name> for each), the sampler table (N,10)
 as built by ``build_table``, init_scale and guidance scalars, noise (K,B,C,H,W) where step i
 reads noise[min(i, K-1)] (pass K=1 zeros for deterministic samplers), and, for ``loop``, steps.
 Output: final latents. Guidance runs inside: one backbone call on [uncond; cond].
@@ -22,10 +23,10 @@ from onnx import TensorProto, helper
 
 from .tables import COLUMNS
 
-BACKBONE_IO = {"sample": "sample", "timestep": "timestep", "context": "encoder_hidden_states", "out": "out_sample"}
+CONTEXT = "encoder_hidden_states"
+BACKBONE_IO = {"sample": "sample", "timestep": "timestep", "cond:" + CONTEXT: CONTEXT, "out": "out_sample"}
 FORMS = ("loop", "unrolled")
 
-TEXT_ENCODER_IO = {"ids": "input_ids", "out": "last_hidden_state"}
 VAE_DECODER_IO = {"latents": "latent_sample", "out": "sample"}
 
 
@@ -49,7 +50,7 @@ def load_component(model: onnx.ModelProto, io: dict[str, str], prefix: str) -> B
     """
     g = model.graph
     graph_inputs = {i.name for i in g.input}
-    missing = [v for k, v in io.items() if k != "out" and v not in graph_inputs]
+    missing = [v for k, v in io.items() if not k.startswith("out") and v not in graph_inputs]
     if missing or io["out"] not in {o.name for o in g.output}:
         raise ValueError(f"{prefix.rstrip('/')} graph lacks inputs/outputs {missing or [io['out']]}")
 
@@ -83,8 +84,15 @@ def load_component(model: onnx.ModelProto, io: dict[str, str], prefix: str) -> B
     )
 
 
+def conditioning_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The backbone's inputs other than sample and timestep (the family's conditioning), in order."""
+    return [i for i in model.graph.input if i.name not in (BACKBONE_IO["sample"], BACKBONE_IO["timestep"])]
+
+
 def load_backbone(model: onnx.ModelProto, prefix: str = "unet/") -> Backbone:
-    return load_component(model, BACKBONE_IO, prefix)
+    io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": BACKBONE_IO["out"]}
+    io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
+    return load_component(model, io, prefix)
 
 
 def rename_outer_refs(node: onnx.NodeProto, rename: Callable[[str], str]) -> None:
@@ -123,17 +131,34 @@ class _Builder:
         return name
 
 
-def _prologue(b: _Builder) -> dict[str, str]:
-    """Values computed once, before the loop: guided context, batch sizes, starting state."""
+def cond_input_names(name: str) -> tuple[str, str]:
+    """Graph inputs (cond, uncond) of one backbone conditioning input."""
+    return ("cond", "uncond") if name == CONTEXT else (f"cond_{name}", f"uncond_{name}")
+
+
+def _constants(b: _Builder) -> None:
     b.const("axes0", np.array([0], np.int64))
     b.const("one_i64", np.array(1, np.int64))
     b.const("zero_f", np.array(0.0, np.float32))
-    for k, col in enumerate(COLUMNS):
-        b.const(f"col_{col}", np.array(k, np.int64))
-    ctx = b.op("Concat", ["uncond", "cond"], "context", axis=0)
-    ctx_shape = b.op("Shape", [ctx], "context_shape")
     b.const("slice0_start", np.array([0], np.int64))
     b.const("slice0_end", np.array([1], np.int64))
+    for k, col in enumerate(COLUMNS):
+        b.const(f"col_{col}", np.array(k, np.int64))
+
+
+def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str]) -> dict:
+    """Values computed once, before the loop: guided conditioning, batch sizes, starting state.
+
+    `given`: conditioning already in [uncond; cond] form (the whole graph's text side); the
+    rest come in as cond/uncond graph inputs."""
+    ctx = {}
+    for name in conditioning:
+        if name in given:
+            ctx[name] = given[name]
+        else:
+            c, u = cond_input_names(name)
+            ctx[name] = b.op("Concat", [u, c], "context" if name == CONTEXT else f"context_{name}", axis=0)
+    ctx_shape = b.op("Shape", [ctx[conditioning[0]]], "context_shape")
     batch2 = b.op("Slice", [ctx_shape, "slice0_start", "slice0_end"], "batch2")
     noise_shape = b.op("Shape", ["noise"], "noise_shape")
     k = b.op("Slice", [noise_shape, "slice0_start", "slice0_end"], "noise_k_vec")
@@ -144,7 +169,7 @@ def _prologue(b: _Builder) -> dict[str, str]:
     return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0}
 
 
-def _step(b: _Builder, bb: Backbone, pre: dict[str, str], i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
+def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
     """One sampler step: nodes appended to `b`; returns the names of the new x and D."""
 
     def n(hint: str) -> str:
@@ -156,7 +181,8 @@ def _step(b: _Builder, bb: Backbone, pre: dict[str, str], i: str, x: str, d_prev
     doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0)
     t_vec = b.op("Expand", [c["t"], pre["batch2"]], n("t_vec"))
     # inline the backbone, its inputs/outputs bound to this step's tensors
-    remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec, bb.io["context"]: pre["context"]}
+    remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
+             **{bb.io[f"cond:{k}"]: v for k, v in pre["context"].items()}}
     out_name = bb.io["out"]
 
     def rename(x_: str) -> str:
@@ -230,30 +256,19 @@ def _correct(b: _Builder, pre: dict[str, str], t: str, out: str, n: Callable[[st
     return b.op("Add", [b.op("Mul", [out, s], n("corr_scaled")), bias], n("corrected"))
 
 
-def _inline(b: _Builder, comp: Backbone, remap: dict[str, str]) -> str:
-    for node in comp.nodes:
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        for k, x in enumerate(new.input):
-            if x in remap:
-                new.input[k] = remap[x]
-        b.nodes.append(new)
-    return comp.io["out"]
-
-
-def _graph_inputs(latent_channels: int, hidden: int, with_steps: bool, whole: bool) -> list[onnx.ValueInfoProto]:
+def _graph_inputs(latent_channels: int, conditioning: list[onnx.ValueInfoProto], with_steps: bool,
+                  given: set[str], id_inputs: list[onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:
     f = TensorProto.FLOAT
     ins = [helper.make_tensor_value_info("latents", f, ["batch", latent_channels, "height", "width"])]
-    if whole:
-        ins += [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "sequence"]),
-            helper.make_tensor_value_info("uncond_input_ids", TensorProto.INT32, ["batch", "sequence"]),
-        ]
-    else:
-        ins += [
-            helper.make_tensor_value_info("cond", f, ["batch", "sequence", hidden]),
-            helper.make_tensor_value_info("uncond", f, ["batch", "sequence", hidden]),
-        ]
+    ins += id_inputs
+    for vi in conditioning:
+        if vi.name in given:
+            continue
+        dims = [d.dim_value if d.dim_value else (d.dim_param or f"{vi.name}_{k}")
+                for k, d in enumerate(vi.type.tensor_type.shape.dim)]
+        dims[0] = "batch"
+        dims = ["sequence" if d == "sequence_length" else d for d in dims]
+        ins += [helper.make_tensor_value_info(n, vi.type.tensor_type.elem_type, dims) for n in cond_input_names(vi.name)]
     ins += [
         helper.make_tensor_value_info("table", f, ["table_rows", len(COLUMNS)]),
         helper.make_tensor_value_info("init_scale", f, []),
@@ -265,56 +280,53 @@ def _graph_inputs(latent_channels: int, hidden: int, with_steps: bool, whole: bo
     return ins
 
 
-def _text_prologue(b: _Builder, te: Backbone) -> None:
-    """[uncond; cond] ids through the text encoder once; its halves become `uncond` and `cond`."""
-    ids = b.op("Concat", ["uncond_input_ids", "input_ids"], "all_input_ids", axis=0)
-    hidden = _inline(b, te, {te.io["ids"]: ids})
-    b.ops("Split", [hidden], ["uncond", "cond"], axis=0)
-
-
-def _image_epilogue(b: _Builder, vae: Backbone, latents: str, scaling_factor: float) -> None:
-    """Latents -> uint8 NHWC image, exactly as the host pipeline's decode()."""
-    inv = b.const("inv_scaling_factor", np.array(1.0 / scaling_factor, np.float32))
-    scaled = b.op("Mul", [latents, inv], "decoder_in")
-    img = _inline(b, vae, {vae.io["latents"]: scaled})
-    half = b.const("half_f", np.array(0.5, np.float32))
-    img = b.op("Add", [b.op("Mul", [img, half], "img_half"), half], "img_01")
-    img = b.op("Clip", [img, "zero_f", b.const("one_f", np.array(1.0, np.float32))], "img_clip")
-    img = b.op("Round", [b.op("Mul", [img, b.const("f255", np.array(255.0, np.float32))], "img_255")], "img_round")
-    img = b.op("Transpose", [img], "img_nhwc", perm=[0, 2, 3, 1])
-    b.op("Cast", [img], "image", to=TensorProto.UINT8)
+def _sd_combine(ops, encoded: dict) -> dict:
+    return {CONTEXT: encoded["text_encoder"]["last_hidden_state"]}
 
 
 def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: int | None = None,
                          latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
                          vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
-                         correction=None) -> onnx.ModelProto:
+                         correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
+                         vae_shift_factor: float = 0.0) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
-    With `text_encoder` and `vae_decoder` the graph is the whole pipeline: token ids in
-    (`input_ids`, `uncond_input_ids`), a uint8 NHWC `image` out. `correction` (an
-    ``OutputCorrection``) scales and shifts the guided backbone output per timestep, as the
-    host loop does for quantized backbones fitted with ``quantize --correct``.
+    With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
+    (`input_ids`, `uncond_input_ids`, and `input_ids_2`, ... for further encoders), a uint8 NHWC
+    `image` out. `text_encoders` maps component name -> (model, outputs read) and `combine` is
+    the family's `combine(ops, encoded)`; `text_encoder` alone is the one-CLIP (SD) case.
+    `correction` (an ``OutputCorrection``) scales and shifts the guided backbone output per
+    timestep, as the host loop does for quantized backbones fitted with ``quantize --correct``.
     """
+    from .graph_whole import image_epilogue, text_prologue
+
     if form not in FORMS:
         raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
     if form == "unrolled" and (steps is None or steps < 1):
         raise ValueError("the unrolled form needs steps >= 1")
-    whole = text_encoder is not None or vae_decoder is not None
-    if whole and (text_encoder is None or vae_decoder is None):
-        raise ValueError("the whole-pipeline graph needs both the text encoder and the VAE decoder")
+    if text_encoder is not None:
+        text_encoders = {"text_encoder": (text_encoder, ("last_hidden_state",))}
+        combine = combine or _sd_combine
+    whole = bool(text_encoders) or vae_decoder is not None
+    if whole and (not text_encoders or vae_decoder is None or combine is None):
+        raise ValueError("the whole-pipeline graph needs the text encoders, their combine and the VAE decoder")
     bb = load_backbone(backbone)
-    ctx = next(i for i in backbone.graph.input if i.name == BACKBONE_IO["context"])
-    hidden = ctx.type.tensor_type.shape.dim[2].dim_value
+    conditioning = conditioning_inputs(backbone)
+    if CONTEXT not in [c.name for c in conditioning]:
+        raise ValueError(f"the backbone has no {CONTEXT} input")
+    # the context first: its batch is the guided batch
+    conditioning.sort(key=lambda vi: vi.name != CONTEXT)
     b = _Builder()
+    _constants(b)
     extra_inits: list[onnx.TensorProto] = []
     functions = list(bb.functions)
+    given: dict[str, str] = {}
+    id_inputs: list[onnx.ValueInfoProto] = []
     if whole:
-        te = load_component(text_encoder, TEXT_ENCODER_IO, "text_encoder/")
-        _text_prologue(b, te)
-        extra_inits += te.initializers
-        functions += te.functions
-    pre = _prologue(b)
+        given, inits, funcs, id_inputs = text_prologue(b, text_encoders, combine, load_component)
+        extra_inits += inits
+        functions += funcs
+    pre = _prologue(b, [c.name for c in conditioning], given)
     if correction is not None:
         _correction_prologue(b, pre, correction)
     if form == "loop":
@@ -355,7 +367,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     f = TensorProto.FLOAT
     if whole:
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
-        _image_epilogue(b, vae, final, vae_scaling_factor)
+        image_epilogue(b, vae, final, 1.0 / vae_scaling_factor, vae_shift_factor)
         extra_inits += vae.initializers
         functions += vae.functions
         outputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "image_height", "image_width", 3])]
@@ -365,13 +377,13 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     graph = helper.make_graph(
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
-        _graph_inputs(latent_channels, hidden, form == "loop", whole),
+        _graph_inputs(latent_channels, conditioning, form == "loop", set(given), id_inputs),
         outputs,
         initializer=b.inits + bb.initializers + extra_inits,
     )
-    model = helper.make_model(graph, opset_imports=_merge_opsets(backbone, text_encoder, vae_decoder),
-                              producer_name="onnxdiffusion")
-    model.ir_version = backbone.ir_version
+    models = [backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values())]
+    model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
+    model.ir_version = max(m.ir_version for m in models if m is not None)
     model.functions.extend(functions)
     return model
 

@@ -1,0 +1,91 @@
+"""Torch wrappers whose forward takes a component's ONNX inputs in order and returns its outputs.
+
+Which wrapper, and with which options, is the family's declaration (ComponentSpec.kind/options);
+this module only knows how each kind of diffusers/transformers module is called.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..families.base import SAMPLE, TIMESTEP, ComponentSpec
+
+# text-encoder outputs a family may ask for: the HF output field, or a hidden state by index
+_HIDDEN = {"penultimate_hidden_state": -2}
+
+
+class TextEncoder(torch.nn.Module):
+    def __init__(self, model, outputs: tuple[str, ...]):
+        super().__init__()
+        self.model = model
+        self.outputs = outputs
+        self.hidden = any(o in _HIDDEN for o in outputs)
+
+    def forward(self, input_ids):
+        out = self.model(input_ids=input_ids, output_hidden_states=self.hidden, return_dict=True)
+        return tuple(out.hidden_states[_HIDDEN[o]] if o in _HIDDEN else getattr(out, o) for o in self.outputs)
+
+
+class UNet(torch.nn.Module):
+    """sample, timestep, encoder_hidden_states, then any added conditioning (SDXL: text_embeds, time_ids)."""
+
+    def __init__(self, model, added: tuple[str, ...]):
+        super().__init__()
+        self.model = model
+        self.added = added
+
+    def forward(self, sample, timestep, encoder_hidden_states, *added):
+        kwargs = {"added_cond_kwargs": dict(zip(self.added, added))} if self.added else {}
+        return self.model(sample, timestep, encoder_hidden_states, return_dict=False, **kwargs)[0]
+
+
+class Transformer(torch.nn.Module):
+    """A diffusers transformer backbone called by keyword: our input names -> its argument names."""
+
+    def __init__(self, model, arg_names: tuple[str, ...]):
+        super().__init__()
+        self.model = model
+        self.arg_names = arg_names
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.arg_names, inputs)), return_dict=False)[0]
+
+
+class VaeDecoder(torch.nn.Module):
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, latent_sample):
+        return self.vae.decode(latent_sample, return_dict=False)[0]
+
+
+class VaeEncoder(torch.nn.Module):
+    """Outputs the posterior's raw moments (mean and log-variance stacked on channels)."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, sample):
+        h = self.vae.encoder(sample)
+        if self.vae.quant_conv is not None:
+            h = self.vae.quant_conv(h)
+        return h
+
+
+def wrap(spec: ComponentSpec, module) -> torch.nn.Module:
+    names = [t.name for t in spec.inputs]
+    if spec.kind == "text_encoder":
+        return TextEncoder(module, tuple(spec.options["outputs"]))
+    if spec.kind == "unet":
+        return UNet(module, tuple(names[3:]))
+    if spec.kind == "transformer":
+        # options["args"] renames our inputs to the model's arguments (sample -> hidden_states, ...)
+        rename = {SAMPLE: "hidden_states", TIMESTEP: "timestep", **spec.options.get("args", {})}
+        return Transformer(module, tuple(rename.get(n, n) for n in names))
+    if spec.kind == "vae_decoder":
+        return VaeDecoder(module)
+    if spec.kind == "vae_encoder":
+        return VaeEncoder(module)
+    raise ValueError(f"no torch wrapper for component kind {spec.kind!r}")

@@ -1,0 +1,237 @@
+"""The Family protocol: what differs between model kinds, declared once per kind.
+
+A family (one small module per model kind, like optimum's `OnnxConfig` classes) says:
+  - which diffusers pipeline classes it covers and which components they hold (with the
+    accepted classes, required or optional), and each component's ONNX I/O names, dtypes
+    and named dynamic axes, with an export tolerance;
+  - how the text encoders' outputs combine into the backbone's conditioning (`combine`,
+    written once against `Ops` so the numpy run time and the one-graph `--whole` form share
+    it), plus any conditioning that does not come from text (`size_conditioning`);
+  - the backbone's conditioning inputs (every backbone input other than sample and timestep,
+    fed [uncond; cond] along the batch), latent shape, VAE scaling/shift, the prediction
+    parameterization handed to the sampler tables, default and allowed sizes.
+
+This module is run-time code: numpy only. The torch side (loading modules, wrapping them
+for export) is reached through `wrap` and `load_module`, which import lazily.
+
+Every backbone, whatever its family, exports with inputs `sample`, `timestep`, the family's
+conditioning inputs, and output `out_sample`; every text encoder takes `input_ids`. So the
+sampler loops, quantization and bench never need to know the family to feed a backbone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from ..errors import UserError
+
+SAMPLE, TIMESTEP, OUT = "sample", "timestep", "out_sample"
+CONTEXT = "encoder_hidden_states"  # the sequence conditioning every family has
+PREDICTIONS = ("epsilon", "v_prediction", "flow")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    dims: tuple[str | int, ...]  # str = named dynamic axis
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One ONNX component: its I/O, its export tolerance, and how the torch module is called."""
+
+    name: str  # folder name in the model folder
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    atol: float  # max abs error allowed, relative to max(1, max |reference|)
+    kind: str  # torch wrapper kind: text_encoder | unet | transformer | vae_decoder | vae_encoder | ...
+    source: str  # diffusers sub-folder holding the weights ("vae" for both VAE halves)
+    options: dict = field(default_factory=dict)  # wrapper options (e.g. which encoder outputs)
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        return {
+            t.name: {i: d for i, d in enumerate(t.dims) if isinstance(d, str)}
+            for t in (*self.inputs, *self.outputs)
+        }
+
+    def to_manifest(self) -> dict:
+        def one(t: TensorSpec) -> dict:
+            return {"name": t.name, "dtype": t.dtype, "shape": list(t.dims)}
+
+        return {"inputs": [one(t) for t in self.inputs], "outputs": [one(t) for t in self.outputs]}
+
+
+@dataclass(frozen=True)
+class TextEncoderSlot:
+    """One text encoder of a family: component and tokenizer folders, accepted classes, outputs read."""
+
+    name: str  # component folder (text_encoder, text_encoder_2, ...)
+    tokenizer: str  # tokenizer folder
+    classes: tuple[str, ...]
+    tokenizer_classes: tuple[str, ...]
+    outputs: tuple[str, ...]  # ONNX outputs the family's combine() reads
+    required: bool = True
+    max_length: int | None = None  # fixed token length; None: the tokenizer's model_max_length
+
+    @property
+    def ids_suffix(self) -> str:
+        """'' for text_encoder, '_2' for text_encoder_2, ...: names the whole graph's id inputs."""
+        return self.name[len("text_encoder"):]
+
+
+class Ops(Protocol):
+    """The few array operations `combine` needs; numpy here, ONNX nodes in the whole graph."""
+
+    def concat(self, xs: list[Any], axis: int) -> Any: ...
+    def pad_last(self, x: Any, width: int) -> Any: ...
+    def zeros(self, like: Any, tail: tuple[int, ...]) -> Any: ...
+
+
+class NumpyOps:
+    def concat(self, xs: list[np.ndarray], axis: int) -> np.ndarray:
+        return np.concatenate(xs, axis=axis)
+
+    def pad_last(self, x: np.ndarray, width: int) -> np.ndarray:
+        if x.shape[-1] > width:
+            raise UserError(f"cannot pad width {x.shape[-1]} down to {width}")
+        return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+    def zeros(self, like: np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
+        """Zeros of shape (batch of `like`, *tail)."""
+        return np.zeros((like.shape[0], *tail), np.float32)
+
+
+def class_of(model_index: dict, name: str) -> str | None:
+    entry = model_index.get(name)
+    if isinstance(entry, list) and len(entry) == 2:
+        return entry[1]
+    return None
+
+
+class Family:
+    """Base class and protocol. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    pipeline_classes: ClassVar[tuple[str, ...]]
+    backbone: ClassVar[str]  # component folder of the denoiser: "unet" | "transformer"
+    backbone_classes: ClassVar[tuple[str, ...]]
+    backbone_kind: ClassVar[str]  # torch wrapper kind for export
+    text_encoders: ClassVar[tuple[TextEncoderSlot, ...]]
+    vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKL",)
+    predictions: ClassVar[tuple[str, ...]] = ("epsilon", "v_prediction")
+
+    # -- the source folder (export) ---------------------------------------------------------------
+    def check_source(self, src_name: str, model_index: dict, present: set[str]) -> None:
+        """Every required component there with an accepted class; optional ones absent or accepted."""
+        slots = [(s.name, s.classes, s.required) for s in self.text_encoders]
+        slots += [(s.tokenizer, s.tokenizer_classes, s.required) for s in self.text_encoders]
+        slots += [(self.backbone, self.backbone_classes, True), ("vae", self.vae_classes, True)]
+        for comp, classes, required in slots:
+            cls = class_of(model_index, comp)
+            if cls is None:
+                if required:
+                    raise UserError(f"{src_name}: a {self.name} pipeline needs '{comp}' ({' or '.join(classes)}); "
+                                    f"model_index.json has none")
+                continue
+            if cls not in classes:
+                raise UserError(f"{src_name}: component '{comp}' is {cls!r}; a {self.name} pipeline expects "
+                                f"{' or '.join(classes)} (components of different model families mixed?)")
+            if comp not in present:
+                raise UserError(f"{src_name}: component folder '{comp}' is missing")
+
+    def pipeline_info(self, configs: dict[str, dict]) -> dict:
+        """manifest['pipeline'] from the source's JSON configs (keyed by sub-folder; 'model_index',
+        'scheduler' and each tokenizer's tokenizer_config included). Checks cross-component agreement."""
+        raise NotImplementedError
+
+    def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
+        """Export specs of the components this folder has, in export order."""
+        raise NotImplementedError
+
+    def export_dims(self, spec: ComponentSpec, info: dict) -> list[dict[str, int]]:
+        """Named-dim values for validation: the export-time dummy first, then a second, different
+        shape that proves the dynamic axes are dynamic."""
+        raise NotImplementedError
+
+    def wrap(self, spec: ComponentSpec, module):
+        """The torch module whose forward takes the spec's inputs in order (export side)."""
+        from ..export.wrappers import wrap
+
+        return wrap(spec, module)
+
+    # -- the model folder (run time) --------------------------------------------------------------
+    def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
+        """The backbone's inputs other than sample and timestep, each [uncond; cond] on axis 0."""
+        raise NotImplementedError
+
+    def backbone_spec(self, info: dict) -> ComponentSpec:
+        return self.component_specs(info, {self.backbone})[self.backbone]
+
+    def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
+        """Text encoders' outputs (by component, then output name) -> text conditioning by input name.
+        Optional encoders the folder lacks are absent from `encoded`."""
+        raise NotImplementedError
+
+    def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
+        """Conditioning that depends on the image size, not the text (SDXL's add_time_ids)."""
+        return {}
+
+    def zero_negative(self, info: dict) -> bool:
+        """Whether an absent negative prompt means all-zero unconditional embeddings (SDXL)."""
+        return False
+
+    def sequence_length(self, component: str, info: dict) -> int:
+        """Token length a text encoder is fed, or (backbone) the conditioning sequence length."""
+        lengths = info.get("max_lengths") or {}
+        if component in lengths:
+            return int(lengths[component])
+        return int(info.get("context_length") or info["model_max_length"])
+
+    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
+        """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
+        return None
+
+    def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
+        f = int(info["vae_scale_factor"])
+        return (batch, int(info["latent_channels"]), height // f, width // f)
+
+    def decode_scale_shift(self, info: dict) -> tuple[float, float]:
+        """(scale, shift) with decoder input = latents * scale + shift (diffusers: x / scaling + shift)."""
+        return 1.0 / float(info["vae_scaling_factor"]), float(info.get("vae_shift_factor") or 0.0)
+
+    def required_components(self, info: dict) -> tuple[str, ...]:
+        return (*(s.name for s in self.text_encoders if s.required), self.backbone, "vae_decoder")
+
+    def check_folder(self, folder_name: str, manifest: dict) -> None:
+        """A loaded model folder: every required component there, none from another family, and
+        the backbone's recorded inputs what this family feeds."""
+        comps = manifest.get("components", {})
+        for name in self.required_components(manifest["pipeline"]):
+            if name not in comps:
+                raise UserError(f"{folder_name}: a {self.name} model folder needs component '{name}'; the manifest has none")
+        for name, comp in comps.items():
+            fam = comp.get("family")
+            if fam is not None and fam != self.name:
+                raise UserError(f"{folder_name}: component '{name}' was exported for family {fam!r}, "
+                                f"the folder is {self.name!r} (components of different families mixed)")
+        recorded = [t["name"] for t in comps[self.backbone].get("inputs", [])]
+        if recorded:
+            want = [SAMPLE, TIMESTEP, *(t.name for t in self.conditioning(manifest["pipeline"]))]
+            if recorded != want:
+                raise UserError(f"{folder_name}: backbone inputs {recorded} are not those of a {self.name} "
+                                f"backbone {want} (components of different families mixed?)")
+
+
+def tokenizer_max_length(configs: dict[str, dict], slot: TextEncoderSlot) -> int:
+    if slot.max_length is not None:
+        return slot.max_length
+    cfg = configs.get(f"{slot.tokenizer}/tokenizer_config") or {}
+    return int(cfg.get("model_max_length", 77))
+
+
+def size_multiple(info: dict) -> int:
+    return int(info["size_multiple"])

@@ -1,0 +1,138 @@
+"""Stable Diffusion 1.x / 2.x: one CLIP text encoder, a UNet2DConditionModel, epsilon or v prediction."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ..errors import UserError
+from .base import (CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, TensorSpec, TextEncoderSlot,
+                   tokenizer_max_length)
+
+CLIP_TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
+
+
+def latent_io(latent_channels: int) -> tuple[str | int, ...]:
+    return ("batch_size", latent_channels, "height_latent", "width_latent")
+
+
+def vae_specs(latent_channels: int) -> dict[str, ComponentSpec]:
+    """The VAE halves every family shares (names follow optimum's ONNX diffusion layout)."""
+    lat = latent_io(latent_channels)
+    img = ("batch_size", 3, "height", "width")
+    return {
+        "vae_decoder": ComponentSpec(
+            "vae_decoder", (TensorSpec("latent_sample", "float32", lat),), (TensorSpec("sample", "float32", img),),
+            atol=2e-3, kind="vae_decoder", source="vae"),
+        "vae_encoder": ComponentSpec(
+            "vae_encoder", (TensorSpec("sample", "float32", img),),
+            (TensorSpec("latent_parameters", "float32",
+                        ("batch_size", 2 * latent_channels, "height_latent", "width_latent")),),
+            atol=2e-3, kind="vae_encoder", source="vae"),
+    }
+
+
+def text_encoder_spec(slot: TextEncoderSlot, width: dict[str, int]) -> ComponentSpec:
+    """A text encoder exporting the outputs its slot reads; `width` gives each output's last dim."""
+    seq = ("batch_size", "sequence_length")
+    outs = tuple(TensorSpec(o, "float32", ("batch_size", width[o]) if o in ("pooler_output", "text_embeds")
+                            else (*seq, width[o])) for o in slot.outputs)
+    return ComponentSpec(slot.name, (TensorSpec("input_ids", "int32", seq),), outs, atol=1e-4,
+                         kind="text_encoder", source=slot.name, options={"outputs": slot.outputs})
+
+
+def vae_info(configs: dict[str, dict]) -> dict:
+    vae = configs["vae"]
+    if vae.get("latents_mean") is not None or vae.get("latents_std") is not None:
+        raise UserError("VAE configs with per-channel latents_mean/latents_std are not supported yet")
+    return {
+        "vae_scaling_factor": float(vae.get("scaling_factor", 0.18215)),
+        "vae_shift_factor": float(vae.get("shift_factor") or 0.0),
+        "vae_scale_factor": 2 ** (len(vae["block_out_channels"]) - 1),
+    }
+
+
+def scheduler_info(configs: dict[str, dict]) -> dict:
+    sched = configs["scheduler"]
+    return {
+        "prediction_type": sched.get("prediction_type") or "epsilon",
+        "num_train_timesteps": int(sched.get("num_train_timesteps", 1000)),
+    }
+
+
+def unet_dims(info: dict, steps: int) -> list[dict[str, int]]:
+    """Latent-space validation shapes: square at export, then one step wider with batch 1."""
+    lat = min(int(info["default_height"]) // int(info["vae_scale_factor"]), 32)
+    m = int(info["size_multiple"]) // int(info["vae_scale_factor"])
+    lat = max(lat - lat % m, m)
+    f = int(info["vae_scale_factor"])
+    return [
+        {"batch_size": 2, "height_latent": lat, "width_latent": lat, "height": lat * f, "width": lat * f},
+        {"batch_size": 1, "height_latent": lat, "width_latent": lat + steps * m,
+         "height": lat * f, "width": (lat + steps * m) * f},
+    ]
+
+
+class StableDiffusion(Family):
+    name: ClassVar[str] = "sd"
+    pipeline_classes: ClassVar[tuple[str, ...]] = ("StableDiffusionPipeline",)
+    backbone: ClassVar[str] = "unet"
+    backbone_classes: ClassVar[tuple[str, ...]] = ("UNet2DConditionModel",)
+    backbone_kind: ClassVar[str] = "unet"
+    text_encoders: ClassVar[tuple[TextEncoderSlot, ...]] = (
+        TextEncoderSlot("text_encoder", "tokenizer", ("CLIPTextModel",), CLIP_TOKENIZERS,
+                        ("last_hidden_state", "pooler_output")),
+    )
+
+    def pipeline_info(self, configs: dict[str, dict]) -> dict:
+        unet, te = configs["unet"], configs["text_encoder"]
+        hidden = int(te["hidden_size"])
+        if unet.get("cross_attention_dim") != hidden:
+            raise UserError(f"text encoder width {hidden} does not match the UNet's cross_attention_dim "
+                            f"{unet.get('cross_attention_dim')} (components of different models mixed?)")
+        if unet.get("addition_embed_type") is not None:
+            raise UserError(f"this UNet expects added conditioning ({unet['addition_embed_type']}), "
+                            f"which a {self.name} pipeline does not provide")
+        vae = vae_info(configs)
+        unet_factor = 2 ** (len(unet["block_out_channels"]) - 1)
+        size = int(unet["sample_size"]) * vae["vae_scale_factor"]
+        return {
+            **scheduler_info(configs),
+            **vae,
+            "size_multiple": vae["vae_scale_factor"] * unet_factor,
+            "latent_channels": int(unet["in_channels"]),
+            "default_height": size,
+            "default_width": size,
+            "model_max_length": tokenizer_max_length(configs, self.text_encoders[0]),
+            "context_dim": hidden,
+        }
+
+    def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
+        return (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", _context_dim(info))),)
+
+    def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
+        hidden = _context_dim(info)
+        c = int(info["latent_channels"])
+        specs = {"text_encoder": text_encoder_spec(self.text_encoders[0],
+                                                   {"last_hidden_state": hidden, "pooler_output": hidden})}
+        specs["unet"] = ComponentSpec(
+            "unet",
+            (TensorSpec(SAMPLE, "float32", latent_io(c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),
+             *self.conditioning(info)),
+            (TensorSpec(OUT, "float32", latent_io(c)),),
+            atol=1e-3, kind=self.backbone_kind, source="unet")
+        specs.update(vae_specs(c))
+        return {k: v for k, v in specs.items() if v.source in present}
+
+    def export_dims(self, spec: ComponentSpec, info: dict) -> list[dict[str, int]]:
+        seq = int(info["model_max_length"])
+        if spec.kind == "text_encoder":
+            return [{"batch_size": 2, "sequence_length": seq}, {"batch_size": 1, "sequence_length": max(2, seq // 2)}]
+        return [{**d, "sequence_length": seq} for d in unet_dims(info, 1)]
+
+    def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
+        return {CONTEXT: encoded["text_encoder"]["last_hidden_state"]}
+
+
+def _context_dim(info: dict) -> int | str:
+    # folders exported before families recorded no width: a named axis serves the run time
+    return int(info["context_dim"]) if "context_dim" in info else "context_dim"

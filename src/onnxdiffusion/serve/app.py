@@ -1,0 +1,356 @@
+"""FastAPI routes over the model manager and the job queue.
+
+Errors use OpenAI's error object `{"error": {"message", "type", "param", "code"}}`; nothing a client
+sees carries a traceback (unexpected errors are logged here and answered with their type only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import sys
+import threading
+from contextlib import asynccontextmanager
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import UserError
+from .config import ServeConfig
+from .jobs import FINAL, JobConflict, JobQueue, NotAccepting, QueueFull, png_bytes
+from .manager import ModelManager, parse_buckets
+from .metrics import ServeMetrics
+from .schemas import ImageRequest, RequestError, build_request
+
+log = logging.getLogger("onnxdiffusion.serve")
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class Service:
+    """What one server process holds: settings, models, queue, metrics."""
+
+    def __init__(self, config: ServeConfig, manager: ModelManager | None = None):
+        self.config = config
+        self.metrics = ServeMetrics()
+        self.manager = manager or ModelManager(parse_buckets(config.buckets), config.golden_threshold_db,
+                                               threads=config.threads, provider=config.provider)
+        self.queue = JobQueue(self.manager, max_queue=config.max_queue, timeout=config.timeout,
+                              workers=config.workers, max_batch=config.max_batch, retention=config.retention,
+                              max_finished=config.max_finished, metrics=self.metrics)
+        self.load_error: str | None = None
+
+    def start(self) -> None:
+        """Warm up and golden-check in the background so /health answers at once and /ready says when."""
+        def run():
+            try:
+                if not self.manager.models:
+                    self.manager.load(list(self.config.models), log=_stderr)
+                self.manager.prepare(warmup=self.config.warmup, log=_stderr)
+                self.metrics.models(self.manager.models.values())
+                self.queue.start()
+            except UserError as e:
+                self.load_error = str(e)
+                log.error("model loading failed: %s", e)
+        threading.Thread(target=run, name="serve-loader", daemon=True).start()
+
+    @property
+    def ready(self) -> bool:
+        return self.manager.ready and self.load_error is None
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over `limit` bytes with 413 (counted, not just declared)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_big = declared is not None and declared.isdigit() and int(declared) > self.limit
+        body, more = b"", not too_big
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            too_big = len(body) > self.limit
+            more = more and not too_big
+        if too_big:
+            resp = error_response(413, f"request body is larger than {self.limit} bytes", code="body_too_large")
+            return await resp(scope, receive, send)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+def _outcome(status: int) -> str:
+    if status < 400:
+        return "ok"
+    return {503: "rejected", 504: "timeout", 413: "too_large", 404: "not_found", 409: "conflict"}.get(
+        status, "invalid" if status < 500 else "error")
+
+
+def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
+    service = service or Service(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        yield
+        # graceful: stop taking jobs, let in-flight ones finish for `grace` s, cancel the rest
+        await asyncio.to_thread(service.queue.shutdown, config.grace)
+
+    app = FastAPI(title="onnxdiffusion", version="0.1.0", lifespan=lifespan,
+                  description="Text-to-image with ONNX Runtime: OpenAI-compatible images API, jobs with progress, "
+                              "resolution buckets and golden-sample fallback.")
+    app.state.service = service
+    app.add_middleware(BodyLimit, limit=config.max_body)
+    svc, queue, manager, metrics = service, service.queue, service.manager, service.metrics
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.request(getattr(route, "path", "other"), _outcome(response.status_code))
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        if first.get("type") == "json_invalid":
+            return error_response(400, f"invalid JSON body: {first.get('ctx', {}).get('error', 'cannot parse')}",
+                                  code="invalid_json")
+        if tuple(first.get("loc", ())) == ("body",):
+            return error_response(400, "request body must be a JSON object (Content-Type: application/json)",
+                                  code="invalid_body")
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        if first.get("type") == "missing":
+            return error_response(400, f"missing required field {param!r}", param, code="missing_field")
+        if first.get("type") == "extra_forbidden":
+            return error_response(400, f"unknown field {param!r}", param, code="unknown_field")
+        return error_response(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestError)
+    async def on_request_error(request: Request, exc: RequestError):
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(500, f"internal error ({type(exc).__name__})")
+
+    def submit(body: ImageRequest):
+        if svc.load_error:
+            raise RequestError(f"models failed to load: {svc.load_error}", status=503)
+        if not svc.ready:
+            raise RequestError("models are still loading; see GET /ready", status=503, code="not_ready")
+        try:
+            req = build_request(body, config, manager)
+        except UserError as e:
+            raise RequestError(str(e)) from None
+        try:
+            job = queue.submit(req)
+        except QueueFull as e:
+            metrics.request("queue", "full")
+            raise _Retry(str(e), e.retry_after) from None
+        except NotAccepting as e:
+            raise RequestError(str(e), status=503) from None
+        if req.fallback:
+            metrics.fallback(req.model_requested)
+        return job
+
+    @app.exception_handler(_Retry)
+    async def on_retry(request: Request, exc: _Retry):
+        return error_response(503, exc.message, code="queue_full", headers={"Retry-After": str(exc.retry_after)})
+
+    def get_job(job_id: str):
+        try:
+            return queue.get(job_id)
+        except KeyError:
+            raise RequestError(f"no job {job_id!r} (unknown, or its result expired)", "id", 404, "job_not_found") from None
+
+    # -- pages and probes ---------------------------------------------------------------------
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        return resources.files(__package__).joinpath("page.html").read_text()
+
+    @app.get("/health", summary="Liveness: the process answers")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready", summary="Models loaded and warmed, golden check done")
+    async def ready():
+        models = [m.describe() for m in manager.models.values()]
+        degraded = [m["id"] for m in models if m["status"] == "degraded"]
+        body = {"ready": svc.ready, "error": svc.load_error, "models": models, "degraded": degraded,
+                "queue_depth": queue.depth()}
+        return JSONResponse(body, status_code=200 if svc.ready else 503)
+
+    @app.get("/metrics", summary="Prometheus text format")
+    async def prometheus():
+        metrics.queue_depth(queue.depth())
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # -- models -------------------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [m.describe() for m in manager.models.values()],
+                "buckets": [f"{w}x{h}" for w, h in manager.buckets]}
+
+    @app.get("/v1/models/{model_id}")
+    async def one_model(model_id: str):
+        if model_id not in manager.models:
+            raise RequestError(f"unknown model {model_id!r}", "model", 404, "model_not_found")
+        return manager.models[model_id].describe()
+
+    @app.post("/v1/models/{model_id}/check", summary="Re-run the golden-sample check now")
+    async def check_model(model_id: str):
+        if model_id not in manager.models:
+            raise RequestError(f"unknown model {model_id!r}", "model", 404, "model_not_found")
+        if not svc.ready:
+            raise RequestError("models are still loading; see GET /ready", status=503, code="not_ready")
+        entry = await asyncio.to_thread(manager.check, model_id)
+        metrics.models([entry])
+        return entry.describe()
+
+    # -- images -------------------------------------------------------------------------------
+    @app.post("/v1/images/generations", summary="OpenAI-compatible: wait for the images")
+    async def generations(body: ImageRequest, request: Request):
+        job = submit(body)
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        job.add_done_callback(lambda: loop.call_soon_threadsafe(done.set))
+        try:
+            await asyncio.wait_for(done.wait(), timeout=(config.timeout + 5) if config.timeout else None)
+        except asyncio.TimeoutError:
+            queue.expire(job)
+            await asyncio.wait_for(done.wait(), timeout=30)
+        if job.status == "timeout":
+            return error_response(504, f"job {job.id} {job.error}", code="timeout")
+        if job.status == "cancelled":
+            return error_response(409, f"job {job.id} was cancelled", code="cancelled")
+        if job.status != "succeeded":
+            return error_response(500, f"job {job.id} failed: {job.error}")
+        return image_response(job, body.response_format, str(request.base_url))
+
+    def image_response(job, response_format: str, base_url: str) -> dict:
+        data = []
+        for i, img in enumerate(job.images):
+            item = {"revised_prompt": job.request.prompt}
+            if response_format == "url":
+                item["url"] = f"{base_url.rstrip('/')}/v1/jobs/{job.id}/images/{i}"
+            else:
+                item["b64_json"] = base64.b64encode(png_bytes(img)).decode()
+            data.append(item)
+        return {"created": int(job.created), "data": data, "id": job.id, "settings": job.request.settings(),
+                "timings": {"queued_s": round(job.started - job.created, 4), "run_s": round(job.finished - job.started, 4),
+                            "batch_size": job.batch_size}}
+
+    # -- jobs ---------------------------------------------------------------------------------
+    @app.post("/v1/jobs", status_code=202, summary="Queue a job; returns its id at once")
+    async def create_job(body: ImageRequest):
+        job = submit(body)
+        return job.snapshot(queue.position(job))
+
+    @app.get("/v1/jobs/{job_id}", summary="Status, queue position, step progress")
+    async def job_status(job_id: str):
+        job = get_job(job_id)
+        return job.snapshot(queue.position(job))
+
+    @app.get("/v1/jobs/{job_id}/result", summary="The finished job as an images response")
+    async def job_result(job_id: str, request: Request, response_format: str = "b64_json"):
+        job = get_job(job_id)
+        if job.status != "succeeded":
+            raise RequestError(f"job {job_id} is {job.status}, no images", "id", 409, "not_succeeded")
+        return image_response(job, response_format, str(request.base_url))
+
+    @app.get("/v1/jobs/{job_id}/images/{index}", summary="One finished image as PNG")
+    async def job_image(job_id: str, index: int):
+        job = get_job(job_id)
+        if job.status != "succeeded":
+            raise RequestError(f"job {job_id} is {job.status}, no images", "id", 409, "not_succeeded")
+        if not 0 <= index < len(job.images):
+            raise RequestError(f"image index must be in 0..{len(job.images) - 1}", "index", 404)
+        return Response(png_bytes(job.images[index]), media_type="image/png")
+
+    @app.get("/v1/jobs/{job_id}/events", summary="Server-sent events: progress (and previews) until the job ends")
+    async def job_events(job_id: str):
+        job = get_job(job_id)
+
+        async def stream():
+            seen = -1
+            while True:
+                version, final = job.version, job.status in FINAL
+                if version != seen:
+                    seen = version
+                    snap = job.snapshot(queue.position(job))
+                    if job.preview_png is not None:
+                        snap["preview"] = base64.b64encode(job.preview_png).decode()
+                    yield f"event: {'done' if final else 'progress'}\ndata: {json.dumps(snap)}\n\n"
+                if final:
+                    return
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.delete("/v1/jobs/{job_id}", summary="Cancel this job (queued: now; running: at the next step)")
+    async def cancel_job(job_id: str):
+        try:
+            job = queue.cancel(job_id)
+        except KeyError:
+            raise RequestError(f"no job {job_id!r} (unknown, or its result expired)", "id", 404, "job_not_found") from None
+        except JobConflict as e:
+            raise RequestError(str(e), "id", 409, "job_finished") from None
+        snap = job.snapshot(queue.position(job))
+        snap["cancel_requested"] = True
+        return snap
+
+    return app
+
+
+class _Retry(Exception):
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.message, self.retry_after = message, retry_after
+
+
+def run_server(config: ServeConfig) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM shut down gracefully, see `ServeConfig.grace`)."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    service = Service(config)
+    service.manager.load(list(config.models), log=_stderr)  # bad folders or buckets fail here, before listening
+    app = create_app(config, service)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=config.grace + 5)

@@ -1,0 +1,156 @@
+"""Offline rendering of a prompt file: one PNG per item, resumable, locally or on Ray Data actors.
+
+Each finished image is written atomically as `OUT/<id>.png` the moment its batch ends, so a killed
+run loses at most the batches in flight; a rerun skips every item whose PNG exists. `results.jsonl`
+(every finished item's settings) is rewritten at the end of each run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    model: Path | None = None
+    batch_size: int = 4
+    ray: bool = False
+    actors: int = 2
+    threads: int | None = 1
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    id: str
+    prompt: str
+    negative_prompt: str = ""
+    seed: int = 0
+    steps: int = 20
+    sampler: str = "ddim"
+    guidance: float = 7.5
+    width: int | None = None
+    height: int | None = None
+    n: int = 1  # one image per item (the render helpers take a request's image count)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BatchItem:
+        return cls(**{k: (v.item() if isinstance(v, np.generic) else v) for k, v in d.items()})
+
+
+def read_items(path: Path) -> list[BatchItem]:
+    """JSON lines; `prompt` required; `id` (a safe file name) defaults to the 1-based line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"prompt file not found: {path}")
+    items, seen = [], set()
+    fields = set(BatchItem.__dataclass_fields__) - {"n"}
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(d, dict) or not isinstance(d.get("prompt"), str):
+            raise UserError(f"{path}:{lineno}: each line must be an object with a string 'prompt'")
+        if "size" in d:
+            w, sep, h = str(d.pop("size")).partition("x")
+            if not (sep and w.isdigit() and h.isdigit()):
+                raise UserError(f"{path}:{lineno}: size must look like 64x64")
+            d["width"], d["height"] = int(w), int(h)
+        unknown = set(d) - fields
+        if unknown:
+            raise UserError(f"{path}:{lineno}: unknown field(s) {', '.join(sorted(unknown))}")
+        d["id"] = str(d.get("id", f"{lineno:05d}"))
+        if not _ID.match(d["id"]):
+            raise UserError(f"{path}:{lineno}: id {d['id']!r} must be a plain file name (letters, digits, _ . -)")
+        if d["id"] in seen:
+            raise UserError(f"{path}:{lineno}: duplicate id {d['id']!r}")
+        seen.add(d["id"])
+        try:
+            items.append(BatchItem(**d))
+        except TypeError as e:
+            raise UserError(f"{path}:{lineno}: {e}") from None
+    if not items:
+        raise UserError(f"{path}: no prompts")
+    return items
+
+
+def image_path(out: Path, item: BatchItem) -> Path:
+    return Path(out) / f"{item.id}.png"
+
+
+def fill_defaults(pipe, items: list[BatchItem]) -> list[BatchItem]:
+    info = pipe.info
+    return [BatchItem(**{**asdict(i), "width": i.width or info["default_width"],
+                         "height": i.height or info["default_height"]}) for i in items]
+
+
+def render_and_write(pipe, items: list[BatchItem], out: Path, max_images: int) -> list[str]:
+    """Render items (compatible ones batched up to `max_images`) and write each PNG atomically; returns ids."""
+    from ..imageio import save_images
+    from .render import render_mixed
+
+    items = fill_defaults(pipe, items)
+    done = []
+    for item, images in zip(items, render_mixed(pipe, items, max_images)):
+        save_images(images, image_path(out, item))
+        done.append(item.id)
+    return done
+
+
+def _options(item: BatchItem):
+    from ..runtime.pipeline import GenerateOptions
+
+    return GenerateOptions(steps=item.steps, sampler=item.sampler, guidance=item.guidance, seed=item.seed,
+                           width=item.width, height=item.height)
+
+
+def run_batch(prompts: Path, out: Path, options: BatchOptions) -> dict:
+    from tqdm import tqdm
+
+    from ..artifacts import atomic_write_bytes
+
+    if options.batch_size < 1 or options.actors < 1:
+        raise UserError("batch-size and actors must be >= 1")
+    items = read_items(prompts)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output exists and is not a folder: {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    pending = [i for i in items if not image_path(out, i).exists()]
+    from ..runtime import Pipeline
+
+    pipe = Pipeline.from_folder(options.model, threads=options.threads)
+    for item in fill_defaults(pipe, pending):  # every item checked before any image is rendered
+        pipe.prepare(_options(item), None, None)
+    from .render import batch_invariant
+
+    # a model whose images depend on batch-mates (int8-dynamic) renders one item at a time, so every
+    # image is what `generate` gives and a rerun or --ray cannot change it
+    max_images = options.batch_size if batch_invariant(pipe) else 1
+    bar = tqdm(total=len(items), initial=len(items) - len(pending), desc="rendering", unit="img",
+               disable=not options.progress)
+    if pending and options.ray:
+        from .ray import render_on_ray
+
+        render_on_ray(pending, out, options, max_images, on_done=bar.update)
+    elif pending:
+        for start in range(0, len(pending), options.batch_size):
+            chunk = pending[start : start + options.batch_size]
+            bar.update(len(render_and_write(pipe, chunk, out, max_images)))
+    bar.close()
+    finished = [asdict(i) for i in items if image_path(out, i).exists()]
+    atomic_write_bytes(out / "results.jsonl", "".join(json.dumps(d) + "\n" for d in finished).encode())
+    return {"total": len(items), "skipped": len(items) - len(pending), "rendered": len(pending),
+            "finished": len(finished)}

@@ -1,0 +1,50 @@
+"""The server's settings in one typed object (the CLI, the tests and the Ray deployment build it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    models: tuple[str, ...] = ()  # FOLDER or NAME=FOLDER; empty: the embedded model
+    host: str = "127.0.0.1"
+    port: int = 8000
+    buckets: str = "64x64,128x128,96x96,64x128,128x64"  # the first is the default size and the golden-check size
+    max_queue: int = 64
+    timeout: float = 120.0  # per request, seconds from submission (0: none)
+    workers: int = field(default_factory=usable_cores)  # concurrent backbone batches: one per core
+    threads: int = 1  # ONNX Runtime intra-op threads per session (workers x threads <= cores)
+    max_batch: int = 4  # images per backbone batch (1: no micro-batching)
+    max_n: int = 4  # images per request
+    max_steps: int = 100
+    max_side: int = 1024  # larger requested sizes are refused rather than snapped
+    max_body: int = 64 * 1024  # bytes
+    retention: float = 600.0  # seconds a finished job's result is kept
+    max_finished: int = 512
+    golden_threshold_db: float = 30.0
+    warmup: bool = True
+    grace: float = 10.0  # shutdown: seconds in-flight jobs get to finish before they are cancelled
+    provider: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.timeout < 0 or self.retention < 0 or self.grace < 0:
+            raise UserError("timeout, retention and grace must be >= 0")
+        from .manager import parse_buckets
+
+        parse_buckets(self.buckets)  # syntax errors fail before anything loads
+        if not 0 < self.port < 65536:
+            raise UserError(f"port must be in 1..65535, got {self.port}")

@@ -1,0 +1,34 @@
+"""quantize on every family's backbone: each recipe runs, and its Loop form matches its host loop."""
+
+import json
+
+import pytest
+
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.loops import compile_loop
+from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
+from onnxdiffusion.runtime import Pipeline
+
+RECIPES = [("fp16", {}), ("int8-dynamic", {}), ("int8-static", {}), ("int4-weights", {"block_size": "16"})]
+# family fixture -> (backbone folder, a deterministic sampler of its parameterization)
+FAMILIES = {"tiny_sdxl_onnx": ("unet", "ddim"), "tiny_sd3_onnx": ("transformer", "flow_euler")}
+
+
+@pytest.mark.parametrize("name, options", RECIPES, ids=[r[0] for r in RECIPES])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_recipe_on_family_backbone_loop_matches_host(family, name, options, request, tmp_path):
+    folder = request.getfixturevalue(family)
+    backbone, sampler = FAMILIES[family]
+    out = tmp_path / name
+    cal = CalibrationConfig(count=4, steps=3, batch=4, sampler=sampler)
+    report = quantize(folder, out, QuantizeConfig(recipe=recipe_class(name).with_options(options), calibration=cal,
+                                                  latency_runs=1, measure_memory=False))
+    assert backbone in report["latency"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["components"][backbone]["precision"] == report["precision"]
+    compile_loop(out, out, form="loop")
+    pipe = Pipeline.from_folder(out)
+    kw = dict(steps=3, sampler=sampler, guidance=4.0, seed=2, batch=2)
+    host = pipe("a red circle on the left", **kw)
+    loop = pipe("a red circle on the left", loop="loop", **kw)
+    assert psnr(loop.images, host.images) >= 60
