@@ -4,14 +4,16 @@
   build     write an SD1.5-shaped diffusers StableDiffusionPipeline folder (seeded random weights)
   export    `onnxdiffusion.export.export_pipeline` on it (validated against PyTorch by the exporter);
             check the >2 GB UNet is model.onnx + ONE external data file and that ONNX Runtime loads it
-  generate  one 256x256 image through `onnxdiffusion.runtime.Pipeline` (DDIM, 10 steps, guidance 7.5)
+
+Generating and timing images at full size is `onnxdiffusion bench --arch sd15` (which runs these two
+phases itself when its work folder is empty); bench/sd15_quantize.py adds the quantized siblings.
 
 Each phase runs as its own subprocess under `/usr/bin/time -v` (peak RSS); its numbers are merged
 into bench/results/sd15_fullsize.json, so phases can be run one at a time and resumed. Everything
 runs on ONE thread by default (torch, OpenMP/BLAS, ONNX Runtime intra/inter-op).
 
   python bench/sd15_fullsize.py --phase all [--work /tmp/sd15-bench]   # ~10 GB of disk under --work
-  python bench/sd15_fullsize.py --phase generate --steps 10            # rerun just one phase
+  python bench/sd15_fullsize.py --phase export                         # rerun just one phase
   python bench/sd15_fullsize.py --table                                # print the last results
 """
 
@@ -30,8 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RESULTS = ROOT / "bench" / "results" / "sd15_fullsize.json"
-PHASES = ("build", "export", "generate")
-NEED_DISK_GB = {"build": 5.0, "export": 9.0, "generate": 0.1}
+PHASES = ("build", "export")
+NEED_DISK_GB = {"build": 5.0, "export": 9.0}
 
 # --- Stable Diffusion v1.5 architecture (runwayml/stable-diffusion-v1-5 configs) -------------------
 UNET_CONFIG = {
@@ -415,89 +417,7 @@ def phase_export(args) -> dict:
     }
 
 
-def phase_generate(args) -> dict:
-    folder = args.work / "onnx"
-    if not (folder / "manifest.json").is_file():
-        raise BenchError(f"no exported model at {folder}; run --phase export first")
-    import numpy as np
-
-    from onnxdiffusion.runtime import GenerationResult, Pipeline, StepEvent
-
-    log(f"generate: loading {folder} (threads={args.threads}, hashes verified)")
-    t0 = time.perf_counter()
-    pipe = Pipeline.from_folder(folder, threads=args.threads)
-    load_s = time.perf_counter() - t0
-    log(f"generate: loaded in {load_s:.1f} s")
-
-    calls: dict[str, list[float]] = {"text_encoder": [], "vae_decoder": []}
-    marks = {"encode_end": None}
-
-    def timed(key, fn):
-        def wrapper(*a, **kw):
-            t = time.perf_counter()
-            r = fn(*a, **kw)
-            now = time.perf_counter()
-            calls[key].append(now - t)
-            if key == "text_encoder":
-                marks["encode_end"] = now
-            return r
-
-        return wrapper
-
-    pipe.encode_prompt = timed("text_encoder", pipe.encode_prompt)
-    pipe.decode = timed("vae_decoder", pipe.decode)
-    size = args.size
-    log(f"generate: {size}x{size}, ddim, {args.steps} steps, guidance {args.guidance}, seed {args.seed}")
-    t_start = time.perf_counter()
-    events = pipe.iter_generate(args.prompt, steps=args.steps, sampler="ddim", guidance=args.guidance,
-                                seed=args.seed, height=size, width=size)
-    steps: list[float] = []
-    prev = None
-    result = None
-    for ev in events:
-        now = time.perf_counter()
-        if isinstance(ev, StepEvent):
-            start = prev if prev is not None else marks["encode_end"]
-            steps.append(now - start)
-            prev = now
-            log(f"generate: step {ev.step + 1}/{ev.num_steps} t={ev.timestep:.0f} {steps[-1]:.2f} s")
-        elif isinstance(ev, GenerationResult):
-            result = ev
-    total_s = time.perf_counter() - t_start
-    if result is None:
-        raise BenchError("the pipeline ended without a result")
-    if not np.isfinite(result.latents).all():
-        raise BenchError("final latents contain NaN/inf")
-    image_path = result.save(args.work / f"sd15_{size}.png")[0]
-    log(f"generate: wrote {image_path} in {total_s:.1f} s")
-    steps_arr = np.array(steps)
-    return {
-        "height": size,
-        "width": size,
-        "latent_shape": list(result.latents.shape),
-        "sampler": "ddim",
-        "steps": args.steps,
-        "guidance": args.guidance,
-        "unet_batch": 2 if args.guidance > 1.0 else 1,
-        "prompt": args.prompt,
-        "threads": args.threads,
-        "pipeline_load_s": round(load_s, 2),
-        "text_encoder_s": [round(x, 3) for x in calls["text_encoder"]],
-        "text_encoder_total_s": round(sum(calls["text_encoder"]), 3),
-        "step_s": [round(x, 3) for x in steps],
-        "step_median_s": round(float(np.median(steps_arr)), 3),
-        "step_first_s": round(steps[0], 3),
-        "step_min_s": round(float(steps_arr.min()), 3),
-        "step_max_s": round(float(steps_arr.max()), 3),
-        "vae_decoder_s": round(sum(calls["vae_decoder"]), 3),
-        "generation_total_s": round(total_s, 2),
-        "image": str(image_path),
-        "image_mean": round(float(result.images.mean()), 2),
-        "image_std": round(float(result.images.std()), 2),
-    }
-
-
-PHASE_FNS = {"build": phase_build, "export": phase_export, "generate": phase_generate}
+PHASE_FNS = {"build": phase_build, "export": phase_export}
 
 
 def child_main(args) -> int:
@@ -562,8 +482,7 @@ def run_phase(args, phase: str) -> dict:
     """Run one phase as a subprocess under /usr/bin/time -v; returns its merged record or raises BenchError."""
     check_disk(args.work, NEED_DISK_GB[phase])
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--phase", phase, "--work", str(args.work),
-           "--seed", str(args.seed), "--steps", str(args.steps), "--guidance", str(args.guidance),
-           "--size", str(args.size), "--prompt", args.prompt, "--threads", str(args.threads)]
+           "--seed", str(args.seed), "--threads", str(args.threads)]
     cmd += ["--debug"] * args.debug + ["--smoke"] * args.smoke
     time_file = args.work / f"time_{phase}.txt"
     time_file.unlink(missing_ok=True)
@@ -665,18 +584,6 @@ def table(results: dict) -> str:
         if u:
             lines.append(f"unet folder: {', '.join(u['files'])}; model.onnx {fmt_bytes(u['model_onnx_bytes'])} + "
                          f"{u['external_data_file']} {fmt_bytes(u['external_data_bytes'])}; ORT load {u['ort_load_s']:.1f} s, ok")
-    g = ph.get("generate")
-    if g:
-        lines.append("")
-        lines.append(f"generate {g['height']}x{g['width']} ddim {g['steps']} steps, guidance {g['guidance']} "
-                     f"(UNet batch {g['unet_batch']}), threads {g['threads']}:")
-        lines.append(f"  pipeline load (incl. sha256 check) {g['pipeline_load_s']:.1f} s")
-        lines.append(f"  text encoder    {g['text_encoder_total_s']:.2f} s ({len(g['text_encoder_s'])} calls: "
-                     f"{', '.join(f'{x:.2f}' for x in g['text_encoder_s'])})")
-        lines.append(f"  UNet step       median {g['step_median_s']:.2f} s (first {g['step_first_s']:.2f}, "
-                     f"min {g['step_min_s']:.2f}, max {g['step_max_s']:.2f})")
-        lines.append(f"  VAE decoder     {g['vae_decoder_s']:.2f} s")
-        lines.append(f"  total           {g['generation_total_s']:.1f} s  -> {g['image']}")
     return "\n".join(lines)
 
 
@@ -688,10 +595,6 @@ def parse_args(argv=None):
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="results JSON (merged phase by phase)")
     ap.add_argument("--redo", action="store_true", help="with --phase all: rerun build/export even if their output exists")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--guidance", type=float, default=7.5)
-    ap.add_argument("--size", type=int, default=256, help="image height and width (multiple of 64)")
-    ap.add_argument("--prompt", default="a red circle above a blue square")
     ap.add_argument("--threads", type=int, default=1, help="threads for torch and ONNX Runtime (default 1)")
     ap.add_argument("--table", action="store_true", help="only print the table from the results JSON")
     ap.add_argument("--debug", action="store_true", help="print tracebacks")
@@ -744,9 +647,6 @@ def main(argv=None) -> int:
             return 2
         print(table(load_results(args.results)))
         return 0
-    if args.size <= 0 or args.size % 64:
-        print(f"sd15_fullsize: --size must be a positive multiple of 64, got {args.size}", file=sys.stderr)
-        return 2
     try:
         args.work.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -754,7 +654,7 @@ def main(argv=None) -> int:
         return 2
     results = load_results(args.results)
     results.update({
-        "what": "SD v1.5 architecture, random weights: build -> onnxdiffusion export -> one image on CPU"
+        "what": "SD v1.5 architecture, random weights: build -> onnxdiffusion export"
                 + (" [SMOKE: shrunk configs]" if args.smoke else ""),
         "work": str(args.work),
         "threads": args.threads,
@@ -774,7 +674,7 @@ def main(argv=None) -> int:
             record["command"] = " ".join([Path(sys.executable).name, *sys.argv])
             results["phases"][phase] = record
             if phase == "build":  # a new model invalidates later numbers
-                for later in ("export", "generate"):
+                for later in ("export",):
                     if results["phases"].pop(later, None) is not None and later not in todo:
                         log(f"note: dropped stale '{later}' results (the model was rebuilt)")
             save_results(args.results, results)

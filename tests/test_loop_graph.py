@@ -212,3 +212,29 @@ def test_cpu_tuned_loop_matches_host(tiny_onnx, tmp_path):
         kw = dict(steps=6, sampler=sampler, guidance=4.0, seed=5, batch=2)
         host, loop = pipe("a red circle", **kw), pipe("a red circle", loop="loop", **kw)
         assert np.linalg.norm(loop.latents - host.latents) / np.linalg.norm(host.latents) < 1e-4
+
+
+def test_loop_is_tuned_by_default_and_refused_on_another_cpu_target(tiny_onnx, tmp_path):
+    """Default compile: tuned and stamped with the CPU target; a folder stamped for another target is refused
+    at load with one line; --portable records no target and loads anywhere."""
+    import json
+
+    from onnxdiffusion.errors import UserError
+    from onnxdiffusion.runtime.cpu_target import cpu_target
+
+    out = tmp_path / "default"
+    info = compile_loop(tiny_onnx, out, form="loop")
+    assert "ORT_ENABLE_ALL" in info["prefused"] and info["tuned_for"] == cpu_target()
+    Pipeline.from_folder(out).sampling_graph("loop")  # same machine: loads
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    other = "avx2" if cpu_target()["isa"] != "avx2" else "avx512"
+    manifest["components"]["sampler_loop"]["tuned_for"]["isa"] = other
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    pipe = Pipeline.from_folder(out, verify=False)
+    with pytest.raises(UserError, match=f"tuned for another CPU target \\(isa {other}"):
+        pipe.sampling_graph("loop")
+    pipe("a red circle", steps=2, seed=0)  # the host loop still runs
+
+    portable = compile_loop(tiny_onnx, tmp_path / "portable", form="loop", cpu_tuned=False)
+    assert portable["tuned_for"] is None

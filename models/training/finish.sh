@@ -26,3 +26,4 @@ done
 echo "chosen guidance: $best"
 $PYBIN/onnxdiffusion evaluate "$ONNX" --count 256 --guidance "$best" -o "$MODEL/eval.json"
 $PYBIN/python models/training/make_card.py --work "$WORK" --model "$MODEL" --onnx "$ONNX" --eval "$MODEL/eval.json"
+$PYBIN/python models/training/to_fp16.py "$MODEL"  # the ONNX copy keeps float32; diffusers loads float16 files as float32

@@ -126,7 +126,8 @@ def main() -> None:
         f"| VAE | {counts['vae']:,} | channels {cfg['vae']['block_out_channels']}, 64x64x3 -> 16x16x4, scaling factor "
         f"{vae_t.get('scaling_factor', float('nan')):.4f} |",
         "",
-        f"Weights on disk (safetensors, fp32): {size / 1e6:.1f} MB.",
+        f"Weights on disk (safetensors): {size / 1e6:.1f} MB in float32, stored in float16 ({size / 2e6:.1f} MB) by "
+        "to_fp16.py after the export; the ONNX copy keeps float32.",
         "",
         "## Training (2 CPU cores)",
         f"- VAE: {cfg['vae']['steps']} steps x batch {cfg['vae']['batch_size']}, {cfg['vae'].get('threads', cfg['threads'])} thread(s), {vae_t.get('seconds', 0) / 60:.0f} min;"

@@ -53,8 +53,9 @@ def generate(
     batch: int = 1,
     spacing: Optional[str] = None,
     provider: str = "cpu",
-    loop: Annotated[str, typer.Option(help="host | loop | unrolled (the last two need compile-loop)")] = "host",
+    loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
+    profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from tqdm import tqdm
@@ -69,7 +70,9 @@ def generate(
     else:
         raise UserError("expected [MODEL] PROMPT")
     output_paths(output, batch)  # fail before loading anything
-    pipe = Pipeline.from_folder(model, provider=provider)
+    pipe = Pipeline.from_folder(model, provider=provider, profile=profile)
+    if loop is None:
+        loop = pipe.profile.profile.loop if pipe.profile is not None else "host"
     events = pipe.iter_generate(
         prompt, negative_prompt=negative_prompt, steps=steps, sampler=sampler, guidance=guidance, seed=seed,
         height=height, width=width, batch=batch, spacing=spacing, loop=loop,
@@ -94,7 +97,9 @@ def compile_loop_cmd(
     form: Annotated[str, typer.Option(help="loop (step count at run time) | unrolled (fixed --steps)")] = "loop",
     steps: Optional[int] = None,
     whole: Annotated[bool, typer.Option(help="token ids in, uint8 image out: text encoder + loop + VAE decoder")] = False,
-    cpu_tuned: Annotated[bool, typer.Option(help="inline ORT's fully optimized CPU graph (faster; tied to this CPU)")] = False,
+    cpu_tuned: Annotated[Optional[bool], typer.Option(
+        "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
+                                       "as the host loop, checked against the CPU at load) or a portable one")] = None,
     overwrite: bool = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
@@ -108,7 +113,7 @@ def compile_loop_cmd(
 def quantize(
     model: Annotated[Path, typer.Argument(help="exported fp32 model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (same layout, quantized components)")],
-    recipe: Annotated[str, typer.Option(help="fp16 | int8-dynamic | int8-static | int8-naive | int8-timestep | mixed | int4-weights")],
+    recipe: Annotated[str, typer.Option(help="fp16 | int8-dynamic | int8-static | int8-naive | int8-timestep | mixed | int4-weights | fp8 | nvfp4")],
     option: Annotated[Optional[list[str]], typer.Option("--option", "-O", help="recipe field KEY=VALUE (repeatable), e.g. -O groups=4")] = None,
     calib_prompts: Annotated[Optional[Path], typer.Option(help="calibration prompts, one per line (default: the scene world's calib split)")] = None,
     calib_count: Annotated[int, typer.Option(help="calibration prompts to use")] = 32,
@@ -207,6 +212,7 @@ def bench(
     work: Annotated[Optional[Path], typer.Option(help="--arch sd15: build folder (default /tmp/sd15-bench)")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("bench-out"),
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) for the ONNX Runtime variants")] = None,
 ) -> None:
     """Every variant side by side: latency per component, memory, size, fidelity, judge accuracy -> report.html."""
     from .bench import BenchOptions, run_bench
@@ -215,11 +221,46 @@ def bench(
     options = BenchOptions(
         model=model, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps, fast_steps=fast_steps,
         repeats=repeats, prompts=prompts, batch=batch, guidance=guidance, size=size, threads=threads, rss=rss,
-        arch=arch, work=work, out=out, progress=not quiet,
+        arch=arch, work=work, out=out, progress=not quiet, profile=profile,
     )
+    if profile is not None:
+        from .profiles import resolve
+
+        resolve(profile)  # fail (or say it falls back) before any variant runs
     results = run_bench(options)
     print_table(results)
     print(f"bench took {results['bench_seconds']:.0f} s; report: {results['files']['report_html']}")
+
+
+@app.command("profiles")
+def profiles_cmd() -> None:
+    """List the shipped hardware profiles and whether this machine can run each (else its fallback)."""
+    from .profiles import load_profile, shipped
+
+    print(f"{'profile':15s} {'provider':9s} {'precision':9s} {'runs here':9s} detail")
+    for name in shipped():
+        p = load_profile(name)
+        why = p.unavailable_reason()
+        detail = p.description if why is None else f"{why}; falls back to {p.fallback}" if p.fallback else why
+        print(f"{name:15s} {p.provider:9s} {p.precision:9s} {'yes' if why is None else 'no':9s} {detail}")
+
+
+@app.command("fixup-trt")
+def fixup_trt_cmd(
+    src: Annotated[Path, typer.Argument(help="TensorRT-bound backbone (.onnx), e.g. NVIDIA Model Optimizer's export")],
+    model: Annotated[Path, typer.Argument(help="model folder whose backbone it replaces (the old one is kept as the CPU fallback)")],
+) -> None:
+    """Opset-23 upgrade, trt-op output types, one external-data file, checker; install as MODEL's backbone."""
+    from .fixup_trt import fixup_trt
+    from .quantize.api import stderr_log
+
+    entry = fixup_trt(src, model, log=stderr_log)
+    up = entry["installed_by"]["opset"]
+    print(f"installed {entry['precision']} backbone in {model}: opset {up['from']} -> {up['to']} ({up['converter']}), "
+          f"{entry['installed_by']['trt_outputs_typed']} trt outputs typed, {entry['bytes'] / 1e6:.1f} MB; "
+          f"fallback {entry['fallback']['path']}")
+    for line in up.get("adapted", []):
+        print(f"  adapted: {line}")
 
 
 
@@ -289,6 +330,7 @@ def _require(*modules: str, extra: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise UserError(f"{', '.join(missing)} not installed: pip install 'onnxdiffusion[{extra}]'")
+
 
 def main() -> None:
     warnings.showwarning = _one_line_warning

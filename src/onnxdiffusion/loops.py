@@ -58,10 +58,15 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str | None = None,
-                 cpu_tuned: bool = False) -> dict:
+                 cpu_tuned: bool | None = None) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
     `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
+    cpu_tuned inlines the graph ONNX Runtime runs on this CPU after all its passes, so the Loop is as
+    fast as the host loop; the entry records the target (ORT version, vector width) and a pipeline on
+    another target refuses the graph with a one-line error. False stays portable (ORT_ENABLE_EXTENDED,
+    ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; an int8
+    backbone (Q/DQ, or one whose manifest disables ORT passes) keeps what the host loop runs.
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -80,7 +85,13 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     t0 = time.time()
     unet = onnx.load(str(model / comps[backbone]["path"]))
     prefused = None
-    if cpu_tuned or _has_qdq(unet):
+    tuned_for = None
+    qdq = _has_qdq(unet)
+    if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
+        cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
+        # ORT's optimized graph is taken from an in-memory model, which protobuf caps at 2 GB
+        cpu_tuned = cpu_tuned and _tensor_bytes(unet) < TWO_GB - (64 << 20)
+    if cpu_tuned or qdq:
         # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
         # fusion, no NCHWc layout rewrite. Inline the graph its CPU provider runs after those passes.
         # EXTENDED stays portable; ALL (cpu_tuned) adds NCHWc blocking tied to this CPU's vector width.
@@ -92,6 +103,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         unet = ort_optimized(unet, level=level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED)
         prefused = f"onnxruntime {onnxruntime.__version__} CPU, " + (
             "ORT_ENABLE_ALL (tuned to this CPU; rebuild on another)" if cpu_tuned else "ORT_ENABLE_EXTENDED")
+        if cpu_tuned:
+            from .runtime.cpu_target import cpu_target
+
+            tuned_for = cpu_target()
     correction = None
     if comps[backbone].get("correction"):
         from .quantize.correction import OutputCorrection
@@ -130,6 +145,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "backbone": backbone,
             "precision": comps[backbone].get("precision", "fp32"),
             "prefused": prefused,
+            "tuned_for": tuned_for,
             "corrected": correction is not None,
             "bytes": sum(p.stat().st_size for p in folder.iterdir()),
             "compile_seconds": round(time.time() - t0, 2),

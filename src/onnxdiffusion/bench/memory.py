@@ -13,34 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
-
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def current_rss_bytes() -> int | None:
-    kb = _status_kb("VmRSS")
-    return kb * 1024 if kb is not None else None
-
-
-def peak_rss_bytes() -> int:
-    kb = _status_kb("VmHWM")
-    if kb is None:  # not Linux: ru_maxrss is KiB on Linux, bytes on macOS
-        v = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return v if sys.platform == "darwin" else v * 1024
-    return kb * 1024
-
+from .rss import current_rss_bytes, peak_rss_bytes
 
 METHOD = ("VmHWM of a fresh child process that imports the variant's libraries, loads it and generates one "
           "batch-1 image (peers: the worker process's own VmHWM after its first call)")

@@ -4,6 +4,9 @@
   openvino  optimum.intel.OVStableDiffusionPipeline on the diffusers source folder, converted once to
             OpenVINO IR under --cache (mode fp32, or int8-hybrid: optimum-intel's hybrid quantization,
             8-bit weights everywhere + 8-bit activations in the UNet, calibrated on --calib-prompts)
+  sdcpp     stable-diffusion.cpp (GGML) through stable-diffusion-cpp-python: the diffusers source folder
+            converted once by sd.cpp's own converter to one GGUF checkpoint under --cache, weights in
+            mode f32, q8_0 or q4_0 (GGML's block formats), then loaded and run with --threads threads
 
 Protocol: one JSON object per line. On start the worker loads the pipeline and writes
 {"event": "loaded", "load_s": ..., ...} (or {"event": "error", "message": ...}); then it answers
@@ -144,6 +147,60 @@ def load_openvino(args):
     return pipe, info, versions, (pipe.text_encoder, pipe.vae_decoder)
 
 
+SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0"}
+
+
+def load_sdcpp(args):
+    import stable_diffusion_cpp as sdc
+    from stable_diffusion_cpp import stable_diffusion_cpp as low
+    from stable_diffusion_cpp.stable_diffusion import GGML_TYPE_MAP
+
+    gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
+    info: dict = {}
+    if not gguf.is_file():
+        t0 = time.perf_counter()
+        tmp = gguf.with_suffix(".part.gguf")
+        ok = low.convert(str(Path(args.folder)).encode(), b"", str(tmp).encode(), GGML_TYPE_MAP[SDCPP_TYPES[args.mode]],
+                         b"", True)
+        if not ok or not tmp.is_file():
+            raise RuntimeError(f"stable-diffusion.cpp could not convert {args.folder} to {SDCPP_TYPES[args.mode]}")
+        os.replace(tmp, gguf)
+        info["convert_s"] = time.perf_counter() - t0
+    threads = args.threads or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    sd = sdc.StableDiffusion(model_path=str(gguf), n_threads=threads, verbose=False)
+    info["load_s"] = time.perf_counter() - t0
+    info["ir_bytes"] = gguf.stat().st_size
+    versions = {"stable-diffusion-cpp-python": dist_version("stable-diffusion-cpp-python"),
+                "ggml_type": SDCPP_TYPES[args.mode]}
+    return sd, info, versions, (None, None)
+
+
+def generate_sdcpp(sd, msg: dict) -> dict:
+    """One image; sd.cpp draws its own noise from the seed, so only speed and memory compare.
+
+    Per-step times come from sd.cpp's progress callback; the first step includes text encoding (sd.cpp
+    does not report it apart) and the VAE is the time after the last step.
+    """
+    import numpy as np
+
+    marks: list[float] = []
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    images = sd.generate_image(prompt=msg["prompts"][0], negative_prompt="", width=int(msg["width"]),
+                               height=int(msg["height"]), cfg_scale=float(msg["guidance"]),
+                               sample_method="ddim_trailing", sample_steps=int(msg["steps"]), seed=0,
+                               progress_callback=lambda step, steps, t: marks.append(time.perf_counter()))
+    total = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    marks = marks[-int(msg["steps"]):]
+    steps = [b - a for a, b in zip([t0, *marks[:-1]], marks)]
+    arr = np.stack([np.asarray(im.convert("RGB"), np.uint8) for im in images[:1]])
+    np.save(msg["out"], arr)
+    return {"total_s": total, "text_encoder_s": 0.0, "vae_s": total - (marks[-1] - t0) if marks else 0.0,
+            "step_s": steps, "cpu_s": cpu}
+
+
 def generate(pipe, sink: Sink, msg: dict) -> dict:
     import numpy as np
     import torch
@@ -166,23 +223,26 @@ def generate(pipe, sink: Sink, msg: dict) -> dict:
 
     sink.te = sink.vae = 0.0
     t0 = time.perf_counter()
+    c0 = time.process_time()
     with torch.inference_mode():
         out = pipe(prompts, latents=torch.from_numpy(latents), num_inference_steps=n, guidance_scale=float(msg["guidance"]),
                    output_type="np", height=int(msg["height"]), width=int(msg["width"]),
                    callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["latents"])
     total = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     images = (np.asarray(out.images) * 255).round().astype(np.uint8)
     np.save(msg["out"], images)
     if state["last"] is not None and msg.get("final_latents"):
         np.save(msg["final_latents"], state["last"])
-    return {"total_s": total - state["book"], "text_encoder_s": sink.te, "vae_s": sink.vae, "step_s": steps}
+    return {"total_s": total - state["book"], "text_encoder_s": sink.te, "vae_s": sink.vae, "step_s": steps,
+            "cpu_s": cpu}
 
 
 def main(argv=None) -> int:
     global _PROTO
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=("optimum", "openvino"), required=True)
-    ap.add_argument("--mode", default="fp32", choices=("fp32", "int8-hybrid"))
+    ap.add_argument("--backend", choices=("optimum", "openvino", "sdcpp"), required=True)
+    ap.add_argument("--mode", default="fp32", choices=("fp32", "int8-hybrid", "q8_0", "q4_0"))
     ap.add_argument("--folder", required=True)
     ap.add_argument("--cache", default=".")
     ap.add_argument("--threads", type=int, default=0)
@@ -195,20 +255,26 @@ def main(argv=None) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
-        import torch
+        baseline = None
+        if args.backend == "sdcpp":  # no torch in that venv
+            baseline = status_bytes("VmRSS")
+            pipe, info, versions, _ = load_sdcpp(args)
+            sink = None
+        else:
+            import torch
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        baseline = status_bytes("VmRSS")
-        loader = load_optimum if args.backend == "optimum" else load_openvino
-        pipe, info, versions, (te, vae) = loader(args)
-        pipe.set_progress_bar_config(disable=True)
-        sink = Sink()
-        wrap_forward(te, sink, "te")
-        wrap_forward(vae, sink, "vae")
-        import diffusers
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            baseline = status_bytes("VmRSS")
+            loader = load_optimum if args.backend == "optimum" else load_openvino
+            pipe, info, versions, (te, vae) = loader(args)
+            pipe.set_progress_bar_config(disable=True)
+            sink = Sink()
+            wrap_forward(te, sink, "te")
+            wrap_forward(vae, sink, "vae")
+            import diffusers
 
-        versions.update(diffusers=diffusers.__version__, torch=torch.__version__)
+            versions.update(diffusers=diffusers.__version__, torch=torch.__version__)
         send({"event": "loaded", **info, "versions": versions, "baseline_rss_bytes": baseline,
               "after_load_rss_bytes": status_bytes("VmRSS")})
     except Exception as e:  # noqa: BLE001 - reported as one line to the bench
@@ -229,7 +295,8 @@ def main(argv=None) -> int:
             if cmd == "rss":
                 send({"event": "rss", "rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")})
             elif cmd == "generate":
-                send({"event": "done", "timings": generate(pipe, sink, msg)})
+                timings = generate_sdcpp(pipe, msg) if args.backend == "sdcpp" else generate(pipe, sink, msg)
+                send({"event": "done", "timings": timings})
             else:
                 send({"event": "error", "message": f"unknown command {cmd!r}"})
         except Exception as e:  # noqa: BLE001

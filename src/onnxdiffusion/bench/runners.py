@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .memory import current_rss_bytes, peak_rss_bytes
+from .rss import current_rss_bytes, peak_rss_bytes
 from .variants import VariantSpec
 
 PEER_WORKER = Path(__file__).with_name("peer_worker.py")
@@ -35,6 +35,9 @@ class Generation:
     step_s: list[float] | None = None  # per step, when the loop is visible (host loops)
     step_latents: list[np.ndarray] | None = None  # x after each step (capture=True, host loops)
     final_latents: np.ndarray | None = None
+    # CPU seconds of the process that ran the model (all its threads): with 1 thread it leaves out the time other
+    # processes held the core, so on a loaded machine it is the steadier measure of the work itself
+    cpu_s: float | None = None
 
     @property
     def steps_measured(self) -> bool:
@@ -85,8 +88,8 @@ class _Timed:
 class _PipelineCache:
     """One loaded Pipeline per model folder, shared by the variants of that folder (fp32 DDIM, DPM++, loops)."""
 
-    def __init__(self, threads: int | None, provider: str):
-        self.threads, self.provider = threads, provider
+    def __init__(self, threads: int | None, provider: str, profile: str | None = None):
+        self.threads, self.provider, self.profile = threads, provider, profile
         self.pipes: dict[Path, tuple[object, dict, dict]] = {}
 
     def get(self, folder: Path):
@@ -100,7 +103,8 @@ class _PipelineCache:
             verify_s = time.perf_counter() - t0
             rss0 = current_rss_bytes()
             t0 = time.perf_counter()
-            pipe = Pipeline.from_folder(folder, provider=self.provider, verify=False, threads=self.threads)
+            pipe = Pipeline.from_folder(folder, provider=self.provider, verify=False, threads=self.threads,
+                                        profile=self.profile)
             load_s = time.perf_counter() - t0
             sink = {"te": 0.0, "te_end": 0.0, "vae": 0.0, "vae_end": 0.0}
             pipe.encode_prompt = _Timed(pipe.encode_prompt, sink, "te")
@@ -141,6 +145,7 @@ class OrtRunner(Runner):
         sink["te"] = sink["vae"] = 0.0
         s = self.spec
         t_start = time.perf_counter()
+        c_start = time.process_time()
         events = self.pipe.iter_generate(
             job.prompts, latents=job.latents, steps=s.steps, sampler=s.sampler, guidance=job.guidance,
             batch=len(job.prompts), height=job.height, width=job.width, loop=s.loop,
@@ -162,12 +167,13 @@ class OrtRunner(Runner):
             prev = time.perf_counter()
             book += prev - now
         total = time.perf_counter() - t_start
+        cpu = time.process_time() - c_start
         host = s.loop == "host"
         sampling = sum(steps) if host else total - sink["te"] - sink["vae"]
         return Generation(
             images=result.images, total_s=total - book, text_encoder_s=sink["te"], sampling_s=sampling,
             vae_s=sink["vae"], step_s=steps if host else None, step_latents=lat if (job.capture and host) else None,
-            final_latents=np.array(result.latents, copy=True),
+            final_latents=np.array(result.latents, copy=True), cpu_s=cpu,
         )
 
 
@@ -240,6 +246,7 @@ class TorchRunner(Runner):
             return {}
 
         t0 = time.perf_counter()
+        c0 = time.process_time()
         with torch.inference_mode():
             out = self.pipe(
                 job.prompts, latents=torch.from_numpy(np.ascontiguousarray(job.latents)), height=job.height,
@@ -247,10 +254,11 @@ class TorchRunner(Runner):
                 callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["latents"],
             )
         total = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         images = (np.asarray(out.images) * 255).round().astype(np.uint8)
         return Generation(images=images, total_s=total - state["book"], text_encoder_s=sink["te"],
                           sampling_s=sum(steps), vae_s=sink["vae"], step_s=steps,
-                          step_latents=lat if job.capture else None, final_latents=state["last"])
+                          step_latents=lat if job.capture else None, final_latents=state["last"], cpu_s=cpu)
 
     def close(self) -> None:
         self.pipe = None
@@ -354,8 +362,10 @@ class PeerRunner(Runner):
         self.work.mkdir(parents=True, exist_ok=True)
         calib = self.work / "calib_prompts.json"
         calib.write_text(json.dumps(self.calib_prompts))
-        cmd = [str(self.spec.peer_python), str(PEER_WORKER), "--backend", self.spec.peer, "--mode", self.spec.peer_mode,
-               "--folder", str(self.spec.folder), "--cache", str(self.work), "--threads", str(self.threads or 0),
+        # the worker runs in its own cache folder (cwd), so every path it gets is absolute (not resolved:
+        # a venv's python is a symlink whose target is not the venv)
+        cmd = [str(Path(self.spec.peer_python).absolute()), str(PEER_WORKER), "--backend", self.spec.peer, "--mode", self.spec.peer_mode,
+               "--folder", str(Path(self.spec.folder).absolute()), "--cache", str(self.work), "--threads", str(self.threads or 0),
                "--height", str(self.height), "--width", str(self.width), "--calib-prompts", str(calib)]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -376,7 +386,7 @@ class PeerRunner(Runner):
         t = msg["timings"]
         return Generation(images=np.load(out_path), total_s=t["total_s"], text_encoder_s=t["text_encoder_s"],
                           sampling_s=sum(t["step_s"]), vae_s=t["vae_s"], step_s=t["step_s"],
-                          final_latents=np.load(fin_path) if fin_path.is_file() else None)
+                          final_latents=np.load(fin_path) if fin_path.is_file() else None, cpu_s=t.get("cpu_s"))
 
     def rss(self) -> dict:
         return self._send({"cmd": "rss"})

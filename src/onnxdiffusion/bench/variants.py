@@ -13,6 +13,9 @@ A variant is one way to turn a prompt into an image:
   optimum-ort             Hugging Face Optimum's ORTStableDiffusionPipeline on our folder (.venv-optimum)
   openvino-fp32, openvino-int8-hybrid
                           optimum-intel's OVStableDiffusionPipeline on the diffusers source (.venv-openvino)
+  sdcpp-fp32, sdcpp-q8_0, sdcpp-q4_0
+                          stable-diffusion.cpp on the diffusers source converted to GGUF (.venv-sdcpp);
+                          SD1.x-shaped models only (--arch sd15)
 
 A variant that cannot run here is kept with a `skip` reason (shown in the report), never dropped silently.
 """
@@ -34,12 +37,16 @@ PEERS = {
     "optimum-ort": ("optimum", "fp32"),
     "openvino-fp32": ("openvino", "fp32"),
     "openvino-int8-hybrid": ("openvino", "int8-hybrid"),
+    "sdcpp-fp32": ("sdcpp", "fp32"),
+    "sdcpp-q8_0": ("sdcpp", "q8_0"),
+    "sdcpp-q4_0": ("sdcpp", "q4_0"),
 }
-PEER_VENVS = {"optimum": ".venv-optimum", "openvino": ".venv-openvino"}
-PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel"}
+PEER_VENVS = {"optimum": ".venv-optimum", "openvino": ".venv-openvino", "sdcpp": ".venv-sdcpp"}
+PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel", "sdcpp": "stable_diffusion_cpp"}
 PEER_INSTALL_HINT = {
     "optimum": "run `make peers` (creates .venv-optimum with optimum-onnx[onnxruntime])",
-    "openvino": "create .venv-openvino with `pip install optimum-intel[openvino]` (see bench/install_openvino.sh)",
+    "openvino": "run `make peers` (creates .venv-openvino with bench/install_openvino.sh)",
+    "sdcpp": "run `bash bench/install_sdcpp.sh` (compiles stable-diffusion.cpp into .venv-sdcpp)",
 }
 
 
@@ -271,6 +278,8 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
         py = peer_python(peer)
         if peer == "optimum":
             folder, what = model, "Optimum ORTStableDiffusionPipeline on our folder"
+        elif peer == "sdcpp":
+            folder, what = source, f"stable-diffusion.cpp {mode} (GGUF from the diffusers source)"
         else:
             folder, what = source, f"OpenVINO (optimum-intel) {mode} on the diffusers source"
         skip = None
@@ -278,9 +287,19 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
             skip = f"peer not installed: no {py} ({PEER_INSTALL_HINT[peer]})"
         elif folder is None:
             skip = "no diffusers source folder for this model"
+        elif peer == "sdcpp" and not _sd1_shaped(folder):
+            skip = "stable-diffusion.cpp builds SD1.x/2.x/XL networks by their fixed shapes; this model is not one"
         specs.append(VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, peer=peer,
                                  peer_mode=mode, precision=mode, peer_python=py, skip=skip))
     return specs
+
+
+def _sd1_shaped(diffusers_folder: Path) -> bool:
+    try:
+        cfg = json.loads((Path(diffusers_folder) / "unet" / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return list(cfg.get("block_out_channels", [])) == [320, 640, 1280, 1280] and cfg.get("cross_attention_dim") == 768
 
 
 def folder_variant(folder: Path, base: Path, base_manifest: dict, steps: int) -> VariantSpec:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .configs import (
     RECIPES,
     CalibrationConfig,
+    Fp8Recipe,
     Fp16Recipe,
     Int4WeightsRecipe,
     Int8DynamicRecipe,
@@ -16,6 +17,7 @@ from .configs import (
     Int8StaticRecipe,
     Int8TimestepRecipe,
     MixedRecipe,
+    Nvfp4Recipe,
     QuantizeConfig,
     Recipe,
     recipe_class,
@@ -31,7 +33,7 @@ def quantize(model, out, config: QuantizeConfig, **kwargs) -> dict:
 
 
 __all__ = [
-    "RECIPES", "CalibrationConfig", "Fp16Recipe", "Int4WeightsRecipe", "Int8DynamicRecipe", "Int8NaiveRecipe",
-    "Int8StaticRecipe", "Int8TimestepRecipe", "MixedRecipe", "QuantizeConfig", "Recipe", "quantize",
+    "RECIPES", "CalibrationConfig", "Fp8Recipe", "Fp16Recipe", "Int4WeightsRecipe", "Int8DynamicRecipe", "Int8NaiveRecipe",
+    "Int8StaticRecipe", "Int8TimestepRecipe", "MixedRecipe", "Nvfp4Recipe", "QuantizeConfig", "Recipe", "quantize",
     "recipe_class", "recipe_from_dict",
 ]

@@ -135,12 +135,15 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     for m in built.components.values():
         sort_graph(m)
     new_unet = built.components.get("unet")
+    # what ORT's CPU provider runs to measure quality: the stored backbone, or its fp32 simulation
+    # when the stored form has no CPU kernels (NVFP4); None when neither runs here
+    measured = built.simulation if built.simulation is not None else (new_unet if built.cpu_runnable else None)
 
     quality: dict = {}
     correction = None
-    traj = get_trajectories() if new_unet is not None else None
+    traj = get_trajectories() if measured is not None else None
     if traj is not None:
-        sq = evaluate_sqnr(new_unet, traj, config.threads)
+        sq = evaluate_sqnr(measured, traj, config.threads)
         quality["backbone_sqnr_db"] = {k: v for k, v in sq.items() if k != "_outputs"}
         if config.correct:
             if config.correct_method == "output":
@@ -149,7 +152,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
                 from ..runtime.pipeline import GenerateOptions
                 from .runner import session as _session
 
-                qsess = _session(new_unet, config.threads)
+                qsess = _session(measured, config.threads)
                 table = pipe.table(GenerateOptions(steps=config.calibration.steps, sampler=config.calibration.sampler))
                 correction = OutputCorrection.fit_trajectory(lambda feed: qsess.run(["out_sample"], feed)[0], traj, table)
             corrected = np.stack([correction.apply(sq["_outputs"][s], traj.timesteps[s]) for s in range(traj.num_steps)])
@@ -160,25 +163,28 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         probe = get_probe()
         from .runner import session
 
-        quality["probe_psnr_db"] = probe.psnr(session(new_unet, config.threads))
+        quality["probe_psnr_db"] = probe.psnr(session(measured, config.threads))
         if correction is not None:
             pipe.correction = correction
             try:
-                quality["probe_psnr_corrected_db"] = probe.psnr(session(new_unet, config.threads))
+                quality["probe_psnr_corrected_db"] = probe.psnr(session(measured, config.threads))
             finally:
                 pipe.correction = None
         quality["probe"] = {"prompts": len(probe.prompts), "note": "calibration prompts, not held-out"}
+        if measured is not new_unet:
+            quality["measured_on"] = built.details.get("quality_measured_on", "fp32 simulation")
 
-    log("measuring latency")
-    latency = measure_latency(model, manifest, {folder_name(k): v for k, v in built.components.items()}, config)
+    runnable = built.cpu_runnable or config.provider != "cpu"
+    log("measuring latency" if runnable else "latency not measured: the stored backbone has no kernels on this provider")
+    latency = measure_latency(model, manifest, {folder_name(k): v for k, v in built.components.items()}, config) if runnable else {}
     sizes = {}
     for name, m in built.components.items():
         before = comps[folder_name(name)]["bytes"]
         after = m.ByteSize()
         sizes[name] = {"fp32_bytes": before, "bytes": after, "ratio": round(before / after, 3)}
-    fused = fused_summary(new_unet, config.threads) if new_unet is not None and config.provider == "cpu" else None
+    fused = fused_summary(new_unet, config.threads) if new_unet is not None and config.provider == "cpu" and runnable else None
     memory = None
-    if new_unet is not None and config.measure_memory:
+    if new_unet is not None and config.measure_memory and runnable:
         from .report import component_feed
         from .runner import memory_mb
 
@@ -190,9 +196,13 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
                       "note": "resident MB a fresh process gains loading the backbone (and after one call)"}
     gate_key = backbone if backbone in latency else None
     ratio = latency[gate_key]["ratio"] if gate_key else sum(v["median_ms"] for v in latency.values()) / max(
-        sum(v["fp32_median_ms"] for v in latency.values()), 1e-9)
-    pays = ratio <= SPEEDUP_THRESHOLD
+        sum(v["fp32_median_ms"] for v in latency.values()), 1e-9) if latency else None
+    pays = ratio is not None and ratio <= SPEEDUP_THRESHOLD
     verdict = f"pays on {config.provider}: {1 / ratio:.2f}x faster" if pays else f"does not pay on {config.provider}"
+    if ratio is None:
+        verdict = f"not measured on {config.provider}: {built.details.get('stored_as', 'no kernels here')}"
+    elif built.details.get("simulated_on_cpu") and config.provider == "cpu":
+        verdict += " (FP8 Q/DQ runs as float simulation on ONNX Runtime's CPU provider; the speed is TensorRT's to give)"
     report = {
         "recipe": recipe.to_dict(),
         "source": str(model),
@@ -202,7 +212,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         "threads": config.threads,
         "sizes": sizes,
         "latency": latency,
-        "latency_ratio": round(ratio, 3),
+        "latency_ratio": round(ratio, 3) if ratio is not None else None,
         "pays": pays,
         "verdict": verdict,
         "quality": quality,
@@ -217,7 +227,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     }
     if require_speedup and not pays:
         report["seconds"] = round(time.time() - t_start, 1)
-        raise SpeedGateError(f"{recipe.name} does not pay on {config.provider}: backbone latency {ratio:.2f}x fp32 "
+        measured_ratio = "not measurable here" if ratio is None else f"{ratio:.2f}x fp32"
+        raise SpeedGateError(f"{recipe.name} does not pay on {config.provider}: backbone latency {measured_ratio} "
                              f"(--require-speedup)", report)
 
     calib = cache.get("calib")
@@ -259,6 +270,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
                     info["correction"] = correction.to_dict()
                 if "stored_as" in built.details:  # a provider-specific graph, not portable QDQ
                     info["stored_as"] = built.details["stored_as"]
+                if "requires_provider" in built.details:
+                    info["requires_provider"] = built.details["requires_provider"]
                 if "boundaries" in built.details:
                     info["timestep_groups"] = {"boundaries": built.details["boundaries"],
                                                "groups": built.details["groups"]}

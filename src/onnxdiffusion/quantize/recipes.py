@@ -12,6 +12,7 @@ from ..errors import UserError
 from . import _ort
 from .calibration import CalibrationSet, StepRanges, group_boundaries, step_ranges, timestep_groups
 from .configs import (
+    Fp8Recipe,
     Fp16Recipe,
     Int4WeightsRecipe,
     Int8DynamicRecipe,
@@ -19,6 +20,7 @@ from .configs import (
     Int8StaticRecipe,
     Int8TimestepRecipe,
     MixedRecipe,
+    Nvfp4Recipe,
     QuantizeConfig,
     Recipe,
 )
@@ -58,6 +60,9 @@ class Built:
     float_nodes: list[str] = field(default_factory=list)
     quantized_nodes: list[str] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    # what quality is measured on when ORT's CPU provider cannot run the stored backbone (FLOAT4E2M1)
+    simulation: onnx.ModelProto | None = None
+    cpu_runnable: bool = True
 
 
 # --- int8 static family ----------------------------------------------------------------------
@@ -221,6 +226,45 @@ def build_fp16(ctx: Context, recipe: Fp16Recipe) -> Built:
     return Built(out, "fp16")
 
 
+# --- low-bit floats (TensorRT's formats) -------------------------------------------------------
+
+def _input_ranges(ctx: Context, nodes: list[str]) -> dict[str, tuple[float, float]]:
+    """Per-tensor ranges of the quantized nodes' data inputs over every calibration step."""
+    by_name = {n.name: n for n in ctx.unet.graph.node}
+    tensors = list(dict.fromkeys(by_name[n].input[0] for n in nodes))
+    calib = ctx.get_calibration()
+    ctx.log(f"calibrating {len(tensors)} activations of {len(nodes)} nodes over {calib.num_steps} steps x {calib.rows} rows")
+    return step_ranges(ctx.unet, tensors, calib, ctx.threads).aggregate(None, "max")
+
+
+def build_fp8(ctx: Context, recipe: Fp8Recipe) -> Built:
+    from .lowbit_graphs import fp8_graph
+
+    nodes, kept = _selection(ctx, recipe, recipe.op_types)
+    model = fp8_graph(ctx.unet, nodes, _input_ranges(ctx, nodes), recipe.opset)
+    return Built({"unet": model}, "fp8", float_nodes=kept, quantized_nodes=nodes, details={
+        "stored_as": f"QDQ FLOAT8E4M3FN, opset {recipe.opset} (TensorRT FP8; ONNX Runtime CPU runs it as float simulation)",
+        "simulated_on_cpu": True})
+
+
+def build_nvfp4(ctx: Context, recipe: Nvfp4Recipe) -> Built:
+    from .lowbit_graphs import nvfp4_graph, simulation_graph
+
+    nodes, kept = _selection(ctx, recipe, recipe.op_types)
+    ranges = _input_ranges(ctx, nodes) if recipe.calibrated else {}
+    model = nvfp4_graph(ctx.unet, nodes, recipe.activations, ranges, recipe.form)
+    simulation = None
+    if recipe.activations != "fp4":
+        simulation = simulation_graph(ctx.unet, nodes, "nvfp4", recipe.activations, ranges)
+    form = "Model Optimizer's TensorRT pattern (trt ops)" if recipe.form == "tensorrt" else "portable opset-23 Q/DQ"
+    return Built({"unet": model}, f"nvfp4-w4a{recipe.activations[2:]}", float_nodes=kept, quantized_nodes=nodes,
+                 simulation=simulation, cpu_runnable=False, details={
+                     "stored_as": f"NVFP4 ({form}); needs TensorRT (FLOAT4E2M1 has no ONNX Runtime CPU kernel)",
+                     "requires_provider": "tensorrt",
+                     "quality_measured_on": ("fp32 simulation: numpy-twin weights" + (", FP8 activation Q/DQ" if recipe.activations == "fp8"
+                                             else ", activations rounded to fp16")) if simulation is not None else None})
+
+
 BUILDERS: dict[type[Recipe], Callable[[Context, Recipe], Built]] = {
     Fp16Recipe: build_fp16,
     Int8DynamicRecipe: build_dynamic,
@@ -229,6 +273,8 @@ BUILDERS: dict[type[Recipe], Callable[[Context, Recipe], Built]] = {
     Int8TimestepRecipe: build_timestep,
     MixedRecipe: build_mixed,
     Int4WeightsRecipe: build_int4,
+    Fp8Recipe: build_fp8,
+    Nvfp4Recipe: build_nvfp4,
 }
 
 

@@ -101,6 +101,8 @@ def format_table(report: dict) -> str:
                          f"PSNR {_fmt(q.get('probe_psnr_corrected_db'), '.1f')} dB")
         if "backbone_error_affine_fraction" in q:
             parts.append(f"affine part of the backbone error {100 * q['backbone_error_affine_fraction']:.0f}%")
+        if q.get("measured_on"):
+            parts.append(f"measured on the {q['measured_on']}")
         lines.append("quality vs fp32 (calibration prompts): " + ", ".join(parts))
     lines.append(f"float nodes kept: {report['float_node_count']}  quantized: {report['quantized_node_count']}")
     fused = report.get("fused_ops")
@@ -111,5 +113,6 @@ def format_table(report: dict) -> str:
     mem = report.get("memory") or {}
     if mem.get("fp32") and mem.get("new"):
         lines.append(f"backbone resident memory: {mem['new']['after_run_mb']:.1f} MB vs fp32 {mem['fp32']['after_run_mb']:.1f} MB")
-    lines.append(f"speed: {report['verdict']} (backbone latency {report['latency_ratio']:.2f}x fp32)")
+    ratio = report.get("latency_ratio")
+    lines.append(f"speed: {report['verdict']}" + (f" (backbone latency {ratio:.2f}x fp32)" if ratio is not None else ""))
     return "\n".join(lines)

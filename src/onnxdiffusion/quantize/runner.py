@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -15,7 +16,9 @@ import onnxruntime as ort
 
 from ..evaluate.metrics import psnr
 from ..runtime.session import resolve_provider
-from .calibration import CalibrationSet
+
+if TYPE_CHECKING:  # type hints only: calibration imports this module (session) at run time
+    from .calibration import CalibrationSet
 
 INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
 

@@ -61,3 +61,47 @@ class GuidedBackbone:
         if not self.guided:
             return self.out.copy()
         return cfg_combine(self.out[:b], self.out[b:], self.guidance)
+
+
+class DeviceBackbone:
+    """GuidedBackbone with its inputs and output in the provider's device memory (a profile's
+    `io_binding: device`).
+
+    The OrtValues are allocated and bound once, so their addresses never change: that is what lets
+    the CUDA provider capture the call as a CUDA graph on the first run and replay it. Each step
+    copies x in and the output out; the sampler update stays in numpy (the compiled Loop form,
+    `loop: loop`, keeps the latents on the device for the whole loop instead).
+    """
+
+    def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
+                 uncond: Conditioning | None, guidance: float, device: str = "cuda", device_id: int = 0):
+        self.batch = latents_shape[0]
+        self.guided = uncond is not None
+        n = 2 * self.batch if self.guided else self.batch
+        self.guidance = guidance
+        self.session = session
+        self.host_sample = np.empty((n, *latents_shape[1:]), np.float32)
+        self.host_timestep = np.empty((n,), np.float32)
+        conditioning = batch_conditioning(cond, uncond)
+        self.sample = ort.OrtValue.ortvalue_from_shape_and_type(self.host_sample.shape, np.float32, device, device_id)
+        self.timestep = ort.OrtValue.ortvalue_from_shape_and_type(self.host_timestep.shape, np.float32, device, device_id)
+        self.conditioning = {k: ort.OrtValue.ortvalue_from_numpy(v, device, device_id) for k, v in conditioning.items()}
+        self.out = ort.OrtValue.ortvalue_from_shape_and_type(self.host_sample.shape, np.float32, device, device_id)
+        self.binding = session.io_binding()
+        for name, value in {SAMPLE: self.sample, TIMESTEP: self.timestep, **self.conditioning}.items():
+            self.binding.bind_ortvalue_input(name, value)
+        self.binding.bind_ortvalue_output(OUT, self.out)
+
+    def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
+        b = self.batch
+        self.host_sample[:b] = x
+        if self.guided:
+            self.host_sample[b:] = x
+        self.host_timestep.fill(t)
+        self.sample.update_inplace(self.host_sample)
+        self.timestep.update_inplace(self.host_timestep)
+        self.session.run_with_iobinding(self.binding)
+        out = self.out.numpy()
+        if not self.guided:
+            return out
+        return cfg_combine(out[:b], out[b:], self.guidance)

@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..families import NumpyOps, get_family
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, iter_sample, schedule_from_config, table_from_config
-from .backbone import Conditioning, GuidedBackbone
+from .backbone import Conditioning, DeviceBackbone, GuidedBackbone
 from .sampling_graph import SamplingGraph
 from .session import make_session
 from .tokenizer import PromptTokenizer
@@ -64,10 +64,13 @@ class GenerateOptions:
 
 
 class Pipeline:
-    def __init__(self, folder: Path, manifest: dict, provider: str, threads: int | None):
+    def __init__(self, folder: Path, manifest: dict, provider: str, threads: int | None, profile=None):
+        from .profiled import backbone_entry, session_providers
+
         self.folder = folder
         self.manifest = manifest
         self.provider = provider
+        self.profile = profile  # a profiles.Resolved, or None
         info = manifest["pipeline"]
         self.info = info
         self.family = family = get_family(manifest.get("family"))
@@ -77,11 +80,15 @@ class Pipeline:
         self.slots = [s for s in family.text_encoders if s.name in comps]
         self.tokenizers = {s.name: PromptTokenizer(folder / s.tokenizer, family.sequence_length(s.name, info))
                            for s in self.slots}
-        self.encoders = {s.name: make_session(folder / comps[s.name]["path"], provider, threads) for s in self.slots}
         bb = comps[family.backbone]
-        self.backbone = _backbone_session(folder / bb["path"], bb, provider, threads)
-        self.vae_decoder = make_session(folder / comps["vae_decoder"]["path"], provider, threads)
+        chain = session_providers(profile, bb, info)
+        self.encoders = {s.name: make_session(folder / comps[s.name]["path"], provider, threads, providers=chain["other"])
+                         for s in self.slots}
+        bb = backbone_entry(folder, bb, provider, profile)
+        self.backbone = _backbone_session(folder / bb["path"], bb, provider, threads, chain["backbone"])
+        self.vae_decoder = make_session(folder / comps["vae_decoder"]["path"], provider, threads, providers=chain["other"])
         self._threads = threads
+        self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
         self.correction = None
@@ -98,13 +105,25 @@ class Pipeline:
 
     @classmethod
     def from_folder(cls, folder: Path | str | None = None, provider: str = "cpu", verify: bool = True,
-                    threads: int | None = None, warmup: bool = False) -> Pipeline:
-        """Load an exported model folder (default: the embedded model). Hashes are checked unless verify=False."""
+                    threads: int | None = None, warmup: bool = False, profile=None) -> Pipeline:
+        """Load an exported model folder (default: the embedded model). Hashes are checked unless verify=False.
+
+        `profile`: a hardware profile (name, YAML path, or profiles.Profile): it decides the provider,
+        its options and how the loop binds memory; `provider` is then ignored. One that cannot run
+        here falls back as it declares (warning) or fails with one line.
+        """
         folder = Path(folder) if folder is not None else default_model_folder()
         manifest = read_manifest(folder)
         if verify:
             verify_folder(folder, manifest)
-        pipe = cls(folder, manifest, provider, threads)
+        resolved = None
+        if profile is not None:
+            from .profiled import resolve_for_folder
+
+            resolved = resolve_for_folder(profile, manifest)
+            provider = resolved.profile.provider
+            threads = threads or resolved.profile.threads
+        pipe = cls(folder, manifest, provider, threads, resolved)
         if warmup:
             pipe(prompt="", steps=1, guidance=1.0)
         return pipe
@@ -191,7 +210,12 @@ class Pipeline:
             info = self.manifest["components"].get(f"sampler_{form}")
             if info is None:
                 raise UserError(f"{self.folder} has no '{form}' sampling graph (run `onnxdiffusion compile-loop --form {form}`)")
-            session = make_session(self.folder / info["path"], self.provider, self._threads)
+            from .cpu_target import target_mismatch
+
+            if self.provider == "cpu" and (diff := target_mismatch(info.get("tuned_for"))):
+                raise UserError(f"{self.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
+                                f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
+            session = make_session(self.folder / info["path"], self.provider, self._threads, providers=self._chain["other"])
             self._graphs[form] = SamplingGraph(session, info)
         return self._graphs[form]
 
@@ -251,7 +275,8 @@ class Pipeline:
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
         else:
             cond, uncond = self.conditioning(prompts, negatives, guided, h, w)
-            model_fn = GuidedBackbone(self.backbone, latents.shape, cond, uncond, options.guidance)
+            device = self.profile is not None and self.profile.profile.io_binding == "device"
+            model_fn = (DeviceBackbone if device else GuidedBackbone)(self.backbone, latents.shape, cond, uncond, options.guidance)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             x = latents
@@ -274,7 +299,7 @@ class Pipeline:
         return result
 
 
-def _backbone_session(path: Path, info: dict, provider: str, threads: int | None):
+def _backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
 
     int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
@@ -282,4 +307,4 @@ def _backbone_session(path: Path, info: dict, provider: str, threads: int | None
     the host loop and the Loop form (where ORT does not apply it) round differently.
     """
     disabled = list((info.get("session_options") or {}).get("disabled_optimizers") or [])
-    return make_session(path, provider, threads, disabled_optimizers=disabled or None)
+    return make_session(path, provider, threads, disabled_optimizers=disabled or None, providers=providers)

@@ -52,7 +52,8 @@ def check_external_data(path: Path) -> None:
 
 
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
-                 disabled_optimizers: list[str] | None = None) -> ort.InferenceSession:
+                 disabled_optimizers: list[str] | None = None, providers: list | None = None) -> ort.InferenceSession:
+    """`providers`: ONNX Runtime's provider list with options (a profile's); default: `provider`, then CPU."""
     check_external_data(path)
     opts = ort.SessionOptions()
     if threads:
@@ -60,7 +61,8 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
     opts.log_severity_level = 3
     try:
         extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
-        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_provider(provider), **extra)
+        chain = providers if providers is not None else resolve_provider(provider)
+        return ort.InferenceSession(str(path), sess_options=opts, providers=chain, **extra)
     except UserError:
         raise
     except Exception as e:  # ORT raises several private exception types

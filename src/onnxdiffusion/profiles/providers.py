@@ -1,0 +1,73 @@
+"""A profile as ONNX Runtime's provider list: provider options, CUDA graph, TensorRT engine cache
+and the backbone's shape profiles (min/opt/max) from the resolution buckets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import UserError
+from ..runtime.session import PROVIDERS as ORT_NAMES
+from . import Profile
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "onnxdiffusion"
+
+
+def buckets(profile: Profile, pipeline_info: dict) -> list[tuple[int, int]]:
+    if profile.shapes.buckets == "model":
+        return [(pipeline_info["default_height"], pipeline_info["default_width"])]
+    return list(profile.shapes.buckets)  # type: ignore[arg-type]
+
+
+def shape_profiles(profile: Profile, component: dict, pipeline_info: dict) -> dict[str, str]:
+    """TensorRT's trt_profile_{min,opt,max}_shapes for the backbone: "name:AxBxC,..." strings.
+
+    Rows are twice the images (guidance batches [uncond; cond]); latent sizes come from the
+    smallest / first / largest bucket. Symbolic dims are read by their export names.
+    """
+    f = pipeline_info["vae_scale_factor"]
+    sizes = buckets(profile, pipeline_info)
+    areas = sorted(sizes, key=lambda hw: hw[0] * hw[1])
+    picks = {"min": areas[0], "opt": sizes[0], "max": areas[-1]}
+    out = {}
+    for (kind, (h, w)), images in zip(picks.items(), profile.shapes.batch):
+        dims = {"batch_size": 2 * images, "height_latent": h // f, "width_latent": w // f,
+                "sequence_length": pipeline_info.get("model_max_length")}
+        parts = []
+        for spec in component["inputs"]:
+            shape = []
+            for d in spec["shape"]:
+                if isinstance(d, int):
+                    shape.append(d)
+                elif dims.get(d) is not None:
+                    shape.append(int(dims[d]))
+                else:
+                    raise UserError(f"profile {profile.name}: cannot derive a TensorRT shape for {spec['name']} dim {d!r}")
+            parts.append(f"{spec['name']}:{'x'.join(str(s) for s in shape)}")
+        out[f"trt_profile_{kind}_shapes"] = ",".join(parts)
+    return out
+
+
+def providers(profile: Profile, component: dict | None = None, pipeline_info: dict | None = None,
+              backbone: bool = False) -> list:
+    """ONNX Runtime's `providers` argument for one session under this profile (CPU always last)."""
+    options = dict(profile.provider_options)
+    if profile.provider == "cpu":
+        return ["CPUExecutionProvider"]
+    if profile.provider == "cuda" and backbone and profile.cuda_graph:
+        options["enable_cuda_graph"] = "1"
+    chain = [(ORT_NAMES[profile.provider], options)]
+    if profile.provider == "tensorrt":
+        if profile.engine_cache:
+            cache = Path(profile.engine_cache).expanduser()
+            cache = cache if cache.is_absolute() else cache_root() / cache
+            options.setdefault("trt_engine_cache_enable", "1")
+            options.setdefault("trt_engine_cache_path", str(cache))
+            options.setdefault("trt_timing_cache_path", str(cache))
+        if backbone and component is not None and pipeline_info is not None:
+            options.update(shape_profiles(profile, component, pipeline_info))
+        chain.append(("CUDAExecutionProvider", {}))  # nodes TensorRT rejects run on CUDA, then CPU
+    return [*chain, "CPUExecutionProvider"]

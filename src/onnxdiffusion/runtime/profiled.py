@@ -1,0 +1,61 @@
+"""How a hardware profile meets a model folder: which backbone file runs, with which providers.
+
+A folder whose backbone needs a provider (a TensorRT-only NVFP4 / FP8 backbone installed by
+`fixup-trt` or built in the TensorRT form) keeps its previous backbone as a declared fallback;
+that one runs when the profile itself fell back (for example tensorrt-nvfp4 -> cpu-fp32 on a
+machine without TensorRT). Everything else is a one-line error, never a silent switch.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..errors import UserError
+
+
+def resolve_for_folder(spec, manifest: dict):
+    """The profile to run (its fallback where this machine cannot run it), checked against the folder."""
+    from ..profiles import precision_family, resolve
+
+    resolved = resolve(spec)
+    if resolved.note:
+        warnings.warn(resolved.note, stacklevel=3)
+    from ..families import get_family
+
+    unet = manifest["components"][get_family(manifest.get("family")).backbone]
+    have = precision_family(unet.get("precision"))
+    want = resolved.profile.precision
+    if not resolved.fell_back and want not in ("any", have):
+        hint = ""
+        if resolved.profile.recipe:
+            opts = " ".join(f"-O {k}={','.join(v) if isinstance(v, list) else v}"
+                            for k, v in resolved.profile.recipe.items() if k != "name")
+            hint = f" (make one: onnxdiffusion quantize FP32_FOLDER OUT --recipe {resolved.profile.recipe['name']}{' ' + opts if opts else ''})"
+        raise UserError(f"profile {resolved.profile.name} runs the {want} backbone; this folder's is {have}{hint}")
+    return resolved
+
+
+def backbone_entry(folder, unet: dict, provider: str, resolved) -> dict:
+    """The manifest entry of the backbone file to load: the backbone, or its declared fallback."""
+    needs = unet.get("requires_provider")
+    if not needs or needs == provider:
+        return unet
+    fallback = unet.get("fallback")
+    if resolved is not None and resolved.fell_back and fallback:
+        warnings.warn(f"the {unet.get('precision')} backbone needs {needs}; running the folder's {fallback.get('precision')} "
+                      f"fallback backbone on {provider}", stacklevel=3)
+        return {**fallback, "session_options": {}}
+    profile = {"nvfp4": "tensorrt-nvfp4", "fp8": "tensorrt-fp8"}.get(str(unet.get("precision")), f"a {needs} profile")
+    extra = " (it falls back to the fp32 backbone kept in this folder)" if fallback else ""
+    raise UserError(f"this folder's backbone is {unet.get('precision')} for {needs}; it cannot run on {provider}: "
+                    f"use --profile {profile}{extra}")
+
+
+def session_providers(resolved, unet: dict, pipeline_info: dict) -> dict:
+    """{"backbone": providers, "other": providers}, or Nones (make_session's default) without a profile."""
+    if resolved is None:
+        return {"backbone": None, "other": None}
+    from ..profiles.providers import providers
+
+    p = resolved.profile
+    return {"backbone": providers(p, unet, pipeline_info, backbone=True), "other": providers(p)}

@@ -1,0 +1,135 @@
+"""Hardware profiles: every shipped YAML validates; fallbacks and one-line errors; the device-bound
+backbone agrees with the host one; a fixup-trt folder loads through the TensorRT profile's fallback."""
+
+import shutil
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.profiles import Profile, load_profile, resolve, shipped
+from onnxdiffusion.profiles.providers import providers, shape_profiles
+from onnxdiffusion.runtime import Pipeline
+
+EXPECTED = {"cpu-fp32", "cpu-int8", "cuda-fp16", "tensorrt-fp8", "tensorrt-nvfp4", "openvino-int8"}
+PROMPTS = ["a red circle on the left"]
+GEN = dict(steps=3, guidance=4.0, seed=2, batch=1)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_shipped_profile_validates(name):
+    p = load_profile(name)
+    assert p.name == name and p.provider == name.split("-")[0]
+    assert p.fallback is None or p.fallback in shipped()
+    chain = providers(p)
+    assert chain[-1] == "CPUExecutionProvider"
+    if p.provider == "tensorrt":
+        opts = chain[0][1]
+        assert opts["trt_engine_cache_enable"] == "1" and opts["trt_engine_cache_path"]
+
+
+def test_shipped_set():
+    assert set(shipped()) == EXPECTED
+
+
+def test_tensorrt_shape_profiles_come_from_the_buckets(tiny_onnx):
+    import json
+
+    m = json.loads((tiny_onnx / "manifest.json").read_text())
+    p = Profile.from_dict({"version": 1, "name": "t", "provider": "tensorrt",
+                           "shapes": {"batch": [1, 2, 4], "buckets": [[64, 64], [32, 48], [96, 64]]}}, "t.yaml")
+    shapes = shape_profiles(p, m["components"]["unet"], m["pipeline"])
+    f = m["pipeline"]["vae_scale_factor"]
+    assert shapes["trt_profile_min_shapes"].startswith(f"sample:2x4x{32 // f}x{48 // f},timestep:2,")
+    assert shapes["trt_profile_opt_shapes"].startswith(f"sample:4x4x{64 // f}x{64 // f},")
+    assert shapes["trt_profile_max_shapes"].startswith(f"sample:8x4x{96 // f}x{64 // f},")
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ({"version": 1, "name": "x", "provider": "cuda", "bogus": 1}, "unknown field(s) bogus"),
+    ({"version": 2, "name": "x", "provider": "cpu"}, "version 2"),
+    ({"version": 1, "name": "x", "provider": "tpu"}, "provider must be one of"),
+    ({"version": 1, "name": "x", "provider": "cpu", "cuda_graph": True}, "cuda_graph needs provider cuda"),
+    ({"version": 1, "name": "x", "provider": "cpu", "io_binding": "device"}, "needs a GPU provider"),
+    ({"version": 1, "name": "x", "provider": "cuda", "shapes": {"batch": [4, 1, 2]}}, "shapes.batch"),
+    ({"version": 1, "name": "x", "provider": "cpu", "precision": "int3"}, "precision must be one of"),
+])
+def test_bad_profiles_are_one_line_errors(data, fragment):
+    with pytest.raises(UserError) as e:
+        Profile.from_dict(data, "mine.yaml")
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_profile_from_a_yaml_file_and_a_missing_one(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("version: 1\nname: mine\nprovider: cpu\nthreads: 1\n")
+    assert load_profile(f).threads == 1
+    with pytest.raises(UserError, match="not found"):
+        load_profile(tmp_path / "other.yaml")
+    with pytest.raises(UserError, match="unknown profile 'gpu-magic'"):
+        load_profile("gpu-magic")
+
+
+def test_unavailable_profile_falls_back_as_declared_or_fails_in_one_line():
+    r = resolve("tensorrt-fp8")  # this CPU build of onnxruntime has no TensorRT
+    if r.fell_back:
+        assert r.profile.name == "cpu-fp32" and "declared fallback cpu-fp32" in r.note
+    no_fallback = Profile.from_dict({"version": 1, "name": "trt-only", "provider": "tensorrt"}, "trt-only.yaml")
+    if no_fallback.unavailable_reason() is not None:
+        with pytest.raises(UserError) as e:
+            resolve(no_fallback)
+        assert "declares no fallback" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cpu_int8_profile_needs_an_int8_folder(tiny_onnx):
+    with pytest.raises(UserError, match="--recipe int8-static"):
+        Pipeline.from_folder(tiny_onnx, profile="cpu-int8")
+
+
+def test_device_backbone_matches_host_backbone_on_cpu_memory(tiny_onnx):
+    from onnxdiffusion.runtime.backbone import DeviceBackbone, GuidedBackbone
+
+    pipe = Pipeline.from_folder(tiny_onnx)
+    shape = pipe.latent_shape_for(2)
+    cond, uncond = pipe.encode_prompt(["a", "b"]), pipe.encode_prompt(["", ""])
+    x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    host = GuidedBackbone(pipe.backbone, shape, cond, uncond, 4.0)
+    dev = DeviceBackbone(pipe.backbone, shape, cond, uncond, 4.0, device="cpu")
+    for t in (900.0, 100.0):  # the same bound buffers serve every step
+        np.testing.assert_allclose(dev(x, t), host(x, t), rtol=1e-5, atol=1e-5)
+
+
+def test_fixup_trt_folder_loads_through_the_tensorrt_profiles_fallback(tiny_onnx, tmp_path):
+    from test_fixup_trt import modelopt_export
+
+    from onnxdiffusion.fixup_trt import fixup_trt
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_onnx, folder)
+    src = tmp_path / "modelopt.onnx"
+    onnx.save_model(modelopt_export(onnx.load(str(tiny_onnx / "unet" / "model.onnx"))), str(src))
+    fixup_trt(src, folder)
+    reference = Pipeline.from_folder(tiny_onnx)(PROMPTS, **GEN).images
+    with pytest.raises(UserError, match="--profile tensorrt-nvfp4"):
+        Pipeline.from_folder(folder)  # plain CPU: one line naming the profile to use
+    if resolve("tensorrt-nvfp4").fell_back:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipe = Pipeline.from_folder(folder, profile="tensorrt-nvfp4")
+        assert any("fallback" in str(w.message) for w in caught)
+        np.testing.assert_array_equal(pipe(PROMPTS, **GEN).images, reference)  # the kept fp32 backbone
+
+
+def test_gpu_check_skips_cleanly_without_a_gpu():
+    import subprocess
+    from pathlib import Path
+
+    from onnxdiffusion.profiles import gpu_visible
+
+    if gpu_visible():
+        pytest.skip("a GPU is visible: bench/gpu_check.sh would run for real")
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "skipped: no NVIDIA GPU" in proc.stdout
