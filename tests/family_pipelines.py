@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 
 SCHEDULERS = {
-    "ddim": ("DDIMScheduler", {"clip_sample": False}),  # the folder configs here name no clip_sample
+    # --sampler X runs X's class as from_config(folder config): a config naming no clip_sample gets DDIM's
+    # default (True) on both sides now that clip_sample is reproduced
+    "ddim": ("DDIMScheduler", {}),
     "euler": ("EulerDiscreteScheduler", {}),
     "euler_a": ("EulerAncestralDiscreteScheduler", {}),
     "dpmpp_2m": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}),

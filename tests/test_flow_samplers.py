@@ -32,39 +32,10 @@ from onnxdiffusion.schedules import FlowSchedule, NoiseSchedule  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
-SHAPE = (1, 4, 8, 8)
 FLOW = "FlowMatchEulerDiscreteScheduler"
 
 
-def fake_model(x, t):
-    """A deterministic nonlinear stand-in for a backbone (float64 in, float64 out)."""
-    return np.tanh(x) * (t / 1000.0) + 0.3 * np.cos(1.7 * x) - 0.1 * x
-
-
-def diffusers_trajectory(sched, x0, n, **set_kw):
-    sched.set_timesteps(n, **set_kw)
-    x = torch.from_numpy(x0) * getattr(sched, "init_noise_sigma", 1.0)
-    states = []
-    for t in sched.timesteps:
-        out = fake_model(x.numpy().astype(np.float64), float(t))
-        x = sched.step(torch.from_numpy(out), t, x).prev_sample.double()
-        states.append(x.numpy())
-    return sched.timesteps.numpy().astype(np.float64), states
-
-
-def table_trajectory(table, x0):
-    """The table loop in float64 on the float64 rows, driven by the same model."""
-    x, d_prev, states = x0 * table.init_scale, 0.0, []
-    for t, c_in, p, q, a, c, d, e in table.rows64:
-        den = p * x + q * fake_model(x * c_in, t)
-        x = a * x + c * den + d * d_prev
-        d_prev = den
-        states.append(x)
-    return states
-
-
-def max_rel(ours, ref):
-    return max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(ours, ref, strict=True))
+from sampler_oracle import SHAPE, diffusers_trajectory, max_rel, table_trajectory  # noqa: E402
 
 
 FLOW_CASES = [
@@ -119,13 +90,13 @@ def test_flow_schedule_from_config_and_defaults():
 
 def test_flow_table_rows_are_flow_velocity_form():
     table = build_table("flow_euler", FlowSchedule(shift=3.0), 6)
-    t, c_in, p, q, a, c, d, e = table.rows64.T
+    t, c_in, p, q, a, c, d, e, r, k = table.rows64.T
     s = t / 1000.0
     np.testing.assert_allclose(p, 1.0)
     np.testing.assert_allclose(q, -s, rtol=1e-6)  # D = x - sigma * v
     np.testing.assert_allclose(c_in, 1.0)
     np.testing.assert_allclose(a + c, 1.0)  # x' = (s'/s) x + (1 - s'/s) D
-    assert a[-1] == 0.0 and not d.any() and not e.any()
+    assert a[-1] == 0.0 and not d.any() and not e.any() and not r.any() and not k.any()
 
 
 def test_flow_errors():
@@ -161,12 +132,14 @@ def test_flow_table_runs_in_loop_graphs(sampler, form):
     uncond = rng.standard_normal((2, 3, 8), dtype=np.float32)
     backbone = toy_backbone()
     host = sample(guided(toy_eager(backbone)(np.concatenate([uncond, cond])), 3.0), latents, table)
-    graph = build_sampling_graph(backbone, form, steps if form == "unrolled" else None)
+    rows = table.num_steps  # a Heun step is two rows (two model calls)
+    assert rows == (2 * steps - 1 if sampler == "flow_heun" else steps)
+    graph = build_sampling_graph(backbone, form, rows if form == "unrolled" else None)
     onnx.checker.check_model(graph, full_check=True)
     feeds = {"latents": latents, "cond": cond, "uncond": uncond, "table": table.rows,
              "init_scale": np.array(table.init_scale, np.float32), "guidance": np.array(3.0, np.float32),
              "noise": np.zeros((1, *latents.shape), np.float32)}
     if form == "loop":
-        feeds["steps"] = np.array(steps, np.int64)
+        feeds["steps"] = np.array(rows, np.int64)
     got = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert np.linalg.norm(got - host) / np.linalg.norm(host) < 1e-5

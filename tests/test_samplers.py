@@ -84,7 +84,7 @@ def _run_diffusers(sched, x0, outs, noise):
 def _exact_loop(table, x0, outs, noise):
     """The table loop in float64 on the float64 coefficients: isolates float32 roundoff."""
     x, d_prev, states = x0.astype(np.float64) * table.init_scale, 0.0, []
-    for i, (_, _, p, q, a, c, d, e) in enumerate(table.rows64):
+    for i, (_, _, p, q, a, c, d, e, _, _) in enumerate(table.rows64):
         den = p * x + q * outs[i]
         x = a * x + c * den + d * d_prev + e * noise[i]
         d_prev = den
@@ -251,8 +251,8 @@ def test_from_scheduler_config():
     for k, v in d.to_dict().items():
         assert ref[k] == v, k
 
-    for bad in ({"trained_betas": [0.1] * 1000}, {"rescale_betas_zero_snr": True},
-                {"prediction_type": "sample"}, {"beta_schedule": "sigmoid"}, {"timestep_spacing": "karras"}):
+    for bad in ({"trained_betas": [0.1] * 10}, {"prediction_type": "x0"}, {"beta_schedule": "sigmoid"},
+                {"timestep_spacing": "karras"}):
         with pytest.raises(ValueError):
             NoiseSchedule.from_scheduler_config(bad)
 
@@ -267,9 +267,10 @@ def sd_schedule():
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_table_layout(sampler, sd_schedule):
     table = build_table(sampler, sd_schedule, 7)
-    assert COLUMNS == ("t", "c_in", "p", "q", "a", "c", "d", "e")
-    assert table.rows.dtype == np.float32 and table.rows.shape == (7, 8)
-    assert table.rows64.dtype == np.float64 and table.rows64.shape == (7, 8)
+    assert COLUMNS == ("t", "c_in", "p", "q", "a", "c", "d", "e", "r", "k")
+    assert table.rows.dtype == np.float32 and table.rows.shape == (7, 10)
+    assert table.rows64.dtype == np.float64 and table.rows64.shape == (7, 10)
+    assert not table.column("k").any()  # clip_sample is off unless a config asks for it
     assert table.num_steps == 7 and table.sampler == sampler
     np.testing.assert_array_equal(table.timesteps, table.rows[:, 0])
     assert table.needs_noise == (sampler == "euler_a")
@@ -292,7 +293,7 @@ def test_bad_inputs_raise(sd_schedule):
     with pytest.raises(ValueError, match="beta_schedule"):
         NoiseSchedule(**dict(SD, prediction_type="epsilon", beta_schedule="cosine"))
     with pytest.raises(ValueError, match="prediction_type"):
-        NoiseSchedule(**dict(SD, prediction_type="sample"))
+        NoiseSchedule(**dict(SD, prediction_type="x0"))
 
 
 def test_euler_a_needs_noise(sd_schedule):

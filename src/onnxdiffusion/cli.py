@@ -55,7 +55,7 @@ def generate(
     args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT (MODEL defaults to the embedded model)")],
     negative_prompt: Annotated[Optional[str], typer.Option("--negative-prompt", "-n")] = None,
     steps: Annotated[Optional[int], typer.Option(help="1..1000 (default: the model's recommended, else 20)")] = None,
-    sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else ddim")] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the one the folder's scheduler_config.json names")] = None,
     guidance: Annotated[Optional[float], typer.Option(
         help="0..100, <= 1 turns guidance off (default: the model's recommended, else 7.5)")] = None,
     seed: Annotated[int, typer.Option(help="0..2**63-1")] = 0,
@@ -113,8 +113,9 @@ def generate(
             if isinstance(event, GenerationResult):
                 result = event
             else:
+                bar.total = event.num_steps  # model evaluations: Heun makes two per step
                 bar.update(1)
-        bar.update(steps - bar.n)  # one-graph loops report only at the end
+        bar.update(bar.total - bar.n)  # one-graph loops report only at the end
     for p in result.save(output, overwrite=overwrite):
         print(p)
 

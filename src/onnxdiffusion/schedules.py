@@ -19,12 +19,8 @@ from typing import Any
 import numpy as np
 
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
-PREDICTION_TYPES = ("epsilon", "v_prediction")
+PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow_prediction")
 TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
-
-# Config keys that would change the schedule in ways this module does not model;
-# silently ignoring them would produce a wrong (not just slightly different) sampler.
-_UNSUPPORTED_IF_SET = ("trained_betas", "rescale_betas_zero_snr")
 
 
 def check_spacing(spacing: str) -> str:
@@ -61,6 +57,17 @@ def _cosine_betas(n: int, max_beta: float = 0.999) -> np.ndarray:
     return np.asarray(betas, dtype=np.float32)
 
 
+def _rescale_zero_terminal_snr(betas: np.ndarray) -> np.ndarray:
+    """Shift and scale sqrt(alphas_cumprod) so its last value is 0 (Lin et al. 2023), in float32 as diffusers."""
+    alphas = np.float32(1.0) - betas.astype(np.float32)
+    ab_sqrt = np.sqrt(np.cumprod(alphas.astype(np.float64)).astype(np.float32))
+    first, last = ab_sqrt[0], ab_sqrt[-1]
+    ab_sqrt = (ab_sqrt - last) * (first / (first - last))
+    ab = ab_sqrt * ab_sqrt
+    alphas = np.concatenate([ab[:1], ab[1:] / ab[:-1]])
+    return (np.float32(1.0) - alphas).astype(np.float32)
+
+
 def _readonly(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)
     return a
@@ -76,6 +83,8 @@ class NoiseSchedule:
     steps_offset: int = 0
     timestep_spacing: str = "leading"
     set_alpha_to_one: bool = False
+    rescale_betas_zero_snr: bool = False
+    trained_betas: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_train_timesteps, bool) or not isinstance(self.num_train_timesteps, (int, np.integer)) \
@@ -89,13 +98,16 @@ class NoiseSchedule:
         if isinstance(self.steps_offset, bool) or not isinstance(self.steps_offset, (int, np.integer)) \
                 or self.steps_offset < 0:
             raise ValueError(f"steps_offset must be a non-negative int, got {self.steps_offset!r}")
+        if self.trained_betas is not None and len(self.trained_betas) != self.num_train_timesteps:
+            raise ValueError(f"trained_betas has {len(self.trained_betas)} values for "
+                             f"num_train_timesteps={self.num_train_timesteps}")
 
     @classmethod
     def from_scheduler_config(cls, d: dict[str, Any]) -> "NoiseSchedule":
-        """Build from a diffusers ``scheduler_config.json`` dict; missing keys take DDIMScheduler's defaults."""
-        for key in _UNSUPPORTED_IF_SET:
-            if d.get(key):
-                raise ValueError(f"scheduler config sets {key}={d[key]!r}, which is not supported")
+        """Build from a diffusers ``scheduler_config.json`` dict; missing keys take DDIMScheduler's defaults.
+
+        Only the schedule's own keys are read: ``samplers.config`` checks every other option.
+        """
         # Explicit nulls fall back to defaults too (e.g. "timestep_spacing": null in some configs).
         get = lambda k, default: default if d.get(k) is None else d[k]  # noqa: E731
         return cls(
@@ -107,6 +119,8 @@ class NoiseSchedule:
             steps_offset=int(get("steps_offset", 0)),
             timestep_spacing=str(get("timestep_spacing", "leading")),
             set_alpha_to_one=bool(get("set_alpha_to_one", True)),
+            rescale_betas_zero_snr=bool(get("rescale_betas_zero_snr", False)),
+            trained_betas=None if d.get("trained_betas") is None else tuple(float(b) for b in d["trained_betas"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,19 +136,38 @@ class NoiseSchedule:
     @cached_property
     def betas(self) -> np.ndarray:
         n = self.num_train_timesteps
-        if self.beta_schedule == "linear":
+        if self.trained_betas is not None:
+            b = np.asarray(self.trained_betas, dtype=np.float32)
+        elif self.beta_schedule == "linear":
             b = _torch_linspace_f32(self.beta_start, self.beta_end, n)
         elif self.beta_schedule == "scaled_linear":
             b = _torch_linspace_f32(self.beta_start**0.5, self.beta_end**0.5, n)
             b = b * b
         else:
             b = _cosine_betas(n)
+        if self.rescale_betas_zero_snr:
+            b = _rescale_zero_terminal_snr(b)
         return _readonly(b.astype(np.float64))
 
     @cached_property
     def alphas_cumprod(self) -> np.ndarray:
         alphas = (np.float32(1.0) - self.betas.astype(np.float32)).astype(np.float64)
         return _readonly(np.cumprod(alphas).astype(np.float32).astype(np.float64))
+
+    @cached_property
+    def alphas_cumprod_floored(self) -> np.ndarray:
+        """Euler/DPM-Solver keep the zero-SNR last value at 2**-24 (not 0) so the first sigma stays finite."""
+        if not self.rescale_betas_zero_snr:
+            return self.alphas_cumprod
+        ac = self.alphas_cumprod.copy()
+        ac[-1] = 2.0**-24
+        return _readonly(ac)
+
+    @cached_property
+    def sigmas_floored(self) -> np.ndarray:
+        """Training sigmas as Euler/DPM-Solver compute them: in float32 from the floored alphas_cumprod."""
+        ac = self.alphas_cumprod_floored.astype(np.float32)
+        return _readonly(np.sqrt((np.float32(1.0) - ac) / ac).astype(np.float64))
 
     @cached_property
     def sigmas(self) -> np.ndarray:
@@ -222,6 +255,10 @@ class FlowSchedule:
 
     def sigmas(self, num_steps: int, mu: float | None = None, base: np.ndarray | None = None) -> np.ndarray:
         """Step sigmas (num_steps,), float32 values held in float64; the terminal 0 is not included."""
+        return _f32(self.shifted(num_steps, mu, base))
+
+    def shifted(self, num_steps: int, mu: float | None = None, base: np.ndarray | None = None) -> np.ndarray:
+        """The step sigmas in float64 before diffusers' float32 rounding (base sigmas rounded first, as it does)."""
         n = self.check_steps(num_steps)
         T = self.num_train_timesteps
         if base is None:
@@ -242,7 +279,7 @@ class FlowSchedule:
             if one_minus[-1] <= 0:  # diffusers divides by zero here (one step from sigma 1)
                 raise ValueError(f"shift_terminal needs a last sigma below 1; {n} step(s) give {s[-1]}")
             s = 1 - one_minus / (one_minus[-1] / (1 - self.shift_terminal))
-        return _f32(s)
+        return s
 
     def timesteps(self, sigmas: np.ndarray) -> np.ndarray:
         """What the backbone receives: sigma * num_train_timesteps, rounded as diffusers' float32 product."""

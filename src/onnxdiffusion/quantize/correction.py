@@ -134,7 +134,9 @@ class OutputCorrection:
         x = (calib.latents[0] * np.float32(table.init_scale)).astype(np.float32)
         d_prev = np.zeros_like(x)
         ts, scales, biases = [], [], []
-        for k, (t, c_in, p, q, a, c, d, e) in enumerate(table.rows):
+        if np.any(table.column("k")):  # the fit inverts a linear update; clip_sample is not one
+            raise ValueError("the trajectory correction needs a sampler without clip_sample")
+        for k, (t, c_in, p, q, a, c, d, e, *_clip) in enumerate(table.rows):
             sample = np.empty_like(calib.samples[k])
             sample[c_rows] = x * c_in
             if guided:

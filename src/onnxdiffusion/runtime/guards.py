@@ -41,7 +41,7 @@ def check_options(options) -> None:
         raise UserError(f"seed must be an integer in [0, 2**63-1], got {options.seed!r}")
     if not is_int(options.steps):
         raise UserError(f"steps must be an integer, got {options.steps!r}")
-    if not isinstance(options.sampler, str):
+    if options.sampler is not None and not isinstance(options.sampler, str):  # None: the folder's own
         raise UserError(f"sampler must be a string, got {options.sampler!r}")
     if options.spacing is not None and not isinstance(options.spacing, str):
         raise UserError(f"spacing must be a string, got {options.spacing!r}")
@@ -70,7 +70,7 @@ def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
     from ..samplers import SAMPLERS
 
     check_options(options)
-    if options.sampler not in SAMPLERS:
+    if options.sampler is not None and options.sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
     n = manifest["pipeline"]["num_train_timesteps"]
     if not 1 <= options.steps <= n:

@@ -19,7 +19,7 @@ from ..families import NumpyOps, get_family
 from ..manifest import check_scheduler_config, confined
 from . import guards
 from ..paths import default_model_folder
-from ..samplers import SAMPLERS, SamplerTable, build_table, iter_sample, schedule_from_config
+from ..samplers import SamplerTable, default_sampler, iter_sample, schedule_from_config, table_from_config
 from ..schedules import FlowSchedule
 from .backbone import Conditioning, DeviceBackbone, GuidedBackbone
 from .sampling_graph import SamplingGraph
@@ -53,13 +53,13 @@ class GenerationResult:
         return save_images(self.images, Path(path), overwrite)
 
 
-DEFAULT_STEPS, DEFAULT_SAMPLER, DEFAULT_GUIDANCE = 20, "ddim", 7.5
+DEFAULT_STEPS, DEFAULT_GUIDANCE = 20, 7.5
 
 
 @dataclass(frozen=True)
 class GenerateOptions:
     """None for steps/sampler/guidance: the model's recommended value (manifest `recommended`), else the
-    defaults above. Ranges are in runtime/guards.py."""
+    defaults above (sampler: the one the folder's scheduler_config.json names). Ranges are in runtime/guards.py."""
     steps: int | None = None
     sampler: str | None = None
     guidance: float | None = None
@@ -79,7 +79,7 @@ def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOpti
     return replace(
         options,
         steps=options.steps if options.steps is not None else r.get("steps", DEFAULT_STEPS),
-        sampler=options.sampler if options.sampler is not None else r.get("sampler", DEFAULT_SAMPLER),
+        sampler=options.sampler if options.sampler is not None else r.get("sampler"),  # None: the folder's
         guidance=options.guidance if options.guidance is not None else r.get("guidance", DEFAULT_GUIDANCE),
     )
 
@@ -221,26 +221,29 @@ class Pipeline:
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
 
-    def table(self, options: GenerateOptions, mu: float | None = None) -> SamplerTable:
-        """The sampler table from the folder's scheduler; `mu`: dynamic shift of a flow schedule
-        (default: from the family's image token count, as the diffusers pipelines compute it)."""
+    def table(self, options: GenerateOptions, mu: float | None = None,
+              image_seq_len: int | None = None) -> SamplerTable:
+        """The sampler table from the folder's scheduler config (its own sampler unless options name one).
+
+        `mu` or `image_seq_len`: the dynamic shift of a flow schedule that uses one (by default the
+        image token count the family's backbone sees at this size).
+        """
         options = self.resolve(options)
-        if options.sampler not in SAMPLERS:
-            raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
-        flow = {}
-        if isinstance(self.schedule, FlowSchedule):
-            h, w = self.image_size(options)
-            seq = self.family.image_seq_len(self.info, h, w)
-            if mu is None and seq is not None and self.schedule.use_dynamic_shifting:
-                mu = self.schedule.mu_for(seq)
-            flow = {"mu": mu, "sigmas": self.family.base_sigmas(options.steps)}
+        if mu is None and image_seq_len is None and getattr(self.schedule, "use_dynamic_shifting", False):
+            image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
+        # Flux and Qwen-Image pipelines hand their flow scheduler base sigmas of their own
+        sigmas = self.family.base_sigmas(options.steps) if isinstance(self.schedule, FlowSchedule) else None
         try:
-            return build_table(options.sampler, self.schedule, options.steps, options.spacing, **flow)
+            return table_from_config(self.scheduler_config, options.steps, options.sampler, spacing=options.spacing,
+                                     mu=mu, image_seq_len=image_seq_len, sigmas=sigmas)
         except ValueError as e:
             raise UserError(str(e)) from None
 
     def resolve(self, options: GenerateOptions) -> GenerateOptions:
-        return resolve_options(options, self.recommended)
+        options = resolve_options(options, self.recommended)
+        if options.sampler is None:
+            options = replace(options, sampler=default_sampler(self.scheduler_config))
+        return options
 
     def image_size(self, options: GenerateOptions) -> tuple[int, int]:
         shape = guards.latent_shape(self.info, options)  # checks types, ranges, multiples, batch
@@ -281,8 +284,9 @@ class Pipeline:
         table = self.table(options)
         if options.loop != "host":
             graph = self.sampling_graph(options.loop)
-            if graph.form == "unrolled" and graph.steps != options.steps:
-                raise UserError(f"this model's unrolled graph runs exactly {graph.steps} steps, got {options.steps}")
+            if graph.form == "unrolled" and graph.steps != table.num_steps:
+                raise UserError(f"this model's unrolled graph runs exactly {graph.steps} model evaluations, "
+                                f"this sampler needs {table.num_steps}")
         rng = np.random.default_rng(options.seed)
         if latents is None:
             latents = rng.standard_normal(shape, dtype=np.float32)
@@ -336,7 +340,7 @@ class Pipeline:
             init_latents=latents,
             noise=noise,
             settings={"prompt": prompts, "negative_prompt": negatives if negatives is not None else [""] * len(prompts),
-                      **options.__dict__},
+                      **options.__dict__, "sampler": table.sampler},
         )
 
     def __call__(self, prompt: str | list[str], **kwargs) -> GenerationResult:

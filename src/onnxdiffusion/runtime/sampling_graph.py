@@ -17,10 +17,14 @@ class SamplingGraph:
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
         self.input_names = {i.name for i in session.get_inputs()}
+        # graphs compiled before the clip columns (r, k) existed read 8 columns
+        width = {i.name: i.shape for i in session.get_inputs()}.get("table", [None, len(COLUMNS)])[1]
+        self.table_width = width if isinstance(width, int) else len(COLUMNS)
 
     def check(self, table: np.ndarray, latents: np.ndarray, noise: np.ndarray | None, steps: int) -> None:
-        if table.ndim != 2 or table.shape[1] != len(COLUMNS) or table.dtype != np.float32:
-            raise UserError(f"sampler table must be float32 of shape (N, {len(COLUMNS)}), got {table.dtype} {table.shape}")
+        width = getattr(self, "table_width", len(COLUMNS))
+        if table.ndim != 2 or table.shape[1] != width or table.dtype != np.float32:
+            raise UserError(f"sampler table must be float32 of shape (N, {width}), got {table.dtype} {table.shape}")
         if steps < 1 or steps > table.shape[0]:
             raise UserError(f"step count must be in [1, {table.shape[0]}] (rows of the table), got {steps}")
         if self.form == "unrolled" and steps != self.steps:
@@ -35,6 +39,11 @@ class SamplingGraph:
     def feeds(self, table: SamplerTable, latents: np.ndarray, noise: np.ndarray | None, guidance: float,
               steps: int | None = None) -> dict[str, np.ndarray]:
         rows = np.ascontiguousarray(table.rows, dtype=np.float32)
+        if self.table_width < rows.shape[1]:
+            if np.any(rows[:, self.table_width:]):
+                raise UserError(f"this sampling graph reads {self.table_width} table columns and cannot run "
+                                f"{table.sampler} with clip_sample; recompile it with `onnxdiffusion compile-loop`")
+            rows = np.ascontiguousarray(rows[:, :self.table_width])
         steps = table.num_steps if steps is None else steps
         latents = np.ascontiguousarray(latents, dtype=np.float32)
         self.check(rows, latents, noise, steps)

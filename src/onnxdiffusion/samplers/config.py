@@ -1,78 +1,237 @@
-"""A folder's ``scheduler_config.json`` -> schedule, default sampler and sampler table.
+"""A folder's ``scheduler_config.json`` -> the sampler table a runtime runs (`table_from_config`).
 
-This is the one function a runtime calls (`table_from_config`): the host loop and the compiled
-Loop/unrolled graphs both consume the table it returns.
+The folder's class names the default sampler.  Any sampler X runs as diffusers'
+``ClassOf(X).from_config(folder_config)`` would: X's class reads its own options from the config
+(absent ones take that class's defaults, other classes' keys are ignored).  Every option of that
+class is either reproduced or refused with a one-line error naming it; the defaults below are
+diffusers 0.39's and a test checks them against its signatures.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ..schedules import FlowSchedule, NoiseSchedule
+from .options import SamplerOptions
 from .tables import SamplerTable, build_table
 
-FLOW_CLASSES = ("FlowMatchEulerDiscreteScheduler",)
-# diffusers scheduler class -> the sampler that reproduces it (the folder's default)
-DEFAULT_SAMPLER = {
-    "DDIMScheduler": "ddim",
-    "EulerDiscreteScheduler": "euler",
-    "EulerAncestralDiscreteScheduler": "euler_a",
-    "DPMSolverMultistepScheduler": "dpmpp_2m",
-    "FlowMatchEulerDiscreteScheduler": "flow_euler",
+_BETAS = {"num_train_timesteps": 1000, "beta_start": 0.0001, "beta_end": 0.02, "beta_schedule": "linear",
+          "trained_betas": None, "prediction_type": "epsilon", "steps_offset": 0, "rescale_betas_zero_snr": False}
+_SHAPES = {"use_karras_sigmas": False, "use_exponential_sigmas": False, "use_beta_sigmas": False}
+_THRESHOLD = {"thresholding": False, "dynamic_thresholding_ratio": 0.995, "sample_max_value": 1.0}
+_FLOW = {"num_train_timesteps": 1000, "shift": 1.0}
+
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "DDIMScheduler": {**_BETAS, **_THRESHOLD, "clip_sample": True, "set_alpha_to_one": True, "clip_sample_range": 1.0,
+                      "timestep_spacing": "leading"},
+    "EulerDiscreteScheduler": {**_BETAS, **_SHAPES, "interpolation_type": "linear", "sigma_min": None,
+                               "sigma_max": None, "timestep_spacing": "linspace", "timestep_type": "discrete",
+                               "final_sigmas_type": "zero"},
+    "EulerAncestralDiscreteScheduler": {**_BETAS, "timestep_spacing": "linspace"},
+    "DPMSolverMultistepScheduler": {**_BETAS, **_THRESHOLD, **_SHAPES, "solver_order": 2,
+                                    "algorithm_type": "dpmsolver++", "solver_type": "midpoint",
+                                    "lower_order_final": True, "euler_at_final": False, "use_lu_lambdas": False,
+                                    "use_flow_sigmas": False, "flow_shift": 1.0, "final_sigmas_type": "zero",
+                                    "lambda_min_clipped": -math.inf, "variance_type": None,
+                                    "timestep_spacing": "linspace", "use_dynamic_shifting": False,
+                                    "time_shift_type": "exponential"},
+    "FlowMatchEulerDiscreteScheduler": {**_FLOW, **_SHAPES, "use_dynamic_shifting": False, "base_shift": 0.5,
+                                        "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096,
+                                        "invert_sigmas": False, "shift_terminal": None,
+                                        "time_shift_type": "exponential", "stochastic_sampling": False},
+    "FlowMatchHeunDiscreteScheduler": dict(_FLOW),
 }
+# sampler -> the diffusers class it reproduces; and a folder's class -> its default sampler
+SAMPLER_CLASS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler",
+                 "euler_a": "EulerAncestralDiscreteScheduler", "dpmpp_2m": "DPMSolverMultistepScheduler",
+                 "flow_euler": "FlowMatchEulerDiscreteScheduler", "flow_heun": "FlowMatchHeunDiscreteScheduler"}
+DEFAULT_SAMPLER = {cls: sampler for sampler, cls in SAMPLER_CLASS.items()}
+FLOW_CLASSES = ("FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler")
 
 
-def _get(d: dict[str, Any], key: str, default):
-    # explicit nulls take the default too (e.g. "shift_terminal": null)
-    return default if d.get(key) is None else d[key]
+class _Config:
+    """One class's view of a config dict: its keys with that class's defaults (explicit nulls too)."""
+
+    def __init__(self, config: dict[str, Any], cls: str, overrides: dict[str, Any] | None = None):
+        self.cls = cls
+        defaults = CLASS_DEFAULTS[cls]
+        merged = {**config, **(overrides or {})}
+        self.values = {k: (d if merged.get(k) is None else merged[k]) for k, d in defaults.items()}
+
+    def __getitem__(self, key: str):
+        return self.values[key]
+
+    def refuse(self, key: str, why: str = "not reproduced") -> ValueError:
+        return ValueError(f"scheduler option {key}={self.values[key]!r} ({self.cls}) is {why}")
+
+    def require(self, key: str, allowed: tuple) -> Any:
+        if self.values[key] not in allowed:
+            raise self.refuse(key, f"not reproduced; supported: {', '.join(map(repr, allowed))}")
+        return self.values[key]
+
+    def off(self, *keys: str) -> None:
+        for key in keys:
+            if self.values[key]:
+                raise self.refuse(key)
+
+    def sigma_shape(self) -> str:
+        on = [k for k in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_lu_lambdas")
+              if self.values.get(k)]
+        if len(on) > 1:
+            raise self.refuse(on[1], f"not allowed together with {on[0]}")
+        names = {"use_karras_sigmas": "karras", "use_exponential_sigmas": "exponential",
+                 "use_beta_sigmas": "beta", "use_lu_lambdas": "lu"}
+        return names[on[0]] if on else "default"
 
 
-def flow_schedule_from_config(d: dict[str, Any]) -> FlowSchedule:
-    return FlowSchedule(
-        num_train_timesteps=int(_get(d, "num_train_timesteps", 1000)),
-        shift=float(_get(d, "shift", 1.0)),
-        use_dynamic_shifting=bool(_get(d, "use_dynamic_shifting", False)),
-        base_shift=float(_get(d, "base_shift", 0.5)),
-        max_shift=float(_get(d, "max_shift", 1.15)),
-        base_image_seq_len=int(_get(d, "base_image_seq_len", 256)),
-        max_image_seq_len=int(_get(d, "max_image_seq_len", 4096)),
-        shift_terminal=None if not d.get("shift_terminal") else float(d["shift_terminal"]),
-        time_shift_type=str(_get(d, "time_shift_type", "exponential")),
+def _noise_schedule(c: _Config, prediction_types: tuple[str, ...]) -> NoiseSchedule:
+    c.off("thresholding") if "thresholding" in c.values else None
+    c.require("prediction_type", prediction_types)
+    trained = c["trained_betas"]
+    return NoiseSchedule(
+        num_train_timesteps=int(c["num_train_timesteps"]), beta_start=float(c["beta_start"]),
+        beta_end=float(c["beta_end"]), beta_schedule=str(c["beta_schedule"]),
+        prediction_type=str(c["prediction_type"]), steps_offset=int(c["steps_offset"]),
+        timestep_spacing=str(c["timestep_spacing"]), set_alpha_to_one=bool(c.values.get("set_alpha_to_one", True)),
+        rescale_betas_zero_snr=bool(c["rescale_betas_zero_snr"]),
+        trained_betas=None if trained is None else tuple(float(b) for b in trained),
     )
 
 
-def schedule_from_config(config: dict[str, Any]) -> NoiseSchedule | FlowSchedule:
-    """The schedule a diffusers scheduler config describes (flow-matching classes give a FlowSchedule)."""
-    if not isinstance(config, dict):
-        raise ValueError(f"a scheduler config must be a JSON object, got {type(config).__name__}")
-    if config.get("_class_name") in FLOW_CLASSES:
-        return flow_schedule_from_config(config)
-    return NoiseSchedule.from_scheduler_config(config)
+def _flow_schedule(c: _Config, shift_key: str = "shift") -> FlowSchedule:
+    v = c.values
+    return FlowSchedule(
+        num_train_timesteps=int(v["num_train_timesteps"]), shift=float(v[shift_key]),
+        use_dynamic_shifting=bool(v.get("use_dynamic_shifting", False)),
+        base_shift=float(v.get("base_shift", 0.5)), max_shift=float(v.get("max_shift", 1.15)),
+        base_image_seq_len=int(v.get("base_image_seq_len", 256)), max_image_seq_len=int(v.get("max_image_seq_len", 4096)),
+        shift_terminal=float(v["shift_terminal"]) if v.get("shift_terminal") else None,
+        time_shift_type=str(v.get("time_shift_type", "exponential")),
+    )
+
+
+def _ddim(c: _Config):
+    clip = float(c["clip_sample_range"]) if c["clip_sample"] else None
+    return _noise_schedule(c, ("epsilon", "v_prediction", "sample")), SamplerOptions(clip_sample_range=clip)
+
+
+def _euler(c: _Config):
+    c.require("interpolation_type", ("linear", "log_linear"))
+    c.require("timestep_type", ("discrete", "continuous"))
+    c.require("final_sigmas_type", ("zero", "sigma_min"))
+    opts = SamplerOptions(sigma_shape=c.sigma_shape(), sigma_min=c["sigma_min"], sigma_max=c["sigma_max"],
+                          final_sigmas_type=c["final_sigmas_type"], interpolation_type=c["interpolation_type"],
+                          timestep_type=c["timestep_type"])
+    return _noise_schedule(c, ("epsilon", "v_prediction", "sample")), opts
+
+
+def _euler_a(c: _Config):
+    return _noise_schedule(c, ("epsilon", "v_prediction")), SamplerOptions()  # diffusers has no "sample" here
+
+
+def _dpm(c: _Config):
+    c.off("thresholding")
+    if c["variance_type"] is not None:
+        raise c.refuse("variance_type")
+    c.require("solver_order", (1, 2))
+    algorithm = c.require("algorithm_type", ("dpmsolver++", "sde-dpmsolver++"))
+    c.require("solver_type", ("midpoint", "heun"))
+    c.require("final_sigmas_type", ("zero", "sigma_min"))
+    c.require("time_shift_type", ("exponential",))
+    opts = dict(solver_order=int(c["solver_order"]), solver_type=c["solver_type"],
+                lower_order_final=bool(c["lower_order_final"]), euler_at_final=bool(c["euler_at_final"]),
+                sde=algorithm == "sde-dpmsolver++", final_sigmas_type=c["final_sigmas_type"])
+    if c["use_flow_sigmas"]:
+        if c.sigma_shape() != "default":
+            raise c.refuse("use_flow_sigmas", f"not reproduced with {c.sigma_shape()} sigmas")
+        c.require("prediction_type", ("flow_prediction",))
+        if c["final_sigmas_type"] != "zero":
+            raise c.refuse("final_sigmas_type", "not reproduced with use_flow_sigmas")
+        return _flow_schedule(c, "flow_shift"), SamplerOptions(flow_grid="dpm", **opts)
+    if c["use_dynamic_shifting"]:
+        raise c.refuse("use_dynamic_shifting", "only reproduced with use_flow_sigmas")
+    opts.update(sigma_shape=c.sigma_shape(), lambda_min_clipped=float(c["lambda_min_clipped"]))
+    return _noise_schedule(c, ("epsilon", "v_prediction", "sample", "flow_prediction")), SamplerOptions(**opts)
+
+
+def _flow_euler(c: _Config):
+    c.off("invert_sigmas")
+    c.require("time_shift_type", ("exponential", "linear"))
+    opts = SamplerOptions(sigma_shape=c.sigma_shape(), stochastic=bool(c["stochastic_sampling"]))
+    return _flow_schedule(c), opts
+
+
+def _flow_heun(c: _Config):
+    return _flow_schedule(c), SamplerOptions()
+
+
+_RESOLVE = {"DDIMScheduler": _ddim, "EulerDiscreteScheduler": _euler, "EulerAncestralDiscreteScheduler": _euler_a,
+            "DPMSolverMultistepScheduler": _dpm, "FlowMatchEulerDiscreteScheduler": _flow_euler,
+            "FlowMatchHeunDiscreteScheduler": _flow_heun}
+
+
+def is_flow_config(config: dict[str, Any]) -> bool:
+    return config.get("_class_name") in FLOW_CLASSES or (
+        config.get("_class_name") == "DPMSolverMultistepScheduler" and bool(config.get("use_flow_sigmas")))
 
 
 def default_sampler(config: dict[str, Any]) -> str:
-    """The sampler that reproduces the config's scheduler class (DDIM for classes we have no twin of)."""
+    """The sampler reproducing the folder's scheduler class; classes without a twin here get ddim."""
     return DEFAULT_SAMPLER.get(config.get("_class_name"), "ddim")
+
+
+def resolve(config: dict[str, Any], sampler: str | None = None
+            ) -> tuple[str, NoiseSchedule | FlowSchedule, SamplerOptions]:
+    """(sampler, schedule, options) for running `sampler` (default: the folder's) on this config."""
+    if not isinstance(config, dict):
+        raise ValueError(f"a scheduler config must be a JSON object, got {type(config).__name__}")
+    sampler = sampler or default_sampler(config)
+    if sampler not in SAMPLER_CLASS:
+        raise ValueError(f"unknown sampler {sampler!r}; expected one of {tuple(SAMPLER_CLASS)}")
+    cls = SAMPLER_CLASS[sampler]
+    flow_folder = is_flow_config(config)
+    overrides = None
+    if flow_folder and cls == "DPMSolverMultistepScheduler" and not config.get("use_flow_sigmas"):
+        # DPM-Solver++ on a flow-matching folder: the folder's own flow schedule, velocity prediction
+        c = _Config(config, "FlowMatchEulerDiscreteScheduler")
+        dpm = _Config(config, cls, {"prediction_type": "flow_prediction", "use_flow_sigmas": True})
+        _, opts = _dpm(dpm)
+        return sampler, _flow_schedule(c), SamplerOptions(**{**opts.__dict__, "flow_grid": "flowmatch"})
+    if flow_folder and cls in FLOW_CLASSES and config.get("_class_name") == "DPMSolverMultistepScheduler":
+        overrides = {"shift": config.get("flow_shift", 1.0)}
+    c = _Config(config, cls, overrides)
+    schedule, opts = _RESOLVE[cls](c)
+    if isinstance(schedule, FlowSchedule) != flow_folder:
+        kind = "flow-matching" if flow_folder else "betas-derived"
+        raise ValueError(f"sampler {sampler!r} does not apply to this folder's {kind} schedule "
+                         f"({config.get('_class_name')})")
+    return sampler, schedule, opts
+
+
+def schedule_from_config(config: dict[str, Any]) -> NoiseSchedule | FlowSchedule:
+    """The schedule of the folder's default sampler."""
+    return resolve(config)[1]
 
 
 def calculate_shift(config: dict[str, Any], image_seq_len: int) -> float:
     """mu for dynamic shifting from the image token count, as the SD3/Flux/Qwen-Image pipelines compute it."""
-    return flow_schedule_from_config(config).mu_for(image_seq_len)
+    return _flow_schedule(_Config(config, "FlowMatchEulerDiscreteScheduler")).mu_for(image_seq_len)
 
 
 def table_from_config(config: dict[str, Any], steps: int, sampler: str | None = None, *,
                       spacing: str | None = None, mu: float | None = None, image_seq_len: int | None = None,
                       sigmas: np.ndarray | None = None) -> SamplerTable:
-    """The sampler table for `steps` steps of `sampler` (default: the config's own) on the config's schedule.
+    """The sampler table for `steps` steps of `sampler` (default: the folder's own) on the config's schedule.
 
     Flow schedules with ``use_dynamic_shifting`` need `mu`, or `image_seq_len` to compute it the way
     the pipelines do; `sigmas` are caller-given base sigmas (Flux and Qwen-Image pass
-    ``linspace(1, 1/steps, steps)``).
+    ``linspace(1, 1/steps, steps)``).  `spacing` overrides a betas schedule's timestep spacing.
     """
-    schedule = schedule_from_config(config)
+    sampler, schedule, opts = resolve(config, sampler)
     if mu is None and image_seq_len is not None and isinstance(schedule, FlowSchedule) \
             and schedule.use_dynamic_shifting:
         mu = schedule.mu_for(image_seq_len)
-    return build_table(sampler or default_sampler(config), schedule, steps, spacing, mu=mu, sigmas=sigmas)
+    return build_table(sampler, schedule, steps, spacing, mu=mu, sigmas=sigmas, options=opts)

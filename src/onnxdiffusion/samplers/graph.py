@@ -6,7 +6,7 @@ Two forms over the same step body:
   unrolled  N copies of the body in the main graph, all reading the same initializers
 
 Graph inputs: latents (B,C,H,W), cond and uncond embeddings (B,S,D) (and, for a backbone with
-more conditioning inputs, cond_<name> and uncond_<name> for each), the sampler table (N,8)
+more conditioning inputs, cond_<name> and uncond_<name> for each), the sampler table (N,10)
 as built by ``build_table``, init_scale and guidance scalars, noise (K,B,C,H,W) where step i
 reads noise[min(i, K-1)] (pass K=1 zeros for deterministic samplers), and, for ``loop``, steps.
 Output: final latents. Guidance runs inside: one backbone call on [uncond; cond] (cond alone
@@ -237,11 +237,14 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
     noise_idx = b.op("Min", [i, pre["noise_last"]], n("noise_idx"))
     noise_i = b.op("Gather", ["noise", noise_idx], n("noise_i"), axis=0)
+    # clip(D, -r, r): only DDIM's clip_sample has k != 0; elsewhere r = k = 0 and the term is 0
+    clipped = b.op("Clip", [den, b.op("Neg", [c["r"]], n("neg_r")), c["r"]], n("D_clipped"))
     terms = [
         b.op("Mul", [x, c["a"]], n("ax")),
         b.op("Mul", [den, c["c"]], n("cD")),
         b.op("Mul", [d_prev, c["d"]], n("dDprev")),
         b.op("Mul", [noise_i, c["e"]], n("eNoise")),
+        b.op("Mul", [clipped, c["k"]], n("kClipD")),
     ]
     x_new = b.op("Sum", terms, n("x_next"))
     return x_new, den

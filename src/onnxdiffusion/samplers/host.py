@@ -38,7 +38,7 @@ def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarr
     # float32 arithmetic on float32 coefficients, exactly what an ONNX graph will do.
     x = x * np.float32(table.init_scale)
     d_prev = np.zeros_like(x)
-    for i, (t, c_in, p, q, a, c, d, e) in enumerate(table.rows):
+    for i, (t, c_in, p, q, a, c, d, e, r, k) in enumerate(table.rows):
         out = np.asarray(model_fn(x * c_in, float(t)), dtype=np.float32)
         if out.shape != x.shape:
             raise ValueError(f"model output shape {out.shape} does not match latents shape {x.shape} at step {i}")
@@ -49,6 +49,8 @@ def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarr
             x = x + d * d_prev
         if e != 0:
             x = x + e * noise[i]
+        if k != 0:  # DDIM clip_sample: the x0 term alone is clipped
+            x = x + k * np.clip(den, -r, r)
         d_prev = den
         yield i, x, den
 

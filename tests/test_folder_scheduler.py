@@ -1,0 +1,98 @@
+"""The folder's scheduler is honoured: its class picks the default sampler, its options shape the
+table, end to end against diffusers' pipeline with the same scheduler; and the clip_sample
+columns run the same in the ONNX loop graph as in the host loop."""
+
+import json
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.runtime import Pipeline
+from onnxdiffusion.samplers import guided, sample, table_from_config
+from onnxdiffusion.samplers.graph import build_sampling_graph
+
+SD = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1)
+FOLDER_SCHEDULERS = [
+    ("euler", {"_class_name": "EulerDiscreteScheduler", **SD, "use_karras_sigmas": True, "timestep_spacing": "trailing"}),
+    ("ddim", {"_class_name": "DDIMScheduler", **SD, "clip_sample": True, "clip_sample_range": 0.5,
+              "set_alpha_to_one": False}),
+    ("dpmpp_2m", {"_class_name": "DPMSolverMultistepScheduler", **SD, "use_exponential_sigmas": True,
+                  "final_sigmas_type": "sigma_min", "lower_order_final": False}),
+]
+
+
+def _with_scheduler(src, dst, config):
+    shutil.copytree(src, dst)
+    (dst / "scheduler" / "scheduler_config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("sampler,config", FOLDER_SCHEDULERS, ids=[s for s, _ in FOLDER_SCHEDULERS])
+def test_default_sampler_is_the_folders(tiny_diffusers, tiny_onnx, tmp_path, sampler, config):
+    import diffusers
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    pipe = Pipeline.from_folder(_with_scheduler(tiny_onnx, tmp_path / "m", config), verify=False)
+    ours = pipe("a red circle on the left", steps=6, guidance=4.0, seed=5)  # no sampler named
+    assert ours.settings["sampler"] == sampler
+
+    ref = StableDiffusionPipeline.from_pretrained(tiny_diffusers, local_files_only=True)
+    ref.scheduler = getattr(diffusers, config["_class_name"]).from_config(config)
+    ref.set_progress_bar_config(disable=True)
+    lat = ours.init_latents
+    img = ref("a red circle on the left", latents=torch.from_numpy(lat), num_inference_steps=6, guidance_scale=4.0,
+              output_type="np", height=lat.shape[2] * 4, width=lat.shape[3] * 4).images
+    assert psnr(ours.images, (img * 255).round().astype(np.uint8)) >= 40.0
+
+
+def test_unreproduced_folder_option_is_a_one_line_error(tiny_onnx, tmp_path):
+    config = {"_class_name": "DPMSolverMultistepScheduler", **SD, "thresholding": True}
+    with pytest.raises(UserError, match="thresholding=True") as info:
+        Pipeline.from_folder(_with_scheduler(tiny_onnx, tmp_path / "m", config), verify=False)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("form", ["loop", "unrolled"])
+def test_clip_sample_runs_in_loop_graphs(form):
+    from test_loop_graph import toy_backbone, toy_eager
+
+    config = {"_class_name": "DDIMScheduler", **SD, "clip_sample": True, "clip_sample_range": 0.2}
+    table = table_from_config(config, 5)
+    assert table.column("k").all() and np.all(table.column("r") == np.float32(0.2))
+    rng = np.random.default_rng(0)
+    latents = rng.standard_normal((2, 4, 4, 4), dtype=np.float32)
+    cond, uncond = rng.standard_normal((2, 2, 3, 8), dtype=np.float32)
+    backbone = toy_backbone()
+    host = sample(guided(toy_eager(backbone)(np.concatenate([uncond, cond])), 3.0), latents, table)
+    unclipped = sample(guided(toy_eager(backbone)(np.concatenate([uncond, cond])), 3.0), latents,
+                       table_from_config({**config, "clip_sample": False}, 5))
+    assert np.linalg.norm(host - unclipped) > 1e-2 * np.linalg.norm(host)  # the clip did something
+    graph = build_sampling_graph(backbone, form, 5 if form == "unrolled" else None)
+    feeds = {"latents": latents, "cond": cond, "uncond": uncond, "table": table.rows,
+             "init_scale": np.array(table.init_scale, np.float32), "guidance": np.array(3.0, np.float32),
+             "noise": np.zeros((1, *latents.shape), np.float32)}
+    if form == "loop":
+        feeds["steps"] = np.array(5, np.int64)
+    got = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.linalg.norm(got - host) / np.linalg.norm(host) < 1e-5
+
+
+def test_graphs_compiled_before_the_clip_columns_still_run():
+    """A sampling graph that reads 8 table columns gets the first 8 when r, k are unused, else an error."""
+    from types import SimpleNamespace
+
+    from onnxdiffusion.runtime.sampling_graph import SamplingGraph
+
+    inputs = [SimpleNamespace(name="latents", shape=["b", 4, "h", "w"]), SimpleNamespace(name="table", shape=["n", 8])]
+    graph = SamplingGraph(SimpleNamespace(get_inputs=lambda: inputs), {"form": "loop"})
+    latents = np.zeros((1, 4, 4, 4), np.float32)
+    plain = table_from_config({"_class_name": "DDIMScheduler", **SD, "clip_sample": False}, 4)
+    assert graph.feeds(plain, latents, None, 3.0)["table"].shape == (4, 8)
+    clipped = table_from_config({"_class_name": "DDIMScheduler", **SD, "clip_sample": True}, 4)
+    with pytest.raises(UserError, match="recompile"):
+        graph.feeds(clipped, latents, None, 3.0)
