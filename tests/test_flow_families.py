@@ -19,7 +19,8 @@ H = W = 32
 STEPS = 4
 PROMPT = "a small red circle on the left"
 # sampler -> the diffusers scheduler class it reproduces (a new flow sampler must add its twin here)
-TWINS = {"flow_euler": "FlowMatchEulerDiscreteScheduler", "flow_heun": "FlowMatchHeunDiscreteScheduler"}
+TWINS = {"flow_euler": "FlowMatchEulerDiscreteScheduler", "flow_heun": "FlowMatchHeunDiscreteScheduler",
+         "dpmpp_2m": "DPMSolverMultistepScheduler"}  # dpmpp_2m on a flow folder: DPM-Solver++ on flow sigmas
 
 
 def _scheduler(pipe, sampler: str):
