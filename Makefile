@@ -30,8 +30,8 @@ install-dev: $(VENV)/.dev-installed
 # are listed in the report as not run, with the reason)
 demo: $(VENV)/.run-installed $(VENV)/.bench-installed
 	mkdir -p out
-	$(BIN)/onnxdiffusion generate "a small red circle on the left" --steps 20 --seed 0 -o out/demo.png
-	$(BIN)/onnxdiffusion generate "a blue star above a yellow square" --sampler dpmpp_2m --steps 20 --batch 4 -o out/demo-pair.png
+	$(BIN)/onnxdiffusion generate "a small red circle on the left" --steps 20 --seed 0 -o out/demo.png --overwrite
+	$(BIN)/onnxdiffusion generate "a blue star above a yellow square" --sampler dpmpp_2m --steps 20 --batch 4 -o out/demo-pair.png --overwrite
 	@echo "images written to out/"
 	$(BIN)/onnxdiffusion bench --steps 10 --repeats 5 --prompts 8 --out out/bench
 	@echo "bench report: $(CURDIR)/out/bench/report.html"
