@@ -59,7 +59,21 @@ def flow_sigmas(steps: int) -> np.ndarray:
     return np.linspace(1.0, 1.0 / steps, steps)
 
 
-class Flux(Family):
+class PackedFlowFamily(Family):
+    """What Flux and Qwen-Image share: 2x2-packed latent tokens and the pipelines' own base sigmas."""
+
+    def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
+        return packed_shape(info, batch, height, width)
+
+    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
+        rows, cols = token_grid(info, height, width)
+        return rows * cols
+
+    def base_sigmas(self, steps: int) -> np.ndarray | None:
+        return flow_sigmas(steps)
+
+
+class Flux(PackedFlowFamily):
     name: ClassVar[str] = "flux"
     pipeline_classes: ClassVar[tuple[str, ...]] = ("FluxPipeline",)
     backbone: ClassVar[str] = "transformer"
@@ -161,16 +175,6 @@ class Flux(Family):
     def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
         rows, cols = token_grid(info, height, width)
         return {IMG_IDS: np.repeat(lat.image_ids(rows, cols)[None], batch, axis=0)}
-
-    def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
-        return packed_shape(info, batch, height, width)
-
-    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
-        rows, cols = token_grid(info, height, width)
-        return rows * cols
-
-    def base_sigmas(self, steps: int) -> np.ndarray | None:
-        return flow_sigmas(steps)
 
     def decoder_feed(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
         rows, cols = token_grid(info, height, width)

@@ -17,8 +17,8 @@ import numpy as np
 from ..errors import UserError
 from ..manifest import confined
 from . import latents as lat
-from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, TensorSpec, TextEncoderSlot
-from .flux import TOKENS, flow_scheduler_info, flow_sigmas, grid_dims, packed_shape, token_grid
+from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot
+from .flux import TOKENS, PackedFlowFamily, flow_scheduler_info, grid_dims, token_grid
 
 MASK, IMG_IDS = "encoder_hidden_states_mask", "img_ids"
 # QwenImagePipeline's prompt template, the count of its leading tokens dropped, and its prompt length
@@ -53,7 +53,7 @@ def pad_tokens(rows: list[np.ndarray], length: int | None = None) -> tuple[np.nd
     return out, mask
 
 
-class QwenImage(Family):
+class QwenImage(PackedFlowFamily):
     name: ClassVar[str] = "qwenimage"
     pipeline_classes: ClassVar[tuple[str, ...]] = ("QwenImagePipeline",)
     backbone: ClassVar[str] = "transformer"
@@ -203,16 +203,6 @@ class QwenImage(Family):
     def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
         rows, cols = token_grid(info, height, width)
         return {IMG_IDS: np.repeat(lat.image_ids(rows, cols, centred=True)[None], batch, axis=0)}
-
-    def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
-        return packed_shape(info, batch, height, width)
-
-    def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
-        rows, cols = token_grid(info, height, width)
-        return rows * cols
-
-    def base_sigmas(self, steps: int) -> np.ndarray | None:
-        return flow_sigmas(steps)
 
     def decoder_feed(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
         rows, cols = token_grid(info, height, width)
