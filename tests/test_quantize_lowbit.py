@@ -35,6 +35,11 @@ def test_fp8_folder_runs_on_cpu_as_simulation(tiny_onnx, tmp_path, reference):
     assert report["quality"]["probe_psnr_db"] > 25
     images = Pipeline.from_folder(out)(PROMPTS, **GEN).images
     assert psnr(images, reference.images) > 25
+    # ORT 1.31's QDQ selector rewrites FP8 DQ -> MatMul into MatMulIntegerToFloat and the session fails
+    # to build (seen on the lent GPU machine): FP8 backbones run with that selector off
+    from onnxdiffusion.quantize.runner import disabled_for
+    assert "QDQSelectorActionTransformer" in disabled_for(unet)
+    assert "QDQSelectorActionTransformer" not in disabled_for(onnx.load(str(tiny_onnx / "unet" / "model.onnx")))
 
 
 @pytest.mark.parametrize("activations", ["fp16", "fp8"])

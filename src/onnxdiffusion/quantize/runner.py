@@ -39,6 +39,8 @@ def session_options(threads: int, level=ort.GraphOptimizationLevel.ORT_ENABLE_AL
 # NchwcTransformer changes float convolutions' rounding, so a mixed-precision backbone would
 # differ between the host loop and the Loop form, where ORT does not apply it.
 INT8_DISABLED_OPTIMIZERS = ("NchwcTransformer", "NhwcTransformer")
+FLOAT8_TYPES = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
+                onnx.TensorProto.FLOAT8E5M2FNUZ}
 
 
 def disabled_for(model: onnx.ModelProto | str | Path) -> tuple[str, ...]:
@@ -49,6 +51,10 @@ def disabled_for(model: onnx.ModelProto | str | Path) -> tuple[str, ...]:
         model = onnx.load(str(model))
     counts = op_counts(model)
     int8 = any(counts.get(op) for op in ("QuantizeLinear", "QLinearConv", "QLinearMatMul"))
+    if int8 and any(t.data_type in FLOAT8_TYPES for t in model.graph.initializer):
+        # ORT 1.31's QDQ selector turns an FP8 DQ -> MatMul into MatMulIntegerToFloat, which rejects
+        # float8 inputs (the session fails to build); ORT has no FP8 CPU kernel for it to gain anyway.
+        return (*INT8_DISABLED_OPTIMIZERS, "QDQSelectorActionTransformer")
     return INT8_DISABLED_OPTIMIZERS if int8 else ()
 
 
@@ -78,7 +84,9 @@ def ort_optimized(model: onnx.ModelProto, threads: int = 1,
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-opt-") as tmp:
         path = str(Path(tmp) / "optimized.onnx")
         opts = session_options(threads, level, path)
-        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        disabled = [d for d in disabled_for(model) if d == "QDQSelectorActionTransformer"]
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=disabled)
         return onnx.load(path)
 
 
