@@ -73,8 +73,24 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
+class _Steps:
+    """What both schedule kinds share: their dict form and the step-count check against training steps."""
+
+    num_train_timesteps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check_steps(self, num_steps: int) -> int:
+        if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)):
+            raise ValueError(f"num_steps must be an int, got {num_steps!r}")
+        if not 1 <= num_steps <= self.num_train_timesteps:
+            raise ValueError(f"num_steps must be in [1, {self.num_train_timesteps}], got {num_steps}")
+        return int(num_steps)
+
+
 @dataclass(frozen=True)
-class NoiseSchedule:
+class NoiseSchedule(_Steps):
     num_train_timesteps: int
     beta_start: float
     beta_end: float
@@ -122,16 +138,6 @@ class NoiseSchedule:
             rescale_betas_zero_snr=bool(get("rescale_betas_zero_snr", False)),
             trained_betas=None if d.get("trained_betas") is None else tuple(float(b) for b in d["trained_betas"]),
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def check_steps(self, num_steps: int) -> int:
-        if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)):
-            raise ValueError(f"num_steps must be an int, got {num_steps!r}")
-        if not 1 <= num_steps <= self.num_train_timesteps:
-            raise ValueError(f"num_steps must be in [1, {self.num_train_timesteps}], got {num_steps}")
-        return int(num_steps)
 
     @cached_property
     def betas(self) -> np.ndarray:
@@ -188,7 +194,7 @@ def _f32(a) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class FlowSchedule:
+class FlowSchedule(_Steps):
     """A rectified-flow schedule (x = (1 - sigma) x0 + sigma noise): no betas, sigma in (0, 1].
 
     Reproduces ``FlowMatchEulerDiscreteScheduler.set_timesteps``: a grid between the scheduler's
@@ -218,16 +224,6 @@ class FlowSchedule:
             raise ValueError(f"unknown time_shift_type {self.time_shift_type!r}; expected one of {TIME_SHIFT_TYPES}")
         if self.shift_terminal is not None and not 0 < self.shift_terminal < 1:
             raise ValueError(f"shift_terminal must be in (0, 1), got {self.shift_terminal!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def check_steps(self, num_steps: int) -> int:
-        if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)):
-            raise ValueError(f"num_steps must be an int, got {num_steps!r}")
-        if not 1 <= num_steps <= self.num_train_timesteps:
-            raise ValueError(f"num_steps must be in [1, {self.num_train_timesteps}], got {num_steps}")
-        return int(num_steps)
 
     def mu_for(self, image_seq_len: int) -> float:
         """The SD3/Flux/Qwen-Image pipelines' ``calculate_shift``: mu linear in the image token count."""
