@@ -16,113 +16,18 @@ for a guidance-distilled backbone). Packed-token backbones take latents (B,S,D) 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
+                             inline_backbone, load_backbone, load_component, rename_outer_refs)
 from .tables import COLUMNS
 
-CONTEXT = "encoder_hidden_states"
-BACKBONE_IO = {"sample": "sample", "timestep": "timestep", "cond:" + CONTEXT: CONTEXT, "out": "out_sample"}
 FORMS = ("loop", "unrolled")
 GUIDANCE_MODES = ("cfg", "cfg_rescale", "none")
 
 VAE_DECODER_IO = {"latents": "latent_sample", "out": "sample"}
-
-
-@dataclass(frozen=True)
-class Backbone:
-    """A backbone graph split into what goes outer scope (weights) and what goes in the body."""
-
-    nodes: list[onnx.NodeProto]
-    initializers: list[onnx.TensorProto]
-    io: dict[str, str]
-    opset_imports: list[onnx.OperatorSetIdProto]
-    functions: list[onnx.FunctionProto]
-    weight_names: frozenset[str]
-
-
-def load_component(model: onnx.ModelProto, io: dict[str, str], prefix: str) -> Backbone:
-    """Rename every tensor of a component graph under `prefix` so it can be inlined beside others.
-
-    `io` maps roles to the component's graph input/output names ("out" is the output). Weights
-    referenced by name stay initializers; nothing is copied.
-    """
-    g = model.graph
-    graph_inputs = {i.name for i in g.input}
-    missing = [v for k, v in io.items() if not k.startswith("out") and v not in graph_inputs]
-    if missing or io["out"] not in {o.name for o in g.output}:
-        raise ValueError(f"{prefix.rstrip('/')} graph lacks inputs/outputs {missing or [io['out']]}")
-
-    def rename(name: str) -> str:
-        return name if name == "" else prefix + name
-
-    nodes = []
-    for node in g.node:
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        del new.input[:]
-        del new.output[:]
-        new.input.extend(rename(x) for x in node.input)
-        new.output.extend(rename(x) for x in node.output)
-        new.name = rename(node.name or f"node{len(nodes)}")
-        rename_outer_refs(new, rename)
-        nodes.append(new)
-    inits = []
-    for t in g.initializer:
-        new_t = onnx.TensorProto()
-        new_t.CopyFrom(t)
-        new_t.name = rename(t.name)
-        inits.append(new_t)
-    return Backbone(
-        nodes=nodes,
-        initializers=inits,
-        io={k: rename(v) for k, v in io.items()},
-        opset_imports=list(model.opset_import),
-        functions=list(model.functions),
-        weight_names=frozenset(t.name for t in inits),
-    )
-
-
-def conditioning_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """The backbone's inputs other than sample and timestep (the family's conditioning), in order."""
-    return [i for i in model.graph.input if i.name not in (BACKBONE_IO["sample"], BACKBONE_IO["timestep"])]
-
-
-def _latent_dims(model: onnx.ModelProto, latent_channels: int) -> list:
-    """The sampler state's dims after the batch: NCHW keeps the names it always had; other
-    layouts (packed tokens) take the backbone sample's own."""
-    sample = next(i for i in model.graph.input if i.name == BACKBONE_IO["sample"])
-    dims = sample.type.tensor_type.shape.dim
-    if len(dims) == 4:
-        return [latent_channels, "height", "width"]
-    return [d.dim_value if d.dim_value else (d.dim_param or f"latent_{k}") for k, d in enumerate(dims)][1:]
-
-
-def load_backbone(model: onnx.ModelProto, prefix: str = "unet/") -> Backbone:
-    io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": BACKBONE_IO["out"]}
-    io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
-    return load_component(model, io, prefix)
-
-
-def rename_outer_refs(node: onnx.NodeProto, rename: Callable[[str], str]) -> None:
-    """If/Loop inside the backbone: their bodies read outer names, which were renamed."""
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for sub in graphs:
-            local = {i.name for i in sub.input} | {t.name for t in sub.initializer}
-            for n in sub.node:
-                local.update(n.output)
-            for n in sub.node:
-                for k, x in enumerate(n.input):
-                    if x and x not in local:
-                        n.input[k] = rename(x)
-                rename_outer_refs(n, rename)
-            for o in sub.output:
-                if o.name not in local:
-                    o.name = rename(o.name)
 
 
 class _Builder:
@@ -200,30 +105,12 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
              **{bb.io[f"cond:{k}"]: v for k, v in pre["context"].items()}}
-    out_name = bb.io["out"]
+    if "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
+        from .graph_schedule import switch_backbones
 
-    def rename(x_: str) -> str:
-        if x_ in remap:
-            return remap[x_]
-        return x_ if not tag or not x_ or x_ in bb.weight_names else tag + x_
-
-    for node in bb.nodes:
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        if tag:  # unrolled: each copy needs its own intermediate names
-            del new.input[:]
-            del new.output[:]
-            new.input.extend(rename(x_) for x_ in node.input)
-            new.output.extend(tag + o for o in node.output)
-            new.name = tag + node.name
-        else:
-            for k_, x_ in enumerate(new.input):
-                if x_ in remap:
-                    new.input[k_] = remap[x_]
-        # If/Loop nodes inside the backbone (timestep-group switches) read outer names too
-        rename_outer_refs(new, rename)
-        b.nodes.append(new)
-    out = tag + out_name if tag else out_name
+        out = switch_backbones(b, pre, bb, remap, c["t"], tag, n)
+    else:
+        out = inline_backbone(b.nodes, bb, remap, tag)
     if guided_batch:
         u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
         diff = b.op("Sub", [cnd, u], n("cfg_diff"))
@@ -353,7 +240,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     if whole and (not text_encoders or vae_decoder is None or combine is None):
         raise ValueError("the whole-pipeline graph needs the text encoders, their combine and the VAE decoder")
     bb = load_backbone(backbone)
-    latent_dims = _latent_dims(backbone, latent_channels)
+    dims = latent_dims(backbone, latent_channels)
     conditioning = conditioning_inputs(backbone)
     if CONTEXT not in [c.name for c in conditioning]:
         raise ValueError(f"the backbone has no {CONTEXT} input")
@@ -368,7 +255,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     if whole:
         given, inits, funcs, id_inputs = text_prologue(b, text_encoders, combine, load_component,
                                                        guided=guidance_mode != "none")
-        if len(latent_dims) == 2:
+        if len(dims) == 2:
             if not latent_patch:
                 raise ValueError("a whole graph over packed latent tokens needs latent_patch")
             id_inputs += [helper.make_tensor_value_info(n, TensorProto.INT64, []) for n in ("grid_rows", "grid_cols")]
@@ -415,19 +302,19 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     f = TensorProto.FLOAT
     if whole:
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
-        if len(latent_dims) == 2:
-            final = unpack_patches(b, final, int(latent_dims[1]) // (latent_patch * latent_patch), latent_patch)
+        if len(dims) == 2:
+            final = unpack_patches(b, final, int(dims[1]) // (latent_patch * latent_patch), latent_patch)
         image_epilogue(b, vae, final, 1.0 / vae_scaling_factor, vae_shift_factor)
         extra_inits += vae.initializers
         functions += vae.functions
         outputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "image_height", "image_width", 3])]
     else:
         b.op("Identity", [final], "final_latents")
-        outputs = [helper.make_tensor_value_info("final_latents", f, ["batch", *latent_dims])]
+        outputs = [helper.make_tensor_value_info("final_latents", f, ["batch", *dims])]
     graph = helper.make_graph(
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
-        _graph_inputs(latent_dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode),
+        _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode),
         outputs,
         initializer=b.inits + bb.initializers + extra_inits,
     )
