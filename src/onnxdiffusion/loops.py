@@ -119,6 +119,15 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         from .quantize.correction import OutputCorrection
 
         correction = OutputCorrection.from_dict(comps[backbone]["correction"])
+    schedule = high = None
+    if comps[backbone].get("precision_schedule"):
+        schedule, high, high_tuned = _high_backbone(model, manifest, backbone, cpu_tuned)
+        if correction is not None:
+            raise UserError(f"{model}: a backbone with both a correction and a precision schedule is not supported")
+        if high_tuned:
+            from .runtime.cpu_target import cpu_target
+
+            tuned_for = cpu_target()
     extra = {}
     if whole:
         info = manifest["pipeline"]
@@ -135,8 +144,9 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
-                                 correction=correction, guidance_mode=mode, latent_patch=family.latent_patch, **extra)
-    del unet, extra
+                                 correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
+                                 schedule=schedule, high_backbone=high, **extra)
+    del unet, extra, high
     name = component_name(form, whole)
 
     def write_component(root: Path) -> dict:
@@ -157,6 +167,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "prefused": prefused,
             "tuned_for": tuned_for,
             "corrected": correction is not None,
+            "precision_schedule": schedule is not None,
             "bytes": sum(p.stat().st_size for p in folder.iterdir()),
             "compile_seconds": round(time.time() - t0, 2),
         }
@@ -188,6 +199,26 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         manifest["files"] = _files_with(manifest["files"], tmp, name)
         write_json(tmp / MANIFEST, manifest)
     return info
+
+
+def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool | None):
+    """The precision schedule of `backbone` and its high-precision backbone as the host loop runs it
+    (ORT's optimized CPU graph: fully, tuned to this CPU, unless `cpu_tuned` is False or the component
+    disables passes); returns (schedule, model, tuned)."""
+    import onnxruntime
+
+    from .quantize.runner import ort_optimized
+    from .quantize.schedule import PrecisionSchedule
+
+    schedule = PrecisionSchedule.from_dict(manifest["components"][backbone]["precision_schedule"])
+    info = manifest["components"][schedule.component]
+    high = load_component(model, manifest, schedule.component)
+    disabled = (info.get("session_options") or {}).get("disabled_optimizers")
+    tuned = (cpu_tuned is not False) and not disabled and not _has_qdq(high) and _tensor_bytes(high) < TWO_GB - (64 << 20)
+    level = onnxruntime.GraphOptimizationLevel
+    if tuned or _tensor_bytes(high) < TWO_GB - (64 << 20):
+        high = ort_optimized(high, level=level.ORT_ENABLE_ALL if tuned else level.ORT_ENABLE_EXTENDED)
+    return schedule, high, tuned
 
 
 def _files_with(files: dict[str, str], root: Path, name: str) -> dict[str, str]:

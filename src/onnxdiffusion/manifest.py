@@ -15,6 +15,8 @@ Format version 1 (the only one so far):
                   inputs/outputs: [{name: str, dtype: str, shape: [int | axis name]}], ...}
   files           dict relative path -> sha256 hex (required: without it nothing is verified)
   recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults
+  a quantized backbone's entry may hold `correction` (an object) and `precision_schedule`
+                  {component: another backbone component, precision: fp32|fp16, ranges: [[lo, hi], ...]}
 """
 
 from __future__ import annotations
@@ -142,6 +144,35 @@ def _check_components(comps: Any, where: str, required: tuple[str, ...]) -> None
                 _fail(where, f"components.{name}.{key}", "must be an object")
         for key in ("inputs", "outputs"):
             _check_tensor_specs(info.get(key, []), where, f"components.{name}.{key}")
+        if info.get("precision_schedule") is not None:
+            check_precision_schedule(info["precision_schedule"], where, name, comps)
+
+
+_HIGH_PRECISIONS = ("fp32", "fp16")
+
+
+def check_precision_schedule(s: Any, where: str, name: str, comps: dict) -> None:
+    """A quantized backbone's per-step precision schedule (quantize/schedule.py): the component it
+    switches to and the timestep ranges where it does."""
+    field = f"components.{name}.precision_schedule"
+    if not isinstance(s, dict):
+        _fail(where, field, "must be an object")
+    other = s.get("component")
+    if not isinstance(other, str) or other == name or not isinstance(comps.get(other), dict) \
+            or comps[other].get("kind") == "sampling_graph":
+        _fail(where, f"{field}.component", f"must name another backbone component of the folder, got {other!r}")
+    if s.get("precision") not in _HIGH_PRECISIONS:
+        _fail(where, f"{field}.precision", f"must be one of {', '.join(_HIGH_PRECISIONS)}, got {s.get('precision')!r}")
+    ranges = s.get("ranges")
+    if not isinstance(ranges, list) or not 1 <= len(ranges) <= 1000:
+        _fail(where, f"{field}.ranges", "must be a list of 1 to 1000 [lo, hi] timestep ranges")
+    prev = -math.inf
+    for i, r in enumerate(ranges):
+        if not isinstance(r, list) or len(r) != 2 or not all(_is_num(v) for v in r) or r[0] > r[1] or r[0] <= prev:
+            _fail(where, f"{field}.ranges[{i}]", f"must be finite [lo, hi] with lo <= hi, ascending and disjoint, got {r!r}")
+        prev = r[1]
+    if s.get("selected") is not None and not isinstance(s["selected"], dict):
+        _fail(where, f"{field}.selected", "must be an object")
 
 
 def _check_tensor_specs(specs: Any, where: str, field: str) -> None:

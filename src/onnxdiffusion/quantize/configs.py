@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from ..errors import UserError
+from .schedule import ScheduleConfig
 
 CONFIG_VERSION = 1
 # ONNX Runtime has no INT8 convolution kernels on CUDA and TensorRT wants its own calibration
@@ -410,6 +411,7 @@ class QuantizeConfig:
     threads: int = 1
     latency_runs: int = 30
     measure_memory: bool = True
+    schedule: ScheduleConfig | None = None  # per-step precision schedule (quantize/schedule.py)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.recipe, Recipe), f"recipe must be a Recipe, got {type(self.recipe).__name__}")
@@ -421,6 +423,12 @@ class QuantizeConfig:
         if self.correct and not _touches_backbone(self.recipe):
             raise UserError(f"--correct fits the quantized backbone's error; recipe {self.recipe.name} leaves the backbone float")
         _choice("correct_method", self.correct_method, ("trajectory", "output"))
+        if self.schedule is not None:
+            _check(isinstance(self.schedule, ScheduleConfig), "schedule must be a ScheduleConfig")
+            _check(not self.correct, "--precision-schedule and --correct are alternative remedies; pick one")
+            _check(_touches_backbone(self.recipe) and not isinstance(self.recipe, Fp16Recipe),
+                   f"--precision-schedule switches between a quantized and a float backbone; recipe {self.recipe.name} "
+                   f"leaves no quantized backbone")
         _check(isinstance(self.threads, int) and self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         _check(isinstance(self.latency_runs, int) and self.latency_runs >= 1, f"latency_runs must be >= 1, got {self.latency_runs}")
 
@@ -439,6 +447,7 @@ class QuantizeConfig:
             "threads": self.threads,
             "latency_runs": self.latency_runs,
             "measure_memory": self.measure_memory,
+            **({"schedule": self.schedule.to_dict()} if self.schedule is not None else {}),
         }
 
     @classmethod
@@ -449,6 +458,8 @@ class QuantizeConfig:
             raise UserError(f"quantize config version {version!r} is not supported (this build reads {CONFIG_VERSION})")
         recipe = recipe_from_dict(d.pop("recipe"))
         calibration = CalibrationConfig.from_dict(d.pop("calibration", {}))
+        if d.get("schedule") is not None:
+            d["schedule"] = ScheduleConfig.from_dict(d["schedule"])
         return _build(cls, {**d, "recipe": recipe, "calibration": calibration}, "quantize config")
 
 

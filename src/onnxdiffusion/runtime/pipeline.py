@@ -126,6 +126,18 @@ class Pipeline:
             from ..quantize.correction import OutputCorrection
 
             self.correction = OutputCorrection.from_dict(bb["correction"])
+        # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
+        self.schedule = self.backbone_high = None
+        if bb.get("precision_schedule"):
+            from ..quantize.schedule import PrecisionSchedule
+
+            if self.correction is not None:
+                raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
+            self.schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
+            high = backbone_entry(folder, comps[self.schedule.component], provider, profile)
+            self.backbone_high = _backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads,
+                                                   chain["backbone"])
+            guards.check_io(folder, self.schedule.component, self.backbone_high, ("sample", "timestep"), ("out_sample",))
         sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
         try:
             cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
@@ -201,15 +213,15 @@ class Pipeline:
         return self.family.align(cond, {**uncond, **size})
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
-                        width: int, shape: tuple[int, ...]) -> GuidedBackbone:
-        """model_fn(x, t) over the backbone, conditioned and guided as this family is (a guidance-
-        distilled backbone takes the scale as an input and runs unbatched)."""
+                        width: int, shape: tuple[int, ...], session=None) -> GuidedBackbone:
+        """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
+        guidance-distilled backbone takes the scale as an input and runs unbatched)."""
         embedded = self.family.guidance_input
         cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         device = self.profile is not None and self.profile.profile.io_binding == "device"
-        return (DeviceBackbone if device else GuidedBackbone)(self.backbone, shape, cond, uncond, guidance,
+        return (DeviceBackbone if device else GuidedBackbone)(session or self.backbone, shape, cond, uncond, guidance,
                                                               rescale=self.family.cfg_rescale)
 
     def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None) -> np.ndarray:
@@ -329,6 +341,9 @@ class Pipeline:
             model_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
+            if self.schedule is not None:
+                high_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape, self.backbone_high)
+                model_fn = self.schedule.wrap(model_fn, high_fn)
             x = latents
             for i, x, den in iter_sample(model_fn, latents, table, noise):
                 yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)

@@ -210,7 +210,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
                          vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
-                         latent_patch: int | None = None) -> onnx.ModelProto:
+                         latent_patch: int | None = None, schedule=None,
+                         high_backbone: onnx.ModelProto | None = None) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -224,6 +225,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     backbone takes the scale as one of its conditioning inputs). The latents take the backbone
     sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
+    `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
+    instead (an ``If`` on the step's timestep; graph_schedule.py).
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
@@ -264,6 +267,15 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     pre = _prologue(b, [c.name for c in conditioning], given, guidance_mode)
     if correction is not None:
         _correction_prologue(b, pre, correction)
+    high = None
+    if (schedule is None) != (high_backbone is None):
+        raise ValueError("a precision schedule needs its high-precision backbone, and the other way round")
+    if schedule is not None:
+        from .graph_schedule import schedule_prologue
+
+        high = load_backbone(high_backbone, prefix="unet_high/")
+        schedule_prologue(b, pre, schedule, high, bb)
+        functions += high.functions
     if form == "loop":
         body = _Builder()
         x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
@@ -316,9 +328,9 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode),
         outputs,
-        initializer=b.inits + bb.initializers + extra_inits,
+        initializer=b.inits + bb.initializers + (high.initializers if high else []) + extra_inits,
     )
-    models = [backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values())]
+    models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values())]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
     model.ir_version = max(m.ir_version for m in models if m is not None)
     model.functions.extend(functions)

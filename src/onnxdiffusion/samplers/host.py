@@ -34,11 +34,24 @@ def iter_sample(model_fn: ModelFn, init_latents: np.ndarray, table: SamplerTable
     return _loop(model_fn, x, table, noise)
 
 
-def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarray | None):
+def iter_sample_from(model_fn: ModelFn, x: np.ndarray, d_prev: np.ndarray, table: SamplerTable, start: int,
+                     noise: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """The loop resumed at step `start` from the state before it: x (already scaled; the x that
+    step start-1 yielded) and d_prev (the D it yielded; zeros at start 0). Yields as iter_sample."""
+    x = np.asarray(x, dtype=np.float32)
+    noise = _check_noise(noise, table, x.shape)
+    if not 0 <= start < table.num_steps:
+        raise ValueError(f"start must be in [0, {table.num_steps}), got {start}")
+    return _loop(model_fn, x, table, noise, start, np.asarray(d_prev, dtype=np.float32))
+
+
+def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarray | None, start: int = 0,
+          d_prev: np.ndarray | None = None):
     # float32 arithmetic on float32 coefficients, exactly what an ONNX graph will do.
-    x = x * np.float32(table.init_scale)
-    d_prev = np.zeros_like(x)
-    for i, (t, c_in, p, q, a, c, d, e, r, k) in enumerate(table.rows):
+    if d_prev is None:
+        x = x * np.float32(table.init_scale)
+        d_prev = np.zeros_like(x)
+    for i, (t, c_in, p, q, a, c, d, e, r, k) in enumerate(table.rows[start:], start):
         out = np.asarray(model_fn(x * c_in, float(t)), dtype=np.float32)
         if out.shape != x.shape:
             raise ValueError(f"model output shape {out.shape} does not match latents shape {x.shape} at step {i}")
