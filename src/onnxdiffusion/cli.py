@@ -153,6 +153,10 @@ def quantize(
     calib_steps: int = 20,
     calib_guidance: float = 4.0,
     correct: Annotated[bool, typer.Option(help="fit a per-timestep scale/bias correction of the backbone output, applied in the sampler")] = False,
+    precision_schedule: Annotated[Optional[str], typer.Option(
+        help="run a higher-precision backbone at the steps where the quantized one hurts the image most, chosen by "
+             "measured per-step sensitivity: auto | K (steps) | KEY=VALUE,... (steps, target, max_latency, "
+             "precision=fp32|fp16, prompts)")] = None,
     provider: str = "cpu",
     threads: Annotated[int, typer.Option(help="ONNX Runtime threads for calibration and latency")] = 1,
     latency_runs: int = 30,
@@ -163,6 +167,7 @@ def quantize(
     """Quantize a model folder with a typed recipe; writes the folder and quantize_report.json, prints the report."""
     from .quantize import CalibrationConfig, QuantizeConfig, quantize as run_quantize, recipe_class
     from .quantize.api import SpeedGateError, stderr_log
+    from .quantize.schedule import ScheduleConfig
     from .quantize.report import format_table
 
     options = {}
@@ -176,6 +181,7 @@ def quantize(
         calibration=CalibrationConfig(count=calib_count, prompts_file=str(calib_prompts) if calib_prompts else None,
                                       seed=calib_seed, sampler=calib_sampler, steps=calib_steps, guidance=calib_guidance),
         correct=correct, provider=provider, threads=threads, latency_runs=latency_runs,
+        schedule=ScheduleConfig.parse(precision_schedule) if precision_schedule is not None else None,
     )
     try:
         report = run_quantize(model, out, config, overwrite=overwrite, force=force, require_speedup=require_speedup,

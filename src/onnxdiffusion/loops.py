@@ -167,7 +167,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "prefused": prefused,
             "tuned_for": tuned_for,
             "corrected": correction is not None,
-            "precision_schedule": schedule is not None,
+            "scheduled": schedule is not None,
             "bytes": sum(p.stat().st_size for p in folder.iterdir()),
             "compile_seconds": round(time.time() - t0, 2),
         }

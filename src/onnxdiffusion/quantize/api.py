@@ -98,7 +98,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             raise UserError(f"{model}: no '{name}' component to convert")
 
     pipe = Pipeline.from_folder(model, provider="cpu", verify=False, threads=config.threads)
-    pipe.correction = None  # (a forced re-quantization) references are the plain backbone's
+    pipe.correction = pipe.precision_schedule = None  # (a forced re-quantization) references are the plain backbone's
     cache: dict = {}
 
     def get_calibration():
@@ -174,6 +174,18 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         if measured is not new_unet:
             quality["measured_on"] = built.details.get("quality_measured_on", "fp32 simulation")
 
+    schedule, schedule_report, high_model = None, None, None
+    if config.schedule is not None:
+        if measured is None:
+            raise UserError(f"--precision-schedule: the {recipe.name} backbone does not run here, so no step can be measured")
+        from .schedule_select import choose
+
+        high_model = unet_path if config.schedule.precision == "fp32" else _ort.fp16_convert(ctx.unet, ())
+        schedule, schedule_report = choose(pipe, measured, high_model, config, prompts, manifest,
+                                           folder_name("unet") + "_high", log)
+        if schedule is None:
+            log("precision schedule: no set of steps closed any of the quantized backbone's image error; none stored")
+
     runnable = built.cpu_runnable or config.provider != "cpu"
     log("measuring latency" if runnable else "latency not measured: the stored backbone has no kernels on this provider")
     latency = measure_latency(model, manifest, {folder_name(k): v for k, v in built.components.items()}, config) if runnable else {}
@@ -223,6 +235,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         "memory": memory,
         "details": built.details,
         "correction": correction.to_dict() if correction else None,
+        "precision_schedule": schedule_report,
         "seconds": None,
     }
     if require_speedup and not pays:
@@ -277,6 +290,9 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
                 if "boundaries" in built.details:
                     info["timestep_groups"] = {"boundaries": built.details["boundaries"],
                                                "groups": built.details["groups"]}
+        if schedule is not None:
+            _write_high(tmp, model, comps[backbone], new_manifest, schedule, high_model)
+            new_manifest["components"][backbone]["precision_schedule"] = schedule.to_dict()
         new_manifest["quantization"] = {
             "config": config.to_dict(),
             "calibration": provenance,
@@ -289,6 +305,27 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         new_manifest["files"] = hash_tree(tmp)
         write_json(tmp / MANIFEST, new_manifest)
     return report
+
+
+def _write_high(tmp: Path, model: Path, src: dict, new_manifest: dict, schedule, high_model) -> None:
+    """The precision schedule's high-precision backbone as its own component: the source's files
+    (linked) for fp32, the converted model for fp16."""
+    name = schedule.component
+    info = json.loads(json.dumps(src))
+    info["path"] = f"{name}/{Path(src['path']).name}"
+    (tmp / name).mkdir(parents=True, exist_ok=True)
+    if isinstance(high_model, onnx.ModelProto):
+        files = save_model(high_model, tmp / info["path"])
+        info["external_data"] = [f"{name}/{f}" for f in files]
+        info.pop("validation", None)
+    else:
+        info["external_data"] = [f"{name}/{Path(rel).name}" for rel in src.get("external_data", [])]
+        for a, b in zip([src["path"], *src.get("external_data", [])], [info["path"], *info["external_data"]]):
+            _link_or_copy(str(confined(model, a, "file")), str(confined(tmp, b, "file")))
+    info["precision"] = schedule.precision
+    info["role"] = "precision_schedule_high"
+    info["bytes"] = sum((tmp / rel).stat().st_size for rel in [info["path"], *info["external_data"]])
+    new_manifest["components"][name] = info
 
 
 def _jsonable(obj):

@@ -113,6 +113,15 @@ def format_table(report: dict) -> str:
     mem = report.get("memory") or {}
     if mem.get("fp32") and mem.get("new"):
         lines.append(f"backbone resident memory: {mem['new']['after_run_mb']:.1f} MB vs fp32 {mem['fp32']['after_run_mb']:.1f} MB")
+    ps = report.get("precision_schedule")
+    if ps:
+        ch = ps.get("chosen")
+        lines.append("precision schedule: " + ("none stored (no step set closed any error)" if not ch else
+                     f"{ps['config']['precision']} at steps {ch['high_steps']} of {ps['calibration']['steps']} "
+                     f"{ps['calibration']['sampler']}: closes {100 * ch['closed']:.0f}% of the quantized image MSE on "
+                     f"calibration prompts (target {100 * ps['config']['target']:.0f}%"
+                     f"{'' if ch['target_reached'] else ', NOT reached'}), est. backbone time "
+                     f"{ch['estimated_backbone_ratio']:.2f}x the quantized one's"))
     ratio = report.get("latency_ratio")
     lines.append(f"speed: {report['verdict']}" + (f" (backbone latency {ratio:.2f}x fp32)" if ratio is not None else ""))
     return "\n".join(lines)

@@ -127,17 +127,17 @@ class Pipeline:
 
             self.correction = OutputCorrection.from_dict(bb["correction"])
         # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
-        self.schedule = self.backbone_high = None
+        self.precision_schedule = self.backbone_high = None
         if bb.get("precision_schedule"):
             from ..quantize.schedule import PrecisionSchedule
 
             if self.correction is not None:
                 raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
-            self.schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
-            high = backbone_entry(folder, comps[self.schedule.component], provider, profile)
+            self.precision_schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
+            high = backbone_entry(folder, comps[self.precision_schedule.component], provider, profile)
             self.backbone_high = _backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads,
                                                    chain["backbone"])
-            guards.check_io(folder, self.schedule.component, self.backbone_high, ("sample", "timestep"), ("out_sample",))
+            guards.check_io(folder, self.precision_schedule.component, self.backbone_high, ("sample", "timestep"), ("out_sample",))
         sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
         try:
             cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
@@ -341,9 +341,9 @@ class Pipeline:
             model_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
-            if self.schedule is not None:
+            if self.precision_schedule is not None:
                 high_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape, self.backbone_high)
-                model_fn = self.schedule.wrap(model_fn, high_fn)
+                model_fn = self.precision_schedule.wrap(model_fn, high_fn)
             x = latents
             for i, x, den in iter_sample(model_fn, latents, table, noise):
                 yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
