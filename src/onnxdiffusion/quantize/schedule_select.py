@@ -85,19 +85,20 @@ def latency_budget(low_ms: float, high_ms: float, steps: int, max_latency: float
 
 
 def select(probe: ScheduleProbe, cfg: ScheduleConfig, component: str, low_ms: float, high_ms: float,
-           log=lambda m: None, progress=None) -> tuple[PrecisionSchedule | None, dict]:
-    """The schedule (None if even the budget's best closes nothing) and the measurements behind it."""
+           log=lambda m: None) -> tuple[PrecisionSchedule | None, dict]:
+    """The schedule and the measurements behind it. None when chosen automatically and even the
+    budget's best closes nothing (or the budget allows no step); a fixed `steps` K is always kept."""
     n, ts = probe.n, probe.table.timesteps
     t0 = time.time()
     m_low = probe.mse(probe.images([False] * n))
     total = float(m_low.sum())
     sensitivity = []
-    for i in range(n):
+    from tqdm import tqdm
+
+    for i in tqdm(range(n), desc="per-step sensitivity", unit="step", leave=False):
         mask = [True] * n
         mask[i] = False
         sensitivity.append(float(probe.mse(probe.images(mask, start=i)).sum()))
-        if progress:
-            progress(1)
     ranking = [int(i) for i in np.argsort(-np.asarray(sensitivity), kind="stable")]
     budget = latency_budget(low_ms, high_ms, n, cfg.max_latency)
     log(f"precision schedule: quantized MSE {total / len(m_low):.3f}, most sensitive steps {ranking[:6]}, "
@@ -128,7 +129,7 @@ def select(probe: ScheduleProbe, cfg: ScheduleConfig, component: str, low_ms: fl
         "trials": trials,
         "seconds": round(time.time() - t0, 1),
     }
-    if chosen is None or chosen["closed"] <= 0:
+    if chosen is None or (chosen["closed"] <= 0 and not cfg.steps):  # a fixed K is what was asked for
         report["chosen"] = None
         return None, report
     k = chosen["k"]
