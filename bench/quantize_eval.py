@@ -312,6 +312,9 @@ def markdown(result: dict) -> str:
         lines.append(f"- {k} byte-identical across two runs: {v}")
     for k, v in result.get("acceptance", {}).items():
         lines.append(f"- acceptance {k}: {'PASS' if v else 'FAIL'}")
+    schedule = ROOT / "bench" / "results" / "precision_schedule.md"  # the schedule vs --correct, both models
+    if schedule.exists():
+        lines += ["", schedule.read_text().rstrip("\n")]
     return "\n".join(lines)
 
 

@@ -54,11 +54,16 @@ class ScheduleConfig:
             if not ok:
                 raise UserError(msg)
 
-        check(isinstance(self.steps, int) and 0 <= self.steps <= 1000, f"precision schedule steps must be in [0, 1000], got {self.steps!r}")
-        check(_finite(self.target) and 0 < self.target <= 1, f"precision schedule target must be in (0, 1], got {self.target!r}")
-        check(_finite(self.max_latency) and self.max_latency >= 1, f"precision schedule max_latency must be >= 1, got {self.max_latency!r}")
-        check(self.precision in HIGH_PRECISIONS, f"precision schedule precision must be one of {', '.join(HIGH_PRECISIONS)}; got {self.precision!r}")
-        check(isinstance(self.prompts, int) and 2 <= self.prompts <= 4096, f"precision schedule prompts must be in [2, 4096], got {self.prompts!r}")
+        what = "precision schedule"
+        check(isinstance(self.steps, int) and 0 <= self.steps <= 1000,
+              f"{what} steps must be in [0, 1000], got {self.steps!r}")
+        check(_finite(self.target) and 0 < self.target <= 1, f"{what} target must be in (0, 1], got {self.target!r}")
+        check(_finite(self.max_latency) and self.max_latency >= 1,
+              f"{what} max_latency must be >= 1, got {self.max_latency!r}")
+        check(self.precision in HIGH_PRECISIONS,
+              f"{what} precision must be one of {', '.join(HIGH_PRECISIONS)}; got {self.precision!r}")
+        check(isinstance(self.prompts, int) and 2 <= self.prompts <= 4096,
+              f"{what} prompts must be in [2, 4096], got {self.prompts!r}")
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "target": self.target, "max_latency": self.max_latency,
