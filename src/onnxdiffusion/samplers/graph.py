@@ -274,7 +274,9 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         from .graph_schedule import schedule_prologue
 
         high = load_backbone(high_backbone, prefix="unet_high/")
-        schedule_prologue(b, pre, schedule, high, bb)
+        # in the Loop form (one copy of each branch) the weights live in the If branches: read from two
+        # scopes out, ONNX Runtime did not pre-pack them and its MatMuls rounded differently from the host's
+        schedule_prologue(b, pre, schedule, high, bb, local_weights=form == "loop")
         functions += high.functions
     if form == "loop":
         body = _Builder()
@@ -328,7 +330,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode),
         outputs,
-        initializer=b.inits + bb.initializers + (high.initializers if high else []) + extra_inits,
+        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else
+                               bb.initializers + (high.initializers if high else [])) + extra_inits,
     )
     models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values())]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")

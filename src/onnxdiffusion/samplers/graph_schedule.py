@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from .graph_backbone import Backbone, inline_backbone
 
 
-def schedule_prologue(b, pre: dict, schedule, high: Backbone, low: Backbone) -> None:
+def schedule_prologue(b, pre: dict, schedule, high: Backbone, low: Backbone, local_weights: bool = False) -> None:
     """Constants of the schedule, and the high-precision backbone, read by every step."""
     roles = {k for k in low.io if k != "out"}
     if roles != {k for k in high.io if k != "out"}:
@@ -27,6 +27,7 @@ def schedule_prologue(b, pre: dict, schedule, high: Backbone, low: Backbone) -> 
         "lo": b.const("sched_lo", np.asarray(schedule.lo, np.float32)),
         "hi": b.const("sched_hi", np.asarray(schedule.hi, np.float32)),
         "zero": b.const("sched_zero_f", np.array(0.0, np.float32)),
+        "local_weights": local_weights,
     }
 
 
@@ -47,7 +48,8 @@ def switch_backbones(b, pre: dict, low: Backbone, remap: dict[str, str], t: str,
         result = n(f"{key}_backbone_out")
         nodes.append(helper.make_node("Identity", [out], [result], name=result))
         branches[key] = helper.make_graph(nodes, n(f"{key}_branch"), [],
-                                          [helper.make_tensor_value_info(result, TensorProto.FLOAT, None)])
+                                          [helper.make_tensor_value_info(result, TensorProto.FLOAT, None)],
+                                          initializer=bb.initializers if s.get("local_weights") else None)
     out = n("scheduled_out")
     b.nodes.append(helper.make_node("If", [use_high], [out], name=n("precision_switch"),
                                     then_branch=branches["then"], else_branch=branches["else"]))
