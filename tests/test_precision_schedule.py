@@ -225,3 +225,17 @@ def test_mmdit_family_schedule_host_vs_loop(tiny_sd3_onnx, tmp_path):
     kw = dict(steps=3, sampler="flow_euler", guidance=4.0, seed=2, batch=2)
     host = pipe(PROMPTS, **kw)
     assert psnr(pipe(PROMPTS, loop="loop", **kw).images, host.images) >= 60
+
+
+def test_fp16_high_precision_backbone(tiny_onnx, tmp_path):
+    out = tmp_path / "fp16-high"
+    cfg = QuantizeConfig(recipe=Int8StaticRecipe(), calibration=CalibrationConfig(count=4, steps=3, batch=4),
+                         latency_runs=1, measure_memory=False, schedule=ScheduleConfig(steps=1, prompts=4, precision="fp16"))
+    quantize(tiny_onnx, out, cfg)
+    manifest = read_manifest(out)
+    assert manifest["components"]["unet_high"]["precision"] == "fp16"
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in onnx.load(str(out / "unet_high" / "model.onnx")).graph.initializer)
+    compile_loop(out, out, form="loop")
+    pipe = Pipeline.from_folder(out)
+    kw = dict(steps=3, guidance=4.0, seed=1, batch=2)
+    assert psnr(pipe(PROMPTS, loop="loop", **kw).images, pipe(PROMPTS, **kw).images) >= 60
