@@ -199,6 +199,45 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict, path: Path) -> None:
+    """Left: per-step sensitivity (image MSE when only that step runs int8), each model's steps;
+    right: the share of int8-static's image MSE each remedy closes, with the bootstrap interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, m in result["models"].items():
+        sch = m["variants"]["int8-static+schedule"].get("schedule") or {}
+        sens = sch.get("sensitivity_image_mse") or []
+        chosen = set((sch.get("chosen") or {}).get("high_steps") or [])
+        ax1.plot([s["step"] for s in sens], [s["mse"] for s in sens], marker="o", label=name)
+        ax1.scatter([s["step"] for s in sens if s["step"] in chosen], [s["mse"] for s in sens if s["step"] in chosen],
+                    s=120, facecolors="none", edgecolors="k")
+    ax1.set_xlabel("step (0 = noisiest)")
+    ax1.set_ylabel("image MSE vs fp32, only this step int8")
+    ax1.set_title("per-step sensitivity (calibration prompts; circled: run in fp32)")
+    ax1.legend()
+    labels, vals, lo, hi = [], [], [], []
+    for name, m in result["models"].items():
+        for label in VARIANTS[1:]:
+            c = m["variants"][label]["mse_closed"]
+            labels.append(f"{name}\n{label.split('+')[1]}")
+            vals.append(c["pooled"])
+            lo.append(c["pooled"] - c["bootstrap_5_50_95"][0])
+            hi.append(c["bootstrap_5_50_95"][2] - c["pooled"])
+    ax2.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=4, color=["#999", "#3a7"] * (len(vals) // 2))
+    ax2.axhline(0.5, ls="--", c="r", lw=1)
+    ax2.axhline(0, c="k", lw=0.8)
+    ax2.set_xticks(range(len(vals)), labels)
+    ax2.set_ylabel("share of int8-static image MSE closed")
+    ax2.set_title(f"{result['settings']['count']} held-out pairs (bootstrap 5-95%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def _clean(o):
     if isinstance(o, dict):
         return {k: _clean(v) for k, v in o.items()}
@@ -231,7 +270,8 @@ def main(argv=None) -> int:
         result["models"][name] = run_model(name, args)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(_clean(result), indent=2) + "\n")
-    table = markdown(result)
+    plot(result, args.out.with_suffix(".png"))
+    table = markdown(result) + f"\n\n![precision schedule]({args.out.with_suffix('.png').name})"
     args.out.with_suffix(".md").write_text(table + "\n")
     quantize_md = args.out.parent / "quantize.md"  # beside the --correct rows of the quantize report
     if quantize_md.exists():
