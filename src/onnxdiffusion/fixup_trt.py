@@ -239,7 +239,8 @@ def fixup_trt(src: Path | str, folder: Path | str, log=None) -> dict:
                 stale.unlink()
         log("saving with one external-data file and checking")
         _save_and_check(model, tmp / unet_rel)
-        entry = {**{k: v for k, v in old.items() if k not in ("validation", "session_options", "correction", "stored_as")},
+        entry = {**{k: v for k, v in old.items() if k not in ("validation", "session_options", "correction", "stored_as",
+                                                             "precision_schedule")},
                  "path": unet_rel.as_posix(), "external_data": [(unet_rel.parent / DATA_NAME).as_posix()],
                  "precision": precision_of(model), "requires_provider": "tensorrt",
                  "bytes": (tmp / unet_rel).stat().st_size + (tmp / unet_rel.parent / DATA_NAME).stat().st_size,
