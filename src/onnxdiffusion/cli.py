@@ -36,12 +36,15 @@ def export(
         "--no-fuse-attention", help="plain ONNX attention (portable beyond ONNX Runtime, slower on it)")] = False,
     default_size: Annotated[Optional[int], typer.Option(
         "--default-size", help="the folder's default (square) image size; default: the pipeline's own")] = None,
+    skip: Annotated[Optional[list[str]], typer.Option(
+        "--skip", help="leave out an optional component (repeatable), e.g. vae_encoder: text-to-image never runs it")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
 
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
-                            fuse_attention=not no_fuse_attention, default_size=default_size)
+                            fuse_attention=not no_fuse_attention, default_size=default_size,
+                            skip=tuple(skip or ()))
     manifest = export_pipeline(src, out, options)
     for name, info in manifest["components"].items():
         v = info.get("validation", {})
@@ -68,6 +71,7 @@ def generate(
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
+    model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -83,6 +87,10 @@ def generate(
         model, prompt = Path(args[0]), args[1]
     else:
         raise UserError("expected [MODEL] PROMPT")
+    if model_option is not None:
+        if model is not None:
+            raise UserError("give the model folder once: positional MODEL or --model, not both")
+        model = model_option
     # everything that can be checked without loading a model is checked first
     guards.prompt_list(prompt, 1, "prompt")
     if negative_prompt is not None:
@@ -264,6 +272,8 @@ def bench(
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("bench-out"),
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) for the ONNX Runtime variants")] = None,
+    link_images: Annotated[bool, typer.Option(
+        "--link-images", help="report.html links the PNGs beside it instead of embedding them (committed reports)")] = False,
 ) -> None:
     """Every variant side by side: latency per component, memory, size, fidelity, judge accuracy -> report.html."""
     from .bench import BenchOptions, run_bench
@@ -272,7 +282,7 @@ def bench(
     options = BenchOptions(
         model=model, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps, fast_steps=fast_steps,
         repeats=repeats, prompts=prompts, batch=batch, guidance=guidance, size=size, threads=threads, rss=rss,
-        arch=arch, work=work, out=out, progress=not quiet, profile=profile,
+        arch=arch, work=work, out=out, progress=not quiet, profile=profile, embed_images=not link_images,
     )
     if profile is not None:
         from .profiles import resolve

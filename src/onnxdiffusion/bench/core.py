@@ -65,6 +65,7 @@ class BenchOptions:
     judge_path: Path | None = None
     peer_timeout: float = 3600.0
     profile: str | None = None  # hardware profile (name or YAML) for the ONNX Runtime variants
+    embed_images: bool = True  # report.html embeds its PNGs (False: links the files beside it)
 
 
 def _check_out(out: Path, create: bool = True) -> Path:
@@ -388,7 +389,7 @@ def _run_bench(options: BenchOptions) -> dict:
     results["machine"]["loadavg_end"] = _loadavg()
     from .report import write_all
 
-    results["files"] = write_all(out, results, image_sets(states, results))
+    results["files"] = write_all(out, results, image_sets(states, results), embed=options.embed_images)
     return results
 
 

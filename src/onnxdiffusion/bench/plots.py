@@ -28,10 +28,20 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path, palette: bool = False) -> None:
+    """`palette`: a 256-colour PNG (image grids: ~4x fewer bytes, 41 dB PSNR vs the RGBA render on the embedded
+    bench's grid; the PSNR labels are computed from the images, not from the figure)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
+    data = buf.getvalue()
+    if palette:
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(data)).convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE)
+        buf = io.BytesIO()
+        img.save(buf, format="PNG", optimize=True)
+        data = buf.getvalue()
+    atomic_write_bytes(path, data)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -236,7 +246,7 @@ def plot_grid(path: Path, results: dict, image_sets: dict, columns: int = 8) -> 
     fig.subplots_adjust(top=1 - 0.55 / fig_h, bottom=0.02, hspace=0.35)
     fig.suptitle("Same prompts and seeds: fp32 reference (top row) vs each variant (PSNR vs the reference above each image)",
                  fontsize=9, y=1 - 0.12 / fig_h)
-    _save(fig, path)
+    _save(fig, path, palette=True)
     return True
 
 

@@ -1,7 +1,9 @@
 """Bench output: results.json, results.csv, PNG plots and one self-contained report.html.
 
 Plots are drawn with matplotlib (Agg, no display); every axis is labelled with its unit. The HTML
-embeds the PNGs as base64 data URIs so the file can be mailed or opened anywhere.
+embeds the PNGs as base64 data URIs so the file can be mailed or opened anywhere; `embed=False`
+(bench --link-images, used for the reports committed to the repository) links the PNGs beside it instead,
+so their bytes are stored once.
 """
 
 from __future__ import annotations
@@ -219,12 +221,12 @@ code{background:#f4f4f4;padding:1px 4px;border-radius:3px} .note{font-size:13px;
 """
 
 
-def _img_tag(png: Path, alt: str, cls: str = "plot") -> str:
-    data = base64.b64encode(png.read_bytes()).decode()
-    return f'<img class="{cls}" id="{html.escape(png.stem)}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+def _img_tag(png: Path, alt: str, cls: str = "plot", embed: bool = True) -> str:
+    src = f"data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}" if embed else html.escape(png.name)
+    return f'<img class="{cls}" id="{html.escape(png.stem)}" alt="{html.escape(alt)}" src="{src}">'
 
 
-def write_html(path: Path, results: dict, plots: dict[str, Path]) -> None:
+def write_html(path: Path, results: dict, plots: dict[str, Path], embed: bool = True) -> None:
     e = html.escape
     s = results["settings"]
     cols = visible_columns(results)
@@ -265,7 +267,7 @@ def write_html(path: Path, results: dict, plots: dict[str, Path]) -> None:
               "memory_size": "Memory and size", "image_grid": "Image grid: fp32 vs each variant, same seeds"}
     for key, title in titles.items():
         if key in plots:
-            out.append(f"<h2>{e(title)}</h2>{_img_tag(plots[key], title)}")
+            out.append(f"<h2>{e(title)}</h2>{_img_tag(plots[key], title, embed=embed)}")
     if results.get("notes"):
         out.append("<h2>Notes</h2><ul class='note'>" + "".join(f"<li>{e(n)}</li>" for n in results["notes"]) + "</ul>")
     out.append("<h2>How it was measured</h2><ul class='note'>"
@@ -306,8 +308,8 @@ def _versions_note(load: dict, v: dict) -> str:
     return "; ".join(parts)
 
 
-def write_all(out: Path, results: dict, image_sets: dict) -> dict:
-    """Write every output file under `out`; returns {kind: path}."""
+def write_all(out: Path, results: dict, image_sets: dict, embed: bool = True) -> dict:
+    """Write every output file under `out`; returns {kind: path}. `embed`: report.html embeds the PNGs (else links)."""
     out = Path(out)
     files: dict[str, str] = {}
     plots: dict[str, Path] = {}
@@ -330,5 +332,5 @@ def write_all(out: Path, results: dict, image_sets: dict) -> dict:
     results["files"] = files
     atomic_write_bytes(out / "results.json", (json.dumps(_jsonable(results), indent=2) + "\n").encode())
     write_csv(out / "results.csv", results)
-    write_html(out / "report.html", results, plots)
+    write_html(out / "report.html", results, plots, embed=embed)
     return files

@@ -29,6 +29,8 @@ class ExportOptions:
     fuse_attention: bool = True
     # None: every component the family declares that the source has
     components: tuple[str, ...] | None = None
+    # components left out (e.g. ("vae_encoder",): text-to-image never runs it); only optional ones
+    skip: tuple[str, ...] = ()
     # the folder's default image size (square); None: the family's (diffusers' pipeline default)
     default_size: int | None = None
 
@@ -80,6 +82,16 @@ def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
             raise UserError(f"{src}: {name}/config.json is missing")
         configs[name] = _read_json(path)
     return family, mi, configs
+
+
+def _source_path(src: Path) -> str:
+    """The source folder relative to the working directory when it lies inside it (a shipped manifest names no
+    absolute path of the machine that exported it), else absolute."""
+    resolved = src.resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(resolved)
 
 
 def _recommended(src: Path) -> dict:
@@ -179,11 +191,18 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         if unknown:
             raise UserError(f"unknown component(s) {unknown} for a {family.name} pipeline; have {list(specs)}")
         specs = {k: v for k, v in specs.items() if k in wanted}
+    if options.skip:
+        needed = family.required_components(info)
+        bad = [n for n in options.skip if n not in specs or n in needed]
+        if bad:
+            raise UserError(f"cannot skip {bad}: a {family.name} pipeline's optional components here are "
+                            f"{[n for n in specs if n not in needed]}")
+        specs = {k: v for k, v in specs.items() if k not in options.skip}
     fused: dict[str, int] = {}
     manifest: dict = {
         "format_version": FORMAT_VERSION,
         "family": family.name,
-        "source": {"path": str(src.resolve()), "class": model_index["_class_name"]},
+        "source": {"path": _source_path(src), "class": model_index["_class_name"]},
         "opset": options.opset,
         "exporter": "torch.onnx.export (TorchScript)",
         "tool_versions": _versions(),
