@@ -1,15 +1,19 @@
-"""Acceptance measurements for the fp8 and nvfp4 recipes (issue 13) on an exported model folder.
+"""Acceptance measurements for the fp8 and nvfp4 recipes (issue 13) on exported model folders.
 
-    .venv/bin/python bench/lowbit_eval.py [--model models/shapes-sd-onnx] [--count 128]
+    .venv/bin/python bench/lowbit_eval.py [--model models/shapes-sd-onnx --model models/shapes-mmdit-onnx] [--count 128]
 
-For each recipe: `quantize` into --work/<label> (calibrated on the scene world's calib split, seeds
-10000+), check the stored backbone with onnx.checker (full), then generate the held-out prompts
-(seed i for prompt i, DDIM 20 steps, the model card's guidance) and report image PSNR vs fp32
-(mean over images) and the judge's accuracy. fp8's stored file runs on ONNX Runtime's CPU provider
-(as float simulation: no FP8 kernels there); nvfp4's cannot (no FLOAT4E2M1 kernel), so its images
-come from the fp32 simulation graph (numpy-twin weights + the FP8 activation Q/DQ, or activations
-rounded through fp16), which computes what the stored portable graph computes (tests/test_lowbit.py).
-Writes bench/results/lowbit.json and lowbit.md.
+For each model (default: both embedded models, the UNet and the MMDiT) and each recipe: `quantize`
+into --work/<model>/<label> (calibrated on the scene world's calib split, seeds 10000+, with the model's
+recommended sampler, steps and guidance: its own trajectories), check the stored backbone with
+onnx.checker (full), then generate the held-out prompts (seed i for prompt i, the model's recommended
+sampler/steps/guidance from its manifest) and report image PSNR vs fp32 (mean over images, and the worst
+image) and the judge's accuracy. fp8's stored file runs on ONNX Runtime's CPU provider (as float
+simulation: no FP8 kernels there); nvfp4's cannot (no FLOAT4E2M1 kernel), so its images come from the
+fp32 simulation graph (numpy-twin weights + the FP8 activation Q/DQ, or activations rounded through
+fp16), which computes what the stored portable graph computes (tests/test_lowbit.py).
+
+Writes bench/results/lowbit.json (one entry per model; models not run this time keep their earlier
+entry) and lowbit.md (both models side by side) and lowbit.png.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ import onnx  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from onnxdiffusion.artifacts import read_manifest  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, generate_set, heldout_scenes  # noqa: E402
+from onnxdiffusion.families import get_family  # noqa: E402
 from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class  # noqa: E402
 from onnxdiffusion.quantize.calibration import capture, load_prompts, step_ranges  # noqa: E402
 from onnxdiffusion.quantize.graphs import quantizable_nodes  # noqa: E402
@@ -42,6 +48,8 @@ from onnxdiffusion.quantize.lowbit_graphs import simulation_graph  # noqa: E402
 from onnxdiffusion.quantize.recipes import prepare_unet  # noqa: E402
 from onnxdiffusion.quantize.runner import session  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
+
+MODELS = (ROOT / "models" / "shapes-sd-onnx", ROOT / "models" / "shapes-mmdit-onnx")
 
 # label, recipe, options, acceptance target (dB)
 RUNS = [
@@ -56,53 +64,49 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=ROOT / "models" / "shapes-sd-onnx")
-    ap.add_argument("--card", type=Path, default=ROOT / "models" / "shapes-sd" / "eval.json",
-                    help="the model card whose evaluated guidance is used")
-    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "lowbit")
-    ap.add_argument("--count", type=int, default=128)
-    ap.add_argument("--calib-count", type=int, default=32)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lowbit.json")
-    args = ap.parse_args(argv)
-    try:
-        guidance = float(json.loads(args.card.read_text())["options"]["guidance"])
-    except (OSError, KeyError, ValueError, TypeError):
-        guidance = 4.0
-    args.work.mkdir(parents=True, exist_ok=True)
-    options = EvaluateOptions(count=args.count, steps=20, sampler="ddim", guidance=guidance, batch=32)
+def settings_of(manifest: dict) -> tuple[str, int, float]:
+    """The model's recommended sampler / steps / guidance (what it was evaluated with), else DDIM 20 at 4.0."""
+    rec = manifest.get("recommended") or {}
+    return str(rec.get("sampler") or "ddim"), int(rec.get("steps") or 20), float(rec.get("guidance", 4.0))
+
+
+def run_model(model: Path, work: Path, count: int, calib_count: int, runs: list) -> dict:
+    manifest = read_manifest(model)
+    backbone = get_family(manifest.get("family")).backbone
+    sampler, steps, guidance = settings_of(manifest)
+    options = EvaluateOptions(count=count, steps=steps, sampler=sampler, guidance=guidance, batch=32)
     scenes = heldout_scenes(options)
     judge = Judge.from_file(threads=1)
-    calib_cfg = CalibrationConfig(count=args.calib_count, steps=20, sampler="ddim", guidance=guidance)
+    calib_cfg = CalibrationConfig(count=calib_count, steps=steps, sampler=sampler, guidance=guidance)
 
-    pipe = Pipeline.from_folder(args.model, threads=1)
+    pipe = Pipeline.from_folder(model, threads=1)
     fp32_session = pipe.backbone
-    log(f"fp32 reference: {len(scenes)} held-out prompts")
+    log(f"{model.name}: fp32 reference, {len(scenes)} held-out prompts ({sampler} {steps}, guidance {guidance})")
     ref = generate_set(pipe, scenes, options, progress=False)
     fp32_eval = evaluate_images(ref, scenes, judge)
-    manifest = json.loads((args.model / "manifest.json").read_text())
-    fp32_unet = prepare_unet(onnx.load(str(args.model / manifest["components"]["unet"]["path"])))
+    fp32_backbone = prepare_unet(onnx.load(str(model / manifest["components"][backbone]["path"])))
     calib = None
-    result = {"model": args.model.name, "settings": {"count": len(scenes), "split": "heldout", "steps": 20,
-                                                     "sampler": "ddim", "guidance": guidance,
-                                                     "calibration": calib_cfg.to_dict()},
+    result = {"model": model.name, "family": manifest.get("family", "sd"), "backbone": backbone,
+              "settings": {"count": len(scenes), "split": "heldout", "steps": steps, "sampler": sampler,
+                           "guidance": guidance, "calibration": calib_cfg.to_dict()},
               "fp32": {k: fp32_eval[k] for k in ("strict_accuracy", "attribute_accuracy")}, "recipes": {}}
-    for label, name, opts, target in RUNS:
-        out = args.work / label.split(" ")[0] / "_".join(f"{k}-{v}" for k, v in opts.items()) if opts else args.work / name
-        log(f"{label}: quantize")
+    for label, name, opts, target in runs:
+        out = work / model.name / ("_".join([name] + [f"{k}-{v}" for k, v in opts.items()]))
+        log(f"{model.name} {label}: quantize")
         recipe = recipe_class(name).with_options(opts)
         cfg = QuantizeConfig(recipe=recipe, calibration=calib_cfg, threads=1, latency_runs=20, measure_memory=False)
         out.parent.mkdir(parents=True, exist_ok=True)
-        report = quantize(args.model, out, cfg, overwrite=True, log=log)
-        stored = onnx.load(str(out / "unet" / "model.onnx"))
+        report = quantize(model, out, cfg, overwrite=True, log=log)
+        stored = onnx.load(str(out / backbone / "model.onnx"))
+        trt = recipe.to_dict().get("form") == "tensorrt"
         try:
-            onnx.checker.check_model(stored, full_check=recipe.to_dict().get("form") != "tensorrt")
-            checker = "passes (full)" if recipe.to_dict().get("form") != "tensorrt" else "passes (trt ops are custom)"
+            onnx.checker.check_model(stored, full_check=not trt)
+            checker = "passes (full)" if not trt else "passes (trt ops are custom)"
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             checker = f"fails: {str(e).splitlines()[0][:200]}"
+        size = report["sizes"]["unet"]  # recipes call the backbone "unet" whatever the family
         entry = {"recipe": recipe.to_dict(), "target_db": target, "checker": checker,
-                 "unet_bytes": report["sizes"]["unet"]["bytes"], "unet_size_ratio": report["sizes"]["unet"]["ratio"],
+                 "backbone_bytes": size["bytes"], "backbone_size_ratio": size["ratio"],
                  "latency_ratio_cpu": report["latency_ratio"], "verdict": report["verdict"],
                  "quantized_nodes": report["quantized_node_count"], "float_nodes": report["float_node_count"],
                  "probe_psnr_db": report["quality"].get("probe_psnr_db")}
@@ -114,13 +118,13 @@ def main(argv=None) -> int:
                 prompts, _ = load_prompts(calib_cfg)
                 pipe.backbone = fp32_session
                 calib = capture(pipe, prompts, calib_cfg)
-            names = [q.name for q in quantizable_nodes(fp32_unet, recipe.op_types, recipe.keep_float)]
-            by_name = {n.name: n for n in fp32_unet.graph.node}
+            names = [q.name for q in quantizable_nodes(fp32_backbone, recipe.op_types, recipe.keep_float)]
+            by_name = {n.name: n for n in fp32_backbone.graph.node}
             ranges = {}
             if opts["activations"] == "fp8":
                 tensors = list(dict.fromkeys(by_name[n].input[0] for n in names))
-                ranges = step_ranges(fp32_unet, tensors, calib, 1).aggregate(None, "max")
-            sim = simulation_graph(fp32_unet, names, "nvfp4", opts["activations"], ranges)
+                ranges = step_ranges(fp32_backbone, tensors, calib, 1).aggregate(None, "max")
+            sim = simulation_graph(fp32_backbone, names, "nvfp4", opts["activations"], ranges)
             pipe.backbone = session(sim, 1)
             entry["images_from"] = "fp32 simulation graph (numpy-twin NVFP4 weights" + (
                 ", FP8 activation Q/DQ)" if opts["activations"] == "fp8" else ", activations rounded through fp16)")
@@ -129,7 +133,7 @@ def main(argv=None) -> int:
             entry["note"] = "dynamic FP4 activations run only in TensorRT (TRT_FP4DynamicQuantize); not measured here"
             result["recipes"][label] = entry
             continue
-        log(f"{label}: generate")
+        log(f"{model.name} {label}: generate")
         images = generate_set(pipe, scenes, options, progress=False)
         pipe.backbone = fp32_session
         per_image = [psnr(a, b) for a, b in zip(images, ref)]
@@ -138,23 +142,133 @@ def main(argv=None) -> int:
                       "psnr_db_min": float(np.min(per_image)),
                       "strict_accuracy": ev["strict_accuracy"], "attribute_accuracy": ev["attribute_accuracy"]})
         entry["meets_target"] = entry["psnr_db_mean"] >= target
-        log(f"{label}: PSNR {entry['psnr_db_mean']:.2f} dB (target {target}), strict {entry['strict_accuracy']:.3f}")
+        log(f"{model.name} {label}: PSNR {entry['psnr_db_mean']:.2f} dB (target {target}), "
+            f"strict {entry['strict_accuracy']:.3f}")
         result["recipes"][label] = entry
+    return result
+
+
+def _load_previous(path: Path) -> dict:
+    """{model name: result} of an earlier run (the single-model layout of the first version included)."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if "models" in old:
+        return dict(old["models"])
+    if "recipes" in old:  # first version: one model, backbone fields named unet_*
+        for e in old["recipes"].values():
+            for k in ("bytes", "size_ratio"):
+                if f"unet_{k}" in e:
+                    e[f"backbone_{k}"] = e.pop(f"unet_{k}")
+        old.setdefault("family", "sd")
+        old.setdefault("backbone", "unet")
+        return {old["model"]: old}
+    return {}
+
+
+def _settings_line(r: dict) -> str:
+    s = r["settings"]
+    return (f"{r['model']} ({r['family']}, {r['backbone']}): {s['count']} held-out prompt-seed pairs, {s['sampler']} "
+            f"{s['steps']} steps, guidance {s['guidance']}; calibration {s['calibration']['count']} calib-split prompts "
+            f"(seeds {s['calibration']['seed']}+) with the same sampler/steps/guidance; fp32 strict accuracy "
+            f"{r['fp32']['strict_accuracy']:.3f}")
+
+
+def write_markdown(models: dict, path: Path) -> None:
+    names = list(models)
+    labels = list(dict.fromkeys(label for r in models.values() for label in r["recipes"]))
+    lines = ["# fp8 / nvfp4 on the embedded models (mean / worst-image PSNR vs fp32 images, same prompts and seeds)", ""]
+    head = "| recipe | target (dB) | " + " | ".join(f"{n}: mean dB | min | strict | backbone smaller" for n in names) + " |"
+    lines += [head, "|---|---|" + "---|---|---|---|" * len(names)]
+    for label in labels:
+        cells = []
+        target = None
+        for n in names:
+            e = models[n]["recipes"].get(label)
+            if e is None:
+                cells += ["-"] * 4
+                continue
+            target = e.get("target_db") if target is None else target
+            ok = "" if "meets_target" not in e else (" ✓" if e["meets_target"] else " ✗")
+            cells += [f"{e['psnr_db_mean']:.2f}{ok}" if "psnr_db_mean" in e else "-",
+                      f"{e['psnr_db_min']:.2f}" if "psnr_db_min" in e else "-",
+                      f"{e['strict_accuracy']:.3f}" if "strict_accuracy" in e else "-",
+                      f"{e['backbone_size_ratio']}x"]
+        lines.append(f"| {label} | {target or '-'} | " + " | ".join(cells) + " |")
+    lines += ["", "Settings:", ""] + [f"- {_settings_line(models[n])}" for n in names]
+    lines += ["", "| model | recipe | checker | quantized / float nodes | images from |", "|---|---|---|---|---|"]
+    for n in names:
+        for label, e in models[n]["recipes"].items():
+            lines.append(f"| {n} | {label} | {e['checker']} | {e['quantized_nodes']} / {e['float_nodes']} | "
+                         f"{e['images_from'] or e.get('note')} |")
+    for n in names:
+        for note in models[n].get("notes") or []:
+            lines.append(f"\n{n}: {note}")
+    lines.append("\nONNX Runtime's CPU provider has no FP8 or FP4 kernels: no speed is claimed here. "
+                 "Reproduce: `python bench/lowbit_eval.py` (both models; `--model FOLDER` for one).")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(models: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [lb for lb, *_ in RUNS if any("psnr_db_mean" in r["recipes"].get(lb, {}) for r in models.values())]
+    if not labels:
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=110)
+    width = 0.8 / max(1, len(models))
+    x = np.arange(len(labels))
+    for i, (name, r) in enumerate(models.items()):
+        mean = [r["recipes"].get(lb, {}).get("psnr_db_mean", np.nan) for lb in labels]
+        worst = [r["recipes"].get(lb, {}).get("psnr_db_min", np.nan) for lb in labels]
+        bars = ax.bar(x + (i - (len(models) - 1) / 2) * width, mean, width, label=f"{name} (mean)")
+        ax.scatter(x + (i - (len(models) - 1) / 2) * width, worst, marker="v", color=bars.patches[0].get_facecolor(),
+                   edgecolor="k", zorder=3, label=f"{name} (worst image)")
+    targets = [dict((lb, t) for lb, _, _, t in RUNS)[lb] for lb in labels]
+    for j, t in enumerate(targets):
+        if t is not None:
+            ax.hlines(t, j - 0.45, j + 0.45, colors="k", linestyles="--", lw=1, label="target" if j == 0 else None)
+    ax.set_xticks(x, [lb.replace(", ", ",\n") for lb in labels], fontsize=8)
+    ax.set_ylabel("PSNR vs fp32 images (dB)")
+    ax.set_title("fp8 / nvfp4 backbones on both embedded models", fontsize=10)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, action="append",
+                    help="exported model folder (repeatable; default: both embedded models)")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "lowbit")
+    ap.add_argument("--count", type=int, default=128)
+    ap.add_argument("--calib-count", type=int, default=32)
+    ap.add_argument("--only", action="append", help="run only these recipe labels (prefix match), e.g. fp8")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lowbit.json")
+    args = ap.parse_args(argv)
+    runs = [r for r in RUNS if not args.only or any(r[0].startswith(o) for o in args.only)]
+    models = _load_previous(args.out)
+    for model in args.model or MODELS:
+        result = run_model(Path(model), args.work, args.count, args.calib_count, runs)
+        prev = models.get(result["model"])
+        if prev is not None and args.only:  # recipes not run this time keep their earlier entry
+            result["recipes"] = {**prev["recipes"], **result["recipes"]}
+            result["recipes"] = {lb: result["recipes"][lb] for lb, *_ in RUNS if lb in result["recipes"]}
+        models[result["model"]] = result
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"# fp8 / nvfp4 on {result['model']} ({len(scenes)} held-out prompt-seed pairs, DDIM 20, guidance {guidance})", "",
-             "| recipe | mean PSNR vs fp32 (dB) | min | target | strict acc | unet smaller | checker | images from |",
-             "|---|---|---|---|---|---|---|---|"]
-    for label, e in result["recipes"].items():
-        p = f"{e['psnr_db_mean']:.2f}" if "psnr_db_mean" in e else "-"
-        mn = f"{e['psnr_db_min']:.2f}" if "psnr_db_min" in e else "-"
-        acc = f"{e['strict_accuracy']:.3f}" if "strict_accuracy" in e else "-"
-        lines.append(f"| {label} | {p} | {mn} | {e['target_db'] or '-'} | {acc} | {e['unet_size_ratio']}x | {e['checker']} | "
-                     f"{e['images_from'] or e.get('note')} |")
-    lines.append(f"\nfp32 strict accuracy {result['fp32']['strict_accuracy']:.3f}. "
-                 "ONNX Runtime's CPU provider has no FP8 or FP4 kernels: no speed is claimed here.")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    args.out.write_text(json.dumps({"models": models}, indent=2) + "\n")
+    write_markdown(models, args.out.with_suffix(".md"))
+    write_plot(models, args.out.with_suffix(".png"))
+    print(args.out.with_suffix(".md").read_text())
     return 0
 
 

@@ -280,3 +280,24 @@ def test_a_recipe_in_several_folders_is_named_by_folder(bench_models, tmp_path):
     assert "no diffusers source" in next(s for s in plan if s.name == "torch-fp32").skip
     assert not any("other" in n for n in names)  # another model's folder is not listed unless named
     assert "not a variant of" in next(s for s in plan if s.name == "ort-int8-dynamic@other").skip
+
+
+def test_report_can_link_its_pngs_and_grids_are_palette_pngs(tmp_path):
+    """--link-images: report.html names the PNG beside it (bytes stored once); image grids are 256-colour PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from onnxdiffusion.bench.plots import _save
+    from onnxdiffusion.bench.report import _img_tag
+
+    fig, ax = plt.subplots()
+    ax.imshow(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    png = tmp_path / "image_grid.png"
+    _save(fig, png, palette=True)
+    assert Image.open(png).mode == "P"
+    linked, embedded = _img_tag(png, "grid", embed=False), _img_tag(png, "grid")
+    assert 'src="image_grid.png"' in linked and "base64" not in linked
+    assert "data:image/png;base64," in embedded

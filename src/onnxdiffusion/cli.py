@@ -205,9 +205,9 @@ def quantize(
 def evaluate(
     model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
     count: Annotated[int, typer.Option(help="1..4096 held-out prompts")] = 256,
-    steps: int = 20,
-    sampler: str = "ddim",
-    guidance: float = 4.0,
+    steps: Annotated[Optional[int], typer.Option(help="default: the model's recommended, else 20")] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the folder's scheduler")] = None,
+    guidance: Annotated[Optional[float], typer.Option(help="default: the model's recommended, else 7.5")] = None,
     batch: Annotated[int, typer.Option(help="1..4096 images per run")] = 32,
     provider: str = "cpu",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON result (default: none, summary only)")] = None,
@@ -225,7 +225,15 @@ def evaluate(
         check_output_file(output, overwrite)
     if grid is not None:
         output_paths(grid, 1, overwrite)
-    options = EvaluateOptions(count=count, steps=steps, sampler=sampler, guidance=guidance, batch=batch)
+    from .artifacts import read_manifest
+    from .paths import default_model_folder
+    from .runtime.pipeline import GenerateOptions, resolve_options
+
+    # unset steps / sampler / guidance: the model's recommended settings, as generate resolves them
+    rec = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance),
+                          read_manifest(model if model is not None else default_model_folder())["recommended"])
+    options = EvaluateOptions(count=count, steps=rec.steps, sampler=rec.sampler, guidance=rec.guidance,
+                              batch=batch)
     check_evaluate_options(options, provider)
     result = evaluate_model(model, options, provider=provider)
     images = result.pop("_images")

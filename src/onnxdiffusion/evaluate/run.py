@@ -18,7 +18,7 @@ from .metrics import frechet_distance, gaussian_stats
 class EvaluateOptions:
     count: int = 256
     steps: int = 20
-    sampler: str = "ddim"
+    sampler: str | None = "ddim"  # None: the one the folder's scheduler_config.json names
     guidance: float = 4.0
     batch: int = 32
     split: str = "heldout"
@@ -38,7 +38,7 @@ def check_evaluate_options(options: EvaluateOptions, provider: str = "cpu") -> N
     g = options.guidance
     if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g <= MAX_GUIDANCE:  # NaN fails both
         raise UserError(f"guidance must be a number in [0, {MAX_GUIDANCE:g}], got {g!r}")
-    if options.sampler not in SAMPLERS:
+    if options.sampler is not None and options.sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
     resolve_provider(provider)
 
