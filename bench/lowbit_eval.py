@@ -62,13 +62,16 @@ RUNS = [
 # The MMDiT misses the fp8 target with every MatMul quantized; bench/lowbit_sensitivity.py measured which layers
 # carry the error (bench/results/lowbit_sensitivity_fp8.md: the final proj_out and the feed-forward up-projections
 # ff.net.0.proj hold 52% of it, with no outlier channels). These variants keep those in the compute precision
-# (16-bit under TensorRT), on top of Model Optimizer's exclusions; reported beside the plain recipe.
+# (16-bit under TensorRT), on top of Model Optimizer's exclusions; reported beside the plain recipes.
 MMDIT_KEEP = ("/model/proj_out/*", "*/ff/net.0/proj/*")
 RUNS += [
     ("fp8 (W8A8 E4M3), proj_out 16-bit", "fp8", {"keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP[:1])}, 40.0,
      ("sd3",)),
     ("fp8 (W8A8 E4M3), proj_out + ff.net.0.proj 16-bit", "fp8", {"keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP)},
      40.0, ("sd3",)),
+    # the same two roles hold 54% of NVFP4's weight error (bench/results/lowbit_sensitivity_nvfp4.md)
+    ("nvfp4 weights, 16-bit activations, proj_out + ff.net.0.proj 16-bit", "nvfp4",
+     {"activations": "fp16", "keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP)}, 30.0, ("sd3",)),
 ]
 
 

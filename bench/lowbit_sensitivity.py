@@ -100,7 +100,20 @@ def weights_only(model, nodes):
 
 
 def sqnr(got: np.ndarray, ref: np.ndarray) -> float:
-    return float(10 * np.log10(np.mean(ref.astype(np.float64) ** 2) / np.mean((got - ref).astype(np.float64) ** 2)))
+    """dB; inf when the output is unchanged (a node whose result the output does not read)."""
+    noise = float(np.mean((got - ref).astype(np.float64) ** 2))
+    return float(10 * np.log10(np.mean(ref.astype(np.float64) ** 2) / noise)) if noise > 0 else float("inf")
+
+
+def _json(obj):
+    """inf -> null (strict JSON)."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json(v) for v in obj]
+    return obj
 
 
 def main(argv=None) -> int:
@@ -187,7 +200,7 @@ def main(argv=None) -> int:
         keep = [n for n in nodes if per_node[n]["role"] != name]
         result["roles"][name]["sqnr_db_all_but_this"] = err(build(keep))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.write_text(json.dumps(_json(result), indent=2) + "\n")
     what = "FP8 (W8A8 E4M3)" if args.format == "fp8" else "NVFP4 weights (16-bit activations)"
     lines = [f"# Where {what} loses accuracy on {result['model']}", "",
              f"Backbone output SQNR vs fp32 on {len(steps)} timesteps x {calib.rows} rows of {cfg.count} calibration "
