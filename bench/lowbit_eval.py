@@ -275,7 +275,7 @@ def write_plot(models: dict, path: Path) -> bool:
     for j, t in enumerate(targets):
         if t is not None:
             ax.hlines(t, j - 0.45, j + 0.45, colors="k", linestyles="--", lw=1, label="target" if j == 0 else None)
-    ax.set_xticks(x, [lb.replace(", ", ",\n") for lb in labels], fontsize=8)
+    ax.set_xticks(x, [lb.replace(", ", ",\n").replace(" + ", " +\n") for lb in labels], fontsize=8)
     ax.set_ylabel("PSNR vs fp32 images (dB)")
     ax.set_title("fp8 / nvfp4 backbones on both embedded models", fontsize=10)
     ax.legend(fontsize=7, loc="lower left")
