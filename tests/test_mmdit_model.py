@@ -154,3 +154,13 @@ def test_export_skips_only_optional_components(tmp_path):
     proc = run_cli("export", MMDIT, tmp_path / "x", "--skip", "transformer")
     assert_one_line_error(proc, "cannot skip", "transformer", "vae_encoder")
     assert not (tmp_path / "x").exists()
+
+
+def test_quantize_calibrates_with_the_recommended_settings(tmp_path):
+    """Unset --calib-sampler/--calib-guidance: the folder's recommended flow_euler at 3.0 (ddim does not apply to it)."""
+    out = tmp_path / "q"
+    proc = run_cli("quantize", MMDIT_ONNX, out, "--recipe", "fp16", "--calib-count", 4, "--calib-steps", 2,
+                   "--latency-runs", 1)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calib = json.loads((out / "manifest.json").read_text())["quantization"]["config"]["calibration"]
+    assert (calib["sampler"], calib["steps"], calib["guidance"]) == ("flow_euler", 2, 3.0)

@@ -157,9 +157,9 @@ def quantize(
     calib_prompts: Annotated[Optional[Path], typer.Option(help="calibration prompts, one per line (default: the scene world's calib split)")] = None,
     calib_count: Annotated[int, typer.Option(help="calibration prompts to use")] = 32,
     calib_seed: Annotated[int, typer.Option(help="prompt i starts from the latents of seed CALIB_SEED + i")] = 10_000,
-    calib_sampler: str = "ddim",
-    calib_steps: int = 20,
-    calib_guidance: float = 4.0,
+    calib_sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else ddim")] = None,
+    calib_steps: Annotated[Optional[int], typer.Option(help="default: the model's recommended, else 20")] = None,
+    calib_guidance: Annotated[Optional[float], typer.Option(help="default: the model's recommended, else 4.0")] = None,
     correct: Annotated[bool, typer.Option(help="fit a per-timestep scale/bias correction of the backbone output, applied in the sampler")] = False,
     precision_schedule: Annotated[Optional[str], typer.Option(
         help="run a higher-precision backbone at the steps where the quantized one hurts the image most, chosen by "
@@ -184,8 +184,17 @@ def quantize(
         if not sep or not key.strip():
             raise UserError(f"--option expects KEY=VALUE, got {item!r}")
         options[key.strip()] = value.strip()
+    built = recipe_class(recipe).with_options(options)
+    if None in (calib_sampler, calib_steps, calib_guidance):
+        # calibrate on the trajectories the model is run with: its recommended settings (manifest)
+        from .artifacts import read_manifest
+
+        rec = read_manifest(model).get("recommended") or {}
+        calib_sampler = calib_sampler if calib_sampler is not None else rec.get("sampler", "ddim")
+        calib_steps = calib_steps if calib_steps is not None else rec.get("steps", 20)
+        calib_guidance = calib_guidance if calib_guidance is not None else rec.get("guidance", 4.0)
     config = QuantizeConfig(
-        recipe=recipe_class(recipe).with_options(options),
+        recipe=built,
         calibration=CalibrationConfig(count=calib_count, prompts_file=str(calib_prompts) if calib_prompts else None,
                                       seed=calib_seed, sampler=calib_sampler, steps=calib_steps, guidance=calib_guidance),
         correct=correct, provider=provider, threads=threads, latency_runs=latency_runs,
