@@ -1,106 +1,215 @@
+#!/usr/bin/env python
 """Export peak memory vs the exported component's bytes (issue 11, acceptance 5).
 
-Each measurement runs in a fresh process: build a full-width random-weight backbone (SD3's MMDiT at
-SD3-medium width with fewer blocks, or SDXL's UNet at full channel widths with fewer transformer
-layers), then export it with validation exactly as `export` does (onnxdiffusion.export.validate).
-Reported: peak RSS of the process, RSS before the module was built (torch/diffusers imported),
-the component's bytes on disk, and peak / bytes.
+For each arch (sdxl, sd3, flux, qwenimage): build a full-width random-weight pipeline folder
+(bench/fullwidth.py, profile `memory`: the released widths, the backbone's depth reduced to what fits
+this machine), then, in a fresh process, run the project's export of its backbone exactly as
+`onnxdiffusion export` does (onnxdiffusion.export.pipeline.export_pipeline: load, TorchScript export,
+external data, ONNX checker, ONNX Runtime validation at two shapes). Reported: the process's peak RSS
+(VmHWM), its RSS after imports, the component's bytes on disk, peak / bytes, and the peak of each
+phase of the export (VmHWM reset at every phase boundary through /proc/self/clear_refs, so the
+phase that sets the overall peak is named).
 
-    PYTHONPATH=src python bench/export_memory.py [--family sd3|sdxl] [--layers N]
-Appends to bench/results/export_memory.json.
+    python bench/export_memory.py sd3 [--depth 13] [--work /tmp/expmem] [--keep]
+    python bench/export_memory.py --table            # bench/results/export_memory.md from the JSON
+Results are merged (by arch) into bench/results/export_memory.json and the table is rewritten.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
+import platform
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "export_memory.json"
+TABLE = ROOT / "bench" / "results" / "export_memory.md"
+LIMIT = 2.5
+GiB = 2**30
 
 
-def child(family_name: str, layers: int, out: Path) -> dict:
+class Meter:
+    """Peak RSS per phase: every mark closes the running segment (its VmHWM) and resets VmHWM."""
+
+    def __init__(self) -> None:
+        from onnxdiffusion.bench.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+
+        self._cur, self._peak, self._reset = current_rss_bytes, peak_rss_bytes, reset_peak_rss
+        self.peak = 0
+        self.segments: list[dict] = []
+        self.label = "imports"
+        self._start = 0
+        self.resettable = reset_peak_rss()
+
+    def mark(self, label: str) -> None:
+        hwm = self._peak()
+        self.peak = max(self.peak, hwm)
+        now = self._cur()
+        self.segments.append({"phase": self.label, "rss_at_start_bytes": self._start, "peak_rss_bytes": hwm,
+                              "rss_at_end_bytes": now})
+        self._reset()
+        self._start = now
+        self.label = label
+
+    def wrap(self, owner, attr: str, label: str, after: str) -> None:
+        fn = getattr(owner, attr)
+
+        def wrapped(*a, **kw):
+            self.mark(label)
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.mark(after)
+
+        setattr(owner, attr, wrapped)
+
+
+def child(src: Path, out: Path) -> dict:
+    import onnx
+    import onnxruntime
     import torch
 
-    from onnxdiffusion.export.attention import fuse_attention
-    from onnxdiffusion.export.dummies import dummy_feeds
-    from onnxdiffusion.export.pipeline import ExportOptions
-    from onnxdiffusion.export.validate import export_component
-    from onnxdiffusion.families import get_family
+    import onnxdiffusion.export.pipeline as pipeline_mod
+    import onnxdiffusion.export.validate as validate_mod
+    from onnxdiffusion.export.pipeline import ExportOptions, export_pipeline
+    from onnxdiffusion.families import family_for_pipeline
 
-    torch.manual_seed(0)
-    base = _rss_mb()
-    family = get_family(family_name)
-    if family_name == "sd3":
-        from diffusers import SD3Transformer2DModel
-
-        cfg = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=layers, attention_head_dim=64,
-                   num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
-                   pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192)
-        model = SD3Transformer2DModel(**cfg).eval()
-        info = {"latent_channels": 16, "context_dim": 4096, "pooled_dim": 2048, "encoder_widths": [768, 1280]}
-        dims = {"batch_size": 2, "height_latent": 32, "width_latent": 32, "sequence_length": 77 + 256}
-    else:
-        from diffusers import UNet2DConditionModel
-
-        cfg = dict(sample_size=128, in_channels=4, out_channels=4, block_out_channels=(320, 640, 1280),
-                   layers_per_block=2, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-                   up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-                   transformer_layers_per_block=(1, layers, layers), attention_head_dim=(5, 10, 20),
-                   use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
-                   projection_class_embeddings_input_dim=2816, cross_attention_dim=2048)
-        model = UNet2DConditionModel(**cfg).eval()
-        info = {"latent_channels": 4, "context_dim": 2048, "pooled_dim": 1280, "encoder_widths": [768, 1280]}
-        dims = {"batch_size": 2, "height_latent": 32, "width_latent": 32, "sequence_length": 77}
-    fuse_attention(model)
-    params = sum(p.numel() for p in model.parameters())
-    built = _rss_mb()
-    spec = family.backbone_spec(info)
-    feeds = dummy_feeds(spec, dims, torch.Generator().manual_seed(0))
+    meter = Meter()
+    base = meter._cur()
+    backbone = family_for_pipeline(json.loads((src / "model_index.json").read_text())["_class_name"]).backbone
+    meter.wrap(pipeline_mod, "_load", "load (from_pretrained, mmap)", "attention fusion, dummy inputs")
+    meter.wrap(validate_mod, "_outputs", "PyTorch reference outputs", "between references")
+    meter.wrap(torch.onnx, "export", "torch.onnx.export", "release torch module")
+    meter.wrap(validate_mod, "consolidate", "external data consolidate", "between")
+    meter.wrap(onnx.checker, "check_model", "onnx checker", "between")
+    meter.wrap(onnxruntime, "InferenceSession", "ORT session create", "ORT validation runs")
+    meter.mark("setup")
     t0 = time.time()
-    entry = export_component(spec, family.wrap(spec, model), [feeds], out, ExportOptions())
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"family": family_name, "layers": layers, "params": params, "config": cfg,
-            "rss_before_model_mb": round(base, 1), "rss_model_built_mb": round(built, 1),
-            "peak_rss_mb": round(peak, 1), "component_mb": round(entry["bytes"] / 2**20, 1),
-            "external_data": entry["external_data"], "export_s": round(time.time() - t0, 1),
-            "max_abs_error_vs_torch": entry["validation"]["max_abs_error"],
-            "peak_over_bytes": round(peak / (entry["bytes"] / 2**20), 2),
-            "peak_minus_baseline_over_bytes": round((peak - base) / (entry["bytes"] / 2**20), 2)}
+    manifest = export_pipeline(src, out, ExportOptions(components=(backbone,), overwrite=True), progress=False)
+    seconds = time.time() - t0
+    meter.mark("end")
+    entry = manifest["components"][backbone]
+    return {"component": backbone, "component_bytes": entry["bytes"], "external_data": entry["external_data"],
+            "peak_rss_bytes": meter.peak, "rss_after_imports_bytes": base, "export_s": round(seconds, 1),
+            "validation": entry.get("validation"), "phase_peaks_resettable": meter.resettable,
+            "phases": meter.segments,
+            "versions": {k: manifest["tool_versions"][k] for k in ("torch", "diffusers", "onnx", "onnxruntime")}}
+
+
+def measure(arch: str, depth: str | None, work: Path, keep: bool) -> dict:
+    src, out = work / f"{arch}-src", work / f"{arch}-onnx"
+    desc_path = src / "fullwidth.json"
+    want = None
+    if depth is not None:
+        want = [int(p) for p in depth.split(",")]
+        want = want[0] if len(want) == 1 else want
+    if not desc_path.is_file() or (want is not None and json.loads(desc_path.read_text())["backbone_depth"] != want):
+        cmd = [sys.executable, str(ROOT / "bench" / "fullwidth.py"), "build", arch, str(src), "--profile", "memory"]
+        if depth is not None:
+            cmd += ["--depth", depth]
+        print("build:", " ".join(cmd[1:]), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True)
+    desc = json.loads(desc_path.read_text())
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fullwidth import count_params
+
+    depth_ = desc["backbone_depth"]
+    params = count_params(arch, tuple(depth_) if isinstance(depth_, list) else depth_)
+    proc = subprocess.run([sys.executable, __file__, "--child", str(src), str(out)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"export child failed:\n{proc.stderr[-4000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
+    row = {"arch": arch, **desc, "params": params, **row}
+    row["peak_over_component"] = round(row["peak_rss_bytes"] / row["component_bytes"], 3)
+    row["peak_minus_imports_over_component"] = round(
+        (row["peak_rss_bytes"] - row["rss_after_imports_bytes"]) / row["component_bytes"], 3)
+    row["holds"] = row["peak_over_component"] <= LIMIT
+    row["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "shared": True}
+    return row
+
+
+def _gib(b: float) -> str:
+    return f"{b / GiB:.2f}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "# Export peak memory (issue 11, acceptance 5)",
+        "",
+        f"Peak RSS (VmHWM) of a fresh process running `export_pipeline` on the backbone, vs the exported "
+        f"component's bytes on disk; limit {LIMIT}x. Random weights at the released widths, depth reduced to fit "
+        "this 24 GB machine (shared with other jobs; measured one at a time). "
+        "Reproduce: `python bench/export_memory.py ARCH` (see bench/fullwidth.py for the configs).",
+        "",
+        "| arch | export code | backbone (depth measured / released) | params | component GiB | peak RSS GiB | after imports GiB "
+        "| peak / component | (peak - imports) / component | phase setting the peak | export s | holds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        top = max(r["phases"], key=lambda s: s["peak_rss_bytes"])
+        lines.append(
+            f"| {r['arch']} | {r.get('code') or 'this branch'} | {r['backbone_class']} {r['backbone_depth']} / {r['released_depth']} | "
+            f"{r['params'] / 1e9:.2f} B | {_gib(r['component_bytes'])} | {_gib(r['peak_rss_bytes'])} | "
+            f"{_gib(r['rss_after_imports_bytes'])} | {r['peak_over_component']:.2f}x | "
+            f"{r['peak_minus_imports_over_component']:.2f}x | {top['phase']} | {r['export_s']:.0f} | "
+            f"{'yes' if r['holds'] else 'NO'} |")
+    lines += ["", "Peak RSS per export phase (GiB; VmHWM reset at each boundary):", ""]
+    rows = [r for r in rows if not r.get("code")]
+    phases: list[str] = []
+    for r in rows:
+        for s in r["phases"]:
+            if s["phase"] not in phases and s["phase"] not in ("imports", "setup", "between"):
+                phases.append(s["phase"])
+    lines.append("| arch | " + " | ".join(phases) + " |")
+    lines.append("|---|" + "---|" * len(phases))
+    for r in rows:
+        peak = {}
+        for s in r["phases"]:
+            peak[s["phase"]] = max(peak.get(s["phase"], 0), s["peak_rss_bytes"])
+        lines.append(f"| {r['arch']} {r['backbone_depth']} {r.get('code') or ''} | " + " | ".join(_gib(peak[p]) if p in peak else "-" for p in phases) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--family", default="sd3", choices=("sd3", "sdxl"))
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--child", action="store_true")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "export_memory.json")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("arch", nargs="?", choices=("sdxl", "sd3", "flux", "qwenimage"))
+    ap.add_argument("--depth", help="backbone depth override (see bench/fullwidth.py)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/onnxdiffusion-expmem"))
+    ap.add_argument("--keep", action="store_true", help="keep the exported folder")
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
     if args.child:
-        with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(child(args.family, args.layers, Path(tmp) / "c")))
+        print(json.dumps(child(*args.child)))
         return
-    proc = subprocess.run([sys.executable, __file__, "--child", "--family", args.family, "--layers", str(args.layers)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(proc.stderr[-3000:])
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows = json.loads(args.out.read_text()) if args.out.is_file() else []
-    rows.append(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "config"}))
+    rows = json.loads(args.results.read_text()) if args.results.is_file() else []
+    if args.arch:
+        args.work.mkdir(parents=True, exist_ok=True)
+        row = measure(args.arch, args.depth, args.work, args.keep)
+        rows = [r for r in rows if (r["arch"], r["backbone_depth"], r.get("code", "")) !=
+                (row["arch"], row["backbone_depth"], "")] + [row]
+        order = {"sdxl": 0, "sd3": 1, "flux": 2, "qwenimage": 3}
+        rows.sort(key=lambda r: (order[r["arch"]], r.get("code", ""), r["params"]))
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        _write(args.results, json.dumps(rows, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k not in ("phases", "backbone_config")}))
+    if rows:
+        _write(args.results.with_suffix(".md"), table(rows))
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def test_bad_numbers_fail_before_running(bench_models, tmp_path):
     from onnxdiffusion.bench import BenchOptions, run_bench
 
     for kw, msg in ((dict(repeats=0), "--repeats"), (dict(steps=0), "--steps"), (dict(rss="maybe"), "--rss"),
-                    (dict(arch="sdxl"), "--arch")):
+                    (dict(arch="sd9"), "--arch")):
         with pytest.raises(UserError, match=msg):
             run_bench(BenchOptions(model=bench_models / "base", out=tmp_path / "o", progress=False, **kw))
 
@@ -301,3 +301,37 @@ def test_report_can_link_its_pngs_and_grids_are_palette_pngs(tmp_path):
     linked, embedded = _img_tag(png, "grid", embed=False), _img_tag(png, "grid")
     assert 'src="image_grid.png"' in linked and "base64" not in linked
     assert "data:image/png;base64," in embedded
+
+
+@pytest.mark.parametrize("family", ["flux", "qwenimage"])
+def test_arch_mode_runs_a_flow_family_against_its_diffusers_pipeline(family, request, tmp_path):
+    """--arch flux / qwenimage on a work folder holding a model (the tiny one stands in for the full-width one):
+    the main rows run the folder's own sampler, and the PyTorch reference (diffusers' own pipeline, the family's
+    call arguments) reproduces the ONNX Runtime image from the same latents."""
+    import numpy as np
+
+    from onnxdiffusion.bench import BenchOptions, run_bench
+    from onnxdiffusion.bench.runners import Job, _PipelineCache, make_runner
+    from onnxdiffusion.bench.variants import VariantSpec
+    from onnxdiffusion.evaluate.metrics import psnr
+    from onnxdiffusion.families import get_family
+
+    onnx_dir = request.getfixturevalue(f"tiny_{family}_onnx")
+    diff_dir = request.getfixturevalue(f"tiny_{family}_diffusers")
+    work = tmp_path / "work"
+    shutil.copytree(onnx_dir, work / "onnx")
+    shutil.copytree(diff_dir, work / "diffusers")
+    results = run_bench(BenchOptions(arch=family, work=work, steps=2, repeats=1, size=32, threads=1, rss="off",
+                                     out=tmp_path / "out", progress=False))
+    rows = {r["name"]: r for r in results["variants"]}
+    assert rows["torch-fp32"]["status"] == "ok" and rows["ort-fp32"]["status"] == "ok", rows
+    assert "flow-match Euler 2" in rows["ort-fp32"]["label"] and "speedup_vs_ref" in rows["ort-fp32"]
+
+    manifest = read_manifest(work / "onnx")
+    shape = get_family(family).latent_shape(manifest["pipeline"], 1, 32, 32)
+    job = Job(["a red circle"], np.random.default_rng(0).standard_normal(shape, dtype=np.float32), 4.0, 32, 32)
+    torch_run = make_runner(VariantSpec("t", "torch", "t", work / "diffusers", sampler="flow_euler", steps=3), threads=1)
+    ort_run = make_runner(VariantSpec("o", "ort", "o", work / "onnx", sampler="flow_euler", steps=3), threads=1,
+                          cache=_PipelineCache(1, "cpu"))
+    torch_run.load(), ort_run.load()
+    assert psnr(torch_run.generate(job).images, ort_run.generate(job).images) >= 40.0

@@ -61,3 +61,36 @@ def test_runtime_refuses_external_data_outside_the_folder(tmp_path):
     onnx.save(model, str(path))
     with pytest.raises(UserError, match="outside"):
         make_session(path)
+
+
+def test_export_lets_go_of_the_torch_weights_before_onnx_runtime_loads(tiny_diffusers, tmp_path, monkeypatch):
+    """Export peak memory: a source's torch module is released before its last component is validated
+    (the VAE's decoder is validated while the encoder still needs the module; the encoder after release)."""
+    import weakref
+
+    import onnxdiffusion.export.pipeline as P
+    import onnxdiffusion.export.validate as V
+
+    loaded, alive = [], []
+    real_load, real_session = P._load, V._validation_session
+    monkeypatch.setattr(P, "_load", lambda *a: loaded.append(weakref.ref(m := real_load(*a))) or m)
+    monkeypatch.setattr(V, "_validation_session", lambda path: alive.append(loaded[-1]() is not None) or real_session(path))
+    manifest = P.export_pipeline(tiny_diffusers, tmp_path / "out", P.ExportOptions(components=("unet", "vae_decoder", "vae_encoder")),
+                                 progress=False)
+    assert alive == [False, True, False]
+    assert all(manifest["components"][c]["validation"]["max_abs_error"] < 1e-3 for c in ("unet", "vae_decoder"))
+
+
+def test_consolidate_leaves_a_model_without_external_data_alone(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")])
+    path = tmp_path / "model.onnx"
+    onnx.save_model(helper.make_model(graph), str(path))
+    before = path.read_bytes()
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: pytest.fail("a model with nothing beside it was parsed"))
+    consolidate(path)
+    assert path.read_bytes() == before and external_files.__module__

@@ -16,6 +16,7 @@ Order of work (all variants are loaded at once so that repeats can interleave):
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -37,9 +38,7 @@ from .assemble import assemble, image_sets
 from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, make_runner, probe_peer
 from .variants import PlanOptions, folder_variant, plan_variants, select, source_folder
 
-ARCHES = ("sd15",)
-DEFAULT_SD15_WORK = Path("/tmp/sd15-bench")
-SD15_DEFAULT_VARIANTS = ("torch-fp32", "ort-fp32", "ort-fp32-dpmpp", "optimum-ort")
+from .fullsize import ARCHES
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class BenchOptions:
     model: Path | None = None
     variants: tuple[str, ...] = ()
     variants_dir: Path | None = None
-    steps: int | None = None  # DDIM steps (default 20; sd15: 10)
+    steps: int | None = None  # steps of the main sampler (default 20; --arch: fullsize.ARCHES)
     fast_steps: int | None = None  # DPM-Solver++ 2M steps (default steps // 2)
     repeats: int = 5
     prompts: int | None = None  # held-out prompts for the quality columns (default 16; sd15: none)
@@ -59,8 +58,8 @@ class BenchOptions:
     threads: int | None = None  # intra-op threads for every runtime (None: each library's default)
     out: Path = Path("bench-out")
     rss: str = "subprocess"  # subprocess | off
-    arch: str | None = None  # None (the given model) | sd15 (random weights, speed/memory/size only)
-    work: Path | None = None  # --arch sd15: where the full-size model is built (reused when present)
+    arch: str | None = None  # None (the given model) | fullsize.ARCHES (random weights, speed/memory/size only)
+    work: Path | None = None  # --arch: where the model is built (reused when present)
     progress: bool = True
     judge_path: Path | None = None
     peer_timeout: float = 3600.0
@@ -92,7 +91,7 @@ def _resolve(options: BenchOptions) -> BenchOptions:
     if options.arch is not None and options.arch not in ARCHES:
         raise UserError(f"unknown --arch {options.arch!r}; choose from {', '.join(ARCHES)}")
     full = options.arch is not None
-    steps = options.steps if options.steps is not None else (10 if full else 20)
+    steps = options.steps if options.steps is not None else (ARCHES[options.arch].steps if full else 20)
     fast = options.fast_steps if options.fast_steps is not None else max(1, steps // 2)
     prompts = options.prompts if options.prompts is not None else (0 if full else 16)
     for name, v, lo in (("steps", steps, 1), ("fast-steps", fast, 1), ("repeats", options.repeats, 1),
@@ -212,13 +211,16 @@ def _run_bench(options: BenchOptions) -> dict:
     out = _check_out(opts.out, create=False)  # fail before anything runs; created once the plan is good
     notes: list[str] = []
 
-    if opts.arch == "sd15":
-        from .fullsize import prepare_sd15
+    sampler = "ddim"
+    if opts.arch is not None:
+        from ..samplers.config import default_sampler
+        from .fullsize import default_work, prepare
 
-        model, source = prepare_sd15(opts.work or DEFAULT_SD15_WORK, opts.threads or 1, progress=opts.progress)
+        model, source, note = prepare(opts.arch, opts.work or default_work(opts.arch), opts.threads or 1,
+                                      progress=opts.progress)
         manifest = read_manifest(model)
-        notes.append("--arch sd15: Stable Diffusion v1.5-sized components with random weights; quality columns "
-                     "are left out (the images are noise).")
+        notes.append(note)
+        sampler = default_sampler(json.loads((model / "scheduler" / "scheduler_config.json").read_text()))
     else:
         model = Path(opts.model) if opts.model is not None else default_model_folder()
         manifest = read_manifest(model)
@@ -239,18 +241,17 @@ def _run_bench(options: BenchOptions) -> dict:
         raise UserError(f"--size must be a multiple of {m} for this model, got {height}")
 
     plan = plan_variants(model, manifest, source, PlanOptions(steps=opts.steps, fast_steps=opts.fast_steps,
-                                                              variants_dir=opts.variants_dir))
+                                                              variants_dir=opts.variants_dir, sampler=sampler))
     names = [n.strip() for item in opts.variants for n in item.split(",") if n.strip()]
     if opts.arch and not names:  # full size: the main rows, plus any quantized folder found beside the model
-        names = list(SD15_DEFAULT_VARIANTS) + [s.name for s in plan if s.kind == "ort" and s.precision != "fp32"
+        names = list(ARCHES[opts.arch].variants) + [s.name for s in plan if s.kind == "ort" and s.precision != "fp32"
                                                and s.loop == "host" and s.sampler == "ddim" and not s.hidden]
     extra = [folder_variant(Path(n), model, manifest, opts.steps) for n in names if _is_folder_name(n)]
     names = [n for n in names if not _is_folder_name(n)] + [s.name for s in extra]
     chosen = select(plan + extra, names, opts.variants_dir)
     if opts.arch and not opts.variants:
-        notes.append("--arch sd15 runs torch-fp32, ort-fp32, ort-fp32-dpmpp and optimum-ort by default (every "
-                     "variant stays loaded so repeats interleave; OpenVINO's conversion of a 3.4 GB UNet is left "
-                     "to an explicit --variants openvino-fp32).")
+        notes.append(f"--arch {opts.arch} runs {', '.join(ARCHES[opts.arch].variants)} by default (every variant "
+                     "stays loaded so repeats interleave; other rows, e.g. OpenVINO, by --variants).")
     for s in chosen:
         if s.kind == "peer" and s.skip is None:
             s.skip = probe_peer(s.peer_python, s.peer)
@@ -276,8 +277,9 @@ def _run_bench(options: BenchOptions) -> dict:
         if judge_note:
             notes.append(judge_note)
 
-    latent_shape = (int(info["latent_channels"]), height // int(info["vae_scale_factor"]),
-                    width // int(info["vae_scale_factor"]))
+    from ..families import get_family
+
+    latent_shape = get_family(manifest.get("family")).latent_shape(info, 1, height, width)[1:]
     from ..evaluate.run import item_latents
 
     timing_job = Job([scenes[0].caption], item_latents(latent_shape, [0]), opts.guidance, height, width)

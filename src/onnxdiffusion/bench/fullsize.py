@@ -1,48 +1,113 @@
-"""`--arch sd15`: Stable Diffusion v1.5-sized components (random weights) for the speed/memory/size columns.
+"""`--arch NAME`: released-size / full-width random-weight models for the speed, memory and size columns.
 
-The model is built and exported by `bench/sd15_fullsize.py` (its `build` and `export` phases, each a
-subprocess with one thread), into a work folder that is reused when it already holds both the
-diffusers folder and the export.
+  sd15       Stable Diffusion v1.5's architecture at full size, built and exported by `bench/sd15_fullsize.py`
+  sdxl, sd3, flux, qwenimage
+             the released widths (hidden sizes, heads, channels) with fewer blocks/layers so that diffusers and
+             ONNX Runtime fit side by side on a 24 GB CPU machine, built by `bench/fullwidth.py` (profile
+             `bench`; its DEPTHS table) and exported with `onnxdiffusion export`
+
+Each phase runs as a subprocess into a work folder that is reused when it already holds both the diffusers
+folder and the export. Quality columns are left out (random weights make noise images).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
 from .variants import repo_root
 
 
+def _run(cmd: list[str], arch: str, what: str, progress: bool) -> None:
+    print(f"bench: {what}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL, env={**os.environ})
+    if proc.returncode != 0:
+        raise UserError(f"--arch {arch}: {what} failed (exit {proc.returncode})")
+
+
+def _phases(arch: str, script: Path, work: Path, threads: int, progress: bool) -> None:
+    """sd15_fullsize.py's own build and export phases."""
+    for phase in ("build", "export"):
+        if phase == "build" and (work / "diffusers" / "model_index.json").is_file():
+            continue
+        _run([sys.executable, str(script), "--phase", phase, "--work", str(work), "--threads", str(threads)],
+             arch, f"`{script.name} --phase {phase}`", progress)
+
+
+def _fullwidth(arch: str, script: Path, work: Path, threads: int, progress: bool) -> None:
+    """fullwidth.py builds the diffusers folder (profile `bench`); `onnxdiffusion export` exports it."""
+    diff_dir, onnx_dir = work / "diffusers", work / "onnx"
+    if not (diff_dir / "model_index.json").is_file():
+        _run([sys.executable, str(script), "build", arch, str(diff_dir), "--profile", "bench"], arch,
+             "building the full-width model", progress)
+    _run([sys.executable, "-m", "onnxdiffusion.cli", "export", str(diff_dir), str(onnx_dir), "--overwrite"],
+         arch, "exporting it", progress)
+
+
+@dataclass(frozen=True)
+class Arch:
+    what: str
+    steps: int  # default sampling steps
+    variants: tuple[str, ...]  # default rows
+    script: str  # bench/ script that builds it
+    build: Callable[[str, Path, Path, int, bool], None]
+
+
+ARCHES = {
+    "sd15": Arch("Stable Diffusion v1.5-sized components", 10,
+                 ("torch-fp32", "ort-fp32", "ort-fp32-dpmpp", "optimum-ort"), "sd15_fullsize.py", _phases),
+    "sdxl": Arch("SDXL-base widths (UNet 320/640/1280, CLIP-L + OpenCLIP-bigG), fewer transformer blocks", 4,
+                 ("torch-fp32", "ort-fp32"), "fullwidth.py", _fullwidth),
+    "sd3": Arch("SD3-medium widths (MMDiT 1536 wide, 24 heads; CLIP-L, OpenCLIP-bigG, T5-XXL), fewer blocks", 4,
+                ("torch-fp32", "ort-fp32"), "fullwidth.py", _fullwidth),
+    "flux": Arch("FLUX.1-dev widths (MMDiT 3072 wide, 24 heads; CLIP-L, T5-XXL), fewer blocks", 4,
+                 ("torch-fp32", "ort-fp32"), "fullwidth.py", _fullwidth),
+    "qwenimage": Arch("Qwen-Image widths (MMDiT 3072 wide, 24 heads; Qwen2.5-VL-7B text width), fewer blocks", 4,
+                      ("torch-fp32", "ort-fp32"), "fullwidth.py", _fullwidth),
+}
+
+
+def default_work(arch: str) -> Path:
+    return Path(f"/tmp/{arch}-bench")
+
+
 def fullsize_script() -> Path:
     return repo_root() / "bench" / "sd15_fullsize.py"
 
 
-def prepare_sd15(work: Path, threads: int = 1, progress: bool = True) -> tuple[Path, Path]:
-    """(exported model folder, diffusers folder) of the SD1.5-sized model under `work`, building it if needed."""
+def prepare(arch: str, work: Path, threads: int = 1, progress: bool = True) -> tuple[Path, Path, str]:
+    """(exported model folder, diffusers folder, note stating the config) of `arch` under `work`, built if needed."""
+    spec = ARCHES[arch]
     work = Path(work).resolve()
     onnx_dir, diff_dir = work / "onnx", work / "diffusers"
     ready = (onnx_dir / "manifest.json").is_file() and (diff_dir / "model_index.json").is_file()
-    if ready:
-        return onnx_dir, diff_dir
-    script = fullsize_script()
-    if not script.is_file():
-        raise UserError(f"--arch sd15 needs {script} to build the full-size model (or a ready model in {work})")
-    try:
-        import diffusers  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError:
-        raise UserError("--arch sd15 builds the model with torch and diffusers: install the export extra") from None
-    for phase in ("build", "export"):
-        if phase == "build" and (diff_dir / "model_index.json").is_file():
-            continue
-        cmd = [sys.executable, str(script), "--phase", phase, "--work", str(work), "--threads", str(threads)]
-        print(f"bench: building the SD1.5-sized model: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL, env={**os.environ})
-        if proc.returncode != 0:
-            raise UserError(f"--arch sd15: `{script.name} --phase {phase}` failed (exit {proc.returncode})")
+    if not ready:
+        script = repo_root() / "bench" / spec.script
+        if not script.is_file():
+            raise UserError(f"--arch {arch} needs {script} to build the model (or a ready model in {work})")
+        try:
+            import diffusers  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise UserError(f"--arch {arch} builds the model with torch and diffusers: install the export extra") from None
+        spec.build(arch, script, work, threads, progress)
     if not (onnx_dir / "manifest.json").is_file():
-        raise UserError(f"--arch sd15: no exported model at {onnx_dir} after the build")
-    return onnx_dir, diff_dir
+        raise UserError(f"--arch {arch}: no exported model at {onnx_dir} after the build")
+    return onnx_dir, diff_dir, _note(arch, diff_dir)
+
+
+def _note(arch: str, diff_dir: Path) -> str:
+    note = f"--arch {arch}: {ARCHES[arch].what}, random weights; quality columns are left out (the images are noise)."
+    try:
+        d = json.loads((diff_dir / "fullwidth.json").read_text())
+        note += (f" Built: {d['backbone_class']} depth {d['backbone_depth']} (released {d['released_depth']}), text "
+                 f"encoders {d['encoder_layers']} layer(s) each at full width; config in the model's diffusers folder.")
+    except (OSError, ValueError, KeyError):
+        pass
+    return note

@@ -13,78 +13,19 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import UserError
 from .rss import current_rss_bytes, peak_rss_bytes
+from .runner_base import Generation, Job, Runner, _delta, _Timed, _version  # noqa: F401 (re-exported)
 from .variants import VariantSpec
 
 PEER_WORKER = Path(__file__).with_name("peer_worker.py")
 
 
-@dataclass
-class Generation:
-    images: np.ndarray  # (batch, H, W, 3) uint8
-    total_s: float
-    text_encoder_s: float
-    sampling_s: float  # all denoising steps (backbone calls + sampler updates)
-    vae_s: float
-    step_s: list[float] | None = None  # per step, when the loop is visible (host loops)
-    step_latents: list[np.ndarray] | None = None  # x after each step (capture=True, host loops)
-    final_latents: np.ndarray | None = None
-    # CPU seconds of the process that ran the model (all its threads): with 1 thread it leaves out the time other
-    # processes held the core, so on a loaded machine it is the steadier measure of the work itself
-    cpu_s: float | None = None
-
-    @property
-    def steps_measured(self) -> bool:
-        return self.step_s is not None
-
-
-@dataclass
-class Job:
-    prompts: list[str]
-    latents: np.ndarray
-    guidance: float
-    height: int
-    width: int
-    capture: bool = False
-
-
-class Runner:
-    spec: VariantSpec
-    load_info: dict
-
-    def load(self) -> dict:
-        raise NotImplementedError
-
-    def generate(self, job: Job) -> Generation:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
 # --- our ONNX Runtime pipeline ----------------------------------------------------------------------
-class _Timed:
-    """Wraps a bound method, adding its wall time to `sink[key]`."""
-
-    def __init__(self, fn, sink: dict, key: str):
-        self.fn, self.sink, self.key = fn, sink, key
-
-    def __call__(self, *a, **kw):
-        t = time.perf_counter()
-        try:
-            return self.fn(*a, **kw)
-        finally:
-            now = time.perf_counter()
-            self.sink[self.key] += now - t
-            self.sink[self.key + "_end"] = now
-
-
 class _PipelineCache:
     """One loaded Pipeline per model folder, shared by the variants of that folder (fp32 DDIM, DPM++, loops)."""
 
@@ -112,11 +53,6 @@ class _PipelineCache:
             info = {"verify_s": verify_s, "load_s": load_s, "rss_delta_bytes": _delta(rss0)}
             self.pipes[key] = (pipe, sink, info)
         return self.pipes[key]
-
-
-def _delta(before: int | None) -> int | None:
-    now = current_rss_bytes()
-    return None if before is None or now is None else now - before
 
 
 class OrtRunner(Runner):
@@ -177,114 +113,6 @@ class OrtRunner(Runner):
         )
 
 
-# --- diffusers / PyTorch ----------------------------------------------------------------------------
-class TorchRunner(Runner):
-    """diffusers' StableDiffusionPipeline (fp32, DDIM built from the folder's scheduler config)."""
-
-    def __init__(self, spec: VariantSpec, threads: int | None):
-        self.spec, self.threads = spec, threads
-        self.load_info = {}
-
-    def load(self) -> dict:
-        rss0 = current_rss_bytes()
-        t0 = time.perf_counter()
-        import torch
-        from diffusers import DDIMScheduler, StableDiffusionPipeline
-        from diffusers.utils import logging as dlog
-
-        import_s = time.perf_counter() - t0
-        dlog.set_verbosity_error()
-        dlog.disable_progress_bar()
-        if self.threads:
-            torch.set_num_threads(self.threads)
-        self.torch = torch
-        t0 = time.perf_counter()
-        pipe = StableDiffusionPipeline.from_pretrained(
-            self.spec.folder, safety_checker=None, feature_extractor=None, requires_safety_checker=False,
-            local_files_only=True, torch_dtype=torch.float32,
-        )
-        pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
-        pipe.set_progress_bar_config(disable=True)
-        load_s = time.perf_counter() - t0
-        self.pipe = pipe
-        self.sink = {"te": 0.0, "te_end": 0.0, "vae": 0.0, "vae_end": 0.0}
-        sink = self.sink
-
-        def pre(module, args, kwargs=None):
-            sink["_te_t0"] = time.perf_counter()
-
-        def post(module, args, output):
-            now = time.perf_counter()
-            sink["te"] += now - sink["_te_t0"]
-            sink["te_end"] = now
-
-        pipe.text_encoder.register_forward_pre_hook(pre)
-        pipe.text_encoder.register_forward_hook(post)
-        pipe.vae.decode = _Timed(pipe.vae.decode, sink, "vae")
-        self.load_info = {"load_s": load_s, "import_s": import_s, "rss_delta_bytes": _delta(rss0),
-                          "versions": {"torch": torch.__version__, "diffusers": _version("diffusers")}}
-        return self.load_info
-
-    def generate(self, job: Job) -> Generation:
-        torch = self.torch
-        sink = self.sink
-        sink["te"] = sink["vae"] = 0.0
-        steps: list[float] = []
-        lat: list[np.ndarray] = []
-        state = {"prev": None, "last": None, "book": 0.0}
-
-        def on_step(pipe, i, t, kwargs):
-            now = time.perf_counter()
-            start = state["prev"] if state["prev"] is not None else sink["te_end"]
-            steps.append(now - start)
-            x = kwargs["latents"]
-            if job.capture:
-                lat.append(x.detach().float().cpu().numpy().copy())
-            state["last"] = x.detach().float().cpu().numpy().copy() if i == self.spec.steps - 1 else None
-            state["prev"] = time.perf_counter()
-            state["book"] += state["prev"] - now
-            return {}
-
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        with torch.inference_mode():
-            out = self.pipe(
-                job.prompts, latents=torch.from_numpy(np.ascontiguousarray(job.latents)), height=job.height,
-                width=job.width, num_inference_steps=self.spec.steps, guidance_scale=job.guidance, output_type="np",
-                callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["latents"],
-            )
-        total = time.perf_counter() - t0
-        cpu = time.process_time() - c0
-        images = (np.asarray(out.images) * 255).round().astype(np.uint8)
-        return Generation(images=images, total_s=total - state["book"], text_encoder_s=sink["te"],
-                          sampling_s=sum(steps), vae_s=sink["vae"], step_s=steps,
-                          step_latents=lat if job.capture else None, final_latents=state["last"], cpu_s=cpu)
-
-    def close(self) -> None:
-        self.pipe = None
-
-
-def ddim_from_config(cls, config):
-    """DDIM from a folder's scheduler config, computing what our runtime computes.
-
-    Our sampler tables never clip x0. diffusers' DDIMScheduler defaults to clip_sample=True, so a config
-    that does not say (SD1.5's PNDMScheduler config) would clip in diffusers only; pin it off then.
-    (Same rule in peer_worker.py.)
-    """
-    extra = {} if "clip_sample" in config else {"clip_sample": False}
-    return cls.from_config(config, **extra)
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
-# --- peers in their own venvs -------------------------------------------------------------------------
 class PeerError(Exception):
     pass
 
@@ -413,6 +241,8 @@ def make_runner(spec: VariantSpec, *, threads: int | None, cache: _PipelineCache
     if spec.kind == "ort":
         return OrtRunner(spec, cache or _PipelineCache(threads, "cpu"))
     if spec.kind == "torch":
+        from .torch_runner import TorchRunner
+
         return TorchRunner(spec, threads)
     if spec.kind == "peer":
         work = Path(work or tempfile.mkdtemp(prefix="bench-peer-"))
@@ -420,5 +250,5 @@ def make_runner(spec: VariantSpec, *, threads: int | None, cache: _PipelineCache
     raise UserError(f"unknown variant kind {spec.kind!r}")
 
 
-__all__ = ["Generation", "Job", "Runner", "OrtRunner", "TorchRunner", "PeerRunner", "PeerError", "make_runner",
+__all__ = ["Generation", "Job", "Runner", "OrtRunner", "PeerRunner", "PeerError", "make_runner",
            "probe_peer", "peak_rss_bytes"]

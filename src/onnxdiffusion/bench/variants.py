@@ -215,12 +215,17 @@ class PlanOptions:
     steps: int = 20
     fast_steps: int = 10
     variants_dir: Path | None = None
+    sampler: str = "ddim"  # the main rows' sampler (full-width archs: the folder's own)
+
+
+SAMPLER_LABELS = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler ancestral", "flow_euler": "flow-match Euler",
+                  "flow_heun": "flow-match Heun", "dpmpp_2m": "DPM-Solver++ 2M"}
 
 
 def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
     """Every variant this model can have, each runnable or carrying the reason it cannot run."""
     specs: list[VariantSpec] = []
-    ddim = f"DDIM {opts.steps}"
+    ddim = f"{SAMPLER_LABELS.get(opts.sampler, opts.sampler)} {opts.steps}"
     fast = f"DPM-Solver++ 2M {opts.fast_steps}"
 
     torch_skip = None
@@ -233,17 +238,17 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
         if missing:
             torch_skip = f"not installed: {', '.join(missing)} (the export extra: pip install -e '.[export]')"
     specs.append(VariantSpec("torch-fp32", "torch", f"PyTorch fp32 (diffusers), {ddim}", source, steps=opts.steps,
-                             skip=torch_skip))
+                             sampler=opts.sampler, skip=torch_skip))
 
     def ort_family(prefix: str, folder: Path, man: dict, precision: str, folder_skip: str | None) -> list[VariantSpec]:
         what = "ORT fp32" if precision == "fp32" else f"ORT {precision}"
         fam = [VariantSpec(f"{prefix}", "ort", f"{what}, host loop, {ddim}", folder, steps=opts.steps,
-                           precision=precision, skip=folder_skip)]
+                           sampler=opts.sampler, precision=precision, skip=folder_skip)]
         for form in ("loop", "unrolled"):
             absent = f"sampler_{form}" not in man.get("components", {})
             skip = folder_skip or _loop_skip(man, form, opts.steps)
             fam.append(VariantSpec(f"{prefix}-{form}", "ort", f"{what}, ONNX {form} graph, {ddim}", folder,
-                                   steps=opts.steps, loop=form, precision=precision, skip=skip,
+                                   steps=opts.steps, sampler=opts.sampler, loop=form, precision=precision, skip=skip,
                                    hidden=absent or folder_skip is not None))
         fam.append(VariantSpec(f"{prefix}-dpmpp", "ort", f"{what}, host loop, {fast}", folder, sampler="dpmpp_2m",
                                steps=opts.fast_steps, precision=precision, skip=folder_skip,

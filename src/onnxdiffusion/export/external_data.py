@@ -43,6 +43,8 @@ def consolidate(model_path: Path, data_name: str = "model.onnx_data") -> None:
     """
     model_path = Path(model_path)
     folder = model_path.parent
+    if not any(p.is_file() and p != model_path for p in folder.iterdir()):
+        return  # no file beside the model: nothing external (and a < 2 GB model is not parsed a second time)
     model = onnx.load(str(model_path), load_external_data=False)
     tensors = list(_external_tensors(model))
     if not tensors:

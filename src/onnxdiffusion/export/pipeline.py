@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import platform
@@ -94,6 +93,12 @@ def _source_path(src: Path) -> str:
         return str(resolved)
 
 
+def source_info(src: Path | str) -> tuple[Family, dict]:
+    """The family and pipeline info (what manifest['pipeline'] records) of a diffusers folder, from its JSON only."""
+    family, _, configs = _check_source(Path(src))
+    return family, family.pipeline_info(configs)
+
+
 def _recommended(src: Path) -> dict:
     """Settings the model was evaluated with (eval.json beside the diffusers folder, written by training)."""
     from ..manifest import check_recommended
@@ -174,7 +179,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from tqdm import tqdm
 
     from .attention import DOMAIN_OP, fuse_attention
-    from .validate import export_component
+    from .validate import export_component, free_memory
 
     t_start = time.time()
     info = family.pipeline_info(configs)
@@ -214,11 +219,13 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     with atomic_dir(out, overwrite=options.overwrite, inputs=(src,)) as tmp:
         with tqdm(total=len(specs), desc="export", disable=not progress) as bar:  # closed (newline) on errors too
             loaded: tuple[str, object] | None = None
-            for name, spec in specs.items():
+            module = wrapped = None
+            order = list(specs.values())
+            for i, (name, spec) in enumerate(specs.items()):
                 bar.set_postfix_str(name)
                 if loaded is None or loaded[0] != spec.source:
                     loaded = module = None  # release the previous source's weights before loading the next
-                    gc.collect()
+                    free_memory()
                     module = _load(src, spec.source, class_of(model_index, spec.source))
                     if options.fuse_attention and spec.kind != "text_encoder":
                         fused[spec.source] = fuse_attention(module)
@@ -228,7 +235,17 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 dims = family.export_dims(spec, info)
                 gen = torch.Generator().manual_seed(0)
                 feed_list = [family.export_feeds(spec, d, gen, vocab) for d in dims]
-                entry = export_component(spec, family.wrap(spec, module).eval(), feed_list, tmp / name, options)
+                last_of_source = i + 1 == len(order) or order[i + 1].source != spec.source
+
+                def release() -> None:
+                    # the source's last component: drop the torch weights before ONNX Runtime loads the export
+                    nonlocal loaded, module, wrapped
+                    loaded = module = wrapped = None
+
+                wrapped = family.wrap(spec, module).eval()
+                entry = export_component(spec, wrapped, feed_list, tmp / name, options,
+                                         release=release if last_of_source else None)
+                wrapped = None
                 entry["family"] = family.name
                 entry["shapes_validated"] = dims
                 manifest["components"][name] = entry
@@ -236,7 +253,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     shutil.copy2(src / spec.source / "config.json", tmp / name / "config.json")
                 bar.update(1)
         loaded = module = None
-        gc.collect()
+        free_memory()
         if any(fused.values()):
             manifest["attention"] = {"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused}
         for slot in family.text_encoders:

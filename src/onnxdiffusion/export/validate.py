@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +27,48 @@ def _compare(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float
     return max_abs, max_rel
 
 
-def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: list[dict], folder: Path, options) -> dict:
+def free_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _validation_session(path: Path) -> ort.InferenceSession:
+    """ONNX Runtime session for validation only, lean on memory: no weight pre-packing (a second, re-laid-out
+    copy of every MatMul weight that only speeds up repeated runs), no CPU arena holding the largest
+    activation set after the run. External data is memory-mapped by ONNX Runtime (page-aligned, see
+    external_data.consolidate). The numerics are the default optimization level's, as at run time."""
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    so.enable_cpu_mem_arena = False
+    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+
+
+def _outputs(module: torch.nn.Module, feeds: dict, names_in: list[str]) -> list[np.ndarray]:
+    with torch.no_grad():
+        ref = module(*(feeds[n] for n in names_in))
+    return [r.numpy() for r in (ref if isinstance(ref, tuple) else (ref,))]
+
+
+def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: list[dict], folder: Path, options,
+                     release: Callable[[], None] | None = None) -> dict:
+    """Export `module` to folder/model.onnx (one external-data file when > 2 GB) and validate it against PyTorch.
+
+    PyTorch's outputs on every validation feed are computed before the export, so the torch module is not
+    needed once the ONNX file is written: when `release` is given, the module is let go here and `release()`
+    is called (the caller drops its own references) before ONNX Runtime loads the model, so the two copies
+    of the weights are never resident together.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.onnx"
     names_in = [t.name for t in spec.inputs]
     names_out = [t.name for t in spec.outputs]
+    refs = [_outputs(module, feeds, names_in) for feeds in feed_list] if options.validate else []
     first = feed_list[0]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -44,6 +83,10 @@ def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: li
             do_constant_folding=True,
             dynamo=False,
         )
+    if release is not None:
+        del module
+        release()
+    free_memory()  # the exporter's graph and folded weight copies
     consolidate(path)
     info = {
         "path": f"{spec.name}/model.onnx",
@@ -55,12 +98,9 @@ def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: li
     onnx.checker.check_model(str(path))
     if not options.validate:
         return info
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = _validation_session(path)
     worst_abs, worst_rel = 0.0, 0.0
-    for feeds in feed_list:
-        with torch.no_grad():
-            ref = module(*(feeds[n] for n in names_in))
-        ref = [r.numpy() for r in (ref if isinstance(ref, tuple) else (ref,))]
+    for feeds, ref in zip(feed_list, refs):
         got = sess.run(names_out, {n: feeds[n].numpy() for n in names_in})
         for r, g in zip(ref, got):
             if r.shape != g.shape:
@@ -73,5 +113,6 @@ def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: li
                 f"{spec.name}: ONNX Runtime differs from PyTorch by {a:.3g} (max abs) > tolerance {bound:.3g}"
             )
     del sess
+    free_memory()
     info["validation"] = {"max_abs_error": worst_abs, "max_rel_error": worst_rel, "atol": spec.atol}
     return info

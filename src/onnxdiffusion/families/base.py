@@ -180,6 +180,11 @@ class Family:
         """Conditioning that depends on the image size, not the text (SDXL's add_time_ids)."""
         return {}
 
+    def diffusers_call(self, info: dict, guidance: float) -> dict[str, Any]:
+        """Keyword arguments that make the diffusers pipeline do what `generate` does at this guidance with no
+        negative prompt (the bench's PyTorch reference runs the same work)."""
+        return {"guidance_scale": guidance}
+
     def zero_negative(self, info: dict) -> bool:
         """Whether an absent negative prompt means all-zero unconditional embeddings (SDXL)."""
         return False

@@ -87,6 +87,10 @@ class Flux(PackedFlowFamily):
     guidance_input: ClassVar[str | None] = GUIDANCE
     latent_patch: ClassVar[int | None] = 2
 
+    def diffusers_call(self, info: dict, guidance: float) -> dict[str, Any]:
+        # guidance is embedded (no CFG); T5 is fed the folder's length, as export and run time do
+        return {"guidance_scale": guidance, "max_sequence_length": self.sequence_length("text_encoder_2", info)}
+
     def pipeline_info(self, configs: dict[str, dict]) -> dict:
         tr, clip, t5 = configs["transformer"], configs["text_encoder"], configs["text_encoder_2"]
         if int(tr["joint_attention_dim"]) != int(t5["d_model"]):

@@ -69,6 +69,11 @@ class QwenImage(PackedFlowFamily):
     latent_patch: ClassVar[int | None] = 2
     whole_graph: ClassVar[bool] = False  # template, prefix drop and re-padding are host-side
 
+    def diffusers_call(self, info: dict, guidance: float) -> dict[str, Any]:
+        # QwenImagePipeline guides with true_cfg_scale and only when given a negative prompt; `generate`
+        # encodes an absent one as ""
+        return {"true_cfg_scale": guidance, "negative_prompt": ""}
+
     def pipeline_info(self, configs: dict[str, dict]) -> dict:
         tr, te, vae = configs["transformer"], configs["text_encoder"], configs["vae"]
         width = int((te.get("text_config") or te).get("hidden_size"))
