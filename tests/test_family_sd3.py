@@ -44,6 +44,26 @@ def test_matches_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, negative):
     assert psnr(ours.images, ref) >= 40.0
 
 
+@pytest.mark.parametrize("sampler", ["flow_heun", "dpmpp_2m"])
+def test_second_order_flow_samplers_match_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, sampler):
+    """Acceptance 1 for SD3's other flow samplers: FlowMatchHeunDiscreteScheduler runs in diffusers' SD3 pipeline
+    as shipped; DPM-Solver++ on the folder's flow-match sigmas through flow_twins (its own grid would differ)."""
+    import torch
+    from diffusers import FlowMatchHeunDiscreteScheduler, StableDiffusion3Pipeline
+
+    from flow_twins import driven
+
+    pipe = Pipeline.from_folder(tiny_sd3_onnx)
+    ours = pipe(PROMPT, negative_prompt="a green ring", steps=4, sampler=sampler, guidance=5.0, seed=3)
+    ref_pipe = StableDiffusion3Pipeline.from_pretrained(tiny_sd3_diffusers, local_files_only=True)
+    cfg = ref_pipe.scheduler.config
+    ref_pipe.scheduler = FlowMatchHeunDiscreteScheduler.from_config(cfg) if sampler == "flow_heun" else driven(sampler, cfg)
+    ref_pipe.set_progress_bar_config(disable=True)
+    ref = ref_pipe(PROMPT, negative_prompt="a green ring", latents=torch.from_numpy(ours.init_latents), height=SIZE[0],
+                   width=SIZE[1], num_inference_steps=4, guidance_scale=5.0, output_type="np").images
+    assert psnr(ours.images, (ref * 255).round().astype(np.uint8)) >= 40.0
+
+
 def test_cli_generate_matches_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, tmp_path):
     """The `generate` verb (seeded latents) against diffusers' own FlowMatchEuler from the same latents."""
     out = tmp_path / "img.png"

@@ -1,6 +1,7 @@
 """Flux and Qwen-Image: `export` then `generate` reproduces the diffusers pipeline given the same
-initial latents, prompt, steps and guidance (acceptance 1), for every flow sampler that has a
-diffusers twin; per-component ONNX-vs-PyTorch validation is recorded in the manifest."""
+initial latents, prompt, steps and guidance (acceptance 1), for every flow sampler (Heun and
+DPM-Solver++ through diffusers' schedulers driven on the pipelines' sigmas, flow_twins.py);
+per-component ONNX-vs-PyTorch validation is recorded in the manifest."""
 
 from __future__ import annotations
 
@@ -25,17 +26,19 @@ TWINS = {"flow_euler": "FlowMatchEulerDiscreteScheduler", "flow_heun": "FlowMatc
 
 def _scheduler(pipe, sampler: str):
     """The diffusers scheduler `sampler` reproduces, configured from the folder's scheduler config.
-    Flux and Qwen-Image hand their scheduler base sigmas and mu: a scheduler whose set_timesteps
-    takes no sigmas cannot run in those pipelines, so there is nothing to compare against."""
+    Flux and Qwen-Image hand their scheduler base sigmas and mu; a scheduler whose set_timesteps takes no
+    sigmas is driven on the schedule those give (flow_twins.py: its own set_timesteps layout and step())."""
     import inspect
 
     import diffusers
+
+    from flow_twins import driven
 
     if sampler not in TWINS:
         pytest.fail(f"sampler {sampler!r} has no diffusers twin in TWINS")
     cls = getattr(diffusers, TWINS[sampler])
     if "sigmas" not in inspect.signature(cls.set_timesteps).parameters:
-        pytest.skip(f"{cls.__name__}.set_timesteps takes no sigmas: diffusers' Flux/Qwen-Image pipelines cannot use it")
+        return driven(sampler, pipe.scheduler.config)
     return cls.from_config(pipe.scheduler.config)
 
 
@@ -61,6 +64,33 @@ def _packed_latents(pipe, channels: int, factor: int, seed: int) -> torch.Tensor
     g = torch.Generator().manual_seed(seed)
     h, w = H // factor, W // factor
     return pipe._pack_latents(torch.randn(1, channels, h, w, generator=g), 1, channels, h, w)
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+@pytest.mark.parametrize("steps", [1, 2, 7])
+def test_driven_twins_reproduce_diffusers_own_set_timesteps(shift, steps):
+    """Where diffusers' own set_timesteps applies (its grid, static shift), the driven twins lay out the same
+    sigmas and timesteps (DPM's timesteps: diffusers truncates them to int64, the twin keeps flow-match's)."""
+    from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, FlowMatchHeunDiscreteScheduler
+
+    from flow_twins import driven
+
+    config = FlowMatchEulerDiscreteScheduler(shift=shift).config
+    real = FlowMatchHeunDiscreteScheduler.from_config(config)
+    real.set_timesteps(steps)
+    twin = driven("flow_heun", config)
+    twin.set_timesteps(sigmas=np.linspace(real.sigma_max, real.sigma_min, steps) if steps > 1 else [real.sigma_max])
+    torch.testing.assert_close(twin.sigmas, real.sigmas, rtol=1e-6, atol=0)
+    torch.testing.assert_close(twin.timesteps, real.timesteps, rtol=1e-6, atol=0)
+
+    real = DPMSolverMultistepScheduler.from_config(config, prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                   flow_shift=shift)
+    real.set_timesteps(steps)
+    twin = driven("dpmpp_2m", config)
+    base = (1.0 - np.linspace(1, 1 / 1000, steps + 1))[::-1][:-1]
+    twin.set_timesteps(sigmas=base)
+    torch.testing.assert_close(twin.sigmas, real.sigmas, rtol=1e-6, atol=0)
+    assert torch.equal(twin.timesteps.to(torch.int64), real.timesteps)
 
 
 @pytest.mark.parametrize("onnx_fixture", ["tiny_flux_onnx", "tiny_qwenimage_onnx"])
