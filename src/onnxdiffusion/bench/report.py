@@ -234,10 +234,12 @@ def write_html(path: Path, results: dict, plots: dict[str, Path], embed: bool = 
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>onnxdiffusion bench</title>",
            f"<style>{_CSS}</style></head><body>"]
     title = Path(results["model"]).name if not results.get("arch") else f"--arch {results['arch']} (random weights, full size)"
+    main = next((r["sampler"] for r in results["variants"] if r["name"] == "ort-fp32"), "ddim")
+    main = {"ddim": "DDIM", "euler": "Euler", "flow_euler": "flow-match Euler"}.get(main, main)
     out.append(f"<h1>onnxdiffusion bench — {e(title)}</h1>")
     out.append(f"<p class='meta'>{e(results['created'])} · model <code>{e(results['model'])}</code>"
                + (f" · diffusers source <code>{e(results['source'])}</code>" if results.get("source") else "")
-               + f"<br>DDIM {s['steps']} steps (DPM-Solver++ 2M {s['fast_steps']} steps for *-dpmpp), guidance {s['guidance']}, "
+               + f"<br>{e(main)} {s['steps']} steps (DPM-Solver++ 2M {s['fast_steps']} steps for *-dpmpp), guidance {s['guidance']}, "
                f"{s['height']}x{s['width']}, threads {s['threads'] or 'library default'} · timed job: {e(s['timed_job'])}, "
                f"{s['repeats']} interleaved repeats after a first call and the quality pass · "
                + (f"quality: {s['prompts']} held-out prompts, per-item seeds" if s['prompts'] else "no quality pass")
