@@ -175,20 +175,14 @@ def table(rows: list[dict]) -> str:
         "blocks (0.80 GiB) peaked at 4.8x, inside torch's exporter (not changed here; components that size peak "
         "under 10 GB).",
         "",
-        "Peak RSS per export phase (GiB; VmHWM reset at each boundary):", ""]
-    rows = [r for r in rows if not r.get("code")]
-    phases: list[str] = []
+        "Peak RSS per export phase, in order (GiB; VmHWM reset at each boundary):", "",
+        "| arch (depth) | phases |", "|---|---|"]
     for r in rows:
-        for s in r["phases"]:
-            if s["phase"] not in phases and s["phase"] not in ("imports", "setup", "between"):
-                phases.append(s["phase"])
-    lines.append("| arch | " + " | ".join(phases) + " |")
-    lines.append("|---|" + "---|" * len(phases))
-    for r in rows:
-        peak = {}
-        for s in r["phases"]:
-            peak[s["phase"]] = max(peak.get(s["phase"], 0), s["peak_rss_bytes"])
-        lines.append(f"| {r['arch']} {r['backbone_depth']} {r.get('code') or ''} | " + " | ".join(_gib(peak[p]) if p in peak else "-" for p in phases) + " |")
+        if r.get("code"):
+            continue
+        parts = [f"{s['phase']} {_gib(s['peak_rss_bytes'])}" for s in r["phases"]
+                 if s["phase"] not in ("imports", "setup", "between", "between references")]
+        lines.append(f"| {r['arch']} ({r['backbone_depth']}) | " + " · ".join(parts) + " |")
     return "\n".join(lines) + "\n"
 
 
