@@ -335,3 +335,20 @@ def test_arch_mode_runs_a_flow_family_against_its_diffusers_pipeline(family, req
                           cache=_PipelineCache(1, "cpu"))
     torch_run.load(), ort_run.load()
     assert psnr(torch_run.generate(job).images, ort_run.generate(job).images) >= 40.0
+
+
+def test_memory_probe_takes_a_spec_larger_than_one_command_line_argument(tiny_onnx):
+    """The probe's spec carries the job's latents (a 256x256 flow model's are ~350 KB of JSON, past Linux's
+    128 KB limit on one argument): it goes over stdin."""
+    import numpy as np
+
+    from onnxdiffusion.bench import memory
+    from onnxdiffusion.bench.variants import VariantSpec
+
+    spec = VariantSpec("ort-fp32", "ort", "ORT", tiny_onnx, steps=1).to_dict()
+    latents = np.zeros((1, 4, 8, 8), np.float32)
+    spec["job"] = {"prompt": "a red circle", "latents": latents.ravel().tolist(), "shape": list(latents.shape),
+                   "guidance": 4.0, "height": 32, "width": 32, "padding": "x" * 300_000}
+    rec = memory.probe(spec)
+    assert "error" not in rec, rec
+    assert rec["peak_rss_bytes"] >= rec["baseline_rss_bytes"] > 0

@@ -6,7 +6,8 @@ imports what the variant needs, loads it and generates one batch-1 image, and re
 kernel's high-water mark of its resident set) plus its RSS after imports (the baseline). A peer
 worker reports the same numbers about itself after its first call.
 
-    python -m onnxdiffusion.bench.memory SPEC.json   # prints one JSON line
+    python -m onnxdiffusion.bench.memory - < SPEC.json   # prints one JSON line (the spec, latents included, on stdin:
+                                                         # a 256x256 flow model's latents pass the argument-size limit)
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ METHOD = ("VmHWM of a fresh child process that imports the variant's libraries, 
 
 def probe(spec: dict, python: str | None = None, timeout: float = 1800, env: dict | None = None) -> dict:
     """Run this module in a child process for one variant spec; returns its JSON record or {'error': ...}."""
-    cmd = [python or sys.executable, "-m", "onnxdiffusion.bench.memory", json.dumps(spec)]
+    cmd = [python or sys.executable, "-m", "onnxdiffusion.bench.memory", "-"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(cmd, input=json.dumps(spec), capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"memory probe timed out after {timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -67,4 +68,4 @@ def _child(spec_json: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
+    sys.exit(_child(sys.stdin.read() if sys.argv[1:] == ["-"] else sys.argv[1]))
