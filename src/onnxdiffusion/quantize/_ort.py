@@ -8,6 +8,8 @@ return ``onnx.ModelProto``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
+from . import files
 
 Range = tuple[float, float]
 
@@ -44,8 +48,7 @@ def qdq_quantize(model: onnx.ModelProto, ranges: dict[str, Range], nodes: Sequen
 
     _quiet()
     data = {k: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32)) for k, (lo, hi) in ranges.items()}
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
+    work = files.weights_copy(model)  # a > 2 GB skeleton's weights are read here, once
     quantizer = QDQQuantizer(
         work,
         True,  # per_channel
@@ -68,11 +71,11 @@ def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Seq
     from onnxruntime.quantization import quantize_dynamic
 
     _quiet()
-    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-dyn-") as tmp:
-        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-        onnx.save_model(model, str(src))
+    large = files.is_large(model)
+    with files.as_file(model, "in.onnx") as src, tempfile.TemporaryDirectory(prefix="onnxdiffusion-dyn-") as tmp:
+        dst = Path(tmp) / "out.onnx"
         quantize_dynamic(src, dst, op_types_to_quantize=list(op_types), per_channel=per_channel, reduce_range=False,
-                         weight_type=_qtype(weight_type), nodes_to_quantize=list(nodes),
+                         weight_type=_qtype(weight_type), nodes_to_quantize=list(nodes), use_external_data_format=large,
                          extra_options={"MatMulConstBOnly": True})
         return onnx.load(str(dst))
 
@@ -83,8 +86,7 @@ def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int,
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     _quiet()
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
+    work = files.weights_copy(model)
     quantizer = MatMulNBitsQuantizer(work, bits=4, block_size=block_size, is_symmetric=symmetric,
                                      accuracy_level=accuracy_level or None, nodes_to_include=list(nodes),
                                      op_types_to_quantize=("MatMul",))
@@ -100,8 +102,7 @@ def fp16_convert(model: onnx.ModelProto, op_block_list: Iterable[str] = ()) -> o
     blocked = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(op_block_list))
     # with shape inference the converter keeps Resize's scales float32 (without it the VAE decoder breaks)
     for disable_shape_infer in (False, True):
-        work = onnx.ModelProto()
-        work.CopyFrom(model)
+        work = files.weights_copy(model)
         try:
             return convert_float_to_float16(work, keep_io_types=True, op_block_list=blocked,
                                             disable_shape_infer=disable_shape_infer)
@@ -111,45 +112,31 @@ def fp16_convert(model: onnx.ModelProto, op_block_list: Iterable[str] = ()) -> o
     raise AssertionError("unreachable")
 
 
-class _Reader:
-    def __init__(self, feeds: Iterable[dict]):
-        self._it = iter(feeds)
+def histogram_thresholds(histograms: dict[str, tuple], method: str, num_bins: int, percentile: float) -> dict[str, Range]:
+    """Entropy or percentile ranges by ORT's histogram calibrator's own threshold search, on histograms
+    collected elsewhere (calibration.histogram_ranges streams them batch by batch).
 
-    def get_next(self):
-        return next(self._it, None)
-
-
-def histogram_ranges(model: onnx.ModelProto, tensors: Sequence[str], op_types: Sequence[str], feeds: Iterable[dict],
-                     method: str, num_bins: int, percentile: float, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Range]:
-    """Entropy or percentile ranges from ORT's histogram calibrators, fed every calibration batch.
-
-    `num_bins` is passed explicitly: with ORT's default (128 bins, 128 quantized bins) the
-    entropy search has nothing to choose from and returns exactly the min/max range.
+    `histograms`: tensor -> (counts, edges (bins + 1), min, max), over [-m, m] for entropy and of |x|
+    over [0, m] for percentile (m = max |x|), as ORT's collector builds them. `num_bins` is explicit:
+    with ORT's default (128 bins, 128 quantized bins) the entropy search has nothing to choose from
+    and returns exactly the min/max range.
     """
-    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+    from onnxruntime.quantization.calibrate import HistogramCollector
 
     _quiet()
-    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-calib-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        onnx.save_model(model, str(path))
-        if method == "entropy":
-            cm, extra = CalibrationMethod.Entropy, {"num_bins": num_bins, "num_quantized_bins": 128, "symmetric": False}
-        elif method == "percentile":
-            cm, extra = CalibrationMethod.Percentile, {"num_bins": num_bins, "percentile": percentile, "symmetric": True}
-        else:
-            raise ValueError(f"unknown histogram method {method!r}")
-        calibrator = create_calibrator(path, list(op_types), augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                                       calibrate_method=cm, providers=list(providers), extra_options=extra)
-        for feed in feeds:
-            calibrator.collect_data(_Reader([feed]))
-        data = calibrator.compute_data()
-    out = {}
-    for name in tensors:
-        if name not in data:
-            continue
-        lo, hi = data[name].range_value
-        out[name] = (float(lo), float(hi))
-    return out
+    if method == "entropy":
+        collector = HistogramCollector("entropy", False, num_bins, 128, percentile, "same")
+    elif method == "percentile":
+        collector = HistogramCollector("percentile", True, num_bins, 128, percentile, "same")
+    else:
+        raise ValueError(f"unknown histogram method {method!r}")
+    for name, (counts, edges, lo, hi) in histograms.items():
+        lo, hi = np.array(lo, np.float32), np.array(hi, np.float32)
+        entry = (np.asarray(counts).round().astype(np.int64), np.asarray(edges, np.float32), lo, hi)
+        collector.histogram_dict[name] = entry + ((np.array(edges[-1], np.float32),) if method == "entropy" else ())
+    with contextlib.redirect_stdout(io.StringIO()):  # the collector prints its progress
+        found = collector.compute_collection_result()
+    return {name: (float(v[0]), float(v[1])) for name, v in found.items()}
 
 
 def version() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -13,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import EncodeError
 
 from ..artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
                          hash_tree, load_component, read_manifest, sha256_file, verify_folder, write_json)
 from ..errors import UserError
 from ..families import get_family
-from ..loops import save_model
-from . import _ort
+from ..runtime.session import check_external_data
+from . import _ort, files
 from .configs import QuantizeConfig
 from .graphs import is_quantized, sort_graph
 from .report import REPORT_NAME, SPEEDUP_THRESHOLD, fused_summary, measure_latency
@@ -64,7 +66,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     from .calibration import capture, load_prompts, naive_set
     from .configs import Int8NaiveRecipe
     from .correction import OutputCorrection, affine_explained_fraction
-    from .recipes import BUILDERS, Context, evaluate_sqnr, prepare_unet
+    from .recipes import BUILDERS, SKELETON_RECIPES, Context, evaluate_sqnr, prepare_unet
     from .runner import ImageProbe
 
     log = log or (lambda m: None)
@@ -88,7 +90,11 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         return backbone if name == "unet" else name
 
     unet_path = component_path(model, manifest, backbone)
-    unet = load_component(model, manifest, backbone)
+    check_external_data(unet_path)
+    unet = files.load_backbone(unet_path)  # past the inline limit: a skeleton, weights left in their file
+    large = files.data_dir(unet) is not None
+    if large and not isinstance(recipe, SKELETON_RECIPES):
+        unet = files.with_weights(unet)
     if is_quantized(unet) and not force:
         raise UserError(f"{model}: the backbone is already quantized; quantize the fp32 folder, or pass --force")
     prompts, prompt_source = load_prompts(config.calibration)
@@ -130,8 +136,19 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
 
     others = {name: load_component(model, manifest, name) for name in wanted - {"unet"}}
     ctx = Context(config, prepare_unet(unet), others, get_calibration, get_probe, log)
+    if large:
+        # everything the fp32 backbone must run for comes first; then its session (the size of the
+        # weights) is let go, so the quantizer's copy of the weights is the only one held
+        get_trajectories()
+        get_probe()
+        pipe.backbone = None
+        gc.collect()
     log(f"building {recipe.name}")
-    built = BUILDERS[type(recipe)](ctx, recipe)
+    try:
+        built = BUILDERS[type(recipe)](ctx, recipe)
+    except EncodeError as e:
+        raise UserError(f"recipe {recipe.name}: a model past protobuf's 2 GB limit could not be serialized ({e}); "
+                        f"this recipe does not support backbones of {files.tensor_bytes(unet) / 1e9:.2f} GB") from None
     for m in built.components.values():
         sort_graph(m)
     new_unet = built.components.get("unet")
@@ -192,7 +209,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     sizes = {}
     for name, m in built.components.items():
         before = comps[folder_name(name)]["bytes"]
-        after = m.ByteSize()
+        after = files.model_bytes(m)
         sizes[name] = {"fp32_bytes": before, "bytes": after, "ratio": round(before / after, 3)}
     fused = fused_summary(new_unet, config.threads) if new_unet is not None and config.provider == "cpu" and runnable else None
     memory = None
@@ -202,7 +219,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
 
         with tempfile.TemporaryDirectory(prefix="onnxdiffusion-q-") as scratch:
             path = Path(scratch) / "unet.onnx"
-            save_model(new_unet, path)
+            files.save(new_unet, path)
             feed = component_feed(backbone, manifest)
             memory = {"fp32": memory_mb(unet_path, feed), "new": memory_mb(path, feed),
                       "note": "resident MB a fresh process gains loading the backbone (and after one call)"}
@@ -268,10 +285,10 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             info = new_manifest["components"][folder_name(name)]
             rel = Path(info["path"])
             (tmp / rel.parent).mkdir(parents=True, exist_ok=True)
-            files = save_model(m, tmp / rel)
-            info["external_data"] = [str(rel.parent / f) for f in files]
+            data = files.save(m, tmp / rel, keep=False)  # m is not read after this
+            info["external_data"] = [str(rel.parent / f) for f in data]
             info["precision"] = built.precision
-            info["bytes"] = sum((tmp / rel.parent / f).stat().st_size for f in [rel.name, *files])
+            info["bytes"] = sum((tmp / rel.parent / f).stat().st_size for f in [rel.name, *data])
             info["quantized_from"] = {"sha256": manifest["files"].get(info["path"])}
             info.pop("validation", None)
             if name == "unet":

@@ -204,18 +204,42 @@ class StepRanges:
 
 def step_ranges(model: onnx.ModelProto, tensors: list[str], calib: CalibrationSet, threads: int = 1,
                 chunk: int = 64) -> StepRanges:
-    """Run the backbone with the tensors as extra outputs; reduce each step to (min, max) at once."""
-    from .graphs import with_outputs
+    """Each tensor's (min, max) per step, reduced inside the graph (stats.minmax_model): a call holds
+    the backbone's own activations only, whatever the number of calibrated tensors."""
     from .runner import session
+    from .stats import collect_minmax, minmax_model
 
-    sess = session(with_outputs(model, tensors), threads)
-    lo = np.full((calib.num_steps, len(tensors)), np.inf, np.float32)
-    hi = np.full((calib.num_steps, len(tensors)), -np.inf, np.float32)
-    for s, feed in calib.feeds(chunk=chunk):
-        for i, v in enumerate(sess.run(tensors, feed)):
-            lo[s, i] = min(lo[s, i], float(v.min()))
-            hi[s, i] = max(hi[s, i], float(v.max()))
+    aug, outs = minmax_model(model, tensors)
+    sess = session(aug, threads)
+    del aug
+    lo, hi = collect_minmax(sess, outs, calib.feeds(chunk=chunk), calib.num_steps)
     return StepRanges(list(tensors), lo, hi)
+
+
+def histogram_ranges(model: onnx.ModelProto, tensors: list[str], stats: StepRanges, calib: CalibrationSet,
+                     method: str, num_bins: int, percentile: float, steps=None, threads: int = 1,
+                     chunk: int = 64) -> dict[str, tuple[float, float]]:
+    """Entropy or percentile ranges from histograms streamed batch by batch (in-graph, fixed range).
+
+    The range of each tensor's histogram comes from its min/max over the same steps (`stats`), so
+    it is the histogram ONNX Runtime's calibrator builds when its first batch holds the extremes:
+    [-m, m] (m = max |x|) for entropy, |x| over [0, m] for (symmetric) percentile; the thresholds
+    are then ORT's own (_ort.histogram_thresholds)."""
+    from . import _ort
+    from .runner import session
+    from .stats import collect_histograms, histogram_model
+
+    agg = stats.aggregate(steps, "max")
+    peak = {t: max(abs(agg[t][0]), abs(agg[t][1])) for t in tensors}
+    absolute = method == "percentile"
+    bounds = [(0.0, peak[t]) if absolute else (-peak[t], peak[t]) for t in tensors]
+    aug, outs = histogram_model(model, tensors, bounds, num_bins, absolute=absolute)
+    sess = session(aug, threads)
+    del aug
+    counts = collect_histograms(sess, outs, (feed for _, feed in calib.feeds(steps=steps, chunk=chunk)))
+    hists = {t: (counts[i], np.linspace(lo, hi, num_bins + 1).astype(np.float32), agg[t][0], agg[t][1])
+             for i, (t, (lo, hi)) in enumerate(zip(tensors, bounds))}
+    return _ort.histogram_thresholds(hists, method, num_bins, percentile)
 
 
 def timestep_groups(stats: StepRanges, k: int, how: str = "optimal") -> list[list[int]]:

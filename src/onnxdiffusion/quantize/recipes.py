@@ -9,8 +9,8 @@ from typing import Callable
 import onnx
 
 from ..errors import UserError
-from . import _ort
-from .calibration import CalibrationSet, StepRanges, group_boundaries, step_ranges, timestep_groups
+from . import _ort, files
+from .calibration import CalibrationSet, StepRanges, group_boundaries, histogram_ranges, step_ranges, timestep_groups
 from .configs import (
     Fp8Recipe,
     Fp16Recipe,
@@ -81,12 +81,8 @@ def _ranges(ctx: Context, recipe: Int8StaticRecipe, calib: CalibrationSet, tenso
             stats: StepRanges | None, steps=None) -> dict[str, tuple[float, float]]:
     if recipe.calibrator == "minmax":
         return stats.aggregate(steps, recipe.aggregation)
-    feeds = (feed for _, feed in calib.feeds(steps=steps, chunk=64))
-    found = _ort.histogram_ranges(ctx.unet, tensors, recipe.op_types, feeds, recipe.calibrator, recipe.num_bins,
-                                  recipe.percentile)
-    # a tensor the histogram calibrator skipped keeps its min/max range
-    fallback = stats.aggregate(steps, "max")
-    return {t: found.get(t, fallback[t]) for t in tensors}
+    return histogram_ranges(ctx.unet, tensors, stats, calib, recipe.calibrator, recipe.num_bins, recipe.percentile,
+                            steps=steps, threads=ctx.threads)
 
 
 def _static_parts(ctx: Context, recipe: Int8StaticRecipe, calib: CalibrationSet):
@@ -155,7 +151,7 @@ def build_timestep(ctx: Context, recipe: Int8TimestepRecipe) -> Built:
         "groups": [{"steps": g, "t_from": s[0], "t_to": s[1]} for g, s in zip(groups, spans)],
         "boundaries": bounds,
         "shared_initializer_bytes": int(shared),
-        "single_group_qdq_bytes": int(models[0].ByteSize()),
+        "single_group_qdq_bytes": int(files.model_bytes(models[0])),
         "stored_as": CPU_STORED_AS + ", one If branch per group",
         "calibrated_tensors": len(tensors),
     })
@@ -208,7 +204,7 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         calib = ctx.get_calibration()
         tensors = activation_tensors(ctx.unet, others)
         ranges = step_ranges(ctx.unet, tensors, calib, ctx.threads).aggregate(None, "max")
-        model = onnx.shape_inference.infer_shapes(model)
+        model = files.infer_shapes(model)
         model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",))
         reroute_shape_reads(model)
         model, stored = stored_form(ctx, recipe, compact_names(model))
@@ -265,6 +261,10 @@ def build_nvfp4(ctx: Context, recipe: Nvfp4Recipe) -> Built:
                                              else ", activations rounded to fp16")) if simulation is not None else None})
 
 
+# Builders that take a > 2 GB backbone as a skeleton (files.py: weights read only by the quantizer);
+# the others get it with its weights in memory.
+SKELETON_RECIPES = (Fp16Recipe, Int8DynamicRecipe, Int8StaticRecipe, Int4WeightsRecipe)  # + subclasses
+
 BUILDERS: dict[type[Recipe], Callable[[Context, Recipe], Built]] = {
     Fp16Recipe: build_fp16,
     Int8DynamicRecipe: build_dynamic,
@@ -282,7 +282,7 @@ def prepare_unet(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape information for the quantizer (ONNX's own inference: ORT's symbolic one fails on this UNet)."""
     model = name_nodes(model)
     try:
-        return onnx.shape_inference.infer_shapes(model)
+        return files.infer_shapes(model)  # a > 2 GB backbone: on its skeleton
     except Exception:  # noqa: BLE001 - quantizers still work without value_info, just less precisely
         return model
 

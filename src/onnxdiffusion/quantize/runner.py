@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from ..evaluate.metrics import psnr
 from ..runtime.session import resolve_provider
+from . import files
 
 if TYPE_CHECKING:  # type hints only: calibration imports this module (session) at run time
     from .calibration import CalibrationSet
@@ -48,7 +49,7 @@ def disabled_for(model: onnx.ModelProto | str | Path) -> tuple[str, ...]:
     from .graphs import op_counts
 
     if isinstance(model, (str, Path)):
-        model = onnx.load(str(model))
+        model = onnx.load(str(model), load_external_data=False)  # op types only, no weights
     counts = op_counts(model)
     int8 = any(counts.get(op) for op in ("QuantizeLinear", "QLinearConv", "QLinearMatMul"))
     if int8 and any(t.data_type in FLOAT8_TYPES for t in model.graph.initializer):
@@ -66,11 +67,10 @@ def session(model: onnx.ModelProto | str | Path, threads: int = 1, provider: str
     disabled = list(disabled_for(model) if disabled is None else disabled)
     if isinstance(model, (str, Path)):
         return ort.InferenceSession(str(model), opts, providers=providers, disabled_optimizers=disabled)
-    if model.ByteSize() < INLINE_LIMIT:
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=providers, disabled_optimizers=disabled)
-    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-q-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        onnx.save_model(model, str(path), save_as_external_data=True, location="model.onnx_data")
+    source = files.session_source(model, opts)  # a skeleton reads its weights from its folder
+    if source is not None:
+        return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=disabled)
+    with files.as_file(model) as path:  # large and in memory: through external data
         return ort.InferenceSession(str(path), opts, providers=providers, disabled_optimizers=disabled)
 
 
@@ -84,9 +84,16 @@ def ort_optimized(model: onnx.ModelProto, threads: int = 1,
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-opt-") as tmp:
         path = str(Path(tmp) / "optimized.onnx")
         opts = session_options(threads, level, path)
+        if files.is_large(model):  # the optimized graph is written with its weights in external data
+            opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx_data")
+            opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         disabled = [d for d in disabled_for(model) if d == "QDQSelectorActionTransformer"]
-        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"],
-                             disabled_optimizers=disabled)
+        source = files.session_source(model, opts)
+        if source is not None:
+            ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+        else:
+            with files.as_file(model) as src:
+                ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
         return onnx.load(path)
 
 

@@ -1,0 +1,188 @@
+"""quantize on backbones past protobuf's 2 GB limit, exercised on the tiny pipeline with the limit lowered;
+calibration statistics reduced in the graph (min/max, streamed histograms)."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from google.protobuf.message import EncodeError
+
+from onnxdiffusion.artifacts import hash_tree
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize, recipe_class
+from onnxdiffusion.quantize import files, recipes, runner
+from onnxdiffusion.quantize.calibration import capture, histogram_ranges, step_ranges
+from onnxdiffusion.quantize.graphs import activation_tensors, quantizable_nodes
+from onnxdiffusion.quantize.recipes import prepare_unet
+from onnxdiffusion.runtime import Pipeline
+
+CAL = CalibrationConfig(count=4, steps=3, batch=4)
+FAST = dict(calibration=CAL, latency_runs=1, measure_memory=False)
+PROMPTS = ["a red circle on the left", "a blue star at the top"]
+GEN = dict(steps=3, guidance=4.0, seed=1, batch=2)
+LIMIT = 64 << 10  # the tiny UNet has ~50x this in weights (3.1 MB)
+
+
+@pytest.fixture(scope="module")
+def external_onnx(tiny_onnx, tmp_path_factory):
+    """The tiny pipeline with its UNet's weights in one external-data file, as export writes a > 2 GB one."""
+    out = tmp_path_factory.mktemp("ext") / "model"
+    shutil.copytree(tiny_onnx, out)
+    path = out / "unet" / "model.onnx"
+    model = onnx.load(str(path))
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx_data", size_threshold=1024)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["components"]["unet"]["external_data"] = ["unet/model.onnx_data"]
+    manifest["files"] = hash_tree(out)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out
+
+
+@pytest.fixture
+def two_gb_limit(monkeypatch):
+    """Lower the inline limit to LIMIT and make every serialization point fail past it, as protobuf
+    does past 2 GB: whole-model bytes into ONNX Runtime, shape inference, inline saves."""
+    monkeypatch.setattr(runner, "INLINE_LIMIT", LIMIT)
+    real_session, real_infer, real_save = ort.InferenceSession.__init__, onnx.shape_inference.infer_shapes, onnx.save_model
+    seen = {"bytes": 0}
+
+    def session(self, path_or_bytes, *a, **kw):
+        if isinstance(path_or_bytes, bytes):
+            carried = _inline_bytes(onnx.load_from_string(path_or_bytes))
+            seen["bytes"] = max(seen["bytes"], carried)
+            if carried > LIMIT:
+                raise EncodeError("Failed to serialize proto (test limit)")
+        return real_session(self, path_or_bytes, *a, **kw)
+
+    def infer(model, *a, **kw):
+        if _inline_bytes(model) > LIMIT:
+            raise EncodeError("Failed to serialize proto (test limit)")
+        return real_infer(model, *a, **kw)
+
+    def save(model, f, *a, **kw):
+        if isinstance(model, onnx.ModelProto) and not kw.get("save_as_external_data") and _inline_bytes(model) > LIMIT:
+            raise EncodeError("Failed to serialize proto (test limit)")
+        return real_save(model, f, *a, **kw)
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", session)
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", infer)
+    monkeypatch.setattr(onnx, "save_model", save)
+    return seen
+
+
+def _inline_bytes(model):
+    """What serializing the model would carry: tensors held in memory, not external references."""
+    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer
+               if t.data_location != onnx.TensorProto.EXTERNAL)
+
+
+def _weights(folder):
+    model = onnx.load(str(folder / "unet" / "model.onnx"))
+    return model, {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize("name, options", [
+    ("int8-static", {}),
+    ("int8-static", {"calibrator": "percentile"}),
+    ("int4-weights", {"block_size": "16", "others": "int8"}),
+    ("int8-dynamic", {}),
+])
+def test_large_backbone_quantizes_through_files_to_the_same_model(name, options, external_onnx, tmp_path,
+                                                                   two_gb_limit, monkeypatch):
+    recipe = recipe_class(name).with_options(options)
+    report = quantize(external_onnx, tmp_path / "large", QuantizeConfig(recipe=recipe, **FAST))
+    assert 0 < two_gb_limit["bytes"] <= LIMIT  # sessions got skeletons or small models, never the whole one
+    entry = json.loads((tmp_path / "large" / "manifest.json").read_text())["components"]["unet"]
+    assert entry["external_data"] == ["unet/model.onnx_data"]  # the output is large too: external data
+    assert report["sizes"]["unet"]["bytes"] > LIMIT and report["quality"]["probe_psnr_db"] > 15
+    monkeypatch.undo()  # the same recipe in memory, as before this path existed
+    quantize(external_onnx, tmp_path / "small", QuantizeConfig(recipe=recipe, **FAST))
+    (large, wl), (small, ws) = _weights(tmp_path / "large"), _weights(tmp_path / "small")
+    assert [n.op_type for n in large.graph.node] == [n.op_type for n in small.graph.node]
+    assert wl.keys() == ws.keys() and all(np.array_equal(wl[k], ws[k]) for k in wl)
+    a = Pipeline.from_folder(tmp_path / "large")(PROMPTS, **GEN).images
+    b = Pipeline.from_folder(tmp_path / "small")(PROMPTS, **GEN).images
+    assert np.array_equal(a, b)
+
+
+def test_skeleton_holds_no_weights_and_ignores_a_planted_data_folder(external_onnx, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "INLINE_LIMIT", LIMIT)
+    path = external_onnx / "unet" / "model.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    model.metadata_props.add(key=files.DATA_DIR_KEY, value="/etc")
+    onnx.save_model(model, str(tmp_path / "model.onnx"))
+    shutil.copy(external_onnx / "unet" / "model.onnx_data", tmp_path / "model.onnx_data")
+    sk = files.load_backbone(tmp_path / "model.onnx")
+    assert files.data_dir(sk) == tmp_path.resolve() and sk.ByteSize() < LIMIT
+    assert files.tensor_bytes(sk) > 40 * LIMIT
+    full = files.with_weights(sk)
+    assert files.data_dir(full) is None and full.ByteSize() > files.tensor_bytes(sk)
+    monkeypatch.undo()
+    assert files.data_dir(files.load_backbone(tmp_path / "model.onnx")) is None  # small: loaded whole
+
+
+def test_an_unserializable_model_is_a_one_line_user_error(external_onnx, tmp_path, two_gb_limit, monkeypatch):
+    def boom(ctx, recipe):
+        raise EncodeError("Failed to serialize proto")
+
+    monkeypatch.setitem(recipes.BUILDERS, Int8StaticRecipe, boom)
+    with pytest.raises(UserError, match="2 GB limit") as e:
+        quantize(external_onnx, tmp_path / "out", QuantizeConfig(recipe=Int8StaticRecipe(), **FAST))
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def calib(tiny_onnx):
+    pipe = Pipeline.from_folder(tiny_onnx)
+    unet = prepare_unet(onnx.load(str(tiny_onnx / "unet" / "model.onnx")))
+    nodes = [q.name for q in quantizable_nodes(unet, ("Conv", "MatMul", "Gemm"))]
+    return unet, activation_tensors(unet, nodes), capture(pipe, ["a red circle", "a blue star", "a green square", "a ring"], CAL)
+
+
+def test_in_graph_minmax_equals_the_activations_min_max(calib):
+    unet, tensors, cal = calib
+    stats = step_ranges(unet, tensors, cal)
+    aug = onnx.ModelProto()
+    aug.CopyFrom(unet)
+    aug.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in tensors)
+    sess = runner.session(aug)
+    for s in range(cal.num_steps):
+        got = sess.run(tensors, cal.feed(s))
+        assert np.array_equal(stats.lo[s], [v.min() for v in got]) and np.array_equal(stats.hi[s], [v.max() for v in got])
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_streamed_histogram_ranges_equal_ort_calibrator_on_one_batch(method, calib, tmp_path):
+    """One batch: ORT's calibrator's histogram has exactly our fixed range, so the thresholds must agree."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    unet, tensors, cal = calib
+    stats = step_ranges(unet, tensors, cal)
+    ours = histogram_ranges(unet, tensors, stats, cal, method, 512, 99.9, steps=[1])
+    onnx.save_model(unet, str(tmp_path / "m.onnx"))
+    cm = CalibrationMethod.Entropy if method == "entropy" else CalibrationMethod.Percentile
+    extra = {"num_bins": 512, "num_quantized_bins": 128, "symmetric": False} if method == "entropy" else \
+        {"num_bins": 512, "percentile": 99.9, "symmetric": True}
+    calibrator = create_calibrator(tmp_path / "m.onnx", ["Conv", "MatMul", "Gemm"], str(tmp_path / "aug.onnx"),
+                                   calibrate_method=cm, extra_options=extra)
+    calibrator.collect_data(_OneFeed(cal.feed(1)))
+    theirs = {k: v.range_value for k, v in calibrator.compute_data().data.items()}
+    common = [t for t in tensors if t in theirs]
+    assert len(common) > 0.9 * len(tensors)
+    far = [t for t in common if not np.allclose(ours[t], [float(x) for x in theirs[t]], rtol=1e-3, atol=1e-5)]
+    assert len(far) <= 0.02 * len(common), far[:5]  # bin-edge float rounding may move a rare threshold a bin
+    assert any(abs(ours[t][1] - stats.aggregate([1])[t][1]) > 1e-6 for t in common)  # not just min/max
+
+
+class _OneFeed:
+    def __init__(self, feed):
+        self.feeds = [feed]
+
+    def get_next(self):
+        return self.feeds.pop() if self.feeds else None
