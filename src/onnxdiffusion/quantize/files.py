@@ -15,8 +15,6 @@ go to ONNX Runtime and to other tools through a temporary folder with external d
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,8 +102,41 @@ def load_backbone(path: Path) -> onnx.ModelProto:
         model.metadata_props.add(key=DATA_DIR_KEY, value=str(path.parent.resolve()))
         return model
     if external:
-        onnx.load_external_data_for_model(model, str(path.parent))
+        read_external_data(model, path.parent)
     return model
+
+
+def read_external_data(model: onnx.ModelProto, folder: Path) -> None:
+    """Read every external tensor's bytes into it, in place.
+
+    The locations were checked to stay inside `folder` (runtime.session.check_external_data) before
+    the model got here. onnx's own reader is not used: it refuses data files with more than one hard
+    link, and model folders written by this tool link the files they share with their source.
+    """
+    from ..manifest import confined
+
+    handles: dict[str, object] = {}
+    try:
+        for g in _graphs(model.graph):
+            for t in g.initializer:
+                if t.data_location != TensorProto.EXTERNAL:
+                    continue
+                info = {e.key: e.value for e in t.external_data}
+                loc = info["location"]
+                if loc not in handles:
+                    handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
+                f = handles[loc]
+                f.seek(int(info.get("offset", 0)))
+                n = int(info["length"]) if "length" in info else -1
+                data = f.read(n)
+                if n >= 0 and len(data) != n:
+                    raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
+                t.raw_data = data
+                t.data_location = TensorProto.DEFAULT
+                del t.external_data[:]
+    finally:
+        for f in handles.values():
+            f.close()
 
 
 def with_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -116,7 +147,7 @@ def with_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     _drop_key(out)
-    onnx.load_external_data_for_model(out, str(folder))
+    read_external_data(out, folder)
     return out
 
 
@@ -179,15 +210,9 @@ def as_file(model: onnx.ModelProto, name: str = "model.onnx"):
     in-memory model with external data, a small one inline. Removed on exit."""
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-q-") as tmp:
         path = Path(tmp) / name
-        folder = data_dir(model)
-        if folder is not None:
-            work = copy(model)
-            _drop_key(work)
-            for loc in sorted(_locations(work)):
-                _link(folder / loc, Path(tmp) / loc)
-            onnx.save_model(work, str(path))
-        else:
-            save(model, path)
+        # a skeleton is written with its weights (onnx's loader, used by ORT's tools, refuses
+        # hard-linked data files, and a symbolic link would name a path outside the folder)
+        save(with_weights(model), path)
         yield path
 
 
@@ -204,28 +229,8 @@ def save(model: onnx.ModelProto, path: Path, keep: bool = True) -> list[str]:
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data,
                     size_threshold=1024, convert_attribute=False)
     if keep:  # onnx.save_model moved the tensors out in place: read them back
-        onnx.load_external_data_for_model(model, str(Path(path).parent))
+        read_external_data(model, Path(path).parent)
     return [data]
-
-
-def _locations(model: onnx.ModelProto) -> set[str]:
-    out = set()
-    for g in _graphs(model.graph):
-        for t in g.initializer:
-            if t.data_location == TensorProto.EXTERNAL:
-                out.update(e.value for e in t.external_data if e.key == "location")
-    return out
-
-
-def _link(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        try:
-            os.symlink(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
 
 
 def session_source(model: onnx.ModelProto, options) -> bytes | None:
