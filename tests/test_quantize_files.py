@@ -187,3 +187,17 @@ class _OneFeed:
 
     def get_next(self):
         return self.feeds.pop() if self.feeds else None
+
+
+def test_stat_nodes_sit_right_after_their_tensor(calib):
+    """So that ORT's priority-based order frees each activation when the backbone is done with it."""
+    from onnxdiffusion.quantize.stats import histogram_model, minmax_model
+
+    unet, tensors, _ = calib
+    for aug, _ in (minmax_model(unet, tensors), histogram_model(unet, tensors, [(-1.0, 1.0)] * len(tensors), 16)):
+        order = {o: i for i, n in enumerate(aug.graph.node) for o in n.output}
+        for t in tensors:
+            if t in order:  # not a graph input
+                first_stat = min(i for i, n in enumerate(aug.graph.node) if t in n.input and n.name.startswith("calib_stat"))
+                plain_between = [n for n in aug.graph.node[order[t] + 1:first_stat] if not n.name.startswith("calib_stat")]
+                assert not plain_between, t

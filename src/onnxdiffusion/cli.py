@@ -168,6 +168,7 @@ def quantize(
     provider: str = "cpu",
     threads: Annotated[int, typer.Option(help="ONNX Runtime threads for calibration and latency")] = 1,
     latency_runs: int = 30,
+    quality: Annotated[bool, typer.Option(help="measure backbone SQNR and probe-image PSNR vs fp32 (--no-quality: skip, e.g. random weights)")] = True,
     require_speedup: Annotated[bool, typer.Option(help="fail (no output) unless the backbone is measurably faster than fp32")] = False,
     force: Annotated[bool, typer.Option(help="quantize a folder that is already quantized")] = False,
     overwrite: bool = False,
@@ -202,7 +203,7 @@ def quantize(
     )
     try:
         report = run_quantize(model, out, config, overwrite=overwrite, force=force, require_speedup=require_speedup,
-                              log=stderr_log)
+                              log=stderr_log, measure_quality=quality)
     except SpeedGateError as e:
         print(format_table(e.report))
         raise

@@ -54,12 +54,14 @@ def stderr_log(message: str) -> None:
 
 
 def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwrite: bool = False, force: bool = False,
-             require_speedup: bool = False, log=None) -> dict:
+             require_speedup: bool = False, log=None, measure_quality: bool = True) -> dict:
     """Write `out`: `model`'s folder with quantized components, the recipe and calibration provenance
     in its manifest, and quantize_report.json. Returns the report.
 
     Every input is checked before any model runs; nothing is left at `out` on failure (including a
     failed speed gate under `require_speedup`).
+    measure_quality False: no backbone SQNR or probe images (the report's quality stays empty; for
+    random-weight full-size models, where quality means nothing and each fp32 image costs minutes).
     """
     from ..runtime import Pipeline
     from ..runtime.session import resolve_provider
@@ -74,6 +76,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     t_start = time.time()
     recipe = config.recipe
     resolve_provider(config.provider)  # installed?
+    if config.correct and not measure_quality:
+        raise UserError("--correct is fitted on the quality measurement's fp32 trajectories; it needs --quality")
     _check_out(model, out, overwrite)  # before anything is loaded
     manifest = read_manifest(model)
     verify_folder(model, manifest)
@@ -136,13 +140,16 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
 
     others = {name: load_component(model, manifest, name) for name in wanted - {"unet"}}
     ctx = Context(config, prepare_unet(unet), others, get_calibration, get_probe, log)
-    if large:
+    if large and measure_quality:
         # everything the fp32 backbone must run for comes first; then its session (the size of the
         # weights) is let go, so the quantizer's copy of the weights is the only one held
         get_trajectories()
         get_probe()
+    if large:
+        if recipe.calibrated:
+            get_calibration()
         pipe.backbone = None
-        gc.collect()
+        _release_memory()
     log(f"building {recipe.name}")
     try:
         built = BUILDERS[type(recipe)](ctx, recipe)
@@ -158,7 +165,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
 
     quality: dict = {}
     correction = None
-    traj = get_trajectories() if measured is not None else None
+    traj = get_trajectories() if measured is not None and measure_quality else None
     if traj is not None:
         sq = evaluate_sqnr(measured, traj, config.threads)
         quality["backbone_sqnr_db"] = {k: v for k, v in sq.items() if k != "_outputs"}
@@ -332,8 +339,8 @@ def _write_high(tmp: Path, model: Path, src: dict, new_manifest: dict, schedule,
     info["path"] = f"{name}/{Path(src['path']).name}"
     (tmp / name).mkdir(parents=True, exist_ok=True)
     if isinstance(high_model, onnx.ModelProto):
-        files = save_model(high_model, tmp / info["path"])
-        info["external_data"] = [f"{name}/{f}" for f in files]
+        data = files.save(high_model, tmp / info["path"])
+        info["external_data"] = [f"{name}/{f}" for f in data]
         info.pop("validation", None)
     else:
         info["external_data"] = [f"{name}/{Path(rel).name}" for rel in src.get("external_data", [])]
@@ -343,6 +350,17 @@ def _write_high(tmp: Path, model: Path, src: dict, new_manifest: dict, schedule,
     info["role"] = "precision_schedule_high"
     info["bytes"] = sum((tmp / rel).stat().st_size for rel in [info["path"], *info["external_data"]])
     new_manifest["components"][name] = info
+
+
+def _release_memory() -> None:
+    """Collect, and hand freed heap back to the OS (glibc), so the next multi-GB allocation does not stack on it."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _jsonable(obj):

@@ -210,7 +210,7 @@ def step_ranges(model: onnx.ModelProto, tensors: list[str], calib: CalibrationSe
     from .stats import collect_minmax, minmax_model
 
     aug, outs = minmax_model(model, tensors)
-    sess = session(aug, threads)
+    sess = session(aug, threads, stats=True)
     del aug
     lo, hi = collect_minmax(sess, outs, calib.feeds(chunk=chunk), calib.num_steps)
     return StepRanges(list(tensors), lo, hi)
@@ -234,7 +234,7 @@ def histogram_ranges(model: onnx.ModelProto, tensors: list[str], stats: StepRang
     absolute = method == "percentile"
     bounds = [(0.0, peak[t]) if absolute else (-peak[t], peak[t]) for t in tensors]
     aug, outs = histogram_model(model, tensors, bounds, num_bins, absolute=absolute)
-    sess = session(aug, threads)
+    sess = session(aug, threads, stats=True)
     del aug
     counts = collect_histograms(sess, outs, (feed for _, feed in calib.feeds(steps=steps, chunk=chunk)))
     hists = {t: (counts[i], np.linspace(lo, hi, num_bins + 1).astype(np.float32), agg[t][0], agg[t][1])

@@ -60,9 +60,14 @@ def disabled_for(model: onnx.ModelProto | str | Path) -> tuple[str, ...]:
 
 
 def session(model: onnx.ModelProto | str | Path, threads: int = 1, provider: str = "cpu",
-            level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, disabled: tuple[str, ...] | None = None) -> ort.InferenceSession:
-    """`disabled` None: what the pipeline would disable for this backbone (see INT8_DISABLED_OPTIMIZERS)."""
+            level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, disabled: tuple[str, ...] | None = None,
+            stats: bool = False) -> ort.InferenceSession:
+    """`disabled` None: what the pipeline would disable for this backbone (see INT8_DISABLED_OPTIMIZERS).
+    `stats`: a calibration-statistics graph (stats.py): nodes run in priority order, which follows the
+    graph's node order, so each statistic runs right after its tensor is made."""
     opts = session_options(threads, level)
+    if stats:
+        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     providers = resolve_provider(provider)
     disabled = list(disabled_for(model) if disabled is None else disabled)
     if isinstance(model, (str, Path)):
