@@ -17,6 +17,7 @@ import onnx
 
 from .. import scenes as S
 from ..errors import UserError
+from . import files
 from .configs import MIN_CALIBRATION_PROMPTS, CalibrationConfig, Int8NaiveRecipe
 
 
@@ -202,6 +203,12 @@ class StepRanges:
         return {t: (float(a[i]), float(b[i])) for i, t in enumerate(self.tensors)}
 
 
+# rows per statistics call for a > 2 GB backbone: one prompt's [uncond; cond]. ORT's arena still grew by
+# ~4 GB over the plain backbone's on a batch-8 SD1.5 stats call; min, max and histogram counts add up
+# exactly over any split of the rows, so smaller calls cost time only.
+LARGE_CHUNK = 2
+
+
 def step_ranges(model: onnx.ModelProto, tensors: list[str], calib: CalibrationSet, threads: int = 1,
                 chunk: int = 64) -> StepRanges:
     """Each tensor's (min, max) per step, reduced inside the graph (stats.minmax_model): a call holds
@@ -209,6 +216,7 @@ def step_ranges(model: onnx.ModelProto, tensors: list[str], calib: CalibrationSe
     from .runner import session
     from .stats import collect_minmax, minmax_model
 
+    chunk = min(chunk, LARGE_CHUNK) if files.is_large(model) else chunk
     aug, outs = minmax_model(model, tensors)
     sess = session(aug, threads, stats=True)
     del aug
@@ -229,6 +237,7 @@ def histogram_ranges(model: onnx.ModelProto, tensors: list[str], stats: StepRang
     from .runner import session
     from .stats import collect_histograms, histogram_model
 
+    chunk = min(chunk, LARGE_CHUNK) if files.is_large(model) else chunk
     agg = stats.aggregate(steps, "max")
     peak = {t: max(abs(agg[t][0]), abs(agg[t][1])) for t in tensors}
     absolute = method == "percentile"
