@@ -49,6 +49,11 @@ def qdq_quantize(model: onnx.ModelProto, ranges: dict[str, Range], nodes: Sequen
     _quiet()
     data = {k: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32)) for k, (lo, hi) in ranges.items()}
     work = files.weights_copy(model)  # a > 2 GB skeleton's weights are read here, once
+    if len(work.graph.value_info) and not any(p.key == "onnx.infer" for p in work.metadata_props):
+        # already shape-inferred (recipes.prepare_unet): without ORT's marker its quantizer deep-copies
+        # the model, saves it and loads it back to infer shapes again (two more copies of the weights;
+        # at SD1.5 size that took the quantizer past 10 GB)
+        work.metadata_props.add(key="onnx.infer", value="onnxruntime.quant")
     quantizer = QDQQuantizer(
         work,
         True,  # per_channel
