@@ -136,12 +136,14 @@ def main() -> int:
     ap.add_argument("--diffusers-rounds", type=int, default=1, help="rounds that include the diffusers row")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=3, help="timed backbone calls per child (after one warm-up)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="results JSON (required unless --child)")
     args = ap.parse_args()
     if args.child:
         fn = child_ours if args.child[0] == "ours" else child_diffusers
         print(json.dumps(fn(args.child[1], args.calls)))
         return 0
+    if args.out is None:
+        ap.error("--out is required")
     variants = [tuple(v.split("=", 1)) for v in args.variant]
     raw: dict[str, list] = {name: [] for name, _ in variants}
     if args.diffusers:

@@ -35,7 +35,7 @@ def _qtype(name: str):
 
 
 def qdq_quantize(model: onnx.ModelProto, ranges: dict[str, Range], nodes: Sequence[str], op_types: Sequence[str],
-                 activation_type: str = "uint8", float_outputs: Sequence[str] = ()) -> onnx.ModelProto:
+                 activation_type: str = "uint8", float_outputs: Sequence[str] = (), owned: bool = False) -> onnx.ModelProto:
     """Static QDQ: per-channel symmetric int8 weights, activations with the given ranges.
 
     `model` must carry shape information (``onnx.shape_inference.infer_shapes``); only the
@@ -48,7 +48,8 @@ def qdq_quantize(model: onnx.ModelProto, ranges: dict[str, Range], nodes: Sequen
 
     _quiet()
     data = {k: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32)) for k, (lo, hi) in ranges.items()}
-    work = files.weights_copy(model)  # a > 2 GB skeleton's weights are read here, once
+    # a > 2 GB skeleton's weights are read here, once; `owned`: the caller hands `model` over (no copy)
+    work = model if owned and files.data_dir(model) is None else files.weights_copy(model)
     if len(work.graph.value_info) and not any(p.key == "onnx.infer" for p in work.metadata_props):
         # already shape-inferred (recipes.prepare_unet): without ORT's marker its quantizer deep-copies
         # the model, saves it and loads it back to infer shapes again (two more copies of the weights;

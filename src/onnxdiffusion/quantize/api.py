@@ -66,7 +66,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     from ..runtime import Pipeline
     from ..runtime.session import resolve_provider
     from .calibration import capture, load_prompts, naive_set
-    from .configs import Int8NaiveRecipe
+    from .configs import Int8NaiveRecipe, MixedRecipe
     from .correction import OutputCorrection, affine_explained_fraction
     from .recipes import BUILDERS, SKELETON_RECIPES, Context, evaluate_sqnr, prepare_unet
     from .runner import ImageProbe
@@ -140,12 +140,13 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
 
     others = {name: load_component(model, manifest, name) for name in wanted - {"unet"}}
     ctx = Context(config, prepare_unet(unet), others, get_calibration, get_probe, log)
-    if large and measure_quality:
+    if large:
         # everything the fp32 backbone must run for comes first; then its session (the size of the
         # weights) is let go, so the quantizer's copy of the weights is the only one held
-        get_trajectories()
-        get_probe()
-    if large:
+        if measure_quality:
+            get_trajectories()
+        if measure_quality or isinstance(recipe, MixedRecipe):  # mixed ranks candidates on the probe
+            get_probe()
         if recipe.calibrated:
             get_calibration()
         pipe.backbone = None
@@ -153,7 +154,9 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     log(f"building {recipe.name}")
     try:
         built = BUILDERS[type(recipe)](ctx, recipe)
-    except EncodeError as e:
+    except (EncodeError, ValueError) as e:
+        if isinstance(e, ValueError) and "2GB" not in str(e):  # onnx's own size check says "2GB"
+            raise
         raise UserError(f"recipe {recipe.name}: a model past protobuf's 2 GB limit could not be serialized ({e}); "
                         f"this recipe does not support backbones of {files.tensor_bytes(unet) / 1e9:.2f} GB") from None
     for m in built.components.values():

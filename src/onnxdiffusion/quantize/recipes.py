@@ -197,15 +197,16 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
     if not chosen:
         raise UserError("int4-weights: no MatMul with a constant weight to quantize")
     names = [q.name for q in chosen]
-    model = _ort.int4_quantize(ctx.unet, names, recipe.block_size, recipe.symmetric, recipe.accuracy_level)
     others = [q.name for q in quantizable_nodes(ctx.unet, ("Conv", "Gemm"), recipe.keep_float)]
     float_nodes = [q.name for q in every if q.name not in set(names)]
-    if recipe.others == "int8":
-        calib = ctx.get_calibration()
+    ranges = None
+    if recipe.others == "int8":  # calibrated first: the fp32 stats session and the int4 model never coexist
         tensors = activation_tensors(ctx.unet, others)
-        ranges = step_ranges(ctx.unet, tensors, calib, ctx.threads).aggregate(None, "max")
+        ranges = step_ranges(ctx.unet, tensors, ctx.get_calibration(), ctx.threads).aggregate(None, "max")
+    model = _ort.int4_quantize(ctx.unet, names, recipe.block_size, recipe.symmetric, recipe.accuracy_level)
+    if ranges is not None:
         model = files.infer_shapes(model)
-        model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",))
+        model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",), owned=True)
         reroute_shape_reads(model)
         model, stored = stored_form(ctx, recipe, compact_names(model))
         return Built({"unet": model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
