@@ -149,8 +149,9 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             get_probe()
         if recipe.calibrated:
             get_calibration()
-        pipe.backbone = None
-        _release_memory()
+        if config.schedule is None:  # a precision schedule runs the fp32 pipeline again to choose its steps
+            pipe.backbone = None
+            _release_memory()
     log(f"building {recipe.name}")
     try:
         built = BUILDERS[type(recipe)](ctx, recipe)
