@@ -201,3 +201,13 @@ def test_stat_nodes_sit_right_after_their_tensor(calib):
                 first_stat = min(i for i, n in enumerate(aug.graph.node) if t in n.input and n.name.startswith("calib_stat"))
                 plain_between = [n for n in aug.graph.node[order[t] + 1:first_stat] if not n.name.startswith("calib_stat")]
                 assert not plain_between, t
+
+
+def test_no_quality_skips_the_fp32_references_and_refuses_correct(tiny_onnx, tmp_path):
+    report = quantize(tiny_onnx, tmp_path / "q", QuantizeConfig(recipe=recipe_class("int8-dynamic")(), **FAST),
+                      measure_quality=False)
+    assert report["quality"] == {} and report["latency"]
+    with pytest.raises(UserError, match="needs --quality"):
+        quantize(tiny_onnx, tmp_path / "c", QuantizeConfig(recipe=Int8StaticRecipe(), correct=True, **FAST),
+                 measure_quality=False)
+    assert not (tmp_path / "c").exists()
