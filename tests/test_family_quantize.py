@@ -9,12 +9,14 @@ from onnxdiffusion.loops import compile_loop
 from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
 from onnxdiffusion.runtime import Pipeline
 
-RECIPES = [("fp16", {}), ("int8-dynamic", {}), ("int8-static", {}), ("int4-weights", {"block_size": "16"})]
+RECIPES = [("fp16", {}), ("int8-dynamic", {}), ("int8-static", {}), ("int4-weights", {"block_size": "16"}),
+           ("int8-static", {"attention": "int8", "smooth_alpha": "0.5"}), ("int8-timestep", {"groups": "2"}),
+           ("mixed", {"target_psnr": "60", "probe_prompts": "2", "sensitivity_steps": "1"})]
 # family fixture -> (backbone folder, a deterministic sampler of its parameterization)
 FAMILIES = {"tiny_sdxl_onnx": ("unet", "ddim"), "tiny_sd3_onnx": ("transformer", "flow_euler")}
 
 
-@pytest.mark.parametrize("name, options", RECIPES, ids=[r[0] for r in RECIPES])
+@pytest.mark.parametrize("name, options", RECIPES, ids=[r[0] + "".join(f"-{k}={v}" for k, v in r[1].items()) for r in RECIPES])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_recipe_on_family_backbone_loop_matches_host(family, name, options, request, tmp_path):
     folder = request.getfixturevalue(family)

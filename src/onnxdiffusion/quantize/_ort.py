@@ -87,14 +87,19 @@ def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Seq
 
 
 def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int, symmetric: bool,
-                  accuracy_level: int) -> onnx.ModelProto:
-    """MatMul weights to 4-bit blocks: MatMul -> com.microsoft.MatMulNBits."""
+                  accuracy_level: int, bits: int = 4) -> onnx.ModelProto:
+    """The named MatMuls' weights to `bits`-bit (4 or 8) blocks: MatMul -> com.microsoft.MatMulNBits; other MatMuls untouched.
+
+    ORT's `nodes_to_include` adds to its op-type selection instead of restricting it (every MatMul
+    was quantized whatever the list said), so the complement goes in as `nodes_to_exclude`."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     _quiet()
     work = files.weights_copy(model)
-    quantizer = MatMulNBitsQuantizer(work, bits=4, block_size=block_size, is_symmetric=symmetric,
-                                     accuracy_level=accuracy_level or None, nodes_to_include=list(nodes),
+    wanted = set(nodes)
+    exclude = [n.name for n in work.graph.node if n.op_type == "MatMul" and n.name not in wanted]
+    quantizer = MatMulNBitsQuantizer(work, bits=bits, block_size=block_size, is_symmetric=symmetric,
+                                     accuracy_level=accuracy_level or None, nodes_to_exclude=exclude,
                                      op_types_to_quantize=("MatMul",))
     quantizer.process()
     return quantizer.model.model

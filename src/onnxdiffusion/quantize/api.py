@@ -239,6 +239,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         sum(v["fp32_median_ms"] for v in latency.values()), 1e-9) if latency else None
     pays = ratio is not None and ratio <= SPEEDUP_THRESHOLD
     verdict = f"pays on {config.provider}: {1 / ratio:.2f}x faster" if pays else f"does not pay on {config.provider}"
+    if ratio is not None and ratio > 1.0:
+        verdict += f": SLOWER than fp32 ({ratio:.2f}x its backbone latency)"
     if ratio is None:
         verdict = f"not measured on {config.provider}: {built.details.get('stored_as', 'no kernels here')}"
     elif built.details.get("simulated_on_cpu") and config.provider == "cpu":

@@ -10,7 +10,7 @@ import onnx
 
 from ..errors import UserError
 from . import _ort, files
-from .calibration import CalibrationSet, StepRanges, group_boundaries, histogram_ranges, step_ranges, timestep_groups
+from .calibration import CalibrationSet, group_boundaries, histogram_ranges, step_ranges, timestep_groups
 from .configs import (
     Fp8Recipe,
     Fp16Recipe,
@@ -28,13 +28,14 @@ from .graphs import (
     activation_tensors,
     compact_names,
     fold_matmul_bias,
-    merge_timestep_groups,
     name_nodes,
     peer_float_nodes,
     quantizable_nodes,
     reroute_shape_reads,
 )
 from .runner import ImageProbe, ort_optimized
+from .static_plan import StaticPlan, plan_static, selection
+from .timestep_graphs import merge_timestep_groups
 
 
 @dataclass
@@ -67,34 +68,20 @@ class Built:
 
 # --- int8 static family ----------------------------------------------------------------------
 
-def _selection(ctx: Context, recipe: Int8StaticRecipe | Int8DynamicRecipe | Int4WeightsRecipe, op_types) -> tuple[list[str], list[str]]:
-    """(nodes to quantize, quantizable nodes kept float by keep_float patterns)."""
-    every = quantizable_nodes(ctx.unet, op_types)
-    chosen = quantizable_nodes(ctx.unet, op_types, recipe.keep_float)
-    if not chosen:
-        raise UserError(f"recipe {recipe.name}: no {'/'.join(op_types)} node with a constant weight to quantize")
-    names = {q.name for q in chosen}
-    return [q.name for q in chosen], [q.name for q in every if q.name not in names]
+def _selection(ctx: Context, recipe, op_types) -> tuple[list[str], list[str]]:
+    return selection(ctx.unet, recipe, op_types)
 
 
-def _ranges(ctx: Context, recipe: Int8StaticRecipe, calib: CalibrationSet, tensors: list[str],
-            stats: StepRanges | None, steps=None) -> dict[str, tuple[float, float]]:
+def _ranges(ctx: Context, recipe: Int8StaticRecipe, calib: CalibrationSet, plan: StaticPlan, steps=None) -> dict[str, tuple[float, float]]:
     if recipe.calibrator == "minmax":
-        return stats.aggregate(steps, recipe.aggregation)
-    return histogram_ranges(ctx.unet, tensors, stats, calib, recipe.calibrator, recipe.num_bins, recipe.percentile,
-                            steps=steps, threads=ctx.threads)
+        return plan.stats.aggregate(steps, recipe.aggregation)
+    return histogram_ranges(plan.model, plan.tensors, plan.stats, calib, recipe.calibrator, recipe.num_bins,
+                            recipe.percentile, steps=steps, threads=ctx.threads)
 
 
-def _static_parts(ctx: Context, recipe: Int8StaticRecipe, calib: CalibrationSet):
-    nodes, kept = _selection(ctx, recipe, recipe.op_types)
-    tensors = activation_tensors(ctx.unet, nodes)
-    ctx.log(f"calibrating {len(tensors)} activations of {len(nodes)} nodes over {calib.num_steps} steps x {calib.rows} rows")
-    stats = step_ranges(ctx.unet, tensors, calib, ctx.threads)
-    return nodes, kept, tensors, stats
-
-
-def _qdq(ctx: Context, recipe: Int8StaticRecipe, ranges, nodes) -> onnx.ModelProto:
-    model = _ort.qdq_quantize(ctx.unet, ranges, nodes, recipe.op_types, recipe.activation_type, recipe.float_outputs)
+def _qdq(ctx: Context, recipe: Int8StaticRecipe, plan: StaticPlan, ranges, nodes=None) -> onnx.ModelProto:
+    model = _ort.qdq_quantize(plan.model, ranges, plan.nodes if nodes is None else nodes, plan.op_types,
+                              recipe.activation_type, recipe.float_outputs)
     reroute_shape_reads(model)
     return compact_names(model)
 
@@ -119,11 +106,10 @@ def stored_form(ctx: Context, recipe: Int8StaticRecipe | Int4WeightsRecipe, mode
 
 def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
     calib = ctx.get_calibration()
-    nodes, kept, tensors, stats = _static_parts(ctx, recipe, calib)
-    ranges = _ranges(ctx, recipe, calib, tensors, stats)
-    model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, ranges, nodes))
-    return Built({"unet": model}, recipe.name, float_nodes=kept, quantized_nodes=nodes,
-                 details={"calibrated_tensors": len(tensors), "stored_as": stored})
+    plan = plan_static(ctx, recipe, calib)
+    model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, _ranges(ctx, recipe, calib, plan)))
+    return Built({"unet": model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
+                 details={"calibrated_tensors": len(plan.tensors), "stored_as": stored, **plan.details})
 
 
 def build_naive(ctx: Context, recipe: Int8NaiveRecipe) -> Built:
@@ -134,26 +120,24 @@ def build_timestep(ctx: Context, recipe: Int8TimestepRecipe) -> Built:
     calib = ctx.get_calibration()
     if recipe.groups > calib.num_steps:
         raise UserError(f"groups (K={recipe.groups}) must not exceed the {calib.num_steps} calibration steps")
-    nodes, kept, tensors, stats = _static_parts(ctx, recipe, calib)
-    groups = timestep_groups(stats, recipe.groups, recipe.grouping)
+    plan = plan_static(ctx, recipe, calib)
+    groups = timestep_groups(plan.stats, recipe.groups, recipe.grouping)
     bounds = group_boundaries(calib.timesteps, groups)
-    models = []
-    for g in groups:
-        ranges = _ranges(ctx, recipe, calib, tensors, stats, steps=g)
-        models.append(_qdq(ctx, recipe, ranges, nodes))
+    models = [_qdq(ctx, recipe, plan, _ranges(ctx, recipe, calib, plan, steps=g)) for g in groups]
     # Each group is stored as the graph ORT's CPU provider runs after fusing its Q/DQ pairs: the
     # per-call cost of the If switch then stays at int8-static's level (QDQ branches re-fused at
     # load time ran ~15% slower). Weights are byte-identical across groups and stored once.
     merged = merge_timestep_groups([stored_form(ctx, recipe, m)[0] for m in models], bounds)
     shared = sum(len(t.raw_data) or t.ByteSize() for t in merged.graph.initializer)
     spans = [[float(calib.timesteps[g[0]]), float(calib.timesteps[g[-1]])] for g in groups]
-    return Built({"unet": merged}, recipe.name, float_nodes=kept, quantized_nodes=nodes, details={
+    return Built({"unet": merged}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes, details={
         "groups": [{"steps": g, "t_from": s[0], "t_to": s[1]} for g, s in zip(groups, spans)],
         "boundaries": bounds,
         "shared_initializer_bytes": int(shared),
         "single_group_qdq_bytes": int(files.model_bytes(models[0])),
         "stored_as": CPU_STORED_AS + ", one If branch per group",
-        "calibrated_tensors": len(tensors),
+        "calibrated_tensors": len(plan.tensors),
+        **plan.details,
     })
 
 
@@ -161,26 +145,27 @@ def build_mixed(ctx: Context, recipe: MixedRecipe) -> Built:
     from .sensitivity import choose_float_nodes
 
     calib = ctx.get_calibration()
-    nodes, kept, tensors, stats = _static_parts(ctx, recipe, calib)
-    ranges = _ranges(ctx, recipe, calib, tensors, stats)
+    plan = plan_static(ctx, recipe, calib)
+    nodes = plan.nodes
+    ranges = _ranges(ctx, recipe, calib, plan)
 
     def quantize_without(float_nodes: set[str]) -> onnx.ModelProto:
-        return _qdq(ctx, recipe, ranges, [n for n in nodes if n not in float_nodes])
+        return _qdq(ctx, recipe, plan, ranges, [n for n in nodes if n not in float_nodes])
 
     def quantize_only(node: str) -> onnx.ModelProto:
-        return _ort.qdq_quantize(ctx.unet, ranges, [node], recipe.op_types, recipe.activation_type, recipe.float_outputs)
+        return _ort.qdq_quantize(plan.model, ranges, [node], plan.op_types, recipe.activation_type, recipe.float_outputs)
 
     result = choose_float_nodes(ctx, recipe, calib, nodes, quantize_only, quantize_without)
     model, result["stored_as"] = stored_form(ctx, recipe, quantize_without(set(result["float_nodes"])))
-    peers = peer_float_nodes(ctx.unet, nodes)
+    peers = peer_float_nodes(plan.model, nodes)
     peer_all = sorted({n for v in peers.values() for n in v})
     peer_model = quantize_without(set(peer_all))
     probe = ctx.get_probe()
     result["peer_hand_list"] = {"by_category": peers, "count": len(peer_all),
                                 "probe_psnr_db": probe.psnr(peer_model),
                                 "overlap_with_ours": sorted(set(peer_all) & set(result["float_nodes"]))}
-    return Built({"unet": model}, recipe.name, float_nodes=kept + result["float_nodes"],
-                 quantized_nodes=[n for n in nodes if n not in set(result["float_nodes"])], details=result)
+    return Built({"unet": model}, recipe.name, float_nodes=plan.kept + result["float_nodes"],
+                 quantized_nodes=[n for n in nodes if n not in set(result["float_nodes"])], details={**plan.details, **result})
 
 
 # --- the others ------------------------------------------------------------------------------
@@ -192,27 +177,51 @@ def build_dynamic(ctx: Context, recipe: Int8DynamicRecipe) -> Built:
 
 
 def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
-    every = quantizable_nodes(ctx.unet, ("MatMul",))
-    chosen = [q for q in quantizable_nodes(ctx.unet, ("MatMul",), recipe.keep_float) if q.weight_size >= recipe.block_size]
+    from .opgroups import gemms_as_matmuls
+    from .static_plan import _infer
+
+    base, rewritten = ctx.unet, []
+    if recipe.gemms == "int4":
+        gemms = [q.name for q in quantizable_nodes(base, ("Gemm",), recipe.keep_float)]
+        base, rewritten = gemms_as_matmuls(base, gemms)
+        base = _infer(base)
+    every = quantizable_nodes(base, ("MatMul",))
+    chosen = [q for q in quantizable_nodes(base, ("MatMul",), recipe.keep_float) if q.weight_size >= recipe.block_size]
     if not chosen:
         raise UserError("int4-weights: no MatMul with a constant weight to quantize")
     names = [q.name for q in chosen]
-    others = [q.name for q in quantizable_nodes(ctx.unet, ("Conv", "Gemm"), recipe.keep_float)]
+
+    def nbits(model, nodes, bits):
+        return _ort.int4_quantize(model, nodes, recipe.block_size, recipe.symmetric, recipe.accuracy_level, bits)
+
+    details = {"gemms_as_int4_matmuls": len(rewritten), "accuracy_level": recipe.accuracy_level}
+    others = [q.name for q in quantizable_nodes(base, ("Conv", "Gemm"), recipe.keep_float)]
     float_nodes = [q.name for q in every if q.name not in set(names)]
     ranges = None
-    if recipe.others == "int8":  # calibrated first: the fp32 stats session and the int4 model never coexist
-        tensors = activation_tensors(ctx.unet, others)
-        ranges = step_ranges(ctx.unet, tensors, ctx.get_calibration(), ctx.threads).aggregate(None, "max")
-    model = _ort.int4_quantize(ctx.unet, names, recipe.block_size, recipe.symmetric, recipe.accuracy_level)
+    if recipe.others == "int8" and others:  # calibrated first: the fp32 stats session and the int4 model never coexist
+        tensors = activation_tensors(base, others)
+        ranges = step_ranges(base, tensors, ctx.get_calibration(), ctx.threads).aggregate(None, "max")
+    eight: list[str] = []
+    if recipe.target_ratio > 0:
+        from .sensitivity import choose_8bit_weights
+
+        fp32 = onnx.ModelProto()
+        fp32.CopyFrom(ctx.unet)
+        del fp32.graph.value_info[:]  # as stored: the shape inference is ours
+        details["weights_8bit"] = choose_8bit_weights(ctx, base, names, ctx.get_calibration(), nbits,
+                                                      fp32.ByteSize(), recipe.target_ratio)
+        eight = details["weights_8bit"]["int8_weights"]
+    model = nbits(base, eight, 8) if eight else base
+    model = nbits(model, [n for n in names if n not in set(eight)], 4)
     if ranges is not None:
         model = files.infer_shapes(model)
         model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",), owned=True)
         reroute_shape_reads(model)
         model, stored = stored_form(ctx, recipe, compact_names(model))
         return Built({"unet": model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
-                     details={"int8_convs_and_gemms": len(others), "stored_as": stored})
-    return Built({"unet": model}, recipe.name, float_nodes=float_nodes + others, quantized_nodes=names,
-                 details={"float_convs_and_gemms": len(others)})
+                     details={**details, "int8_convs_and_gemms": len(others), "stored_as": stored})
+    return Built({"unet": model}, "int4-weights+int8" if recipe.others == "int8" else recipe.name,
+                 float_nodes=float_nodes + others, quantized_nodes=names, details={**details, "float_convs_and_gemms": len(others)})
 
 
 def build_fp16(ctx: Context, recipe: Fp16Recipe) -> Built:

@@ -19,18 +19,45 @@ from .runner import backbone_outputs, session
 MAX_SENSITIVITY_ROWS = 32
 
 
-def choose_float_nodes(ctx, recipe, calib, nodes: list[str], quantize_only, quantize_without) -> dict:
-    steps = calib.spread_steps(recipe.sensitivity_steps)
+def probe_subset(calib, n_steps: int):
+    """(steps, calibration set cut to its first MAX_SENSITIVITY_ROWS rows): where sensitivities are measured."""
+    steps = calib.spread_steps(n_steps)
     rows = min(calib.rows, MAX_SENSITIVITY_ROWS)
     sub = type(calib)(calib.samples[:, :rows], calib.timesteps, calib.context[:rows], calib.outputs[:, :rows],
                       extras={k: v[:rows] for k, v in calib.extras.items()})
+    return steps, sub
+
+
+def relative_error(model, sub, steps, threads: int = 1) -> float:
+    """Mean squared error of the backbone output vs the recorded fp32 output, relative to its power."""
     ref = sub.outputs[steps].astype(np.float64)
-    signal = float(np.mean(ref**2))
-    ctx.log(f"sensitivity of {len(nodes)} nodes on {len(steps)} timesteps x {rows} rows")
-    sens = {}
-    for i, name in enumerate(nodes):
-        got = backbone_outputs(session(quantize_only(name), ctx.threads), sub, steps)
-        sens[name] = float(np.mean((got - ref) ** 2)) / signal
+    got = backbone_outputs(session(model, threads), sub, steps)
+    return float(np.mean((got - ref) ** 2)) / float(np.mean(ref**2))
+
+
+def choose_groups(errors: dict[str, float], base_error: float, budget: float, forced: dict[str, str]) -> tuple[list[str], dict]:
+    """Which op groups to quantize: forced ones as told; auto ones in order of the error each adds
+    alone (smallest first) while their sum stays within budget x the base linears' error."""
+    chosen = [g for g, how in forced.items() if how == "int8"]
+    spent, why = 0.0, {}
+    for g in sorted((g for g, how in forced.items() if how == "auto"), key=lambda g: errors.get(g, math.inf)):
+        e = errors.get(g, math.inf)
+        if spent + e <= budget * base_error:
+            chosen.append(g)
+            spent += e
+            why[g] = f"int8: adds {e:.3g} (budget left {budget * base_error - spent:.3g})"
+        else:
+            why[g] = f"float: adds {e:.3g} > budget left {max(budget * base_error - spent, 0):.3g}"
+    for g, how in forced.items():
+        if how != "auto":
+            why[g] = f"{how}: forced"
+    return chosen, why
+
+
+def choose_float_nodes(ctx, recipe, calib, nodes: list[str], quantize_only, quantize_without) -> dict:
+    steps, sub = probe_subset(calib, recipe.sensitivity_steps)
+    ctx.log(f"sensitivity of {len(nodes)} nodes on {len(steps)} timesteps x {sub.rows} rows")
+    sens = {name: relative_error(quantize_only(name), sub, steps, ctx.threads) for name in nodes}
     ranked = sorted(nodes, key=lambda n: (-sens[n], nodes.index(n)))
     probe = ctx.get_probe()
     trace = []
@@ -65,3 +92,30 @@ def choose_float_nodes(ctx, recipe, calib, nodes: list[str], quantize_only, quan
         "candidates": len(nodes),
     }
 
+
+
+def choose_8bit_weights(ctx, base, names: list[str], calib, quantize, fp32_bytes: int,
+                        target_ratio: float, steps: int = 4) -> dict:
+    """Which of `names` (MatMuls bound for 4-bit weights) get 8-bit weights: ranked by the output
+    error each adds alone at 4 bits per byte 8 bits would cost, upgraded in that order while the
+    backbone stays within fp32_bytes / target_ratio. `quantize(model, nodes, bits)` builds a candidate."""
+    probe_steps, sub = probe_subset(calib, steps)
+    ctx.log(f"4-bit sensitivity of {len(names)} MatMuls on {len(probe_steps)} timesteps x {sub.rows} rows")
+    all4 = quantize(base, names, 4)
+    budget = fp32_bytes / target_ratio - all4.ByteSize()
+    if budget < 0:
+        ctx.log(f"all-4-bit backbone is only {fp32_bytes / all4.ByteSize():.2f}x smaller: no room for 8-bit weights")
+    err, cost = {}, {}
+    for name in names:
+        four = quantize(base, [name], 4)
+        err[name] = relative_error(four, sub, probe_steps, ctx.threads)
+        cost[name] = quantize(base, [name], 8).ByteSize() - four.ByteSize()  # measured: bytes of the 8-bit form
+    ranked = sorted(names, key=lambda x: -err[x] / cost[x])
+    chosen, spent = [], 0.0
+    for name in ranked:
+        if spent + cost[name] <= budget:
+            chosen.append(name)
+            spent += cost[name]
+    return {"int8_weights": chosen, "budget_bytes": int(budget), "spent_bytes": int(spent),
+            "error_sum_4bit": float(sum(err.values())), "error_sum_kept_4bit": float(sum(err[x] for x in names if x not in chosen)),
+            "ranking": [{"node": x, "added_relative_mse": err[x], "bytes_for_8bit": int(cost[x])} for x in ranked[:30]]}

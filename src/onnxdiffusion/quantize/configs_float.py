@@ -1,0 +1,135 @@
+"""The other recipes: float16, 4-bit weights (MatMulNBits), and TensorRT's low-bit floats (FP8, NVFP4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .configs_base import FP16_COMPONENTS, INT8_PROVIDERS, MODELOPT_KEEP_FLOAT, Recipe, _check, _choice
+
+@dataclass(frozen=True)
+class Fp16Recipe(Recipe):
+    """float16 weights and compute, float32 inputs and outputs, per component."""
+
+    name: ClassVar[str] = "fp16"
+    providers: ClassVar[tuple[str, ...]] = ("cpu", "cuda", "dml")
+    components: tuple[str, ...] = ("unet",)
+    op_block_list: tuple[str, ...] = ()  # op types kept in float32 besides ORT's defaults
+
+    def __post_init__(self) -> None:
+        _check(len(self.components) > 0, "fp16 needs at least one component")
+        for c in self.components:
+            _choice("fp16 component", c, FP16_COMPONENTS)
+        _check(len(set(self.components)) == len(self.components), "fp16 components listed twice")
+
+    @property
+    def quantizes_unet(self) -> bool:
+        return "unet" in self.components
+
+
+@dataclass(frozen=True)
+class Int4WeightsRecipe(Recipe):
+    """4-bit block-quantized MatMul weights (ONNX Runtime MatMulNBits).
+
+    `others`: float (convolutions and Gemms stay fp32) | int8 (they get int8-static's QDQ,
+    calibrated on fp32 trajectories with min/max ranges, stored as int8-static's `stored` says).
+    `gemms`: int4 (constant-weight Gemms, the adaLN / time-embedding linears, are rewritten as
+    MatMul + Add and get 4-bit weights too: on an MMDiT they hold a third of the weight bytes) |
+    keep (they stay Gemm: float, or int8 under others=int8).
+    `accuracy_level` 4 makes MatMulNBits quantize its activations to int8 per block at run time
+    (W4A8 compute); 0 computes in float.
+    `target_ratio` > 0: the MatMuls whose 4-bit weights add the most output error per byte saved
+    (each measured alone on calibration trajectories) get 8-bit MatMulNBits weights instead, most
+    costly first, while the backbone stays >= target_ratio x smaller than fp32 (0: all 4-bit).
+    Version 2: `stored`. Version 3: `gemms`, `target_ratio` (a version-2 dict means gemms=keep).
+    """
+
+    name: ClassVar[str] = "int4-weights"
+    version: ClassVar[int] = 3
+    legacy: ClassVar[dict[int, dict]] = {2: {"gemms": "keep"}}
+    block_size: int = 32
+    symmetric: bool = True
+    accuracy_level: int = 0  # 0: ORT default (float compute); 4: int8 compute
+    others: str = "float"
+    keep_float: tuple[str, ...] = ()
+    stored: str = "cpu-fused"
+    gemms: str = "int4"
+    target_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice("gemms", self.gemms, ("int4", "keep"))
+        _check(self.target_ratio == 0.0 or 1.0 <= self.target_ratio <= 8.0,
+               f"target_ratio must be 0 (all 4-bit) or in [1, 8], got {self.target_ratio}")
+        _choice("stored", self.stored, ("cpu-fused", "qdq"))
+        _check(self.block_size in (16, 32, 64, 128, 256), f"block_size must be one of 16, 32, 64, 128, 256; got {self.block_size}")
+        _check(self.accuracy_level in (0, 1, 2, 3, 4), f"accuracy_level must be in 0..4, got {self.accuracy_level}")
+        _choice("others", self.others, ("float", "int8"))
+
+    @property
+    def calibrated(self) -> bool:  # type: ignore[override]
+        return self.others == "int8" or self.target_ratio > 0
+
+    @property
+    def providers(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("cpu", "cuda") if self.others == "float" else INT8_PROVIDERS
+
+
+@dataclass(frozen=True)
+class Fp8Recipe(Recipe):
+    """FP8 E4M3 QDQ (opset >= 19): weights per output channel, activations per tensor calibrated on
+    fp32 sampling trajectories (the union of every step's range). `keep_float`: node-name patterns
+    left float (default: Model Optimizer's diffusers exclusions, MODELOPT_KEEP_FLOAT).
+
+    Built for TensorRT (Hopper / Ada FP8 kernels); ONNX Runtime's CPU provider runs the same file as
+    float simulation (it has no FP8 kernels), so its quality is measured here and its speed is not.
+    """
+
+    name: ClassVar[str] = "fp8"
+    calibrated: ClassVar[bool] = True
+    providers: ClassVar[tuple[str, ...]] = ("cpu", "tensorrt")
+    op_types: tuple[str, ...] = ("Conv", "MatMul", "Gemm")
+    keep_float: tuple[str, ...] = MODELOPT_KEEP_FLOAT
+    opset: int = 21
+
+    def __post_init__(self) -> None:
+        _check(len(self.op_types) > 0, "op_types must not be empty")
+        for op in self.op_types:
+            _choice("fp8 op type", op, ("Conv", "MatMul", "Gemm"))
+        _check(isinstance(self.opset, int) and 19 <= self.opset <= 23, f"fp8 needs opset 19..23, got {self.opset}")
+
+
+@dataclass(frozen=True)
+class Nvfp4Recipe(Recipe):
+    """NVFP4 weights (FP4 E2M1, blocks of 16 along the input dimension, E4M3 block scales, a float32
+    tensor scale) for TensorRT on Blackwell.
+
+    `activations`: fp16 (left in the compute precision) | fp8 (E4M3 per tensor, calibrated) | fp4
+    (dynamic per block at run time: TensorRT's TRT_FP4DynamicQuantize, so form tensorrt only).
+    `form`: portable (standard opset-23 Q/DQ) | tensorrt (NVIDIA Model Optimizer's export pattern).
+    ONNX Runtime's CPU provider cannot run FLOAT4E2M1 Q/DQ: quality is measured on an fp32 graph
+    holding the numpy twin's dequantized weights (and the FP8 activation Q/DQ), which computes what
+    the portable file computes.
+    """
+
+    name: ClassVar[str] = "nvfp4"
+    providers: ClassVar[tuple[str, ...]] = ("cpu", "tensorrt")
+    activations: str = "fp8"
+    form: str = "portable"
+    op_types: tuple[str, ...] = ("MatMul", "Gemm")
+    keep_float: tuple[str, ...] = MODELOPT_KEEP_FLOAT
+
+    def __post_init__(self) -> None:
+        _choice("activations", self.activations, ("fp16", "fp8", "fp4"))
+        _choice("form", self.form, ("portable", "tensorrt"))
+        _check(len(self.op_types) > 0, "op_types must not be empty")
+        for op in self.op_types:
+            _choice("nvfp4 op type", op, ("Conv", "MatMul", "Gemm"))
+        _check(self.activations != "fp4" or self.form == "tensorrt",
+               "dynamic fp4 activations exist only as TensorRT's TRT_FP4DynamicQuantize: use form=tensorrt")
+        _check(self.activations != "fp4" or "Conv" not in self.op_types,
+               "dynamic fp4 activations are blocked along the last axis: not for Conv (NCHW) inputs")
+
+    @property
+    def calibrated(self) -> bool:  # type: ignore[override]
+        return self.activations != "fp16"  # fp4's per-tensor scale is calibrated too
+

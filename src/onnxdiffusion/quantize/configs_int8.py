@@ -1,0 +1,163 @@
+"""The int8 recipes: dynamic, static (QDQ calibrated on sampling trajectories), naive, timestep groups, mixed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .configs_base import Recipe, _check, _choice
+
+OP_GROUPS = ("attention", "softmax", "norms", "modulation")  # see opgroups.py
+GROUP_CHOICES = ("auto", "int8", "float")
+
+@dataclass(frozen=True)
+class Int8DynamicRecipe(Recipe):
+    """ONNX Runtime dynamic quantization (weights int8 offline, activations at run time)."""
+
+    name: ClassVar[str] = "int8-dynamic"
+    op_types: tuple[str, ...] = ("Conv", "MatMul")
+    weight_type: str = "uint8"  # measured: int8 weights made ConvInteger 2.2x slower than uint8
+    per_channel: bool = False
+    keep_float: tuple[str, ...] = ()  # node name patterns (fnmatch) kept in float
+
+    def __post_init__(self) -> None:
+        _check(len(self.op_types) > 0, "op_types must not be empty")
+        for op in self.op_types:
+            _choice("int8-dynamic op type", op, ("Conv", "MatMul", "Gemm"))
+        _choice("weight_type", self.weight_type, ("uint8", "int8"))
+
+
+@dataclass(frozen=True)
+class Int8StaticRecipe(Recipe):
+    """QDQ int8: per-channel symmetric int8 weights, 8-bit activations calibrated on fp32 trajectories.
+
+    Only Conv, MatMul and Gemm with constant weights are quantized; activation x activation
+    MatMuls (attention scores and values) stay float. `calibrator`: minmax | entropy | percentile;
+    `aggregation` of per-step ranges: max (the union) | mean (of each step's min and max; minmax only).
+    `activation_type` uint8 is the default because ONNX Runtime's x86 kernels fuse every u8-activation
+    QDQ Conv (s8 activations left a third of the convolutions unfused and ran slower).
+    `float_outputs`: op types whose outputs are not re-quantized (their readers are float ops):
+    ORT runs those MatMuls as MatMulIntegerToFloat, saving a Q/DQ pair each (~10% of the call).
+    `stored`: cpu-fused (the graph ORT's CPU provider runs, Q/DQ already fused into integer
+    kernels and linear biases folded in: faster, ORT-CPU only) | qdq (portable QDQ, fused at load).
+    Version 2: cpu-fused became the stored form.
+
+    Op groups beyond the weight linears (see `opgroups.py`): `attention` (the score and value
+    matmuls; ORT's fused MultiHeadAttention is decomposed to quantize them), `softmax`, `norms`
+    (Layer/Instance/Group normalization), `modulation` (linears fed only by the timestep / pooled
+    conditioning: adaLN, time embeddings). Each is `int8`, `float` or `auto`: auto groups are
+    quantized in order of measured sensitivity (output error each adds alone on calibration
+    trajectories) while their summed added error stays within `group_budget` times the error of
+    the weight linears that are always quantized. `smooth_alpha` > 0: SmoothQuant-style per-channel
+    migration of activation range into the following MatMul weights, calibrated on the same
+    trajectories (0 = off). Version 3: op groups and smoothing (a version-2 dict means the old fixed
+    list: modulation int8, the rest float, no smoothing).
+    """
+
+    name: ClassVar[str] = "int8-static"
+    version: ClassVar[int] = 3
+    legacy: ClassVar[dict[int, dict]] = {2: {"attention": "float", "softmax": "float", "norms": "float",
+                                             "modulation": "int8", "smooth_alpha": 0.0}}
+    calibrated: ClassVar[bool] = True
+    calibrator: str = "minmax"
+    aggregation: str = "max"
+    percentile: float = 99.999
+    num_bins: int = 2048
+    activation_type: str = "uint8"
+    op_types: tuple[str, ...] = ("Conv", "MatMul", "Gemm")
+    float_outputs: tuple[str, ...] = ("MatMul", "Gemm")
+    keep_float: tuple[str, ...] = ()
+    stored: str = "cpu-fused"
+    attention: str = "auto"
+    softmax: str = "auto"
+    norms: str = "auto"
+    modulation: str = "auto"
+    group_budget: float = 0.25
+    smooth_alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice("stored", self.stored, ("cpu-fused", "qdq"))
+        for group in OP_GROUPS:
+            _choice(group, getattr(self, group), GROUP_CHOICES)
+        _check(math.isfinite(self.group_budget) and 0.0 <= self.group_budget <= 100.0,
+               f"group_budget must be in [0, 100], got {self.group_budget}")
+        _check(math.isfinite(self.smooth_alpha) and 0.0 <= self.smooth_alpha < 1.0,
+               f"smooth_alpha must be in [0, 1) (0 = no smoothing), got {self.smooth_alpha}")
+        _choice("calibrator", self.calibrator, ("minmax", "entropy", "percentile"))
+        for op in self.float_outputs:
+            _choice("float_outputs op type", op, ("Conv", "MatMul", "Gemm"))
+        _choice("aggregation", self.aggregation, ("max", "mean"))
+        _check(self.aggregation == "max" or self.calibrator == "minmax",
+               f"aggregation 'mean' averages per-step min/max ranges; it needs calibrator minmax, not {self.calibrator}")
+        _check(50.0 < self.percentile <= 100.0, f"percentile must be in (50, 100], got {self.percentile}")
+        _check(128 <= self.num_bins <= 1 << 16, f"num_bins must be in [128, 65536], got {self.num_bins}")
+        _choice("activation_type", self.activation_type, ("uint8", "int8"))
+        _check(len(self.op_types) > 0, "op_types must not be empty")
+        for op in self.op_types:
+            _choice("int8 op type", op, ("Conv", "MatMul", "Gemm"))
+
+
+@dataclass(frozen=True)
+class Int8NaiveRecipe(Int8StaticRecipe):
+    """The tutorial baseline: random latents at one timestep and random text embeddings."""
+
+    name: ClassVar[str] = "int8-naive"
+    calibrated: ClassVar[bool] = False
+    timestep: float = 500.0
+    samples: int = 64
+    # the tutorial's fixed list: random data has no fp32 outputs to measure sensitivity against
+    attention: str = "float"
+    softmax: str = "float"
+    norms: str = "float"
+    modulation: str = "int8"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check("auto" not in {getattr(self, g) for g in OP_GROUPS} and self.smooth_alpha == 0.0,
+               "int8-naive calibrates on random data: op groups must be int8 or float and smooth_alpha 0")
+        _check(0.0 <= self.timestep <= 1000.0, f"timestep must be in [0, 1000], got {self.timestep}")
+        _check(self.samples >= 2, f"too few calibration samples: need >= 2, got {self.samples}")
+
+
+@dataclass(frozen=True)
+class Int8TimestepRecipe(Int8StaticRecipe):
+    """K timestep groups with their own activation scales; weights shared, selected per step in-graph.
+
+    `grouping`: optimal (contiguous groups minimizing the range inflation each step pays for
+    sharing scales, by dynamic programming) | equal (equal step counts).
+    """
+
+    name: ClassVar[str] = "int8-timestep"
+    MAX_GROUPS: ClassVar[int] = 8
+    groups: int = 4
+    grouping: str = "optimal"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(isinstance(self.groups, int) and 2 <= self.groups <= self.MAX_GROUPS,
+               f"groups (K) must be in [2, {self.MAX_GROUPS}], got {self.groups}")
+        _choice("grouping", self.grouping, ("optimal", "equal"))
+        # QDQ If-branches re-fused at load time ran ~15% slower than the fused ones
+        _check(self.stored == "cpu-fused", "int8-timestep stores its groups CPU-fused; stored=qdq is not supported")
+
+
+@dataclass(frozen=True)
+class MixedRecipe(Int8StaticRecipe):
+    """int8-static plus the fewest float nodes that reach `target_psnr` (dB, images vs fp32 on probe prompts).
+
+    Nodes are ranked by the error quantizing each one alone adds to the backbone output on
+    calibration data (`sensitivity_steps` timesteps spread over the trajectory).
+    """
+
+    name: ClassVar[str] = "mixed"
+    target_psnr: float = 36.0
+    probe_prompts: int = 8
+    sensitivity_steps: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(10.0 <= self.target_psnr <= 100.0, f"target_psnr must be in [10, 100] dB, got {self.target_psnr}")
+        _check(2 <= self.probe_prompts <= 256, f"probe_prompts must be in [2, 256], got {self.probe_prompts}")
+        _check(1 <= self.sensitivity_steps <= 1000, f"sensitivity_steps must be >= 1, got {self.sensitivity_steps}")
+

@@ -1,0 +1,202 @@
+"""What an int8-static recipe quantizes: smoothing, op groups chosen by measured sensitivity, ranges.
+
+    plan = plan_static(ctx, recipe, calib)   # graph to quantize, nodes, op types, per-step ranges
+
+1. Smoothing (`smooth_alpha` > 0): per-channel |x| maxima of every quantized MatMul's input over
+   the calibration trajectories; x / s and s W with SmoothQuant's s (see opgroups.apply_smoothing).
+2. Op groups (opgroups.py): the weight linears minus the modulation linears are always quantized
+   (the base); each further group is int8, float or auto. Auto groups are measured: each is
+   quantized alone and the output error it adds on calibration feeds is compared with the base's
+   (sensitivity.choose_groups). Fused attention is decomposed only when its matmuls are quantized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ..errors import UserError
+from . import _ort
+from .calibration import CalibrationSet, StepRanges, step_ranges
+from .configs import Int8StaticRecipe
+from .graphs import activation_tensors, quantizable_nodes, with_outputs
+from .opgroups import (GROUP_OP_TYPES, NORM_OPS, apply_smoothing, attention_matmuls, decompose_attention,
+                       fused_attention_count, modulation_nodes, nodes_of, norm_constants_as_initializers, smoothable, smoothing_scales)
+
+SENSITIVITY_STEPS = 4
+WEIGHTLESS = ("attention", "softmax", "norms")
+SPEED_MARGIN = 0.97  # a weightless group must make the call >= 3% faster to stay quantized
+TIMING_RUNS = 15
+
+
+@dataclass
+class StaticPlan:
+    model: onnx.ModelProto  # the graph to quantize (smoothed / attention decomposed as chosen)
+    nodes: list[str]  # to quantize
+    kept: list[str]  # quantizable weight linears kept float (keep_float patterns, float modulation)
+    op_types: tuple[str, ...]
+    tensors: list[str]
+    stats: StepRanges
+    details: dict = field(default_factory=dict)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - the quantizer works without value_info, just less precisely
+        return model
+
+
+def channel_absmax(model: onnx.ModelProto, tensors: list[str], calib: CalibrationSet, threads: int = 1) -> dict[str, np.ndarray]:
+    """Per-channel (last axis) max |x| of each tensor over every calibration step and row."""
+    from .runner import session
+
+    sess = session(with_outputs(model, tensors), threads)
+    out: dict[str, np.ndarray] = {}
+    for _, feed in calib.feeds(chunk=64):
+        for name, v in zip(tensors, sess.run(tensors, feed)):
+            m = np.abs(v.reshape(-1, v.shape[-1])).max(axis=0)
+            out[name] = m if name not in out else np.maximum(out[name], m)
+    return out
+
+
+def smooth(model: onnx.ModelProto, calib: CalibrationSet, alpha: float, names: list[str], threads: int = 1) -> tuple[onnx.ModelProto, dict]:
+    """SmoothQuant on the named constant-weight MatMuls (see opgroups.apply_smoothing)."""
+    from onnx import numpy_helper
+
+    groups = smoothable(model, names)
+    absmax = channel_absmax(model, list(groups), calib, threads)
+    inits = {t.name: t for t in model.graph.initializer}
+    by_name = {n.name: n for n in model.graph.node}
+    scales, spread = {}, []
+    for x, mms in groups.items():
+        weights = [numpy_helper.to_array(inits[by_name[m].input[1]]) for m in mms]
+        scales[x] = smoothing_scales(absmax[x], weights, alpha)
+        a = absmax[x][absmax[x] > 0]
+        if a.size:
+            spread.append(float(a.max() / np.median(a)))
+    smoothed, counts = apply_smoothing(model, scales)
+    return _infer(smoothed), {"alpha": alpha, "inputs": len(scales), **counts,
+                              "median_channel_outlier_ratio_before": round(float(np.median(spread)), 2) if spread else None}
+
+
+def selection(model: onnx.ModelProto, recipe, op_types) -> tuple[list[str], list[str]]:
+    """(nodes to quantize, quantizable nodes kept float by the recipe's keep_float patterns)."""
+    every = quantizable_nodes(model, op_types)
+    chosen = quantizable_nodes(model, op_types, recipe.keep_float)
+    if not chosen:
+        raise UserError(f"recipe {recipe.name}: no {'/'.join(op_types)} node with a constant weight to quantize")
+    names = {q.name for q in chosen}
+    return [q.name for q in chosen], [q.name for q in every if q.name not in names]
+
+
+def _time_choices(ctx, recipe, calib, stats, base, groups, op_types, candidates: dict) -> dict[str, float]:
+    """Median call time (ms, interleaved) of each candidate's QDQ backbone as ONNX Runtime's CPU provider runs it."""
+    from .runner import session, time_sessions
+
+    ranges = stats.aggregate(None, "max")
+    sessions = {}
+    for label, (graph, chosen) in candidates.items():
+        nodes = base + [n for g in chosen for n in groups[g]]
+        q = _ort.qdq_quantize(graph, ranges, nodes, op_types, recipe.activation_type, recipe.float_outputs)
+        sessions[label] = session(q, ctx.threads)
+    feed = calib.feed(calib.num_steps // 2, slice(0, min(calib.rows, 8)))
+    times = time_sessions(sessions, feed, TIMING_RUNS)
+    return {k: round(v["median_ms"], 3) for k, v in times.items()}
+
+
+def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticPlan:
+    from .sensitivity import choose_groups, probe_subset, relative_error
+
+    details: dict = {}
+    model = ctx.unet
+    if recipe.smooth_alpha > 0:
+        mm = [q.name for q in quantizable_nodes(model, ("MatMul",), recipe.keep_float)]
+        ctx.log(f"smoothing {len(mm)} MatMul inputs (alpha {recipe.smooth_alpha})")
+        model, details["smoothing"] = smooth(model, calib, recipe.smooth_alpha, mm, ctx.threads)
+    weight_nodes, kept = selection(model, recipe, recipe.op_types)
+    modulation = set(modulation_nodes(model, recipe.op_types, recipe.keep_float))
+    base = [n for n in weight_nodes if n not in modulation]
+    forced = {g: getattr(recipe, g) for g in ("modulation", "attention", "softmax", "norms")}
+    fused = fused_attention_count(model)
+    work = _infer(decompose_attention(model)) if fused and recipe.attention != "float" else model
+    groups = {
+        "modulation": [n for n in weight_nodes if n in modulation],
+        "attention": attention_matmuls(work),
+        "softmax": nodes_of(work, ("Softmax",)),
+        "norms": nodes_of(work, NORM_OPS),
+    }
+    groups = {g: v for g, v in groups.items() if v and forced[g] != "float"}
+    if "norms" in groups:
+        work = norm_constants_as_initializers(_copy(work))
+    every = base + [n for v in groups.values() for n in v]
+    tensors = activation_tensors(work, every)
+    ctx.log(f"calibrating {len(tensors)} activations of {len(every)} nodes over {calib.num_steps} steps x {calib.rows} rows")
+    stats = step_ranges(work, tensors, calib, ctx.threads)
+    all_ops = tuple(dict.fromkeys((*recipe.op_types, *(op for g in groups for op in GROUP_OP_TYPES[g]))))
+    errors: dict[str, float] = {}
+    base_error = None
+    if any(forced[g] == "auto" for g in groups):
+        ranges = stats.aggregate(None, "max")
+        steps, sub = probe_subset(calib, SENSITIVITY_STEPS)
+
+        def error_of(nodes):
+            q = _ort.qdq_quantize(work, ranges, nodes, all_ops, recipe.activation_type, recipe.float_outputs)
+            return relative_error(q, sub, steps, ctx.threads)
+
+        base_error = error_of(base)
+        for g, nodes in groups.items():
+            errors[g] = error_of(nodes)
+        ctx.log("op-group sensitivity (relative output MSE added alone): base " + f"{base_error:.3g}, "
+                + ", ".join(f"{g} {e:.3g}" for g, e in errors.items()))
+    chosen, why = choose_groups(errors, base_error or 0.0, recipe.group_budget, {g: forced[g] for g in groups})
+
+    def graph_for(groups_in: list[str]) -> onnx.ModelProto:
+        g = _infer(decompose_attention(model)) if "attention" in groups_in and fused else model
+        return norm_constants_as_initializers(_copy(g)) if "norms" in groups_in else g
+
+    def drop_orphans(groups_in: list[str]) -> list[str]:
+        if "attention" not in groups_in and fused and "softmax" in groups_in:
+            why["softmax"] = "float: attention stays fused (its matmuls are float)"
+            return [g for g in groups_in if g != "softmax"]  # softmax exists only inside the decomposed attention
+        return groups_in
+
+    chosen = drop_orphans(chosen)
+    by_error = list(chosen)
+    # groups without weights save no bytes: an auto one stays only if the backbone gets faster with it
+    weightless = [g for g in chosen if g in WEIGHTLESS and forced[g] == "auto"]
+    if weightless:
+        without = drop_orphans([g for g in chosen if g not in weightless])
+        timing = _time_choices(ctx, recipe, calib, stats, base, groups, all_ops, {"with": (graph_for(chosen), chosen),
+                                                                                 "without": (graph_for(without), without)})
+        details["weightless_groups_latency_ms"] = timing
+        if timing["with"] > SPEED_MARGIN * timing["without"]:
+            for g in weightless:
+                why[g] = f"float: quantizing it ({', '.join(weightless)}) is not faster ({timing['with']:.2f} vs {timing['without']:.2f} ms)"
+            chosen = without
+    work = graph_for(chosen)
+    for g in forced:
+        if g not in groups:
+            why.setdefault(g, "float: forced" if forced[g] == "float" else "no such nodes in this graph")
+    nodes = base + [n for g in chosen for n in groups[g]]
+    op_types = tuple(dict.fromkeys((*recipe.op_types, *(op for g in chosen for op in GROUP_OP_TYPES[g]))))
+    final_tensors = activation_tensors(work, nodes)
+    index = {t: i for i, t in enumerate(stats.tensors)}
+    idx = [index[t] for t in final_tensors]
+    sub_stats = StepRanges(final_tensors, stats.lo[:, idx], stats.hi[:, idx])
+    details["op_groups"] = {
+        "quantized": chosen, "by_error": by_error, "decision": why, "sizes": {g: len(v) for g, v in groups.items()},
+        "base_linears": len(base), "budget": recipe.group_budget,
+        "base_relative_mse": base_error, "added_relative_mse": errors,
+        "attention": "decomposed, matmuls int8" if "attention" in chosen else ("fused (float)" if fused else "float"),
+    }
+    kept = kept + [n for n in weight_nodes if n in modulation and "modulation" not in chosen]
+    return StaticPlan(work, nodes, kept, op_types, final_tensors, sub_stats, details)
