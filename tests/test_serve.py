@@ -461,3 +461,17 @@ def test_serve_cli_errors():
     assert proc.returncode == 2 and "WIDTHxHEIGHT" in proc.stderr, proc.stderr
     proc = _cli("serve", "/nonexistent-model-folder", timeout=60)
     assert proc.returncode == 2 and "not found" in proc.stderr, proc.stderr
+
+
+def test_profile_reaches_every_served_model():
+    """`serve --profile P`: each model loads under the resolved profile (here the CPU one), not the CPU default."""
+    from onnxdiffusion.paths import default_model_folder
+    from onnxdiffusion.serve.manager import ModelManager
+
+    manager = ModelManager(((64, 64),), profile="cpu-fp32")
+    manager.load([str(default_model_folder())], log=lambda m: None)
+    (entry,) = manager.models.values()
+    assert entry.pipeline.profile is not None and entry.pipeline.profile.profile.name == "cpu-fp32"
+    plain = ModelManager(((64, 64),))
+    plain.load([str(default_model_folder())], log=lambda m: None)
+    assert next(iter(plain.models.values())).pipeline.profile is None

@@ -44,7 +44,8 @@ class Service:
         self.config = config
         self.metrics = ServeMetrics()
         self.manager = manager or ModelManager(parse_buckets(config.buckets), config.golden_threshold_db,
-                                               threads=config.threads, provider=config.provider)
+                                               threads=config.threads, provider=config.provider,
+                                               profile=config.profile)
         self.queue = JobQueue(self.manager, max_queue=config.max_queue, timeout=config.timeout,
                               workers=config.workers, max_batch=config.max_batch, retention=config.retention,
                               max_finished=config.max_finished, metrics=self.metrics)

@@ -36,6 +36,7 @@ class ServeConfig:
     warmup: bool = True
     grace: float = 10.0  # shutdown: seconds in-flight jobs get to finish before they are cancelled
     provider: str = "cpu"
+    profile: str | None = None  # hardware profile (name or YAML file): its provider/options for every model
 
     def __post_init__(self):
         for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body"):

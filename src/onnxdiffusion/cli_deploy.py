@@ -1,0 +1,107 @@
+"""The deployment verbs: hardware profiles, TensorRT fix-up, the HTTP service and offline batches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .cli_app import app, require
+
+
+@app.command("profiles")
+def profiles_cmd() -> None:
+    """List the shipped hardware profiles and whether this machine can run each (else its fallback)."""
+    from .profiles import load_profile, shipped
+
+    print(f"{'profile':15s} {'provider':9s} {'precision':9s} {'runs here':9s} detail")
+    for name in shipped():
+        p = load_profile(name)
+        why = p.unavailable_reason()
+        detail = p.description if why is None else f"{why}; falls back to {p.fallback}" if p.fallback else why
+        print(f"{name:15s} {p.provider:9s} {p.precision:9s} {'yes' if why is None else 'no':9s} {detail}")
+
+
+@app.command("fixup-trt")
+def fixup_trt_cmd(
+    src: Annotated[Path, typer.Argument(help="TensorRT-bound backbone (.onnx), e.g. NVIDIA Model Optimizer's export")],
+    model: Annotated[Path, typer.Argument(help="model folder whose backbone it replaces (the old one is kept as the CPU fallback)")],
+) -> None:
+    """Opset-23 upgrade, trt-op output types, one external-data file, checker; install as MODEL's backbone."""
+    from .fixup_trt import fixup_trt
+    from .quantize.api import stderr_log
+
+    entry = fixup_trt(src, model, log=stderr_log)
+    up = entry["installed_by"]["opset"]
+    print(f"installed {entry['precision']} backbone in {model}: opset {up['from']} -> {up['to']} ({up['converter']}), "
+          f"{entry['installed_by']['trt_outputs_typed']} trt outputs typed, {entry['bytes'] / 1e6:.1f} MB; "
+          f"fallback {entry['fallback']['path']}")
+    for line in up.get("adapted", []):
+        print(f"  adapted: {line}")
+
+
+
+@app.command()
+def serve(
+    models: Annotated[Optional[list[str]], typer.Argument(help="model folders, FOLDER or NAME=FOLDER (default: the embedded model)")] = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    buckets: Annotated[str, typer.Option(help="sizes WIDTHxHEIGHT, comma-separated; requests snap to the nearest; the first is the default")] = "64x64,128x128,96x96,64x128,128x64",
+    max_queue: Annotated[int, typer.Option(help="queued jobs before new ones get 503 + Retry-After")] = 64,
+    timeout: Annotated[float, typer.Option(help="per-request timeout in seconds (0: none)")] = 120.0,
+    workers: Annotated[Optional[int], typer.Option(help="concurrent backbone batches (default: one per usable core)")] = None,
+    threads: Annotated[int, typer.Option(help="ONNX Runtime threads per session")] = 1,
+    max_batch: Annotated[int, typer.Option(help="images per micro-batch of compatible requests (1: off)")] = 4,
+    golden_threshold: Annotated[float, typer.Option(help="PSNR (dB) an optimized model needs vs its full-precision sibling")] = 30.0,
+    retention: Annotated[float, typer.Option(help="seconds finished results are kept")] = 600.0,
+    grace: Annotated[float, typer.Option(help="on SIGTERM/SIGINT: seconds in-flight requests get to finish")] = 10.0,
+    profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) every model loads with; overrides the CPU default")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
+    replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
+    max_replicas: Annotated[Optional[int], typer.Option(help="--ray: autoscale between --replicas and this")] = None,
+) -> None:
+    """HTTP service: OpenAI-compatible images API, jobs with progress/cancel, model manager, buckets, fallback."""
+    from .serve.config import ServeConfig, usable_cores
+
+    if profile is not None:
+        from .profiles import resolve
+
+        note = resolve(profile).note  # one line and exit 2 now, not when the first model loads
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
+    config = ServeConfig(models=tuple(models or ()), host=host, port=port, buckets=buckets, max_queue=max_queue,
+                         timeout=timeout, workers=workers or usable_cores(), threads=threads, max_batch=max_batch,
+                         golden_threshold_db=golden_threshold, retention=retention, grace=grace, profile=profile)
+    require("fastapi", "uvicorn", "prometheus_client", extra="serve")
+    if ray:
+        require("ray", extra="ray")
+        from .serve.ray import run_ray_serve
+
+        run_ray_serve(config, replicas=replicas, max_replicas=max_replicas)
+        return
+    from .serve.app import run_server
+
+    print(f"serving on http://{host}:{port} (docs: /docs, page: /)", file=sys.stderr, flush=True)
+    run_server(config)
+
+
+@app.command("batch")
+def batch_cmd(
+    prompts: Annotated[Path, typer.Argument(help="JSON lines: {\"prompt\": ..., optional id, seed, steps, sampler, guidance, negative_prompt, size}")],
+    out: Annotated[Path, typer.Argument(help="output folder: one PNG per item (ID.png) + results.jsonl")],
+    model: Annotated[Optional[Path], typer.Option(help="model folder (default: the embedded model)")] = None,
+    batch_size: Annotated[int, typer.Option(help="items per backbone batch (compatible items only)")] = 4,
+    ray: Annotated[bool, typer.Option("--ray", help="render on Ray Data actors (the `ray` extra)")] = False,
+    actors: Annotated[int, typer.Option(help="--ray: actors (one model load each)")] = 2,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Render a prompt file offline; resumable (items whose image exists are skipped)."""
+    from .serve.batch import BatchOptions, run_batch
+
+    if ray:
+        require("ray", extra="ray")
+    options = BatchOptions(model=model, batch_size=batch_size, ray=ray, actors=actors, progress=not quiet)
+    summary = run_batch(prompts, out, options)
+    print(f"{summary['rendered']} rendered, {summary['skipped']} already done, {summary['total']} items -> {out}")
