@@ -19,8 +19,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from ..errors import UserError
 
@@ -151,6 +152,18 @@ def with_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def array(model: onnx.ModelProto, tensor: TensorProto) -> np.ndarray:
+    """One initializer's values, also when `model` is a skeleton whose weights stay in external data."""
+    folder = data_dir(model)
+    if tensor.data_location == TensorProto.EXTERNAL and folder is not None:
+        holder = onnx.ModelProto()
+        one = holder.graph.initializer.add()
+        one.CopyFrom(tensor)
+        read_external_data(holder, folder)
+        tensor = one
+    return numpy_helper.to_array(tensor)
+
+
 def weights_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy with every weight in memory, that the caller may change (a tool's working copy)."""
     return with_weights(model) if data_dir(model) is not None else copy(model)
@@ -237,11 +250,13 @@ def session_source(model: onnx.ModelProto, options) -> bytes | None:
     """Bytes for an InferenceSession when the model can be serialized (a skeleton: its data folder goes into
     `options`); None when it must go through `as_file`."""
     folder = data_dir(model)
-    if folder is not None:
+    inline = sum(len(t.raw_data) or t.ByteSize() for g in _graphs(model.graph) for t in g.initializer
+                 if t.data_location != TensorProto.EXTERNAL)
+    if folder is not None and inline < limit():  # (tensors a rewrite added in memory count too)
         work = copy(model)
         _drop_key(work)
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
         return work.SerializeToString()
-    if tensor_bytes(model) < limit():
+    if folder is None and tensor_bytes(model) < limit():
         return model.SerializeToString()
     return None

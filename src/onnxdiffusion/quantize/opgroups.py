@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from . import files
 from .graphs import constant_outputs, initializer_map, quantizable_nodes, remove_dead_nodes
 
 TOKEN_INPUTS = ("sample", "encoder_hidden_states")
@@ -142,7 +143,7 @@ def gemms_as_matmuls(model: onnx.ModelProto, names: Iterable[str]) -> tuple[onnx
         if not ok:
             nodes.append(n)
             continue
-        w = numpy_helper.to_array(inits[n.input[1]])
+        w = files.array(out, inits[n.input[1]])
         if attrs.get("transB", 0):
             w = w.T
         wname = f"{n.name}/weight_kn"
@@ -190,7 +191,7 @@ def apply_smoothing(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> tu
         s = np.asarray(s, np.float32)
         mms = [n for n in readers.get(x, []) if n.op_type == "MatMul" and n.input[0] == x and n.input[1] in inits]
         for mm in mms:
-            w = numpy_helper.to_array(inits[mm.input[1]])
+            w = files.array(out, inits[mm.input[1]])
             scaled = numpy_helper.from_array((w * s[:, None]).astype(np.float32), f"{mm.name}/smoothed_weight")
             g.initializer.append(scaled)
             mm.input[1] = scaled.name
@@ -200,8 +201,8 @@ def apply_smoothing(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> tu
                     and ln.input[2] in inits and x not in graph_outputs and len(ln.output) == 1
                     and all(r in mms for r in readers.get(x, [])))
         if foldable:
-            gamma = numpy_helper.to_array(inits[ln.input[1]]) / s
-            beta = numpy_helper.to_array(inits[ln.input[2]]) / s
+            gamma = files.array(out, inits[ln.input[1]]) / s
+            beta = files.array(out, inits[ln.input[2]]) / s
             g.initializer.append(numpy_helper.from_array(gamma.astype(np.float32), f"{ln.name}/smoothed_scale"))
             g.initializer.append(numpy_helper.from_array(beta.astype(np.float32), f"{ln.name}/smoothed_bias"))
             ln.input[1], ln.input[2] = f"{ln.name}/smoothed_scale", f"{ln.name}/smoothed_bias"

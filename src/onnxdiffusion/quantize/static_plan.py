@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from ..errors import UserError
-from . import _ort
+from . import _ort, files
 from .calibration import CalibrationSet, StepRanges, step_ranges
 from .configs import Int8StaticRecipe
 from .graphs import activation_tensors, quantizable_nodes, with_outputs
@@ -50,7 +50,7 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(model)
+        return files.infer_shapes(model)  # a skeleton of a > 2 GB backbone too
     except Exception:  # noqa: BLE001 - the quantizer works without value_info, just less precisely
         return model
 
@@ -70,7 +70,6 @@ def channel_absmax(model: onnx.ModelProto, tensors: list[str], calib: Calibratio
 
 def smooth(model: onnx.ModelProto, calib: CalibrationSet, alpha: float, names: list[str], threads: int = 1) -> tuple[onnx.ModelProto, dict]:
     """SmoothQuant on the named constant-weight MatMuls (see opgroups.apply_smoothing)."""
-    from onnx import numpy_helper
 
     groups = smoothable(model, names)
     absmax = channel_absmax(model, list(groups), calib, threads)
@@ -78,7 +77,7 @@ def smooth(model: onnx.ModelProto, calib: CalibrationSet, alpha: float, names: l
     by_name = {n.name: n for n in model.graph.node}
     scales, spread = {}, []
     for x, mms in groups.items():
-        weights = [numpy_helper.to_array(inits[by_name[m].input[1]]) for m in mms]
+        weights = [files.array(model, inits[by_name[m].input[1]]) for m in mms]
         scales[x] = smoothing_scales(absmax[x], weights, alpha)
         a = absmax[x][absmax[x] > 0]
         if a.size:
