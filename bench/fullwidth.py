@@ -111,39 +111,19 @@ def count_params(arch: str, depth) -> int:
 
 
 def _clip_tokenizer(folder: Path, pad_token: str | None = None):
-    from tokenizer_build import build_tokenizer_files
-    from transformers import CLIPTokenizer
+    import tokenizer_build
 
     from onnxdiffusion import scenes
 
-    build_tokenizer_files(scenes.vocabulary() + ["photo", "cat"], folder, 77)
-    if pad_token is not None:
-        for name in ("tokenizer_config.json", "special_tokens_map.json"):
-            cfg = json.loads((folder / name).read_text())
-            cfg["pad_token"] = pad_token
-            (folder / name).write_text(json.dumps(cfg))
-    return CLIPTokenizer.from_pretrained(folder)
+    return tokenizer_build.clip_tokenizer(folder, scenes.vocabulary() + ["photo", "cat"], 77, pad_token)
 
 
 def _t5_tokenizer(folder: Path, max_length: int):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import T5TokenizerFast
+    import tokenizer_build
 
     from onnxdiffusion import scenes
 
-    words = sorted(set(scenes.vocabulary()))
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0 - i * 1e-3) for i, w in enumerate(words)]
-    vocab += [(ch, -20.0) for ch in "abcdefghijklmnopqrstuvwxyz0123456789,.!?"] + [("\u2581", -15.0)]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=2))
-    tok.normalizer = normalizers.Sequence([normalizers.Replace("  ", " ")])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                       special_tokens=[("</s>", 1)])
-    fast = T5TokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
-                           model_max_length=max_length, extra_ids=0)
-    fast.save_pretrained(folder)
-    return T5TokenizerFast.from_pretrained(folder)
+    return tokenizer_build.t5_tokenizer(folder, scenes.vocabulary(), max_length)
 
 
 def _qwen_tokenizer(folder: Path):

@@ -3,10 +3,27 @@ and a helper that runs the diffusers pipeline on our initial latents (the parity
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+def clip_tokenizer(folder: Path, pad_token: str | None = None):
+    """A CLIP tokenizer over the scene vocabulary, 16 tokens (SDXL's second pads with "!")."""
+    import tokenizer_build
+
+    from onnxdiffusion import scenes
+
+    return tokenizer_build.clip_tokenizer(folder, scenes.vocabulary(), 16, pad_token)
+
+
+def t5_tokenizer(folder: Path, max_length: int = 24):
+    """A T5 (Unigram) tokenizer over the scene vocabulary: <pad>=0, </s>=1, <unk>=2."""
+    import tokenizer_build
+
+    from onnxdiffusion import scenes
+
+    return tokenizer_build.t5_tokenizer(folder, scenes.vocabulary(), max_length)
+
 
 SCHEDULERS = {
     # --sampler X runs X's class as from_config(folder config): a config naming no clip_sample gets DDIM's
@@ -16,45 +33,6 @@ SCHEDULERS = {
     "euler_a": ("EulerAncestralDiscreteScheduler", {}),
     "dpmpp_2m": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}),
 }
-
-
-def clip_tokenizer(folder: Path, pad_token: str | None = None):
-    """A CLIP tokenizer over the scene vocabulary (tokenizer_build), optionally with another pad token
-    (SDXL's second tokenizer pads with "!")."""
-    from tokenizer_build import build_tokenizer_files
-    from transformers import CLIPTokenizer
-
-    from onnxdiffusion import scenes
-
-    build_tokenizer_files(scenes.vocabulary(), folder, 16)
-    if pad_token is not None:
-        for name in ("tokenizer_config.json", "special_tokens_map.json"):
-            cfg = json.loads((folder / name).read_text())
-            cfg["pad_token"] = pad_token
-            (folder / name).write_text(json.dumps(cfg))
-    return CLIPTokenizer.from_pretrained(folder)
-
-
-def t5_tokenizer(folder: Path, max_length: int = 24):
-    """A T5 (Unigram) tokenizer built in memory with the `tokenizers` library: <pad>=0, </s>=1, <unk>=2."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import T5TokenizerFast
-
-    from onnxdiffusion import scenes
-
-    words = sorted(set(scenes.vocabulary()))
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0 - i * 1e-3) for i, w in enumerate(words)]
-    vocab += [(ch, -20.0) for ch in "abcdefghijklmnopqrstuvwxyz0123456789,.!?"] + [("\u2581", -15.0)]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=2))
-    tok.normalizer = normalizers.Sequence([normalizers.Replace("  ", " ")])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                       special_tokens=[("</s>", 1)])
-    fast = T5TokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
-                           model_max_length=max_length, extra_ids=0)
-    fast.save_pretrained(folder)
-    return T5TokenizerFast.from_pretrained(folder)
 
 
 def _clip_config(tokenizer, hidden: int = 32, **extra):
