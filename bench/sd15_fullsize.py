@@ -542,7 +542,11 @@ def load_results(path: Path) -> dict:
 def save_results(path: Path, results: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    text = json.dumps(results, indent=2) + "\n"
+    work = results.get("work")
+    if work and work != "$WORK":  # committed results name no path of the machine they were made on
+        text = text.replace(json.dumps(str(work))[1:-1], "$WORK")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
