@@ -78,7 +78,8 @@ def step_ms(pipes: dict[str, Pipeline], batch: int = 1, repeats: int = 50) -> di
 def check_model(model: Path, have: list[str], work: Path) -> dict:
     result = {"rows": {}}
     t0 = time.time()
-    rec = json.loads((model / "manifest.json").read_text()).get("recommended", {})
+    cpu = Pipeline.from_folder(model, threads=None)
+    rec = cpu.recommended or {}
     cal = CalibrationConfig(count=8, batch=8, **{k: rec[k] for k in ("sampler", "steps", "guidance") if k in rec})
     fp16 = work / f"{model.name}-fp16"
     quantize(model, fp16, QuantizeConfig(recipe=Fp16Recipe(), calibration=cal, latency_runs=1, measure_memory=False))
@@ -89,7 +90,6 @@ def check_model(model: Path, have: list[str], work: Path) -> dict:
         result["fp8_quantize_error"] = str(e).strip().splitlines()[0][:300]
         fp8 = None
     result["quantize_seconds"] = round(time.time() - t0, 1)
-    cpu = Pipeline.from_folder(model, threads=None)
     ref = images(cpu)
     configs = {"cpu fp32": (model, None)}
     if fp8:

@@ -51,13 +51,14 @@ def _external_length(t: TensorProto) -> int:
     return 0
 
 
-def tensor_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of every initializer (subgraphs included), in memory or in external data, without serializing."""
+def tensor_bytes(model: onnx.ModelProto, inline: bool = False) -> int:
+    """Bytes of every initializer (subgraphs included), in memory or in external data, without serializing.
+    inline=True: only those held in memory (what serializing the model would carry)."""
     total = 0
     for g in _graphs(model.graph):
         for t in g.initializer:
             if t.data_location == TensorProto.EXTERNAL:
-                total += _external_length(t)
+                total += 0 if inline else _external_length(t)
             else:
                 total += len(t.raw_data) or t.ByteSize()
     return total
@@ -250,9 +251,7 @@ def session_source(model: onnx.ModelProto, options) -> bytes | None:
     """Bytes for an InferenceSession when the model can be serialized (a skeleton: its data folder goes into
     `options`); None when it must go through `as_file`."""
     folder = data_dir(model)
-    inline = sum(len(t.raw_data) or t.ByteSize() for g in _graphs(model.graph) for t in g.initializer
-                 if t.data_location != TensorProto.EXTERNAL)
-    if folder is not None and inline < limit():  # (tensors a rewrite added in memory count too)
+    if folder is not None and tensor_bytes(model, inline=True) < limit():  # tensors a rewrite added count too
         work = copy(model)
         _drop_key(work)
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
