@@ -135,6 +135,15 @@ def test_bench_writes_every_output(bench_run):
     assert "ort-fp16" in html and "not installed" in html  # the "not run" table
 
 
+def test_results_name_no_absolute_path_of_the_machine(bench_run, bench_models):
+    out, _ = bench_run
+    for name in ("results.json", "results.csv", "report.html"):
+        text = (out / name).read_text()
+        assert str(bench_models.resolve()) not in text and str(out.resolve()) not in text, name
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["model"] == str(Path("...", bench_models.name, "base"))
+
+
 JS_CHECK = """
 <script>
 window.addEventListener('load', function () {

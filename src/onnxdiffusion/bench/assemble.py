@@ -13,7 +13,7 @@ from ..artifacts import read_manifest
 from ..errors import UserError
 from . import memory
 from .runners import Generation
-from .variants import VariantSpec, folder_bytes, model_bytes
+from .variants import VariantSpec, folder_bytes, model_bytes, shown_path
 
 # The reference is diffusers' PyTorch fp32 pipeline when it ran (the golden sample), else our ORT fp32 host loop.
 SPEED_REFERENCES = ("torch-fp32", "ort-fp32")
@@ -164,7 +164,7 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
         s = st.spec
         row = {
             "name": s.name, "label": s.label, "kind": s.kind, "precision": s.precision, "sampler": s.sampler,
-            "steps": s.steps, "loop": s.loop, "folder": str(s.folder) if s.folder else None,
+            "steps": s.steps, "loop": s.loop, "folder": shown_path(s.folder),
             "status": "ok" if st.ok and st.gens else ("failed" if st.error else "skipped"),
             "reason": st.spec.skip or st.error,
             "notes": s.notes,
@@ -193,8 +193,8 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
     return {
         "what": "onnxdiffusion bench",
         "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "model": str(model),
-        "source": str(source) if source else None,
+        "model": shown_path(model),
+        "source": shown_path(source),
         "arch": opts.arch,
         "settings": {
             "steps": opts.steps, "fast_steps": opts.fast_steps, "repeats": opts.repeats, "prompts": opts.prompts,

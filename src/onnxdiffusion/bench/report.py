@@ -331,7 +331,7 @@ def write_all(out: Path, results: dict, image_sets: dict, embed: bool = True) ->
     files["results_json"] = str(out / "results.json")
     files["results_csv"] = str(out / "results.csv")
     files["report_html"] = str(out / "report.html")
-    results["files"] = files
+    results["files"] = {k: Path(v).name for k, v in files.items()}  # beside results.json; no machine path
     atomic_write_bytes(out / "results.json", (json.dumps(_jsonable(results), indent=2) + "\n").encode())
     write_csv(out / "results.csv", results)
     write_html(out / "report.html", results, plots, embed=embed)

@@ -83,6 +83,18 @@ class VariantSpec:
         return self.kind in ("ort", "torch") and self.loop == "host"
 
 
+def shown_path(path) -> str | None:
+    """A folder as committed results may name it: relative to the working directory when inside it, else only
+    its last two parts behind `.../` (results name no absolute path of the machine they were made on)."""
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(Path("...", *p.resolve().parts[-2:])) if p.is_absolute() or ".." in p.parts else str(p)
+
+
 def repo_root() -> Path:
     return models_root().parent
 
@@ -274,7 +286,7 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
         # one folder per recipe: ort-<recipe>; several: ort-<recipe>@<folder> (all of them match ort-<recipe>)
         prefix = f"ort-{recipe}" if counts.get(recipe, 0) == 1 and not other_model else f"ort-{recipe}@{folder.name}"
         for s in ort_family(prefix, folder, man, recipe, skip):
-            s.notes.append(f"folder {folder}")
+            s.notes.append(f"folder {shown_path(folder)}")
             s.hidden = s.hidden or other_model
             s.other_model = other_model
             specs.append(s)
@@ -319,7 +331,7 @@ def folder_variant(folder: Path, base: Path, base_manifest: dict, steps: int) ->
     recipe = recipe_of(man) or "fp32"
     name = f"ort-{recipe}@{folder.name}"
     return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, DDIM {steps}", folder, steps=steps,
-                       precision=recipe, skip=skip, notes=[f"folder {folder}"])
+                       precision=recipe, skip=skip, notes=[f"folder {shown_path(folder)}"])
 
 
 def variant_pattern_ok(name: str) -> bool:
