@@ -171,7 +171,8 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
         }
         if st.spec.skip is None and st.load:
             row["size_bytes"] = _variant_bytes(s, st.load)
-            row["load"] = {k: v for k, v in st.load.items() if k not in ("event",)}
+            row["load"] = {k: shown_path(v) if k.endswith(("_folder", "_path")) and v else v
+                           for k, v in st.load.items() if k not in ("event",)}
             row["load_s"] = st.load.get("load_s")
             row["first_call_s"] = st.first_call_s
             row["timing"] = _timing(st.gens, s.steps)

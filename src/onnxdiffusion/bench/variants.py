@@ -301,7 +301,7 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
             folder, what = source, f"OpenVINO (optimum-intel) {mode} on the diffusers source"
         skip = None
         if not py.exists():
-            skip = f"peer not installed: no {py} ({PEER_INSTALL_HINT[peer]})"
+            skip = f"peer not installed: no {shown_path(py)} ({PEER_INSTALL_HINT[peer]})"
         elif folder is None:
             skip = "no diffusers source folder for this model"
         elif peer == "sdcpp" and not _sd1_shaped(folder):
