@@ -69,6 +69,7 @@ def generate(
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
+    memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT weight pre-packing or arena: lower peak RSS, same image) | KEY=0|1,... (default: the profile's, else default)")] = None,
     model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
@@ -95,6 +96,10 @@ def generate(
         guards.prompt_list(negative_prompt, 1, "negative prompt")
     output_paths(output, batch if isinstance(batch, int) and batch > 0 else 1, overwrite)
     resolve_provider(provider)
+    if memory is not None:
+        from .runtime.memory import memory_options
+
+        memory_options(memory)  # a bad setting fails before any model loads
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
@@ -110,7 +115,7 @@ def generate(
 
     from .runtime import GenerationResult, Pipeline
 
-    pipe = Pipeline.from_folder(folder, provider=provider, profile=profile)
+    pipe = Pipeline.from_folder(folder, provider=provider, profile=profile, memory=memory)
     events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, **options.__dict__)
     result = None
     steps = options.steps

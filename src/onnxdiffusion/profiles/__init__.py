@@ -17,6 +17,7 @@ profile can also be any YAML file of the same form (`--profile path/to/mine.yaml
     engine_cache: tensorrt-engines  # TensorRT engine cache folder (relative: under the user cache directory)
     shapes: {batch: [1, 1, 4], buckets: model}  # min/opt/max images; resolution buckets ("model": its default)
     fallback: cpu-fp32            # profile to use, saying so, where this one cannot run
+    memory: default               # default | lean | KEY=0|1,... (runtime/memory.py): sessions' memory settings
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Profile:
     engine_cache: str | None = None
     shapes: Shapes = field(default_factory=Shapes)
     fallback: str | None = None
+    memory: str = "default"
     source: str = ""  # where it was read from (not a YAML field)
 
     @classmethod
@@ -106,6 +108,13 @@ class Profile:
             raise UserError(f"{source}: cuda_graph needs provider cuda and io_binding device")
         if d.get("io_binding") == "device" and d["provider"] not in GPU_PROVIDERS:
             raise UserError(f"{source}: io_binding device needs a GPU provider (cuda, tensorrt)")
+        from ..runtime.memory import memory_options
+
+        memory = str(d.get("memory", "default"))
+        try:
+            memory_options(memory)
+        except UserError as e:
+            raise UserError(f"{source}: {e}") from None
         recipe = d.get("recipe")
         if recipe is not None and not (isinstance(recipe, dict) and isinstance(recipe.get("name"), str)):
             raise UserError(f"{source}: recipe must be a mapping with a name")
@@ -113,7 +122,8 @@ class Profile:
                    description=str(d.get("description", "")), provider_options={str(k): str(v) for k, v in options.items()},
                    threads=threads, recipe=recipe, loop=d.get("loop", "host"), io_binding=d.get("io_binding", "host"),
                    cuda_graph=cuda_graph, engine_cache=d.get("engine_cache"),
-                   shapes=Shapes.from_dict(d.get("shapes"), source), fallback=d.get("fallback"), source=source)
+                   shapes=Shapes.from_dict(d.get("shapes"), source), fallback=d.get("fallback"), memory=memory,
+                   source=source)
 
     # -- can this machine run it? ------------------------------------------------------------
     def unavailable_reason(self) -> str | None:

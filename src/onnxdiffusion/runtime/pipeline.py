@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, iter_sample, schedule_from_config, table_from_config
 from ..schedules import FlowSchedule
 from .backbone import Conditioning, DeviceBackbone, GuidedBackbone
+from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph
 from .session import make_session
 from .tokenizer import PromptTokenizer
@@ -85,13 +88,14 @@ def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOpti
 
 
 class Pipeline:
-    def __init__(self, folder: Path, manifest: dict, provider: str, threads: int | None, profile=None):
+    def __init__(self, folder: Path, manifest: dict, provider: str, threads: int | None, profile=None, memory=None):
         from .profiled import backbone_entry, session_providers
 
         self.folder = folder
         self.manifest = manifest
         self.provider = provider
         self.profile = profile  # a profiles.Resolved, or None
+        self.memory = mem = memory_options(memory)
         info = manifest["pipeline"]
         self.info = info
         self.family = family = get_family(manifest.get("family"))
@@ -102,17 +106,20 @@ class Pipeline:
         self.tokenizers = {s.name: family.make_tokenizer(s, folder, info) for s in self.slots}
         bb = comps[family.backbone]
         chain = session_providers(profile, bb, info)
-        self.encoders = {s.name: make_session(component_path(folder, manifest, s.name), provider, threads,
-                                              providers=chain["other"])
-                         for s in self.slots}
+        # text encoders: loaded now (their I/O is checked below); with memory `release_text_encoders` they
+        # are let go after each encoding and loaded again from their files for the next prompt
+        self.text_sessions = {s.name: LazySession(partial(make_session, component_path(folder, manifest, s.name),
+                                                          provider, threads, providers=chain["other"], memory=mem),
+                                                  mem.release_text_encoders)
+                              for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
         self.backbone = _backbone_session(confined(folder, bb["path"], "backbone"), bb, provider, threads,
-                                          chain["backbone"])
+                                          chain["backbone"], mem)
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
-                                        providers=chain["other"])
+                                        providers=chain["other"], memory=mem)
         # every family's components keep fixed I/O names: a swapped or foreign component fails here
         for slot in self.slots:
-            guards.check_io(folder, slot.name, self.encoders[slot.name], ("input_ids",), tuple(slot.outputs))
+            guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))
         guards.check_io(folder, family.backbone, self.backbone, ("sample", "timestep"), ("out_sample",))
         guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
         if family.backbone == "unet":
@@ -136,7 +143,7 @@ class Pipeline:
             self.precision_schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
             high = backbone_entry(folder, comps[self.precision_schedule.component], provider, profile)
             self.backbone_high = _backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads,
-                                                   chain["backbone"])
+                                                   chain["backbone"], mem)
             guards.check_io(folder, self.precision_schedule.component, self.backbone_high, ("sample", "timestep"), ("out_sample",))
         sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
         try:
@@ -154,8 +161,12 @@ class Pipeline:
 
     @classmethod
     def from_folder(cls, folder: Path | str | None = None, provider: str = "cpu", verify: bool = True,
-                    threads: int | None = None, warmup: bool = False, profile=None) -> Pipeline:
+                    threads: int | None = None, warmup: bool = False, profile=None, memory=None) -> Pipeline:
         """Load an exported model folder (default: the embedded model). Hashes are checked unless verify=False.
+
+        `memory`: `default` | `lean` | MemoryOptions (runtime/memory.py): `lean` lets the text encoders go
+        after each encoding and turns off ONNX Runtime's weight pre-packing and CPU arena (a lower peak
+        resident set; images identical).
 
         `profile`: a hardware profile (name, YAML path, or profiles.Profile): it decides the provider,
         its options and how the loop binds memory; `provider` is then ignored. One that cannot run
@@ -172,7 +183,8 @@ class Pipeline:
             resolved = resolve_for_folder(profile, manifest)
             provider = resolved.profile.provider
             threads = threads or resolved.profile.threads
-        pipe = cls(folder, manifest, provider, threads, resolved)
+            memory = memory if memory is not None else resolved.profile.memory
+        pipe = cls(folder, manifest, provider, threads, resolved, memory)
         if warmup:
             pipe(prompt="", steps=1, guidance=1.0)
         return pipe
@@ -184,15 +196,25 @@ class Pipeline:
 
     @property
     def text_encoder(self):
-        return self.encoders[self.slots[0].name]
+        return self.text_sessions[self.slots[0].name].get()
+
+    @contextmanager
+    def holding_text_encoders(self):
+        """Keep the text encoders loaded across several encodings (prompt and negative prompt); with
+        memory `release_text_encoders` they are let go when the outermost holder is done."""
+        with ExitStack() as stack:
+            for holder in self.text_sessions.values():
+                stack.enter_context(holder.use())
+            yield
 
     # -- stages -------------------------------------------------------------------------------
     def encode_prompt(self, prompts: list[str]) -> Conditioning:
         """The text conditioning of the backbone, by input name: every text encoder, combined as
         the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...)."""
-        encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name], self.encoders[slot.name],
-                                                      prompts, self.info)
-                   for slot in self.slots}
+        with self.holding_text_encoders():
+            encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name],
+                                                          self.text_sessions[slot.name].get(), prompts, self.info)
+                       for slot in self.slots}
         cond = self.family.combine(NumpyOps(), encoded, self.info)
         for v in cond.values():
             guards.check_finite(v, "text encoding (the text encoder produced NaN/inf)")
@@ -203,13 +225,14 @@ class Pipeline:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
         prompt given (SDXL then uses zeros, as diffusers does; others encode "")."""
         size = self.family.size_conditioning(self.info, len(prompts), height, width)
-        cond = {**self.encode_prompt(prompts), **size}
-        if not guided:
-            return cond, None
-        if negatives is None and self.family.zero_negative(self.info):
-            uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
-        else:
-            uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
+        with self.holding_text_encoders():  # one load for both when they are let go after use
+            cond = {**self.encode_prompt(prompts), **size}
+            if not guided:
+                return cond, None
+            if negatives is None and self.family.zero_negative(self.info):
+                uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
+            else:
+                uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
         return self.family.align(cond, {**uncond, **size})
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
@@ -282,7 +305,7 @@ class Pipeline:
                 raise UserError(f"{self.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
                                 f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
             session = make_session(component_path(self.folder, self.manifest, f"sampler_{form}"), self.provider,
-                                   self._threads, providers=self._chain["other"])
+                                   self._threads, providers=self._chain["other"], memory=self.memory)
             self._graphs[form] = SamplingGraph(session, info)
         return self._graphs[form]
 
@@ -366,7 +389,8 @@ class Pipeline:
         return result
 
 
-def _backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None):
+def _backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
+                      memory=None):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
 
     int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
@@ -374,4 +398,5 @@ def _backbone_session(path: Path, info: dict, provider: str, threads: int | None
     the host loop and the Loop form (where ORT does not apply it) round differently.
     """
     disabled = list((info.get("session_options") or {}).get("disabled_optimizers") or [])
-    return make_session(path, provider, threads, disabled_optimizers=disabled or None, providers=providers)
+    return make_session(path, provider, threads, disabled_optimizers=disabled or None, providers=providers,
+                        memory=memory)

@@ -68,14 +68,32 @@ def check_external_data(path: Path) -> None:
             confined(path.parent, location, f"{path.name}: external data of tensor {tensor.name!r}")
 
 
-def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
-                 disabled_optimizers: list[str] | None = None, providers: list | None = None) -> ort.InferenceSession:
-    """`providers`: ONNX Runtime's provider list with options (a profile's); default: `provider`, then CPU."""
-    check_external_data(path)
+def session_options(threads: int | None = None, memory=None) -> ort.SessionOptions:
+    """The one place the runtime's ORT session options (and their config strings) are set.
+
+    `memory`: a runtime.memory.MemoryOptions; `prepacking=False` keeps ORT from making a packed copy of
+    each constant weight for its kernels (they pack per call instead), `arena=False` gives activations
+    back to the allocator after each call instead of ORT's growing CPU arena.
+    """
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
     opts.log_severity_level = 3
+    if memory is not None:
+        if not memory.prepacking:
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+        if not memory.arena:
+            opts.enable_cpu_mem_arena = False
+    return opts
+
+
+def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
+                 disabled_optimizers: list[str] | None = None, providers: list | None = None,
+                 memory=None) -> ort.InferenceSession:
+    """`providers`: ONNX Runtime's provider list with options (a profile's); default: `provider`, then CPU.
+    `memory`: runtime.memory.MemoryOptions (None: ORT's defaults)."""
+    check_external_data(path)
+    opts = session_options(threads, memory)
     try:
         extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
         chain = providers if providers is not None else resolve_provider(provider)

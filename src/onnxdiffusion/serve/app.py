@@ -45,7 +45,7 @@ class Service:
         self.metrics = ServeMetrics()
         self.manager = manager or ModelManager(parse_buckets(config.buckets), config.golden_threshold_db,
                                                threads=config.threads, provider=config.provider,
-                                               profile=config.profile)
+                                               profile=config.profile, memory=config.memory)
         self.queue = JobQueue(self.manager, max_queue=config.max_queue, timeout=config.timeout,
                               workers=config.workers, max_batch=config.max_batch, retention=config.retention,
                               max_finished=config.max_finished, metrics=self.metrics)

@@ -37,6 +37,7 @@ class ServeConfig:
     grace: float = 10.0  # shutdown: seconds in-flight jobs get to finish before they are cancelled
     provider: str = "cpu"
     profile: str | None = None  # hardware profile (name or YAML file): its provider/options for every model
+    memory: str | None = None  # runtime.memory mode (default | lean | KEY=0|1,...); None: the profile's, else default
 
     def __post_init__(self):
         for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body"):
@@ -47,5 +48,8 @@ class ServeConfig:
         from .manager import parse_buckets
 
         parse_buckets(self.buckets)  # syntax errors fail before anything loads
+        from ..runtime.memory import memory_options
+
+        memory_options(self.memory)
         if not 0 < self.port < 65536:
             raise UserError(f"port must be in 1..65535, got {self.port}")

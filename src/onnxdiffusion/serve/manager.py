@@ -96,12 +96,13 @@ def model_spec(text: str) -> tuple[str | None, Path]:
 
 class ModelManager:
     def __init__(self, buckets: tuple[tuple[int, int], ...], threshold_db: float = 30.0,
-                 threads: int | None = 1, provider: str = "cpu", profile: str | None = None):
+                 threads: int | None = 1, provider: str = "cpu", profile: str | None = None, memory: str | None = None):
         self.buckets = buckets
         self.threshold_db = threshold_db
         self.threads = threads
         self.provider = provider
         self.profile = profile
+        self.memory = memory
         self.models: dict[str, ModelEntry] = {}
         self.ready = False
 
@@ -119,7 +120,8 @@ class ModelManager:
             if model_id in self.models:
                 raise UserError(f"two models are named {model_id!r}; name them with NAME=FOLDER")
             t0 = time.perf_counter()
-            pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads, profile=self.profile)
+            pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads, profile=self.profile,
+                                        memory=self.memory)
             self._check_buckets(model_id, pipe)
             family = getattr(pipe, "family", None)  # the backbone is `unet` or `transformer`, by model family
             unet = pipe.manifest["components"][getattr(family, "backbone", "unet")]

@@ -1,0 +1,95 @@
+"""How a pipeline trades memory for load time: the `memory` setting of `Pipeline.from_folder`.
+
+`default` keeps every session loaded with ONNX Runtime's defaults (weights pre-packed for its
+kernels, a growing CPU arena). `lean` lowers the peak resident set at full size: the text
+encoders are let go as soon as the prompt is encoded (and loaded again, from their files, for
+the next prompt), and ONNX Runtime's session options that keep a second copy of the weights are
+turned off. What each choice costs and saves at SD1.5 size is measured in
+`bench/report_sd15/README.md`; the ORT option strings themselves live in `session.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    release_text_encoders: bool = False  # drop the text encoder sessions after each encoding; reload on the next
+    prepacking: bool = True  # ORT pre-packs constant weights for its kernels (a packed copy beside the original)
+    arena: bool = True  # ORT's CPU memory arena (grows by powers of two and keeps what it took)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+MEMORY_MODES = {
+    "default": MemoryOptions(),
+    "lean": MemoryOptions(release_text_encoders=True, prepacking=False, arena=False),
+}
+
+
+def memory_options(spec: str | MemoryOptions | None) -> MemoryOptions:
+    """A mode name (`default`, `lean`), `MODE,KEY=VALUE,...` / `KEY=VALUE,...` (booleans 0/1), or MemoryOptions."""
+    if spec is None:
+        return MEMORY_MODES["default"]
+    if isinstance(spec, MemoryOptions):
+        return spec
+    parts = [p.strip() for p in str(spec).split(",") if p.strip()]
+    base = MEMORY_MODES["default"]
+    if parts and "=" not in parts[0]:
+        if parts[0] not in MEMORY_MODES:
+            raise UserError(f"unknown memory mode {parts[0]!r}; choose from {', '.join(MEMORY_MODES)} "
+                            f"or KEY=VALUE with KEY in {', '.join(f.name for f in fields(MemoryOptions))}")
+        base, parts = MEMORY_MODES[parts[0]], parts[1:]
+    known = {f.name for f in fields(MemoryOptions)}
+    changes = {}
+    for p in parts:
+        key, _, value = p.partition("=")
+        if key not in known or value not in ("0", "1", "true", "false"):
+            raise UserError(f"bad memory setting {p!r}: expected KEY=0|1 with KEY in {', '.join(sorted(known))}")
+        changes[key] = value in ("1", "true")
+    return replace(base, **changes)
+
+
+class LazySession:
+    """A session made on first use; with `release` it is dropped when its last user is done.
+
+    Thread-safe: serve's workers encode prompts concurrently, and the session is let go only when
+    none of them holds it (`with holder.use() as session: ...`).
+    """
+
+    def __init__(self, make, release: bool, session=None):
+        self._make, self.release = make, release
+        self._session = session
+        self._users = 0
+        self._lock = threading.Lock()
+        self.loads = 0 if session is None else 1
+
+    @property
+    def loaded(self) -> bool:
+        return self._session is not None
+
+    def get(self):
+        """The session, loaded if need be (kept until the next release point)."""
+        with self._lock:
+            if self._session is None:
+                self._session = self._make()
+                self.loads += 1
+            return self._session
+
+    @contextmanager
+    def use(self):
+        with self._lock:
+            self._users += 1
+        try:
+            yield self.get()
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self.release and self._users == 0:
+                    self._session = None
