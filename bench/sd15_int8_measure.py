@@ -5,10 +5,14 @@ Each measurement is a fresh child process (never two at once: at full size each 
 loads one variant with ONE thread, times backbone calls on a fixed batch-2 256x256 feed (warm-up
 call first), generates one 256x256 image (DDIM 10 steps, guidance 7.5), and reports wall time and
 the process's CPU time (user + sys: on a shared machine the contention-robust figure) for both,
-plus VmHWM (peak RSS: load + calls + image). Rounds interleave the variants; medians are reported.
+plus VmHWM (peak RSS: load + calls + image) and the peak of each phase (load, backbone calls, image;
+the kernel's high-water mark is reset between them). Rounds interleave the variants; medians are reported.
 
     python bench/sd15_int8_measure.py --variant fp32=runs/sd15/onnx256 --variant int8-static=runs/sd15/int8-static \\
         --diffusers runs/sd15/diffusers --rounds 3 --out bench/report_sd15/int8_static_threads1.json
+
+`--variant NAME=FOLDER@MEMORY` loads the folder with `Pipeline.from_folder(memory=MEMORY)` (`lean`,
+`release_text_encoders=1`, `prepacking=0,arena=0`, ...: runtime/memory.py).
 
 Folder paths are recorded as given (pass them relative to the repository).
 """
@@ -35,6 +39,16 @@ def _status_kb(key: str) -> int:
     return 0
 
 
+def _phase_peak() -> int:
+    """VmHWM since the last reset, then reset it (Linux: writing 5 to clear_refs resets the high-water mark)."""
+    peak = _status_kb("VmHWM") * 1024
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return peak
+
+
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -47,6 +61,7 @@ def _timed(fn):
 
 
 def child_ours(folder: str, calls: int) -> dict:
+    folder, _, memory = folder.partition("@")
     import numpy as np
 
     from onnxdiffusion.artifacts import read_manifest
@@ -54,7 +69,11 @@ def child_ours(folder: str, calls: int) -> dict:
     from onnxdiffusion.quantize.report import component_feed
     from onnxdiffusion.runtime import Pipeline
 
-    pipe, load_wall, load_cpu = _timed(lambda: Pipeline.from_folder(folder, provider="cpu", threads=1))
+    _phase_peak()
+    pipe, load_wall, load_cpu = _timed(lambda: Pipeline.from_folder(folder, provider="cpu", threads=1,
+                                                                    memory=memory or None))
+    phases = {"load": _phase_peak()}
+    rss_after_load = _status_kb("VmRSS") * 1024
     manifest = read_manifest(Path(folder))
     feed = component_feed(get_family(manifest.get("family")).backbone, manifest)
     feed = {k: v for k, v in feed.items()}
@@ -64,12 +83,16 @@ def child_ours(folder: str, calls: int) -> dict:
         _, w, c = _timed(lambda: pipe.backbone.run(None, feed))
         step_wall.append(w)
         step_cpu.append(c)
+    phases["backbone_calls"] = _phase_peak()
     result, e2e_wall, e2e_cpu = _timed(lambda: pipe([PROMPT], steps=STEPS, sampler="ddim", guidance=GUIDANCE, seed=0,
                                                    height=SIZE, width=SIZE))
+    phases["image"] = _phase_peak()
     assert np.isfinite(result.latents).all()
     return {"load_wall_s": load_wall, "load_cpu_s": load_cpu, "warmup_call_wall_s": warm_wall,
             "step_wall_s": step_wall, "step_cpu_s": step_cpu, "e2e_wall_s": e2e_wall, "e2e_cpu_s": e2e_cpu,
-            "peak_rss_bytes": _status_kb("VmHWM") * 1024}
+            "peak_rss_bytes": max(phases.values()), "phase_peak_rss_bytes": phases,
+            "rss_after_load_bytes": rss_after_load, "memory": pipe.memory.to_dict(),
+            "image_sha256": __import__("hashlib").sha256(result.images.tobytes()).hexdigest()}
 
 
 def child_diffusers(folder: str, calls: int) -> dict:
@@ -123,9 +146,14 @@ def summarize(runs: list[dict]) -> dict:
     if not ok:
         return {"error": runs[-1].get("error") if runs else "not run"}
     med = lambda key: statistics.median(x for r in ok for x in (r[key] if isinstance(r[key], list) else [r[key]]))  # noqa: E731
-    return {"runs": len(ok), "step_wall_s": med("step_wall_s"), "step_cpu_s": med("step_cpu_s"),
-            "e2e_wall_s": med("e2e_wall_s"), "e2e_cpu_s": med("e2e_cpu_s"),
-            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ok), "load_wall_s": med("load_wall_s")}
+    out = {"runs": len(ok), "step_wall_s": med("step_wall_s"), "step_cpu_s": med("step_cpu_s"),
+           "e2e_wall_s": med("e2e_wall_s"), "e2e_cpu_s": med("e2e_cpu_s"),
+           "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ok), "load_wall_s": med("load_wall_s"),
+           "load_cpu_s": med("load_cpu_s")}
+    if all("phase_peak_rss_bytes" in r for r in ok):
+        out["phase_peak_rss_bytes"] = {k: max(r["phase_peak_rss_bytes"][k] for r in ok) for k in ok[0]["phase_peak_rss_bytes"]}
+        out["image_sha256"] = sorted({r["image_sha256"] for r in ok})
+    return out
 
 
 def main() -> int:
@@ -137,6 +165,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=3, help="timed backbone calls per child (after one warm-up)")
     ap.add_argument("--out", type=Path, help="results JSON (required unless --child)")
+    ap.add_argument("--work", help="a folder the paths are under: written as $WORK in the results (no machine paths)")
     args = ap.parse_args()
     if args.child:
         fn = child_ours if args.child[0] == "ours" else child_diffusers
@@ -164,8 +193,11 @@ def main() -> int:
                                 "threads": 1, "calls_per_child": args.calls, "rounds": args.rounds},
                    "folders": dict(variants) | ({"diffusers-eager-fp32": args.diffusers} if args.diffusers else {}),
                    "summary": {k: summarize(v) for k, v in raw.items()}, "raw": raw, "log": log}
+            text = json.dumps(out, indent=2) + "\n"
+            if args.work:
+                text = text.replace(str(Path(args.work).resolve()), "$WORK")
             tmp = args.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(out, indent=2) + "\n")
+            tmp.write_text(text)
             tmp.replace(args.out)
     return 0
 

@@ -22,6 +22,8 @@ class MemoryOptions:
     release_text_encoders: bool = False  # drop the text encoder sessions after each encoding; reload on the next
     prepacking: bool = True  # ORT pre-packs constant weights for its kernels (a packed copy beside the original)
     arena: bool = True  # ORT's CPU memory arena (grows by powers of two and keeps what it took)
+    mem_pattern: bool = True  # ORT plans one block for a run's activations after the first run (taken beside
+    #                           what the arena already holds from that first run)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

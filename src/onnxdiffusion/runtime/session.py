@@ -73,7 +73,8 @@ def session_options(threads: int | None = None, memory=None) -> ort.SessionOptio
 
     `memory`: a runtime.memory.MemoryOptions; `prepacking=False` keeps ORT from making a packed copy of
     each constant weight for its kernels (they pack per call instead), `arena=False` gives activations
-    back to the allocator after each call instead of ORT's growing CPU arena.
+    back to the allocator after each call instead of ORT's growing CPU arena, `mem_pattern=False` keeps
+    ORT from planning a second block for a run's activations beside what its arena already holds.
     """
     opts = ort.SessionOptions()
     if threads:
@@ -84,6 +85,8 @@ def session_options(threads: int | None = None, memory=None) -> ort.SessionOptio
             opts.add_session_config_entry("session.disable_prepacking", "1")
         if not memory.arena:
             opts.enable_cpu_mem_arena = False
+        if not memory.mem_pattern:
+            opts.enable_mem_pattern = False
     return opts
 
 
