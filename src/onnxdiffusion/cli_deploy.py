@@ -58,7 +58,7 @@ def serve(
     retention: Annotated[float, typer.Option(help="seconds finished results are kept")] = 600.0,
     grace: Annotated[float, typer.Option(help="on SIGTERM/SIGINT: seconds in-flight requests get to finish")] = 10.0,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) every model loads with; overrides the CPU default")] = None,
-    memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoders let go between requests, no ORT weight pre-packing or arena) | KEY=0|1,... (default: the profile's, else default)")] = None,
+    memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoders let go between requests, no ORT memory pattern) | KEY=0|1,... (default: the profile's, else default)")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
     max_replicas: Annotated[Optional[int], typer.Option(help="--ray: autoscale between --replicas and this")] = None,

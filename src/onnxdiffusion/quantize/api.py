@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..families import get_family
 from ..runtime.session import check_external_data
 from . import _ort, files
+from ..relayout import RUNTIME_EXTERNAL_BYTES
 from .configs import QuantizeConfig
 from .graphs import is_quantized, sort_graph
 from .report import REPORT_NAME, SPEEDUP_THRESHOLD, fused_summary, measure_latency
@@ -298,7 +299,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             info = new_manifest["components"][folder_name(name)]
             rel = Path(info["path"])
             (tmp / rel.parent).mkdir(parents=True, exist_ok=True)
-            data = files.save(m, tmp / rel, keep=False)  # m is not read after this
+            # weights in a file beside the graph from RUNTIME_EXTERNAL_BYTES: ORT keeps inline ones twice
+            data = files.save(m, tmp / rel, keep=False, external_from=RUNTIME_EXTERNAL_BYTES)  # m not read after
             info["external_data"] = [str(rel.parent / f) for f in data]
             info["precision"] = built.precision
             info["bytes"] = sum((tmp / rel.parent / f).stat().st_size for f in [rel.name, *data])
@@ -345,7 +347,7 @@ def _write_high(tmp: Path, model: Path, src: dict, new_manifest: dict, schedule,
     info["path"] = f"{name}/{Path(src['path']).name}"
     (tmp / name).mkdir(parents=True, exist_ok=True)
     if isinstance(high_model, onnx.ModelProto):
-        data = files.save(high_model, tmp / info["path"])
+        data = files.save(high_model, tmp / info["path"], external_from=RUNTIME_EXTERNAL_BYTES)
         info["external_data"] = [f"{name}/{f}" for f in data]
         info.pop("validation", None)
     else:

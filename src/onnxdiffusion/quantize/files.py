@@ -230,13 +230,15 @@ def as_file(model: onnx.ModelProto, name: str = "model.onnx"):
         yield path
 
 
-def save(model: onnx.ModelProto, path: Path, keep: bool = True) -> list[str]:
-    """Save inline below the limit, else every tensor over 1 KB in one external file beside it.
+def save(model: onnx.ModelProto, path: Path, keep: bool = True, external_from: int | None = None) -> list[str]:
+    """Save inline below the limit (and below `external_from` bytes of tensors when given: a model folder's
+    component, relayout.RUNTIME_EXTERNAL_BYTES), else every tensor over 1 KB in one external file beside it.
     Returns the external files' names. keep=False: the model's large tensors are left pointing at
     the written file (not read back): for a model the caller is done with."""
     if data_dir(model) is not None:
         raise ValueError("save(): a skeleton has no weights in memory; use with_weights() first")
-    if tensor_bytes(model) < min(limit(), TWO_GB - (64 << 20)):
+    inline_below = min(limit(), TWO_GB - (64 << 20), TWO_GB if external_from is None else external_from)
+    if tensor_bytes(model) < inline_below:
         onnx.save_model(model, str(path))
         return []
     data = Path(path).name + "_data"

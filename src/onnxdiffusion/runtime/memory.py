@@ -1,10 +1,11 @@
 """How a pipeline trades memory for load time: the `memory` setting of `Pipeline.from_folder`.
 
 `default` keeps every session loaded with ONNX Runtime's defaults (weights pre-packed for its
-kernels, a growing CPU arena). `lean` lowers the peak resident set at full size: the text
-encoders are let go as soon as the prompt is encoded (and loaded again, from their files, for
-the next prompt), and ONNX Runtime's session options that keep a second copy of the weights are
-turned off. What each choice costs and saves at SD1.5 size is measured in
+kernels, a growing CPU arena, a planned activation block from the second run on). `lean` lowers
+the peak resident set at full size: the text encoders are let go as soon as the prompt is encoded
+(and loaded again, from their files, for the next prompt), and ORT's memory pattern is off (its
+block is taken beside what the arena already holds). The larger saving is the folder's layout:
+weights in external-data files (relayout.py), which `quantize` writes. What each choice costs and saves at SD1.5 size is measured in
 `bench/report_sd15/README.md`; the ORT option strings themselves live in `session.py`.
 """
 
@@ -31,7 +32,8 @@ class MemoryOptions:
 
 MEMORY_MODES = {
     "default": MemoryOptions(),
-    "lean": MemoryOptions(release_text_encoders=True, prepacking=False, arena=False),
+    # pre-packing stays on: without it ORT's int8 kernels (QLinearConv) run 2.6x slower at SD1.5 size
+    "lean": MemoryOptions(release_text_encoders=True, mem_pattern=False),
 }
 
 

@@ -165,8 +165,7 @@ class Pipeline:
         """Load an exported model folder (default: the embedded model). Hashes are checked unless verify=False.
 
         `memory`: `default` | `lean` | MemoryOptions (runtime/memory.py): `lean` lets the text encoders go
-        after each encoding and turns off ONNX Runtime's weight pre-packing and CPU arena (a lower peak
-        resident set; images identical).
+        after each encoding and turns off ORT's memory pattern (a lower peak resident set; images identical).
 
         `profile`: a hardware profile (name, YAML path, or profiles.Profile): it decides the provider,
         its options and how the loop binds memory; `provider` is then ignored. One that cannot run
