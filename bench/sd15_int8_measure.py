@@ -7,6 +7,18 @@ call first), generates one 256x256 image (DDIM 10 steps, guidance 7.5), and repo
 the process's CPU time (user + sys: on a shared machine the contention-robust figure) for both,
 plus VmHWM (peak RSS: load + calls + image) and the peak of each phase (load, backbone calls, image;
 the kernel's high-water mark is reset between them). Rounds interleave the variants; medians are reported.
+--threads N runs every process with N threads (default ONE; CPU time then counts all its threads).
+
+Peers (--peer NAME=BACKEND:MODE, BACKEND openvino or sdcpp) run in their own venvs through
+onnxdiffusion/bench/peer_worker.py (the bench's worker, JSON lines): a fresh worker per round loads the
+converted model from --peer-cache (OpenVINO IR / GGUF, converted there on first use), makes one image and
+reports its VmHWM. Their step is the median sampling step seen by the pipeline's step callback (UNet on
+the classifier-free-guidance pair + scheduler update), not a separate backbone call. The peers' Pythons:
+ONNXDIFFUSION_SDCPP_PYTHON / ONNXDIFFUSION_OPENVINO_PYTHON, else .venv-sdcpp / .venv-openvino
+(bench/install_sdcpp.sh, bench/install_openvino.sh).
+
+    python bench/sd15_int8_measure.py ... --peer sdcpp-q8_0=sdcpp:q8_0 --peer openvino-int8-hybrid=openvino:int8-hybrid \\
+        --peer-cache runs/sd15/peers --threads 2 --out bench/report_sd15/peers_threads2.json
 
     python bench/sd15_int8_measure.py --variant fp32=runs/sd15/onnx256 --variant int8-static=runs/sd15/int8-static \\
         --diffusers runs/sd15/diffusers --rounds 3 --out bench/report_sd15/int8_static_threads1.json
@@ -29,7 +41,19 @@ import time
 from pathlib import Path
 
 SIZE, STEPS, GUIDANCE, PROMPT = 256, 10, 7.5, "a photo of an astronaut riding a horse"
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+ROOT = Path(__file__).resolve().parents[1]
+PEER_WORKER = ROOT / "src" / "onnxdiffusion" / "bench" / "peer_worker.py"
+PEER_VENVS = {"openvino": ".venv-openvino", "sdcpp": ".venv-sdcpp", "optimum": ".venv-optimum"}
+# the sampler each peer runs (peer_worker.py): sd.cpp has no leading-spacing DDIM; same UNet calls per step
+PEER_SAMPLERS = {"openvino": "DDIM (diffusers DDIMScheduler, the model's config)", "optimum": "DDIM (diffusers DDIMScheduler)",
+                 "sdcpp": "ddim_trailing (sd.cpp's DDIM, trailing timestep spacing, discrete schedule)"}
+CALIB_PROMPTS = ["a photo of an astronaut riding a horse", "a red car parked by the sea", "a bowl of fruit on a table",
+                 "a mountain lake at sunrise"]
+
+
+def thread_env(threads: int) -> dict:
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "HF_HUB_OFFLINE": "1"}
 
 
 def _status_kb(key: str) -> int:
@@ -60,7 +84,7 @@ def _timed(fn):
     return out, time.perf_counter() - w, _cpu() - c
 
 
-def child_ours(folder: str, calls: int) -> dict:
+def child_ours(folder: str, calls: int, threads: int) -> dict:
     folder, _, memory = folder.partition("@")
     import numpy as np
 
@@ -70,7 +94,7 @@ def child_ours(folder: str, calls: int) -> dict:
     from onnxdiffusion.runtime import Pipeline
 
     _phase_peak()
-    pipe, load_wall, load_cpu = _timed(lambda: Pipeline.from_folder(folder, provider="cpu", threads=1,
+    pipe, load_wall, load_cpu = _timed(lambda: Pipeline.from_folder(folder, provider="cpu", threads=threads,
                                                                     memory=memory or None))
     phases = {"load": _phase_peak()}
     rss_after_load = _status_kb("VmRSS") * 1024
@@ -95,11 +119,11 @@ def child_ours(folder: str, calls: int) -> dict:
             "image_sha256": __import__("hashlib").sha256(result.images.tobytes()).hexdigest()}
 
 
-def child_diffusers(folder: str, calls: int) -> dict:
+def child_diffusers(folder: str, calls: int, threads: int) -> dict:
     import torch
     from diffusers import DDIMScheduler, StableDiffusionPipeline
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
 
     def load():
@@ -127,14 +151,57 @@ def child_diffusers(folder: str, calls: int) -> dict:
             "peak_rss_bytes": _status_kb("VmHWM") * 1024}
 
 
-def run_child(kind: str, folder: str, calls: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, folder, "--calls", str(calls)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ONE_THREAD}, timeout=3000)
+def run_child(kind: str, folder: str, calls: int, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, folder, "--calls", str(calls), "--threads", str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **thread_env(threads)}, timeout=3000)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
         return {"error": tail}
     return json.loads(lines[-1])
+
+
+def peer_python(backend: str) -> Path:
+    env = os.environ.get(f"ONNXDIFFUSION_{backend.upper()}_PYTHON")
+    return Path(env) if env else ROOT / PEER_VENVS[backend] / "bin" / "python"
+
+
+def run_peer(backend: str, mode: str, source: str, cache: Path, threads: int, timeout: float = 3600) -> dict:
+    """One fresh peer worker: load (converting into `cache` on first use), one image, its VmHWM, quit."""
+    import numpy as np
+
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "calib_prompts.json").write_text(json.dumps(CALIB_PROMPTS))
+    latents = cache / "latents.npy"
+    np.save(latents, np.random.default_rng(0).standard_normal((1, 4, SIZE // 8, SIZE // 8), dtype=np.float32))
+    log_path = cache / f"{backend}-{mode}.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(thread_env(threads), TQDM_DISABLE="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+    cmd = [str(peer_python(backend)), str(PEER_WORKER), "--backend", backend, "--mode", mode,
+           "--folder", str(Path(source).absolute()), "--cache", str(cache.absolute()), "--threads", str(threads),
+           "--height", str(SIZE), "--width", str(SIZE), "--calib-prompts", str((cache / "calib_prompts.json").absolute())]
+    msgs = [{"cmd": "generate", "prompts": [PROMPT], "latents": str(latents.absolute()),
+             "out": str((cache / "images.npy").absolute()), "final_latents": str((cache / "final.npy").absolute()),
+             "steps": STEPS, "guidance": GUIDANCE, "height": SIZE, "width": SIZE}, {"cmd": "rss"}, {"cmd": "quit"}]
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, input="".join(json.dumps(m) + "\n" for m in msgs), stdout=subprocess.PIPE,
+                                  stderr=log, text=True, env=env, cwd=cache, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return {"error": f"{type(e).__name__}: {e}"[:300]}
+    replies = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    errors = [r["message"] for r in replies if r.get("event") == "error"]
+    loaded = next((r for r in replies if r.get("event") == "loaded"), None)
+    done = next((r for r in replies if r.get("event") == "done"), None)
+    rss = next((r for r in replies if r.get("event") == "rss"), None)
+    if errors or not (loaded and done and rss):
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        return {"error": (errors or [f"peer worker exited ({proc.returncode}): " + (lines[-1] if lines else "")])[0][:300]}
+    t = done["timings"]
+    return {"load_wall_s": loaded.get("load_s"), "convert_s": loaded.get("convert_s"), "model_bytes": loaded.get("ir_bytes"),
+            "versions": loaded.get("versions"), "step_wall_s": t["step_s"], "step_cpu_s": [],
+            "e2e_wall_s": t["total_s"], "e2e_cpu_s": t["cpu_s"], "peak_rss_bytes": rss["peak_rss_bytes"],
+            **{k: loaded[k] for k in ("inference_precision", "quantized_from", "sampler") if k in loaded}}
 
 
 def _loadavg() -> float:
@@ -145,7 +212,10 @@ def summarize(runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return {"error": runs[-1].get("error") if runs else "not run"}
-    med = lambda key: statistics.median(x for r in ok for x in (r[key] if isinstance(r[key], list) else [r[key]]))  # noqa: E731
+    def med(key):
+        xs = [x for r in ok for x in (r.get(key) if isinstance(r.get(key), list) else [r.get(key)]) if x is not None]
+        return statistics.median(xs) if xs else None
+
     out = {"runs": len(ok), "step_wall_s": med("step_wall_s"), "step_cpu_s": med("step_cpu_s"),
            "e2e_wall_s": med("e2e_wall_s"), "e2e_cpu_s": med("e2e_cpu_s"),
            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ok), "load_wall_s": med("load_wall_s"),
@@ -164,34 +234,49 @@ def main() -> int:
     ap.add_argument("--diffusers-rounds", type=int, default=1, help="rounds that include the diffusers row")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=3, help="timed backbone calls per child (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=1, help="threads per process (ORT intra-op, torch, OpenMP, peers)")
+    ap.add_argument("--peer", action="append", default=[], help="NAME=BACKEND:MODE, e.g. sdcpp-q8_0=sdcpp:q8_0 "
+                    "or openvino-int8-hybrid=openvino:int8-hybrid (needs --diffusers and --peer-cache)")
+    ap.add_argument("--peer-cache", type=Path, help="folder for the peers' converted models (reused between runs)")
     ap.add_argument("--out", type=Path, help="results JSON (required unless --child)")
     ap.add_argument("--work", help="a folder the paths are under: written as $WORK in the results (no machine paths)")
     args = ap.parse_args()
     if args.child:
         fn = child_ours if args.child[0] == "ours" else child_diffusers
-        print(json.dumps(fn(args.child[1], args.calls)))
+        print(json.dumps(fn(args.child[1], args.calls, args.threads)))
         return 0
     if args.out is None:
         ap.error("--out is required")
+    if args.peer and not (args.diffusers and args.peer_cache):
+        ap.error("--peer needs --diffusers (the source folder) and --peer-cache")
     variants = [tuple(v.split("=", 1)) for v in args.variant]
-    raw: dict[str, list] = {name: [] for name, _ in variants}
-    if args.diffusers:
+    peers = {name: tuple(spec.split(":", 1)) for name, spec in (p.split("=", 1) for p in args.peer)}
+    raw: dict[str, list] = {name: [] for name, _ in variants} | {name: [] for name in peers}
+    if args.diffusers and args.diffusers_rounds > 0:  # with --peer only, --diffusers is just the peers' source
         raw["diffusers-eager-fp32"] = []
     log = []
     for r in range(args.rounds):
-        order = list(variants) + ([("diffusers-eager-fp32", args.diffusers)] if args.diffusers and r < args.diffusers_rounds else [])
+        order = list(variants) + [(name, args.diffusers) for name in peers]
+        order += [("diffusers-eager-fp32", args.diffusers)] if args.diffusers and r < args.diffusers_rounds else []
         for name, folder in order:
             before = _loadavg()
-            rec = run_child("diffusers" if name.startswith("diffusers") else "ours", folder, args.calls)
+            if name in peers:
+                backend, mode = peers[name]
+                rec = run_peer(backend, mode, folder, args.peer_cache / f"{backend}-{mode}", args.threads)
+            else:
+                rec = run_child("diffusers" if name.startswith("diffusers") else "ours", folder, args.calls, args.threads)
             rec.update(round=r, loadavg_before=before, loadavg_after=_loadavg())
             raw[name].append(rec)
             log.append(f"round {r} {name}: " + (rec.get("error") or
-                       f"step {statistics.median(rec['step_cpu_s']):.2f} s CPU / {statistics.median(rec['step_wall_s']):.2f} s wall, "
+                       f"step {statistics.median(rec['step_cpu_s'] or [float('nan')]):.2f} s CPU / "
+                       f"{statistics.median(rec['step_wall_s']):.2f} s wall, "
                        f"e2e {rec['e2e_cpu_s']:.1f} s CPU / {rec['e2e_wall_s']:.1f} s wall, peak {rec['peak_rss_bytes'] / 1e9:.2f} GB"))
             print(log[-1], file=sys.stderr, flush=True)
             out = {"settings": {"size": SIZE, "steps": STEPS, "sampler": "ddim", "guidance": GUIDANCE, "batch": 1,
-                                "threads": 1, "calls_per_child": args.calls, "rounds": args.rounds},
+                                "threads": args.threads, "cpus": os.cpu_count(), "calls_per_child": args.calls, "rounds": args.rounds},
                    "folders": dict(variants) | ({"diffusers-eager-fp32": args.diffusers} if args.diffusers else {}),
+                   "peers": {name: {"backend": b, "mode": m, "source": args.diffusers, "sampler": PEER_SAMPLERS.get(b)}
+                             for name, (b, m) in peers.items()},
                    "summary": {k: summarize(v) for k, v in raw.items()}, "raw": raw, "log": log}
             text = json.dumps(out, indent=2) + "\n"
             if args.work:

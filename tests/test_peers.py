@@ -60,3 +60,15 @@ def test_peer_makes_an_image_from_a_relative_model_path(peer_bench, variant):
     t = row["timing"]
     assert t["repeats"] == 1 and t["e2e_median_s"] > 0
     assert len(row["load"].get("versions", {})) >= 2  # the worker really loaded its own libraries
+
+
+def test_openvino_fp32_is_fp32_math_and_int8_hybrid_reuses_its_ir(peer_bench):
+    """openvino-fp32 asks for f32 math (OpenVINO's CPU default is bf16 where the CPU has it); int8-hybrid
+    quantizes the IR the fp32 variant converted instead of exporting the PyTorch model a second time (at full
+    size that export is the memory peak)."""
+    rows, _ = peer_bench
+    if "openvino-fp32" not in rows or "openvino-int8-hybrid" not in rows:
+        pytest.skip(".venv-openvino is not installed (run `make peers`)")
+    fp32, hybrid = rows["openvino-fp32"]["load"], rows["openvino-int8-hybrid"]["load"]
+    assert "float32" in fp32.get("inference_precision", ""), fp32
+    assert hybrid.get("quantized_from") == "fp32 IR", hybrid

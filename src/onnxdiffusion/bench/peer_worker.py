@@ -108,6 +108,11 @@ def load_optimum(args):
     return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.vae_decoder)
 
 
+def fp32_ir_candidates(cache: Path) -> list[Path]:
+    """Where an fp32 IR of the same source may already be: this cache, or the openvino-fp32 variant's beside it."""
+    return [cache / "ir-fp32", cache.parent / "openvino-fp32" / "ir-fp32"]
+
+
 def load_openvino(args):
     from diffusers import DDIMScheduler
     from optimum.intel import OVStableDiffusionPipeline
@@ -116,6 +121,7 @@ def load_openvino(args):
     info: dict = {}
     if not (ir / "model_index.json").is_file():
         kw = {}
+        source, export = args.folder, True
         if args.mode == "int8-hybrid":
             from optimum.intel import OVWeightQuantizationConfig
 
@@ -124,13 +130,27 @@ def load_openvino(args):
                 raise RuntimeError("int8-hybrid needs calibration prompts")
             kw["quantization_config"] = OVWeightQuantizationConfig(bits=8, quant_method="hybrid", dataset=prompts,
                                                                    num_samples=len(prompts))
+            # quantize the fp32 IR when the openvino-fp32 variant already converted it: the PyTorch export
+            # of a full-size UNet is the memory peak, and it would be the same IR
+            fp32 = next((d for d in fp32_ir_candidates(Path(args.cache)) if (d / "model_index.json").is_file()), None)
+            if fp32 is not None:
+                source, export = str(fp32), False
+                info["quantized_from"] = "fp32 IR"
         t0 = time.perf_counter()
-        pipe = OVStableDiffusionPipeline.from_pretrained(args.folder, export=True, compile=False,
+        pipe = OVStableDiffusionPipeline.from_pretrained(source, export=export, compile=False,
                                                          local_files_only=True, **kw)
-        pipe.save_pretrained(ir)
+        tmp = ir.with_name(ir.name + ".part")
+        pipe.save_pretrained(tmp)
+        if ir.exists():
+            import shutil
+
+            shutil.rmtree(ir)
+        os.replace(tmp, ir)
         info["convert_s"] = time.perf_counter() - t0
         del pipe
     ov_config = {"PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
+    if args.mode == "fp32":  # OpenVINO's CPU default is bf16 math where the CPU has AVX512_BF16/AMX
+        ov_config["INFERENCE_PRECISION_HINT"] = "f32"
     if args.threads:
         ov_config["INFERENCE_NUM_THREADS"] = str(args.threads)
     t0 = time.perf_counter()
@@ -139,6 +159,10 @@ def load_openvino(args):
     info["load_s"] = time.perf_counter() - t0
     info["ir_bytes"] = sum(p.stat().st_size for p in ir.rglob("*") if p.is_file())
     info["ir_folder"] = str(ir)
+    try:
+        info["inference_precision"] = str(pipe.unet.request.get_property("INFERENCE_PRECISION_HINT"))
+    except Exception:  # noqa: BLE001 - informational only
+        pass
     pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
     import openvino
 
@@ -158,6 +182,7 @@ def load_sdcpp(args):
     gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
     info: dict = {}
     if not gguf.is_file():
+        gguf.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         tmp = gguf.with_suffix(".part.gguf")
         ok = low.convert(str(Path(args.folder)).encode(), b"", str(tmp).encode(), GGML_TYPE_MAP[SDCPP_TYPES[args.mode]],
