@@ -45,7 +45,7 @@ from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, 
 from onnxdiffusion.quantize.configs import MODELOPT_KEEP_FLOAT  # noqa: E402
 from onnxdiffusion.quantize.calibration import capture, load_prompts, step_ranges  # noqa: E402
 from onnxdiffusion.quantize.graphs import quantizable_nodes  # noqa: E402
-from onnxdiffusion.quantize.lowbit_graphs import simulation_graph  # noqa: E402
+from onnxdiffusion.quantize.lowbit_plan import measured_graph  # noqa: E402
 from onnxdiffusion.quantize.recipes import prepare_unet  # noqa: E402
 from onnxdiffusion.quantize.runner import session  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
@@ -53,28 +53,35 @@ from onnxdiffusion.runtime import Pipeline  # noqa: E402
 MODELS = (ROOT / "models" / "shapes-sd-onnx", ROOT / "models" / "shapes-mmdit-onnx")
 
 # label, recipe, options, acceptance target (dB), families it runs on (None: every model)
+AUTO = " (default: auto 16-bit layers)"
 RUNS = [
-    ("fp8 (W8A8 E4M3)", "fp8", {}, 40.0, None),
-    ("nvfp4 weights, 16-bit activations", "nvfp4", {"activations": "fp16"}, 30.0, None),
-    ("nvfp4 weights, FP8 activations", "nvfp4", {"activations": "fp8"}, 27.0, None),
+    ("fp8 (W8A8 E4M3)" + AUTO, "fp8", {}, 40.0, None),
+    ("nvfp4 weights, 16-bit activations" + AUTO, "nvfp4", {"activations": "fp16"}, 30.0, None),
+    ("nvfp4 weights, FP8 activations" + AUTO, "nvfp4", {"activations": "fp8"}, 27.0, None),
+    ("fp8 (W8A8 E4M3), every layer quantized", "fp8", {"keep_16bit": "none"}, 40.0, None),
+    ("nvfp4 weights, 16-bit activations, every layer quantized", "nvfp4", {"activations": "fp16", "keep_16bit": "none"}, 30.0, None),
+    ("nvfp4 weights, FP8 activations, every layer quantized", "nvfp4", {"activations": "fp8", "keep_16bit": "none"}, 27.0, None),
     ("nvfp4 TensorRT form, dynamic FP4 activations", "nvfp4", {"activations": "fp4", "form": "tensorrt"}, None, None),
 ]
-# The MMDiT misses the fp8 target with every MatMul quantized; bench/lowbit_sensitivity.py measured which layers
-# carry the error (bench/results/lowbit_sensitivity_fp8.md: the final proj_out and the feed-forward up-projections
-# ff.net.0.proj hold 52% of it, with no outlier channels). These variants keep those in the compute precision
-# (16-bit under TensorRT), on top of Model Optimizer's exclusions; reported beside the plain recipes.
+# labels of the first version (recipe version 1, before 16-bit layers existed: every layer quantized)
+RENAMED = {"fp8 (W8A8 E4M3)": RUNS[3][0], "nvfp4 weights, 16-bit activations": RUNS[4][0],
+           "nvfp4 weights, FP8 activations": RUNS[5][0]}
+# The hand-picked lists measured before the automatic choice existed (bench/lowbit_sensitivity.py: the final
+# proj_out and the feed-forward up-projections hold 52% of the MMDiT's fp8 error); kept for comparison.
 MMDIT_KEEP = ("/model/proj_out/*", "*/ff/net.0/proj/*")
+HAND = {"keep_16bit": "none"}
 RUNS += [
-    ("fp8 (W8A8 E4M3), proj_out 16-bit", "fp8", {"keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP[:1])}, 40.0,
+    ("fp8 (W8A8 E4M3), proj_out 16-bit", "fp8", {**HAND, "keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP[:1])}, 40.0,
      ("sd3",)),
-    ("fp8 (W8A8 E4M3), proj_out + ff.net.0.proj 16-bit", "fp8", {"keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP)},
+    ("fp8 (W8A8 E4M3), proj_out + ff.net.0.proj 16-bit", "fp8", {**HAND, "keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP)},
      40.0, ("sd3",)),
     ("fp8 (W8A8 E4M3), proj_out + ff.net.0.proj + ff.net.2 16-bit", "fp8",
-     {"keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP + ("*/ff/net.2/*",))}, 40.0, ("sd3",)),
+     {**HAND, "keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP + ("*/ff/net.2/*",))}, 40.0, ("sd3",)),
     # the same two roles hold 54% of NVFP4's weight error (bench/results/lowbit_sensitivity_nvfp4.md)
     ("nvfp4 weights, 16-bit activations, proj_out + ff.net.0.proj 16-bit", "nvfp4",
-     {"activations": "fp16", "keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP)}, 30.0, ("sd3",)),
+     {**HAND, "activations": "fp16", "keep_float": ",".join(MODELOPT_KEEP_FLOAT + MMDIT_KEEP)}, 30.0, ("sd3",)),
 ]
+PLOTTED = [lb for lb, *_ in RUNS[:6]]
 
 
 # What the measurements say where a target is missed (by family; shown under the table)
@@ -151,10 +158,17 @@ def run_model(model: Path, work: Path, count: int, calib_count: int, runs: list)
                  "latency_ratio_cpu": report["latency_ratio"], "verdict": report["verdict"],
                  "quantized_nodes": report["quantized_node_count"], "float_nodes": report["float_node_count"],
                  "probe_psnr_db": report["quality"].get("probe_psnr_db")}
-        if name == "fp8":
+        keep = report["details"].get("keep_16bit") or {}
+        keep16 = list(keep.get("nodes") or [])
+        if keep16 or keep.get("mode") == "auto":
+            entry["kept_16bit"] = {k: keep.get(k) for k in ("node_count", "weight_bytes_fraction", "target_psnr_db",
+                                                            "target_reached_on_probe", "budget_fraction")}
+            entry["kept_16bit"]["nodes"] = keep16
+            entry["kept_16bit"]["probe_trace"] = keep.get("probe", {}).get("trace")
+        if name == "fp8" and not keep16:
             pipe.backbone = Pipeline.from_folder(out, threads=1).backbone
             entry["images_from"] = "the stored FP8 QDQ file on ONNX Runtime's CPU provider (float simulation of FP8)"
-        elif opts.get("activations") in ("fp16", "fp8"):
+        elif name == "fp8" or opts.get("activations") in ("fp16", "fp8"):
             if calib is None:
                 prompts, _ = load_prompts(calib_cfg)
                 pipe.backbone = fp32_session
@@ -162,13 +176,14 @@ def run_model(model: Path, work: Path, count: int, calib_count: int, runs: list)
             names = [q.name for q in quantizable_nodes(fp32_backbone, recipe.op_types, recipe.keep_float)]
             by_name = {n.name: n for n in fp32_backbone.graph.node}
             ranges = {}
-            if opts["activations"] == "fp8":
+            if name == "fp8" or opts["activations"] == "fp8":
                 tensors = list(dict.fromkeys(by_name[n].input[0] for n in names))
                 ranges = step_ranges(fp32_backbone, tensors, calib, 1).aggregate(None, "max")
-            sim = simulation_graph(fp32_backbone, names, "nvfp4", opts["activations"], ranges)
+            sim = measured_graph(fp32_backbone, recipe, [n for n in names if n not in set(keep16)], ranges, keep16)
             pipe.backbone = session(sim, 1)
-            entry["images_from"] = "fp32 simulation graph (numpy-twin NVFP4 weights" + (
-                ", FP8 activation Q/DQ)" if opts["activations"] == "fp8" else ", activations rounded through fp16)")
+            acts = "FP8 activation Q/DQ" if name == "fp8" or opts["activations"] == "fp8" else "activations rounded through fp16"
+            entry["images_from"] = (f"fp32 simulation graph ({'FP8' if name == 'fp8' else 'numpy-twin NVFP4'} weights, {acts}"
+                                    + (", 16-bit layers: float16 weights, inputs rounded through fp16)" if keep16 else ")"))
         else:
             entry["images_from"] = None
             entry["note"] = "dynamic FP4 activations run only in TensorRT (TRT_FP4DynamicQuantize); not measured here"
@@ -196,7 +211,10 @@ def _load_previous(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     if "models" in old:
-        return dict(old["models"])
+        models = dict(old["models"])
+        for r in models.values():  # first-version labels (every layer quantized) under their current names
+            r["recipes"] = {RENAMED.get(lb, lb): e for lb, e in r["recipes"].items()}
+        return models
     if "recipes" in old:  # first version: one model, backbone fields named unet_*
         for e in old["recipes"].values():
             for k in ("bytes", "size_ratio"):
@@ -216,26 +234,34 @@ def _settings_line(r: dict) -> str:
             f"{r['fp32']['strict_accuracy']:.3f}")
 
 
+def _kept_cell(e: dict) -> str:
+    k = e.get("kept_16bit")
+    if not k:
+        return "-"
+    return f"{k['node_count']} ({k['weight_bytes_fraction']:.1%})"
+
+
 def write_markdown(models: dict, path: Path) -> None:
     names = list(models)
     labels = list(dict.fromkeys(label for r in models.values() for label in r["recipes"]))
     lines = ["# fp8 / nvfp4 on the embedded models (mean / worst-image PSNR vs fp32 images, same prompts and seeds)", ""]
-    head = "| recipe | target (dB) | " + " | ".join(f"{n}: mean dB | min | strict | backbone smaller" for n in names) + " |"
-    lines += [head, "|---|---|" + "---|---|---|---|" * len(names)]
+    head = "| recipe | target (dB) | " + " | ".join(f"{n}: mean dB | min | strict | backbone smaller | 16-bit layers (weight bytes)"
+                                                   for n in names) + " |"
+    lines += [head, "|---|---|" + "---|---|---|---|---|" * len(names)]
     for label in labels:
         cells = []
         target = None
         for n in names:
             e = models[n]["recipes"].get(label)
             if e is None:
-                cells += ["-"] * 4
+                cells += ["-"] * 5
                 continue
             target = e.get("target_db") if target is None else target
             ok = "" if "meets_target" not in e else (" ✓" if e["meets_target"] else " ✗")
             cells += [f"{e['psnr_db_mean']:.2f}{ok}" if "psnr_db_mean" in e else "-",
                       f"{e['psnr_db_min']:.2f}" if "psnr_db_min" in e else "-",
                       f"{e['strict_accuracy']:.3f}" if "strict_accuracy" in e else "-",
-                      f"{e['backbone_size_ratio']}x"]
+                      f"{e['backbone_size_ratio']}x", _kept_cell(e)]
         lines.append(f"| {label} | {target or '-'} | " + " | ".join(cells) + " |")
     lines += ["", "Settings:", ""] + [f"- {_settings_line(models[n])}" for n in names]
     lines += ["", "| model | recipe | checker | quantized / float nodes | images from |", "|---|---|---|---|---|"]
@@ -259,10 +285,10 @@ def write_plot(models: dict, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [lb for lb, *_ in RUNS if any("psnr_db_mean" in r["recipes"].get(lb, {}) for r in models.values())]
+    labels = [lb for lb in PLOTTED if any("psnr_db_mean" in r["recipes"].get(lb, {}) for r in models.values())]
     if not labels:
         return False
-    fig, ax = plt.subplots(figsize=(1.9 * len(labels) + 1.5, 3.8), dpi=110)
+    fig, ax = plt.subplots(figsize=(1.6 * len(labels) + 1.5, 3.6), dpi=80)
     width = 0.8 / max(1, len(models))
     x = np.arange(len(labels))
     for i, (name, r) in enumerate(models.items()):
@@ -275,7 +301,7 @@ def write_plot(models: dict, path: Path) -> bool:
     for j, t in enumerate(targets):
         if t is not None:
             ax.hlines(t, j - 0.45, j + 0.45, colors="k", linestyles="--", lw=1, label="target" if j == 0 else None)
-    ax.set_xticks(x, [lb.replace(", ", ",\n").replace(" + ", " +\n") for lb in labels], fontsize=8)
+    ax.set_xticks(x, [lb.replace(AUTO, ",\nauto 16-bit layers").replace(", ", ",\n") for lb in labels], fontsize=7)
     ax.set_ylabel("PSNR vs fp32 images (dB)")
     ax.set_title("fp8 / nvfp4 backbones on both embedded models", fontsize=10)
     ax.legend(fontsize=7, loc="lower left")
@@ -283,6 +309,12 @@ def write_plot(models: dict, path: Path) -> bool:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    try:  # 256 colours: a small file in the repository
+        from PIL import Image
+
+        Image.open(path).convert("RGB").quantize(256).save(path, optimize=True)
+    except ImportError:
+        pass
     return True
 
 
