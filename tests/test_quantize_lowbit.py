@@ -155,8 +155,10 @@ def test_auto_16bit_on_real_fp8_error_is_consistent(tiny_onnx, tmp_path):
     trace = {row["float_nodes"]: row["probe_psnr_db"] for row in keep["probe"]["trace"]}
     assert trace[0] < 60.0 and keep["node_count"] > 0  # tiny fp8 misses 60 dB: layers kept 16-bit
     assert keep["weight_bytes_fraction"] <= 0.5
+    assert keep["target_psnr_db"] == 60.0 and keep["margin_db"] == 2.0
     if keep["target_reached_on_probe"]:
-        assert trace[keep["node_count"]] >= 60.0
+        assert trace[keep["node_count"]] >= 62.0  # the target plus the margin, on the probe
+        assert all(v < 62.0 for k, v in trace.items() if k < keep["node_count"])
     assert report["quality"]["probe_psnr_db"] == pytest.approx(trace[keep["node_count"]], abs=1e-3)
     assert "16-bit" in report["quality"]["measured_on"]
     ranked = keep["ranking"]
@@ -182,6 +184,7 @@ def test_plain_recipes_keep_nothing_and_old_dicts_read_as_plain():
     ({"max_16bit": "-0.1"}, r"max_16bit .* \[0, 1\]"),
     ({"max_16bit": "nan"}, r"max_16bit"),
     ({"target_psnr": "5"}, r"target_psnr must be 0"),
+    ({"margin_db": "-1"}, r"margin_db must be in \[0, 20\]"),
     ({"probe_prompts": "1"}, "probe_prompts"),
     ({"sensitivity_steps": "0"}, "sensitivity_steps"),
     ({"max_16bit": "half"}, "not a valid float"),

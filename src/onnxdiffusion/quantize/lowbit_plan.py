@@ -5,10 +5,10 @@
 The candidates are the recipe's Conv / MatMul / Gemm nodes with constant weights outside its
 `keep_float` patterns. With `keep_16bit=auto` (configs_float.LowbitRecipe) the search is the mixed
 int8 recipe's (sensitivity.py): the probe images with every candidate quantized first; when they
-miss the target, each candidate quantized alone on calibration feeds, ranked by the output error it
-adds per weight byte, and the smallest prefix of that ranking whose 16-bit copy brings the probe to
-the target, within `max_16bit` of the candidates' weight bytes. Quality is always measured on the
-graph that computes what the stored file computes (`measured_graph`): FP8 / NVFP4 numpy-twin
+miss the target (plus `margin_db`), each candidate quantized alone on calibration feeds, ranked by
+the output error it adds per weight byte, and the smallest prefix of that ranking whose 16-bit
+copy brings the probe there, within `max_16bit` of the candidates' weight bytes. Quality is
+always measured on the graph that computes what the stored file computes (`measured_graph`): FP8 / NVFP4 numpy-twin
 weights, FP8 activation Q/DQ or activations rounded through float16, and the kept layers' float16
 weights with inputs rounded through float16.
 """
@@ -71,7 +71,7 @@ def choose_16bit(ctx, recipe, nodes: list[str], ranges: dict, cost: dict[str, in
     """(nodes kept 16-bit, report): the smallest sensitivity-ranked set reaching the target within the budget."""
     from .sensitivity import probe_trace, rank_nodes, smallest_prefix
 
-    target = recipe.target_db
+    target = recipe.target_db + recipe.margin_db  # on the probe
     probe = ctx.get_probe()
     state: dict = {"ranked": list(nodes)}
 
@@ -90,14 +90,15 @@ def choose_16bit(ctx, recipe, nodes: list[str], ranges: dict, cost: dict[str, in
         probe_k, trace = probe_trace(probe, build, ranked, ctx.log, known={0: first})
         state["ranked"] = ranked
         max_k = budget_prefix(ranked, cost, recipe.max_16bit)
-        ctx.log(f"16-bit search: target {target:.1f} dB (all quantized: {first:.2f}); budget {recipe.max_16bit:.0%} "
+        ctx.log(f"16-bit search: probe target {target:.1f} dB (all quantized: {first:.2f}); budget {recipe.max_16bit:.0%} "
                 f"of the weight bytes = the top {max_k} of {len(ranked)}")
         k, reached = smallest_prefix(probe_k, target, max_k)
     chosen = state["ranked"][:k]
     total = sum(cost.values())
     kept_bytes = sum(cost[n] for n in chosen)
     report = {
-        "mode": recipe.keep_16bit, "target_psnr_db": target, "target_reached_on_probe": reached,
+        "mode": recipe.keep_16bit, "target_psnr_db": recipe.target_db, "margin_db": recipe.margin_db,
+        "target_reached_on_probe": reached,
         "budget_fraction": recipe.max_16bit, "budget_nodes": max_k,
         "nodes": chosen, "node_count": len(chosen), "candidates": len(nodes),
         "weight_bytes_fraction": round(kept_bytes / total, 4) if total else 0.0,
