@@ -190,3 +190,34 @@ def test_nvfp4_tensorrt_form_has_model_optimizers_structure(tiny):
     onnx.checker.check_model(q, full_check=False)
     with pytest.raises(Exception):
         G.nvfp4_graph(model, ["mm"], "fp4", ranges, form="portable")
+
+
+def test_layers_kept_16bit_in_stored_and_simulated_graphs():
+    """Two MatMuls read one activation; one quantized (FP8 / NVFP4), one kept 16-bit: the kept one reads
+    float16-rounded weights (stored float16) and, in the simulation, float16-rounded inputs; the quantized one
+    keeps its own Q/DQ (one rounded twin per tensor and kind)."""
+    rng = np.random.default_rng(5)
+    wq, wk = (rng.standard_normal((32, 16)) * 0.3).astype(np.float32), (rng.standard_normal((32, 16)) * 0.3).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "wq"], ["yq"], name="q"),
+                           helper.make_node("MatMul", ["x", "wk"], ["yk"], name="k")], "two",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, [4, 16]) for y in ("yq", "yk")],
+                          [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(wk, "wk")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = (rng.standard_normal((4, 32)) * 3).astype(np.float32)
+    ranges = {"x": (float(x.min()), float(x.max()))}
+    h = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    fp8 = G.fp8_graph(model, ["q"], ranges, 21, keep16=["k"])
+    onnx.checker.check_model(fp8, full_check=True)
+    assert [t.data_type for t in fp8.graph.initializer if t.name.startswith("wk")] == [TensorProto.FLOAT16]
+    yq, yk = _ort(fp8, {"x": x})
+    np.testing.assert_allclose(yk, x @ h(wk), rtol=1e-5, atol=1e-5)  # stored: fp16 weights, inputs as they come
+    want_q = L.fp8_fake(x, L.fp8_scale(np.abs(x).max())) @ L.fp8_fake(wq, L.channel_scale(wq, 1), 1)
+    np.testing.assert_allclose(yq, want_q, rtol=1e-5, atol=1e-5)
+    sim = G.simulation_graph(model, ["q"], "fp8", "fp8", ranges, keep16=["k"])
+    sq, sk = _ort(sim, {"x": x})
+    np.testing.assert_allclose(sk, h(x) @ h(wk), rtol=1e-5, atol=1e-5)  # simulated: inputs rounded to fp16 too
+    np.testing.assert_allclose(sq, want_q, rtol=1e-5, atol=1e-5)
+    nv = G.nvfp4_graph(model, ["q"], "fp8", ranges, keep16=["k"])
+    onnx.checker.check_model(nv, full_check=True)
+    np.testing.assert_allclose(ReferenceEvaluator(nv).run(None, {"x": x})[1], x @ h(wk), rtol=1e-5, atol=1e-5)

@@ -133,3 +133,46 @@ def test_gpu_check_skips_cleanly_without_a_gpu():
     script = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.sh"
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "skipped: no NVIDIA GPU" in proc.stdout
+
+
+def test_device_buffers_are_reused_across_generations_and_stay_correct(tiny_onnx):
+    """A captured CUDA graph replays the addresses it was captured with: the bound buffers must be the
+    same objects at the same addresses from one generation to the next, holding each call's inputs."""
+    from types import SimpleNamespace
+
+    pipe = Pipeline.from_folder(tiny_onnx)
+    plain = Pipeline.from_folder(tiny_onnx)
+    pipe.profile = SimpleNamespace(profile=SimpleNamespace(io_binding="device"))  # device binding, CPU memory
+    shape = pipe.latent_shape_for(2)
+    rng = np.random.default_rng(0)
+    seen = []
+    for prompts, t in ((["a red circle", "a blue star"], 900.0), (["a green square", "a red ring"], 300.0)):
+        x = rng.standard_normal(shape, dtype=np.float32)
+        fn = pipe.guided_backbone(prompts, None, 4.0, 32, 32, shape)
+        assert type(fn).__name__ == "DeviceBackbone"
+        seen.append((fn.buffers, fn.buffers.addresses()))
+        got = fn(x, t)
+        fn.close()
+        ref = plain.guided_backbone(prompts, None, 4.0, 32, 32, shape)(x, t)  # host numpy binding
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert seen[0][0] is seen[1][0] and seen[0][1] == seen[1][1] and len(pipe.device_pool) == 1
+    # whole generations: two prompts in a row through the pool equal the plain pipeline's images
+    for prompts in (["a red circle on the left", "a blue star"], ["a blue star at the top", "a red ring"]):
+        np.testing.assert_array_equal(pipe(prompts, steps=3, seed=2, batch=2).images,
+                                      plain(prompts, steps=3, seed=2, batch=2).images)
+    assert len(pipe.device_pool) == 1 and seen[0][0].addresses() == seen[0][1] and not seen[0][0].in_use
+
+
+def test_device_pool_lends_a_set_to_one_generation_at_a_time(tiny_onnx):
+    from onnxdiffusion.runtime.backbone import DeviceBackbone
+
+    pipe = Pipeline.from_folder(tiny_onnx)
+    shape = pipe.latent_shape_for(1)
+    cond, uncond = pipe.encode_prompt(["a"]), pipe.encode_prompt([""])
+    a = DeviceBackbone(pipe.backbone, shape, cond, uncond, 4.0, device="cpu", pool=pipe.device_pool)
+    b = DeviceBackbone(pipe.backbone, shape, cond, uncond, 4.0, device="cpu", pool=pipe.device_pool)
+    assert a.buffers is not b.buffers and a.buffers.graph_id != b.buffers.graph_id  # concurrent: own buffers, own graph
+    first = a.buffers
+    a.close()
+    c = DeviceBackbone(pipe.backbone, shape, cond, uncond, 4.0, device="cpu", pool=pipe.device_pool)
+    assert c.buffers is first and len(pipe.device_pool) == 2

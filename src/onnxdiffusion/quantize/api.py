@@ -146,7 +146,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         # weights) is let go, so the quantizer's copy of the weights is the only one held
         if measure_quality:
             get_trajectories()
-        if measure_quality or isinstance(recipe, MixedRecipe):  # mixed ranks candidates on the probe
+        if measure_quality or isinstance(recipe, MixedRecipe) or getattr(recipe, "searches", False):  # searches run the probe
             get_probe()
         if recipe.calibrated:
             get_calibration()

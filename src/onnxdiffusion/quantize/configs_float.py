@@ -74,8 +74,65 @@ class Int4WeightsRecipe(Recipe):
         return ("cpu", "cuda") if self.others == "float" else INT8_PROVIDERS
 
 
+KEEP_16BIT = ("auto", "none")
+
+
 @dataclass(frozen=True)
-class Fp8Recipe(Recipe):
+class LowbitRecipe(Recipe):
+    """What fp8 and nvfp4 share: layers kept 16-bit, chosen by measured sensitivity (version 2).
+
+    `keep_16bit` auto: if the probe images (the first `probe_prompts` calibration prompts and seeds,
+    full sampling runs vs fp32) miss `target_psnr` with every candidate quantized, each candidate
+    linear is quantized alone and the output error it adds on `sensitivity_steps` timesteps of the
+    calibration trajectories is measured; the linears are ranked by that error per weight byte and
+    the smallest prefix of the ranking whose 16-bit copy reaches the target is kept 16-bit (float16
+    weights; inputs in the compute precision), within `max_16bit` (the largest fraction of the
+    candidates' weight bytes that may stay 16-bit; when the target is out of reach the whole budget
+    is spent and the report says so). none: every candidate quantized (version 1's recipe).
+    `target_psnr` 0: the format's level (fp8 40 dB; nvfp4 with fp16 activations 30, with fp8 27).
+    `margin_db`: the probe must clear the target by this much. The probe prompts are the calibration
+    prompts the ranking was measured on, so a set chosen on them reads high: on the MMDiT, fp8 layers
+    that brought the probe to 41.7 dB gave 39.6 dB on 128 held-out pairs (bench/results/lowbit.md).
+    """
+
+    version: ClassVar[int] = 2
+    legacy: ClassVar[dict[int, dict]] = {1: {"keep_16bit": "none"}}
+    keep_16bit: str = "auto"
+    target_psnr: float = 0.0
+    max_16bit: float = 0.5
+    margin_db: float = 2.0
+    probe_prompts: int = 32
+    sensitivity_steps: int = 4
+
+    def _check_keep(self) -> None:
+        _choice("keep_16bit", self.keep_16bit, KEEP_16BIT)
+        _check(isinstance(self.target_psnr, (int, float)) and (self.target_psnr == 0 or 10.0 <= self.target_psnr <= 100.0),
+               f"target_psnr must be 0 (the format's level) or in [10, 100] dB, got {self.target_psnr}")
+        _check(isinstance(self.max_16bit, (int, float)) and 0.0 <= self.max_16bit <= 1.0,
+               f"max_16bit is a fraction of the quantized layers' weight bytes: must be in [0, 1], got {self.max_16bit}")
+        _check(isinstance(self.margin_db, (int, float)) and 0.0 <= self.margin_db <= 20.0,
+               f"margin_db must be in [0, 20] dB, got {self.margin_db}")
+        _check(isinstance(self.probe_prompts, int) and 2 <= self.probe_prompts <= 256,
+               f"probe_prompts must be in [2, 256], got {self.probe_prompts}")
+        _check(isinstance(self.sensitivity_steps, int) and 1 <= self.sensitivity_steps <= 1000,
+               f"sensitivity_steps must be in [1, 1000], got {self.sensitivity_steps}")
+
+    @property
+    def level_db(self) -> float:  # the format's quality level (issue 13's acceptance)
+        return 40.0
+
+    @property
+    def target_db(self) -> float:
+        return float(self.target_psnr) or self.level_db
+
+    @property
+    def searches(self) -> bool:
+        """Whether a 16-bit set is searched for (needs calibration trajectories and the probe)."""
+        return self.keep_16bit == "auto"
+
+
+@dataclass(frozen=True)
+class Fp8Recipe(LowbitRecipe):
     """FP8 E4M3 QDQ (opset >= 19): weights per output channel, activations per tensor calibrated on
     fp32 sampling trajectories (the union of every step's range). `keep_float`: node-name patterns
     left float (default: Model Optimizer's diffusers exclusions, MODELOPT_KEEP_FLOAT).
@@ -96,10 +153,11 @@ class Fp8Recipe(Recipe):
         for op in self.op_types:
             _choice("fp8 op type", op, ("Conv", "MatMul", "Gemm"))
         _check(isinstance(self.opset, int) and 19 <= self.opset <= 23, f"fp8 needs opset 19..23, got {self.opset}")
+        self._check_keep()
 
 
 @dataclass(frozen=True)
-class Nvfp4Recipe(Recipe):
+class Nvfp4Recipe(LowbitRecipe):
     """NVFP4 weights (FP4 E2M1, blocks of 16 along the input dimension, E4M3 block scales, a float32
     tensor scale) for TensorRT on Blackwell.
 
@@ -108,7 +166,8 @@ class Nvfp4Recipe(Recipe):
     `form`: portable (standard opset-23 Q/DQ) | tensorrt (NVIDIA Model Optimizer's export pattern).
     ONNX Runtime's CPU provider cannot run FLOAT4E2M1 Q/DQ: quality is measured on an fp32 graph
     holding the numpy twin's dequantized weights (and the FP8 activation Q/DQ), which computes what
-    the portable file computes.
+    the portable file computes. 16-bit layers: see LowbitRecipe (with fp4 activations, which have
+    no CPU simulation, auto keeps none).
     """
 
     name: ClassVar[str] = "nvfp4"
@@ -128,8 +187,17 @@ class Nvfp4Recipe(Recipe):
                "dynamic fp4 activations exist only as TensorRT's TRT_FP4DynamicQuantize: use form=tensorrt")
         _check(self.activations != "fp4" or "Conv" not in self.op_types,
                "dynamic fp4 activations are blocked along the last axis: not for Conv (NCHW) inputs")
+        self._check_keep()
+
+    @property
+    def level_db(self) -> float:  # type: ignore[override]
+        return 30.0 if self.activations == "fp16" else 27.0
+
+    @property
+    def searches(self) -> bool:  # type: ignore[override]
+        return self.keep_16bit == "auto" and self.activations != "fp4"  # dynamic FP4 has no CPU simulation
 
     @property
     def calibrated(self) -> bool:  # type: ignore[override]
-        return self.activations != "fp16"  # fp4's per-tensor scale is calibrated too
+        return self.activations != "fp16" or self.searches  # fp4's per-tensor scale is calibrated too
 

@@ -98,7 +98,7 @@ class _Editor:
         self.new_inits: list[onnx.TensorProto] = []
         self.value_info: list[onnx.ValueInfoProto] = []
         self.drop: set[str] = set()
-        self.act_cache: dict[str, str] = {}
+        self.act_cache: dict[tuple[str, str], str] = {}  # (tensor, kind) -> its rounded twin
 
     def add(self, at: str, *nodes: onnx.NodeProto) -> None:
         self.before.setdefault(at, []).extend(nodes)
@@ -142,32 +142,32 @@ def _weight_users(model: onnx.ModelProto) -> dict[str, int]:
 
 def _fp8_activation(ed: _Editor, node: onnx.NodeProto, amax: float) -> None:
     """Q/DQ FP8 (per tensor) on the node's data input; one pair per tensor, shared by its readers."""
-    x = node.input[0]
-    if x not in ed.act_cache:
+    x, key = node.input[0], (node.input[0], "fp8")
+    if key not in ed.act_cache:
         s = ed.init(_scalar(f"{x}_fp8_scale", float(L.fp8_scale(amax))))
         z = ed.init(_fp8_zero(f"{x}_fp8_zero"))
         q, dq = f"{x}_fp8", f"{x}_fp8_dq"
         ed.add(node.name, helper.make_node("QuantizeLinear", [x, s, z], [q], name=f"{x}_QuantizeLinear"),
                helper.make_node("DequantizeLinear", [q, s, z], [dq], name=f"{x}_DequantizeLinear"))
-        ed.act_cache[x] = dq
-    node.input[0] = ed.act_cache[x]
+        ed.act_cache[key] = dq
+    node.input[0] = ed.act_cache[key]
 
 
 def _fp16_activation(ed: _Editor, node: onnx.NodeProto) -> None:
     """Round the node's data input to float16 and back (simulates 16-bit activations in fp32)."""
-    x = node.input[0]
-    if x not in ed.act_cache:
+    x, key = node.input[0], (node.input[0], "fp16")
+    if key not in ed.act_cache:
         h, f = f"{x}_f16", f"{x}_f16_f32"
         ed.add(node.name, helper.make_node("Cast", [x], [h], to=TensorProto.FLOAT16, name=f"{x}_CastF16"),
                helper.make_node("Cast", [h], [f], to=TensorProto.FLOAT, name=f"{x}_CastF32"))
-        ed.act_cache[x] = f
-    node.input[0] = ed.act_cache[x]
+        ed.act_cache[key] = f
+    node.input[0] = ed.act_cache[key]
 
 
 def _fp4_dynamic_activation(ed: _Editor, node: onnx.NodeProto, amax: float) -> None:
     """TensorRT's dynamic FP4: TRT_FP4DynamicQuantize -> trt::DequantizeLinear (scales) -> trt::DequantizeLinear."""
-    x = node.input[0]
-    if x not in ed.act_cache:
+    x, key = node.input[0], (node.input[0], "fp4")
+    if key not in ed.act_cache:
         s2 = ed.init(_scalar(f"{x}_fp4_tensor_scale", float(L.nvfp4_tensor_scale(amax))))
         xf4, sf8, sf32, dq = f"{x}_f4", f"{x}_f8_scale", f"{x}_f32_scale", f"{x}_fp4_dq"
         ed.add(node.name,
@@ -180,8 +180,8 @@ def _fp4_dynamic_activation(ed: _Editor, node: onnx.NodeProto, amax: float) -> N
         ed.typed(sf8, TensorProto.FLOAT8E4M3FN)
         ed.typed(sf32, TensorProto.FLOAT)
         ed.typed(dq, TensorProto.FLOAT)
-        ed.act_cache[x] = dq
-    node.input[0] = ed.act_cache[x]
+        ed.act_cache[key] = dq
+    node.input[0] = ed.act_cache[key]
 
 
 # --- weights ---------------------------------------------------------------------------------
@@ -224,6 +224,23 @@ def _nvfp4_weight(ed: _Editor, node: onnx.NodeProto, w: np.ndarray, name: str, t
     return out
 
 
+def _fp16_weight(ed: _Editor, node: onnx.NodeProto, w: np.ndarray, name: str) -> str:
+    """A layer kept 16-bit: its weight stored as float16 and cast to float in front of it."""
+    h = ed.init(numpy_helper.from_array(w.astype(np.float16), f"{name}_f16"))
+    out = f"{name}_f16_f32"
+    ed.add(node.name, helper.make_node("Cast", [h], [out], to=TensorProto.FLOAT, name=f"{name}_CastF32"))
+    return out
+
+
+def _keep_16bit(ed: _Editor, model: onnx.ModelProto, users: dict[str, int], keep16, simulate: bool) -> None:
+    """Layers kept 16-bit: float16 weights; in a simulation graph their inputs are rounded through
+    float16 too (what the stored graph leaves to the compute precision, as nvfp4's fp16 activations)."""
+    for n in _chosen(model, list(keep16)):
+        if simulate:
+            _fp16_activation(ed, n)
+        _replace_weight(ed, n, users, lambda w, name, n=n: _fp16_weight(ed, n, w, name))
+
+
 def _replace_weight(ed: _Editor, node: onnx.NodeProto, users: dict[str, int], make) -> None:
     name = node.input[1]
     t = ed.inits[name]
@@ -249,21 +266,24 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def fp8_graph(model: onnx.ModelProto, nodes: list[str], ranges: dict, opset: int) -> onnx.ModelProto:
-    """Portable FP8 QDQ: E4M3 weights per output channel, E4M3 activations per tensor."""
+def fp8_graph(model: onnx.ModelProto, nodes: list[str], ranges: dict, opset: int, keep16=()) -> onnx.ModelProto:
+    """Portable FP8 QDQ: E4M3 weights per output channel, E4M3 activations per tensor; the `keep16`
+    layers with float16 weights."""
     m = upgrade_opset(_copy(model), max(opset, FP8_MIN_OPSET))
     ed, users = _Editor(m), _weight_users(m)
     for n in _chosen(m, nodes):
         _fp8_activation(ed, n, _amax(ranges, n.input[0]))
         _replace_weight(ed, n, users, lambda w, name, n=n: _fp8_weight(ed, n, w, name))
+    _keep_16bit(ed, m, users, keep16, simulate=False)
     return ed.finish()
 
 
 def nvfp4_graph(model: onnx.ModelProto, nodes: list[str], activations: str, ranges: dict,
-                form: str = "portable") -> onnx.ModelProto:
+                form: str = "portable", keep16=()) -> onnx.ModelProto:
     """NVFP4 weights; activations fp16 (left float) | fp8 (static Q/DQ) | fp4 (dynamic; TensorRT form only).
 
-    form: portable (opset 23 Q/DQ) | tensorrt (Model Optimizer's export pattern).
+    form: portable (opset 23 Q/DQ) | tensorrt (Model Optimizer's export pattern). `keep16`: layers
+    with float16 weights and float activations.
     """
     if activations == "fp4" and form != "tensorrt":
         raise UserError("dynamic FP4 activations exist only as TensorRT's TRT_FP4DynamicQuantize: use form tensorrt")
@@ -276,17 +296,19 @@ def nvfp4_graph(model: onnx.ModelProto, nodes: list[str], activations: str, rang
         elif activations == "fp4":
             _fp4_dynamic_activation(ed, n, _amax(ranges, n.input[0]))
         _replace_weight(ed, n, users, lambda w, name, n=n: _nvfp4_weight(ed, n, w, name, trt))
+    _keep_16bit(ed, m, users, keep16, simulate=False)
     if trt and not any(o.domain == TRT_DOMAIN for o in m.opset_import):
         m.opset_import.append(helper.make_opsetid(TRT_DOMAIN, 1))
     return ed.finish()
 
 
 def simulation_graph(model: onnx.ModelProto, nodes: list[str], weights: str, activations: str,
-                     ranges: dict) -> onnx.ModelProto:
+                     ranges: dict, keep16=()) -> onnx.ModelProto:
     """fp32 graph computing what the portable graph computes, runnable on ONNX Runtime's CPU provider.
 
     weights: fp8 | nvfp4 (replaced by the twin's dequantized values); activations: fp16 (rounded
     through float16) | fp8 (FP8 Q/DQ, which ORT's CPU provider runs) | fp4 (not simulated).
+    `keep16`: layers kept 16-bit (float16 weights, inputs rounded through float16).
     """
     if activations not in ("fp16", "fp8"):
         raise UserError(f"no CPU simulation of {activations} activations (ONNX Runtime has no FLOAT4E2M1 kernel)")
@@ -307,6 +329,7 @@ def simulation_graph(model: onnx.ModelProto, nodes: list[str], weights: str, act
         else:
             _fp16_activation(ed, n)
         _replace_weight(ed, n, users, lambda w, name, n=n: fake(n, w, name))
+    _keep_16bit(ed, m, users, keep16, simulate=True)
     return ed.finish()
 
 

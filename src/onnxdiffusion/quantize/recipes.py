@@ -234,39 +234,40 @@ def build_fp16(ctx: Context, recipe: Fp16Recipe) -> Built:
 
 # --- low-bit floats (TensorRT's formats) -------------------------------------------------------
 
-def _input_ranges(ctx: Context, nodes: list[str]) -> dict[str, tuple[float, float]]:
-    """Per-tensor ranges of the quantized nodes' data inputs over every calibration step."""
-    by_name = {n.name: n for n in ctx.unet.graph.node}
-    tensors = list(dict.fromkeys(by_name[n].input[0] for n in nodes))
-    calib = ctx.get_calibration()
-    ctx.log(f"calibrating {len(tensors)} activations of {len(nodes)} nodes over {calib.num_steps} steps x {calib.rows} rows")
-    return step_ranges(ctx.unet, tensors, calib, ctx.threads).aggregate(None, "max")
+def _keep16_details(plan) -> dict:
+    return {**plan.details, "kept_16bit_nodes": len(plan.keep16)}
 
 
 def build_fp8(ctx: Context, recipe: Fp8Recipe) -> Built:
     from .lowbit_graphs import fp8_graph
+    from .lowbit_plan import measured_graph, plan_lowbit
 
-    nodes, kept = _selection(ctx, recipe, recipe.op_types)
-    model = fp8_graph(ctx.unet, nodes, _input_ranges(ctx, nodes), recipe.opset)
-    return Built({"unet": model}, "fp8", float_nodes=kept, quantized_nodes=nodes, details={
-        "stored_as": f"QDQ FLOAT8E4M3FN, opset {recipe.opset} (TensorRT FP8; ONNX Runtime CPU runs it as float simulation)",
-        "simulated_on_cpu": True})
+    plan = plan_lowbit(ctx, recipe)
+    model = fp8_graph(ctx.unet, plan.nodes, plan.ranges, recipe.opset, plan.keep16)
+    # with 16-bit layers, quality is measured with their inputs rounded through float16 too
+    simulation = measured_graph(ctx.unet, recipe, plan.nodes, plan.ranges, plan.keep16) if plan.keep16 else None
+    return Built({"unet": model}, "fp8", float_nodes=plan.kept + plan.keep16, quantized_nodes=plan.nodes,
+                 simulation=simulation, details={
+                     "stored_as": f"QDQ FLOAT8E4M3FN, opset {recipe.opset}" + (", 16-bit layers with float16 weights" if plan.keep16 else "")
+                     + " (TensorRT FP8; ONNX Runtime CPU runs it as float simulation)",
+                     "simulated_on_cpu": True, **_keep16_details(plan),
+                     **({"quality_measured_on": "fp32 simulation: FP8 Q/DQ, 16-bit layers' inputs rounded to fp16"} if plan.keep16 else {})})
 
 
 def build_nvfp4(ctx: Context, recipe: Nvfp4Recipe) -> Built:
-    from .lowbit_graphs import nvfp4_graph, simulation_graph
+    from .lowbit_graphs import nvfp4_graph
+    from .lowbit_plan import measured_graph, plan_lowbit
 
-    nodes, kept = _selection(ctx, recipe, recipe.op_types)
-    ranges = _input_ranges(ctx, nodes) if recipe.calibrated else {}
-    model = nvfp4_graph(ctx.unet, nodes, recipe.activations, ranges, recipe.form)
+    plan = plan_lowbit(ctx, recipe)
+    model = nvfp4_graph(ctx.unet, plan.nodes, recipe.activations, plan.ranges, recipe.form, plan.keep16)
     simulation = None
     if recipe.activations != "fp4":
-        simulation = simulation_graph(ctx.unet, nodes, "nvfp4", recipe.activations, ranges)
+        simulation = measured_graph(ctx.unet, recipe, plan.nodes, plan.ranges, plan.keep16)
     form = "Model Optimizer's TensorRT pattern (trt ops)" if recipe.form == "tensorrt" else "portable opset-23 Q/DQ"
-    return Built({"unet": model}, f"nvfp4-w4a{recipe.activations[2:]}", float_nodes=kept, quantized_nodes=nodes,
-                 simulation=simulation, cpu_runnable=False, details={
+    return Built({"unet": model}, f"nvfp4-w4a{recipe.activations[2:]}", float_nodes=plan.kept + plan.keep16,
+                 quantized_nodes=plan.nodes, simulation=simulation, cpu_runnable=False, details={
                      "stored_as": f"NVFP4 ({form}); needs TensorRT (FLOAT4E2M1 has no ONNX Runtime CPU kernel)",
-                     "requires_provider": "tensorrt",
+                     "requires_provider": "tensorrt", **_keep16_details(plan),
                      "quality_measured_on": ("fp32 simulation: numpy-twin weights" + (", FP8 activation Q/DQ" if recipe.activations == "fp8"
                                              else ", activations rounded to fp16")) if simulation is not None else None})
 

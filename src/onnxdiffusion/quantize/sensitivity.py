@@ -6,6 +6,8 @@
 2. Search: with nodes sorted by sensitivity, find the smallest k such that keeping the top k in
    float gives image PSNR >= target on the probe prompts (full sampling runs against fp32
    images), by bisection over k.
+
+The mixed int8 recipe and the fp8 / nvfp4 recipes' 16-bit layers (lowbit_plan.py) both use them.
 """
 
 from __future__ import annotations
@@ -54,44 +56,69 @@ def choose_groups(errors: dict[str, float], base_error: float, budget: float, fo
     return chosen, why
 
 
-def choose_float_nodes(ctx, recipe, calib, nodes: list[str], quantize_only, quantize_without) -> dict:
-    steps, sub = probe_subset(calib, recipe.sensitivity_steps)
+def rank_nodes(ctx, calib, nodes: list[str], quantize_only, n_steps: int, cost: dict[str, float] | None = None):
+    """(nodes most sensitive first, {node: added relative MSE}, timesteps): each node quantized alone,
+    its error measured on calibration feeds; with `cost`, ranked by error per unit of cost (bytes)."""
+    steps, sub = probe_subset(calib, n_steps)
     ctx.log(f"sensitivity of {len(nodes)} nodes on {len(steps)} timesteps x {sub.rows} rows")
     sens = {name: relative_error(quantize_only(name), sub, steps, ctx.threads) for name in nodes}
-    ranked = sorted(nodes, key=lambda n: (-sens[n], nodes.index(n)))
-    probe = ctx.get_probe()
-    trace = []
+    order = {n: i for i, n in enumerate(nodes)}
+    gain = (lambda n: sens[n] / max(cost[n], 1e-30)) if cost else (lambda n: sens[n])
+    return sorted(nodes, key=lambda n: (-gain(n), order[n])), sens, steps
+
+
+def smallest_prefix(probe_k, target: float, max_k: int, max_known_good: bool = False) -> tuple[int, bool]:
+    """(smallest k in 0..max_k with probe_k(k) >= target, reached) by bisection over a ranking, the
+    quality assumed to grow with k. Not reached: (max_k, False). `max_known_good`: max_k passes
+    without a probe (every candidate float)."""
+    if probe_k(0) >= target:
+        return 0, True
+    if max_k == 0 or (not max_known_good and probe_k(max_k) < target):
+        return max_k, False
+    lo, hi = 0, max_k
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if probe_k(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi, True
+
+
+def probe_trace(probe, build, ranked: list[str], log, known: dict[int, float] | None = None):
+    """(probe_k, rows): probe_k(k) is the image PSNR with the top k of `ranked` left out of
+    quantization, memoized (`known`: values already measured); rows() the trace so far."""
+    trace: dict[int, float] = dict(known or {})
 
     def probe_k(k: int) -> float:
-        value = probe.psnr(quantize_without(set(ranked[:k])))
-        trace.append({"float_nodes": k, "probe_psnr_db": round(value, 3) if math.isfinite(value) else None})
-        ctx.log(f"  {k:4d} float nodes: probe PSNR {value:.2f} dB")
-        return value
+        if k not in trace:
+            trace[k] = probe.psnr(build(set(ranked[:k])))
+            log(f"  {k:4d} float nodes: probe PSNR {trace[k]:.2f} dB")
+        return trace[k]
 
-    target = recipe.target_psnr
-    lo, hi = 0, len(ranked)
-    if probe_k(0) >= target:
-        hi = 0
-    else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if probe_k(mid) >= target:
-                hi = mid
-            else:
-                lo = mid
-    chosen = ranked[:hi]
+    def rows() -> list[dict]:
+        return [{"float_nodes": k, "probe_psnr_db": round(v, 3) if math.isfinite(v) else None} for k, v in trace.items()]
+
+    return probe_k, rows
+
+
+def choose_float_nodes(ctx, recipe, calib, nodes: list[str], quantize_only, quantize_without) -> dict:
+    ranked, sens, steps = rank_nodes(ctx, calib, nodes, quantize_only, recipe.sensitivity_steps)
+    probe = ctx.get_probe()
+    probe_k, trace = probe_trace(probe, quantize_without, ranked, ctx.log)
+    k, _ = smallest_prefix(probe_k, recipe.target_psnr, len(ranked), max_known_good=True)
+    chosen = ranked[:k]
     full_sqnr = -10.0 * math.log10(max(sum(sens.values()), 1e-30))
     return {
         "float_nodes": chosen,
-        "target_psnr_db": target,
-        "probe": {"prompts": len(probe.prompts), "seed": probe.seed, **probe.kwargs, "trace": trace},
+        "target_psnr_db": recipe.target_psnr,
+        "probe": {"prompts": len(probe.prompts), "seed": probe.seed, **probe.kwargs, "trace": trace()},
         "sensitivity_steps": [int(s) for s in steps],
         "ranking": [{"node": n, "added_relative_mse": sens[n],
                      "added_sqnr_db": round(-10 * math.log10(max(sens[n], 1e-30)), 2)} for n in ranked[:max(len(chosen), 20)]],
         "sum_of_single_node_errors_sqnr_db": round(full_sqnr, 2),
         "candidates": len(nodes),
     }
-
 
 
 def choose_8bit_weights(ctx, base, names: list[str], calib, quantize, fp32_bytes: int,

@@ -1,6 +1,9 @@
-"""The denoising backbone behind IO binding: buffers allocated once per generation, reused every step."""
+"""The denoising backbone behind IO binding: host buffers allocated once per generation and reused every
+step; device buffers allocated once per pipeline and input shapes and reused by every generation."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import onnxruntime as ort
@@ -64,19 +67,83 @@ class GuidedBackbone:
         return cfg_combine(self.out[:b], self.out[b:], self.guidance, rescale=self.rescale)
 
 
+class DeviceBuffers:
+    """The backbone's inputs and output as OrtValues in device memory, bound once to one IO binding.
+
+    A captured CUDA graph replays the device addresses it was captured with, so these buffers are
+    never re-allocated: every call writes new values into them in place. Each set carries its own
+    CUDA graph id (ORT's `gpu_graph_id` run option), so sets of different shapes each capture and
+    replay their own graph.
+    """
+
+    def __init__(self, session: ort.InferenceSession, shapes: dict[str, tuple[int, ...]], device: str, device_id: int,
+                 graph_id: int):
+        self.values = {name: ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, device_id)
+                       for name, shape in shapes.items()}
+        self.binding = session.io_binding()
+        for name, value in self.values.items():
+            if name == OUT:
+                self.binding.bind_ortvalue_output(name, value)
+            else:
+                self.binding.bind_ortvalue_input(name, value)
+        self.graph_id = graph_id
+        self.run_options = ort.RunOptions()
+        self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        self.in_use = False
+
+    def addresses(self) -> dict[str, int]:
+        return {name: v.data_ptr() for name, v in self.values.items()}
+
+
+class DevicePool:
+    """Bound device buffers by (session, device, input shapes): allocated on first use, reused by every
+    later generation of the same shapes (one per pipeline). A set is lent to one generation at a time;
+    a concurrent generation of the same shapes gets a set (and a graph id) of its own."""
+
+    def __init__(self) -> None:
+        self._sets: dict[tuple, list[DeviceBuffers]] = {}
+        self._sessions: dict[int, ort.InferenceSession] = {}  # keeps each keyed session alive: its id stays unique
+        self._lock = threading.Lock()
+        self._next_id = 0
+
+    def acquire(self, session: ort.InferenceSession, shapes: dict[str, tuple[int, ...]], device: str,
+                device_id: int) -> DeviceBuffers:
+        key = (id(session), device, device_id, tuple(sorted(shapes.items())))
+        with self._lock:
+            self._sessions[id(session)] = session
+            for buffers in self._sets.setdefault(key, []):
+                if not buffers.in_use:
+                    buffers.in_use = True
+                    return buffers
+            buffers = DeviceBuffers(session, shapes, device, device_id, self._next_id)
+            self._next_id += 1
+            buffers.in_use = True
+            self._sets[key].append(buffers)
+            return buffers
+
+    def release(self, buffers: DeviceBuffers) -> None:
+        with self._lock:
+            buffers.in_use = False
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._sets.values())
+
+
 class DeviceBackbone:
     """GuidedBackbone with its inputs and output in the provider's device memory (a profile's
     `io_binding: device`).
 
-    The OrtValues are allocated and bound once, so their addresses never change: that is what lets
-    the CUDA provider capture the call as a CUDA graph on the first run and replay it. Each step
-    copies x in and the output out; the sampler update stays in numpy (the compiled Loop form,
-    `loop: loop`, keeps the latents on the device for the whole loop instead).
+    The bound OrtValues come from `pool` (the pipeline's): allocated once per input shapes and
+    reused by later generations with new values written in place, so their addresses never change
+    and a CUDA graph the provider captured on an earlier call replays on the right inputs. Without
+    a pool, the buffers are this object's own. Each step copies x in and the output out; the
+    sampler update stays in numpy (the compiled Loop form, `loop: loop`, keeps the latents on the
+    device for the whole loop instead). `close()` hands the buffers back to the pool.
     """
 
     def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
                  uncond: Conditioning | None, guidance: float, rescale: bool = False, device: str = "cuda",
-                 device_id: int = 0):
+                 device_id: int = 0, pool: DevicePool | None = None):
         self.batch = latents_shape[0]
         self.guided = uncond is not None
         n = 2 * self.batch if self.guided else self.batch
@@ -86,16 +153,20 @@ class DeviceBackbone:
         self.host_sample = np.empty((n, *latents_shape[1:]), np.float32)
         self.host_timestep = np.empty((n,), np.float32)
         conditioning = batch_conditioning(cond, uncond)
-        self.sample = ort.OrtValue.ortvalue_from_shape_and_type(self.host_sample.shape, np.float32, device, device_id)
-        self.timestep = ort.OrtValue.ortvalue_from_shape_and_type(self.host_timestep.shape, np.float32, device, device_id)
-        self.conditioning = {k: ort.OrtValue.ortvalue_from_numpy(v, device, device_id) for k, v in conditioning.items()}
-        self.out = ort.OrtValue.ortvalue_from_shape_and_type(self.host_sample.shape, np.float32, device, device_id)
-        self.binding = session.io_binding()
-        for name, value in {SAMPLE: self.sample, TIMESTEP: self.timestep, **self.conditioning}.items():
-            self.binding.bind_ortvalue_input(name, value)
-        self.binding.bind_ortvalue_output(OUT, self.out)
+        shapes = {SAMPLE: self.host_sample.shape, TIMESTEP: self.host_timestep.shape, OUT: self.host_sample.shape,
+                  **{k: v.shape for k, v in conditioning.items()}}
+        self.pool = pool if pool is not None else DevicePool()  # (an empty pool is falsy)
+        self.buffers = self.pool.acquire(session, shapes, device, device_id)
+        values = self.buffers.values
+        self.sample, self.timestep, self.out = values[SAMPLE], values[TIMESTEP], values[OUT]
+        self.conditioning = {k: values[k] for k in conditioning}
+        for k, v in conditioning.items():
+            values[k].update_inplace(v)
+        self.binding = self.buffers.binding
 
     def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
+        if self.buffers is None:
+            raise RuntimeError("DeviceBackbone called after close()")
         b = self.batch
         self.host_sample[:b] = x
         if self.guided:
@@ -103,8 +174,19 @@ class DeviceBackbone:
         self.host_timestep.fill(t)
         self.sample.update_inplace(self.host_sample)
         self.timestep.update_inplace(self.host_timestep)
-        self.session.run_with_iobinding(self.binding)
+        self.session.run_with_iobinding(self.binding, self.buffers.run_options)
         out = self.out.numpy()
         if not self.guided:
             return out
         return cfg_combine(out[:b], out[b:], self.guidance, rescale=self.rescale)
+
+    def close(self) -> None:
+        if self.buffers is not None:
+            self.pool.release(self.buffers)
+            self.buffers = None
+
+    def __del__(self) -> None:  # a generation abandoned without close() still hands its buffers back
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -23,7 +23,7 @@ from . import guards
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, iter_sample, schedule_from_config, table_from_config
 from ..schedules import FlowSchedule
-from .backbone import Conditioning, DeviceBackbone, GuidedBackbone
+from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph
 from .session import make_session
@@ -127,6 +127,7 @@ class Pipeline:
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
+        self.device_pool = DevicePool()  # io_binding device: bound buffers reused across generations
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
         self.correction = None
         if bb.get("correction"):
@@ -242,9 +243,12 @@ class Pipeline:
         cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
-        device = self.profile is not None and self.profile.profile.io_binding == "device"
-        return (DeviceBackbone if device else GuidedBackbone)(session or self.backbone, shape, cond, uncond, guidance,
-                                                              rescale=self.family.cfg_rescale)
+        session = session or self.backbone
+        if self.profile is not None and self.profile.profile.io_binding == "device":
+            device = "cuda" if self.provider in ("cuda", "tensorrt") else "cpu"
+            return DeviceBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale,
+                                  device=device, pool=self.device_pool)
+        return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale)
 
     def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None) -> np.ndarray:
         """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
@@ -360,15 +364,22 @@ class Pipeline:
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
             guards.check_finite(x, "the sampling graph's output latents")
         else:
-            model_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
+            model_fn = backbone = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
+            backbones = [backbone]
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             if self.precision_schedule is not None:
                 high_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape, self.backbone_high)
+                backbones.append(high_fn)
                 model_fn = self.precision_schedule.wrap(model_fn, high_fn)
             x = latents
-            for i, x, den in iter_sample(model_fn, latents, table, noise):
-                yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
+            try:
+                for i, x, den in iter_sample(model_fn, latents, table, noise):
+                    yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
+            finally:  # device buffers go back to the pipeline's pool (also when the generator is dropped)
+                for b in backbones:
+                    if hasattr(b, "close"):
+                        b.close()
             # one reduction over the final latents: NaN/inf anywhere in the loop propagates to them
             guards.check_finite(x, "sampling (the backbone or sampler produced NaN/inf latents)")
         yield GenerationResult(
