@@ -106,6 +106,12 @@ def markdown(result: dict) -> str:
                   f"{_fmt(g['base_relative_mse'], '.3g')}, " + ", ".join(f"{k} {_fmt(v, '.3g')}" for k, v in g["added_relative_mse"].items())]
         for label, g in groups:
             lines.append(f"- {label}: quantized groups {g['quantized'] or 'none'}; attention {g['attention']}")
+            sens = result["recipes"][label]["details"].get("sensitive_linears")
+            if sens:
+                lines.append(f"  - kept float (each adds > {sens['threshold_share']:g} of all linears' error "
+                             f"{_fmt(sens['all_linears_relative_mse'], '.3g')}): "
+                             + (", ".join(f"{r['node']} {r['share']:.2f}" for r in sens["ranking_top"] if r["node"] in sens["float"]) or "none")
+                             + f" ({sens['float_weight_bytes']} weight bytes)")
     s = result.get("summary", {})
     if s:
         lines.append("")

@@ -11,6 +11,7 @@ from onnxdiffusion.runtime import Pipeline
 
 RECIPES = [("fp16", {}), ("int8-dynamic", {}), ("int8-static", {}), ("int4-weights", {"block_size": "16"}),
            ("int8-static", {"attention": "int8", "smooth_alpha": "0.5"}), ("int8-timestep", {"groups": "2"}),
+           ("int8-static", {"smooth_alpha": "0.5", "keep_sensitive": "0.1"}),
            ("mixed", {"target_psnr": "60", "probe_prompts": "2", "sensitivity_steps": "1"})]
 # family fixture -> (backbone folder, a deterministic sampler of its parameterization)
 FAMILIES = {"tiny_sdxl_onnx": ("unet", "ddim"), "tiny_sd3_onnx": ("transformer", "flow_euler")}
@@ -26,6 +27,10 @@ def test_recipe_on_family_backbone_loop_matches_host(family, name, options, requ
     report = quantize(folder, out, QuantizeConfig(recipe=recipe_class(name).with_options(options), calibration=cal,
                                                   latency_runs=1, measure_memory=False))
     assert backbone in report["latency"]
+    if "keep_sensitive" in options:  # measured on the linears, the ones over the share recorded as float
+        sens = report["details"]["sensitive_linears"]
+        assert sens["ranking_top"] and set(sens["float"]) <= set(report["float_nodes"])
+        assert all(r["share"] > 0.1 for r in sens["ranking_top"] if r["node"] in sens["float"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["components"][backbone]["precision"] == report["precision"]
     compile_loop(out, out, form="loop")

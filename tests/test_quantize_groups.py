@@ -33,17 +33,19 @@ def spike(gain: float) -> np.ndarray:
     return np.where(np.arange(T) == 0, gain, 1.0).astype(np.float32).reshape(T, 1)
 
 
-def backbone(norm_spike: float = 1.0, query_spike: float = 1.0, seed: int = 0) -> onnx.ModelProto:
+def backbone(norm_spike: float = 1.0, query_spike: float = 1.0, seed: int = 0, input_spike: float = 1.0) -> onnx.ModelProto:
     """A tiny transformer block with every op group: a base linear, a modulation Gemm fed by the
     timestep only (through Shape(sample) as exporters do), attention matmuls of two activations,
     a softmax, a LayerNormalization, an output linear. A spike multiplies token 0 of the norm's
     input (`norm_spike`: per-tensor int8 then crushes every other token, which the scale-invariant
-    norm blows up again) or of the queries (`query_spike`: the other tokens' attention is lost)."""
+    norm blows up again) or of the queries (`query_spike`: the other tokens' attention is lost) or
+    of the first linear's input, undone on its output (`input_spike`: that one linear's activations
+    lose their precision)."""
     rng = np.random.default_rng(seed)
     inits = {
         "w0": w(rng, D, D), "wm": w(rng, 4, D), "wq": w(rng, D, D), "wk": w(rng, D, D),
         "wv": w(rng, D, D), "wo": w(rng, D, D), "gamma": np.ones(D, np.float32), "beta": np.zeros(D, np.float32),
-        "spike": spike(norm_spike), "qspike": spike(query_spike), "one": np.ones(1, np.float32),
+        "spike": spike(norm_spike), "qspike": spike(query_spike), "ispike": spike(input_spike), "iunspike": 1.0 / spike(input_spike), "one": np.ones(1, np.float32),
         "idx0": np.array(0, np.int64), "t_shape": np.array([-1, 1], np.int64), 
         "ax1": np.array([1], np.int64), "freq": np.array([[1.0, 0.5, 0.25, 0.125]], np.float32),
     }
@@ -55,7 +57,9 @@ def backbone(norm_spike: float = 1.0, query_spike: float = 1.0, seed: int = 0) -
         helper.make_node("Sin", ["tf"], ["temb"], name="temb"),
         helper.make_node("Gemm", ["temb", "wm"], ["mod"], name="mod/Gemm"),
         helper.make_node("Unsqueeze", ["mod", "ax1"], ["mod3"], name="mod3"),
-        helper.make_node("MatMul", ["sample", "w0"], ["h0"], name="base/MatMul"),
+        helper.make_node("Mul", ["sample", "ispike"], ["x"], name="ispike"),
+        helper.make_node("MatMul", ["x", "w0"], ["h0s"], name="base/MatMul"),
+        helper.make_node("Mul", ["h0s", "iunspike"], ["h0"], name="iunspike"),
         helper.make_node("Add", ["mod3", "one"], ["mod1"], name="mod1"),
         helper.make_node("Mul", ["h0", "mod1"], ["h"], name="modulate"),
         helper.make_node("MatMul", ["h", "wq"], ["q0"], name="q/MatMul"),
@@ -125,6 +129,22 @@ def test_forced_groups_override_measurement():
     assert plan.details["op_groups"]["quantized"] == ["norms"]
     assert "norm" in plan.nodes and "scores/MatMul" not in plan.nodes and "mod/Gemm" in plan.kept
     assert plan.details["op_groups"]["base_relative_mse"] is None  # nothing auto: nothing measured
+
+
+def test_keep_sensitive_keeps_the_linear_made_sensitive_float_and_only_it():
+    model = backbone(input_spike=100.0)
+    plan = plan_static(ctx_for(model), Int8StaticRecipe(keep_sensitive=0.5), calibration(model))
+    info = plan.details["sensitive_linears"]
+    assert info["float"] == ["base/MatMul"], info
+    assert "base/MatMul" in plan.kept and "base/MatMul" not in plan.nodes and "out/MatMul" in plan.nodes
+    assert info["ranking_top"][0]["share"] > 0.5 > info["ranking_top"][1]["share"], info
+    assert info["float_weight_bytes"] == D * D * 4
+    # without the outlier no single linear carries half the error: all stay quantized
+    plain = backbone()
+    plain_plan = plan_static(ctx_for(plain), Int8StaticRecipe(keep_sensitive=0.5), calibration(plain))
+    assert plain_plan.details["sensitive_linears"]["float"] == [] and "base/MatMul" in plain_plan.nodes
+    # off by default: nothing measured, the spiked linear quantized
+    assert "sensitive_linears" not in plan_static(ctx_for(model), Int8StaticRecipe(), calibration(model)).details
 
 
 # -- fused attention ---------------------------------------------------------------------------
@@ -211,6 +231,8 @@ def test_gemms_as_matmuls_keep_the_function():
 def test_version_2_dicts_keep_their_old_meaning():
     old = recipe_from_dict({"name": "int8-static", "version": 2})
     assert (old.attention, old.softmax, old.norms, old.modulation, old.smooth_alpha) == ("float", "float", "float", "int8", 0.0)
-    assert Int8StaticRecipe().attention == "auto" and Int8StaticRecipe.version == 3
+    assert Int8StaticRecipe().attention == "auto" and Int8StaticRecipe.version == 4
+    assert recipe_from_dict({"name": "int8-static", "version": 3, "smooth_alpha": 0.5}).keep_sensitive == 0.0
+    assert recipe_from_dict(Int8StaticRecipe(keep_sensitive=0.1).to_dict()).keep_sensitive == 0.1
     assert recipe_from_dict({"name": "int4-weights", "version": 2}).gemms == "keep"
     assert Int4WeightsRecipe().gemms == "int4"

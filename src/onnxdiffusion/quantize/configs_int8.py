@@ -51,14 +51,19 @@ class Int8StaticRecipe(Recipe):
     trajectories) while their summed added error stays within `group_budget` times the error of
     the weight linears that are always quantized. `smooth_alpha` > 0: SmoothQuant-style per-channel
     migration of activation range into the following MatMul weights, calibrated on the same
-    trajectories (0 = off). Version 3: op groups and smoothing (a version-2 dict means the old fixed
-    list: modulation int8, the rest float, no smoothing).
+    trajectories (0 = off). `keep_sensitive` > 0: every weight linear whose quantization alone adds
+    more than that share of the output error all quantized linears add together stays float
+    (measured on the same calibration feeds; on the MMDiT the patch embedding and the output
+    projection: most of the error in a few kilobytes of weights). Version 3: op groups and
+    smoothing (a version-2 dict means the old fixed list: modulation int8, the rest float, no
+    smoothing). Version 4: `keep_sensitive` (older dicts: 0, every linear quantized).
     """
 
     name: ClassVar[str] = "int8-static"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     legacy: ClassVar[dict[int, dict]] = {2: {"attention": "float", "softmax": "float", "norms": "float",
-                                             "modulation": "int8", "smooth_alpha": 0.0}}
+                                             "modulation": "int8", "smooth_alpha": 0.0, "keep_sensitive": 0.0},
+                                         3: {"keep_sensitive": 0.0}}
     calibrated: ClassVar[bool] = True
     calibrator: str = "minmax"
     aggregation: str = "max"
@@ -75,9 +80,12 @@ class Int8StaticRecipe(Recipe):
     modulation: str = "auto"
     group_budget: float = 0.25
     smooth_alpha: float = 0.0
+    keep_sensitive: float = 0.0
 
     def __post_init__(self) -> None:
         _choice("stored", self.stored, ("cpu-fused", "qdq"))
+        _check(math.isfinite(self.keep_sensitive) and 0.0 <= self.keep_sensitive < 1.0,
+               f"keep_sensitive must be in [0, 1) (0 = every linear quantized), got {self.keep_sensitive}")
         for group in OP_GROUPS:
             _choice(group, getattr(self, group), GROUP_CHOICES)
         _check(math.isfinite(self.group_budget) and 0.0 <= self.group_budget <= 100.0,
@@ -114,8 +122,8 @@ class Int8NaiveRecipe(Int8StaticRecipe):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check("auto" not in {getattr(self, g) for g in OP_GROUPS} and self.smooth_alpha == 0.0,
-               "int8-naive calibrates on random data: op groups must be int8 or float and smooth_alpha 0")
+        _check("auto" not in {getattr(self, g) for g in OP_GROUPS} and self.smooth_alpha == 0.0 and self.keep_sensitive == 0.0,
+               "int8-naive calibrates on random data: op groups must be int8 or float, smooth_alpha and keep_sensitive 0")
         _check(0.0 <= self.timestep <= 1000.0, f"timestep must be in [0, 1000], got {self.timestep}")
         _check(self.samples >= 2, f"too few calibration samples: need >= 2, got {self.samples}")
 

@@ -8,6 +8,8 @@
    (the base); each further group is int8, float or auto. Auto groups are measured: each is
    quantized alone and the output error it adds on calibration feeds is compared with the base's
    (sensitivity.choose_groups). Fused attention is decomposed only when its matmuls are quantized.
+3. Sensitive linears (`keep_sensitive` > 0): each quantized weight linear is quantized alone and
+   the ones adding more than that share of all the linears' output error stay float.
 """
 
 from __future__ import annotations
@@ -112,6 +114,38 @@ def _time_choices(ctx, recipe, calib, stats, base, groups, op_types, candidates:
     return {k: round(v["median_ms"], 3) for k, v in times.items()}
 
 
+def _weight_bytes(model: onnx.ModelProto, nodes: list[str]) -> int:
+    inits = {t.name: t for t in model.graph.initializer}
+    weights = [inits[n.input[1]] for n in model.graph.node if n.name in set(nodes) and n.input[1] in inits]
+    return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in weights)
+
+
+def sensitive_linears(ctx, recipe: Int8StaticRecipe, work: onnx.ModelProto, stats: StepRanges, calib: CalibrationSet,
+                      linears: list[str], op_types: tuple[str, ...]) -> tuple[list[str], dict]:
+    """The linears whose quantization alone adds more than `keep_sensitive` x the output error of all
+    of them quantized together (relative output MSE on calibration feeds), most sensitive first."""
+    from .sensitivity import probe_subset, relative_error
+
+    ranges = stats.aggregate(None, "max")
+    steps, sub = probe_subset(calib, SENSITIVITY_STEPS)
+
+    def error_of(nodes):
+        q = _ort.qdq_quantize(work, ranges, nodes, op_types, recipe.activation_type, recipe.float_outputs)
+        return relative_error(q, sub, steps, ctx.threads)
+
+    ctx.log(f"sensitivity of {len(linears)} weight linears alone")
+    total = error_of(linears)
+    single = {n: error_of([n]) for n in linears}
+    ranked = sorted(linears, key=lambda n: (-single[n], linears.index(n)))
+    keep = [n for n in ranked if single[n] > recipe.keep_sensitive * total]
+    ctx.log(f"keep float {len(keep)} linears adding > {recipe.keep_sensitive:g} x {total:.3g}: "
+            + ", ".join(f"{n} {single[n]:.3g}" for n in keep))
+    return keep, {"threshold_share": recipe.keep_sensitive, "all_linears_relative_mse": total, "float": keep,
+                  "float_weight_bytes": _weight_bytes(work, keep),
+                  "ranking_top": [{"node": n, "added_relative_mse": single[n], "share": single[n] / total if total else None}
+                                  for n in ranked[:10]]}
+
+
 def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticPlan:
     from .sensitivity import choose_groups, probe_subset, relative_error
 
@@ -187,6 +221,11 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
             why.setdefault(g, "float: forced" if forced[g] == "float" else "no such nodes in this graph")
     nodes = base + [n for g in chosen for n in groups[g]]
     op_types = tuple(dict.fromkeys((*recipe.op_types, *(op for g in chosen for op in GROUP_OP_TYPES[g]))))
+    if recipe.keep_sensitive > 0:
+        linears = [n for n in nodes if n in set(weight_nodes)]
+        sensitive, details["sensitive_linears"] = sensitive_linears(ctx, recipe, work, stats, calib, linears, op_types)
+        nodes = [n for n in nodes if n not in set(sensitive)]
+        kept = kept + sensitive
     final_tensors = activation_tensors(work, nodes)
     index = {t: i for i, t in enumerate(stats.tensors)}
     idx = [index[t] for t in final_tensors]
