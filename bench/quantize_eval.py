@@ -266,11 +266,21 @@ def main(argv=None) -> int:
 
 def combine(files: list[Path], out: Path, suite: str) -> int:
     combined: dict = {"suite": suite, "order": [r[0] for r in SUITES[suite]], "models": {}}
+    source: dict = {}  # (model, label) -> the file its row came from
     for f in files:  # a later file's recipes replace an earlier one's of the same label
         for name, r in json.loads(f.read_text())["models"].items():
+            source.update({(name, label): f for label in r["recipes"]})
             if name in combined["models"]:
-                r = {**combined["models"][name], "recipes": {**combined["models"][name]["recipes"], **r["recipes"]}}
+                r = {**combined["models"][name], **r, "recipes": {**combined["models"][name]["recipes"], **r["recipes"]}}
             combined["models"][name] = r
+    if len(files) > 1:  # rows not measured again by the later files say where they come from
+        for name, r in combined["models"].items():
+            old = [label for label in r["recipes"] if source[(name, label)] == files[0]]
+            newer = any(src != files[0] for (m, _), src in source.items() if m == name)
+            if old and newer:
+                r["carried_over"] = {"from": files[0].name, "rows": old}
+            else:
+                r.pop("carried_over", None)
     order = [r[0] for r in SUITES[suite]]
     for r in combined["models"].values():
         r["recipes"] = dict(sorted(r["recipes"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))

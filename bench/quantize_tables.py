@@ -112,6 +112,10 @@ def markdown(result: dict) -> str:
                              f"{_fmt(sens['all_linears_relative_mse'], '.3g')}): "
                              + (", ".join(f"{r['node']} {r['share']:.2f}" for r in sens["ranking_top"] if r["node"] in sens["float"]) or "none")
                              + f" ({sens['float_weight_bytes']} weight bytes)")
+    carried = result.get("carried_over")
+    if carried:
+        lines += ["", f"rows not measured again in this run, carried over from the previous {carried['from']}: "
+                  + ", ".join(carried["rows"])]
     s = result.get("summary", {})
     if s:
         lines.append("")
@@ -151,6 +155,11 @@ def side_by_side(combined: dict) -> str:
             row += [_fmt(e["psnr_db_mean"]), _fmt(e.get("psnr_db_min")), f"{e['strict_accuracy']:.3f}",
                     f"{e['unet_size_ratio']}x", lat]
         lines.append("| " + " | ".join(row) + " |")
+    carried = {n: r["carried_over"] for n, r in models.items() if r.get("carried_over")}
+    if carried:
+        lines.append("")
+    for n, c in carried.items():
+        lines.append(f"- {n}: not measured again in this run, carried over from the previous {c['from']}: {', '.join(c['rows'])}")
     acc = combined.get("acceptance_issue12") or {}
     if acc:
         lines.append("")
