@@ -58,7 +58,7 @@ SUITES = {
         # alpha picked on the calibration prompts' probe images (MMDiT: 0.5 45.2 dB, 0.65 49.1 dB, 0.8 47.6 dB)
         ("int8-static+smooth(a=0.65)", "int8-static", {"smooth_alpha": "0.65"}, False),
         # the linears whose quantization alone adds > 10% of all linears' error stay float (MMDiT: the
-        # patch embedding and the output projection, 0.58 and 0.16 of it, 5.4k of 908k weights)
+        # patch embedding and the output projection, 0.58 and 0.16 of it, 2k of 908k weights)
         ("int8-static keep-sensitive", "int8-static", {"keep_sensitive": "0.1"}, False),
         ("int8-static+smooth keep-sensitive", "int8-static", {"smooth_alpha": SMOOTH, "keep_sensitive": "0.1"}, False),
         ("int8-static attn-int8", "int8-static", {"attention": "int8"}, False),
