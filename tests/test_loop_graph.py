@@ -285,3 +285,38 @@ def test_tuned_loop_of_a_large_backbone_is_optimized_file_to_file(external_onnx,
         "steps": np.array(5, np.int64),
     })[0]
     assert psnr(image, host.images) >= 40
+
+
+def test_a_pipeline_running_only_the_loop_never_loads_the_backbone(tiny_loops, monkeypatch):
+    """The Loop graph holds the backbone's weights itself: a pipeline that only runs it makes no backbone
+    session (at full size that would be a second copy of 3.4 GB); the host loop makes it on first use."""
+    from onnxdiffusion.runtime import pipeline
+
+    made = []
+    real = pipeline._backbone_session
+    monkeypatch.setattr(pipeline, "_backbone_session", lambda *a: made.append(a[0]) or real(*a))
+    pipe = Pipeline.from_folder(tiny_loops)
+    loop = pipe("a red circle", steps=4, guidance=4.0, seed=3, loop="loop")
+    assert made == []
+    host = pipe("a red circle", steps=4, guidance=4.0, seed=3)
+    assert len(made) == 1 and np.linalg.norm(loop.latents - host.latents) / np.linalg.norm(host.latents) < 1e-4
+    pipe("a red circle", steps=2, seed=3)
+    assert len(made) == 1  # made once
+
+
+def test_a_swapped_backbone_still_fails_at_load(tiny_onnx, tmp_path):
+    """The backbone's I/O is checked from its graph when the pipeline loads, before any session exists."""
+    import json
+    import shutil
+
+    from onnxdiffusion.artifacts import hash_tree
+    from onnxdiffusion.errors import UserError
+
+    out = tmp_path / "swapped"
+    shutil.copytree(tiny_onnx, out)
+    shutil.copy(out / "vae_decoder" / "model.onnx", out / "unet" / "model.onnx")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"] = hash_tree(out)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="component 'unet' has inputs"):
+        Pipeline.from_folder(out)
