@@ -56,6 +56,7 @@ def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelPro
     opts = session_options(1, level, str(out))
     opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx_data")
     opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    opts.add_session_config_entry("session.disable_prepacking", "1")  # never run: no packed copies of the weights
     disabled = [d for d in disabled_for(path) if d == "QDQSelectorActionTransformer"]
     onnxruntime.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
     return onnx.load(str(out), load_external_data=False), scratch / "optimized.onnx_data"
