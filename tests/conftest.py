@@ -156,7 +156,7 @@ def tiny_qwenimage_onnx(tiny_qwenimage_diffusers, tmp_path_factory) -> Path:
     return export_family(tiny_qwenimage_diffusers, tmp_path_factory.mktemp("tiny_qwenimage_onnx") / "model")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # per module: some tests hard-link its data file, which onnx.load then refuses
 def external_onnx(tiny_onnx, tmp_path_factory):
     """The tiny pipeline with its UNet's weights in one external-data file, as export writes a > 2 GB one."""
     import json

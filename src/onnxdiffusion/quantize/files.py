@@ -180,7 +180,10 @@ def skeleton(model: onnx.ModelProto, threshold: int = 1024) -> onnx.ModelProto:
     """A copy without the data of tensors over `threshold` bytes (dims and types kept): enough for
     shape inference and graph inspection, never for running."""
     out = onnx.ModelProto()
-    _copy_light(model, out, threshold)  # a skeleton's external tensors stay references; tensors a rewrite added go
+    if data_dir(model) is not None and tensor_bytes(model, inline=True) < limit():
+        out.CopyFrom(model)  # a skeleton whose in-memory tensors fit: as it is
+    else:
+        _copy_light(model, out, threshold)  # external tensors stay references; large in-memory ones are stripped
     return out
 
 
