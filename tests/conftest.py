@@ -154,3 +154,26 @@ def tiny_flux_onnx(tiny_flux_diffusers, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwenimage_onnx(tiny_qwenimage_diffusers, tmp_path_factory) -> Path:
     return export_family(tiny_qwenimage_diffusers, tmp_path_factory.mktemp("tiny_qwenimage_onnx") / "model")
+
+
+@pytest.fixture(scope="module")  # per module: some tests hard-link its data file, which onnx.load then refuses
+def external_onnx(tiny_onnx, tmp_path_factory):
+    """The tiny pipeline with its UNet's weights in one external-data file, as export writes a > 2 GB one."""
+    import json
+    import shutil
+
+    import onnx
+
+    from onnxdiffusion.artifacts import hash_tree
+
+    out = tmp_path_factory.mktemp("ext") / "model"
+    shutil.copytree(tiny_onnx, out)
+    path = out / "unet" / "model.onnx"
+    model = onnx.load(str(path))
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx_data", size_threshold=1024)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["components"]["unet"]["external_data"] = ["unet/model.onnx_data"]
+    manifest["files"] = hash_tree(out)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out

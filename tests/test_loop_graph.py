@@ -238,3 +238,85 @@ def test_loop_is_tuned_by_default_and_refused_on_another_cpu_target(tiny_onnx, t
 
     portable = compile_loop(tiny_onnx, tmp_path / "portable", form="loop", cpu_tuned=False)
     assert portable["tuned_for"] is None
+
+
+def test_tuned_loop_of_a_large_backbone_is_optimized_file_to_file(external_onnx, tmp_path, monkeypatch):
+    """A backbone past the 2 GB limit (the limit lowered here) gets the tuned form too: ORT optimizes it from
+    its folder into a file with external data, the weights never enter Python; same numbers as the
+    in-memory tuned compile, and as the host loop."""
+    import json
+
+    from onnxdiffusion import loops
+    from onnxdiffusion.runtime.cpu_target import cpu_target
+
+    small = compile_loop(external_onnx, tmp_path / "small", form="loop")
+    assert small["external_data"] == []
+    monkeypatch.setattr(loops, "LARGE", 64 << 10)  # the tiny UNet has ~50x this in weights
+    real_load = loops.load_component
+
+    def load(folder, manifest, name):
+        assert name != "unet", "the large backbone was loaded into memory"
+        return real_load(folder, manifest, name)
+
+    monkeypatch.setattr(loops, "load_component", load)
+    out = tmp_path / "large"
+    info = compile_loop(external_onnx, out, form="loop")
+    compile_loop(out, out, form="loop", whole=True)
+    monkeypatch.undo()
+    assert "ORT_ENABLE_ALL" in info["prefused"] and info["tuned_for"] == cpu_target()
+    assert info["external_data"] == ["sampler_loop/model.onnx_data"]
+    graph_bytes, data_bytes = ((out / "sampler_loop" / f).stat().st_size for f in ("model.onnx", "model.onnx_data"))
+    assert graph_bytes < 0.1 * data_bytes  # the graph (and tensors <= 1 KB); the weights are in the data file
+    whole = json.loads((out / "manifest.json").read_text())["components"]["sampler_loop_whole"]
+    assert whole["external_data"] == ["sampler_loop_whole/model.onnx_data"] and whole["tuned_for"] == cpu_target()
+    large_pipe, small_pipe = Pipeline.from_folder(out), Pipeline.from_folder(tmp_path / "small")
+    for sampler in ("ddim", "dpmpp_2m"):
+        kw = dict(steps=6, sampler=sampler, guidance=4.0, seed=5, batch=2)
+        host, loop = large_pipe("a red circle", **kw), large_pipe("a red circle", loop="loop", **kw)
+        assert np.array_equal(loop.latents, small_pipe("a red circle", loop="loop", **kw).latents)
+        assert np.linalg.norm(loop.latents - host.latents) / np.linalg.norm(host.latents) < 1e-4
+    host = large_pipe("a blue star", steps=5, sampler="ddim", guidance=4.0, seed=2)
+    table = build_table("ddim", large_pipe.schedule, 5)
+    sess = ort.InferenceSession(str(out / "sampler_loop_whole" / "model.onnx"), providers=["CPUExecutionProvider"])
+    image = sess.run(["image"], {
+        "input_ids": large_pipe.tokenizer(["a blue star"]), "uncond_input_ids": large_pipe.tokenizer([""]),
+        "latents": host.init_latents, "table": table.rows, "init_scale": np.array(table.init_scale, np.float32),
+        "guidance": np.array(4.0, np.float32), "noise": np.zeros((1, *host.init_latents.shape), np.float32),
+        "steps": np.array(5, np.int64),
+    })[0]
+    assert psnr(image, host.images) >= 40
+
+
+def test_a_pipeline_running_only_the_loop_never_loads_the_backbone(tiny_loops, monkeypatch):
+    """The Loop graph holds the backbone's weights itself: a pipeline that only runs it makes no backbone
+    session (at full size that would be a second copy of 3.4 GB); the host loop makes it on first use."""
+    from onnxdiffusion.runtime import pipeline
+
+    made = []
+    real = pipeline._backbone_session
+    monkeypatch.setattr(pipeline, "_backbone_session", lambda *a: made.append(a[0]) or real(*a))
+    pipe = Pipeline.from_folder(tiny_loops)
+    loop = pipe("a red circle", steps=4, guidance=4.0, seed=3, loop="loop")
+    assert made == []
+    host = pipe("a red circle", steps=4, guidance=4.0, seed=3)
+    assert len(made) == 1 and np.linalg.norm(loop.latents - host.latents) / np.linalg.norm(host.latents) < 1e-4
+    pipe("a red circle", steps=2, seed=3)
+    assert len(made) == 1  # made once
+
+
+def test_a_swapped_backbone_still_fails_at_load(tiny_onnx, tmp_path):
+    """The backbone's I/O is checked from its graph when the pipeline loads, before any session exists."""
+    import json
+    import shutil
+
+    from onnxdiffusion.artifacts import hash_tree
+    from onnxdiffusion.errors import UserError
+
+    out = tmp_path / "swapped"
+    shutil.copytree(tiny_onnx, out)
+    shutil.copy(out / "vae_decoder" / "model.onnx", out / "unet" / "model.onnx")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"] = hash_tree(out)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="component 'unet' has inputs"):
+        Pipeline.from_folder(out)

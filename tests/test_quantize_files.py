@@ -3,7 +3,6 @@ calibration statistics reduced in the graph (min/max, streamed histograms)."""
 
 import json
 import os
-import shutil
 
 import numpy as np
 import onnx
@@ -11,7 +10,6 @@ import onnxruntime as ort
 import pytest
 from google.protobuf.message import EncodeError
 
-from onnxdiffusion.artifacts import hash_tree
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize, recipe_class
@@ -26,22 +24,6 @@ FAST = dict(calibration=CAL, latency_runs=1, measure_memory=False)
 PROMPTS = ["a red circle on the left", "a blue star at the top"]
 GEN = dict(steps=3, guidance=4.0, seed=1, batch=2)
 LIMIT = 64 << 10  # the tiny UNet has ~50x this in weights (3.1 MB)
-
-
-@pytest.fixture(scope="module")
-def external_onnx(tiny_onnx, tmp_path_factory):
-    """The tiny pipeline with its UNet's weights in one external-data file, as export writes a > 2 GB one."""
-    out = tmp_path_factory.mktemp("ext") / "model"
-    shutil.copytree(tiny_onnx, out)
-    path = out / "unet" / "model.onnx"
-    model = onnx.load(str(path))
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="model.onnx_data", size_threshold=1024)
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["components"]["unet"]["external_data"] = ["unet/model.onnx_data"]
-    manifest["files"] = hash_tree(out)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return out
 
 
 @pytest.fixture
@@ -91,6 +73,7 @@ def _weights(folder):
     ("int8-static", {}),
     ("int8-static", {"calibrator": "percentile"}),
     ("int4-weights", {"block_size": "16", "others": "int8"}),
+    ("int4-weights", {"block_size": "16"}),
     ("int8-dynamic", {}),
 ])
 def test_large_backbone_quantizes_through_files_to_the_same_model(name, options, external_onnx, tmp_path,
@@ -109,6 +92,50 @@ def test_large_backbone_quantizes_through_files_to_the_same_model(name, options,
     a = Pipeline.from_folder(tmp_path / "large")(PROMPTS, **GEN).images
     b = Pipeline.from_folder(tmp_path / "small")(PROMPTS, **GEN).images
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("bits, symmetric, block", [(4, True, 16), (4, False, 32), (8, True, 16)])
+def test_int4_tensor_by_tensor_equals_ort_whole_model_quantizer(bits, symmetric, block, external_onnx, monkeypatch):
+    """_ort.int4_quantize (one weight read at a time) gives exactly what ORT's MatMulNBitsQuantizer gives on
+    the whole in-memory model; on a skeleton it reads only the quantized weights and stays a skeleton."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from onnxdiffusion.quantize import _ort
+
+    path = external_onnx / "unet" / "model.onnx"
+    unet = prepare_unet(files.load_backbone(path))  # small: whole, read by our reader (other tests hard-link the data)
+    assert files.data_dir(unet) is None
+    mms = [q.name for q in quantizable_nodes(unet, ("MatMul",)) if q.weight_size >= block]
+    chosen = mms[::2]  # some MatMuls stay float
+    assert len(chosen) >= 4 and len(mms) > len(chosen)
+    ref = onnx.ModelProto()
+    ref.CopyFrom(unet)
+    q = MatMulNBitsQuantizer(ref, bits=bits, block_size=block, is_symmetric=symmetric, op_types_to_quantize=("MatMul",),
+                             nodes_to_exclude=[n.name for n in ref.graph.node if n.op_type == "MatMul" and n.name not in chosen])
+    q.process()
+    ref = q.model.model
+    ours = _ort.int4_quantize(unet, chosen, block, symmetric, 0, bits)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in ours.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in ref.graph.node]
+    assert [n.attribute for n in ours.graph.node] == [n.attribute for n in ref.graph.node]
+    w_ours = {t.name: onnx.numpy_helper.to_array(t) for t in ours.graph.initializer}
+    w_ref = {t.name: onnx.numpy_helper.to_array(t) for t in ref.graph.initializer}
+    assert w_ours.keys() == w_ref.keys() and all(np.array_equal(w_ours[k], w_ref[k]) for k in w_ref)
+    assert sum(n.op_type == "MatMulNBits" for n in ours.graph.node) == len(chosen)
+
+    monkeypatch.setattr(runner, "INLINE_LIMIT", LIMIT)
+    sk = prepare_unet(files.load_backbone(path))
+    assert files.data_dir(sk) is not None
+    read = []
+    real_array = files.array
+    monkeypatch.setattr(files, "array", lambda m, t: read.append(t.name) or real_array(m, t))
+    lean = _ort.int4_quantize(sk, chosen, block, symmetric, 0, bits)
+    by_name = {n.name: n for n in unet.graph.node}
+    assert sorted(read) == sorted(by_name[n].input[1] for n in chosen)  # only the quantized weights were read
+    assert files.data_dir(lean) is not None and _inline_bytes(lean) < files.tensor_bytes(lean) / 4
+    full = files.with_weights(lean)
+    w_lean = {t.name: onnx.numpy_helper.to_array(t) for t in full.graph.initializer}
+    assert w_lean.keys() == w_ref.keys() and all(np.array_equal(w_lean[k], w_ref[k]) for k in w_ref)
 
 
 def test_skeleton_holds_no_weights_and_ignores_a_planted_data_folder(external_onnx, tmp_path, monkeypatch):

@@ -51,3 +51,13 @@ def test_measure_on_the_tiny_backbone(tiny_onnx):
     row = res["variants"]["fp32"]
     assert 0 < row["fraction_of_peak"] and row["profile"]["ops"][0]["s"] > 0
     assert "| fp32 |" in roofline.to_markdown(res)
+
+
+def test_first_folder_only_counts_flops(tiny_onnx, tmp_path):
+    import shutil
+
+    other = tmp_path / "copy"
+    shutil.copytree(tiny_onnx, other)
+    res = roofline.measure({"fp32": tiny_onnx, "copy": other}, threads=1, height=64, width=64, repeats=1,
+                           progress=lambda m: None, gemm_n=256, time_first=False, profile=False)
+    assert list(res["variants"]) == ["copy"] and res["flops_per_call"]["total"] > 0

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import onnx
 
-from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, confined, load_component,
+from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
+                        load_component,
                         read_manifest, sha256_file, verify_folder, write_json)
 from .errors import UserError
 from .families import get_family
 from .samplers.graph import FORMS, build_sampling_graph
 
 TWO_GB = 2**31
+LARGE = TWO_GB - (64 << 20)  # a backbone stored with at least this many bytes is optimized file to file
 
 
 def component_name(form: str, whole: bool) -> str:
@@ -36,6 +38,66 @@ def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data, size_threshold=1024)
     return [data]
+
+
+def _stored_bytes(folder: Path, info: dict) -> int:
+    return sum(confined(folder, rel, "file").stat().st_size for rel in [info["path"], *info.get("external_data", [])])
+
+
+def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelProto, Path]:
+    """ORT's optimized CPU graph of the backbone stored at `path`, past protobuf's 2 GB limit: ORT loads it
+    from its folder and writes the optimized graph with every weight over 1 KB in one external file.
+    Returns that graph without its weights (external references) and the weights file."""
+    import onnxruntime
+
+    from .quantize.runner import disabled_for, session_options
+
+    out = scratch / "optimized.onnx"
+    opts = session_options(1, level, str(out))
+    opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx_data")
+    opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    opts.add_session_config_entry("session.disable_prepacking", "1")  # never run: no packed copies of the weights
+    disabled = [d for d in disabled_for(path) if d == "QDQSelectorActionTransformer"]
+    onnxruntime.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+    return onnx.load(str(out), load_external_data=False), scratch / "optimized.onnx_data"
+
+
+def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list[str]:
+    """Save a graph whose external tensors all live in `weights` (moved beside it as <name>_data); tensors
+    over 1 KB it holds in memory (a whole graph's text encoder and VAE) are appended to that file."""
+    data = path.name + "_data"
+    try:
+        os.replace(weights, path.parent / data)
+    except OSError:
+        shutil.copyfile(weights, path.parent / data)
+    with open(path.parent / data, "r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        for g in _graphs(model.graph):
+            for t in g.initializer:
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    for e in t.external_data:
+                        if e.key == "location":
+                            e.value = data
+                elif len(t.raw_data) > 1024:
+                    end += (-end) % 4096
+                    f.seek(end)
+                    f.write(t.raw_data)
+                    t.external_data.add(key="location", value=data)
+                    t.external_data.add(key="offset", value=str(end))
+                    t.external_data.add(key="length", value=str(len(t.raw_data)))
+                    end += len(t.raw_data)
+                    t.ClearField("raw_data")
+                    t.data_location = onnx.TensorProto.EXTERNAL
+    onnx.save_model(model, str(path))
+    return [data]
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _graphs(g)
 
 
 def _has_qdq(model: onnx.ModelProto) -> bool:
@@ -90,14 +152,17 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")
     t0 = time.time()
-    unet = load_component(model, manifest, backbone)
+    unet_path = component_path(model, manifest, backbone)
+    large = _stored_bytes(model, comps[backbone]) >= LARGE
+    # a large backbone's graph without its weights (they stay in its folder) to decide the form
+    unet = onnx.load(str(unet_path), load_external_data=False) if large else load_component(model, manifest, backbone)
     prefused = None
     tuned_for = None
     qdq = _has_qdq(unet)
     if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
         cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
-        # ORT's optimized graph is taken from an in-memory model, which protobuf caps at 2 GB
-        cpu_tuned = cpu_tuned and _tensor_bytes(unet) < TWO_GB - (64 << 20)
+    weights = None  # a large backbone's optimized weights: one file that the new component takes over
+    scratch = tempfile.TemporaryDirectory(prefix="onnxdiffusion-loop-")
     if cpu_tuned or qdq:
         # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
         # fusion, no NCHWc layout rewrite. Inline the graph its CPU provider runs after those passes.
@@ -107,13 +172,19 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         from .quantize.runner import ort_optimized
 
         level = onnxruntime.GraphOptimizationLevel
-        unet = ort_optimized(unet, level=level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED)
+        level = level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED
+        if large:  # ORT reads the backbone from its folder and writes the optimized graph with external data
+            unet, weights = _ort_optimized_file(unet_path, level, Path(scratch.name))
+        else:
+            unet = ort_optimized(unet, level=level)
         prefused = f"onnxruntime {onnxruntime.__version__} CPU, " + (
             "ORT_ENABLE_ALL (tuned to this CPU; rebuild on another)" if cpu_tuned else "ORT_ENABLE_EXTENDED")
         if cpu_tuned:
             from .runtime.cpu_target import cpu_target
 
             tuned_for = cpu_target()
+    elif large:  # portable float: the graph as exported, weights and all
+        unet = load_component(model, manifest, backbone)
     correction = None
     if comps[backbone].get("correction"):
         from .quantize.correction import OutputCorrection
@@ -154,7 +225,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir()
-        files = save_model(graph, folder / "model.onnx")
+        files = save_model(graph, folder / "model.onnx") if weights is None else save_with_weights(
+            graph, folder / "model.onnx", weights)
         info = {
             "path": f"{name}/model.onnx",
             "external_data": [f"{name}/{f}" for f in files],
@@ -185,6 +257,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         manifest["components"][name] = info
         manifest["files"] = _files_with(manifest["files"], model, name)
         write_json(model / MANIFEST, manifest)
+        scratch.cleanup()
         return info
     with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
         # copy only what the manifest lists (and hashed): stray files in MODEL are not vouched for
@@ -198,6 +271,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         manifest["components"][name] = info
         manifest["files"] = _files_with(manifest["files"], tmp, name)
         write_json(tmp / MANIFEST, manifest)
+    scratch.cleanup()
     return info
 
 

@@ -237,8 +237,10 @@ def profile_ops(session_path: Path, feed: dict, threads: int, disabled: list[str
 
 
 def measure(folders: dict[str, Path], threads: int, height: int, width: int, batch: int = 2, repeats: int = 5,
-            profile: bool = True, progress=print, gemm_n: int = GEMM_N) -> dict:
-    """Peaks, FLOPs and achieved fraction for each backbone, interleaved; profiles when asked."""
+            profile: bool = True, progress=print, gemm_n: int = GEMM_N, time_first: bool = True) -> dict:
+    """Peaks, FLOPs and achieved fraction for each backbone, interleaved; profiles when asked.
+    time_first False: the first (fp32) folder only gives the FLOP count (a full-size fp32 session is
+    not loaded beside the quantized ones)."""
     from ..artifacts import read_manifest
 
     base = next(iter(folders.values()))
@@ -251,6 +253,8 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
     feed = backbone_feed(man0, batch, height, width, context_dim)
     progress("roofline: counting FLOPs in the fp32 graph")
     flops = count_flops(unet0, {k: list(v.shape) for k, v in feed.items()})
+    if not time_first:
+        folders = dict(list(folders.items())[1:])
     sessions = {}
     for name, folder in folders.items():
         man = read_manifest(folder)
@@ -341,11 +345,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2, help="backbone batch (2: one image with guidance)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--flops-only-first", action="store_true",
+                    help="the first (fp32) folder only for the FLOP count: neither timed nor profiled")
     ap.add_argument("--out", type=Path, required=True, help="JSON results; a .md beside it")
     args = ap.parse_args(argv)
     folders = {(f"{f.name}"): f for f in args.folders}
     res = measure(folders, args.threads, args.size, args.size, args.batch, args.repeats, not args.no_profile,
-                  progress=lambda m: print(m, file=sys.stderr, flush=True))
+                  progress=lambda m: print(m, file=sys.stderr, flush=True), time_first=not args.flops_only_first)
     res["machine_loadavg"] = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))

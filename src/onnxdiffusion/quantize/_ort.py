@@ -90,19 +90,60 @@ def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int,
                   accuracy_level: int, bits: int = 4) -> onnx.ModelProto:
     """The named MatMuls' weights to `bits`-bit (4 or 8) blocks: MatMul -> com.microsoft.MatMulNBits; other MatMuls untouched.
 
-    ORT's `nodes_to_include` adds to its op-type selection instead of restricting it (every MatMul
-    was quantized whatever the list said), so the complement goes in as `nodes_to_exclude`."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    Tensor by tensor with ORT's own blockwise quantizer (DefaultWeightOnlyQuantizer, what its
+    MatMulNBitsQuantizer runs per node): each weight is read alone (through files.array, so a > 2 GB
+    skeleton stays a skeleton, its other weights left in their file), quantized, and dropped once no
+    node reads it. ORT's whole-model quantizer held the full-size UNet in memory several times over
+    (10.6 GB at SD1.5 size)."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
+                                                                 DefaultWeightOnlyQuantizer)
 
     _quiet()
-    work = files.weights_copy(model)
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
+                                          accuracy_level=accuracy_level or None, op_types_to_quantize=("MatMul",),
+                                          bits=bits)
+    quantizer = DefaultWeightOnlyQuantizer(config)
+    work = files.copy(model)  # a skeleton's copy holds no weights; an in-memory model's copy is what we return
+    g = work.graph
     wanted = set(nodes)
-    exclude = [n.name for n in work.graph.node if n.op_type == "MatMul" and n.name not in wanted]
-    quantizer = MatMulNBitsQuantizer(work, bits=bits, block_size=block_size, is_symmetric=symmetric,
-                                     accuracy_level=accuracy_level or None, nodes_to_exclude=exclude,
-                                     op_types_to_quantize=("MatMul",))
-    quantizer.process()
-    return quantizer.model.model
+    inits = {t.name: t for t in g.initializer}
+    shapes = {v.name: v for v in list(g.input) + list(g.value_info) + list(g.output)}
+    out_nodes, replaced = [], set()
+    for node in g.node:
+        if node.op_type != "MatMul" or node.name not in wanted or node.input[1] not in inits:
+            out_nodes.append(node)
+            continue
+        # a one-tensor graph for ORT's per-node quantizer: the weight, read alone, and A's shape (its rank
+        # decides whether MatMulNBits needs an output Reshape)
+        holder = onnx.GraphProto()
+        holder.initializer.append(numpy_helper.from_array(files.array(work, inits[node.input[1]]), node.input[1]))
+        if node.input[0] in shapes:
+            holder.value_info.append(shapes[node.input[0]])
+        made = quantizer.quantize(node, [holder])
+        if len(made) == 1 and made[0] is node:  # not a 2-D (or unit-batched) weight: left as it was
+            out_nodes.append(node)
+            continue
+        out_nodes.extend(made)
+        g.initializer.extend(t for t in holder.initializer if t.name != node.input[1])
+        replaced.add(node.input[1])
+    del g.node[:]
+    g.node.extend(out_nodes)
+    used = {x for sub in files.all_graphs(g) for node in sub.node for x in node.input} | {o.name for o in g.output}
+    dead = {name for name in replaced if name not in used}
+    kept = [t for t in g.initializer if t.name not in dead]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    kept_inputs = [i for i in g.input if i.name not in dead]
+    del g.input[:]
+    g.input.extend(kept_inputs)
+    if replaced:
+        ms = [o for o in work.opset_import if o.domain == "com.microsoft"]
+        if ms:
+            ms[0].version = 1
+        else:
+            work.opset_import.add(domain="com.microsoft", version=1)
+    return work
 
 
 def fp16_convert(model: onnx.ModelProto, op_block_list: Iterable[str] = ()) -> onnx.ModelProto:

@@ -36,12 +36,12 @@ def limit() -> int:
     return runner.INLINE_LIMIT
 
 
-def _graphs(graph: onnx.GraphProto):
+def all_graphs(graph: onnx.GraphProto):
     yield graph
     for n in graph.node:
         for a in n.attribute:
             for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _graphs(g)
+                yield from all_graphs(g)
 
 
 def _external_length(t: TensorProto) -> int:
@@ -55,7 +55,7 @@ def tensor_bytes(model: onnx.ModelProto, inline: bool = False) -> int:
     """Bytes of every initializer (subgraphs included), in memory or in external data, without serializing.
     inline=True: only those held in memory (what serializing the model would carry)."""
     total = 0
-    for g in _graphs(model.graph):
+    for g in all_graphs(model.graph):
         for t in g.initializer:
             if t.data_location == TensorProto.EXTERNAL:
                 total += 0 if inline else _external_length(t)
@@ -99,7 +99,7 @@ def load_backbone(path: Path) -> onnx.ModelProto:
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
     _drop_key(model)  # never trust a folder named by the input file
-    external = any(t.data_location == TensorProto.EXTERNAL for g in _graphs(model.graph) for t in g.initializer)
+    external = any(t.data_location == TensorProto.EXTERNAL for g in all_graphs(model.graph) for t in g.initializer)
     if external and tensor_bytes(model) >= limit():
         model.metadata_props.add(key=DATA_DIR_KEY, value=str(path.parent.resolve()))
         return model
@@ -119,7 +119,7 @@ def read_external_data(model: onnx.ModelProto, folder: Path) -> None:
 
     handles: dict[str, object] = {}
     try:
-        for g in _graphs(model.graph):
+        for g in all_graphs(model.graph):
             for t in g.initializer:
                 if t.data_location != TensorProto.EXTERNAL:
                     continue
@@ -180,17 +180,17 @@ def skeleton(model: onnx.ModelProto, threshold: int = 1024) -> onnx.ModelProto:
     """A copy without the data of tensors over `threshold` bytes (dims and types kept): enough for
     shape inference and graph inspection, never for running."""
     out = onnx.ModelProto()
-    if data_dir(model) is not None:
-        out.CopyFrom(model)
+    if data_dir(model) is not None and tensor_bytes(model, inline=True) < limit():
+        out.CopyFrom(model)  # a skeleton whose in-memory tensors fit: as it is
     else:
-        _copy_light(model, out, threshold)
+        _copy_light(model, out, threshold)  # external tensors stay references; large in-memory ones are stripped
     return out
 
 
 def _copy_light(model: onnx.ModelProto, out: onnx.ModelProto, threshold: int) -> None:
     # copy everything but large raw_data, graph by graph, so no full-size copy is ever made
     saved = []
-    for g in _graphs(model.graph):
+    for g in all_graphs(model.graph):
         for t in g.initializer:
             if t.data_location != TensorProto.EXTERNAL and len(t.raw_data) > threshold:
                 saved.append((t, t.raw_data))

@@ -220,6 +220,7 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         model, stored = stored_form(ctx, recipe, compact_names(model))
         return Built({"unet": model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
                      details={**details, "int8_convs_and_gemms": len(others), "stored_as": stored})
+    model = files.with_weights(model)  # a skeleton's float weights, read for saving (the 4-bit ones are in memory)
     return Built({"unet": model}, "int4-weights+int8" if recipe.others == "int8" else recipe.name,
                  float_nodes=float_nodes + others, quantized_nodes=names, details={**details, "float_convs_and_gemms": len(others)})
 

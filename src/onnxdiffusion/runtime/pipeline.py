@@ -7,6 +7,7 @@ calibration capture all hang off the same loop; `Pipeline.__call__` just drains 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -26,7 +27,7 @@ from ..schedules import FlowSchedule
 from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph
-from .session import make_session
+from .session import check_external_data, make_session
 from .tokenizer import PromptTokenizer
 
 
@@ -113,17 +114,20 @@ class Pipeline:
                                                   mem.release_text_encoders)
                               for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
-        self.backbone = _backbone_session(confined(folder, bb["path"], "backbone"), bb, provider, threads,
-                                          chain["backbone"], mem)
+        # the backbone's session is made on first use: a pipeline that runs only a sampling graph (which
+        # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
+        self._backbone_source = (confined(folder, bb["path"], "backbone"), bb, provider, threads, chain["backbone"], mem)
+        self._backbone, self._backbone_lock = None, threading.Lock()
+        backbone_io = check_external_data(self._backbone_source[0])
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
                                         providers=chain["other"], memory=mem)
         # every family's components keep fixed I/O names: a swapped or foreign component fails here
         for slot in self.slots:
             guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))
-        guards.check_io(folder, family.backbone, self.backbone, ("sample", "timestep"), ("out_sample",))
+        guards.check_io(folder, family.backbone, backbone_io, ("sample", "timestep"), ("out_sample",))
         guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
         if family.backbone == "unet":
-            guards.check_latent_channels(folder, info, {"unet": self.backbone, "vae_decoder": self.vae_decoder})
+            guards.check_latent_channels(folder, info, {"unet": backbone_io, "vae_decoder": self.vae_decoder})
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
@@ -188,6 +192,17 @@ class Pipeline:
         if warmup:
             pipe(prompt="", steps=1, guidance=1.0)
         return pipe
+
+    @property
+    def backbone(self):
+        with self._backbone_lock:
+            if self._backbone is None:
+                self._backbone = _backbone_session(*self._backbone_source)
+            return self._backbone
+
+    @backbone.setter
+    def backbone(self, session) -> None:  # a caller's own session (quantize); None: let it go, remade on use
+        self._backbone = session
 
     # the first (SD: only) text encoder and tokenizer, for callers that time or hook them
     @property

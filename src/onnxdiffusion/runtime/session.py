@@ -49,8 +49,33 @@ def _tensors(graph):
                 yield from _tensors(g)
 
 
-def check_external_data(path: Path) -> None:
-    """Untrusted folders: every external-data file must resolve inside the model's own folder."""
+class GraphIO:
+    """A component's inputs and outputs (name, shape) as a session lists them, read from its graph alone:
+    for checks that need no weights, before (or without) a session."""
+
+    def __init__(self, graph):
+        inits = {t.name for t in graph.initializer}
+        self._inputs = [_arg(v) for v in graph.input if v.name not in inits]
+        self._outputs = [_arg(v) for v in graph.output]
+
+    def get_inputs(self):
+        return self._inputs
+
+    def get_outputs(self):
+        return self._outputs
+
+
+def _arg(value_info):
+    from types import SimpleNamespace
+
+    dims = value_info.type.tensor_type.shape.dim
+    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
+    return SimpleNamespace(name=value_info.name, shape=shape)
+
+
+def check_external_data(path: Path) -> GraphIO:
+    """Untrusted folders: every external-data file must resolve inside the model's own folder.
+    Returns the graph's inputs and outputs (read on the way)."""
     import onnx
 
     from ..manifest import confined
@@ -66,6 +91,7 @@ def check_external_data(path: Path) -> None:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             location = next((e.value for e in tensor.external_data if e.key == "location"), None)
             confined(path.parent, location, f"{path.name}: external data of tensor {tensor.name!r}")
+    return GraphIO(model.graph)
 
 
 def session_options(threads: int | None = None, memory=None) -> ort.SessionOptions:
