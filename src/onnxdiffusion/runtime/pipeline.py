@@ -10,7 +10,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -24,6 +24,8 @@ from . import guards
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, iter_sample, schedule_from_config, table_from_config
 from ..schedules import FlowSchedule
+from .generation import (  # noqa: F401  (re-exported: the public names live here too)
+    GenerateOptions, GenerationResult, StepEvent, resolve_options)
 from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph
@@ -32,60 +34,6 @@ from .tokenizer import PromptTokenizer
 
 
 LOOP_FORMS = ("host", "loop", "unrolled")
-
-
-@dataclass
-class StepEvent:
-    step: int
-    num_steps: int
-    timestep: float
-    latents: np.ndarray
-    denoised: np.ndarray
-
-
-@dataclass
-class GenerationResult:
-    images: np.ndarray  # (batch, H, W, 3) uint8
-    latents: np.ndarray  # final latents before VAE scaling
-    init_latents: np.ndarray
-    noise: np.ndarray | None
-    settings: dict = field(default_factory=dict)
-
-    def save(self, path: Path | str, overwrite: bool = False) -> list[Path]:
-        from ..imageio import save_images
-
-        return save_images(self.images, Path(path), overwrite)
-
-
-DEFAULT_STEPS, DEFAULT_GUIDANCE = 20, 7.5
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """None for steps/sampler/guidance: the model's recommended value (manifest `recommended`), else the
-    defaults above (sampler: the one the folder's scheduler_config.json names). Ranges are in runtime/guards.py."""
-    steps: int | None = None
-    sampler: str | None = None
-    guidance: float | None = None
-    seed: int = 0
-    height: int | None = None
-    width: int | None = None
-    batch: int = 1
-    spacing: str | None = None
-    loop: str = "host"  # host | loop | unrolled
-
-
-def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:
-    """Fill unset steps / sampler / guidance from the model's recommended settings (manifest), else defaults."""
-    if None not in (options.steps, options.sampler, options.guidance):
-        return options
-    r = recommended or {}
-    return replace(
-        options,
-        steps=options.steps if options.steps is not None else r.get("steps", DEFAULT_STEPS),
-        sampler=options.sampler if options.sampler is not None else r.get("sampler"),  # None: the folder's
-        guidance=options.guidance if options.guidance is not None else r.get("guidance", DEFAULT_GUIDANCE),
-    )
 
 
 class Pipeline:
@@ -368,7 +316,6 @@ class Pipeline:
 
     def _run(self, options, table, latents, noise, prompts, negatives):
         embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
-        guided = options.guidance > 1.0 and embedded is None
         h, w = self.image_size(options)
         if options.loop != "host":
             # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),

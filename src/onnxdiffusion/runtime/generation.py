@@ -1,0 +1,63 @@
+"""What a generation takes and gives: the options (unset ones resolved from the model's recommended
+settings), the per-step event and the result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class StepEvent:
+    step: int
+    num_steps: int
+    timestep: float
+    latents: np.ndarray
+    denoised: np.ndarray
+
+
+@dataclass
+class GenerationResult:
+    images: np.ndarray  # (batch, H, W, 3) uint8
+    latents: np.ndarray  # final latents before VAE scaling
+    init_latents: np.ndarray
+    noise: np.ndarray | None
+    settings: dict = field(default_factory=dict)
+
+    def save(self, path: Path | str, overwrite: bool = False) -> list[Path]:
+        from ..imageio import save_images
+
+        return save_images(self.images, Path(path), overwrite)
+
+
+DEFAULT_STEPS, DEFAULT_GUIDANCE = 20, 7.5
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """None for steps/sampler/guidance: the model's recommended value (manifest `recommended`), else the
+    defaults above (sampler: the one the folder's scheduler_config.json names). Ranges are in runtime/guards.py."""
+    steps: int | None = None
+    sampler: str | None = None
+    guidance: float | None = None
+    seed: int = 0
+    height: int | None = None
+    width: int | None = None
+    batch: int = 1
+    spacing: str | None = None
+    loop: str = "host"  # host | loop | unrolled
+
+
+def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:
+    """Fill unset steps / sampler / guidance from the model's recommended settings (manifest), else defaults."""
+    if None not in (options.steps, options.sampler, options.guidance):
+        return options
+    r = recommended or {}
+    return replace(
+        options,
+        steps=options.steps if options.steps is not None else r.get("steps", DEFAULT_STEPS),
+        sampler=options.sampler if options.sampler is not None else r.get("sampler"),  # None: the folder's
+        guidance=options.guidance if options.guidance is not None else r.get("guidance", DEFAULT_GUIDANCE),
+    )
