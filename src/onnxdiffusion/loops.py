@@ -65,6 +65,8 @@ def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelPro
 def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list[str]:
     """Save a graph whose external tensors all live in `weights` (moved beside it as <name>_data); tensors
     over 1 KB it holds in memory (a whole graph's text encoder and VAE) are appended to that file."""
+    from .quantize.files import all_graphs
+
     data = path.name + "_data"
     try:
         os.replace(weights, path.parent / data)
@@ -72,7 +74,7 @@ def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list
         shutil.copyfile(weights, path.parent / data)
     with open(path.parent / data, "r+b") as f:
         end = f.seek(0, os.SEEK_END)
-        for g in _graphs(model.graph):
+        for g in all_graphs(model.graph):
             for t in g.initializer:
                 if t.data_location == onnx.TensorProto.EXTERNAL:
                     for e in t.external_data:
@@ -92,24 +94,10 @@ def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list
     return [data]
 
 
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for n in graph.node:
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _graphs(g)
-
-
 def _has_qdq(model: onnx.ModelProto) -> bool:
-    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in _all_nodes(model.graph))
+    from .quantize.files import all_graphs
 
-
-def _all_nodes(graph: onnx.GraphProto):
-    for n in graph.node:
-        yield n
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _all_nodes(g)
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for g in all_graphs(model.graph) for n in g.node)
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -29,3 +29,15 @@ def default_model_folder() -> Path:
 
 def embedded_diffusers_folder() -> Path:
     return models_root() / EMBEDDED_NAME
+
+
+def shown_path(path) -> str | None:
+    """A folder as committed results may name it: relative to the working directory when inside it, else only
+    its last two parts behind `.../` (results name no absolute path of the machine they were made on)."""
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(Path("...", *p.resolve().parts[-2:])) if p.is_absolute() or ".." in p.parts else str(p)

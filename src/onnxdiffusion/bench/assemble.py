@@ -11,9 +11,10 @@ import numpy as np
 
 from ..artifacts import read_manifest
 from ..errors import UserError
+from ..paths import shown_path
 from . import memory
 from .runners import Generation
-from .variants import VariantSpec, folder_bytes, model_bytes, shown_path
+from .variants import VariantSpec, folder_bytes, model_bytes
 
 # The reference is diffusers' PyTorch fp32 pipeline when it ran (the golden sample), else our ORT fp32 host loop.
 SPEED_REFERENCES = ("torch-fp32", "ort-fp32")

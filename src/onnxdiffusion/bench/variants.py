@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..artifacts import MANIFEST, read_manifest, verify_folder
 from ..errors import UserError
-from ..paths import embedded_diffusers_folder, models_root
+from ..paths import embedded_diffusers_folder, models_root, shown_path
 
 KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights")
 SUFFIXES = {"": "host", "-loop": "loop", "-unrolled": "unrolled", "-dpmpp": "dpmpp"}
@@ -81,18 +81,6 @@ class VariantSpec:
     def host_loop(self) -> bool:
         """Per-step latents are visible (error curves need them)."""
         return self.kind in ("ort", "torch") and self.loop == "host"
-
-
-def shown_path(path) -> str | None:
-    """A folder as committed results may name it: relative to the working directory when inside it, else only
-    its last two parts behind `.../` (results name no absolute path of the machine they were made on)."""
-    if path is None:
-        return None
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(Path("...", *p.resolve().parts[-2:])) if p.is_absolute() or ".." in p.parts else str(p)
 
 
 def repo_root() -> Path:
