@@ -65,8 +65,10 @@ def test_interrupt_leaves_nothing(verb, sig, code, word, tmp_path, tiny_onnx, ti
     env = {**os.environ, "TMPDIR": str(scratch_tmp), "HF_HUB_OFFLINE": "1"}
     env.pop("TQDM_DISABLE", None)  # the progress bar is the readiness signal
     with open(tmp_path / "stderr.txt", "w") as err:
+        # SIGINT back to its default in the child: a runner started in the background by a non-interactive
+        # shell passes SIGINT on as ignored, and Python then installs no KeyboardInterrupt handler
         proc = subprocess.Popen([*CLI, *map(str, argv)], stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                cwd=work)
+                                cwd=work, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         _wait_ready(proc, ready)
         time.sleep(0.3)
         assert proc.poll() is None, "finished before the signal"
