@@ -114,7 +114,7 @@ def markdown(result: dict) -> str:
                              + f" ({sens['float_weight_bytes']} weight bytes)")
     carried = result.get("carried_over")
     if carried:
-        lines += ["", f"rows not measured again in this run, carried over from the previous {carried['from']}: "
+        lines += ["", f"rows taken from {carried['from']} (not measured again by the files joined after it): "
                   + ", ".join(carried["rows"])]
     s = result.get("summary", {})
     if s:
@@ -159,7 +159,7 @@ def side_by_side(combined: dict) -> str:
     if carried:
         lines.append("")
     for n, c in carried.items():
-        lines.append(f"- {n}: not measured again in this run, carried over from the previous {c['from']}: {', '.join(c['rows'])}")
+        lines.append(f"- {n}: rows taken from {c['from']} (not measured again by the files joined after it): {', '.join(c['rows'])}")
     acc = combined.get("acceptance_issue12") or {}
     if acc:
         lines.append("")
