@@ -104,6 +104,23 @@ def _fix_modes(root: Path) -> None:
                 os.chmod(p, FILE_MODE & ~mask)
 
 
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """A hard link where the file system allows one (same bytes, no copy), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def link_files(folder: Path, out: Path, rels) -> None:
+    """The files `rels` (manifest-relative) of `folder` into `out`, linked or copied. Both ends are confined:
+    a hostile key like "../x" neither reads nor writes outside the folders."""
+    for rel in rels:
+        src, dst = confined(folder, rel, "file"), confined(out, rel, "file")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        link_or_copy(src, dst)
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path, overwrite: bool = False, inputs: tuple[Path, ...] = ()) -> Iterator[Path]:
     """Yield a temporary sibling folder; rename it to `final` only if the block succeeds."""

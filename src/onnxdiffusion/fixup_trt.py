@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .artifacts import MANIFEST, hash_tree, read_manifest, sha256_file, verify_folder, write_json
+from .artifacts import MANIFEST, hash_tree, link_or_copy, read_manifest, sha256_file, verify_folder, write_json
 from .errors import UserError
 
 TARGET_OPSET = 23
@@ -227,7 +227,7 @@ def fixup_trt(src: Path | str, folder: Path | str, log=None) -> dict:
     parent = folder.resolve().parent
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=parent))
     try:
-        shutil.copytree(folder, tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
+        shutil.copytree(folder, tmp, dirs_exist_ok=True, copy_function=link_or_copy)
         unet_rel = Path(old["path"])
         fallback_rel = Path(FALLBACK_DIR) / unet_rel.name
         (tmp / FALLBACK_DIR).mkdir(exist_ok=True)
@@ -267,8 +267,3 @@ def fixup_trt(src: Path | str, folder: Path | str, log=None) -> dict:
     return entry
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)

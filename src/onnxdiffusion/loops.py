@@ -11,8 +11,7 @@ from pathlib import Path
 import onnx
 
 from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
-                        load_component,
-                        read_manifest, sha256_file, verify_folder, write_json)
+                        link_files, load_component, read_manifest, sha256_file, verify_folder, write_json)
 from .errors import UserError
 from .families import get_family
 from .samplers.graph import FORMS, build_sampling_graph
@@ -98,13 +97,6 @@ def _has_qdq(model: onnx.ModelProto) -> bool:
     from .quantize.files import all_graphs
 
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for g in all_graphs(model.graph) for n in g.node)
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
@@ -249,12 +241,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         return info
     with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
         # copy only what the manifest lists (and hashed): stray files in MODEL are not vouched for
-        for rel in manifest["files"]:
-            if rel.split("/")[0] == name:
-                continue
-            src, dst = confined(model, rel, "file"), confined(tmp, rel, "file")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(str(src), str(dst))
+        link_files(model, tmp, [rel for rel in manifest["files"] if rel.split("/")[0] != name])
         info = write_component(tmp)
         manifest["components"][name] = info
         manifest["files"] = _files_with(manifest["files"], tmp, name)

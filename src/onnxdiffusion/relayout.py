@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .artifacts import MANIFEST, atomic_dir, confined, hash_tree, read_manifest, verify_folder, write_json
+from .artifacts import MANIFEST, atomic_dir, confined, hash_tree, link_files, read_manifest, verify_folder, write_json
 
 RUNTIME_EXTERNAL_BYTES = 64 << 20  # components with this many bytes of tensors or more: weights in a file
 
@@ -23,8 +23,6 @@ def store_external(folder: Path | str, out: Path | str, min_bytes: int = RUNTIME
     """Copy `folder` to `out` (hard links where possible), every ONNX component of `min_bytes` or more of
     inline tensors re-saved with its weights in one `model.onnx_data` beside it; manifest updated
     (external_data, bytes, hashes). Returns the components rewritten. Graphs and outputs are unchanged."""
-    import os
-    import shutil
 
     import onnx
 
@@ -43,15 +41,7 @@ def store_external(folder: Path | str, out: Path | str, min_bytes: int = RUNTIME
         del model
     with atomic_dir(out, overwrite=overwrite, inputs=(folder,)) as tmp:
         rewritten = {manifest["components"][n]["path"] for n in todo}
-        for rel in manifest["files"]:
-            if rel in rewritten:
-                continue
-            src, dst = confined(folder, rel, "file"), confined(tmp, rel, "file")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
+        link_files(folder, tmp, [rel for rel in manifest["files"] if rel not in rewritten])
         new = json.loads(json.dumps(manifest))
         for name in list(todo):
             info = new["components"][name]

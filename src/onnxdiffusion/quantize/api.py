@@ -5,8 +5,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
-import shutil
 import sys
 import tempfile
 import time
@@ -17,7 +15,8 @@ import onnx
 from google.protobuf.message import EncodeError
 
 from ..artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
-                         hash_tree, load_component, read_manifest, sha256_file, verify_folder, write_json)
+                         hash_tree, link_files, link_or_copy, load_component, read_manifest, sha256_file,
+                         verify_folder, write_json)
 from ..errors import UserError
 from ..families import get_family
 from ..runtime.session import check_external_data
@@ -41,13 +40,6 @@ def _check_out(model: Path, out: Path, overwrite: bool) -> None:
     if out.resolve() == model.resolve():
         raise UserError("OUT must be a new folder, not MODEL itself")
     check_output_folder(out, overwrite, inputs=(model,))
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def stderr_log(message: str) -> None:
@@ -284,13 +276,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     skip = {comps[n]["path"] for n in replaced} | {p for n in replaced for p in comps[n].get("external_data", [])}
     skip_dirs = {info["path"].split("/")[0] for n, info in comps.items() if info.get("kind") == "sampling_graph"}
     with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
-        for rel in manifest["files"]:
-            if rel in skip or rel.split("/")[0] in skip_dirs:
-                continue
-            # both ends confined: a hostile key like "../x" neither reads nor writes outside the folders
-            src, dst = confined(model, rel, "file"), confined(tmp, rel, "file")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(str(src), str(dst))
+        link_files(model, tmp, [rel for rel in manifest["files"] if rel not in skip and rel.split("/")[0] not in skip_dirs])
         new_manifest = json.loads(json.dumps(manifest))
         for n in list(new_manifest["components"]):
             if new_manifest["components"][n].get("kind") == "sampling_graph":
@@ -353,7 +339,7 @@ def _write_high(tmp: Path, model: Path, src: dict, new_manifest: dict, schedule,
     else:
         info["external_data"] = [f"{name}/{Path(rel).name}" for rel in src.get("external_data", [])]
         for a, b in zip([src["path"], *src.get("external_data", [])], [info["path"], *info["external_data"]]):
-            _link_or_copy(str(confined(model, a, "file")), str(confined(tmp, b, "file")))
+            link_or_copy(confined(model, a, "file"), confined(tmp, b, "file"))
     info["precision"] = schedule.precision
     info["role"] = "precision_schedule_high"
     info["bytes"] = sum((tmp / rel).stat().st_size for rel in [info["path"], *info["external_data"]])
