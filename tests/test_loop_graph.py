@@ -294,7 +294,7 @@ def test_a_pipeline_running_only_the_loop_never_loads_the_backbone(tiny_loops, m
 
     made = []
     real = pipeline._backbone_session
-    monkeypatch.setattr(pipeline, "_backbone_session", lambda *a: made.append(a[0]) or real(*a))
+    monkeypatch.setattr(pipeline, "_backbone_session", lambda *a, **k: made.append(a[0]) or real(*a, **k))
     pipe = Pipeline.from_folder(tiny_loops)
     loop = pipe("a red circle", steps=4, guidance=4.0, seed=3, loop="loop")
     assert made == []

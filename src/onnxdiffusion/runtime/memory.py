@@ -86,6 +86,11 @@ class LazySession:
                 self.loads += 1
             return self._session
 
+    def set(self, session) -> None:
+        """Hold a caller's own session (None: let it go; the next `get` makes one again)."""
+        with self._lock:
+            self._session = session
+
     @contextmanager
     def use(self):
         with self._lock:

@@ -7,7 +7,6 @@ calibration capture all hang off the same loop; `Pipeline.__call__` just drains 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -64,9 +63,10 @@ class Pipeline:
         bb = backbone_entry(folder, bb, provider, profile)
         # the backbone's session is made on first use: a pipeline that runs only a sampling graph (which
         # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
-        self._backbone_source = (confined(folder, bb["path"], "backbone"), bb, provider, threads, chain["backbone"], mem)
-        self._backbone, self._backbone_lock = None, threading.Lock()
-        backbone_io = check_external_data(self._backbone_source[0])
+        backbone_path = confined(folder, bb["path"], "backbone")
+        backbone_io = check_external_data(backbone_path)
+        self._backbone = LazySession(partial(_backbone_session, backbone_path, bb, provider, threads, chain["backbone"],
+                                             mem, checked=True), release=False)
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
                                         providers=chain["other"], memory=mem)
         # every family's components keep fixed I/O names: a swapped or foreign component fails here
@@ -143,14 +143,11 @@ class Pipeline:
 
     @property
     def backbone(self):
-        with self._backbone_lock:
-            if self._backbone is None:
-                self._backbone = _backbone_session(*self._backbone_source)
-            return self._backbone
+        return self._backbone.get()
 
     @backbone.setter
     def backbone(self, session) -> None:  # a caller's own session (quantize); None: let it go, remade on use
-        self._backbone = session
+        self._backbone.set(session)
 
     # the first (SD: only) text encoder and tokenizer, for callers that time or hook them
     @property
@@ -362,7 +359,7 @@ class Pipeline:
 
 
 def _backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
-                      memory=None):
+                      memory=None, checked: bool = False):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
 
     int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
@@ -371,4 +368,4 @@ def _backbone_session(path: Path, info: dict, provider: str, threads: int | None
     """
     disabled = list((info.get("session_options") or {}).get("disabled_optimizers") or [])
     return make_session(path, provider, threads, disabled_optimizers=disabled or None, providers=providers,
-                        memory=memory)
+                        memory=memory, checked=checked)

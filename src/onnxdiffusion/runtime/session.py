@@ -118,10 +118,12 @@ def session_options(threads: int | None = None, memory=None) -> ort.SessionOptio
 
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
                  disabled_optimizers: list[str] | None = None, providers: list | None = None,
-                 memory=None) -> ort.InferenceSession:
+                 memory=None, checked: bool = False) -> ort.InferenceSession:
     """`providers`: ONNX Runtime's provider list with options (a profile's); default: `provider`, then CPU.
-    `memory`: runtime.memory.MemoryOptions (None: ORT's defaults)."""
-    check_external_data(path)
+    `memory`: runtime.memory.MemoryOptions (None: ORT's defaults). `checked`: the caller already ran
+    check_external_data on this file (the graph is not parsed a second time)."""
+    if not checked:
+        check_external_data(path)
     opts = session_options(threads, memory)
     try:
         extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
