@@ -114,34 +114,24 @@ def _time_choices(ctx, recipe, calib, stats, base, groups, op_types, candidates:
     return {k: round(v["median_ms"], 3) for k, v in times.items()}
 
 
-def _weight_bytes(model: onnx.ModelProto, nodes: list[str]) -> int:
-    inits = {t.name: t for t in model.graph.initializer}
-    weights = [inits[n.input[1]] for n in model.graph.node if n.name in set(nodes) and n.input[1] in inits]
-    return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in weights)
-
-
 def sensitive_linears(ctx, recipe: Int8StaticRecipe, work: onnx.ModelProto, stats: StepRanges, calib: CalibrationSet,
                       linears: list[str], op_types: tuple[str, ...]) -> tuple[list[str], dict]:
     """The linears whose quantization alone adds more than `keep_sensitive` x the output error of all
     of them quantized together (relative output MSE on calibration feeds), most sensitive first."""
-    from .sensitivity import probe_subset, relative_error
+    from .sensitivity import probe_subset, rank_nodes, relative_error
 
     ranges = stats.aggregate(None, "max")
-    steps, sub = probe_subset(calib, SENSITIVITY_STEPS)
 
-    def error_of(nodes):
-        q = _ort.qdq_quantize(work, ranges, nodes, op_types, recipe.activation_type, recipe.float_outputs)
-        return relative_error(q, sub, steps, ctx.threads)
+    def quantized(nodes):
+        return _ort.qdq_quantize(work, ranges, nodes, op_types, recipe.activation_type, recipe.float_outputs)
 
-    ctx.log(f"sensitivity of {len(linears)} weight linears alone")
-    total = error_of(linears)
-    single = {n: error_of([n]) for n in linears}
-    ranked = sorted(linears, key=lambda n: (-single[n], linears.index(n)))
+    ranked, single, steps = rank_nodes(ctx, calib, linears, lambda n: quantized([n]), SENSITIVITY_STEPS)
+    total = relative_error(quantized(linears), probe_subset(calib, SENSITIVITY_STEPS)[1], steps, ctx.threads)
     keep = [n for n in ranked if single[n] > recipe.keep_sensitive * total]
     ctx.log(f"keep float {len(keep)} linears adding > {recipe.keep_sensitive:g} x {total:.3g}: "
             + ", ".join(f"{n} {single[n]:.3g}" for n in keep))
     return keep, {"threshold_share": recipe.keep_sensitive, "all_linears_relative_mse": total, "float": keep,
-                  "float_weight_bytes": _weight_bytes(work, keep),
+                  "float_weight_bytes": sum(4 * q.weight_size for q in quantizable_nodes(work, op_types) if q.name in keep),
                   "ranking_top": [{"node": n, "added_relative_mse": single[n], "share": single[n] / total if total else None}
                                   for n in ranked[:10]]}
 
