@@ -15,26 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-
-def _kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
+from onnxdiffusion.bench.rss import reset_peak_rss, status_bytes
 
 
 def _phase(name: str, fn, out: list):
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM
+    reset_peak_rss()
     t = os.times()
     result = fn()
     u = os.times()
-    out.append({"phase": name, "rss_gb": round(_kb("VmRSS") / 1e9, 3), "anon_gb": round(_kb("RssAnon") / 1e9, 3),
-                "peak_gb": round(_kb("VmHWM") / 1e9, 3), "cpu_s": round(u.user + u.system - t.user - t.system, 2)})
+    out.append({"phase": name, "rss_gb": round(status_bytes("VmRSS") / 1e9, 3),
+                "anon_gb": round(status_bytes("RssAnon") / 1e9, 3), "peak_gb": round(status_bytes("VmHWM") / 1e9, 3), "cpu_s": round(u.user + u.system - t.user - t.system, 2)})
     print(json.dumps(out[-1]), flush=True)
     return result
 

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from onnxdiffusion.bench import rss
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RESULTS = ROOT / "bench" / "results" / "sd15_fullsize.json"
 PHASES = ("build", "export")
@@ -127,38 +129,20 @@ def check_disk(folder: Path, need_gb: float) -> None:
 
 
 # --- per-process memory ---------------------------------------------------------------------------
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 _PEAK_BEFORE_RESETS = 0  # VmHWM (and so the ru_maxrss that /usr/bin/time reports) forgets older peaks on reset
 
 
 def peak_rss_bytes(since_reset: bool = False) -> int | None:
     """Peak RSS of this process; since_reset=True: only since the last reset_peak_rss()."""
-    kb = _status_kb("VmHWM")
-    if kb is None:
-        import resource
-
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb * 1024 if since_reset else max(kb * 1024, _PEAK_BEFORE_RESETS)
+    peak = rss.peak_rss_bytes()
+    return peak if since_reset else max(peak, _PEAK_BEFORE_RESETS)
 
 
 def reset_peak_rss() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0), so a later read is the peak since now."""
     global _PEAK_BEFORE_RESETS
     _PEAK_BEFORE_RESETS = peak_rss_bytes()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
+    return rss.reset_peak_rss()
 
 
 def machine_info() -> dict:

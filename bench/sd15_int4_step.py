@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from onnxdiffusion.bench.rss import peak_rss_bytes
 from onnxdiffusion.quantize import _ort, files
 from onnxdiffusion.quantize.graphs import quantizable_nodes
 from onnxdiffusion.quantize.opgroups import gemms_as_matmuls
@@ -19,23 +20,19 @@ from onnxdiffusion.quantize.recipes import prepare_unet
 from onnxdiffusion.quantize.static_plan import _infer
 
 
-def peak_rss() -> int:
-    return int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")).split()[1]) * 1024
-
-
 def main() -> None:
     unet = prepare_unet(files.load_backbone(Path(sys.argv[1]) / "unet" / "model.onnx"))
-    after_load = peak_rss()
+    after_load = peak_rss_bytes()
     gemms = [q.name for q in quantizable_nodes(unet, ("Gemm",))]
     base, rewritten = gemms_as_matmuls(unet, gemms)
     base = _infer(base)
     names = [q.name for q in quantizable_nodes(base, ("MatMul",)) if q.weight_size >= 32]
-    before = peak_rss()
+    before = peak_rss_bytes()
     t0 = time.time()
     out = _ort.int4_quantize(base, names, 32, True, 0, 4)
     print(json.dumps({"skeleton": files.data_dir(out) is not None, "matmuls": len(names), "gemms_rewritten": len(rewritten),
                       "int4_seconds": round(time.time() - t0, 1), "peak_rss_after_load_bytes": after_load,
-                      "peak_rss_before_int4_bytes": before, "peak_rss_bytes": peak_rss(),
+                      "peak_rss_before_int4_bytes": before, "peak_rss_bytes": peak_rss_bytes(),
                       "inline_bytes": files.tensor_bytes(out, inline=True),
                       "external_bytes_left": files.tensor_bytes(out) - files.tensor_bytes(out, inline=True)}))
 

@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from onnxdiffusion.bench.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+
 SIZE, STEPS, GUIDANCE, PROMPT = 256, 10, 7.5, "a photo of an astronaut riding a horse"
 ROOT = Path(__file__).resolve().parents[1]
 PEER_WORKER = ROOT / "src" / "onnxdiffusion" / "bench" / "peer_worker.py"
@@ -56,20 +58,10 @@ def thread_env(threads: int) -> dict:
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "HF_HUB_OFFLINE": "1"}
 
 
-def _status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 def _phase_peak() -> int:
-    """VmHWM since the last reset, then reset it (Linux: writing 5 to clear_refs resets the high-water mark)."""
-    peak = _status_kb("VmHWM") * 1024
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    """VmHWM since the last reset, then reset it."""
+    peak = peak_rss_bytes()
+    reset_peak_rss()
     return peak
 
 
@@ -97,7 +89,7 @@ def child_ours(folder: str, calls: int, threads: int) -> dict:
     pipe, load_wall, load_cpu = _timed(lambda: Pipeline.from_folder(folder, provider="cpu", threads=threads,
                                                                     memory=memory or None))
     phases = {"load": _phase_peak()}
-    rss_after_load = _status_kb("VmRSS") * 1024
+    rss_after_load = current_rss_bytes()
     manifest = read_manifest(Path(folder))
     feed = component_feed(get_family(manifest.get("family")).backbone, manifest)
     feed = {k: v for k, v in feed.items()}
@@ -148,7 +140,7 @@ def child_diffusers(folder: str, calls: int, threads: int) -> dict:
                                                    width=SIZE, generator=torch.Generator().manual_seed(0), output_type="np"))
     return {"load_wall_s": load_wall, "load_cpu_s": load_cpu, "warmup_call_wall_s": warm_wall,
             "step_wall_s": step_wall, "step_cpu_s": step_cpu, "e2e_wall_s": e2e_wall, "e2e_cpu_s": e2e_cpu,
-            "peak_rss_bytes": _status_kb("VmHWM") * 1024}
+            "peak_rss_bytes": peak_rss_bytes()}
 
 
 def run_child(kind: str, folder: str, calls: int, threads: int) -> dict:

@@ -7,28 +7,28 @@ import sys
 from pathlib import Path
 
 
-def _status_kb(key: str) -> int | None:
+def status_bytes(key: str) -> int | None:
+    """A memory line of /proc/self/status (VmRSS, VmHWM, RssAnon, ...) in bytes; None where there is none."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(key + ":"):
-                return int(line.split()[1])
+                return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
 
 
 def current_rss_bytes() -> int | None:
-    kb = _status_kb("VmRSS")
-    return kb * 1024 if kb is not None else None
+    return status_bytes("VmRSS")
 
 
 def peak_rss_bytes() -> int:
     """VmHWM: the kernel's high-water mark of this process's resident set."""
-    kb = _status_kb("VmHWM")
-    if kb is None:  # not Linux: ru_maxrss is KiB on Linux, bytes on macOS
+    peak = status_bytes("VmHWM")
+    if peak is None:  # not Linux: ru_maxrss is KiB on Linux, bytes on macOS
         v = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return v if sys.platform == "darwin" else v * 1024
-    return kb * 1024
+    return peak
 
 
 def reset_peak_rss() -> bool:
