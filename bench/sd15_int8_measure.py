@@ -111,15 +111,16 @@ def child_ours(folder: str, calls: int, threads: int) -> dict:
             "image_sha256": __import__("hashlib").sha256(result.images.tobytes()).hexdigest()}
 
 
-def child_diffusers(folder: str, calls: int, threads: int) -> dict:
+def child_diffusers(folder: str, calls: int, threads: int, dtype: str = "float32") -> dict:
     import torch
     from diffusers import DDIMScheduler, StableDiffusionPipeline
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
+    dt = getattr(torch, dtype)
 
     def load():
-        p = StableDiffusionPipeline.from_pretrained(folder, torch_dtype=torch.float32, safety_checker=None)
+        p = StableDiffusionPipeline.from_pretrained(folder, torch_dtype=dt, safety_checker=None)
         p.scheduler = DDIMScheduler.from_config(p.scheduler.config)
         p.set_progress_bar_config(disable=True)
         return p
@@ -127,8 +128,8 @@ def child_diffusers(folder: str, calls: int, threads: int) -> dict:
     pipe, load_wall, load_cpu = _timed(load)
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        sample = torch.randn((2, 4, SIZE // 8, SIZE // 8), generator=gen)
-        ctx = torch.randn((2, 77, 768), generator=gen)
+        sample = torch.randn((2, 4, SIZE // 8, SIZE // 8), generator=gen).to(dt)
+        ctx = torch.randn((2, 77, 768), generator=gen).to(dt)
         t = torch.tensor([500, 500])
         _, warm_wall, _ = _timed(lambda: pipe.unet(sample, t, ctx))
         step_wall, step_cpu = [], []
@@ -224,6 +225,8 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], help="NAME=FOLDER (an onnxdiffusion model folder)")
     ap.add_argument("--diffusers", help="the diffusers folder the ONNX folders were exported from (a peer row)")
     ap.add_argument("--diffusers-rounds", type=int, default=1, help="rounds that include the diffusers row")
+    ap.add_argument("--diffusers-bf16", action="store_true",
+                    help="also a diffusers eager row in bfloat16 (torch's CPU bf16 path), in the same rounds")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=3, help="timed backbone calls per child (after one warm-up)")
     ap.add_argument("--threads", type=int, default=1, help="threads per process (ORT intra-op, torch, OpenMP, peers)")
@@ -234,8 +237,12 @@ def main() -> int:
     ap.add_argument("--work", help="a folder the paths are under: written as $WORK in the results (no machine paths)")
     args = ap.parse_args()
     if args.child:
-        fn = child_ours if args.child[0] == "ours" else child_diffusers
-        print(json.dumps(fn(args.child[1], args.calls, args.threads)))
+        kind, folder = args.child
+        if kind == "ours":
+            rec = child_ours(folder, args.calls, args.threads)
+        else:
+            rec = child_diffusers(folder, args.calls, args.threads, "bfloat16" if kind == "diffusers-bf16" else "float32")
+        print(json.dumps(rec))
         return 0
     if args.out is None:
         ap.error("--out is required")
@@ -244,19 +251,21 @@ def main() -> int:
     variants = [tuple(v.split("=", 1)) for v in args.variant]
     peers = {name: tuple(spec.split(":", 1)) for name, spec in (p.split("=", 1) for p in args.peer)}
     raw: dict[str, list] = {name: [] for name, _ in variants} | {name: [] for name in peers}
+    eager = ["diffusers-eager-fp32"] + (["diffusers-eager-bf16"] if args.diffusers_bf16 else [])
     if args.diffusers and args.diffusers_rounds > 0:  # with --peer only, --diffusers is just the peers' source
-        raw["diffusers-eager-fp32"] = []
+        raw.update({name: [] for name in eager})
     log = []
     for r in range(args.rounds):
         order = list(variants) + [(name, args.diffusers) for name in peers]
-        order += [("diffusers-eager-fp32", args.diffusers)] if args.diffusers and r < args.diffusers_rounds else []
+        order += [(name, args.diffusers) for name in eager] if args.diffusers and r < args.diffusers_rounds else []
         for name, folder in order:
             before = _loadavg()
             if name in peers:
                 backend, mode = peers[name]
                 rec = run_peer(backend, mode, folder, args.peer_cache / f"{backend}-{mode}", args.threads)
             else:
-                rec = run_child("diffusers" if name.startswith("diffusers") else "ours", folder, args.calls, args.threads)
+                kind = {"diffusers-eager-fp32": "diffusers", "diffusers-eager-bf16": "diffusers-bf16"}.get(name, "ours")
+                rec = run_child(kind, folder, args.calls, args.threads)
             rec.update(round=r, loadavg_before=before, loadavg_after=_loadavg())
             raw[name].append(rec)
             log.append(f"round {r} {name}: " + (rec.get("error") or
@@ -266,7 +275,7 @@ def main() -> int:
             print(log[-1], file=sys.stderr, flush=True)
             out = {"settings": {"size": SIZE, "steps": STEPS, "sampler": "ddim", "guidance": GUIDANCE, "batch": 1,
                                 "threads": args.threads, "cpus": os.cpu_count(), "calls_per_child": args.calls, "rounds": args.rounds},
-                   "folders": dict(variants) | ({"diffusers-eager-fp32": args.diffusers} if args.diffusers else {}),
+                   "folders": dict(variants) | ({name: args.diffusers for name in eager} if args.diffusers else {}),
                    "peers": {name: {"backend": b, "mode": m, "source": args.diffusers, "sampler": PEER_SAMPLERS.get(b)}
                              for name, (b, m) in peers.items()},
                    "summary": {k: summarize(v) for k, v in raw.items()}, "raw": raw, "log": log}
