@@ -20,6 +20,9 @@ all threads of the process):
     python bench/sd15_breakdown.py --variant int8-static-ext-lean=$WORK/int8-static-ext@lean \\
         --variant fp32-ext-lean=$WORK/onnx256-ext@lean --rounds 2 --work $WORK --out bench/report_sd15/breakdown_threads1.json
 
+`--size 512`: the images at 512x512 (peak RSS per image: VmHWM reset before each), e.g. with and without
+`@lean,vae_tile=256` (runtime/vae_tiling.py).
+
 `--variant NAME=FOLDER@MEMORY` as in sd15_int8_measure.py (MEMORY: runtime/memory.py's settings).
 """
 
@@ -123,10 +126,10 @@ def _parts(clock: Clock, e2e_wall: float, e2e_cpu: float) -> dict:
     return out
 
 
-def child(folder: str, calls: int, threads: int) -> dict:
+def child(folder: str, calls: int, threads: int, size: int = SIZE) -> dict:
     folder, _, memory = folder.partition("@")
     from onnxdiffusion.artifacts import read_manifest
-    from onnxdiffusion.bench.rss import peak_rss_bytes
+    from onnxdiffusion.bench.rss import peak_rss_bytes, reset_peak_rss
     from onnxdiffusion.families import get_family
     from onnxdiffusion.quantize.report import component_feed
     from onnxdiffusion.runtime import Pipeline
@@ -139,14 +142,18 @@ def child(folder: str, calls: int, threads: int) -> dict:
     for _ in range(1 + calls):
         pipe.backbone.run(None, feed)
     _instrument(pipe, _Proxy())
-    images = []
+    images, peaks = [], []
+    before = peak_rss_bytes()
     for _ in range(2):
         clock = Clock()
         _CURRENT[:] = [clock]
+        reset_peak_rss()
         w, c = time.perf_counter(), time.process_time()
-        result = pipe([PROMPT], steps=STEPS, sampler="ddim", guidance=GUIDANCE, seed=0, height=SIZE, width=SIZE)
+        result = pipe([PROMPT], steps=STEPS, sampler="ddim", guidance=GUIDANCE, seed=0, height=size, width=size)
         images.append(_parts(clock, time.perf_counter() - w, time.process_time() - c))
-    return {"load": load, "first_image": images[0], "second_image": images[1], "peak_rss_bytes": peak_rss_bytes(),
+        peaks.append(peak_rss_bytes())
+    return {"load": load, "first_image": images[0], "second_image": images[1],
+            "peak_rss_bytes": max(before, *peaks), "image_peak_rss_bytes": peaks, "size": size,
             "memory": pipe.memory.to_dict(),
             "image_sha256": __import__("hashlib").sha256(result.images.tobytes()).hexdigest()}
 
@@ -161,10 +168,10 @@ class _Proxy(Clock):
         return _CURRENT[0].timed(key, fn, *a, **k)
 
 
-def run_child(folder: str, calls: int, threads: int) -> dict:
+def run_child(folder: str, calls: int, threads: int, size: int = SIZE) -> dict:
     n = str(threads)
     env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, __file__, "--child", folder, "--calls", str(calls), "--threads", n]
+    cmd = [sys.executable, __file__, "--child", folder, "--calls", str(calls), "--threads", n, "--size", str(size)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -177,6 +184,7 @@ def summarize(runs: list[dict]) -> dict:
     if not ok:
         return {"error": runs[-1].get("error") if runs else "not run"}
     out = {"runs": len(ok), "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ok),
+           "image_peak_rss_bytes": [max(r["image_peak_rss_bytes"][i] for r in ok) for i in range(2)],
            "image_sha256": sorted({r["image_sha256"] for r in ok})}
     for which in ("first_image", "second_image"):
         out[which] = {}
@@ -195,11 +203,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--size", type=int, default=SIZE, help="image side (the warm-up backbone calls stay at the folder's default)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--work", help="written as $WORK in the results (no machine paths)")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.calls, args.threads)))
+        print(json.dumps(child(args.child, args.calls, args.threads, args.size)))
         return 0
     if args.out is None or not args.variant:
         ap.error("--out and at least one --variant are required")
@@ -208,13 +217,13 @@ def main() -> int:
     for r in range(args.rounds):
         for name, folder in variants:
             load = float(Path("/proc/loadavg").read_text().split()[0])
-            rec = run_child(folder, args.calls, args.threads)
+            rec = run_child(folder, args.calls, args.threads, args.size)
             rec.update(round=r, loadavg_before=load)
             raw[name].append(rec)
             msg = rec.get("error") or " ".join(f"{k} {rec['first_image']['wall'][k]:.2f}" for k in
                                                ("end_to_end", "text_encode", "backbone_run", "vae_decode_run"))
             print(f"round {r} {name}: {msg}", file=sys.stderr, flush=True)
-            out = {"settings": {"size": SIZE, "steps": STEPS, "sampler": "ddim", "guidance": GUIDANCE, "batch": 1,
+            out = {"settings": {"size": args.size, "steps": STEPS, "sampler": "ddim", "guidance": GUIDANCE, "batch": 1,
                                 "threads": args.threads, "calls_before_images": 1 + args.calls, "rounds": args.rounds},
                    "folders": dict(variants), "summary": {k: summarize(v) for k, v in raw.items()}, "raw": raw}
             text = json.dumps(out, indent=2) + "\n"
