@@ -2,7 +2,7 @@
 """int8-static VAE decoder and text encoders on the trained embedded models: final-image PSNR vs fp32 (issue 16).
 
     python bench/component_quant_eval.py --models models/shapes-sd-onnx models/shapes-mmdit-onnx \\
-        --count 64 --work runs/component_quant --out bench/results/component_quant.json
+        --count 64 --work runs/component_quant --out bench/report_sd15/component_quant_trained.json
 
 Per model: `quantize --recipe int8-static -O components=unet,vae_decoder,<text encoders>` (32 calib-split
 prompts, the model's recommended sampler settings), then the held-out prompts (seed i for prompt i, the
@@ -10,7 +10,8 @@ model's recommended sampler, steps, guidance) with the fp32 folder and with each
 into the fp32 pipeline alone (the VAE decoder: the fp32 final latents decoded by the int8 decoder; a text
 encoder: the whole sampling rerun on its conditioning), then all of them, then the whole quantized folder;
 PSNR of the final images vs fp32 (mean and worst image). Also each component's latency (1 thread, median of
-interleaved runs) and bytes. `components_keep_float` patterns: `--keep-float PATTERN` (repeatable).
+interleaved runs) and bytes. `components_keep_float` patterns: `--keep-float PATTERN` (repeatable; default the
+recipe's, the VAE decoder's conv_out).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def evaluate(model: Path, work: Path, count: int, keep_float: list[str], log) ->
     cal = CalibrationConfig(count=32, sampler=rec.get("sampler", "ddim"), steps=rec.get("steps", 20),
                             guidance=rec.get("guidance", 4.0))
     out = work / model.name
+    work.mkdir(parents=True, exist_ok=True)
     t = time.time()
     report = quantize(model, out, QuantizeConfig(recipe=recipe_class("int8-static").with_options(opts), calibration=cal,
                                                  latency_runs=20), overwrite=True, log=log)

@@ -73,7 +73,7 @@ def main() -> int:
     ap.add_argument("--fp32", type=Path, required=True)
     ap.add_argument("--sampler-folder", type=Path, required=True)
     ap.add_argument("--folder", type=Path, help="also write --work/folder: this folder with the int8 components")
-    ap.add_argument("--keep-float", action="append", default=[])
+    ap.add_argument("--keep-float", action="append", default=[], help="default: int8-static's components_keep_float")
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", type=Path, required=True)
@@ -96,14 +96,17 @@ def main() -> int:
     te_held = [{"input_ids": tok([p])} for p in PROMPTS[CALIB:]]
     del pipe
     manifest = read_manifest(args.fp32)
+    from onnxdiffusion.quantize import Int8StaticRecipe
+
+    keep = tuple(args.keep_float) or Int8StaticRecipe().components_keep_float  # the recipe's default
     result = {"settings": {"size": h, "steps": 10, "guidance": 7.5, "calibration_prompts": CALIB,
-                           "held_out": len(PROMPTS) - CALIB, "keep_float": args.keep_float, "threads": 1}, "components": {}}
+                           "held_out": len(PROMPTS) - CALIB, "keep_float": list(keep), "threads": 1}, "components": {}}
     models = {}
     for name, calib, held in (("vae_decoder", vae_feeds[:CALIB], vae_feeds[CALIB:]), ("text_encoder", te_calib, te_held)):
         src = component_path(args.fp32, manifest, name)
         fp32 = onnx.load(str(src))
         t = time.time()
-        q, details = quantize_component(fp32, calib, tuple(args.keep_float), 1)
+        q, details = quantize_component(fp32, calib, keep, 1)
         details["quantize_s"] = round(time.time() - t, 1)
         details["held_out_output_snr_db"] = round(output_snr_db(fp32, q, held, 1), 2)
         details["calibration_output_snr_db"] = details.pop("output_snr_db")

@@ -10,7 +10,8 @@ quantized (per-channel symmetric int8 weights, uint8 activations; MatMul and Gem
 as the backbone's), except the nodes `components_keep_float` names; normalizations, attention and
 activations stay float. Stored as ONNX Runtime's CPU-fused graph like the backbone.
 What it costs in image quality (final-image PSNR vs fp32 on held-out prompt-seed pairs) and gains in
-speed is measured in bench/component_quant_eval.py (bench/results/component_quant.md).
+speed is measured by bench/component_quant_eval.py and bench/sd15_component_quant.py (bench/report_sd15/README.md,
+"VAE decoder, text encoder").
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import onnx
 
 from ..errors import UserError
 from . import _ort
-from .configs_int8 import INT8_COMPONENTS  # noqa: F401 - the names a recipe may list
 from .graphs import activation_tensors, compact_names, quantizable_nodes, reroute_shape_reads
 
 OP_TYPES = ("Conv", "MatMul", "Gemm")
