@@ -58,7 +58,7 @@ def _stats(ref: np.ndarray, got: np.ndarray) -> dict:
             "worst_db": round(float(min(vals)), 2), "identical": len(vals) - len(finite), "images": len(vals)}
 
 
-def evaluate(model: Path, work: Path, count: int, keep_float: list[str], log) -> dict:
+def evaluate(model: Path, work: Path, count: int, keep_float: list[str], log, reuse: bool = False) -> dict:
     manifest = read_manifest(model)
     rec = manifest.get("recommended") or {}
     texts = [n for n in ("text_encoder", "text_encoder_2", "text_encoder_3") if n in manifest["components"]]
@@ -71,8 +71,11 @@ def evaluate(model: Path, work: Path, count: int, keep_float: list[str], log) ->
     out = work / model.name
     work.mkdir(parents=True, exist_ok=True)
     t = time.time()
-    report = quantize(model, out, QuantizeConfig(recipe=recipe_class("int8-static").with_options(opts), calibration=cal,
-                                                 latency_runs=20), overwrite=True, log=log)
+    if reuse and (out / "quantize_report.json").is_file():  # the folder an earlier run of this script wrote
+        report = json.loads((out / "quantize_report.json").read_text())
+    else:
+        report = quantize(model, out, QuantizeConfig(recipe=recipe_class("int8-static").with_options(opts), calibration=cal,
+                                                     latency_runs=20), overwrite=True, log=log)
     log(f"{model.name}: quantized in {time.time() - t:.0f} s")
     qman = read_manifest(out)
     ev = EvaluateOptions(count=count, steps=rec.get("steps", 20), sampler=rec.get("sampler"), guidance=rec.get("guidance", 4.0),
@@ -90,6 +93,11 @@ def evaluate(model: Path, work: Path, count: int, keep_float: list[str], log) ->
         p = Pipeline.from_folder(model, threads=1)
         _swap(p, out, qman, [name])
         rows[name] = _stats(ref, generate_set(p, scenes, ev, progress=False))
+    if len(texts) > 1:  # the decoder with one int8 text encoder
+        for name in texts:
+            p = Pipeline.from_folder(model, threads=1)
+            _swap(p, out, qman, ["vae_decoder", name])
+            rows[f"vae_decoder+{name}"] = _stats(ref, generate_set(p, scenes, ev, progress=False))
     p = Pipeline.from_folder(model, threads=1)
     _swap(p, out, qman, names)
     rows["vae_decoder+text_encoders"] = _stats(ref, generate_set(p, scenes, ev, progress=False))
@@ -115,12 +123,13 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=64)
     ap.add_argument("--keep-float", action="append", default=[])
     ap.add_argument("--work", type=Path, default=Path("runs/component_quant"))
+    ap.add_argument("--reuse", action="store_true", help="use the quantized folder a previous run left in --work")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     results = {"keep_float": args.keep_float, "models": {}}
     for model in args.models:
-        results["models"][str(model)] = evaluate(model, args.work, args.count, args.keep_float, log)
+        results["models"][str(model)] = evaluate(model, args.work, args.count, args.keep_float, log, args.reuse)
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
