@@ -69,7 +69,7 @@ def generate(
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
-    memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern (default: the profile's, else default)")] = None,
+    memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")] = None,
     model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""

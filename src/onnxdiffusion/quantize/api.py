@@ -132,7 +132,12 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
         return cache["probe"]
 
     others = {name: load_component(model, manifest, name) for name in wanted - {"unet"}}
-    ctx = Context(config, prepare_unet(unet), others, get_calibration, get_probe, log)
+    def component_feeds(name: str) -> list[dict]:
+        from .components import calibration_feeds
+
+        return calibration_feeds(pipe, name, get_calibration(), prompts)
+
+    ctx = Context(config, prepare_unet(unet), others, get_calibration, get_probe, log, component_feeds)
     if large:
         # everything the fp32 backbone must run for comes first; then its session (the size of the
         # weights) is let go, so the quantizer's copy of the weights is the only one held
@@ -292,13 +297,13 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             info["bytes"] = sum((tmp / rel.parent / f).stat().st_size for f in [rel.name, *data])
             info["quantized_from"] = {"sha256": manifest["files"].get(info["path"])}
             info.pop("validation", None)
+            disabled = disabled_for(m)  # every int8 component: the pipeline honours it
+            if disabled:
+                info["session_options"] = {"disabled_optimizers": list(disabled)}
+            else:
+                info.pop("session_options", None)
             if name == "unet":
                 info["float_nodes"] = len(built.float_nodes)
-                disabled = disabled_for(m)
-                if disabled:
-                    info["session_options"] = {"disabled_optimizers": list(disabled)}
-                else:
-                    info.pop("session_options", None)
                 if correction is not None:
                     info["correction"] = correction.to_dict()
                 if "stored_as" in built.details:  # a provider-specific graph, not portable QDQ

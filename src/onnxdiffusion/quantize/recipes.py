@@ -48,6 +48,8 @@ class Context:
     get_calibration: Callable[[], CalibrationSet]
     get_probe: Callable[[], ImageProbe]
     log: Callable[[str], None]
+    # calibration feeds of a component other than the backbone (components.calibration_feeds)
+    component_feeds: Callable[[str], list[dict]] | None = None
 
     @property
     def threads(self) -> int:
@@ -108,8 +110,16 @@ def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
     calib = ctx.get_calibration()
     plan = plan_static(ctx, recipe, calib)
     model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, _ranges(ctx, recipe, calib, plan)))
-    return Built({"unet": model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
-                 details={"calibrated_tensors": len(plan.tensors), "stored_as": stored, **plan.details})
+    built = Built({"unet": model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
+                  details={"calibrated_tensors": len(plan.tensors), "stored_as": stored, **plan.details})
+    for name in recipe.components:
+        if name != "unet":  # the VAE decoder, text encoders: quantize/components.py
+            from .components import quantize_component
+
+            ctx.log(f"int8-static: {name}")
+            built.components[name], built.details.setdefault("components", {})[name] = quantize_component(
+                ctx.components[name], ctx.component_feeds(name), recipe.components_keep_float, ctx.threads, recipe.stored)
+    return built
 
 
 def build_naive(ctx: Context, recipe: Int8NaiveRecipe) -> Built:

@@ -25,10 +25,20 @@ class MemoryOptions:
     arena: bool = True  # ORT's CPU memory arena (grows by powers of two and keeps what it took)
     mem_pattern: bool = True  # ORT plans one block for a run's activations after the first run (taken beside
     #                           what the arena already holds from that first run)
+    vae_tile: int = 0  # > 0: decode in overlapping tiles of this many image pixels a side (runtime/vae_tiling.py;
+    #                    the decoder's activations are a tile's; the image changes slightly, see there)
+    vae_overlap: int = 0  # image pixels two neighbouring tiles share at least (cross-faded); 0: a quarter of
+    #                       vae_tile (diffusers' tiled decoding's share)
+
+    @property
+    def vae_tile_overlap(self) -> int:
+        return self.vae_overlap or self.vae_tile // 4
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+
+MAX_TILE = 16384  # the largest image side guards.py allows
 
 MEMORY_MODES = {
     "default": MemoryOptions(),
@@ -38,7 +48,8 @@ MEMORY_MODES = {
 
 
 def memory_options(spec: str | MemoryOptions | None) -> MemoryOptions:
-    """A mode name (`default`, `lean`), `MODE,KEY=VALUE,...` / `KEY=VALUE,...` (booleans 0/1), or MemoryOptions."""
+    """A mode name (`default`, `lean`), `MODE,KEY=VALUE,...` / `KEY=VALUE,...` (booleans 0/1, sizes in
+    pixels: `lean,vae_tile=256`), or MemoryOptions."""
     if spec is None:
         return MEMORY_MODES["default"]
     if isinstance(spec, MemoryOptions):
@@ -50,14 +61,23 @@ def memory_options(spec: str | MemoryOptions | None) -> MemoryOptions:
             raise UserError(f"unknown memory mode {parts[0]!r}; choose from {', '.join(MEMORY_MODES)} "
                             f"or KEY=VALUE with KEY in {', '.join(f.name for f in fields(MemoryOptions))}")
         base, parts = MEMORY_MODES[parts[0]], parts[1:]
-    known = {f.name for f in fields(MemoryOptions)}
-    changes = {}
+    kinds = {f.name: f.type for f in fields(MemoryOptions)}
+    changes: dict = {}
     for p in parts:
         key, _, value = p.partition("=")
-        if key not in known or value not in ("0", "1", "true", "false"):
-            raise UserError(f"bad memory setting {p!r}: expected KEY=0|1 with KEY in {', '.join(sorted(known))}")
-        changes[key] = value in ("1", "true")
-    return replace(base, **changes)
+        if kinds.get(key) in (bool, "bool") and value in ("0", "1", "true", "false"):
+            changes[key] = value in ("1", "true")
+        elif kinds.get(key) in (int, "int") and value.isdigit() and int(value) <= MAX_TILE:
+            changes[key] = int(value)
+        else:
+            sizes = ", ".join(k for k, t in kinds.items() if t in (int, "int"))
+            raise UserError(f"bad memory setting {p!r}: expected KEY=0|1 with KEY in "
+                            f"{', '.join(sorted(k for k, t in kinds.items() if t in (bool, 'bool')))}, "
+                            f"or {sizes}=PIXELS (0..{MAX_TILE})")
+    out = replace(base, **changes)
+    if out.vae_tile and not out.vae_overlap < out.vae_tile // 2:
+        raise UserError(f"vae_overlap ({out.vae_overlap}) must be less than half of vae_tile ({out.vae_tile})")
+    return out
 
 
 class LazySession:

@@ -30,6 +30,7 @@ from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph
 from .session import check_external_data, make_session
 from .tokenizer import PromptTokenizer
+from .vae_tiling import check_tiling, tiled_decode
 
 
 LOOP_FORMS = ("host", "loop", "unrolled")
@@ -46,6 +47,8 @@ class Pipeline:
         self.memory = mem = memory_options(memory)
         info = manifest["pipeline"]
         self.info = info
+        if mem.vae_tile:
+            check_tiling(mem.vae_tile, mem.vae_tile_overlap, info["vae_scale_factor"])  # before any session loads
         self.family = family = get_family(manifest.get("family"))
         family.check_folder(str(folder), manifest)
         comps = manifest["components"]
@@ -57,7 +60,8 @@ class Pipeline:
         # text encoders: loaded now (their I/O is checked below); with memory `release_text_encoders` they
         # are let go after each encoding and loaded again from their files for the next prompt
         self.text_sessions = {s.name: LazySession(partial(make_session, component_path(folder, manifest, s.name),
-                                                          provider, threads, providers=chain["other"], memory=mem),
+                                                          provider, threads, providers=chain["other"], memory=mem,
+                                                          disabled_optimizers=_disabled(comps[s.name])),
                                                   mem.release_text_encoders)
                               for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
@@ -68,7 +72,8 @@ class Pipeline:
         self._backbone = LazySession(partial(_backbone_session, backbone_path, bb, provider, threads, chain["backbone"],
                                              mem, checked=True), release=False)
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
-                                        providers=chain["other"], memory=mem)
+                                        providers=chain["other"], memory=mem,
+                                        disabled_optimizers=_disabled(comps["vae_decoder"]))
         # every family's components keep fixed I/O names: a swapped or foreign component fails here
         for slot in self.slots:
             guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))
@@ -214,7 +219,12 @@ class Pipeline:
         """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
         h, w = height or self.info["default_height"], width or self.info["default_width"]
         feed = self.family.decoder_feed(self.info, latents, h, w)
-        image = self.family.decoded_images(self.vae_decoder.run(["sample"], {"latent_sample": feed})[0])
+        run = lambda x: self.vae_decoder.run(["sample"], {"latent_sample": x})[0]  # noqa: E731
+        if self.memory.vae_tile:  # memory vae_tile=N: overlapping tiles of N pixels (runtime/vae_tiling.py)
+            decoded = tiled_decode(run, feed, self.memory.vae_tile, self.memory.vae_tile_overlap, self.info["vae_scale_factor"])
+        else:
+            decoded = run(feed)
+        image = self.family.decoded_images(decoded)
         guards.check_finite(image, "VAE decoding (the decoder produced NaN/inf pixels)")
         image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         return (image * 255).round().astype(np.uint8)
@@ -358,6 +368,11 @@ class Pipeline:
         return result
 
 
+def _disabled(info: dict) -> list | None:
+    """ORT optimizers a (quantized) component's manifest entry asks to leave off (see _backbone_session)."""
+    return list((info.get("session_options") or {}).get("disabled_optimizers") or []) or None
+
+
 def _backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
                       memory=None, checked: bool = False):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
@@ -366,6 +381,5 @@ def _backbone_session(path: Path, info: dict, provider: str, threads: int | None
     transposes (slower on CPU), and NCHWc changes float convolutions' summation order, which made
     the host loop and the Loop form (where ORT does not apply it) round differently.
     """
-    disabled = list((info.get("session_options") or {}).get("disabled_optimizers") or [])
-    return make_session(path, provider, threads, disabled_optimizers=disabled or None, providers=providers,
+    return make_session(path, provider, threads, disabled_optimizers=_disabled(info), providers=providers,
                         memory=memory, checked=checked)
