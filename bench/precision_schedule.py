@@ -6,7 +6,7 @@ Per model: quantize int8-static, int8-static --correct (trajectory) and int8-sta
 --precision-schedule auto (calibration: 32 calib-split prompts with their own seeds, the model's
 sampler/steps/guidance); generate the held-out prompt-seed pairs with fp32 and each; report image
 MSE vs fp32 and the share of int8-static's pooled MSE each remedy closes (bootstrap interval over
-images, quantize_eval.closure_stats), mean/worst PSNR and strict accuracy; end-to-end latency per
+images, quantize_tables.closure_stats), mean/worst PSNR and strict accuracy; end-to-end latency per
 image (batch 1, text encoding + sampling + decoding, variants interleaved round by round, medians
 of the per-round ratios); and the schedule's Loop form vs its host loop. Writes
 bench/results/precision_schedule.json and .md (the .md block is also shown in quantize.md).
@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quantize_eval import closure_stats, generate  # noqa: E402
+from quantize_eval import generate  # noqa: E402
+from quantize_tables import closure_stats  # noqa: E402
 
 from onnxdiffusion.artifacts import sha256_file  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
