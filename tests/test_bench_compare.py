@@ -4,8 +4,6 @@ with its own sampler, into one report."""
 
 import csv
 import json
-from pathlib import Path
-
 import pytest
 
 from onnxdiffusion.bench.compare import fmt_cell, join, join_files, markdown, write_joined

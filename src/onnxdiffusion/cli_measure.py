@@ -14,9 +14,7 @@ from .errors import UserError
 
 @app.command()
 def evaluate(
-    models: Annotated[Optional[list[Path]], typer.Argument(
-        help="model folder(s) (default: the embedded model); two or more: each benched with its own defaults into "
-             "OUT/<model>/, then one side-by-side report in OUT")] = None,
+    model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
     count: Annotated[int, typer.Option(help="1..4096 held-out prompts")] = 256,
     steps: Annotated[Optional[int], typer.Option(help="default: the model's recommended, else 20")] = None,
     sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the folder's scheduler")] = None,
@@ -106,7 +104,8 @@ def bench(
     if len(models) > 1 and arch is not None:
         raise UserError("--arch builds its own model; name no model folder with it")
     options = BenchOptions(
-        model=models[0] if models else None, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps, fast_steps=fast_steps,
+        model=models[0] if models else None, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps,
+        fast_steps=fast_steps,
         repeats=repeats, prompts=prompts, batch=batch, guidance=guidance, size=size, threads=threads, rss=rss,
         arch=arch, work=work, out=out, progress=not quiet, profile=profile, embed_images=not link_images,
     )

@@ -17,16 +17,10 @@ Order of work (all variants are loaded at once so that repeats can interleave):
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
-import sys
 import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import numpy as np
 
 from .. import scenes as S
 from ..artifacts import check_external_paths, read_manifest, verify_folder
@@ -39,8 +33,8 @@ from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, mak
 from .variants import PlanOptions, folder_variant, plan_variants, select, source_folder
 
 from .fullsize import ARCHES
-from .setup import _check_out, _default_guidance, _is_folder_name, _loadavg, _Progress, _release_memory, _resolve, machine_info,
-                    recommended)
+from .setup import (_check_out, _default_guidance, _is_folder_name, _loadavg, _Progress, _release_memory, _resolve,
+                    machine_info, recommended)
 
 
 @dataclass(frozen=True)
@@ -98,7 +92,7 @@ def _run_bench(options: BenchOptions) -> dict:
     out = _check_out(opts.out, create=False)  # fail before anything runs; created once the plan is good
     notes: list[str] = []
 
-    sampler = rec.get("sampler", "ddim")  # the model's own (its manifest's recommended sampler)
+    sampler = rec.get("sampler")  # the model's own: its manifest's recommended sampler, else its scheduler's
     if opts.arch is not None:
         from ..samplers.config import default_sampler
         from .fullsize import default_work, prepare
@@ -115,6 +109,11 @@ def _run_bench(options: BenchOptions) -> dict:
         verify_folder(model, manifest)
         check_external_paths(model, manifest)
         source = source_folder(model, manifest)
+        if sampler is None:
+            from ..samplers.config import default_sampler
+
+            sched = model / "scheduler" / "scheduler_config.json"
+            sampler = default_sampler(json.loads(sched.read_text())) if sched.is_file() else "ddim"
     if opts.variants_dir is not None and not Path(opts.variants_dir).is_dir():
         raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")
     if opts.guidance is None:

@@ -16,6 +16,8 @@ import numpy as np
 from ..errors import UserError
 from .fullsize import ARCHES
 
+# BenchOptions (core.py) is what _resolve takes and returns; not imported here: core imports this module
+
 
 def _check_out(out: Path, create: bool = True) -> Path:
     out = Path(out).absolute()
@@ -51,7 +53,7 @@ def recommended(manifest: dict) -> dict:
     return out
 
 
-def _resolve(options: BenchOptions, rec: dict | None = None) -> BenchOptions:
+def _resolve(options, rec: dict | None = None):
     """Defaults filled in: --arch's, else the model's recommended steps (`rec`, see recommended()), else 20."""
     if options.arch is not None and options.arch not in ARCHES:
         raise UserError(f"unknown --arch {options.arch!r}; choose from {', '.join(ARCHES)}")

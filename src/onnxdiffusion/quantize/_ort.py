@@ -26,6 +26,8 @@ Range = tuple[float, float]
 def _quiet() -> None:
     # ORT's quantizer logs "please run pre-processing" warnings through the root logger
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+    # the weight-only quantizer's module logger is set to INFO (a line per weight)
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
 
 
 def _qtype(name: str):

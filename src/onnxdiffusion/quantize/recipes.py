@@ -202,7 +202,8 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
     names = [q.name for q in chosen]
 
     def nbits(model, nodes, bits):
-        algorithm = "default" if recipe.algorithm == "gptq" else recipe.algorithm
+        # 8-bit weights always by min/max rounding: ORT's CPU MatMulNBits has no 8-bit kernel with HQQ's float zero points
+        algorithm = "default" if recipe.algorithm == "gptq" or bits == 8 else recipe.algorithm
         return _ort.int4_quantize(model, nodes, recipe.block_size, recipe.symmetric, recipe.accuracy_level, bits, algorithm)
 
     details = {"gemms_as_int4_matmuls": len(rewritten), "accuracy_level": recipe.accuracy_level,
