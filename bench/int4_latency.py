@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     folders = {"fp32": args.model} | {k: Path(v) for k, v in (s.split("=", 1) for s in args.variants)}
     sessions = {k: session(f / rel, 1, "cpu") for k, f in folders.items()}
     result = {"model": args.model.name, "rounds": args.rounds, "runs_per_round": args.runs, "threads": 1,
-              "variants": {k: str(f.relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else f.name for k, f in folders.items()},
+              "variants": {k: str(f.resolve().relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else f.name for k, f in folders.items()},
               "loadavg_start": os.getloadavg(), "note": "shared 2-core machine; interleaved, order rotated per round",
               "batches": {}}
     names = list(sessions)

@@ -38,7 +38,8 @@ def test_every_variant_is_a_row_and_what_did_not_run_says_why(two):
     assert list(rows) == ["torch-fp32", "ort-fp32", "ort-int8-static", "optimum-ort"]
     assert rows["ort-fp32"]["a"]["speedup_vs_ref"] == 2.0 and rows["ort-fp32"]["b"]["e2e_median_s"] == 0.4
     assert rows["ort-int8-static"]["b"]["status"] == "absent"  # b has no such folder: a row, not dropped
-    assert "no such variant for b" in fmt_cell(rows["ort-int8-static"]["b"])["psnr"]
+    absent = fmt_cell(rows["ort-int8-static"]["b"])
+    assert "no such variant for b" in absent["latency"] and absent["psnr"] == "n/a"
     assert fmt_cell(rows["optimum-ort"]["b"])["latency"] == "n/a (load failed: not an SD1 folder)"
     assert fmt_cell(rows["torch-fp32"]["a"])["psnr"] == "inf"  # results.json's 'inf' string read as a number
     cells = fmt_cell(rows["ort-int8-static"]["a"])

@@ -124,9 +124,9 @@ def join_files(out: Path, files: list[Path]) -> dict:
 
 def fmt_cell(c: dict) -> dict[str, str]:
     """Display strings of one model's cell: every column reads n/a (reason) when the variant did not run."""
-    if c["status"] != "ok":
-        na = f"n/a ({c.get('reason') or c['status']})"
-        return {k: na for k in ("latency", "speedup", "psnr", "rss", "size")}
+    if c["status"] != "ok":  # the reason once, in the first column
+        return {"latency": f"n/a ({c.get('reason') or c['status']})", "speedup": "n/a", "psnr": "n/a", "rss": "n/a",
+                "size": "n/a"}
 
     def f(v, spec, unit=""):
         v = _number(v)
