@@ -88,9 +88,6 @@ def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Seq
         return onnx.load(str(dst))
 
 
-INT4_ALGORITHMS = ("default", "hqq", "gptq")  # gptq: gptq_int4_quantize (whole model)
-
-
 def _weight_quantizer(algorithm: str, block_size: int, symmetric: bool, accuracy_level: int, bits: int):
     """ORT's per-node weight-only quantizer for `algorithm`; its `.quantize(node, [graph])` takes the weight from
     the graph's initializers and puts the quantized ones there.
