@@ -71,7 +71,9 @@ def check_output_file(path: Path, overwrite: bool) -> None:
 
 @app.command()
 def bench(
-    model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
+    models: Annotated[Optional[list[Path]], typer.Argument(
+        help="model folder(s) (default: the embedded model); two or more: each benched with its own defaults into "
+             "OUT/<model>/, then one side-by-side report in OUT")] = None,
     variants: Annotated[Optional[list[str]], typer.Option(
         "--variants", help="names to run, comma-separated or repeated (default: every variant found), e.g. "
                            "torch-fp32,ort-fp32,ort-fp32-loop,ort-fp32-dpmpp,ort-int8-dynamic,optimum-ort,openvino-fp32")] = None,
@@ -98,8 +100,12 @@ def bench(
     from .bench import BenchOptions, run_bench
     from .bench.report import print_table
 
+    models = list(models or [])
+    if len(models) > 1 and arch is not None:
+        raise UserError("--arch builds its own model; name no model folder with it")
     options = BenchOptions(
-        model=model, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps, fast_steps=fast_steps,
+        model=models[0] if models else None, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps,
+        fast_steps=fast_steps,
         repeats=repeats, prompts=prompts, batch=batch, guidance=guidance, size=size, threads=threads, rss=rss,
         arch=arch, work=work, out=out, progress=not quiet, profile=profile, embed_images=not link_images,
     )
@@ -107,6 +113,13 @@ def bench(
         from .profiles import resolve
 
         resolve(profile)  # fail (or say it falls back) before any variant runs
+    if len(models) > 1:
+        from .bench.compare import markdown, run_bench_models
+
+        joined = run_bench_models(options, models)
+        print(markdown(joined))
+        print(f"report: {out / 'report.html'} (each model's own under {out}/<model>/)")
+        return
     results = run_bench(options)
     print_table(results)
     print(f"bench took {results['bench_seconds']:.0f} s; report: {results['files']['report_html']}")

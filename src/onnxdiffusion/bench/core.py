@@ -17,16 +17,10 @@ Order of work (all variants are loaded at once so that repeats can interleave):
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
-import sys
 import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import numpy as np
 
 from .. import scenes as S
 from ..artifacts import check_external_paths, read_manifest, verify_folder
@@ -39,6 +33,8 @@ from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, mak
 from .variants import PlanOptions, folder_variant, plan_variants, select, source_folder
 
 from .fullsize import ARCHES
+from .setup import (_check_out, _default_guidance, _is_folder_name, _loadavg, _Progress, _release_memory, _resolve,
+                    machine_info, recommended)
 
 
 @dataclass(frozen=True)
@@ -67,123 +63,6 @@ class BenchOptions:
     embed_images: bool = True  # report.html embeds its PNGs (False: links the files beside it)
 
 
-def _check_out(out: Path, create: bool = True) -> Path:
-    out = Path(out).absolute()
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output directory is a file: {out}")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UserError(f"output directory's parent is a file: {parent}")
-            break
-    if not create:
-        return out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create output directory {out}: {e.strerror}") from None
-    if not os.access(out, os.W_OK):
-        raise UserError(f"output directory is not writable: {out}")
-    return out
-
-
-def _resolve(options: BenchOptions) -> BenchOptions:
-    if options.arch is not None and options.arch not in ARCHES:
-        raise UserError(f"unknown --arch {options.arch!r}; choose from {', '.join(ARCHES)}")
-    full = options.arch is not None
-    steps = options.steps if options.steps is not None else (ARCHES[options.arch].steps if full else 20)
-    fast = options.fast_steps if options.fast_steps is not None else max(1, steps // 2)
-    prompts = options.prompts if options.prompts is not None else (0 if full else 16)
-    for name, v, lo in (("steps", steps, 1), ("fast-steps", fast, 1), ("repeats", options.repeats, 1),
-                        ("batch", options.batch, 1), ("prompts", prompts, 0)):
-        if v < lo:
-            raise UserError(f"--{name} must be >= {lo}, got {v}")
-    if options.rss not in ("subprocess", "off"):
-        raise UserError(f"--rss must be subprocess or off, got {options.rss!r}")
-    if options.guidance is not None and (not math.isfinite(options.guidance) or options.guidance < 0):
-        raise UserError(f"--guidance must be >= 0, got {options.guidance}")
-    if options.threads is not None and options.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {options.threads}")
-    size = options.size if options.size is not None else (256 if full else None)
-    return replace(options, steps=steps, fast_steps=fast, prompts=prompts, size=size)
-
-
-def _default_guidance(source: Path | None) -> float:
-    """The guidance the model was evaluated with (eval.json beside its diffusers folder), else 4.0."""
-    import json
-
-    if source is not None:
-        try:
-            g = json.loads((Path(source) / "eval.json").read_text())["options"]["guidance"]
-            if isinstance(g, (int, float)) and math.isfinite(g) and g >= 0:
-                return float(g)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    return 4.0
-
-
-def _release_memory() -> None:
-    """Give freed model memory back to the OS before the memory probes start their own copies."""
-    import gc
-
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _loadavg() -> list[str] | None:
-    try:
-        return Path("/proc/loadavg").read_text().split()[:3]
-    except OSError:
-        return None
-
-
-def _is_folder_name(name: str) -> bool:
-    """A --variants entry that is a path to a model folder rather than a variant name."""
-    return ("/" in name or name.startswith(".")) and Path(name).is_dir()
-
-
-def machine_info() -> dict:
-    import re
-
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
-    try:
-        m = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
-        info["cpu"] = m.group(1).strip() if m else None
-        m = re.search(r"MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text())
-        info["mem_total_bytes"] = int(m.group(1)) * 1024 if m else None
-        info["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
-    except OSError:
-        pass
-    try:
-        import onnxruntime
-
-        info["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        pass
-    info["numpy"] = np.__version__
-    return info
-
-
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, desc="bench", unit="run", disable=not enabled, file=sys.stderr,
-                        dynamic_ncols=True)
-
-    def step(self, what: str, n: int = 1) -> None:
-        self.bar.set_postfix_str(what[:60], refresh=False)
-        self.bar.update(n)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def run_bench(options: BenchOptions) -> dict:
     """Run the bench; write results.json, results.csv, plots and report.html under options.out.
 
@@ -205,13 +84,15 @@ def run_bench(options: BenchOptions) -> dict:
 
 
 def _run_bench(options: BenchOptions) -> dict:
-    opts = _resolve(options)
+    rec = {} if options.arch is not None else recommended(read_manifest(Path(options.model) if options.model is not None
+                                                                     else default_model_folder()))
+    opts = _resolve(options, rec)
     t_start = time.perf_counter()
     machine = machine_info()  # load average before any model runs
     out = _check_out(opts.out, create=False)  # fail before anything runs; created once the plan is good
     notes: list[str] = []
 
-    sampler = "ddim"
+    sampler = rec.get("sampler")  # the model's own: its manifest's recommended sampler, else its scheduler's
     if opts.arch is not None:
         from ..samplers.config import default_sampler
         from .fullsize import default_work, prepare
@@ -228,10 +109,15 @@ def _run_bench(options: BenchOptions) -> dict:
         verify_folder(model, manifest)
         check_external_paths(model, manifest)
         source = source_folder(model, manifest)
+        if sampler is None:
+            from ..samplers.config import default_sampler
+
+            sched = model / "scheduler" / "scheduler_config.json"
+            sampler = default_sampler(json.loads(sched.read_text())) if sched.is_file() else "ddim"
     if opts.variants_dir is not None and not Path(opts.variants_dir).is_dir():
         raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")
     if opts.guidance is None:
-        opts = replace(opts, guidance=_default_guidance(source))
+        opts = replace(opts, guidance=_default_guidance(source, rec))
     info = manifest["pipeline"]
     height = width = opts.size or int(info["default_height"])
     if opts.size is None:
@@ -336,7 +222,7 @@ def _run_bench(options: BenchOptions) -> dict:
             bar.step(f"first call {st.spec.name}")
 
         # -- 4. quality pass ------------------------------------------------------------------------
-        ref_steps = ("ddim", opts.steps)
+        ref_steps = (sampler, opts.steps)
         for st in active:
             for job in batches:
                 capture = st.spec.host_loop and (st.spec.sampler, st.spec.steps) == ref_steps

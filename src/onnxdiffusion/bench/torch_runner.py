@@ -43,6 +43,9 @@ class TorchRunner(Runner):
         self.family, self.info = source_info(self.spec.folder)
         extra = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False} \
             if "safety_checker" in index else {}
+        # components the folder leaves out ([null, null] in model_index.json, e.g. SD3 without its T5 encoder):
+        # diffusers' loader wants them passed as None
+        extra.update({k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]})
         pipe = DiffusionPipeline.from_pretrained(self.spec.folder, local_files_only=True, torch_dtype=torch.float32,
                                                  **extra)
         own = default_sampler(dict(pipe.scheduler.config))

@@ -288,7 +288,10 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
         else:
             folder, what = source, f"OpenVINO (optimum-intel) {mode} on the diffusers source"
         skip = None
-        if not py.exists():
+        kind = (manifest.get("source") or {}).get("class") or "StableDiffusionPipeline"
+        if peer in ("optimum", "openvino") and kind != "StableDiffusionPipeline":  # peer_worker's SD1.x/2.x classes
+            skip = f"the {peer} peer runs StableDiffusionPipeline folders only; this model is a {kind}"
+        elif not py.exists():
             skip = f"peer not installed: no {shown_path(py)} ({PEER_INSTALL_HINT[peer]})"
         elif folder is None:
             skip = "no diffusers source folder for this model"

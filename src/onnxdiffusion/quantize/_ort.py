@@ -26,6 +26,8 @@ Range = tuple[float, float]
 def _quiet() -> None:
     # ORT's quantizer logs "please run pre-processing" warnings through the root logger
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+    # the weight-only quantizer's module logger is set to INFO (a line per weight)
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
 
 
 def _qtype(name: str):
@@ -86,8 +88,50 @@ def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Seq
         return onnx.load(str(dst))
 
 
+def _weight_quantizer(algorithm: str, block_size: int, symmetric: bool, accuracy_level: int, bits: int):
+    """ORT's per-node weight-only quantizer for `algorithm`; its `.quantize(node, [graph])` takes the weight from
+    the graph's initializers and puts the quantized ones there.
+
+    default: ORT's blockwise min/max round-to-nearest (C++; `symmetric` as given), numpy only.
+    hqq: ORT's Half-Quadratic Quantization (a proximal solver for each block's float zero point; asymmetric,
+    `symmetric` ignored); needs torch, imported here at quantize time only: the MatMulNBits it writes (float
+    zero points) run on ONNX Runtime alone. gptq: see gptq_int4_quantize (whole model, not per node).
+    Not offered: ORT 1.32's vendored k-quant (`rtn_quantize`) packs 4-bit zero points wrongly when a weight has
+    an odd number of blocks per column (MMDiT: K=160, block 32 -> reshape error)."""
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+
+    if algorithm == "default":
+        return nbits.DefaultWeightOnlyQuantizer(nbits.DefaultWeightOnlyQuantConfig(
+            block_size=block_size, is_symmetric=symmetric, accuracy_level=accuracy_level or None,
+            op_types_to_quantize=("MatMul",), bits=bits))
+    if algorithm == "hqq":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            from ..errors import UserError
+
+            raise UserError("int4-weights algorithm=hqq needs torch at quantize time (pip install 'onnxdiffusion[export]')") from None
+        return _Hqq(nbits.HQQWeightOnlyQuantizer(nbits.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits)),
+                    accuracy_level)
+    raise ValueError(f"unknown 4-bit algorithm {algorithm!r}")
+
+
+class _Hqq:
+    """HQQ's per-node quantizer with the accuracy level set (ORT's HQQ writes none)."""
+
+    def __init__(self, quantizer, accuracy_level: int):
+        self.quantizer, self.accuracy_level = quantizer, accuracy_level
+
+    def quantize(self, node, graph_stack):
+        made = self.quantizer.quantize(node, graph_stack)
+        for n in made:
+            if n.op_type == "MatMulNBits" and self.accuracy_level:
+                n.attribute.append(onnx.helper.make_attribute("accuracy_level", self.accuracy_level))
+        return made
+
+
 def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int, symmetric: bool,
-                  accuracy_level: int, bits: int = 4) -> onnx.ModelProto:
+                  accuracy_level: int, bits: int = 4, algorithm: str = "default") -> onnx.ModelProto:
     """The named MatMuls' weights to `bits`-bit (4 or 8) blocks: MatMul -> com.microsoft.MatMulNBits; other MatMuls untouched.
 
     Tensor by tensor with ORT's own blockwise quantizer (DefaultWeightOnlyQuantizer, what its
@@ -96,14 +140,9 @@ def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int,
     node reads it. ORT's whole-model quantizer held the full-size UNet in memory several times over
     (10.6 GB at SD1.5 size)."""
     from onnx import numpy_helper
-    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                 DefaultWeightOnlyQuantizer)
 
     _quiet()
-    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
-                                          accuracy_level=accuracy_level or None, op_types_to_quantize=("MatMul",),
-                                          bits=bits)
-    quantizer = DefaultWeightOnlyQuantizer(config)
+    quantizer = _weight_quantizer(algorithm, block_size, symmetric, accuracy_level, bits)
     work = files.copy(model)  # a skeleton's copy holds no weights; an in-memory model's copy is what we return
     g = work.graph
     wanted = set(nodes)
@@ -144,6 +183,35 @@ def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int,
         else:
             work.opset_import.add(domain="com.microsoft", version=1)
     return work
+
+
+def gptq_int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int, accuracy_level: int,
+                       feeds: Iterable[dict]) -> onnx.ModelProto:
+    """The named MatMuls' weights to 4-bit symmetric blocks by GPTQ (ORT's vendored Intel Neural Compressor
+    `gptq_quantize`): each weight's rounding error is pushed onto the weights not yet rounded, weighted by
+    the Hessian of its input activations, accumulated over `feeds` (backbone feeds from the calibration
+    trajectories). numpy only. The whole model runs once per MatMul input for the Hessians, so this path
+    takes an in-memory model (< 2 GB); symmetric only: ORT 1.32's INC code packs asymmetric 4-bit zero
+    points wrongly when a weight has an odd number of blocks per column."""
+    from onnxruntime.quantization.neural_compressor.weight_only import gptq_quantize
+
+    from ..errors import UserError
+
+    if files.is_large(model):
+        raise UserError("int4-weights algorithm=gptq runs the whole backbone for its Hessians: only backbones under 2 GB")
+    _quiet()
+    wanted = set(nodes)
+    config: dict = {n.name: ({"bits": 4, "group_size": block_size, "scheme": "sym", "algorithm": "GPTQ"}
+                             if n.name in wanted else "fp32") for n in model.graph.node if n.op_type == "MatMul"}
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    loader = [(dict(feed), None) for feed in feeds]
+    with contextlib.redirect_stdout(io.StringIO()):  # its progress bar
+        done = gptq_quantize(work, loader, weight_config=config, num_bits=4, group_size=block_size, scheme="sym",
+                             n_samples=-1, accuracy_level=accuracy_level).model
+    if not any(o.domain == "com.microsoft" for o in done.opset_import):
+        done.opset_import.add(domain="com.microsoft", version=1)
+    return done
 
 
 def fp16_convert(model: onnx.ModelProto, op_block_list: Iterable[str] = ()) -> onnx.ModelProto:

@@ -19,6 +19,7 @@ INT8_PROVIDERS = ("cpu",)
 KNOWN_PROVIDERS = ("cpu", "cuda", "tensorrt", "openvino", "dml", "coreml")
 FP16_COMPONENTS = ("unet", "text_encoder", "vae_decoder", "vae_encoder")
 MIN_CALIBRATION_PROMPTS = 4
+INT4_ALGORITHMS = ("default", "hqq", "gptq")  # int4-weights `algorithm` (quantize/_ort.py runs them)
 SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler", "flow_heun")  # == samplers.SAMPLERS (no import cycle)
 # The layers NVIDIA Model Optimizer's diffusers examples leave unquantized (its `filter_func`),
 # as node-name patterns; the fp8 / nvfp4 recipes keep them float by default. Measured on the

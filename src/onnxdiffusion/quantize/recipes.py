@@ -202,9 +202,12 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
     names = [q.name for q in chosen]
 
     def nbits(model, nodes, bits):
-        return _ort.int4_quantize(model, nodes, recipe.block_size, recipe.symmetric, recipe.accuracy_level, bits)
+        # 8-bit weights always by min/max rounding: ORT's CPU MatMulNBits has no 8-bit kernel with HQQ's float zero points
+        algorithm = "default" if recipe.algorithm == "gptq" or bits == 8 else recipe.algorithm
+        return _ort.int4_quantize(model, nodes, recipe.block_size, recipe.symmetric, recipe.accuracy_level, bits, algorithm)
 
-    details = {"gemms_as_int4_matmuls": len(rewritten), "accuracy_level": recipe.accuracy_level}
+    details = {"gemms_as_int4_matmuls": len(rewritten), "accuracy_level": recipe.accuracy_level,
+               "algorithm": recipe.algorithm}
     others = [q.name for q in quantizable_nodes(base, ("Conv", "Gemm"), recipe.keep_float)]
     float_nodes = [q.name for q in every if q.name not in set(names)]
     ranges = None
@@ -222,7 +225,15 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
                                                       fp32.ByteSize(), recipe.target_ratio)
         eight = details["weights_8bit"]["int8_weights"]
     model = nbits(base, eight, 8) if eight else base
-    model = nbits(model, [n for n in names if n not in set(eight)], 4)
+    four = [n for n in names if n not in set(eight)]
+    if recipe.algorithm == "gptq":  # the 8-bit ones (and the ranking above) stay round-to-nearest
+        calib = ctx.get_calibration()
+        steps = calib.spread_steps(recipe.gptq_steps)
+        model = _ort.gptq_int4_quantize(model, four, recipe.block_size, recipe.accuracy_level,
+                                        (feed for _, feed in calib.feeds(steps)))
+        details["gptq_timesteps"] = len(steps)
+    else:
+        model = nbits(model, four, 4)
     if ranges is not None:
         model = files.infer_shapes(model)
         model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",), owned=True)
