@@ -11,7 +11,7 @@ from onnxdiffusion.runtime import Pipeline
 
 RECIPES = [("fp16", {}), ("int8-dynamic", {}), ("int8-static", {}), ("int4-weights", {"block_size": "16"}),
            ("int8-static", {"attention": "int8", "smooth_alpha": "0.5"}), ("int8-timestep", {"groups": "2"}),
-           ("int8-static", {"smooth_alpha": "0.5", "keep_sensitive": "0.1"}),
+           ("int8-static", {"smooth_alpha": "0.5", "keep_sensitive": "0.1"}), ("int8-static", {"bias_correction": "1"}),
            ("mixed", {"target_psnr": "60", "probe_prompts": "2", "sensitivity_steps": "1"})]
 # family fixture -> (backbone folder, a deterministic sampler of its parameterization)
 FAMILIES = {"tiny_sdxl_onnx": ("unet", "ddim"), "tiny_sd3_onnx": ("transformer", "flow_euler")}
@@ -31,6 +31,9 @@ def test_recipe_on_family_backbone_loop_matches_host(family, name, options, requ
         sens = report["details"]["sensitive_linears"]
         assert sens["ranking_top"] and set(sens["float"]) <= set(report["float_nodes"])
         assert all(r["share"] > 0.1 for r in sens["ranking_top"] if r["node"] in sens["float"])
+    if "bias_correction" in options:  # every quantized linear's mean error folded into a bias (added where none)
+        bc = report["details"]["bias_correction"]
+        assert bc["corrected_linears"] > 0 and bc["rms_channel_mean_error"] > 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["components"][backbone]["precision"] == report["precision"]
     compile_loop(out, out, form="loop")

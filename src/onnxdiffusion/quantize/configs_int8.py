@@ -65,15 +65,22 @@ class Int8StaticRecipe(Recipe):
     on the same fp32 runs: quantize/components.py); `components_keep_float`: node-name patterns of
     those components kept float (default: the VAE decoder's conv_out, measured). Version 5: both (older
     dicts: the backbone only).
+    `bias_correction` 1: empirical bias correction (Nagel et al. 2019; NNCF's fast bias correction):
+    each quantized linear's mean per-output-channel error, measured alone (its int8 twin fed the
+    fp32 activations) on the calibration feeds, is subtracted from its bias (bias_correction.py).
+    Version 6: `bias_correction` (older dicts: 0, off).
     """
 
     name: ClassVar[str] = "int8-static"
-    version: ClassVar[int] = 5
+    version: ClassVar[int] = 6
     legacy: ClassVar[dict[int, dict]] = {2: {"attention": "float", "softmax": "float", "norms": "float",
                                              "modulation": "int8", "smooth_alpha": 0.0, "keep_sensitive": 0.0,
-                                             "components": ("unet",), "components_keep_float": ("*conv_out*",)},
-                                         3: {"keep_sensitive": 0.0, "components": ("unet",), "components_keep_float": ("*conv_out*",)},
-                                         4: {"components": ("unet",), "components_keep_float": ("*conv_out*",)}}
+                                             "components": ("unet",), "components_keep_float": ("*conv_out*",),
+                                             "bias_correction": 0},
+                                         3: {"keep_sensitive": 0.0, "components": ("unet",), "components_keep_float": ("*conv_out*",),
+                                             "bias_correction": 0},
+                                         4: {"components": ("unet",), "components_keep_float": ("*conv_out*",), "bias_correction": 0},
+                                         5: {"bias_correction": 0}}
     calibrated: ClassVar[bool] = True
     calibrator: str = "minmax"
     aggregation: str = "max"
@@ -95,6 +102,7 @@ class Int8StaticRecipe(Recipe):
     # measured (bench/report_sd15/vae_keep_float.json, embedded model, 64 held-out pairs): the VAE decoder's
     # conv_out kept float lifts its images from 43.2 to 44.9 dB mean (worst 41.8 -> 43.2) for one small conv
     components_keep_float: tuple[str, ...] = ("*conv_out*",)
+    bias_correction: int = 0
 
     def __post_init__(self) -> None:
         for c in self.components:
@@ -104,6 +112,7 @@ class Int8StaticRecipe(Recipe):
         _check(self.name == "int8-static" or self.components == ("unet",),
                f"{self.name} quantizes the backbone only; components is int8-static's")
         _choice("stored", self.stored, ("cpu-fused", "qdq"))
+        _check(self.bias_correction in (0, 1), f"bias_correction must be 0 (off) or 1 (on), got {self.bias_correction}")
         _check(math.isfinite(self.keep_sensitive) and 0.0 <= self.keep_sensitive < 1.0,
                f"keep_sensitive must be in [0, 1) (0 = every linear quantized), got {self.keep_sensitive}")
         for group in OP_GROUPS:
@@ -144,6 +153,7 @@ class Int8NaiveRecipe(Int8StaticRecipe):
         super().__post_init__()
         _check("auto" not in {getattr(self, g) for g in OP_GROUPS} and self.smooth_alpha == 0.0 and self.keep_sensitive == 0.0,
                "int8-naive calibrates on random data: op groups must be int8 or float, smooth_alpha and keep_sensitive 0")
+        _check(self.bias_correction == 0, "int8-naive calibrates on random data: bias_correction must be 0")
         _check(0.0 <= self.timestep <= 1000.0, f"timestep must be in [0, 1000], got {self.timestep}")
         _check(self.samples >= 2, f"too few calibration samples: need >= 2, got {self.samples}")
 
@@ -166,6 +176,7 @@ class Int8TimestepRecipe(Int8StaticRecipe):
         _check(isinstance(self.groups, int) and 2 <= self.groups <= self.MAX_GROUPS,
                f"groups (K) must be in [2, {self.MAX_GROUPS}], got {self.groups}")
         _choice("grouping", self.grouping, ("optimal", "equal"))
+        _check(self.bias_correction == 0, "int8-timestep: bias_correction is an option of int8-static only")
         # QDQ If-branches re-fused at load time ran ~15% slower than the fused ones
         _check(self.stored == "cpu-fused", "int8-timestep stores its groups CPU-fused; stored=qdq is not supported")
 
@@ -188,4 +199,5 @@ class MixedRecipe(Int8StaticRecipe):
         _check(10.0 <= self.target_psnr <= 100.0, f"target_psnr must be in [10, 100] dB, got {self.target_psnr}")
         _check(2 <= self.probe_prompts <= 256, f"probe_prompts must be in [2, 256], got {self.probe_prompts}")
         _check(1 <= self.sensitivity_steps <= 1000, f"sensitivity_steps must be >= 1, got {self.sensitivity_steps}")
+        _check(self.bias_correction == 0, "mixed: bias_correction is an option of int8-static only")
 

@@ -109,7 +109,15 @@ def stored_form(ctx: Context, recipe: Int8StaticRecipe | Int4WeightsRecipe, mode
 def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
     calib = ctx.get_calibration()
     plan = plan_static(ctx, recipe, calib)
-    model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, _ranges(ctx, recipe, calib, plan)))
+    ranges = _ranges(ctx, recipe, calib, plan)
+    if recipe.bias_correction:
+        from .bias_correction import correct_biases
+
+        def quantized(model):
+            return _ort.qdq_quantize(model, ranges, plan.nodes, plan.op_types, recipe.activation_type, recipe.float_outputs)
+
+        plan.model, plan.details["bias_correction"] = correct_biases(plan.model, quantized, plan.nodes, calib, ctx.threads, ctx.log)
+    model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, ranges))
     built = Built({"unet": model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
                   details={"calibrated_tensors": len(plan.tensors), "stored_as": stored, **plan.details})
     for name in recipe.components:
