@@ -23,7 +23,8 @@ LABELS = {"ours-fp32": "ours fp32 (ONNX Runtime)", OURS: "**ours int8-static**",
           "openvino-fp32": "OpenVINO fp32", "openvino-int8-hybrid": "OpenVINO int8-hybrid (NNCF)",
           "sdcpp-q8_0": "stable-diffusion.cpp q8_0", "sdcpp-q4_0": "stable-diffusion.cpp q4_0",
           "sdcpp-fp32": "stable-diffusion.cpp f32", "diffusers-eager-fp32": "diffusers eager fp32",
-          "diffusers-eager-bf16": "diffusers eager bf16"}
+          "diffusers-eager-bf16": "diffusers eager bf16",
+          "ours-int8-static-components": "**ours int8-static + int8 VAE decoder and text encoder**"}
 
 
 def _f(v, d=2):
