@@ -239,3 +239,24 @@ def test_fp16_high_precision_backbone(tiny_onnx, tmp_path):
     pipe = Pipeline.from_folder(out)
     kw = dict(steps=3, guidance=4.0, seed=1, batch=2)
     assert psnr(pipe(PROMPTS, loop="loop", **kw).images, pipe(PROMPTS, **kw).images) >= 60
+
+
+@pytest.mark.parametrize("fixture,sampler", [("tiny_onnx", "ddim"), ("tiny_sd3_onnx", "flow_euler")])
+def test_schedule_over_a_backbone_with_float_convolutions_loop_equals_host(fixture, sampler, request, tmp_path):
+    """keep_sensitive leaves the most sensitive convolutions float, and the int8 backbone then runs without
+    ORT's NCHWc rewrite; ORT's disabled_optimizers do not reach the Loop's If branches, so the sampling
+    graph's session and the high-precision backbone's must be set so both forms round alike."""
+    out = tmp_path / "keep-sched"
+    cal = CalibrationConfig(count=4, steps=4, batch=4, sampler=sampler)
+    cfg = QuantizeConfig(recipe=Int8StaticRecipe(keep_sensitive=0.05), calibration=cal,
+                         latency_runs=1, measure_memory=False, schedule=ScheduleConfig(steps=2, prompts=4))
+    report = quantize(request.getfixturevalue(fixture), out, cfg)
+    manifest = read_manifest(out)
+    backbone = "unet" if "unet" in manifest["components"] else "transformer"
+    assert any(n.endswith("Conv") for n in report["float_nodes"])
+    assert "NchwcTransformer" in manifest["components"][backbone]["session_options"]["disabled_optimizers"]
+    compile_loop(out, out, form="loop")
+    pipe = Pipeline.from_folder(out)
+    kw = dict(steps=4, sampler=sampler, guidance=4.0, seed=3, batch=2)
+    host = pipe(PROMPTS, **kw)
+    assert np.array_equal(pipe(PROMPTS, loop="loop", **kw).images, host.images)

@@ -65,6 +65,7 @@ class Pipeline:
                                                   mem.release_text_encoders)
                               for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
+        self._backbone_info = bb
         # the backbone's session is made on first use: a pipeline that runs only a sampling graph (which
         # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
         backbone_path = confined(folder, bb["path"], "backbone")
@@ -100,6 +101,8 @@ class Pipeline:
                 raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
             self.precision_schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
             high = backbone_entry(folder, comps[self.precision_schedule.component], provider, profile)
+            if off := _disabled(bb):  # the Loop form runs both in one session, at one optimization level
+                high = {**high, "session_options": {"disabled_optimizers": sorted(set(off) | set(_disabled(high) or []))}}
             self.backbone_high = _backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads,
                                                    chain["backbone"], mem)
             guards.check_io(folder, self.precision_schedule.component, self.backbone_high, ("sample", "timestep"), ("out_sample",))
@@ -277,8 +280,12 @@ class Pipeline:
             if self.provider == "cpu" and (diff := target_mismatch(info.get("tuned_for"))):
                 raise UserError(f"{self.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
                                 f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
+            # ORT's disabled_optimizers do not reach subgraphs: with a backbone that runs without the NCHWc
+            # rewrite, the sampling graph stops below the layout rewrites, or a float Conv inside the
+            # schedule's If rounds differently from the host's sessions (Loop vs host 56 dB -> identical)
+            level = "extended" if "NchwcTransformer" in (_disabled(self._backbone_info) or []) else None
             session = make_session(component_path(self.folder, self.manifest, f"sampler_{form}"), self.provider,
-                                   self._threads, providers=self._chain["other"], memory=self.memory)
+                                   self._threads, providers=self._chain["other"], memory=self.memory, level=level)
             self._graphs[form] = SamplingGraph(session, info)
         return self._graphs[form]
 

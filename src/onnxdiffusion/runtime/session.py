@@ -94,15 +94,18 @@ def check_external_data(path: Path) -> GraphIO:
     return GraphIO(model.graph)
 
 
-def session_options(threads: int | None = None, memory=None) -> ort.SessionOptions:
+def session_options(threads: int | None = None, memory=None, level: str | None = None) -> ort.SessionOptions:
     """The one place the runtime's ORT session options (and their config strings) are set.
 
     `memory`: a runtime.memory.MemoryOptions; `prepacking=False` keeps ORT from making a packed copy of
     each constant weight for its kernels (they pack per call instead), `arena=False` gives activations
     back to the allocator after each call instead of ORT's growing CPU arena, `mem_pattern=False` keeps
     ORT from planning a second block for a run's activations beside what its arena already holds.
+    `level="extended"`: ORT's graph optimizations stop below the layout rewrites (NCHWc, NHWC).
     """
     opts = ort.SessionOptions()
+    if level == "extended":
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     if threads:
         opts.intra_op_num_threads = threads
     opts.log_severity_level = 3
@@ -118,13 +121,13 @@ def session_options(threads: int | None = None, memory=None) -> ort.SessionOptio
 
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
                  disabled_optimizers: list[str] | None = None, providers: list | None = None,
-                 memory=None, checked: bool = False) -> ort.InferenceSession:
+                 memory=None, checked: bool = False, level: str | None = None) -> ort.InferenceSession:
     """`providers`: ONNX Runtime's provider list with options (a profile's); default: `provider`, then CPU.
     `memory`: runtime.memory.MemoryOptions (None: ORT's defaults). `checked`: the caller already ran
     check_external_data on this file (the graph is not parsed a second time)."""
     if not checked:
         check_external_data(path)
-    opts = session_options(threads, memory)
+    opts = session_options(threads, memory, level)
     try:
         extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
         chain = providers if providers is not None else resolve_provider(provider)
