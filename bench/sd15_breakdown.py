@@ -38,6 +38,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from onnxdiffusion.artifacts import write_json
+
 SIZE, STEPS, GUIDANCE, PROMPT = 256, 10, 7.5, "a photo of an astronaut riding a horse"
 PARTS = ("text_encode", "text_encoder_load", "backbone_run", "guidance_copies", "sampler_update", "vae_decode_run",
          "decode_post", "other")
@@ -226,12 +228,7 @@ def main() -> int:
             out = {"settings": {"size": args.size, "steps": STEPS, "sampler": "ddim", "guidance": GUIDANCE, "batch": 1,
                                 "threads": args.threads, "calls_before_images": 1 + args.calls, "rounds": args.rounds},
                    "folders": dict(variants), "summary": {k: summarize(v) for k, v in raw.items()}, "raw": raw}
-            text = json.dumps(out, indent=2) + "\n"
-            if args.work:
-                text = text.replace(str(Path(args.work).resolve()), "$WORK")
-            tmp = args.out.with_suffix(".tmp")
-            tmp.write_text(text)
-            tmp.replace(args.out)
+            write_json(args.out, out, args.work)
     return 0
 
 

@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from onnxdiffusion.artifacts import write_json
 from onnxdiffusion.bench.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
 SIZE, STEPS, GUIDANCE, PROMPT = 256, 10, 7.5, "a photo of an astronaut riding a horse"
@@ -279,12 +280,7 @@ def main() -> int:
                    "peers": {name: {"backend": b, "mode": m, "source": args.diffusers, "sampler": PEER_SAMPLERS.get(b)}
                              for name, (b, m) in peers.items()},
                    "summary": {k: summarize(v) for k, v in raw.items()}, "raw": raw, "log": log}
-            text = json.dumps(out, indent=2) + "\n"
-            if args.work:
-                text = text.replace(str(Path(args.work).resolve()), "$WORK")
-            tmp = args.out.with_suffix(".tmp")
-            tmp.write_text(text)
-            tmp.replace(args.out)
+            write_json(args.out, out, args.work)
     return 0
 
 

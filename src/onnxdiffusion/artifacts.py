@@ -162,8 +162,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+def write_json(path: Path, obj: Any, work: str | Path | None = None) -> None:
+    """`work`: a folder whose (resolved) path is written as $WORK (committed results name no machine path)."""
+    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
+    if work:
+        text = text.replace(str(Path(work).resolve()), "$WORK")
+    atomic_write_bytes(path, text.encode())
 
 
 def read_manifest(folder: Path, required: tuple[str, ...] = ()) -> dict:
