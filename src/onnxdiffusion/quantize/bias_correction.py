@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import files
+from .stats import default_opset, replace_outputs
 
 CHUNK = 16  # calibration rows per session call
 
@@ -73,29 +74,24 @@ def targets(model: onnx.ModelProto, nodes: Sequence[str]) -> list[Target]:
     return out
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
 def mean_model(model: onnx.ModelProto, probes: Sequence[tuple[str, int, int]]) -> tuple[onnx.ModelProto, list[str]]:
     """A copy whose outputs are each probe tensor's per-channel mean over every other axis:
-    probes (tensor, channel axis, rank) -> outputs (channels,) in the same order."""
+    probes (tensor, channel axis, rank) -> outputs (channels,) in the same order; each mean runs right
+    after its tensor is made (stats.replace_outputs, as the calibration statistics do)."""
     out = files.copy(model)
-    g = out.graph
-    new_opset = _opset(out) >= 18  # ReduceMean's axes: an input from opset 18, an attribute before
-    names, nodes = [], []
+    new_opset = default_opset(out) >= 18  # ReduceMean's axes: an input from opset 18, an attribute before
+    names, chains = [], []
     for i, (tensor, axis, rank) in enumerate(probes):
         axes = [a for a in range(rank) if a != axis % rank]
         name = f"channel_mean/{i}"
         if new_opset:
-            g.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{name}/axes"))
-            nodes.append(helper.make_node("ReduceMean", [tensor, f"{name}/axes"], [name], name=name, keepdims=0))
+            out.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{name}/axes"))
+            node = helper.make_node("ReduceMean", [tensor, f"{name}/axes"], [name], name=name, keepdims=0)
         else:
-            nodes.append(helper.make_node("ReduceMean", [tensor], [name], name=name, axes=axes, keepdims=0))
+            node = helper.make_node("ReduceMean", [tensor], [name], name=name, axes=axes, keepdims=0)
+        chains.append((tensor, [node]))
         names.append(name)
-    g.node.extend(nodes)
-    del g.output[:]
-    g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
+    replace_outputs(out, chains, names)
     return out, names
 
 
@@ -104,7 +100,7 @@ def channel_means(model: onnx.ModelProto, probes: Sequence[tuple[str, int, int]]
     from .runner import session
 
     graph, names = mean_model(model, probes)
-    sess = session(graph, threads)
+    sess = session(graph, threads, stats=True)
     sums, rows = [0.0] * len(names), 0
     for _, feed in calib.feeds(chunk=CHUNK):
         n = len(feed["sample"])
@@ -152,7 +148,7 @@ def local_graph(fp32: onnx.ModelProto, qdq: onnx.ModelProto, nodes: Sequence[str
         twins[name] = twin.output[0]
     for o in out.opset_import:
         if o.domain in ("", "ai.onnx"):
-            o.version = max(o.version, _opset(qdq))
+            o.version = max(o.version, default_opset(qdq))
     return sort_graph(out), twins
 
 

@@ -22,7 +22,7 @@ from . import files
 PREFIX = "calib_stat"
 
 
-def _opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
@@ -38,7 +38,7 @@ def minmax_model(model: onnx.ModelProto, tensors: Sequence[str]) -> tuple[onnx.M
             chain.append(helper.make_node(op, [t], [name], name=name, keepdims=0))
             outs.append(name)
         nodes.append((t, chain))
-    _replace_outputs(work, nodes, outs)
+    replace_outputs(work, nodes, outs)
     return work, outs
 
 
@@ -48,8 +48,8 @@ def histogram_model(model: onnx.ModelProto, tensors: Sequence[str], bounds: Sequ
     [lo, hi]; values outside are counted in the end bins, NaN is not counted), of |x| if `absolute`.
 
     Bin edges are np.linspace(lo, hi, bins + 1), as np.histogram's with range=(lo, hi)."""
-    if _opset(model) < 16:
-        raise ValueError(f"in-graph histograms need opset >= 16 (ScatterElements reduction), model has {_opset(model)}")
+    if default_opset(model) < 16:
+        raise ValueError(f"in-graph histograms need opset >= 16 (ScatterElements reduction), model has {default_opset(model)}")
     work = files.copy(model)
     g = work.graph
     nodes, outs = [], []
@@ -83,11 +83,11 @@ def histogram_model(model: onnx.ModelProto, tensors: Sequence[str], bounds: Sequ
                                       name=f"{p}/hist", axis=0, reduction="add"))
         nodes.append((t, chain))
         outs.append(f"{p}/hist")
-    _replace_outputs(work, nodes, outs)
+    replace_outputs(work, nodes, outs)
     return work, outs
 
 
-def _replace_outputs(model: onnx.ModelProto, nodes: list[tuple[str, list]], outs: list[str]) -> None:
+def replace_outputs(model: onnx.ModelProto, nodes: list[tuple[str, list]], outs: list[str]) -> None:
     """The stat nodes go right after the producer of the tensor they read (in their own order); with
     ORT's priority-based execution order (runner.session(..., stats=True)) they then run right after
     it, so the activation is freed as soon as the backbone itself is done with it. ORT's default order
