@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 
 from ..errors import UserError
+from .vae_tiling import check_overlap
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,8 @@ def memory_options(spec: str | MemoryOptions | None) -> MemoryOptions:
                             f"{', '.join(sorted(k for k, t in kinds.items() if t in (bool, 'bool')))}, "
                             f"or {sizes}=PIXELS (0..{MAX_TILE})")
     out = replace(base, **changes)
-    if out.vae_tile and not out.vae_overlap < out.vae_tile // 2:
-        raise UserError(f"vae_overlap ({out.vae_overlap}) must be less than half of vae_tile ({out.vae_tile})")
+    if out.vae_tile:
+        check_overlap(out.vae_tile, out.vae_overlap)
     return out
 
 

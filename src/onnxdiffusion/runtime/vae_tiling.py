@@ -46,12 +46,17 @@ def _ramps(starts: list[int], tile: int, scale: int) -> list[np.ndarray]:
     return out
 
 
+def check_overlap(tile: int, overlap: int) -> None:
+    """Tile and overlap sizes that do not depend on the decoder (checked where memory settings are parsed)."""
+    if not 0 <= overlap < tile // 2:
+        raise UserError(f"vae_overlap ({overlap}) must be >= 0 and less than half of vae_tile ({tile})")
+
+
 def check_tiling(tile: int, overlap: int, scale: int) -> None:
     """Image-pixel tile and overlap sizes for a decoder that upsamples by `scale`."""
     if tile % scale or overlap % scale:
         raise UserError(f"vae_tile ({tile}) and vae_overlap ({overlap}) must be multiples of the VAE's scale factor {scale}")
-    if not 0 <= overlap < tile // 2:
-        raise UserError(f"vae_overlap ({overlap}) must be >= 0 and less than half of vae_tile ({tile})")
+    check_overlap(tile, overlap)
 
 
 def tiled_decode(run: Callable[[np.ndarray], np.ndarray], latents: np.ndarray, tile: int, overlap: int,
