@@ -154,18 +154,24 @@ def test_weights_stored_once(tiny_loops, tiny_onnx):
     assert whole <= 1.05 * parts
 
 
+def _run_whole_graph(folder, pipe, host, prompt: str, negative: str, sampler: str, steps: int, guidance: float):
+    """The folder's whole graph (token ids in, uint8 image out) run by onnxruntime alone, from `host`'s initial
+    latents and the sampler table the pipeline would use."""
+    table = build_table(sampler, pipe.schedule, steps)
+    sess = ort.InferenceSession(str(folder / "sampler_loop_whole" / "model.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(["image"], {
+        "input_ids": pipe.tokenizer([prompt]), "uncond_input_ids": pipe.tokenizer([negative]),
+        "latents": host.init_latents, "table": table.rows, "init_scale": np.array(table.init_scale, np.float32),
+        "guidance": np.array(guidance, np.float32), "noise": np.zeros((1, *host.init_latents.shape), np.float32),
+        "steps": np.array(steps, np.int64),
+    })[0]
+
+
 def test_whole_graph_from_token_ids(tiny_loops):
     """token ids in, uint8 image out, with onnxruntime alone; same image as the host pipeline."""
     pipe = Pipeline.from_folder(tiny_loops)
     host = pipe("a blue star", negative_prompt="a red ring", steps=5, sampler="dpmpp_2m", guidance=4.0, seed=2)
-    table = build_table("dpmpp_2m", pipe.schedule, 5)
-    sess = ort.InferenceSession(str(tiny_loops / "sampler_loop_whole" / "model.onnx"), providers=["CPUExecutionProvider"])
-    image = sess.run(["image"], {
-        "input_ids": pipe.tokenizer(["a blue star"]), "uncond_input_ids": pipe.tokenizer(["a red ring"]),
-        "latents": host.init_latents, "table": table.rows, "init_scale": np.array(table.init_scale, np.float32),
-        "guidance": np.array(4.0, np.float32), "noise": np.zeros((1, *host.init_latents.shape), np.float32),
-        "steps": np.array(5, np.int64),
-    })[0]
+    image = _run_whole_graph(tiny_loops, pipe, host, "a blue star", "a red ring", "dpmpp_2m", 5, 4.0)
     assert image.dtype == np.uint8 and image.shape == host.images.shape
     assert psnr(image, host.images) >= 40
 
@@ -276,14 +282,7 @@ def test_tuned_loop_of_a_large_backbone_is_optimized_file_to_file(external_onnx,
         assert np.array_equal(loop.latents, small_pipe("a red circle", loop="loop", **kw).latents)
         assert np.linalg.norm(loop.latents - host.latents) / np.linalg.norm(host.latents) < 1e-4
     host = large_pipe("a blue star", steps=5, sampler="ddim", guidance=4.0, seed=2)
-    table = build_table("ddim", large_pipe.schedule, 5)
-    sess = ort.InferenceSession(str(out / "sampler_loop_whole" / "model.onnx"), providers=["CPUExecutionProvider"])
-    image = sess.run(["image"], {
-        "input_ids": large_pipe.tokenizer(["a blue star"]), "uncond_input_ids": large_pipe.tokenizer([""]),
-        "latents": host.init_latents, "table": table.rows, "init_scale": np.array(table.init_scale, np.float32),
-        "guidance": np.array(4.0, np.float32), "noise": np.zeros((1, *host.init_latents.shape), np.float32),
-        "steps": np.array(5, np.int64),
-    })[0]
+    image = _run_whole_graph(out, large_pipe, host, "a blue star", "", "ddim", 5, 4.0)
     assert psnr(image, host.images) >= 40
 
 
