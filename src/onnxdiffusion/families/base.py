@@ -252,6 +252,20 @@ class Family:
         """The VAE decoder's output -> (batch, 3, H, W) in [-1, 1]."""
         return sample
 
+    # -- image input (img2img, inpainting) ---------------------------------------------------------
+    def start_step(self, steps: int, strength: float) -> int:
+        """Sampler steps an img2img run at `strength` skips (SD/SDXL pipelines: the kept steps rounded down)."""
+        return max(steps - min(int(steps * strength), steps), 0)
+
+    def encoder_latents(self, info: dict, mean: np.ndarray) -> np.ndarray:
+        """The VAE encoder's posterior mean -> scaled (B, C, h, w) latents (diffusers: (x - shift) * scaling)."""
+        shift = np.float32(info.get("vae_shift_factor") or 0.0)
+        return ((mean - shift) * np.float32(info["vae_scaling_factor"])).astype(np.float32)
+
+    def pack_latents(self, info: dict, latents: np.ndarray) -> np.ndarray:
+        """(B, C, h, w) latents -> the sampler's layout (NCHW here; packed-token families override)."""
+        return np.ascontiguousarray(latents, dtype=np.float32)
+
     def required_components(self, info: dict) -> tuple[str, ...]:
         return (*(s.name for s in self.text_encoders if s.required), self.backbone, "vae_decoder")
 

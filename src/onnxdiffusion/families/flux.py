@@ -54,6 +54,11 @@ def grid_dims(info: dict) -> list[dict[str, int]]:
     return [{"batch_size": 2, "rows": 4, "cols": 4}, {"batch_size": 1, "rows": 3, "cols": 5}]
 
 
+def flow_start_step(steps: int, strength: float) -> int:
+    """Steps an img2img run skips, as the SD3/Flux/Qwen-Image pipelines count them (kept steps not rounded)."""
+    return int(max(steps - min(steps * strength, steps), 0))
+
+
 def flow_sigmas(steps: int) -> np.ndarray:
     """linspace(1, 1/steps, steps): the base sigmas FluxPipeline and QwenImagePipeline pass."""
     return np.linspace(1.0, 1.0 / steps, steps)
@@ -68,6 +73,12 @@ class PackedFlowFamily(Family):
     def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
         rows, cols = token_grid(info, height, width)
         return rows * cols
+
+    def start_step(self, steps: int, strength: float) -> int:
+        return flow_start_step(steps, strength)
+
+    def pack_latents(self, info: dict, latents: np.ndarray) -> np.ndarray:
+        return lat.pack_patches(np.asarray(latents, np.float32))
 
     def base_sigmas(self, steps: int) -> np.ndarray | None:
         return flow_sigmas(steps)

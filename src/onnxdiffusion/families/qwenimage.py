@@ -219,3 +219,11 @@ class QwenImage(PackedFlowFamily):
 
     def decoded_images(self, sample: np.ndarray) -> np.ndarray:
         return sample[:, :, 0]  # the one frame
+
+    def encoder_latents(self, info: dict, mean: np.ndarray) -> np.ndarray:
+        """(B, C, 1, h, w) or (B, C, h, w) posterior mean -> (B, C, h, w), normalized as the pipeline does."""
+        x = mean[:, :, 0] if mean.ndim == 5 else mean
+        shape = (1, -1, 1, 1)
+        m = np.asarray(info["vae_latents_mean"], np.float32).reshape(shape)
+        inv_std = (np.float32(1.0) / np.asarray(info["vae_latents_std"], np.float32)).reshape(shape)
+        return ((x - m) * inv_std).astype(np.float32)

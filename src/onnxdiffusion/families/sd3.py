@@ -132,6 +132,11 @@ class StableDiffusion3(Family):
         return {CONTEXT: ops.concat([clip, t5], axis=-2),
                 POOLED: ops.concat([one["text_embeds"], two["text_embeds"]], axis=-1)}
 
+    def start_step(self, steps: int, strength: float) -> int:
+        from .flux import flow_start_step
+
+        return flow_start_step(steps, strength)
+
     def image_seq_len(self, info: dict, height: int, width: int) -> int:
         f = int(info["vae_scale_factor"]) * int(info["patch_size"])
         return (height // f) * (width // f)

@@ -30,15 +30,22 @@ class GuidedBackbone:
     """
 
     def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
-                 uncond: Conditioning | None, guidance: float, rescale: bool = False):
+                 uncond: Conditioning | None, guidance: float, rescale: bool = False,
+                 extra: np.ndarray | None = None):
         self.batch = latents_shape[0]
         self.guided = uncond is not None
         n = 2 * self.batch if self.guided else self.batch
         self.guidance = guidance
         self.rescale = rescale
-        self.sample = np.empty((n, *latents_shape[1:]), np.float32)
+        # extra: input channels after the latents' (a 9-channel inpainting UNet's mask + masked-image
+        # latents), the same every step: written once into the sample buffer
+        self.channels = latents_shape[1]
+        more = 0 if extra is None else extra.shape[1]
+        self.sample = np.empty((n, latents_shape[1] + more, *latents_shape[2:]), np.float32)
+        if extra is not None:
+            self.sample[:, self.channels:] = np.concatenate([extra, extra]) if self.guided else extra
         self.timestep = np.empty((n,), np.float32)
-        self.out = np.empty_like(self.sample)
+        self.out = np.empty((n, *latents_shape[1:]), np.float32)
         self.conditioning = batch_conditioning(cond, uncond)
         wanted = {i.name for i in session.get_inputs()} - {SAMPLE, TIMESTEP}
         if wanted != set(self.conditioning):
@@ -56,10 +63,10 @@ class GuidedBackbone:
         return self.conditioning["encoder_hidden_states"]
 
     def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
-        b = self.batch
-        self.sample[:b] = x
+        b, c = self.batch, self.channels
+        self.sample[:b, :c] = x
         if self.guided:
-            self.sample[b:] = x
+            self.sample[b:, :c] = x
         self.timestep.fill(t)
         self.session.run_with_iobinding(self.binding)
         if not self.guided:

@@ -48,6 +48,8 @@ class GenerateOptions:
     batch: int = 1
     spacing: str | None = None
     loop: str = "host"  # host | loop | unrolled
+    strength: float | None = None  # img2img / inpainting: share of the schedule that runs, (0, 1]; None: 1
+    mask_blur: float = 0.0  # inpainting: Gaussian blur radius (pixels) of the mask before it is binarized
 
 
 def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:

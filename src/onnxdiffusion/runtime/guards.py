@@ -196,7 +196,10 @@ def check_latent_channels(folder, info: dict, sessions: dict) -> None:
     """The manifest's latent_channels must be what the backbone and decoder take."""
     for name, input_name in (("unet", "sample"), ("vae_decoder", "latent_sample")):
         shape = next(i.shape for i in sessions[name].get_inputs() if i.name == input_name)
-        if len(shape) != 4 or (isinstance(shape[1], int) and shape[1] != info["latent_channels"]):
+        c = info["latent_channels"]
+        # an inpainting UNet also takes the mask and the masked image's latents: 2C + 1 channels
+        allowed = (c, 2 * c + 1) if name == "unet" else (c,)
+        if len(shape) != 4 or (isinstance(shape[1], int) and shape[1] not in allowed):
             raise UserError(f"{folder}: manifest field 'pipeline.latent_channels' is {info['latent_channels']} but "
                             f"component '{name}' takes {input_name} of shape {shape}")
 

@@ -27,7 +27,8 @@ from .generation import (  # noqa: F401  (re-exported: the public names live her
     GenerateOptions, GenerationResult, StepEvent, resolve_options)
 from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
-from .sampling_graph import SamplingGraph
+from .sampling_graph import SamplingGraph, open_sampling_graph
+from .loading import backbone_session as _backbone_session, disabled as _disabled, load_scheduler
 from .session import check_external_data, make_session
 from .tokenizer import PromptTokenizer
 from .vae_tiling import check_tiling, tiled_decode
@@ -85,6 +86,8 @@ class Pipeline:
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
+        self._vae_encoder = None  # made on first use (img2img, inpainting)
+        self._backbone_io_shapes = {i.name: i.shape for i in backbone_io.get_inputs()}
         self.device_pool = DevicePool()  # io_binding device: bound buffers reused across generations
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
         self.correction = None
@@ -106,14 +109,7 @@ class Pipeline:
             self.backbone_high = _backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads,
                                                    chain["backbone"], mem)
             guards.check_io(folder, self.precision_schedule.component, self.backbone_high, ("sample", "timestep"), ("out_sample",))
-        sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
-        try:
-            cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
-            self.scheduler_config = cfg
-            self.schedule = schedule_from_config(cfg)
-            guards.check_schedule(self.schedule, sched_path)
-        except (OSError, ValueError, TypeError, RecursionError) as e:  # JSON and Unicode errors are ValueErrors
-            raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from None
+        self.scheduler_config, self.schedule = load_scheduler(folder)
         kind = getattr(self.schedule, "prediction_type", None)
         if kind is not None and kind != info.get("prediction_type", kind):
             raise UserError(f"{folder}: the scheduler's prediction_type {kind!r} disagrees with "
@@ -204,7 +200,7 @@ class Pipeline:
         return self.family.align(cond, {**uncond, **size})
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
-                        width: int, shape: tuple[int, ...], session=None) -> GuidedBackbone:
+                        width: int, shape: tuple[int, ...], session=None, extra=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
         guidance-distilled backbone takes the scale as an input and runs unbatched)."""
         embedded = self.family.guidance_input
@@ -213,10 +209,13 @@ class Pipeline:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         session = session or self.backbone
         if self.profile is not None and self.profile.profile.io_binding == "device":
+            if extra is not None:
+                raise UserError("an inpainting backbone's extra input channels are not bound to device memory yet; "
+                                "use a profile with host io_binding")
             device = "cuda" if self.provider in ("cuda", "tensorrt") else "cpu"
             return DeviceBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale,
                                   device=device, pool=self.device_pool)
-        return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale)
+        return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra)
 
     def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None) -> np.ndarray:
         """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
@@ -269,103 +268,73 @@ class Pipeline:
         return self.latent_shape(GenerateOptions(batch=batch, height=height, width=width))
 
     def sampling_graph(self, form: str) -> SamplingGraph:
-        if form not in LOOP_FORMS[1:]:
-            raise UserError(f"unknown loop form {form!r}; choose from {', '.join(LOOP_FORMS)}")
         if form not in self._graphs:
-            info = self.manifest["components"].get(f"sampler_{form}")
-            if info is None:
-                raise UserError(f"{self.folder} has no '{form}' sampling graph (run `onnxdiffusion compile-loop --form {form}`)")
-            from .cpu_target import target_mismatch
-
-            if self.provider == "cpu" and (diff := target_mismatch(info.get("tuned_for"))):
-                raise UserError(f"{self.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
-                                f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
-            # ORT's disabled_optimizers do not reach subgraphs: with a backbone that runs without the NCHWc
-            # rewrite, the sampling graph stops below the layout rewrites, or a float Conv inside the
-            # schedule's If rounds differently from the host's sessions (Loop vs host 56 dB -> identical)
-            level = "extended" if "NchwcTransformer" in (_disabled(self._backbone_info) or []) else None
-            session = make_session(component_path(self.folder, self.manifest, f"sampler_{form}"), self.provider,
-                                   self._threads, providers=self._chain["other"], memory=self.memory, level=level)
-            self._graphs[form] = SamplingGraph(session, info)
+            self._graphs[form] = open_sampling_graph(self, form)
         return self._graphs[form]
 
     # -- generation ---------------------------------------------------------------------------
-    def prepare(self, options: GenerateOptions, latents: np.ndarray | None, noise: np.ndarray | None):
-        """Validate everything before any model runs; returns (table, latents, noise)."""
-        options = self.resolve(options)
-        guards.check_request(self.folder, self.manifest, options)
-        shape = self.latent_shape(options)  # the family's (may be packed)
-        guards.check_size(self.info, self.image_size(options))
-        table = self.table(options)
-        if options.loop != "host":
-            graph = self.sampling_graph(options.loop)
-            if graph.form == "unrolled" and graph.steps != table.num_steps:
-                raise UserError(f"this model's unrolled graph runs exactly {graph.steps} model evaluations, "
-                                f"this sampler needs {table.num_steps}")
-        rng = np.random.default_rng(options.seed)
-        if latents is None:
-            latents = rng.standard_normal(shape, dtype=np.float32)
-        else:
-            latents = guards.float_array(latents, "latents", shape)
-        if table.needs_noise and noise is None:
-            noise = rng.standard_normal((table.num_steps, *shape), dtype=np.float32)
-        if noise is not None:
-            noise = guards.float_array(noise, "noise", (table.num_steps, *shape))
-        return table, latents, noise
+    def prepare(self, options: GenerateOptions, latents: np.ndarray | None, noise: np.ndarray | None,
+                image=None, mask=None):
+        """Validate everything before any model runs; returns (table, latents, noise), and with an
+        `image` a fourth item, the ImageStart (image_input.py): noise then has the cut table's rows."""
+        from .run_loop import prepare
+
+        return prepare(self, options, latents, noise, image, mask)
 
     def iter_generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
-                      latents: np.ndarray | None = None, noise: np.ndarray | None = None,
+                      latents: np.ndarray | None = None, noise: np.ndarray | None = None, image=None, mask=None,
                       **kwargs) -> Iterator[StepEvent | GenerationResult]:
-        """Validate all inputs now (before any model runs), then return the per-step generator."""
+        """Validate all inputs now (before any model runs), then return the per-step generator.
+
+        `image` (img2img): an RGB picture ((H, W, 3) uint8 or PIL) or scaled image latents
+        (B, C, h, w) float32, used as they are; `strength` in (0, 1] (default 1) says how much of the
+        schedule runs; `latents` stays the Gaussian noise. `mask` (inpainting, white = repaint; with
+        `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture."""
+        from .run_loop import run
+
         try:
             options = GenerateOptions(**kwargs)
         except TypeError as e:
             raise UserError(str(e)) from None
         options = self.resolve(options)
-        table, latents, noise = self.prepare(options, latents, noise)
+        prepared = self.prepare(options, latents, noise, image, mask)
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
-        return self._run(options, table, latents, noise, prompts, negatives)
+        return run(self, options, *prepared[:3], prompts, negatives, prepared[3] if len(prepared) > 3 else None)
 
-    def _run(self, options, table, latents, noise, prompts, negatives):
-        embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
-        h, w = self.image_size(options)
-        if options.loop != "host":
-            # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
-            # except for a guidance-distilled backbone, which takes the scale as an input
-            cond, uncond = self.conditioning(prompts, negatives, embedded is None, h, w)
-            if embedded is not None:
-                cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
-            x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
-            guards.check_finite(x, "the sampling graph's output latents")
-        else:
-            model_fn = backbone = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
-            backbones = [backbone]
-            if self.correction is not None:
-                model_fn = self.correction.wrap(model_fn)
-            if self.precision_schedule is not None:
-                high_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape, self.backbone_high)
-                backbones.append(high_fn)
-                model_fn = self.precision_schedule.wrap(model_fn, high_fn)
-            x = latents
-            try:
-                for i, x, den in iter_sample(model_fn, latents, table, noise):
-                    yield StepEvent(i, table.num_steps, float(table.timesteps[i]), x, den)
-            finally:  # device buffers go back to the pipeline's pool (also when the generator is dropped)
-                for b in backbones:
-                    if hasattr(b, "close"):
-                        b.close()
-            # one reduction over the final latents: NaN/inf anywhere in the loop propagates to them
-            guards.check_finite(x, "sampling (the backbone or sampler produced NaN/inf latents)")
-        yield GenerationResult(
-            images=self.decode(x, h, w),
-            latents=x,
-            init_latents=latents,
-            noise=noise,
-            settings={"prompt": prompts, "negative_prompt": negatives if negatives is not None else [""] * len(prompts),
-                      **options.__dict__, "sampler": table.sampler},
-        )
+    # -- image input ----------------------------------------------------------------------------
+    def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:
+        """An RGB picture ((H, W, 3) uint8 or PIL) -> scaled latents (1, C, h, w): the VAE encoder's
+        posterior mean, scaled (and shifted) as the family's pipeline does; resized to height x width
+        (default: the picture's own size, rounded down to the model's size multiple) with a notice."""
+        from .image_input import image_pixels, to_pil
+
+        img = to_pil(rgb)
+        m = int(self.info["size_multiple"])
+        h = height or img.size[1] // m * m
+        w = width or img.size[0] // m * m
+        if h < 1 or w < 1:
+            raise UserError(f"the image is {img.size[1]}x{img.size[0]}, smaller than the model's size multiple {m}")
+        return self.encode_pixels(image_pixels(img, h, w))
+
+    def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """(B, 3, H, W) float32 in [-1, 1] -> scaled latents (B, C, h, w) (posterior mean)."""
+        if "vae_encoder" not in self.manifest["components"]:
+            raise UserError(f"{self.folder} has no vae_encoder: export it (without `--skip vae_encoder`) to "
+                            "take a picture, or pass image latents")
+        if self._vae_encoder is None:
+            self._vae_encoder = make_session(component_path(self.folder, self.manifest, "vae_encoder"), self.provider,
+                                             self._threads, providers=self._chain["other"], memory=self.memory,
+                                             disabled_optimizers=_disabled(self.manifest["components"]["vae_encoder"]))
+        params = self._vae_encoder.run(None, {"sample": np.ascontiguousarray(pixels, np.float32)})[0]
+        mean = params[:, : params.shape[1] // 2]
+        return self.family.encoder_latents(self.info, mean)
+
+    def backbone_sample_channels(self) -> int:
+        """Input channels of the backbone's sample (NCHW backbones; a 9-channel inpainting UNet: 9)."""
+        shape = self._backbone_io_shapes.get("sample")
+        return int(shape[1]) if shape and isinstance(shape[1], int) and len(shape) == 4 else int(self.info["latent_channels"])
 
     def __call__(self, prompt: str | list[str], **kwargs) -> GenerationResult:
         result = None
@@ -373,20 +342,3 @@ class Pipeline:
             result = event
         assert isinstance(result, GenerationResult)
         return result
-
-
-def _disabled(info: dict) -> list | None:
-    """ORT optimizers a (quantized) component's manifest entry asks to leave off (see _backbone_session)."""
-    return list((info.get("session_options") or {}).get("disabled_optimizers") or []) or None
-
-
-def _backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
-                      memory=None, checked: bool = False):
-    """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
-
-    int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
-    transposes (slower on CPU), and NCHWc changes float convolutions' summation order, which made
-    the host loop and the Loop form (where ORT does not apply it) round differently.
-    """
-    return make_session(path, provider, threads, disabled_optimizers=_disabled(info), providers=providers,
-                        memory=memory, checked=checked)

@@ -61,14 +61,46 @@ class SamplingGraph:
             feeds["steps"] = np.array(steps, np.int64)
         return feeds
 
+    def check_image_inputs(self, start) -> None:
+        """A run from a picture needs a graph compiled with the image inputs (start row, image latents, ...)."""
+        if "start" not in self.input_names:
+            raise UserError("this sampling graph predates image input (img2img, inpainting); recompile it with "
+                            "`onnxdiffusion compile-loop`")
+        if (start.extra is not None) != ("sample_extra" in self.input_names):
+            raise UserError("this sampling graph and the backbone disagree on the inpainting channels; recompile it")
+
+    def image_feeds(self, table: SamplerTable, start) -> tuple[SamplerTable, dict[str, np.ndarray]]:
+        """(the full table with the start row made fresh, the image inputs) for a run from `start`."""
+        from ..samplers.levels import cut_rows
+
+        self.check_image_inputs(start)
+        rows64 = cut_rows(table.rows64, start.start)
+        full = SamplerTable(sampler=table.sampler, rows=rows64.astype(np.float32), init_scale=start.noise_level,
+                            needs_noise=table.needs_noise, rows64=rows64, levels=table.levels)
+        feeds = {"start": np.array(start.start, np.int64),
+                 "image_latents": np.ascontiguousarray(start.image_latents, np.float32),
+                 "image_scale": np.array(start.signal, np.float32)}
+        if start.keep is not None:
+            feeds["keep"] = np.ascontiguousarray(start.keep, np.float32)
+            feeds["blend"] = np.ascontiguousarray(table.levels[1:], np.float32)  # blend[j]: row j + 1's level
+        if start.extra is not None:
+            feeds["sample_extra"] = np.ascontiguousarray(start.extra, np.float32)
+        return full, feeds
+
     def run(self, table: SamplerTable, latents: np.ndarray, cond: dict[str, np.ndarray] | np.ndarray,
             uncond: dict[str, np.ndarray] | np.ndarray | None, guidance: float, noise: np.ndarray | None = None,
-            steps: int | None = None) -> np.ndarray:
+            steps: int | None = None, image=None) -> np.ndarray:
         """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone);
-        uncond None for a graph without the guidance batch (guidance-distilled backbones)."""
+        uncond None for a graph without the guidance batch (guidance-distilled backbones). `image`: an
+        ImageStart (runtime/image_input.py); `latents` stay the noise, `noise` has the cut table's rows."""
         from ..samplers.graph import CONTEXT, cond_input_names
 
+        extra = {}
+        if image is not None:
+            table, extra = self.image_feeds(table, image)
+            steps = table.num_steps - image.start if steps is None else steps
         feeds = self.feeds(table, latents, noise, guidance, steps)
+        feeds.update(extra)
         if isinstance(cond, np.ndarray):
             cond, uncond = {CONTEXT: cond}, {CONTEXT: uncond}
         for name, value in cond.items():
@@ -79,3 +111,28 @@ class SamplingGraph:
                     raise UserError(f"this sampling graph runs guided: it needs unconditional {name!r}")
                 feeds[u] = np.ascontiguousarray(uncond[name], dtype=np.float32)
         return self.session.run(None, feeds)[0]
+
+
+def open_sampling_graph(pipe, form: str) -> SamplingGraph:
+    """The folder's compiled sampling graph of this form, checked against this machine's CPU target."""
+    from ..artifacts import component_path
+    from .cpu_target import target_mismatch
+    from .loading import disabled
+    from .session import make_session
+
+    forms = ("loop", "unrolled")
+    if form not in forms:
+        raise UserError(f"unknown loop form {form!r}; choose from host, {', '.join(forms)}")
+    info = pipe.manifest["components"].get(f"sampler_{form}")
+    if info is None:
+        raise UserError(f"{pipe.folder} has no '{form}' sampling graph (run `onnxdiffusion compile-loop --form {form}`)")
+    if pipe.provider == "cpu" and (diff := target_mismatch(info.get("tuned_for"))):
+        raise UserError(f"{pipe.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
+                        f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
+    # ORT's disabled_optimizers do not reach subgraphs: with a backbone that runs without the NCHWc
+    # rewrite, the sampling graph stops below the layout rewrites, or a float Conv inside the
+    # schedule's If rounds differently from the host's sessions (Loop vs host 56 dB -> identical)
+    level = "extended" if "NchwcTransformer" in (disabled(pipe._backbone_info) or []) else None
+    session = make_session(component_path(pipe.folder, pipe.manifest, f"sampler_{form}"), pipe.provider,
+                           pipe._threads, providers=pipe._chain["other"], memory=pipe.memory, level=level)
+    return SamplingGraph(session, info)

@@ -9,6 +9,14 @@ Graph inputs: latents (B,C,H,W), cond and uncond embeddings (B,S,D) (and, for a 
 more conditioning inputs, cond_<name> and uncond_<name> for each), the sampler table (N,10)
 as built by ``build_table``, init_scale and guidance scalars, noise (K,B,C,H,W) where step i
 reads noise[min(i, K-1)] (pass K=1 zeros for deterministic samplers), and, for ``loop``, steps.
+Image inputs (img2img, inpainting), each with a default that leaves a text-to-image run unchanged:
+``start`` (the first table row that runs: one graph serves every strength; step i reads row
+start + i and noise[min(i, K-1)]), ``image_latents`` and ``image_scale`` (the state starts at
+latents * init_scale + image_latents * image_scale: the sampler's add_noise, latents being the
+noise), ``keep`` (1 where the picture is kept, latent layout) and ``blend`` (R, 2): after row j
+x = keep * (blend[j, 0] * image_latents + blend[j, 1] * latents) + (1 - keep) * x. A backbone whose
+sample has more channels than the latents (a 9-channel inpainting UNet) takes them from
+``sample_extra`` (B, E, H, W), concatenated after the scaled latents every step.
 Output: final latents. Guidance runs inside: one backbone call on [uncond; cond] (cond alone
 for a guidance-distilled backbone). Packed-token backbones take latents (B,S,D) instead.
 """
@@ -21,7 +29,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
-                             inline_backbone, load_backbone, load_component, rename_outer_refs)
+                             inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
 from .tables import COLUMNS
 
 FORMS = ("loop", "unrolled")
@@ -51,6 +59,12 @@ class _Builder:
 def cond_input_names(name: str) -> tuple[str, str]:
     """Graph inputs (cond, uncond) of one backbone conditioning input."""
     return ("cond", "uncond") if name == CONTEXT else (f"cond_{name}", f"uncond_{name}")
+
+
+# image inputs (module docstring): name -> default; a default makes the input optional to feed
+IMAGE_INPUTS = {"start": np.array(0, np.int64), "image_latents": np.zeros((1,), np.float32),
+                "image_scale": np.array(0.0, np.float32), "keep": np.zeros((1,), np.float32),
+                "blend": np.zeros((1, 2), np.float32)}
 
 
 def _constants(b: _Builder) -> None:
@@ -83,11 +97,20 @@ def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guida
     k = b.op("Slice", [noise_shape, "slice0_start", "slice0_end"], "noise_k_vec")
     k = b.op("Squeeze", [k, "axes0"], "noise_k")
     last_noise = b.op("Sub", [k, "one_i64"], "noise_last")
-    x0 = b.op("Mul", ["latents", "init_scale"], "x_init")
+    noised = b.op("Mul", ["latents", "init_scale"], "x_noise_part")
+    x0 = b.op("Add", [noised, b.op("Mul", ["image_latents", "image_scale"], "x_image_part")], "x_init")
     d0 = b.op("Mul", [x0, "zero_f"], "d_init")
+    b.const("one_f", np.array(1.0, np.float32))
+    b.const("blend_col0", np.array(0, np.int64))
+    b.const("blend_col1", np.array(1, np.int64))
+    inv_keep = b.op("Sub", ["one_f", "keep"], "inv_keep")
+    blend_shape = b.op("Shape", ["blend"], "blend_shape")
+    blend_n = b.op("Squeeze", [b.op("Slice", [blend_shape, "slice0_start", "slice0_end"], "blend_n_vec"), "axes0"],
+                   "blend_n")
     if guidance_mode == "cfg_rescale":
         b.const("last_axis", np.array([-1], np.int64))
-    return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0, "mode": guidance_mode}
+    return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0, "mode": guidance_mode,
+            "inv_keep": inv_keep, "blend_last": b.op("Sub", [blend_n, "one_i64"], "blend_last")}
 
 
 def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
@@ -96,9 +119,12 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     def n(hint: str) -> str:
         return f"{tag}{hint}"
 
-    row = b.op("Gather", ["table", i], n("row"), axis=0)
+    j = b.op("Add", [i, "start"], n("row_index"))  # img2img: the run starts at table row `start`
+    row = b.op("Gather", ["table", j], n("row"), axis=0)
     c = {col: b.op("Gather", [row, f"col_{col}"], n(col), axis=0) for col in COLUMNS}
     x_in = b.op("Mul", [x, c["c_in"]], n("x_in"))
+    if pre.get("extra"):  # an inpainting backbone: mask + masked-image latents after the scaled latents
+        x_in = b.op("Concat", [x_in, "sample_extra"], n("x_in_extra"), axis=1)
     guided_batch = pre["mode"] != "none"
     doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0) if guided_batch else x_in
     t_vec = b.op("Expand", [c["t"], pre["batch2"]], n("t_vec"))
@@ -134,6 +160,14 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
         b.op("Mul", [clipped, c["k"]], n("kClipD")),
     ]
     x_new = b.op("Sum", terms, n("x_next"))
+    # inpainting: the kept region back to the image latents noised to the next row's level (keep = 0: x as is)
+    bl = b.op("Gather", ["blend", b.op("Min", [j, pre["blend_last"]], n("blend_idx"))], n("blend_row"), axis=0)
+    target = b.op("Add", [b.op("Mul", ["image_latents", b.op("Gather", [bl, "blend_col0"], n("blend_s"), axis=0)],
+                                n("blend_img")),
+                          b.op("Mul", ["latents", b.op("Gather", [bl, "blend_col1"], n("blend_n"), axis=0)],
+                               n("blend_noise"))], n("blend_target"))
+    x_new = b.op("Add", [b.op("Mul", ["keep", target], n("kept")), b.op("Mul", [pre["inv_keep"], x_new], n("free"))],
+                 n("x_blended"))
     return x_new, den
 
 
@@ -177,7 +211,7 @@ def _correct(b: _Builder, pre: dict[str, str], t: str, out: str, n: Callable[[st
 
 def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], with_steps: bool,
                   given: set[str], id_inputs: list[onnx.ValueInfoProto],
-                  guidance_mode: str = "cfg") -> list[onnx.ValueInfoProto]:
+                  guidance_mode: str = "cfg", extra_channels: int = 0) -> list[onnx.ValueInfoProto]:
     f = TensorProto.FLOAT
     ins = [helper.make_tensor_value_info("latents", f, ["batch", *latent_dims])]
     ins += id_inputs
@@ -198,6 +232,13 @@ def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], wi
     ]
     if with_steps:
         ins.append(helper.make_tensor_value_info("steps", TensorProto.INT64, []))
+    if extra_channels:
+        ins.append(helper.make_tensor_value_info("sample_extra", f, ["batch", extra_channels, *latent_dims[1:]]))
+    ins += [helper.make_tensor_value_info("start", TensorProto.INT64, []),
+            helper.make_tensor_value_info("image_latents", f, None),
+            helper.make_tensor_value_info("image_scale", f, []),
+            helper.make_tensor_value_info("keep", f, None),
+            helper.make_tensor_value_info("blend", f, ["blend_rows", 2])]
     return ins
 
 
@@ -265,6 +306,13 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         extra_inits += inits
         functions += funcs
     pre = _prologue(b, [c.name for c in conditioning], given, guidance_mode)
+    channels = sample_channels(backbone) if len(dims) == 3 else 0
+    extra_channels = channels - latent_channels if channels else 0
+    if extra_channels < 0:
+        raise ValueError(f"the backbone's sample has fewer channels than the latents ({latent_channels})")
+    pre["extra"] = extra_channels > 0
+    for name, value in IMAGE_INPUTS.items():  # defaults: overridable initializers
+        b.const(name, value)
     if correction is not None:
         _correction_prologue(b, pre, correction)
     high = None
@@ -328,7 +376,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     graph = helper.make_graph(
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
-        _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode),
+        _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels),
         outputs,
         initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else
                                bb.initializers + (high.initializers if high else [])) + extra_inits,

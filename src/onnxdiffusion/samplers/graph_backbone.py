@@ -81,6 +81,13 @@ def latent_dims(model: onnx.ModelProto, latent_channels: int) -> list:
     return [d.dim_value if d.dim_value else (d.dim_param or f"latent_{k}") for k, d in enumerate(dims)][1:]
 
 
+def sample_channels(backbone: onnx.ModelProto) -> int:
+    """Channels of an NCHW backbone's sample input (0 when not fixed or not NCHW)."""
+    sample = next(i for i in backbone.graph.input if i.name == BACKBONE_IO["sample"])
+    dims = sample.type.tensor_type.shape.dim
+    return int(dims[1].dim_value) if len(dims) == 4 and dims[1].dim_value else 0
+
+
 def load_backbone(model: onnx.ModelProto, prefix: str = "unet/") -> Backbone:
     io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": BACKBONE_IO["out"]}
     io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})

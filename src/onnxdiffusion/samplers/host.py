@@ -24,14 +24,16 @@ def _check_noise(noise, table: SamplerTable, shape: tuple[int, ...]) -> np.ndarr
 
 
 def iter_sample(model_fn: ModelFn, init_latents: np.ndarray, table: SamplerTable,
-                noise: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+                noise: np.ndarray | None = None, after_step: Callable[[int, np.ndarray], np.ndarray] | None = None
+                ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Run the loop, yielding ``(i, x, D)`` after each step (x: new state, D: that step's x0 estimate).
 
-    Arguments are validated here, eagerly, not on the first ``next()``.
+    `after_step(i, x)` -> x, when given, rewrites the state after row i (inpainting's blend with the
+    noised image latents). Arguments are validated here, eagerly, not on the first ``next()``.
     """
     x = np.asarray(init_latents, dtype=np.float32)
     noise = _check_noise(noise, table, x.shape)
-    return _loop(model_fn, x, table, noise)
+    return _loop(model_fn, x, table, noise, after_step=after_step)
 
 
 def iter_sample_from(model_fn: ModelFn, x: np.ndarray, d_prev: np.ndarray, table: SamplerTable, start: int,
@@ -46,7 +48,7 @@ def iter_sample_from(model_fn: ModelFn, x: np.ndarray, d_prev: np.ndarray, table
 
 
 def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarray | None, start: int = 0,
-          d_prev: np.ndarray | None = None):
+          d_prev: np.ndarray | None = None, after_step=None):
     # float32 arithmetic on float32 coefficients, exactly what an ONNX graph will do.
     if d_prev is None:
         x = x * np.float32(table.init_scale)
@@ -64,6 +66,8 @@ def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarr
             x = x + e * noise[i]
         if k != 0:  # DDIM clip_sample: the x0 term alone is clipped
             x = x + k * np.clip(den, -r, r)
+        if after_step is not None:
+            x = after_step(i, x)
         d_prev = den
         yield i, x, den
 

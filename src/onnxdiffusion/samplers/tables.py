@@ -38,6 +38,9 @@ class SamplerTable:
     init_scale: float
     needs_noise: bool
     rows64: np.ndarray | None = field(repr=False, default=None)  # same table before the float32 cast
+    # (rows + 1, 2) float64: each row's state as signal * x0 + noise * eps, then (1, 0); None: unknown
+    # for this sampler (levels.py; img2img and inpainting need it)
+    levels: np.ndarray | None = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
         if self.rows.ndim != 2 or self.rows.shape[1] != len(COLUMNS) or self.rows.shape[0] < 1:
@@ -105,5 +108,8 @@ def build_table(sampler: str, schedule: NoiseSchedule | FlowSchedule, num_steps:
     rows.setflags(write=False)
     rows64.setflags(write=False)
     e = rows64[:, COLUMNS.index("e")]
+    from .levels import table_levels
+
+    levels = table_levels(sampler, schedule, n, spacing, rows64, options or SamplerOptions())
     return SamplerTable(sampler=sampler, rows=rows, init_scale=float(init_scale),
-                        needs_noise=bool(np.any(e != 0)), rows64=rows64)
+                        needs_noise=bool(np.any(e != 0)), rows64=rows64, levels=levels)

@@ -1,0 +1,42 @@
+"""Loading a model folder's sessions: which ORT optimizers a component asks to leave off, the
+backbone's session, the scheduler config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UserError
+from ..manifest import check_scheduler_config, confined
+from ..samplers import schedule_from_config
+from . import guards
+from .session import make_session
+
+
+def disabled(info: dict) -> list | None:
+    """ORT optimizers a (quantized) component's manifest entry asks to leave off (see _backbone_session)."""
+    return list((info.get("session_options") or {}).get("disabled_optimizers") or []) or None
+
+
+def backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
+                      memory=None, checked: bool = False):
+    """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
+
+    int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
+    transposes (slower on CPU), and NCHWc changes float convolutions' summation order, which made
+    the host loop and the Loop form (where ORT does not apply it) round differently.
+    """
+    return make_session(path, provider, threads, disabled_optimizers=disabled(info), providers=providers,
+                        memory=memory, checked=checked)
+
+
+def load_scheduler(folder: Path) -> tuple[dict, object]:
+    """(scheduler config, its schedule) from the folder's scheduler/scheduler_config.json, checked."""
+    sched_path = confined(folder, "scheduler/scheduler_config.json", "scheduler config")
+    try:
+        cfg = check_scheduler_config(json.loads(sched_path.read_bytes().decode("utf-8")), str(sched_path))
+        schedule = schedule_from_config(cfg)
+        guards.check_schedule(schedule, sched_path)
+    except (OSError, ValueError, TypeError, RecursionError) as e:  # JSON and Unicode errors are ValueErrors
+        raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from None
+    return cfg, schedule
