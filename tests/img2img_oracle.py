@@ -25,6 +25,8 @@ def image_pipeline_images(cls, folder, prompt, image_latents, noise, steps, guid
     elif sampler is not None:
         cls_name, kw = SCHEDULERS[sampler]
         pipe.scheduler = getattr(diffusers, cls_name).from_config(pipe.scheduler.config, **kw)
+    if not hasattr(pipe.scheduler, "scale_noise"):
+        _give_scale_noise(pipe.scheduler)
     pipe.set_progress_bar_config(disable=True)
     module = sys.modules[type(pipe).__module__]
     patched = [(module, module.randn_tensor)]
@@ -48,3 +50,16 @@ def image_pipeline_images(cls, folder, prompt, image_latents, noise, steps, guid
         for mod, fn in patched:
             mod.randn_tensor = fn
     return (out * 255).round().astype(np.uint8)
+
+
+def _give_scale_noise(scheduler) -> None:
+    """diffusers' DPMSolverMultistepScheduler has no `scale_noise`, which the flow img2img pipelines
+    (SD3, Flux, Qwen-Image) call, so they cannot run it as shipped; the oracle gives it
+    FlowMatchEulerDiscreteScheduler's: sigma * noise + (1 - sigma) * x at the begin index."""
+    import types
+
+    def scale_noise(self, sample, timestep, noise):
+        sigma = self.sigmas[self.begin_index if self.begin_index is not None else 0]
+        return sigma * noise + (1.0 - sigma) * sample
+
+    scheduler.scale_noise = types.MethodType(scale_noise, scheduler)
