@@ -126,3 +126,62 @@ def test_qwenimage_img2img_matches_diffusers(tiny_qwenimage_diffusers, tiny_qwen
     got = psnr(ours.images, ref)
     print(f"qwenimage {sampler}: {got:.1f} dB")
     assert got >= 40.0
+
+
+@pytest.fixture(scope="module")
+def sd_loops(tiny_onnx, tmp_path_factory):
+    """The tiny SD folder with a Loop graph and a 6-evaluation unrolled graph."""
+    import shutil
+
+    from onnxdiffusion.loops import compile_loop
+
+    folder = tmp_path_factory.mktemp("img2img_loops") / "model"
+    shutil.copytree(tiny_onnx, folder)
+    compile_loop(folder, folder, form="loop")
+    compile_loop(folder, folder, form="unrolled", steps=6)
+    return Pipeline.from_folder(folder)
+
+
+@pytest.mark.parametrize("sampler", DISCRETE)
+def test_loop_and_unrolled_forms_match_the_host_loop(sd_loops, sampler):
+    """One Loop graph serves every strength (the start row is an input); the unrolled graph runs its 6
+    evaluations from whatever row the strength gives (10 steps at 0.6)."""
+    image, noise = _inputs((1, 4, 8, 8), seed=6)
+    for strength in (0.6, 0.3, 1.0):
+        kw = dict(image=image, latents=noise, strength=strength, steps=10, sampler=sampler, guidance=4.0, seed=2)
+        host = sd_loops(PROMPT, **kw)
+        forms = ("loop", "unrolled") if strength == 0.6 else ("loop",)
+        for form in forms:
+            got = sd_loops(PROMPT, loop=form, **kw)
+            span = float(host.latents.max() - host.latents.min())
+            db = psnr(got.latents, host.latents, data_range=span)
+            print(f"{sampler} strength {strength} {form}: latents {db:.1f} dB")
+            assert db >= 60.0 and psnr(got.images, host.images) >= 60.0, (form, strength)
+
+
+def test_vae_encoder_gives_diffusers_posterior_mean(tiny_diffusers, sd_pipe):
+    import torch
+    from diffusers import AutoencoderKL
+
+    rng = np.random.default_rng(7)
+    rgb = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    ours = sd_pipe.encode_image(rgb)
+    vae = AutoencoderKL.from_pretrained(tiny_diffusers / "vae")
+    pixels = torch.from_numpy(rgb.astype(np.float32) / 255.0 * 2 - 1).permute(2, 0, 1)[None]
+    with torch.no_grad():
+        want = vae.encode(pixels).latent_dist.mean.numpy() * vae.config.scaling_factor
+    assert ours.shape == want.shape
+    assert np.abs(ours - want).max() <= 2e-3 * max(1.0, float(np.abs(want).max()))  # the export's tolerance
+
+
+def test_picture_in_matches_diffusers_encoding_the_same_picture(tiny_diffusers, sd_pipe):
+    """An RGB picture in: our encoder's latents -> the same image as diffusers given those latents."""
+    from diffusers import StableDiffusionImg2ImgPipeline
+    from img2img_oracle import image_pipeline_images
+
+    rgb = np.random.default_rng(8).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    _, noise = _inputs((1, 4, 8, 8), seed=8)
+    ours = sd_pipe(PROMPT, image=rgb, latents=noise, strength=0.5, steps=8, sampler="ddim", guidance=4.0)
+    ref = image_pipeline_images(StableDiffusionImg2ImgPipeline, tiny_diffusers, PROMPT, sd_pipe.encode_image(rgb),
+                                noise, 8, 4.0, 0.5, sampler="ddim")
+    assert psnr(ours.images, ref) >= 40.0

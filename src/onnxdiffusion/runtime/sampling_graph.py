@@ -17,6 +17,9 @@ class SamplingGraph:
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
         self.input_names = {i.name for i in session.get_inputs()}
+        # inputs with a default (the image inputs) are overridable initializers to ORT
+        overridable = getattr(session, "get_overridable_initializers", None)
+        self.input_names |= {i.name for i in (overridable() if overridable else [])}
         # graphs compiled before the clip columns (r, k) existed read 8 columns
         width = {i.name: i.shape for i in session.get_inputs()}.get("table", [None, len(COLUMNS)])[1]
         self.table_width = width if isinstance(width, int) else len(COLUMNS)

@@ -105,12 +105,12 @@ def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guida
     b.const("blend_col1", np.array(1, np.int64))
     inv_keep = b.op("Sub", ["one_f", "keep"], "inv_keep")
     blend_shape = b.op("Shape", ["blend"], "blend_shape")
-    blend_n = b.op("Squeeze", [b.op("Slice", [blend_shape, "slice0_start", "slice0_end"], "blend_n_vec"), "axes0"],
-                   "blend_n")
+    blend_rows = b.op("Squeeze", [b.op("Slice", [blend_shape, "slice0_start", "slice0_end"], "blend_rows_vec"),
+                                  "axes0"], "blend_rows")
     if guidance_mode == "cfg_rescale":
         b.const("last_axis", np.array([-1], np.int64))
     return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0, "mode": guidance_mode,
-            "inv_keep": inv_keep, "blend_last": b.op("Sub", [blend_n, "one_i64"], "blend_last")}
+            "inv_keep": inv_keep, "blend_last": b.op("Sub", [blend_rows, "one_i64"], "blend_last")}
 
 
 def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
