@@ -71,6 +71,10 @@ def generate(
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")] = None,
     model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
+    image: Annotated[Optional[Path], typer.Option(help="img2img: start from this picture (resized to the generation size with a notice; needs the folder's vae_encoder)")] = None,
+    strength: Annotated[Optional[float], typer.Option(help="with --image: share of the schedule that runs, (0, 1] (default 1; 0.8 keeps the layout, lower keeps more)")] = None,
+    mask: Annotated[Optional[Path], typer.Option(help="inpainting: white = repaint, black = keep (the image's size; needs --image)")] = None,
+    mask_blur: Annotated[float, typer.Option(help="with --mask: Gaussian blur radius in pixels before the mask is binarized")] = 0.0,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -100,10 +104,24 @@ def generate(
         from .runtime.memory import memory_options
 
         memory_options(memory)  # a bad setting fails before any model loads
+    picture = picture_mask = None
+    if image is not None or mask is not None or strength is not None:
+        from .runtime.image_input import check_mask_matches, check_strength, read_picture
+
+        if image is None:
+            raise UserError("--mask and --strength need --image")
+        if strength is not None:
+            check_strength(strength)
+        picture = read_picture(image, "--image")
+        picture_mask = read_picture(mask, "--mask") if mask is not None else None
+        check_mask_matches(picture, picture_mask)
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
+    if picture is not None and "vae_encoder" not in manifest.get("components", {}):
+        raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
-                                              width=width, batch=batch, spacing=spacing, loop=loop),
+                                              width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
+                                              mask_blur=mask_blur),
                               manifest["recommended"])
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile
@@ -116,7 +134,8 @@ def generate(
     from .runtime import GenerationResult, Pipeline
 
     pipe = Pipeline.from_folder(folder, provider=provider, profile=profile, memory=memory)
-    events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, **options.__dict__)
+    events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, image=picture, mask=picture_mask,
+                                **options.__dict__)
     result = None
     steps = options.steps
     with tqdm(total=steps, desc="sampling", unit="step") as bar:

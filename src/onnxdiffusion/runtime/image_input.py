@@ -155,3 +155,29 @@ def plan_start(pipe, table: SamplerTable, image, strength: float, steps: int, no
     else:
         x_init = (np.float32(signal) * lat + np.float32(level) * noise0).astype(np.float32)
     return ImageStart(lat, start, cut, x_init, signal, level, keep, extra)
+
+
+def read_picture(path, what: str):
+    """A picture file -> PIL image (loaded now, so a bad file fails before any model loads)."""
+    from pathlib import Path
+
+    Image = _pil()
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} {path}: no such file")
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.copy()
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise UserError(f"{what} {path}: not a readable picture ({type(e).__name__})") from None
+
+
+def check_mask_matches(image, mask) -> None:
+    """A mask must cover the picture it masks: same size (both are then brought to the generation size)."""
+    if mask is None or image is None or (isinstance(image, np.ndarray) and image.dtype.kind == "f"):
+        return
+    isize, msize = to_pil(image).size, to_pil(mask, "mask").size
+    if isize != msize:
+        raise UserError(f"the mask is {msize[1]}x{msize[0]} but the image is {isize[1]}x{isize[0]}; "
+                        "give a mask of the image's size")

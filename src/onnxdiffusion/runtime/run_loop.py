@@ -23,6 +23,9 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     table = pipe.table(options)
     if mask is not None and image is None:
         raise UserError("a mask needs the image it masks (--image)")
+    from .image_input import check_mask_matches
+
+    check_mask_matches(image, mask)
     strength = 1.0 if options.strength is None else check_strength(options.strength)
     if image is None and options.strength is not None:
         raise UserError("strength applies to a generation from an image (--image)")
