@@ -63,3 +63,25 @@ def _give_scale_noise(scheduler) -> None:
         return sigma * noise + (1.0 - sigma) * sample
 
     scheduler.scale_noise = types.MethodType(scale_noise, scheduler)
+
+
+def build_tiny_inpaint(folder):
+    """The tiny SD pipeline (conftest) with a 9-channel inpainting UNet, as StableDiffusionInpaintPipeline."""
+    import torch
+    from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline, UNet2DConditionModel
+
+    from conftest import build_tiny_pipeline
+
+    src = build_tiny_pipeline(folder / "base")
+    base = StableDiffusionPipeline.from_pretrained(src, local_files_only=True)
+    torch.manual_seed(1)
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=9, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=8,
+    )
+    pipe = StableDiffusionInpaintPipeline(vae=base.vae, text_encoder=base.text_encoder, tokenizer=base.tokenizer,
+                                          unet=unet, scheduler=base.scheduler, safety_checker=None,
+                                          feature_extractor=None, requires_safety_checker=False)
+    pipe.save_pretrained(folder / "inpaint", safe_serialization=True)
+    return folder / "inpaint"

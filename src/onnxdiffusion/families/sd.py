@@ -74,7 +74,8 @@ def unet_dims(info: dict, steps: int) -> list[dict[str, int]]:
 
 class StableDiffusion(Family):
     name: ClassVar[str] = "sd"
-    pipeline_classes: ClassVar[tuple[str, ...]] = ("StableDiffusionPipeline",)
+    # an inpainting pipeline's folder: the same components, its UNet taking mask + masked-image latents too
+    pipeline_classes: ClassVar[tuple[str, ...]] = ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")
     backbone: ClassVar[str] = "unet"
     backbone_classes: ClassVar[tuple[str, ...]] = ("UNet2DConditionModel",)
     backbone_kind: ClassVar[str] = "unet"
@@ -95,11 +96,17 @@ class StableDiffusion(Family):
         vae = vae_info(configs)
         unet_factor = 2 ** (len(unet["block_out_channels"]) - 1)
         size = int(unet["sample_size"]) * vae["vae_scale_factor"]
+        c, unet_in = int(configs["vae"].get("latent_channels", unet["in_channels"])), int(unet["in_channels"])
+        if unet_in not in (c, 2 * c + 1):
+            raise UserError(f"the UNet takes {unet_in} input channels; the VAE's latents have {c} "
+                            f"(an inpainting UNet takes {2 * c + 1})")
+        extra = {"backbone_in_channels": unet_in} if unet_in != c else {}
         return {
             **scheduler_info(configs),
             **vae,
+            **extra,
             "size_multiple": vae["vae_scale_factor"] * unet_factor,
-            "latent_channels": int(unet["in_channels"]),
+            "latent_channels": c,
             "default_height": size,
             "default_width": size,
             "model_max_length": tokenizer_max_length(configs, self.text_encoders[0]),
@@ -116,7 +123,8 @@ class StableDiffusion(Family):
                                                    {"last_hidden_state": hidden, "pooler_output": hidden})}
         specs["unet"] = ComponentSpec(
             "unet",
-            (TensorSpec(SAMPLE, "float32", latent_io(c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),
+            (TensorSpec(SAMPLE, "float32", latent_io(int(info.get("backbone_in_channels", c)))),
+             TensorSpec(TIMESTEP, "float32", ("batch_size",)),
              *self.conditioning(info)),
             (TensorSpec(OUT, "float32", latent_io(c)),),
             atol=1e-3, kind=self.backbone_kind, source="unet")
