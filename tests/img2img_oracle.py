@@ -12,8 +12,9 @@ import numpy as np
 
 
 def image_pipeline_images(cls, folder, prompt, image_latents, noise, steps, guidance, strength, sampler=None,
-                          step_noise=None, scheduler=None, mask=None, **extra) -> np.ndarray:
-    """uint8 (B, H, W, 3) from diffusers' `cls` (e.g. StableDiffusionImg2ImgPipeline) loaded from `folder`."""
+                          step_noise=None, scheduler=None, mask=None, latents_out=False, **extra) -> np.ndarray:
+    """uint8 (B, H, W, 3) from diffusers' `cls` (e.g. StableDiffusionImg2ImgPipeline) loaded from `folder`
+    (`latents_out`: its final latents instead). `image_latents`: scaled latents, or a PIL picture."""
     import diffusers
     import torch
 
@@ -43,12 +44,22 @@ def image_pipeline_images(cls, folder, prompt, image_latents, noise, steps, guid
         patched.append((sched_mod, sched_mod.randn_tensor))
         sched_mod.randn_tensor = lambda *a, **k: next(draws)
     kw = dict(mask_image=mask) if mask is not None else {}
+    # a picture (not latents): diffusers encodes it; its posterior's mean, as ours does (not a random sample)
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    sample = DiagonalGaussianDistribution.sample
+    DiagonalGaussianDistribution.sample = lambda self, generator=None: self.mean
+    image = torch.from_numpy(image_latents) if isinstance(image_latents, np.ndarray) and image_latents.dtype.kind == "f" \
+        else image_latents
     try:
-        out = pipe(prompt, image=torch.from_numpy(image_latents), strength=strength, num_inference_steps=steps,
-                   guidance_scale=guidance, output_type="np", **kw, **extra).images
+        out = pipe(prompt, image=image, strength=strength, num_inference_steps=steps, guidance_scale=guidance,
+                   output_type="latent" if latents_out else "np", **kw, **extra).images
     finally:
+        DiagonalGaussianDistribution.sample = sample
         for mod, fn in patched:
             mod.randn_tensor = fn
+    if latents_out:
+        return out.numpy()
     return (out * 255).round().astype(np.uint8)
 
 

@@ -84,7 +84,7 @@ def test_sd3_img2img_matches_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, sample
                 height=32, width=32)
     ref = image_pipeline_images(StableDiffusion3Img2ImgPipeline, tiny_sd3_diffusers, PROMPT, image, noise, 6, 4.0,
                                 0.75, scheduler=_flow_scheduler(sampler), height=32, width=32,
-                                max_sequence_length=pipe.info.get("max_lengths", {}).get("text_encoder_3", 24))
+                                max_sequence_length=pipe.info["max_lengths"]["text_encoder_3"])
     got = psnr(ours.images, ref)
     print(f"sd3 {sampler}: {got:.1f} dB")
     assert got >= 40.0
