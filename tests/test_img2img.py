@@ -185,3 +185,35 @@ def test_picture_in_matches_diffusers_encoding_the_same_picture(tiny_diffusers, 
     ref = image_pipeline_images(StableDiffusionImg2ImgPipeline, tiny_diffusers, PROMPT, sd_pipe.encode_image(rgb),
                                 noise, 8, 4.0, 0.5, sampler="ddim")
     assert psnr(ours.images, ref) >= 40.0
+
+
+@pytest.mark.parametrize("folder", ["shapes-sd-onnx", "shapes-mmdit-onnx"])
+def test_embedded_models_encode_a_scene_like_diffusers(folder):
+    """Both shipped folders carry a VAE encoder (the MMDiT's exported from the VAE it shares with shapes-sd,
+    its diffusers weights a link to shapes-sd's): the posterior mean, scaled and shifted as diffusers does."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    from onnxdiffusion import scenes
+    from onnxdiffusion.paths import models_root
+
+    pipe = Pipeline.from_folder(models_root() / folder)
+    rgb = scenes.render(scenes.sample_scene(3, "heldout"))
+    ours = pipe.encode_image(rgb)
+    src = {"shapes-sd-onnx": "shapes-sd", "shapes-mmdit-onnx": "shapes-mmdit"}[folder]
+    vae = AutoencoderKL.from_pretrained(models_root() / src / "vae")
+    with torch.no_grad():
+        mean = vae.encode(torch.from_numpy(rgb / 127.5 - 1).float().permute(2, 0, 1)[None]).latent_dist.mean.numpy()
+    want = (mean - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor
+    assert np.abs(ours - want).max() <= 2e-3 * max(1.0, float(np.abs(want).max()))
+
+
+def test_mask_overlay_keeps_the_pictures_pixels_outside_the_mask(sd_pipe):
+    rgb = np.random.default_rng(9).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    mask = np.zeros((32, 32), np.uint8)
+    mask[:, 16:] = 255
+    plain = sd_pipe(PROMPT, image=rgb, mask=mask, strength=1.0, steps=4, seed=1)
+    over = sd_pipe(PROMPT, image=rgb, mask=mask, strength=1.0, steps=4, seed=1, mask_overlay=True)
+    assert np.array_equal(over.images[0][:, :16], rgb[:, :16])
+    assert np.array_equal(over.images[0][:, 16:], plain.images[0][:, 16:])
+    assert np.array_equal(over.latents, plain.latents)

@@ -75,6 +75,7 @@ def generate(
     strength: Annotated[Optional[float], typer.Option(help="with --image: share of the schedule that runs, (0, 1] (default 1; 0.8 keeps the layout, lower keeps more)")] = None,
     mask: Annotated[Optional[Path], typer.Option(help="inpainting: white = repaint, black = keep (the image's size; needs --image)")] = None,
     mask_blur: Annotated[float, typer.Option(help="with --mask: Gaussian blur radius in pixels before the mask is binarized")] = 0.0,
+    mask_overlay: Annotated[bool, typer.Option(help="with --mask: paste the picture's own pixels back outside the mask (the VAE round trip then leaves them unchanged)")] = False,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -121,7 +122,7 @@ def generate(
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
-                                              mask_blur=mask_blur),
+                                              mask_blur=mask_blur, mask_overlay=mask_overlay),
                               manifest["recommended"])
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile

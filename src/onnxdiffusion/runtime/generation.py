@@ -50,6 +50,9 @@ class GenerateOptions:
     loop: str = "host"  # host | loop | unrolled
     strength: float | None = None  # img2img / inpainting: share of the schedule that runs, (0, 1]; None: 1
     mask_blur: float = 0.0  # inpainting: Gaussian blur radius (pixels) of the mask before it is binarized
+    # inpainting from a picture: paste its pixels back outside the mask (diffusers' apply_overlay), so the
+    # VAE's round trip does not touch them; off: the decoded image as is (diffusers' default)
+    mask_overlay: bool = False
 
 
 def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:

@@ -34,6 +34,7 @@ class ImageStart:
     noise_level: float
     keep: np.ndarray | None = None  # inpainting: 1 where the picture is kept (latent grid, sampler layout)
     extra: np.ndarray | None = None  # 9-channel backbones: [mask, masked-image latents] (B, 1 + C, h, w)
+    overlay: tuple[np.ndarray, np.ndarray] | None = None  # (picture (H, W, 3) uint8, alpha (H, W) of the mask)
 
 
 def _pil():
@@ -114,7 +115,8 @@ def image_latents_of(pipe, image, batch: int, height: int, width: int) -> np.nda
 
 
 def plan_start(pipe, table: SamplerTable, image, strength: float, steps: int, noise0: np.ndarray, batch: int,
-               height: int, width: int, mask=None, mask_blur: float = 0.0, image_pixels_=None) -> ImageStart:
+               height: int, width: int, mask=None, mask_blur: float = 0.0, image_pixels_=None,
+               overlay_picture: bool = False) -> ImageStart:
     """The sampler's start for an image-conditioned run; `noise0` is the Gaussian noise (the `latents`)."""
     from ..samplers.levels import cut_rows, start_row
 
@@ -154,7 +156,31 @@ def plan_start(pipe, table: SamplerTable, image, strength: float, steps: int, no
         x_init, signal, level = (noise0 * np.float32(table.init_scale)).astype(np.float32), 0.0, table.init_scale
     else:
         x_init = (np.float32(signal) * lat + np.float32(level) * noise0).astype(np.float32)
-    return ImageStart(lat, start, cut, x_init, signal, level, keep, extra)
+    overlay = None
+    if mask is not None and overlay_picture and not (isinstance(image, np.ndarray) and image.dtype.kind == "f"):
+        pic = np.asarray(_resized(to_pil(image).convert("RGB"), height, width, "the image"), np.uint8)
+        overlay = (pic, overlay_alpha(mask, height, width, mask_blur))
+    return ImageStart(lat, start, cut, x_init, signal, level, keep, extra, overlay)
+
+
+def overlay_alpha(mask, height: int, width: int, blur: float) -> np.ndarray:
+    """(H, W) float32 in [0, 1]: how much of the generated pixel shows (the mask, blurred but not binarized,
+    as diffusers' apply_overlay composites the original through the inverted mask)."""
+    from PIL import ImageFilter
+
+    img = to_pil(mask, "mask").convert("L")
+    if blur:
+        img = img.filter(ImageFilter.GaussianBlur(blur))
+    img = img.resize((width, height), resample=_pil().Resampling.LANCZOS) if img.size != (width, height) else img
+    return np.asarray(img, np.float32) / np.float32(255.0)
+
+
+def apply_overlay(images: np.ndarray, overlay) -> np.ndarray:
+    """Generated (B, H, W, 3) uint8 -> the picture's pixels outside the mask, the generated ones inside."""
+    pic, alpha = overlay
+    a = alpha[None, :, :, None]
+    out = a * images.astype(np.float32) + (1.0 - a) * pic[None].astype(np.float32)
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
 
 
 def read_picture(path, what: str):

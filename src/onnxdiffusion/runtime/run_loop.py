@@ -42,7 +42,7 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     run_table = table
     if image is not None:
         start = plan_start(pipe, table, image, strength, options.steps, latents, options.batch, h, w, mask,
-                           options.mask_blur)
+                           options.mask_blur, overlay_picture=options.mask_overlay)
         run_table = start.cut
     if options.loop != "host":
         graph = pipe.sampling_graph(options.loop)
@@ -97,8 +97,12 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None):
                 **options.__dict__, "sampler": table.sampler}
     if start is not None:
         settings.update(start_row=start.start, inpaint=start.keep is not None or start.extra is not None)
-    yield GenerationResult(images=pipe.decode(x, h, w), latents=x, init_latents=latents, noise=noise,
-                           settings=settings)
+    images = pipe.decode(x, h, w)
+    if start is not None and start.overlay is not None:
+        from .image_input import apply_overlay
+
+        images = apply_overlay(images, start.overlay)
+    yield GenerationResult(images=images, latents=x, init_latents=latents, noise=noise, settings=settings)
 
 
 def blend_step(start, noise0: np.ndarray):
