@@ -217,3 +217,34 @@ def test_mask_overlay_keeps_the_pictures_pixels_outside_the_mask(sd_pipe):
     assert np.array_equal(over.images[0][:, :16], rgb[:, :16])
     assert np.array_equal(over.images[0][:, 16:], plain.images[0][:, 16:])
     assert np.array_equal(over.latents, plain.latents)
+
+
+def test_whole_graph_takes_the_image(tiny_onnx, tmp_path):
+    """`compile-loop --whole`: token ids and the image latents in, the picture out; img2img by its inputs
+    (start row, image_latents, image_scale; latents stay the noise) matches the host loop."""
+    import shutil
+
+    import onnxruntime as ort
+
+    from onnxdiffusion.loops import compile_loop
+    from onnxdiffusion.runtime.generation import GenerateOptions
+    from onnxdiffusion.runtime.image_input import plan_start
+    from onnxdiffusion.samplers.levels import cut_rows
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_onnx, folder)
+    compile_loop(folder, folder, form="loop", whole=True)
+    pipe = Pipeline.from_folder(folder)
+    image, noise = _inputs((1, 4, 8, 8), seed=10)
+    host = pipe(PROMPT, image=image, latents=noise, strength=0.6, steps=10, sampler="dpmpp_2m", guidance=4.0)
+    table = pipe.table(GenerateOptions(steps=10, sampler="dpmpp_2m"))
+    start = plan_start(pipe, table, image, 0.6, 10, noise, 1, 32, 32)
+    sess = ort.InferenceSession(str(folder / "sampler_loop_whole" / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(["image"], {
+        "input_ids": pipe.tokenizer([PROMPT]), "uncond_input_ids": pipe.tokenizer([""]), "latents": noise,
+        "table": cut_rows(table.rows64, start.start).astype(np.float32), "init_scale": np.array(start.noise_level, np.float32),
+        "guidance": np.array(4.0, np.float32), "noise": np.zeros((1, *noise.shape), np.float32),
+        "steps": np.array(table.num_steps - start.start, np.int64), "start": np.array(start.start, np.int64),
+        "image_latents": image, "image_scale": np.array(start.signal, np.float32)})[0]
+    assert start.start == 4 and got.shape == host.images.shape
+    assert psnr(got, host.images) >= 40.0
