@@ -30,6 +30,7 @@ from onnx import TensorProto, helper
 
 from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
+from .graph_image import blend_step, image_defaults, image_inputs
 from .tables import COLUMNS
 
 FORMS = ("loop", "unrolled")
@@ -59,12 +60,6 @@ class _Builder:
 def cond_input_names(name: str) -> tuple[str, str]:
     """Graph inputs (cond, uncond) of one backbone conditioning input."""
     return ("cond", "uncond") if name == CONTEXT else (f"cond_{name}", f"uncond_{name}")
-
-
-# image inputs (module docstring): name -> default; a default makes the input optional to feed
-IMAGE_INPUTS = {"start": np.array(0, np.int64), "image_latents": np.zeros((1,), np.float32),
-                "image_scale": np.array(0.0, np.float32), "keep": np.zeros((1,), np.float32),
-                "blend": np.zeros((1, 2), np.float32)}
 
 
 def _constants(b: _Builder) -> None:
@@ -160,15 +155,7 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
         b.op("Mul", [clipped, c["k"]], n("kClipD")),
     ]
     x_new = b.op("Sum", terms, n("x_next"))
-    # inpainting: the kept region back to the image latents noised to the next row's level (keep = 0: x as is)
-    bl = b.op("Gather", ["blend", b.op("Min", [j, pre["blend_last"]], n("blend_idx"))], n("blend_row"), axis=0)
-    target = b.op("Add", [b.op("Mul", ["image_latents", b.op("Gather", [bl, "blend_col0"], n("blend_s"), axis=0)],
-                                n("blend_img")),
-                          b.op("Mul", ["latents", b.op("Gather", [bl, "blend_col1"], n("blend_n"), axis=0)],
-                               n("blend_noise"))], n("blend_target"))
-    x_new = b.op("Add", [b.op("Mul", ["keep", target], n("kept")), b.op("Mul", [pre["inv_keep"], x_new], n("free"))],
-                 n("x_blended"))
-    return x_new, den
+    return blend_step(b, pre, j, x_new, n), den
 
 
 def _rescale(b: _Builder, guided: str, cond: str, n: Callable[[str], str]) -> str:
@@ -234,12 +221,7 @@ def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], wi
         ins.append(helper.make_tensor_value_info("steps", TensorProto.INT64, []))
     if extra_channels:
         ins.append(helper.make_tensor_value_info("sample_extra", f, ["batch", extra_channels, *latent_dims[1:]]))
-    ins += [helper.make_tensor_value_info("start", TensorProto.INT64, []),
-            helper.make_tensor_value_info("image_latents", f, None),
-            helper.make_tensor_value_info("image_scale", f, []),
-            helper.make_tensor_value_info("keep", f, None),
-            helper.make_tensor_value_info("blend", f, ["blend_rows", 2])]
-    return ins
+    return ins + image_inputs(len(latent_dims))
 
 
 def _sd_combine(ops, encoded: dict) -> dict:
@@ -311,8 +293,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     if extra_channels < 0:
         raise ValueError(f"the backbone's sample has fewer channels than the latents ({latent_channels})")
     pre["extra"] = extra_channels > 0
-    for name, value in IMAGE_INPUTS.items():  # defaults: overridable initializers
-        b.const(name, value)
+    image_defaults(b, len(dims))
     if correction is not None:
         _correction_prologue(b, pre, correction)
     high = None
