@@ -125,3 +125,38 @@ def test_graphs_compiled_before_the_clip_columns_still_run():
     clipped = table_from_config({"_class_name": "DDIMScheduler", **SD, "clip_sample": True}, 4)
     with pytest.raises(UserError, match="recompile"):
         graph.feeds(clipped, latents, None, 3.0)
+
+
+def test_lcm_distilled_unet_embeds_the_guidance_scale(tiny_diffusers, tmp_path):
+    """An LCM-distilled UNet (time_cond_proj_dim) takes w = guidance - 1 as timestep_cond and runs without
+    CFG, as diffusers' pipeline runs it: export gives the UNet a `guidance` input, the runtime feeds it."""
+    import onnx
+    import torch
+    from diffusers import LCMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+
+    from onnxdiffusion.export import export_pipeline
+
+    ref = StableDiffusionPipeline.from_pretrained(tiny_diffusers, local_files_only=True)
+    torch.manual_seed(1)
+    ref.unet = UNet2DConditionModel.from_config({**ref.unet.config, "time_cond_proj_dim": 8})
+    ref.scheduler = LCMScheduler.from_config(ref.scheduler.config)
+    ref.save_pretrained(tmp_path / "lcm", safe_serialization=True)
+    export_pipeline(tmp_path / "lcm", tmp_path / "onnx", progress=False)
+    unet_inputs = [i.name for i in onnx.load(tmp_path / "onnx" / "unet" / "model.onnx", load_external_data=False).graph.input]
+    assert unet_inputs[-1] == "guidance"
+
+    pipe = Pipeline.from_folder(tmp_path / "onnx", verify=False)
+    ref.set_progress_bar_config(disable=True)
+    dbs = []
+    for guidance in (1.0, 6.0):
+        ours = pipe("a red circle on the left", steps=4, guidance=guidance, seed=3)
+        assert ours.settings["sampler"] == "lcm"
+        lat = ours.init_latents
+        with _per_step_noise(ref.scheduler, ours.noise):
+            img = ref("a red circle on the left", latents=torch.from_numpy(lat), num_inference_steps=4,
+                      guidance_scale=guidance, output_type="np", height=lat.shape[2] * 4, width=lat.shape[3] * 4).images
+        dbs.append(psnr(ours.images, (img * 255).round().astype(np.uint8)))
+    print(f"\nLCM-distilled UNet, guidance 1 / 6: {dbs[0]:.1f} / {dbs[1]:.1f} dB vs diffusers")
+    assert min(dbs) >= 40.0
+    a, b = (pipe("a red circle on the left", steps=4, guidance=g, seed=3).images for g in (1.0, 6.0))
+    assert np.abs(a.astype(int) - b.astype(int)).max() > 0  # the embedding reaches the image

@@ -211,6 +211,11 @@ class Family:
     # -- hooks the transformer families override (the defaults are Stable Diffusion's behaviour) ---
     # backbone input fed the guidance scale itself (guidance-distilled Flux): no [uncond; cond] batch
     guidance_input: ClassVar[str | None] = None
+
+    def guidance_input_for(self, info: dict) -> str | None:
+        """The guidance backbone input for this folder (a family may have it only for some backbones)."""
+        return self.guidance_input
+
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)
     cfg_rescale: ClassVar[bool] = False
     # latents packed into p x p patch tokens [B, S, C*p*p] (Flux, Qwen-Image); None: NCHW

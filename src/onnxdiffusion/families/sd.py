@@ -104,10 +104,17 @@ class StableDiffusion(Family):
             "default_width": size,
             "model_max_length": tokenizer_max_length(configs, self.text_encoders[0]),
             "context_dim": hidden,
+            **_time_cond(unet),
         }
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
-        return (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", _context_dim(info))),)
+        specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", _context_dim(info))),)
+        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.get("time_cond_proj_dim") else specs
+
+    def guidance_input_for(self, info: dict) -> str | None:
+        # an LCM-distilled UNet (time_cond_proj_dim) embeds the guidance scale and runs without CFG,
+        # as diffusers' pipelines do for it; the export wrapper turns the scale into timestep_cond
+        return GUIDANCE if info.get("time_cond_proj_dim") else None
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
         hidden = _context_dim(info)
@@ -131,6 +138,14 @@ class StableDiffusion(Family):
 
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
         return {CONTEXT: encoded["text_encoder"]["last_hidden_state"]}
+
+
+GUIDANCE = "guidance"
+
+
+def _time_cond(unet: dict) -> dict:
+    dim = unet.get("time_cond_proj_dim")
+    return {"time_cond_proj_dim": int(dim)} if dim else {}
 
 
 def _context_dim(info: dict) -> int | str:

@@ -207,7 +207,7 @@ class Pipeline:
                         width: int, shape: tuple[int, ...], session=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
         guidance-distilled backbone takes the scale as an input and runs unbatched)."""
-        embedded = self.family.guidance_input
+        embedded = self.family.guidance_input_for(self.info)
         cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
@@ -329,7 +329,7 @@ class Pipeline:
         return self._run(options, table, latents, noise, prompts, negatives)
 
     def _run(self, options, table, latents, noise, prompts, negatives):
-        embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
+        embedded = self.family.guidance_input_for(self.info)  # guidance-distilled: the scale is a backbone input, no CFG
         h, w = self.image_size(options)
         if options.loop != "host":
             # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
