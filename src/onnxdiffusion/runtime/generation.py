@@ -48,6 +48,7 @@ class GenerateOptions:
     batch: int = 1
     spacing: str | None = None
     loop: str = "host"  # host | loop | unrolled
+    cache: str | None = None  # step caching SPEC (runtime/cache.py), e.g. "first_block:0.2"; host loop
 
 
 def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:

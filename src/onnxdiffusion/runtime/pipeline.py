@@ -22,6 +22,7 @@ from ..manifest import check_scheduler_config, confined
 from . import guards
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, iter_sample, schedule_from_config, table_from_config
+from .cache import cached_backbone, parse_cache
 from ..schedules import FlowSchedule
 from .generation import (  # noqa: F401  (re-exported: the public names live here too)
     GenerateOptions, GenerationResult, StepEvent, resolve_options)
@@ -297,6 +298,9 @@ class Pipeline:
         shape = self.latent_shape(options)  # the family's (may be packed)
         guards.check_size(self.info, self.image_size(options))
         table = self.table(options)
+        cache = parse_cache(options.cache)
+        if cache is not None and not cache.noop and options.loop != "host":
+            raise UserError(f"cache {cache} runs in the host loop only (--loop host)")
         if options.loop != "host":
             graph = self.sampling_graph(options.loop)
             if graph.form == "unrolled" and graph.steps != table.num_steps:
@@ -342,6 +346,8 @@ class Pipeline:
         else:
             model_fn = backbone = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
             backbones = [backbone]
+            if (cache := parse_cache(options.cache)) is not None and not cache.noop:
+                model_fn = cached_backbone(self, backbone, cache)  # first -> (rest | cached) -> tail
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             if self.precision_schedule is not None:
