@@ -31,9 +31,9 @@ class SplitGraphs:
     span_inputs: list[str]  # what rest reads (first's outputs, in order)
     span_outputs: list[str]  # what rest gives (tail reads them)
     tail_from_first: list[str]  # first's outputs the tail also reads (not span outputs)
-    hidden_in: str | None  # the span's hidden-state input (first-block cache: the first block's output)
+    hidden_in: list[str]  # candidates for the span's hidden-state input (= the first block's output)
     hidden_out: str | None  # the span's hidden-state output
-    probe: str | None  # first block's hidden input (its residual = hidden_in - probe)
+    probe: list[str]  # candidates for the first block's hidden input (its residual = hidden_in - probe)
 
 
 def _producers(graph) -> dict[str, int]:
@@ -142,27 +142,33 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
     graph_inputs = [i.name for i in g.input if i.name not in inits]
     types = _types(model)
 
-    probe = hidden_in = hidden_out = None
-    tail_reads_span = span_outputs
+    hidden_in: list[str] = []
+    probe: list[str] = []
+    hidden_out = None
     if probe_prefix is not None:
-        # the residual stream: a pure chain of Adds carries the hidden state through each pre-norm block
-        # (x + gate * attn(norm(x)) ...); following it backward pairs the span's hidden output with its
-        # input (= the first block's output) and that with the first block's own input
-        for out in tail_reads_span:
-            origin = _stream_origin(g, out, set(span_inputs))
-            if origin is not None:
-                hidden_out, hidden_in = out, origin
+        # the residual stream: Adds carry the hidden state through each pre-norm block (x + gate * attn(...));
+        # joint blocks move it through Concat/Slice.  Following it backward pairs the span's output with the
+        # span inputs it continues (the first block's outputs), and those with the first block's own inputs;
+        # which candidate has the output's shape is settled at run time (CachedBackbone)
+        for out in span_outputs:
+            hidden_in = _stream_origins(g, out, set(span_inputs))
+            if hidden_in:
+                hidden_out = out
                 break
-        if hidden_in is None:
+        if not hidden_in:
             raise ValueError("cannot find the hidden-state stream through the backbone's blocks")
         block = [i for i, n in enumerate(g.node) if n.name.startswith(probe_prefix)]
         block_made = {o for i in block for o in g.node[i].output}
         block_reads = {t for i in block for t in g.node[i].input if t and t not in block_made}
-        probe = _stream_origin(g, hidden_in, block_reads)
-        if probe is None:
+        # the image stream's first-block input comes from the sample without any block (the patch
+        # embedding); the text stream's from the text encoder states: that tells a joint block's two apart
+        pairs = [(h, p) for h in hidden_in for p in _stream_origins(g, h, block_reads)
+                 if sample in _backward(g, [p], set())[1]]
+        if not pairs:
             raise ValueError("cannot find the first block's hidden-state input")
+        hidden_in, probe = [pairs[0][0]], [pairs[0][1]]
 
-    first_outs = list(dict.fromkeys(span_inputs + ([probe] if probe else [])))
+    first_outs = list(dict.fromkeys(span_inputs + probe))
     f_nodes, _ = _backward(g, first_outs, set())
     t_nodes, t_reads = _backward(g, graph_outs, set(span_outputs) | set(first_outs))
     if len(set(t_nodes) & in_span) > 0.5 * len(span):
@@ -178,21 +184,27 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
                        hidden_in, hidden_out, probe)
 
 
-def _stream_origin(g, tensor: str, stop: set[str]) -> str | None:
-    """The tensor in `stop` that `tensor` is reached from through Add nodes alone (None: not such a stream)."""
+_STREAM_OPS = {"Add": None, "Concat": None, "Slice": 1, "Split": 1}  # op -> how many leading inputs carry data
+
+
+def _stream_origins(g, tensor: str, stop: set[str]) -> list[str]:
+    """The tensors in `stop` that `tensor` is reached from through the residual stream's ops alone."""
     prod = _producers(g)
-    todo, seen = [tensor], set()
+    todo, seen, found = [tensor], set(), []
     while todo:
-        t = todo.pop()
+        t = todo.pop(0)
         if t in stop:
-            return t
+            if t not in found:
+                found.append(t)
+            continue
         if t in seen or t not in prod:
             continue
         seen.add(t)
         node = g.node[prod[t]]
-        if node.op_type == "Add":
-            todo.extend(node.input)
-    return None
+        if node.op_type in _STREAM_OPS:
+            k = _STREAM_OPS[node.op_type]
+            todo.extend(node.input if k is None else node.input[:k])
+    return found
 
 
 def run_whole(first, rest, tail, sg: SplitGraphs, feeds: dict[str, np.ndarray]) -> np.ndarray:

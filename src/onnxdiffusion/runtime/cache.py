@@ -96,22 +96,36 @@ def parse_cache(spec) -> CacheSpec | None:
 
 # --- policies: when to run the span, and what stands in for it ---------------------------------
 
+def _same_shape(names: list[str], f: dict, shape) -> str:
+    for n in names:
+        if f[n].shape == shape:
+            return n
+    raise UserError(f"step caching: no hidden-state candidate of shape {shape} in this backbone's cut")
+
+
 class _FirstBlock:
     def __init__(self, spec: CacheSpec):
         self.threshold, self.prev, self.residual = spec.threshold, None, None
+        self.hidden = self.probe = None
 
     def reuse(self, step: int, f: dict, sg) -> np.ndarray | None:
-        r = f[sg.hidden_in] - f[sg.probe]
+        if self.hidden is None:
+            return None  # the first call computes; update() settles which tensors are the stream
+        r = f[self.hidden] - f[self.probe]
         if self.prev is not None:
             # float32 means, as diffusers' torch reduction; the decision compares the ratio to the threshold
             diff = float(np.abs(r - self.prev).mean(dtype=np.float32) / np.abs(self.prev).mean(dtype=np.float32))
             if not diff > self.threshold:
-                return f[sg.hidden_in] + self.residual
+                return f[self.hidden] + self.residual
         self.prev = r
         return None
 
     def update(self, step: int, f: dict, out: np.ndarray, sg) -> None:
-        self.residual = out - f[sg.hidden_in]
+        if self.hidden is None:
+            self.hidden = _same_shape(sg.hidden_in, f, out.shape)
+            self.probe = _same_shape(sg.probe, f, out.shape)
+            self.prev = f[self.hidden] - f[self.probe]
+        self.residual = out - f[self.hidden]
 
 
 class _Taylor:

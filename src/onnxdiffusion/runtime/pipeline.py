@@ -294,13 +294,13 @@ class Pipeline:
     def prepare(self, options: GenerateOptions, latents: np.ndarray | None, noise: np.ndarray | None):
         """Validate everything before any model runs; returns (table, latents, noise)."""
         options = self.resolve(options)
+        cache = parse_cache(options.cache)
+        if cache is not None and not cache.noop and options.loop != "host":
+            raise UserError(f"cache {cache} runs in the host loop only (--loop host)")
         guards.check_request(self.folder, self.manifest, options)
         shape = self.latent_shape(options)  # the family's (may be packed)
         guards.check_size(self.info, self.image_size(options))
         table = self.table(options)
-        cache = parse_cache(options.cache)
-        if cache is not None and not cache.noop and options.loop != "host":
-            raise UserError(f"cache {cache} runs in the host loop only (--loop host)")
         if options.loop != "host":
             graph = self.sampling_graph(options.loop)
             if graph.form == "unrolled" and graph.steps != table.num_steps:
