@@ -66,6 +66,7 @@ def generate(
     spacing: Optional[str] = None,
     provider: str = "cpu",
     loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
+    cache: Annotated[Optional[str], typer.Option(help="step caching (host loop): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] (transformers) | deepcache:INTERVAL[:BRANCH] (UNets)")] = None,
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
@@ -100,10 +101,14 @@ def generate(
         from .runtime.memory import memory_options
 
         memory_options(memory)  # a bad setting fails before any model loads
+    if cache is not None:
+        from .runtime.cache import parse_cache
+
+        parse_cache(cache)  # a bad spec: one line before any model loads
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
-                                              width=width, batch=batch, spacing=spacing, loop=loop),
+                                              width=width, batch=batch, spacing=spacing, loop=loop, cache=cache),
                               manifest["recommended"])
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile
