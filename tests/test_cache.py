@@ -133,3 +133,74 @@ def test_cache_matches_diffusers_hooks_on_flux(tiny_flux_diffusers, tiny_flux_on
           f"uncached ours vs diffusers {psnr(base.images, ref_base):.1f} dB")
     assert moved < 60.0  # the cache visibly moved diffusers' image
     assert db >= 35.0
+
+
+# --- DeepCache: the DeepCache package targets older diffusers; a torch twin of its method instead ----
+
+def deepcache_forward(unet, state: dict, interval: int, branch: int = 1):
+    """UNet2DConditionModel.forward (no added conditioning) where, on all but every `interval`-th call,
+    the deep path (down blocks from `branch` on, mid block, up blocks but the last `branch`) is skipped
+    and its last output reused: DeepCache's uniform schedule (Ma et al. 2023)."""
+
+    def forward(sample, timestep, encoder_hidden_states, *args, return_dict=False, **kwargs):
+        full = state["step"] % interval == 0 or "feature" not in state
+        state["step"] += 1
+        t = timestep.expand(sample.shape[0]) if timestep.ndim else timestep[None].expand(sample.shape[0])
+        emb = unet.time_embedding(unet.time_proj(t).to(sample.dtype))
+        h = unet.conv_in(sample)
+        res = (h,)
+        for i, block in enumerate(unet.down_blocks):
+            if i >= branch and not full:
+                break
+            kw = {"encoder_hidden_states": encoder_hidden_states} if getattr(block, "has_cross_attention", False) else {}
+            h, r = block(hidden_states=h, temb=emb, **kw)
+            res += r
+        n_up = len(unet.up_blocks)
+        if full:
+            h = unet.mid_block(h, emb, encoder_hidden_states=encoder_hidden_states)
+        else:
+            h = state["feature"]
+            # the skips the deep up blocks would have read (a shallow block's downsampler output among them)
+            made = 1 + sum(len(b.resnets) + (b.downsamplers is not None) for b in unet.down_blocks)
+            deep = sum(len(b.resnets) for b in unet.up_blocks[:n_up - branch])
+            res = res[:made - deep]
+        for i, block in enumerate(unet.up_blocks):
+            if i < n_up - branch and not full:
+                continue
+            r, res = res[-len(block.resnets):], res[:-len(block.resnets)]
+            kw = {"encoder_hidden_states": encoder_hidden_states} if getattr(block, "has_cross_attention", False) else {}
+            h = block(hidden_states=h, temb=emb, res_hidden_states_tuple=r, **kw)
+            if i == n_up - branch - 1:
+                state["feature"] = h
+        h = unet.conv_out(unet.conv_act(unet.conv_norm_out(h)))
+        return (h,)
+
+    return forward
+
+
+@pytest.mark.parametrize("interval", [2, 3])
+def test_deepcache_matches_a_torch_twin(tiny_diffusers, tiny_onnx, interval):
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    pipe = Pipeline.from_folder(tiny_onnx, verify=False)
+    base = pipe(PROMPT, steps=10, guidance=4.0, seed=6)
+    ours = pipe(PROMPT, steps=10, guidance=4.0, seed=6, cache=f"deepcache:{interval}")
+    ref = StableDiffusionPipeline.from_pretrained(tiny_diffusers, local_files_only=True)
+    ref.set_progress_bar_config(disable=True)
+    lat = torch.from_numpy(base.init_latents)
+    kw = dict(latents=lat, num_inference_steps=10, guidance_scale=4.0, output_type="np",
+              height=lat.shape[2] * 4, width=lat.shape[3] * 4)
+    plain = (ref(PROMPT, **kw).images * 255).round().astype(np.uint8)
+    state = {"step": 0}
+    full_twin = deepcache_forward(ref.unet, {"step": 0}, 1)
+    x = torch.randn(2, 4, 8, 8)
+    ehs = torch.randn(2, 16, 32)
+    with torch.no_grad():  # the twin at interval 1 is the UNet itself
+        assert torch.allclose(full_twin(x, torch.tensor(500.0), ehs)[0], ref.unet(x, 500.0, ehs).sample, atol=1e-5)
+    ref.unet.forward = deepcache_forward(ref.unet, state, interval)
+    twin = (ref(PROMPT, **kw).images * 255).round().astype(np.uint8)
+    moved, db = psnr(twin, plain), psnr(ours.images, twin)
+    print(f"\ndeepcache:{interval}: twin cached vs uncached {moved:.1f} dB; ours vs twin {db:.1f} dB")
+    assert state["step"] == 10 and moved < 60.0
+    assert db >= 35.0
