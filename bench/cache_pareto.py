@@ -79,8 +79,9 @@ def _count_full(pipe):
     return counts
 
 
-def run_model(name: str, count: int) -> dict:
+def run_model(name: str, count: int, only: list[str] | None = None) -> dict:
     folder, sampler, steps, guidance, specs = MODELS[name]
+    specs = [s for s in (only or specs) if s.split(":")[0] in {x.split(":")[0] for x in specs}]
     pipe = Pipeline.from_folder(ROOT / folder, threads=1)
     scenes = heldout_scenes(EvaluateOptions(count=count))
     shape = pipe.latent_shape_for(1)[1:]
@@ -180,11 +181,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--count", type=int, default=32)
+    ap.add_argument("--specs", nargs="+", default=None, help="cache settings instead of the model's list")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cache_pareto")
     args = ap.parse_args()
     results = {"machine": cpu_info(), "models": {}}
     for name in args.models:
-        results["models"][name] = run_model(name, args.count)
+        results["models"][name] = run_model(name, args.count, args.specs)
     results["machine"]["load_after"] = os.getloadavg()[0]
     write_json(args.out.with_suffix(".json"), results, None)
     md = args.out.with_suffix(".md")
