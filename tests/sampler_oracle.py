@@ -45,15 +45,17 @@ def diffusers_trajectory(sched, x0: np.ndarray, n: int, noise: np.ndarray | None
 
 def table_trajectory(table, x0: np.ndarray, noise: np.ndarray | None = None):
     """The table loop in float64 on the float64 rows (the contract in samplers/tables.py)."""
-    x, d_prev, states = x0 * table.init_scale, 0.0, []
-    for i, (t, c_in, p, q, a, c, d, e, r, k) in enumerate(table.rows64):
-        den = p * x + q * fake_model(x * c_in, t)
-        x = a * x + c * den + d * d_prev
+    x, hist, states = x0 * table.init_scale, [], []
+    for i, row in enumerate(table.rows64):
+        t, c_in, p, q, a, c, d, e, r, k = row[:10]
+        out = fake_model(x * c_in, t)
+        den = p * x + q * out
+        x = a * x + c * den + sum(coef * h for coef, h in zip(row[[6, *range(10, len(row))]], hist))
         if e:
             x = x + e * noise[i]
         if k:
             x = x + k * np.clip(den, -r, r)
-        d_prev = den
+        hist = [out if table.history == "output" else den, *hist]  # H_1, H_2, ... (d, d2, ...)
         states.append(x)
     return states
 

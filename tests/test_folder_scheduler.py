@@ -22,7 +22,16 @@ FOLDER_SCHEDULERS = [
               "set_alpha_to_one": False}),
     ("dpmpp_2m", {"_class_name": "DPMSolverMultistepScheduler", **SD, "use_exponential_sigmas": True,
                   "final_sigmas_type": "sigma_min", "lower_order_final": False}),
+    # what real SD folders ship (PNDM, UniPC), and the few-step ones (LCM, TCD, SD-Turbo's Euler-a trailing)
+    ("pndm", {"_class_name": "PNDMScheduler", **SD, "skip_prk_steps": True, "set_alpha_to_one": False}),
+    ("unipc", {"_class_name": "UniPCMultistepScheduler", **SD}),
+    ("unipc", {"_class_name": "UniPCMultistepScheduler", **SD, "solver_order": 3, "use_karras_sigmas": True}),
+    ("lcm", {"_class_name": "LCMScheduler", **SD}),
+    ("tcd", {"_class_name": "TCDScheduler", **SD}),
+    ("euler_a", {"_class_name": "EulerAncestralDiscreteScheduler", **SD, "timestep_spacing": "trailing"}),
 ]
+# TCDScheduler.step's gamma default; diffusers' pipelines pass eta=0.0 unless told (TCD's docs pass 0.3)
+_STEP_KW = {"TCDScheduler": {"eta": 0.3}}
 
 
 def _with_scheduler(src, dst, config):
@@ -31,7 +40,8 @@ def _with_scheduler(src, dst, config):
     return dst
 
 
-@pytest.mark.parametrize("sampler,config", FOLDER_SCHEDULERS, ids=[s for s, _ in FOLDER_SCHEDULERS])
+@pytest.mark.parametrize("sampler,config", FOLDER_SCHEDULERS,
+                         ids=[f"{s}-{i}" for i, (s, _) in enumerate(FOLDER_SCHEDULERS)])
 def test_default_sampler_is_the_folders(tiny_diffusers, tiny_onnx, tmp_path, sampler, config):
     import diffusers
     import torch
@@ -45,9 +55,28 @@ def test_default_sampler_is_the_folders(tiny_diffusers, tiny_onnx, tmp_path, sam
     ref.scheduler = getattr(diffusers, config["_class_name"]).from_config(config)
     ref.set_progress_bar_config(disable=True)
     lat = ours.init_latents
-    img = ref("a red circle on the left", latents=torch.from_numpy(lat), num_inference_steps=6, guidance_scale=4.0,
-              output_type="np", height=lat.shape[2] * 4, width=lat.shape[3] * 4).images
-    assert psnr(ours.images, (img * 255).round().astype(np.uint8)) >= 40.0
+    kw = _STEP_KW.get(config["_class_name"], {})
+    with _per_step_noise(ref.scheduler, ours.noise):
+        img = ref("a red circle on the left", latents=torch.from_numpy(lat), num_inference_steps=6, guidance_scale=4.0,
+                  output_type="np", height=lat.shape[2] * 4, width=lat.shape[3] * 4, **kw).images
+    db = psnr(ours.images, (img * 255).round().astype(np.uint8))
+    print(f"\n{config['_class_name']} ({sampler}): {db:.1f} dB vs diffusers")
+    assert db >= 40.0
+
+
+def _per_step_noise(scheduler, noise):
+    """diffusers draws ancestral noise inside step(); hand it ours, one row per step (our convention)."""
+    import contextlib
+    import importlib
+    from unittest import mock
+
+    import torch
+
+    if noise is None:
+        return contextlib.nullcontext()
+    draws = iter(noise)
+    mod = importlib.import_module(type(scheduler).__module__)
+    return mock.patch.object(mod, "randn_tensor", lambda *a, **k: torch.from_numpy(next(draws)))
 
 
 def test_unreproduced_folder_option_is_a_one_line_error(tiny_onnx, tmp_path):
@@ -96,3 +125,38 @@ def test_graphs_compiled_before_the_clip_columns_still_run():
     clipped = table_from_config({"_class_name": "DDIMScheduler", **SD, "clip_sample": True}, 4)
     with pytest.raises(UserError, match="recompile"):
         graph.feeds(clipped, latents, None, 3.0)
+
+
+def test_lcm_distilled_unet_embeds_the_guidance_scale(tiny_diffusers, tmp_path):
+    """An LCM-distilled UNet (time_cond_proj_dim) takes w = guidance - 1 as timestep_cond and runs without
+    CFG, as diffusers' pipeline runs it: export gives the UNet a `guidance` input, the runtime feeds it."""
+    import onnx
+    import torch
+    from diffusers import LCMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+
+    from onnxdiffusion.export import export_pipeline
+
+    ref = StableDiffusionPipeline.from_pretrained(tiny_diffusers, local_files_only=True)
+    torch.manual_seed(1)
+    ref.unet = UNet2DConditionModel.from_config({**ref.unet.config, "time_cond_proj_dim": 8})
+    ref.scheduler = LCMScheduler.from_config(ref.scheduler.config)
+    ref.save_pretrained(tmp_path / "lcm", safe_serialization=True)
+    export_pipeline(tmp_path / "lcm", tmp_path / "onnx", progress=False)
+    unet_inputs = [i.name for i in onnx.load(tmp_path / "onnx" / "unet" / "model.onnx", load_external_data=False).graph.input]
+    assert unet_inputs[-1] == "guidance"
+
+    pipe = Pipeline.from_folder(tmp_path / "onnx", verify=False)
+    ref.set_progress_bar_config(disable=True)
+    dbs = []
+    for guidance in (1.0, 6.0):
+        ours = pipe("a red circle on the left", steps=4, guidance=guidance, seed=3)
+        assert ours.settings["sampler"] == "lcm"
+        lat = ours.init_latents
+        with _per_step_noise(ref.scheduler, ours.noise):
+            img = ref("a red circle on the left", latents=torch.from_numpy(lat), num_inference_steps=4,
+                      guidance_scale=guidance, output_type="np", height=lat.shape[2] * 4, width=lat.shape[3] * 4).images
+        dbs.append(psnr(ours.images, (img * 255).round().astype(np.uint8)))
+    print(f"\nLCM-distilled UNet, guidance 1 / 6: {dbs[0]:.1f} / {dbs[1]:.1f} dB vs diffusers")
+    assert min(dbs) >= 40.0
+    a, b = (pipe("a red circle on the left", steps=4, guidance=g, seed=3).images for g in (1.0, 6.0))
+    assert np.abs(a.astype(int) - b.astype(int)).max() > 0  # the embedding reaches the image

@@ -94,6 +94,30 @@ def _cases():
         dict(use_dynamic_shifting=True, shift_terminal=0.02)], steps=(2, 4, 28), mu=1.1)
     add("FlowMatchHeunDiscreteScheduler", [{}, dict(shift=3.0), dict(shift=3.0, num_train_timesteps=500)],
         steps=(1, 2, 5, 20))
+    # the two schedulers real SD folders ship most, then the few-step distilled ones
+    pndm = dict(SD, skip_prk_steps=True)
+    add("PNDMScheduler", [dict(pndm, prediction_type=p, timestep_spacing=s) for p in preds[:2] for s in spacings]
+        + [dict(pndm, set_alpha_to_one=True), dict(pndm, steps_offset=0), dict(pndm, **TRAINED),
+           dict(pndm, num_train_timesteps=500), dict(pndm, **LINEAR), dict(pndm, **COSINE)], steps=(1, 2, 3, 4, 10, 25))
+    add("UniPCMultistepScheduler", [dict(SD, prediction_type=p, timestep_spacing=s) for p in preds for s in spacings])
+    add("UniPCMultistepScheduler", [
+        {}, dict(SD, solver_order=1), dict(SD, solver_order=3),
+        dict(SD, lower_order_final=False, final_sigmas_type="sigma_min"),
+        dict(SD, solver_type="bh1", final_sigmas_type="sigma_min"), dict(SD, final_sigmas_type="sigma_min"),
+        dict(SD, solver_order=3, lower_order_final=False, final_sigmas_type="sigma_min"),
+        dict(SD, disable_corrector=[0, 2]),
+        dict(SD, use_karras_sigmas=True), dict(SD, use_exponential_sigmas=True), dict(SD, use_beta_sigmas=True),
+        dict(SD, **ZERO_SNR), dict(SD, **TRAINED), dict(SD, num_train_timesteps=500), dict(LINEAR), dict(COSINE)],
+        steps=(1, 2, 3, 10, 25))
+    for cls in ("LCMScheduler", "TCDScheduler"):
+        add(cls, [{}, dict(prediction_type="v_prediction"), dict(prediction_type="sample"), dict(original_inference_steps=20),
+                  dict(timestep_scaling=4.0), dict(set_alpha_to_one=False), dict(clip_sample=True, clip_sample_range=0.5),
+                  dict(LINEAR), dict(TRAINED), dict(steps_offset=1, timestep_spacing="trailing"),
+                  dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"), dict(num_train_timesteps=500)],
+            steps=(1, 2, 4, 8))
+    # SD-Turbo / SDXL-Turbo ship Euler ancestral on trailing spacing; Flux-schnell few-step flow Euler
+    add("EulerAncestralDiscreteScheduler", [dict(SD, timestep_spacing="trailing")], steps=(1, 2, 4))
+    add("FlowMatchEulerDiscreteScheduler", [dict(shift=1.0), dict(use_dynamic_shifting=True)], steps=(1, 2, 4), mu=1.15)
     return out
 
 
@@ -118,10 +142,26 @@ REFUSALS = [
     ("EulerDiscreteScheduler", dict(prediction_type="flow_prediction"), "prediction_type"),
     ("EulerAncestralDiscreteScheduler", dict(prediction_type="sample"), "prediction_type"),
     ("FlowMatchEulerDiscreteScheduler", dict(invert_sigmas=True), "invert_sigmas"),
+    ("PNDMScheduler", dict(skip_prk_steps=False), "skip_prk_steps"),
+    ("UniPCMultistepScheduler", dict(thresholding=True), "thresholding"),
+    ("UniPCMultistepScheduler", dict(predict_x0=False), "predict_x0"),
+    ("UniPCMultistepScheduler", dict(solver_type="bh1"), "solver_type"),  # diffusers' last step is NaN
+    ("UniPCMultistepScheduler", dict(lower_order_final=False), "lower_order_final"),  # ... and inf here
+    ("UniPCMultistepScheduler", dict(use_flow_sigmas=True, prediction_type="flow_prediction"), "use_flow_sigmas"),
+    ("UniPCMultistepScheduler", dict(use_dynamic_shifting=True), "use_dynamic_shifting"),
+    ("UniPCMultistepScheduler", dict(use_karras_sigmas=True, final_sigmas_type="sigma_min"), "final_sigmas_type"),
+    ("UniPCMultistepScheduler", dict(sigma_min=0.1), "sigma_min"),
+    ("UniPCMultistepScheduler", dict(sigma_max=10.0), "sigma_max"),
+    ("UniPCMultistepScheduler", dict(shift_terminal=0.1, use_flow_sigmas=True, prediction_type="flow_prediction"),
+     "use_flow_sigmas"),
+    ("LCMScheduler", dict(thresholding=True), "thresholding"),
 ]
 # options that change nothing unless another option is on (thresholding), or that only feed mu
 INERT = {"dynamic_thresholding_ratio", "sample_max_value", "base_shift", "max_shift", "base_image_seq_len",
-         "max_image_seq_len"}
+         "max_image_seq_len",
+         "flow_shift", "time_shift_type", "shift_terminal",  # UniPC: only with the refused use_flow_sigmas
+         "solver_p",  # a scheduler object, never in a saved config (refused when set)
+         "thresholding"}  # TCDScheduler.step never reads it (LCM's is refused above)
 RESULTS = {"matched": [], "refused": []}
 
 
@@ -193,7 +233,7 @@ def test_sampler_override_follows_from_config():
     t = table_from_config(flux, 4, "dpmpp_2m", image_seq_len=1024)
     assert t.rows64[0, 0] == pytest.approx(1000.0) and t.init_scale == 1.0
     assert table_from_config(flux, 4, "flow_heun", mu=1.0).num_steps == 7
-    assert table_from_config({"_class_name": "PNDMScheduler", **SD}, 4).sampler == "ddim"
+    assert table_from_config({"_class_name": "PNDMScheduler", **SD, "skip_prk_steps": True}, 4).sampler == "pndm"
 
 
 def test_zz_summary():

@@ -66,6 +66,7 @@ def generate(
     spacing: Optional[str] = None,
     provider: str = "cpu",
     loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
+    cache: Annotated[Optional[str], typer.Option(help="step caching (host loop): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] (transformers) | deepcache:INTERVAL[:BRANCH] (UNets)")] = None,
     output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
@@ -105,6 +106,10 @@ def generate(
         from .runtime.memory import memory_options
 
         memory_options(memory)  # a bad setting fails before any model loads
+    if cache is not None:
+        from .runtime.cache import parse_cache
+
+        parse_cache(cache)  # a bad spec: one line before any model loads
     picture = picture_mask = None
     if image is not None or mask is not None or strength is not None:
         from .runtime.image_input import check_mask_matches, check_strength, read_picture
@@ -122,7 +127,7 @@ def generate(
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
-                                              mask_blur=mask_blur, mask_overlay=mask_overlay),
+                                              mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache),
                               manifest["recommended"])
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile

@@ -190,7 +190,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             vae_decoder=load_component(model, manifest, "vae_decoder"),
             vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
         )
-    mode = "none" if family.guidance_input else ("cfg_rescale" if family.cfg_rescale else "cfg")
+    mode = "none" if family.guidance_input_for(manifest["pipeline"]) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")

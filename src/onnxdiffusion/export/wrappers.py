@@ -6,6 +6,8 @@ this module only knows how each kind of diffusers/transformers module is called.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..families.base import SAMPLE, TIMESTEP, ComponentSpec
@@ -26,16 +28,31 @@ class TextEncoder(torch.nn.Module):
         return tuple(out.hidden_states[_HIDDEN[o]] if o in _HIDDEN else getattr(out, o) for o in self.outputs)
 
 
+def guidance_embedding(scale: torch.Tensor, dim: int) -> torch.Tensor:
+    """The sinusoidal embedding of (scale - 1) * 1000 an LCM-distilled UNet takes as timestep_cond
+    (the w-conditioning of the LCM paper; diffusers' pipelines compute it from guidance_scale - 1)."""
+    w = (scale.float() - 1.0) * 1000.0
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half, dtype=torch.float32) * (-math.log(10000.0) / (half - 1)))
+    emb = w[:, None] * freqs[None, :]
+    emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=1)
+    return torch.nn.functional.pad(emb, (0, 1)) if dim % 2 else emb
+
+
 class UNet(torch.nn.Module):
-    """sample, timestep, encoder_hidden_states, then any added conditioning (SDXL: text_embeds, time_ids)."""
+    """sample, timestep, encoder_hidden_states, then any added conditioning (SDXL: text_embeds, time_ids),
+    and last the guidance scale of an LCM-distilled UNet (``time_cond_proj_dim``), embedded here."""
 
     def __init__(self, model, added: tuple[str, ...]):
         super().__init__()
         self.model = model
-        self.added = added
+        self.guided = bool(added) and added[-1] == "guidance"
+        self.added = added[:-1] if self.guided else added
 
     def forward(self, sample, timestep, encoder_hidden_states, *added):
         kwargs = {"added_cond_kwargs": dict(zip(self.added, added))} if self.added else {}
+        if self.guided:
+            kwargs["timestep_cond"] = guidance_embedding(added[-1], int(self.model.config.time_cond_proj_dim))
         return self.model(sample, timestep, encoder_hidden_states, return_dict=False, **kwargs)[0]
 
 

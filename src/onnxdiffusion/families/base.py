@@ -211,6 +211,27 @@ class Family:
     # -- hooks the transformer families override (the defaults are Stable Diffusion's behaviour) ---
     # backbone input fed the guidance scale itself (guidance-distilled Flux): no [uncond; cond] batch
     guidance_input: ClassVar[str | None] = None
+
+    # node-name patterns of the backbone's repeated blocks, as torch's exporter names them
+    cache_block_pattern: ClassVar[str] = r"^(/model/(?:transformer_blocks|single_transformer_blocks)\.\d+/)"
+
+    def cache_span(self, method: str, node_names: list[str], branch: int = 1) -> tuple[tuple[str, ...], str | None]:
+        """Step caching: (node-name prefixes of the span a cached step skips, the first block's prefix).
+
+        Transformer families: every block after the first (first-block cache, TaylorSeer)."""
+        import re
+
+        if method == "deepcache":
+            raise ValueError("deepcache caches a UNet's deep path; use first_block or taylorseer on this backbone")
+        blocks = list(dict.fromkeys(m.group(1) for n in node_names if (m := re.match(self.cache_block_pattern, n))))
+        if len(blocks) < 2:
+            raise ValueError("the backbone has fewer than two named transformer blocks")
+        return tuple(blocks[1:]), blocks[0]
+
+    def guidance_input_for(self, info: dict) -> str | None:
+        """The guidance backbone input for this folder (a family may have it only for some backbones)."""
+        return self.guidance_input
+
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)
     cfg_rescale: ClassVar[bool] = False
     # latents packed into p x p patch tokens [B, S, C*p*p] (Flux, Qwen-Image); None: NCHW

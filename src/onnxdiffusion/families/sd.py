@@ -111,10 +111,34 @@ class StableDiffusion(Family):
             "default_width": size,
             "model_max_length": tokenizer_max_length(configs, self.text_encoders[0]),
             "context_dim": hidden,
+            **_time_cond(unet),
         }
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
-        return (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", _context_dim(info))),)
+        specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", _context_dim(info))),)
+        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.get("time_cond_proj_dim") else specs
+
+    def cache_span(self, method: str, node_names: list[str], branch: int = 1) -> tuple[tuple[str, ...], str | None]:
+        """DeepCache: the UNet's deep path (down blocks from `branch` on, the mid block, the up blocks but
+        the last `branch`) is skipped on cached steps; the shallow pairs around it always run."""
+        import re
+
+        if method != "deepcache":
+            raise ValueError(f"{method} caches transformer blocks; use deepcache on a UNet backbone")
+        idx = {kind: sorted({int(m.group(1)) for n in node_names if (m := re.match(rf"^/model/{kind}\.(\d+)/", n))})
+               for kind in ("down_blocks", "up_blocks")}
+        downs, ups = idx["down_blocks"], idx["up_blocks"]
+        if not downs or len(downs) != len(ups) or branch >= len(downs):
+            raise ValueError(f"deepcache branch {branch} needs more than {branch} down/up block pairs "
+                             f"(this UNet has {len(downs)})")
+        span = [f"/model/down_blocks.{i}/" for i in downs[branch:]] + ["/model/mid_block/"]
+        span += [f"/model/up_blocks.{i}/" for i in ups[:len(ups) - branch]]
+        return tuple(span), None
+
+    def guidance_input_for(self, info: dict) -> str | None:
+        # an LCM-distilled UNet (time_cond_proj_dim) embeds the guidance scale and runs without CFG,
+        # as diffusers' pipelines do for it; the export wrapper turns the scale into timestep_cond
+        return GUIDANCE if info.get("time_cond_proj_dim") else None
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
         hidden = _context_dim(info)
@@ -139,6 +163,14 @@ class StableDiffusion(Family):
 
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
         return {CONTEXT: encoded["text_encoder"]["last_hidden_state"]}
+
+
+GUIDANCE = "guidance"
+
+
+def _time_cond(unet: dict) -> dict:
+    dim = unet.get("time_cond_proj_dim")
+    return {"time_cond_proj_dim": int(dim)} if dim else {}
 
 
 def _context_dim(info: dict) -> int | str:

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot, tokenizer_max_length
-from .sd import CLIP_TOKENIZERS, StableDiffusion, latent_io, scheduler_info, text_encoder_spec, vae_info, vae_specs
+from .sd import (CLIP_TOKENIZERS, GUIDANCE, StableDiffusion, _time_cond, latent_io, scheduler_info, text_encoder_spec,
+                 vae_info, vae_specs)
 
 PENULTIMATE = "penultimate_hidden_state"
 
@@ -60,14 +61,16 @@ class StableDiffusionXL(StableDiffusion):
             "encoder_widths": [h1, h2],
             "pooled_dim": proj,
             "force_zeros_for_empty_prompt": bool(configs["model_index"].get("force_zeros_for_empty_prompt", True)),
+            **_time_cond(unet),
         }
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
-        return (
+        specs = (
             TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info["context_dim"]))),
             TensorSpec("text_embeds", "float32", ("batch_size", int(info["pooled_dim"]))),
             TensorSpec("time_ids", "float32", ("batch_size", 6)),
         )
+        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.get("time_cond_proj_dim") else specs
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
         c = int(info["latent_channels"])

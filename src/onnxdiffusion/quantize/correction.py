@@ -136,6 +136,9 @@ class OutputCorrection:
         ts, scales, biases = [], [], []
         if np.any(table.column("k")):  # the fit inverts a linear update; clip_sample is not one
             raise ValueError("the trajectory correction needs a sampler without clip_sample")
+        if table.host_only:  # the fit reads one D_prev; PNDM/UniPC rows carry a longer history
+            raise ValueError(f"the trajectory correction does not fit {table.sampler}'s multistep history; "
+                             "calibrate with another sampler (e.g. ddim)")
         for k, (t, c_in, p, q, a, c, d, e, *_clip) in enumerate(table.rows):
             sample = np.empty_like(calib.samples[k])
             sample[c_rows] = x * c_in

@@ -53,6 +53,7 @@ class GenerateOptions:
     # inpainting from a picture: paste its pixels back outside the mask (diffusers' apply_overlay), so the
     # VAE's round trip does not touch them; off: the decoded image as is (diffusers' default)
     mask_overlay: bool = False
+    cache: str | None = None  # step caching SPEC (runtime/cache.py), e.g. "first_block:0.2"; host loop
 
 
 def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:

@@ -203,7 +203,7 @@ class Pipeline:
                         width: int, shape: tuple[int, ...], session=None, extra=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
         guidance-distilled backbone takes the scale as an input and runs unbatched)."""
-        embedded = self.family.guidance_input
+        embedded = self.family.guidance_input_for(self.info)
         cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)

@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import UserError
 from ..samplers import iter_sample
 from . import guards
+from .cache import cached_backbone, parse_cache
 from .generation import GenerationResult, StepEvent
 
 
@@ -16,6 +17,9 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     from .image_input import check_strength, plan_start
 
     options = pipe.resolve(options)
+    cache = parse_cache(options.cache)
+    if cache is not None and not cache.noop and options.loop != "host":
+        raise UserError(f"cache {cache} runs in the host loop only (--loop host)")
     guards.check_request(pipe.folder, pipe.manifest, options)
     shape = pipe.latent_shape(options)  # the family's (may be packed)
     h, w = pipe.image_size(options)
@@ -59,7 +63,7 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
 
 
 def run(pipe, options, table, latents, noise, prompts, negatives, start=None):
-    embedded = pipe.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
+    embedded = pipe.family.guidance_input_for(pipe.info)  # guidance-distilled: the scale is a backbone input, no CFG
     h, w = pipe.image_size(options)
     offset = 0 if start is None else start.start
     if options.loop != "host":
@@ -75,6 +79,8 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None):
         model_fn = backbone = pipe.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
                                                    extra=extra)
         backbones = [backbone]
+        if (cache := parse_cache(options.cache)) is not None and not cache.noop:
+            model_fn = cached_backbone(pipe, backbone, cache)  # first -> (rest | cached) -> tail
         if pipe.correction is not None:
             model_fn = pipe.correction.wrap(model_fn)
         if pipe.precision_schedule is not None:

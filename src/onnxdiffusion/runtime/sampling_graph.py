@@ -41,6 +41,9 @@ class SamplingGraph:
 
     def feeds(self, table: SamplerTable, latents: np.ndarray, noise: np.ndarray | None, guidance: float,
               steps: int | None = None) -> dict[str, np.ndarray]:
+        if table.host_only:
+            raise UserError(f"{table.sampler} keeps a longer multistep history than the sampling graphs carry "
+                            "(one D_prev): run it with the host loop (--loop host)")
         rows = np.ascontiguousarray(table.rows, dtype=np.float32)
         if self.table_width < rows.shape[1]:
             if np.any(rows[:, self.table_width:]):

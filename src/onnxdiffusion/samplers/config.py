@@ -10,6 +10,7 @@ diffusers 0.39's and a test checks them against its signatures.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -43,11 +44,25 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
                                         "invert_sigmas": False, "shift_terminal": None,
                                         "time_shift_type": "exponential", "stochastic_sampling": False},
     "FlowMatchHeunDiscreteScheduler": dict(_FLOW),
+    "PNDMScheduler": {k: v for k, v in _BETAS.items() if k != "rescale_betas_zero_snr"} | {
+        "skip_prk_steps": False, "set_alpha_to_one": False, "timestep_spacing": "leading"},
+    "UniPCMultistepScheduler": {**_BETAS, **_THRESHOLD, **_SHAPES, "solver_order": 2, "predict_x0": True,
+                                "solver_type": "bh2", "lower_order_final": True, "disable_corrector": [],
+                                "solver_p": None, "use_flow_sigmas": False, "flow_shift": 1.0,
+                                "timestep_spacing": "linspace", "final_sigmas_type": "zero",
+                                "use_dynamic_shifting": False, "time_shift_type": "exponential",
+                                "sigma_min": None, "sigma_max": None, "shift_terminal": None},
+    **{cls: {**_BETAS, **_THRESHOLD, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+             "original_inference_steps": 50, "clip_sample": False, "clip_sample_range": 1.0,
+             "set_alpha_to_one": True, "timestep_spacing": "leading", "timestep_scaling": 10.0}
+       for cls in ("LCMScheduler", "TCDScheduler")},
 }
 # sampler -> the diffusers class it reproduces; and a folder's class -> its default sampler
 SAMPLER_CLASS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler",
                  "euler_a": "EulerAncestralDiscreteScheduler", "dpmpp_2m": "DPMSolverMultistepScheduler",
-                 "flow_euler": "FlowMatchEulerDiscreteScheduler", "flow_heun": "FlowMatchHeunDiscreteScheduler"}
+                 "flow_euler": "FlowMatchEulerDiscreteScheduler", "flow_heun": "FlowMatchHeunDiscreteScheduler",
+                 "pndm": "PNDMScheduler", "unipc": "UniPCMultistepScheduler", "lcm": "LCMScheduler",
+                 "tcd": "TCDScheduler"}
 DEFAULT_SAMPLER = {cls: sampler for sampler, cls in SAMPLER_CLASS.items()}
 FLOW_CLASSES = ("FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler")
 
@@ -96,7 +111,7 @@ def _noise_schedule(c: _Config, prediction_types: tuple[str, ...]) -> NoiseSched
         beta_end=float(c["beta_end"]), beta_schedule=str(c["beta_schedule"]),
         prediction_type=str(c["prediction_type"]), steps_offset=int(c["steps_offset"]),
         timestep_spacing=str(c["timestep_spacing"]), set_alpha_to_one=bool(c.values.get("set_alpha_to_one", True)),
-        rescale_betas_zero_snr=bool(c["rescale_betas_zero_snr"]),
+        rescale_betas_zero_snr=bool(c.values.get("rescale_betas_zero_snr", False)),
         trained_betas=None if trained is None else tuple(float(b) for b in trained),
     )
 
@@ -168,19 +183,94 @@ def _flow_heun(c: _Config):
     return _flow_schedule(c), SamplerOptions()
 
 
+def _pndm(c: _Config):
+    if not c["skip_prk_steps"]:
+        raise c.refuse("skip_prk_steps", "not reproduced (the Runge-Kutta warm-up); Stable Diffusion folders "
+                                         "ship skip_prk_steps=true")
+    return _noise_schedule(c, ("epsilon", "v_prediction")), SamplerOptions(skip_prk_steps=True)
+
+
+def _unipc(c: _Config):
+    c.off("thresholding", "use_flow_sigmas", "use_dynamic_shifting")
+    if c["solver_p"] is not None:
+        raise c.refuse("solver_p")
+    if not c["predict_x0"]:
+        raise c.refuse("predict_x0", "not reproduced (only the x0-space UniPC, diffusers' default)")
+    c.require("solver_order", (1, 2, 3))
+    c.require("solver_type", ("bh1", "bh2"))
+    c.require("final_sigmas_type", ("zero", "sigma_min"))
+    for key in ("sigma_min", "sigma_max", "shift_terminal"):  # read only with flow sigmas / not at all
+        if c[key] is not None:
+            raise c.refuse(key)
+    if c["solver_type"] == "bh1" and c["final_sigmas_type"] == "zero":
+        raise c.refuse("solver_type", "not reproduced with final_sigmas_type='zero' (diffusers' own last step is "
+                                      "NaN there: B(h) = h is infinite at sigma 0)")
+    if not c["lower_order_final"] and c["final_sigmas_type"] == "zero" and c["solver_order"] > 1:
+        raise c.refuse("lower_order_final", "not reproduced with final_sigmas_type='zero' (diffusers' own last "
+                                            "step is inf there: a multistep difference over an infinite h)")
+    shape = c.sigma_shape()
+    if shape != "default" and c["final_sigmas_type"] != "zero":
+        raise c.refuse("final_sigmas_type", f"not reproduced with {shape} sigmas (it repeats the last sigma)")
+    disabled = c["disable_corrector"] or []
+    opts = SamplerOptions(sigma_shape=shape, final_sigmas_type=c["final_sigmas_type"],
+                          solver_order=int(c["solver_order"]), unipc_solver=c["solver_type"],
+                          lower_order_final=bool(c["lower_order_final"]),
+                          disable_corrector=tuple(int(i) for i in disabled))
+    return _noise_schedule(c, ("epsilon", "v_prediction", "sample")), opts
+
+
+def _consistency(c: _Config):
+    clip = float(c["clip_sample_range"]) if c["clip_sample"] else None
+    opts = SamplerOptions(clip_sample_range=clip, original_steps=int(c["original_inference_steps"]),
+                          timestep_scaling=float(c["timestep_scaling"]))
+    return _noise_schedule(c, ("epsilon", "v_prediction", "sample")), opts
+
+
+def _tcd(c: _Config):
+    # TCDScheduler.step reads neither clip_sample nor thresholding: both are inert there
+    c.values.update(clip_sample=False, thresholding=False)
+    return _consistency(c)
+
+
 _RESOLVE = {"DDIMScheduler": _ddim, "EulerDiscreteScheduler": _euler, "EulerAncestralDiscreteScheduler": _euler_a,
             "DPMSolverMultistepScheduler": _dpm, "FlowMatchEulerDiscreteScheduler": _flow_euler,
-            "FlowMatchHeunDiscreteScheduler": _flow_heun}
+            "FlowMatchHeunDiscreteScheduler": _flow_heun, "PNDMScheduler": _pndm, "UniPCMultistepScheduler": _unipc,
+            "LCMScheduler": _consistency, "TCDScheduler": _tcd}
 
 
 def is_flow_config(config: dict[str, Any]) -> bool:
-    return config.get("_class_name") in FLOW_CLASSES or (
+    cls = config.get("_class_name")
+    if isinstance(cls, str) and cls.startswith("FlowMatch") and cls not in DEFAULT_SAMPLER:
+        return True  # FlowMatchLCM etc.: a flow schedule without its own sampler here
+    return cls in FLOW_CLASSES or (
         config.get("_class_name") == "DPMSolverMultistepScheduler" and bool(config.get("use_flow_sigmas")))
 
 
+# Classes whose schedule is not betas-derived nor rectified flow (sigma-space EDM, VE SDE, consistency
+# models on Karras sigmas): no sampler here runs them, so a folder naming one is refused.
+_FOREIGN_PREFIXES = ("EDM", "ScoreSde", "CMStochastic", "KarrasVe", "Amused", "VQDiffusion", "DDPMWuerstchen")
+_WARNED: set[str] = set()
+
+
 def default_sampler(config: dict[str, Any]) -> str:
-    """The sampler reproducing the folder's scheduler class; classes without a twin here get ddim."""
-    return DEFAULT_SAMPLER.get(config.get("_class_name"), "ddim")
+    """The sampler reproducing the folder's scheduler class.
+
+    A class without a twin here (LMS, Heun, KDPM2, DEIS, ...) runs on its own schedule with ddim
+    (flow_euler for FlowMatch* classes), and says so once per class; classes on a schedule of
+    another kind (EDM, VE) are refused.  Never silent: diffusers' image differs.
+    """
+    cls = config.get("_class_name")
+    if cls in DEFAULT_SAMPLER:
+        return DEFAULT_SAMPLER[cls]
+    if isinstance(cls, str) and cls.startswith(_FOREIGN_PREFIXES):
+        raise ValueError(f"scheduler {cls} has no sampler here (its sigmas are not a betas or flow schedule); "
+                         f"re-save the folder with one of {', '.join(sorted(DEFAULT_SAMPLER))}")
+    fallback = "flow_euler" if isinstance(cls, str) and cls.startswith("FlowMatch") else "ddim"
+    if cls not in _WARNED:
+        _WARNED.add(cls)
+        warnings.warn(f"scheduler {cls} has no sampler here: running {fallback} on its schedule, so images "
+                      f"differ from diffusers' {cls} (pass a sampler to choose another)", UserWarning, stacklevel=2)
+    return fallback
 
 
 def resolve(config: dict[str, Any], sampler: str | None = None

@@ -44,6 +44,8 @@ def dpmpp_rows(alpha, sigma, alpha_next, sigma_next, second: np.ndarray, solver_
 def second_order_mask(n: int, solver_order: int, lower_order_final: bool, euler_at_final: bool,
                       final_zero: bool) -> np.ndarray:
     """Which steps DPMSolverMultistepScheduler.step takes at 2nd order (its lower_order_final rules)."""
+    if solver_order not in (1, 2):
+        raise ValueError(f"solver_order={solver_order!r} is not reproduced by DPM-Solver++; use 1 or 2")
     second = np.arange(n) >= 1
     if solver_order == 1:
         second[:] = False

@@ -44,6 +44,8 @@ def iter_sample_from(model_fn: ModelFn, x: np.ndarray, d_prev: np.ndarray, table
     noise = _check_noise(noise, table, x.shape)
     if not 0 <= start < table.num_steps:
         raise ValueError(f"start must be in [0, {table.num_steps}), got {start}")
+    if table.host_only and start > 0:
+        raise ValueError(f"{table.sampler} keeps more history than one D: it cannot resume mid-trajectory")
     return _loop(model_fn, x, table, noise, start, np.asarray(d_prev, dtype=np.float32))
 
 
@@ -53,7 +55,11 @@ def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarr
     if d_prev is None:
         x = x * np.float32(table.init_scale)
         d_prev = np.zeros_like(x)
-    for i, (t, c_in, p, q, a, c, d, e, r, k) in enumerate(table.rows[start:], start):
+    depth = table.rows.shape[1] - 10  # history columns d2, d3, ... (multistep methods; 0 for most)
+    older: list[np.ndarray] = [np.zeros_like(x)] * depth  # H_2, H_3, ...
+    of_output = table.history == "output"
+    for i, row in enumerate(table.rows[start:], start):
+        t, c_in, p, q, a, c, d, e, r, k = row[:10]
         out = np.asarray(model_fn(x * c_in, float(t)), dtype=np.float32)
         if out.shape != x.shape:
             raise ValueError(f"model output shape {out.shape} does not match latents shape {x.shape} at step {i}")
@@ -66,9 +72,14 @@ def _loop(model_fn: ModelFn, x: np.ndarray, table: SamplerTable, noise: np.ndarr
             x = x + e * noise[i]
         if k != 0:  # DDIM clip_sample: the x0 term alone is clipped
             x = x + k * np.clip(den, -r, r)
+        for coef, h in zip(row[10:], older):
+            if coef != 0:
+                x = x + coef * h
         if after_step is not None:
             x = after_step(i, x)
-        d_prev = den
+        if depth:
+            older = [d_prev, *older[:-1]]
+        d_prev = out if of_output else den
         yield i, x, den
 
 

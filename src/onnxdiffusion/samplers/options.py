@@ -31,6 +31,12 @@ class SamplerOptions:
     flow_grid: str = "flowmatch"  # "dpm": DPMSolverMultistepScheduler's use_flow_sigmas grid
     clip_sample_range: float | None = None  # DDIM clip_sample
     stochastic: bool = False  # FlowMatchEuler stochastic_sampling
+    skip_prk_steps: bool = True  # PNDM (the Runge-Kutta warm-up is refused)
+    unipc_solver: str = "bh2"  # UniPC solver_type
+    disable_corrector: tuple[int, ...] = ()  # UniPC: steps whose corrector is skipped
+    original_steps: int = 50  # LCM / TCD original_inference_steps
+    timestep_scaling: float = 10.0  # LCM boundary-condition scaling
+    eta: float = 0.3  # TCD gamma (the stochastic share of each step); TCDScheduler.step's default
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("sigma_shape", self.sigma_shape, SIGMA_SHAPES),
@@ -41,7 +47,11 @@ class SamplerOptions:
                                      ("flow_grid", self.flow_grid, ("flowmatch", "dpm"))):
             if value not in allowed:
                 raise ValueError(f"unknown {name} {value!r}; expected one of {allowed}")
-        if self.solver_order not in (1, 2):
-            raise ValueError(f"solver_order={self.solver_order!r} is not reproduced; use 1 or 2")
+        if self.solver_order not in (1, 2, 3):
+            raise ValueError(f"solver_order={self.solver_order!r} is not reproduced; use 1, 2 or 3")
+        if self.unipc_solver not in ("bh1", "bh2"):
+            raise ValueError(f"unknown UniPC solver_type {self.unipc_solver!r}; expected 'bh1' or 'bh2'")
+        if not 0.0 <= self.eta <= 1.0:
+            raise ValueError(f"TCD eta (gamma) must be in [0, 1], got {self.eta!r}")
         if self.clip_sample_range is not None and not self.clip_sample_range > 0:
             raise ValueError(f"clip_sample_range must be > 0, got {self.clip_sample_range!r}")

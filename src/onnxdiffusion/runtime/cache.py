@@ -1,0 +1,246 @@
+"""Training-free step caching in the host loop: a typed spec behind ``cache=SPEC`` / ``--cache SPEC``,
+and the model function that skips part of the backbone on some steps.
+
+SPEC is one of
+  ``first_block:THRESHOLD``      first-block cache (transformers): run the first block; if its residual
+                                 changed by less than THRESHOLD (mean |r - r_prev| / mean |r_prev|, as
+                                 diffusers' FirstBlockCacheConfig) reuse the other blocks' residual
+  ``taylorseer:INTERVAL[:ORDER]`` (transformers) the other blocks' output predicted by a Taylor series
+                                 in the step index (finite differences over full steps), a full step
+                                 every INTERVAL steps after 3 warm-up steps, ORDER 1 by default: what
+                                 diffusers' TaylorSeerCacheConfig does with those blocks as cache_identifiers
+                                 (factors kept in float32 here)
+  ``deepcache:INTERVAL[:BRANCH]`` (UNets) the deep path's feature reused; a full step every INTERVAL
+                                 steps; BRANCH shallow down/up block pairs always run (default 1)
+
+The backbone is cut at load time into first / rest / tail graphs (``backbone_split``); the family
+names the span by node-name prefixes.  ``first_block:0``, ``taylorseer:1`` and ``deepcache:1`` never
+skip anything, so they run the uncut backbone (bit-identical to no cache).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UserError
+from ..families.base import SAMPLE, TIMESTEP
+from ..samplers import cfg_combine
+
+METHODS = ("first_block", "taylorseer", "deepcache")
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    method: str
+    threshold: float = 0.0  # first_block
+    interval: int = 1  # taylorseer, deepcache
+    order: int = 1  # taylorseer
+    branch: int = 1  # deepcache
+    warmup: int = 3  # taylorseer: full steps before the first prediction (diffusers' default)
+
+    @property
+    def noop(self) -> bool:
+        """Never skips: the uncut backbone runs."""
+        return self.threshold == 0.0 if self.method == "first_block" else self.interval == 1
+
+    def __str__(self) -> str:
+        if self.method == "first_block":
+            return f"first_block:{self.threshold:g}"
+        if self.method == "taylorseer":
+            return f"taylorseer:{self.interval}:{self.order}"
+        return f"deepcache:{self.interval}:{self.branch}"
+
+
+def parse_cache(spec) -> CacheSpec | None:
+    """A CacheSpec from ``method:arg[:arg]`` (None / "" / "none": no caching); bad specs: one-line UserError."""
+    if spec is None or isinstance(spec, CacheSpec):
+        return spec
+    if not isinstance(spec, str):
+        raise UserError(f"cache must be a string like 'first_block:0.2', got {type(spec).__name__}")
+    text = spec.strip()
+    if text in ("", "none"):
+        return None
+    method, *args = text.split(":")
+    usage = {"first_block": "first_block:THRESHOLD", "taylorseer": "taylorseer:INTERVAL[:ORDER]",
+             "deepcache": "deepcache:INTERVAL[:BRANCH]"}
+    if method not in usage:
+        raise UserError(f"unknown cache method {method!r} in {spec!r}; expected one of {', '.join(usage.values())}")
+    want = 1 if method == "first_block" else 2
+    if not 1 <= len(args) <= want:
+        raise UserError(f"cache spec {spec!r}: expected {usage[method]}")
+    try:
+        if method == "first_block":
+            threshold = float(args[0])
+            if not math.isfinite(threshold) or threshold < 0:
+                raise ValueError
+            return CacheSpec(method, threshold=threshold)
+        nums = [int(a) for a in args]
+    except ValueError:
+        raise UserError(f"cache spec {spec!r}: expected {usage[method]} with "
+                        f"{'a threshold >= 0' if method == 'first_block' else 'integers'}") from None
+    if nums[0] < 1:
+        raise UserError(f"cache spec {spec!r}: INTERVAL must be >= 1")
+    if method == "taylorseer":
+        order = nums[1] if len(nums) > 1 else 1
+        if not 0 <= order <= 4:
+            raise UserError(f"cache spec {spec!r}: ORDER must be in [0, 4]")
+        return CacheSpec(method, interval=nums[0], order=order)
+    branch = nums[1] if len(nums) > 1 else 1
+    if branch < 1:
+        raise UserError(f"cache spec {spec!r}: BRANCH must be >= 1")
+    return CacheSpec(method, interval=nums[0], branch=branch)
+
+
+# --- policies: when to run the span, and what stands in for it ---------------------------------
+
+def _same_shape(names: list[str], f: dict, shape) -> str:
+    for n in names:
+        if f[n].shape == shape:
+            return n
+    raise UserError(f"step caching: no hidden-state candidate of shape {shape} in this backbone's cut")
+
+
+class _FirstBlock:
+    def __init__(self, spec: CacheSpec):
+        self.threshold, self.prev, self.residual = spec.threshold, None, None
+        self.hidden = self.probe = None
+
+    def reuse(self, step: int, f: dict, sg) -> np.ndarray | None:
+        if self.hidden is None:
+            return None  # the first call computes; update() settles which tensors are the stream
+        r = f[self.hidden] - f[self.probe]
+        if self.prev is not None:
+            # float32 means, as diffusers' torch reduction; the decision compares the ratio to the threshold
+            diff = float(np.abs(r - self.prev).mean(dtype=np.float32) / np.abs(self.prev).mean(dtype=np.float32))
+            if not diff > self.threshold:
+                return f[self.hidden] + self.residual
+        self.prev = r
+        return None
+
+    def update(self, step: int, f: dict, out: np.ndarray, sg) -> None:
+        if self.hidden is None:
+            self.hidden = _same_shape(sg.hidden_in, f, out.shape)
+            self.probe = _same_shape(sg.probe, f, out.shape)
+            self.prev = f[self.hidden] - f[self.probe]
+        self.residual = out - f[self.hidden]
+
+
+class _Taylor:
+    """TaylorSeer on the span's output: finite differences over full steps, extrapolated in the step index."""
+
+    def __init__(self, spec: CacheSpec):
+        self.spec, self.factors, self.last_full = spec, [], None
+
+    def _full(self, step: int) -> bool:
+        s = self.spec
+        return step < s.warmup or (step - s.warmup - 1) % s.interval == 0 or not self.factors
+
+    def reuse(self, step: int, f: dict, sg) -> np.ndarray | None:
+        if self._full(step):
+            return None
+        d = step - self.last_full
+        pred = self.factors[0]
+        for k, fk in enumerate(self.factors[1:], 1):
+            pred = pred + fk * np.float32(d ** k / math.factorial(k))
+        return pred
+
+    def update(self, step: int, f: dict, out: np.ndarray, sg) -> None:
+        new = [out.astype(np.float32)]
+        if self.last_full is not None:
+            gap = step - self.last_full
+            for k in range(self.spec.order):
+                if k >= len(self.factors):
+                    break
+                new.append((new[k] - self.factors[k]) / np.float32(gap))
+        self.factors, self.last_full = new[: self.spec.order + 1], step
+
+
+class _Deep:
+    def __init__(self, spec: CacheSpec):
+        self.interval, self.feature = spec.interval, None
+
+    def reuse(self, step: int, f: dict, sg) -> np.ndarray | None:
+        return None if step % self.interval == 0 or self.feature is None else self.feature
+
+    def update(self, step: int, f: dict, out: np.ndarray, sg) -> None:
+        self.feature = out
+
+
+_POLICIES = {"first_block": _FirstBlock, "taylorseer": _Taylor, "deepcache": _Deep}
+
+
+class CachedBackbone:
+    """model_fn(x, t) like GuidedBackbone's, running first -> (rest | cache) -> tail; one per generation."""
+
+    def __init__(self, guided, sessions, sg, spec: CacheSpec):
+        self.g, (self.first, self.rest, self.tail), self.sg = guided, sessions, sg
+        self.policy = _POLICIES[spec.method](spec)
+        self.step, self.computed = 0, 0
+        self.first_in = [i.name for i in self.first.get_inputs()]
+        self.first_out = [o.name for o in self.first.get_outputs()]
+        self.tail_in = [i.name for i in self.tail.get_inputs()]
+
+    def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
+        g, b = self.g, self.g.batch
+        g.sample[:b] = x
+        if g.guided:
+            g.sample[b:] = x
+        g.timestep.fill(t)
+        feeds = {SAMPLE: g.sample, TIMESTEP: g.timestep, **g.conditioning}
+        f = dict(zip(self.first_out, self.first.run(None, {n: feeds[n] for n in self.first_in})))
+        out = self.policy.reuse(self.step, f, self.sg)
+        if out is None:
+            out = self.rest.run(None, {n: f[n] for n in self.sg.span_inputs})[0]
+            self.policy.update(self.step, f, out, self.sg)
+            self.computed += 1
+        self.step += 1
+        pool = {**feeds, **f, self.sg.span_outputs[0]: out}
+        res = self.tail.run(None, {n: pool[n] for n in self.tail_in})[0]
+        if not g.guided:
+            return res
+        return cfg_combine(res[:b], res[b:], g.guidance, rescale=g.rescale)
+
+
+def split_sessions(path, family, spec: CacheSpec, make):
+    """(first, rest, tail) sessions and the SplitGraphs for this backbone file; `make(bytes)` -> session."""
+    import onnx
+
+    from .backbone_split import split
+
+    model = onnx.load(str(path))
+    names = [n.name for n in model.graph.node]
+    try:
+        span, probe = family.cache_span(spec.method, names, spec.branch)
+        sg = split(model, span, probe, sample=SAMPLE)
+    except ValueError as e:
+        raise UserError(f"cache {spec}: {e}") from None
+    if len(sg.span_outputs) != 1:
+        raise UserError(f"cache {spec}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
+                        "expected one hidden state")
+    return tuple(make(m.SerializeToString()) for m in (sg.first, sg.rest, sg.tail)), sg
+
+
+def cached_backbone(pipe, guided, spec: CacheSpec) -> CachedBackbone:
+    """The pipeline's backbone cut for `spec` (cut once per pipeline and method), around this generation's
+    GuidedBackbone buffers and conditioning."""
+    import onnxruntime as ort
+
+    from ..manifest import confined
+    from .backbone import GuidedBackbone
+    from .session import resolve_provider, session_options
+
+    if not isinstance(guided, GuidedBackbone):
+        raise UserError(f"cache {spec} runs with host buffers; this profile binds device buffers (io_binding=device)")
+    splits = pipe.__dict__.setdefault("_cache_splits", {})
+    key = (spec.method, spec.branch if spec.method == "deepcache" else 0)
+    if key not in splits:
+        path = confined(pipe.folder, pipe._backbone_info["path"], "backbone")
+        opts = session_options(pipe._threads, pipe.memory)
+        chain = pipe._chain.get("backbone") or resolve_provider(pipe.provider)
+        splits[key] = split_sessions(path, pipe.family, spec,
+                                     lambda b: ort.InferenceSession(b, sess_options=opts, providers=chain))
+    sessions, sg = splits[key]
+    return CachedBackbone(guided, sessions, sg, spec)
