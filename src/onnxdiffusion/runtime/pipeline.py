@@ -176,12 +176,14 @@ class Pipeline:
             yield
 
     # -- stages -------------------------------------------------------------------------------
-    def encode_prompt(self, prompts: list[str]) -> Conditioning:
+    def encode_prompt(self, prompts: list[str], adapter=None) -> Conditioning:
         """The text conditioning of the backbone, by input name: every text encoder, combined as
-        the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...)."""
+        the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...).
+        `adapter`: LoRA feeds (adapters.AdapterFeeds) for the text encoders that have some."""
         with self.holding_text_encoders():
             encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name],
-                                                          self.text_sessions[slot.name].get(), prompts, self.info)
+                                                          _lora_session(self.text_sessions[slot.name].get(), adapter, slot.name),
+                                                          prompts, self.info)
                        for slot in self.slots}
         cond = self.family.combine(NumpyOps(), encoded, self.info)
         for v in cond.values():
@@ -189,29 +191,34 @@ class Pipeline:
         return cond
 
     def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
-                     width: int) -> tuple[Conditioning, Conditioning | None]:
+                     width: int, adapter=None) -> tuple[Conditioning, Conditioning | None]:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
         prompt given (SDXL then uses zeros, as diffusers does; others encode "")."""
         size = self.family.size_conditioning(self.info, len(prompts), height, width)
         with self.holding_text_encoders():  # one load for both when they are let go after use
-            cond = {**self.encode_prompt(prompts), **size}
+            cond = {**self.encode_prompt(prompts, adapter), **size}
             if not guided:
                 return cond, None
             if negatives is None and self.family.zero_negative(self.info):
                 uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
             else:
-                uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
+                uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts), adapter)
         return self.family.align(cond, {**uncond, **size})
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
-                        width: int, shape: tuple[int, ...], session=None) -> GuidedBackbone:
+                        width: int, shape: tuple[int, ...], session=None, adapter=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
-        guidance-distilled backbone takes the scale as an input and runs unbatched)."""
+        guidance-distilled backbone takes the scale as an input and runs unbatched). `adapter`: LoRA feeds."""
         embedded = self.family.guidance_input
-        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
+        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         session = session or self.backbone
+        if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors are fed, not bound (runtime.py)
+            from ..adapters.runtime import FedBackbone
+
+            return FedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale,
+                               extra=adapter.for_component(self.family.backbone))
         if self.profile is not None and self.profile.profile.io_binding == "device":
             device = "cuda" if self.provider in ("cuda", "tensorrt") else "cpu"
             return DeviceBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale,
@@ -314,9 +321,11 @@ class Pipeline:
         return table, latents, noise
 
     def iter_generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
-                      latents: np.ndarray | None = None, noise: np.ndarray | None = None,
+                      latents: np.ndarray | None = None, noise: np.ndarray | None = None, loras=None,
                       **kwargs) -> Iterator[StepEvent | GenerationResult]:
-        """Validate all inputs now (before any model runs), then return the per-step generator."""
+        """Validate all inputs now (before any model runs), then return the per-step generator.
+
+        `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`)."""
         try:
             options = GenerateOptions(**kwargs)
         except TypeError as e:
@@ -326,9 +335,22 @@ class Pipeline:
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
-        return self._run(options, table, latents, noise, prompts, negatives)
+        adapter = self.lora_feeds(loras, options.loop)
+        return self._run(options, table, latents, noise, prompts, negatives, adapter)
 
-    def _run(self, options, table, latents, noise, prompts, negatives):
+    def lora_feeds(self, loras, loop: str = "host"):
+        """The adapter feeds of `loras` (adapters/feeds.py), files read once per pipeline (LRU)."""
+        from ..adapters.feeds import LoraCache, build_feeds
+
+        if not loras:
+            return None
+        if loop != "host":
+            raise UserError(f"run-time LoRAs run in the host loop; the '{loop}' graph has no adapter inputs")
+        if getattr(self, "_lora_cache", None) is None:
+            self._lora_cache = LoraCache()
+        return build_feeds(self.manifest, loras, self._lora_cache)
+
+    def _run(self, options, table, latents, noise, prompts, negatives, adapter=None):
         embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
         h, w = self.image_size(options)
         if options.loop != "host":
@@ -340,12 +362,14 @@ class Pipeline:
             x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
             guards.check_finite(x, "the sampling graph's output latents")
         else:
-            model_fn = backbone = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape)
+            model_fn = backbone = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
+                                                       adapter=adapter)
             backbones = [backbone]
             if self.correction is not None:
                 model_fn = self.correction.wrap(model_fn)
             if self.precision_schedule is not None:
-                high_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape, self.backbone_high)
+                high_fn = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape, self.backbone_high,
+                                               adapter=adapter)
                 backbones.append(high_fn)
                 model_fn = self.precision_schedule.wrap(model_fn, high_fn)
             x = latents
@@ -373,6 +397,15 @@ class Pipeline:
             result = event
         assert isinstance(result, GenerationResult)
         return result
+
+
+def _lora_session(session, adapter, name: str):
+    """`session` feeding the adapter's tensors of component `name` on every run (itself without an adapter)."""
+    if not adapter:
+        return session
+    from ..adapters.runtime import with_feeds
+
+    return with_feeds(session, adapter.for_component(name))
 
 
 def _disabled(info: dict) -> list | None:
