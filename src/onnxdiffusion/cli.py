@@ -36,13 +36,19 @@ def export(
         "--default-size", help="the folder's default (square) image size; default: the pipeline's own")] = None,
     skip: Annotated[Optional[list[str]], typer.Option(
         "--skip", help="leave out an optional component (repeatable), e.g. vae_encoder: text-to-image never runs it")] = None,
+    lora: Annotated[Optional[list[str]], typer.Option(
+        "--lora", help="FILE[:SCALE]: merge a LoRA (.safetensors, diffusers/peft layout or `lora convert`ed) into the "
+                       "weights before export (repeatable)")] = None,
+    lora_points: Annotated[Optional[str], typer.Option(
+        "--lora-points", help="linear | all: LoRA insertion points on the backbone and text encoders for run-time "
+                              "LoRAs (generate --lora); all adds k x k convolutions")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
 
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
                             fuse_attention=not no_fuse_attention, default_size=default_size,
-                            skip=tuple(skip or ()))
+                            skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points)
     manifest = export_pipeline(src, out, options)
     for name, info in manifest["components"].items():
         v = info.get("validation", {})
@@ -71,6 +77,8 @@ def generate(
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")] = None,
     model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
+    lora: Annotated[Optional[list[str]], typer.Option(
+        "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; the folder needs insertion points: `lora points`)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -110,13 +118,18 @@ def generate(
 
         options = replace(options, loop=load_profile(profile).loop if profile is not None else "host")
     guards.check_request(folder, manifest, options)
+    loras = _loras(lora)
+    if loras:
+        from .adapters.feeds import build_feeds
+
+        build_feeds(manifest, loras)  # a bad file, key, shape or scale fails before any model loads
 
     from tqdm import tqdm
 
     from .runtime import GenerationResult, Pipeline
 
     pipe = Pipeline.from_folder(folder, provider=provider, profile=profile, memory=memory)
-    events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, **options.__dict__)
+    events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, loras=loras, **options.__dict__)
     result = None
     steps = options.steps
     with tqdm(total=steps, desc="sampling", unit="step") as bar:
@@ -215,7 +228,14 @@ def quantize(
 
 
 # the other verbs register on `app` when imported; here, so `--help` lists the pipeline's verbs first
-from . import cli_measure, cli_deploy  # noqa: E402,F401
+from . import cli_measure, cli_deploy, cli_lora  # noqa: E402,F401
+
+
+def _loras(values: list[str] | None) -> list[tuple[str, float]]:
+    """--lora FILE[:SCALE] (repeatable) -> [(file, scale)], scales checked."""
+    from .adapters.feeds import normalize
+
+    return [(str(p), w) for p, w in normalize(list(values or []))]
 
 
 class Terminated(BaseException):

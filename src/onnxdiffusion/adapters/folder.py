@@ -22,8 +22,8 @@ def lora_components(manifest: dict) -> list[str]:
     """The components LoRAs reach: the backbone (and a precision schedule's second one) and text encoders."""
     family = get_family(manifest.get("family"))
     comps = manifest["components"]
-    names = [family.backbone] + [s.name for s in family.text_encoders if s.name in comps]
-    high = (comps[family.backbone].get("precision_schedule") or {}).get("component")
+    names = [n for n in [family.backbone] + [s.name for s in family.text_encoders] if n in comps]
+    high = (comps.get(family.backbone, {}).get("precision_schedule") or {}).get("component")
     if high in comps:
         names.append(high)
     return names

@@ -91,6 +91,11 @@ def read_lora(path: Path | str) -> LoraLayers:
     if path.suffix.lower() in (".ckpt", ".pt", ".pth", ".bin", ".pkl"):
         raise UserError(f"{path}: a pickle file; LoRAs are read from .safetensors only (pickle can run code)")
     tensors, meta = safetensors_io.read(path)
+    return layers_from_tensors(path, tensors, meta)
+
+
+def layers_from_tensors(path: Path, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> LoraLayers:
+    """read_lora's parse of keys and scales, on tensors already in memory (convert.py hands diffusers' output)."""
     if not tensors:
         raise UserError(f"{path}: holds no tensors")
     if is_kohya(tensors):
