@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -117,6 +118,29 @@ def _oriented(path: Path, comp: str, module: str, layer: Layer, t: Target) -> tu
     return down, up
 
 
+def _pattern(module: str) -> tuple[str, int | None]:
+    """'text_model.encoder.layers.11.mlp.fc1' -> ('text_model.encoder.layers.#.mlp.fc1', 11)."""
+    m = re.search(r"\.(\d+)\.", module)
+    if m is None:
+        return module, None
+    return module[:m.start()] + ".#." + module[m.end():], int(m.group(1))
+
+
+def _graph_tails(targets: dict[str, Target]) -> dict[str, int]:
+    """Per layer pattern, the highest first index among the graph's points."""
+    tails: dict[str, int] = {}
+    for module in targets:
+        pattern, i = _pattern(module)
+        if i is not None:
+            tails[pattern] = max(i, tails.get(pattern, -1))
+    return tails
+
+
+def _pruned(module: str, tails: dict[str, int]) -> bool:
+    pattern, i = _pattern(module)
+    return i is not None and pattern in tails and i > tails[pattern]
+
+
 def build_feeds(manifest: dict, loras, cache: LoraCache | None = None) -> AdapterFeeds:
     """The feeds of every component for `loras` ([(path, scale), ...]); empty for none."""
     items = normalize(loras)
@@ -135,8 +159,11 @@ def build_feeds(manifest: dict, loras, cache: LoraCache | None = None) -> Adapte
                 have = ", ".join(sorted(targets))
                 raise UserError(f"{path}: key {comp}.{next(iter(layers))}: this model has no component {comp!r} "
                                 f"with insertion points (have {have})")
+            tail = _graph_tails(targets[comp])
             for module, layer in layers.items():
                 t = targets[comp].get(module)
+                if t is None and _pruned(module, tail):
+                    continue  # a layer past the last one the graph computes (SDXL reads a penultimate state): no effect
                 if t is None:
                     raise UserError(f"{path}: unknown key {comp}.{module}: the model's {comp} has no such layer "
                                     f"with an insertion point (a LoRA for another model?)")
