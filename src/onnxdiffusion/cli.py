@@ -25,7 +25,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 @app.command()
 def export(
-    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder")],
+    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, or a single-file .safetensors checkpoint "
+                                             "(A1111/ComfyUI layout; with --config)")],
     out: Annotated[Path, typer.Argument(help="output model folder")],
     opset: int = 17,
     overwrite: bool = False,
@@ -42,6 +43,9 @@ def export(
     lora_points: Annotated[Optional[str], typer.Option(
         "--lora-points", help="linear | all: LoRA insertion points on the backbone and text encoders for run-time "
                               "LoRAs (generate --lora); all adds k x k convolutions")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; not its weights)")] = None,
+    family: Annotated[Optional[str], typer.Option(help="single-file SRC: the model family it must be (sd, sdxl, sd3, flux, ...)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
@@ -49,7 +53,14 @@ def export(
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
                             fuse_attention=not no_fuse_attention, default_size=default_size,
                             skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points)
-    manifest = export_pipeline(src, out, options)
+    if src.is_file():
+        from .export.single_file import export_checkpoint
+
+        manifest = export_checkpoint(src, out, options, config=config, family=family)
+    elif config is not None or family is not None:
+        raise UserError("--config and --family are for a single-file checkpoint SRC, not a diffusers folder")
+    else:
+        manifest = export_pipeline(src, out, options)
     for name, info in manifest["components"].items():
         v = info.get("validation", {})
         err = f"max abs err {v['max_abs_error']:.2e}" if v else "not validated"
