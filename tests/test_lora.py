@@ -109,3 +109,24 @@ def test_kohya_file_converts_and_matches_diffusers(tiny_diffusers, tiny_onnx, sd
     ours = pipe(PROMPT, loras=[(converted, 0.8)], **KW)
     ref = diffusers_lora_images(tiny_diffusers, [(kohya, 0.8)], PROMPT, ours.init_latents, KW["steps"], KW["guidance"], (32, 32))
     assert psnr(ours.images, ref) >= 40.0
+
+
+@pytest.mark.parametrize("form", ["loop", "unrolled"])
+def test_loop_forms_take_the_adapter_as_inputs(sd_points, sd_loras, tmp_path, form):
+    """compile-loop on a folder with points: the graph runs the plain image without an adapter and the LoRA
+    image with one, each as the host loop does."""
+    import shutil
+
+    from onnxdiffusion.loops import compile_loop
+
+    folder = tmp_path / "model"
+    shutil.copytree(sd_points, folder)
+    compile_loop(folder, folder, form=form, steps=KW["steps"] if form == "unrolled" else None)
+    pipe = Pipeline.from_folder(folder)
+    loras = [(sd_loras["plain"], 0.7), (sd_loras["text"], 0.5)]
+    for given in (None, loras):
+        host = pipe(PROMPT, loras=given, **KW)
+        graph = pipe(PROMPT, loras=given, loop=form, **KW)
+        assert psnr(graph.images, host.images) >= 40.0, given
+    plain = pipe(PROMPT, loop=form, **KW)
+    assert psnr(graph.images, plain.images) < 37.0

@@ -30,8 +30,8 @@ def family(request, tmp_path_factory):
 
 def _generate(pipe, name, loras=None):
     if name == "flux":  # guidance-distilled: the scale is an input
-        return pipe(PROMPT, steps=4, guidance=3.5, seed=2, loras=loras)
-    return pipe(PROMPT, steps=5, guidance=5.0, seed=2, loras=loras)
+        return pipe(PROMPT, steps=4, guidance=3.5, seed=2, loras=loras, height=32, width=32)
+    return pipe(PROMPT, steps=5, guidance=5.0, seed=2, loras=loras, height=32, width=32)
 
 
 def _reference(name, src, pipe, loras, latents):
@@ -58,3 +58,22 @@ def test_runtime_lora_matches_diffusers(family, case):
     ref = _reference(name, src, pipe, loras, ours.init_latents)
     assert psnr(ours.images, ref) >= 40.0, name
     assert psnr(ours.images, plain.images) < 37.0  # the LoRA visibly changes the image
+
+
+def test_fused_lora_matches_diffusers(family, tmp_path):
+    """export --lora (two at once, one with text-encoder layers) against diffusers with both loaded."""
+    import json
+
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+    from onnxdiffusion.families import family_for_pipeline
+
+    name, src, _, _, files = family
+    loras = [(files["plain"], 0.7), (files["text"], 0.5)]
+    fam = family_for_pipeline(json.loads((src / "model_index.json").read_text())["_class_name"])
+    names = (*(s.name for s in fam.text_encoders), fam.backbone, "vae_decoder")
+    out = tmp_path / "fused"
+    export_pipeline(src, out, ExportOptions(components=names, default_size=32, loras=tuple(loras)), progress=False)
+    pipe = Pipeline.from_folder(out)
+    ours = _generate(pipe, name)
+    ref = _reference(name, src, pipe, loras, ours.init_latents)
+    assert psnr(ours.images, ref) >= 40.0, name

@@ -344,8 +344,9 @@ class Pipeline:
 
         if not loras:
             return None
-        if loop != "host":
-            raise UserError(f"run-time LoRAs run in the host loop; the '{loop}' graph has no adapter inputs")
+        if loop != "host" and not self.manifest["components"].get(f"sampler_{loop}", {}).get("lora"):
+            raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with insertion "
+                            f"points: `lora points`, then `compile-loop`), or use the host loop")
         if getattr(self, "_lora_cache", None) is None:
             self._lora_cache = LoraCache()
         return build_feeds(self.manifest, loras, self._lora_cache)
@@ -356,10 +357,11 @@ class Pipeline:
         if options.loop != "host":
             # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
             # except for a guidance-distilled backbone, which takes the scale as an input
-            cond, uncond = self.conditioning(prompts, negatives, embedded is None, h, w)
+            cond, uncond = self.conditioning(prompts, negatives, embedded is None, h, w, adapter)
             if embedded is not None:
                 cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
-            x = self.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise)
+            graph = self.sampling_graph(options.loop)
+            x = graph.run(table, latents, cond, uncond, options.guidance, noise, extra=_graph_lora(graph, adapter, self))
             guards.check_finite(x, "the sampling graph's output latents")
         else:
             model_fn = backbone = self.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
@@ -397,6 +399,15 @@ class Pipeline:
             result = event
         assert isinstance(result, GenerationResult)
         return result
+
+
+def _graph_lora(graph: SamplingGraph, adapter, pipe) -> dict | None:
+    """The backbone's LoRA tensors under the sampling graph's input names (adapters/graph.py)."""
+    if not adapter:
+        return None
+    from ..adapters.graph import graph_feeds
+
+    return graph_feeds(pipe.manifest["components"][f"sampler_{graph.form}"], adapter.for_component(pipe.family.backbone))
 
 
 def _lora_session(session, adapter, name: str):

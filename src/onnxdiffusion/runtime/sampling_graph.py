@@ -63,9 +63,10 @@ class SamplingGraph:
 
     def run(self, table: SamplerTable, latents: np.ndarray, cond: dict[str, np.ndarray] | np.ndarray,
             uncond: dict[str, np.ndarray] | np.ndarray | None, guidance: float, noise: np.ndarray | None = None,
-            steps: int | None = None) -> np.ndarray:
+            steps: int | None = None, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone);
-        uncond None for a graph without the guidance batch (guidance-distilled backbones)."""
+        uncond None for a graph without the guidance batch (guidance-distilled backbones). `extra`: more
+        inputs by name (a run-time LoRA's tensors, adapters/graph.py)."""
         from ..samplers.graph import CONTEXT, cond_input_names
 
         feeds = self.feeds(table, latents, noise, guidance, steps)
@@ -78,4 +79,4 @@ class SamplingGraph:
                 if uncond is None:
                     raise UserError(f"this sampling graph runs guided: it needs unconditional {name!r}")
                 feeds[u] = np.ascontiguousarray(uncond[name], dtype=np.float32)
-        return self.session.run(None, feeds)[0]
+        return self.session.run(None, {**feeds, **(extra or {})})[0]
