@@ -46,3 +46,20 @@ def test_checkpoint_without_config_is_one_line(tiny_diffusers, tmp_path):
     proc = invoke("export", ckpt, tmp_path / "out", "--config", tiny_diffusers, "--family", "sdxl")
     assert_one_line_error(proc, "--family sdxl")
     assert not (tmp_path / "out").exists()
+
+
+def test_sdxl_single_file_round_trip(tmp_path):
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+    from onnxdiffusion.export.single_file import export_checkpoint
+    from single_file_layout import build_tiny_sdxl_widths, write_sdxl_single_file
+
+    src = build_tiny_sdxl_widths(tmp_path / "sdxl")
+    ckpt = write_sdxl_single_file(src, tmp_path / "tiny-sdxl.safetensors")
+    options = ExportOptions(skip=("vae_encoder",))
+    export_pipeline(src, tmp_path / "from_folder", options, progress=False)
+    manifest = export_checkpoint(ckpt, tmp_path / "from_ckpt", options, config=src, family="sdxl", progress=False)
+    assert manifest["family"] == "sdxl" and manifest["source"]["single_file"]
+    kw = dict(steps=5, seed=4, guidance=5.0, height=32, width=32)
+    ours = Pipeline.from_folder(tmp_path / "from_ckpt")("a red circle on the left", **kw)
+    ref = Pipeline.from_folder(tmp_path / "from_folder")("a red circle on the left", **kw)
+    assert psnr(ours.images, ref.images) >= 40.0
