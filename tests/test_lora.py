@@ -130,3 +130,16 @@ def test_loop_forms_take_the_adapter_as_inputs(sd_points, sd_loras, tmp_path, fo
         assert psnr(graph.images, host.images) >= 40.0, given
     plain = pipe(PROMPT, loop=form, **KW)
     assert psnr(graph.images, plain.images) < 37.0
+
+
+def test_runtime_lora_imports_no_torch(sd_points, sd_loras):
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom onnxdiffusion.runtime import Pipeline\n"
+            "r = Pipeline.from_folder(sys.argv[1])('a red circle', steps=2, loras=[(sys.argv[2], 0.7)])\n"
+            "print('HEAVY', sorted(m for m in ('torch', 'diffusers', 'transformers', 'safetensors') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code, str(sd_points), str(sd_loras["text"])], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout

@@ -52,3 +52,32 @@ class FedBackbone(GuidedBackbone):
         if not self.guided:
             return out
         return cfg_combine(out[:b], out[b:], self.guidance, rescale=self.rescale)
+
+
+def pipeline_feeds(pipe, loras, loop: str = "host"):
+    """Pipeline.lora_feeds: checked before any model runs; None without LoRAs."""
+    from ..errors import UserError
+    from .feeds import LoraCache, build_feeds
+
+    if not loras:
+        return None
+    info = pipe.manifest["components"].get(f"sampler_{loop}", {})
+    if loop != "host" and not info.get("lora"):
+        raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with insertion "
+                        f"points: `lora points`, then `compile-loop`), or use the host loop")
+    if getattr(pipe, "_lora_cache", None) is None:
+        pipe._lora_cache = LoraCache()
+    adapter = build_feeds(pipe.manifest, loras, pipe._lora_cache)
+    if info.get("whole") and any(k != pipe.family.backbone and v for k, v in adapter.feeds.items()):
+        raise UserError(f"the '{loop}' graph runs its text encoders inside: a LoRA with text-encoder layers runs in the "
+                        f"host loop or a graph compiled without --whole")
+    return adapter
+
+
+def graph_feeds(pipe, graph, adapter) -> dict | None:
+    """The backbone's LoRA tensors under the sampling graph's input names (adapters/graph.py)."""
+    if not adapter:
+        return None
+    from .graph import graph_feeds as named
+
+    return named(pipe.manifest["components"][f"sampler_{graph.form}"], adapter.for_component(pipe.family.backbone))

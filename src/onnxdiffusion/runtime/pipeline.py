@@ -340,16 +340,9 @@ class Pipeline:
 
     def lora_feeds(self, loras, loop: str = "host"):
         """The adapter feeds of `loras` (adapters/feeds.py), files read once per pipeline (LRU)."""
-        from ..adapters.feeds import LoraCache, build_feeds
+        from ..adapters.runtime import pipeline_feeds
 
-        if not loras:
-            return None
-        if loop != "host" and not self.manifest["components"].get(f"sampler_{loop}", {}).get("lora"):
-            raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with insertion "
-                            f"points: `lora points`, then `compile-loop`), or use the host loop")
-        if getattr(self, "_lora_cache", None) is None:
-            self._lora_cache = LoraCache()
-        return build_feeds(self.manifest, loras, self._lora_cache)
+        return pipeline_feeds(self, loras, loop)
 
     def _run(self, options, table, latents, noise, prompts, negatives, adapter=None):
         embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG
@@ -402,21 +395,16 @@ class Pipeline:
 
 
 def _graph_lora(graph: SamplingGraph, adapter, pipe) -> dict | None:
-    """The backbone's LoRA tensors under the sampling graph's input names (adapters/graph.py)."""
-    if not adapter:
-        return None
-    from ..adapters.graph import graph_feeds
+    from ..adapters.runtime import graph_feeds
 
-    return graph_feeds(pipe.manifest["components"][f"sampler_{graph.form}"], adapter.for_component(pipe.family.backbone))
+    return graph_feeds(pipe, graph, adapter)
 
 
 def _lora_session(session, adapter, name: str):
     """`session` feeding the adapter's tensors of component `name` on every run (itself without an adapter)."""
-    if not adapter:
-        return session
     from ..adapters.runtime import with_feeds
 
-    return with_feeds(session, adapter.for_component(name))
+    return with_feeds(session, adapter.for_component(name)) if adapter else session
 
 
 def _disabled(info: dict) -> list | None:
