@@ -143,3 +143,17 @@ def test_runtime_lora_imports_no_torch(sd_points, sd_loras):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
+
+
+def test_export_lora_points_equals_lora_points_verb(tiny_diffusers, tiny_onnx, sd_points, tmp_path):
+    from cli_helpers import invoke
+
+    out = tmp_path / "exported"
+    proc = invoke("export", tiny_diffusers, out, "--lora-points", "linear", "--skip", "vae_encoder", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads((out / "manifest.json").read_text())["components"]
+    want = json.loads((sd_points / "manifest.json").read_text())["components"]
+    for name in ("unet", "text_encoder"):
+        assert got[name]["lora"] == want[name]["lora"], name
+    np.testing.assert_array_equal(Pipeline.from_folder(out)(PROMPT, **KW).images,
+                                  Pipeline.from_folder(tiny_onnx)(PROMPT, **KW).images)
