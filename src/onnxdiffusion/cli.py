@@ -25,7 +25,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 @app.command()
 def export(
-    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder")],
+    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, or a single-file .safetensors checkpoint "
+                                             "(A1111/ComfyUI layout; with --config)")],
     out: Annotated[Path, typer.Argument(help="output model folder")],
     opset: int = 17,
     overwrite: bool = False,
@@ -36,14 +37,30 @@ def export(
         "--default-size", help="the folder's default (square) image size; default: the pipeline's own")] = None,
     skip: Annotated[Optional[list[str]], typer.Option(
         "--skip", help="leave out an optional component (repeatable), e.g. vae_encoder: text-to-image never runs it")] = None,
+    lora: Annotated[Optional[list[str]], typer.Option(
+        "--lora", help="FILE[:SCALE]: merge a LoRA (.safetensors, diffusers/peft layout or `lora convert`ed) into the "
+                       "weights before export (repeatable)")] = None,
+    lora_points: Annotated[Optional[str], typer.Option(
+        "--lora-points", help="linear | all: LoRA insertion points on the backbone and text encoders for run-time "
+                              "LoRAs (generate --lora); all adds k x k convolutions")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; not its weights)")] = None,
+    family: Annotated[Optional[str], typer.Option(help="single-file SRC: the model family it must be (sd, sdxl, sd3, flux, ...)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
 
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
                             fuse_attention=not no_fuse_attention, default_size=default_size,
-                            skip=tuple(skip or ()))
-    manifest = export_pipeline(src, out, options)
+                            skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points)
+    if src.is_file():
+        from .export.single_file import export_checkpoint
+
+        manifest = export_checkpoint(src, out, options, config=config, family=family)
+    elif config is not None or family is not None:
+        raise UserError("--config and --family are for a single-file checkpoint SRC, not a diffusers folder")
+    else:
+        manifest = export_pipeline(src, out, options)
     for name, info in manifest["components"].items():
         v = info.get("validation", {})
         err = f"max abs err {v['max_abs_error']:.2e}" if v else "not validated"
@@ -77,6 +94,8 @@ def generate(
     mask: Annotated[Optional[Path], typer.Option(help="inpainting: white = repaint, black = keep (the image's size; needs --image)")] = None,
     mask_blur: Annotated[float, typer.Option(help="with --mask: Gaussian blur radius in pixels before the mask is binarized")] = 0.0,
     mask_overlay: Annotated[bool, typer.Option(help="with --mask: paste the picture's own pixels back outside the mask (the VAE round trip then leaves them unchanged)")] = False,
+    lora: Annotated[Optional[list[str]], typer.Option(
+        "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; the folder needs insertion points: `lora points`)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -134,6 +153,11 @@ def generate(
 
         options = replace(options, loop=load_profile(profile).loop if profile is not None else "host")
     guards.check_request(folder, manifest, options)
+    loras = _loras(lora)
+    if loras:
+        from .adapters.feeds import build_feeds
+
+        build_feeds(manifest, loras)  # a bad file, key, shape or scale fails before any model loads
 
     from tqdm import tqdm
 
@@ -141,7 +165,7 @@ def generate(
 
     pipe = Pipeline.from_folder(folder, provider=provider, profile=profile, memory=memory)
     events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, image=picture, mask=picture_mask,
-                                **options.__dict__)
+                                loras=loras, **options.__dict__)
     result = None
     steps = options.steps
     with tqdm(total=steps, desc="sampling", unit="step") as bar:
@@ -240,7 +264,14 @@ def quantize(
 
 
 # the other verbs register on `app` when imported; here, so `--help` lists the pipeline's verbs first
-from . import cli_measure, cli_deploy  # noqa: E402,F401
+from . import cli_measure, cli_deploy, cli_lora  # noqa: E402,F401
+
+
+def _loras(values: list[str] | None) -> list[tuple[str, float]]:
+    """--lora FILE[:SCALE] (repeatable) -> [(file, scale)], scales checked."""
+    from .adapters.feeds import normalize
+
+    return [(str(p), w) for p, w in normalize(list(values or []))]
 
 
 class Terminated(BaseException):

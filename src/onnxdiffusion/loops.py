@@ -198,6 +198,9 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
                                  schedule=schedule, high_backbone=high, **extra)
     del unet, extra, high
+    from .adapters.graph import expose_lora_inputs
+
+    lora = expose_lora_inputs(graph, comps[backbone])  # run-time LoRA: the insertion points as graph inputs
     name = component_name(form, whole)
 
     def write_component(root: Path) -> dict:
@@ -223,6 +226,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "bytes": sum(p.stat().st_size for p in folder.iterdir()),
             "compile_seconds": round(time.time() - t0, 2),
         }
+        if lora:
+            info["lora"] = lora
         return info
 
     if in_place:

@@ -32,6 +32,10 @@ class ExportOptions:
     skip: tuple[str, ...] = ()
     # the folder's default image size (square); None: the family's (diffusers' pipeline default)
     default_size: int | None = None
+    # LoRAs merged into the weights before export: ((path, scale), ...) (adapters/fuse.py)
+    loras: tuple = ()
+    # LoRA insertion points on the backbone and text encoders: None | "linear" | "all" (adapters/points.py)
+    lora_points: str | None = None
 
 
 def _read_json(path: Path) -> dict:
@@ -171,6 +175,9 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
     family, model_index, configs = _check_source(src)
     check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
+    from ..adapters import hooks as lora_hooks
+
+    lora_records = lora_hooks.before_export(options, configs)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
@@ -227,6 +234,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     loaded = module = None  # release the previous source's weights before loading the next
                     free_memory()
                     module = _load(src, spec.source, class_of(model_index, spec.source))
+                    lora_hooks.fuse(module, spec.source, lora_records)
                     if options.fuse_attention and spec.kind != "text_encoder":
                         fused[spec.source] = fuse_attention(module)
                     loaded = (spec.source, module)
@@ -262,6 +270,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         (tmp / "scheduler").mkdir()
         shutil.copy2(src / "scheduler" / "scheduler_config.json", tmp / "scheduler" / "scheduler_config.json")
         write_json(tmp / "model_index.json", model_index)
+        lora_hooks.after_export(tmp, manifest, options, lora_records)
         manifest["export_seconds"] = round(time.time() - t_start, 2)
         manifest["files"] = hash_tree(tmp)
         write_json(tmp / MANIFEST, manifest)

@@ -172,12 +172,14 @@ class Pipeline:
             yield
 
     # -- stages -------------------------------------------------------------------------------
-    def encode_prompt(self, prompts: list[str]) -> Conditioning:
+    def encode_prompt(self, prompts: list[str], adapter=None) -> Conditioning:
         """The text conditioning of the backbone, by input name: every text encoder, combined as
-        the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...)."""
+        the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...).
+        `adapter`: LoRA feeds (adapters.AdapterFeeds) for the text encoders that have some."""
         with self.holding_text_encoders():
             encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name],
-                                                          self.text_sessions[slot.name].get(), prompts, self.info)
+                                                          _lora_session(self.text_sessions[slot.name].get(), adapter, slot.name),
+                                                          prompts, self.info)
                        for slot in self.slots}
         cond = self.family.combine(NumpyOps(), encoded, self.info)
         for v in cond.values():
@@ -185,29 +187,38 @@ class Pipeline:
         return cond
 
     def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
-                     width: int) -> tuple[Conditioning, Conditioning | None]:
+                     width: int, adapter=None) -> tuple[Conditioning, Conditioning | None]:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
         prompt given (SDXL then uses zeros, as diffusers does; others encode "")."""
         size = self.family.size_conditioning(self.info, len(prompts), height, width)
         with self.holding_text_encoders():  # one load for both when they are let go after use
-            cond = {**self.encode_prompt(prompts), **size}
+            cond = {**self.encode_prompt(prompts, adapter), **size}
             if not guided:
                 return cond, None
             if negatives is None and self.family.zero_negative(self.info):
                 uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
             else:
-                uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts))
+                uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts), adapter)
         return self.family.align(cond, {**uncond, **size})
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
-                        width: int, shape: tuple[int, ...], session=None, extra=None) -> GuidedBackbone:
+                        width: int, shape: tuple[int, ...], session=None, extra=None, adapter=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
-        guidance-distilled backbone takes the scale as an input and runs unbatched)."""
+        guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
+        backbone's extra sample channels; `adapter`: LoRA feeds."""
         embedded = self.family.guidance_input_for(self.info)
-        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width)
+        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         session = session or self.backbone
+        if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors are fed, not bound (runtime.py)
+            from ..adapters.runtime import FedBackbone
+
+            if extra is not None:
+                raise UserError("a run-time LoRA on an inpainting backbone (extra input channels) is not supported yet")
+
+            return FedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale,
+                               extra=adapter.for_component(self.family.backbone))
         if self.profile is not None and self.profile.profile.io_binding == "device":
             if extra is not None:
                 raise UserError("an inpainting backbone's extra input channels are not bound to device memory yet; "
@@ -283,13 +294,14 @@ class Pipeline:
 
     def iter_generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
                       latents: np.ndarray | None = None, noise: np.ndarray | None = None, image=None, mask=None,
-                      **kwargs) -> Iterator[StepEvent | GenerationResult]:
+                      loras=None, **kwargs) -> Iterator[StepEvent | GenerationResult]:
         """Validate all inputs now (before any model runs), then return the per-step generator.
 
         `image` (img2img): an RGB picture ((H, W, 3) uint8 or PIL) or scaled image latents
         (B, C, h, w) float32, used as they are; `strength` in (0, 1] (default 1) says how much of the
         schedule runs; `latents` stays the Gaussian noise. `mask` (inpainting, white = repaint; with
-        `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture."""
+        `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture.
+        `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`)."""
         from .run_loop import run
 
         try:
@@ -301,7 +313,9 @@ class Pipeline:
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
-        return run(self, options, *prepared[:3], prompts, negatives, prepared[3] if len(prepared) > 3 else None)
+        adapter = self.lora_feeds(loras, options.loop)
+        return run(self, options, *prepared[:3], prompts, negatives, prepared[3] if len(prepared) > 3 else None,
+                   adapter)
 
     # -- image input ----------------------------------------------------------------------------
     def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:
@@ -336,9 +350,23 @@ class Pipeline:
         shape = self._backbone_io_shapes.get("sample")
         return int(shape[1]) if shape and isinstance(shape[1], int) and len(shape) == 4 else int(self.info["latent_channels"])
 
+    def lora_feeds(self, loras, loop: str = "host"):
+        """The adapter feeds of `loras` (adapters/feeds.py), files read once per pipeline (LRU)."""
+        from ..adapters.runtime import pipeline_feeds
+
+        return pipeline_feeds(self, loras, loop)
+
     def __call__(self, prompt: str | list[str], **kwargs) -> GenerationResult:
         result = None
         for event in self.iter_generate(prompt, **kwargs):
             result = event
         assert isinstance(result, GenerationResult)
         return result
+
+
+def _lora_session(session, adapter, name: str):
+    """`session` feeding the adapter's tensors of component `name` on every run (itself without an adapter)."""
+    from ..adapters.runtime import with_feeds
+
+    return with_feeds(session, adapter.for_component(name)) if adapter else session
+

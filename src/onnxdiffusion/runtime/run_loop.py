@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import UserError
 from ..samplers import iter_sample
 from . import guards
+from ..adapters.runtime import graph_feeds as graph_lora_feeds
 from .cache import cached_backbone, parse_cache
 from .generation import GenerationResult, StepEvent
 
@@ -62,22 +63,24 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     return (table, latents, noise) if start is None else (table, latents, noise, start)
 
 
-def run(pipe, options, table, latents, noise, prompts, negatives, start=None):
+def run(pipe, options, table, latents, noise, prompts, negatives, start=None, adapter=None):
     embedded = pipe.family.guidance_input_for(pipe.info)  # guidance-distilled: the scale is a backbone input, no CFG
     h, w = pipe.image_size(options)
     offset = 0 if start is None else start.start
     if options.loop != "host":
         # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
         # except for a guidance-distilled backbone, which takes the scale as an input
-        cond, uncond = pipe.conditioning(prompts, negatives, embedded is None, h, w)
+        cond, uncond = pipe.conditioning(prompts, negatives, embedded is None, h, w, adapter)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
-        x = pipe.sampling_graph(options.loop).run(table, latents, cond, uncond, options.guidance, noise, image=start)
+        graph = pipe.sampling_graph(options.loop)
+        lora = None if adapter is None else graph_lora_feeds(pipe, graph, adapter)
+        x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=lora)
         guards.check_finite(x, "the sampling graph's output latents")
     else:
         extra = None if start is None else start.extra
         model_fn = backbone = pipe.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
-                                                   extra=extra)
+                                                   extra=extra, adapter=adapter)
         backbones = [backbone]
         if (cache := parse_cache(options.cache)) is not None and not cache.noop:
             model_fn = cached_backbone(pipe, backbone, cache)  # first -> (rest | cached) -> tail
@@ -85,7 +88,7 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None):
             model_fn = pipe.correction.wrap(model_fn)
         if pipe.precision_schedule is not None:
             high_fn = pipe.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
-                                           pipe.backbone_high, extra=extra)
+                                           pipe.backbone_high, extra=extra, adapter=adapter)
             backbones.append(high_fn)
             model_fn = pipe.precision_schedule.wrap(model_fn, high_fn)
         run_table, x = (table, latents) if start is None else (start.cut, start.x_init)

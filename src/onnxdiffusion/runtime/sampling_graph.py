@@ -95,18 +95,19 @@ class SamplingGraph:
 
     def run(self, table: SamplerTable, latents: np.ndarray, cond: dict[str, np.ndarray] | np.ndarray,
             uncond: dict[str, np.ndarray] | np.ndarray | None, guidance: float, noise: np.ndarray | None = None,
-            steps: int | None = None, image=None) -> np.ndarray:
+            steps: int | None = None, image=None, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone);
         uncond None for a graph without the guidance batch (guidance-distilled backbones). `image`: an
-        ImageStart (runtime/image_input.py); `latents` stay the noise, `noise` has the cut table's rows."""
+        ImageStart (runtime/image_input.py); `latents` stay the noise, `noise` has the cut table's rows.
+        `extra`: more inputs by name (a run-time LoRA's tensors, adapters/graph.py)."""
         from ..samplers.graph import CONTEXT, cond_input_names
 
-        extra = {}
+        image_inputs = {}
         if image is not None:
-            table, extra = self.image_feeds(table, image)
+            table, image_inputs = self.image_feeds(table, image)
             steps = table.num_steps - image.start if steps is None else steps
         feeds = self.feeds(table, latents, noise, guidance, steps)
-        feeds.update(extra)
+        feeds.update(image_inputs)
         if isinstance(cond, np.ndarray):
             cond, uncond = {CONTEXT: cond}, {CONTEXT: uncond}
         for name, value in cond.items():
@@ -116,7 +117,7 @@ class SamplingGraph:
                 if uncond is None:
                     raise UserError(f"this sampling graph runs guided: it needs unconditional {name!r}")
                 feeds[u] = np.ascontiguousarray(uncond[name], dtype=np.float32)
-        return self.session.run(None, feeds)[0]
+        return self.session.run(None, {**feeds, **(extra or {})})[0]
 
 
 def open_sampling_graph(pipe, form: str) -> SamplingGraph:

@@ -67,8 +67,11 @@ def load_component(model: onnx.ModelProto, io: dict[str, str], prefix: str) -> B
 
 
 def conditioning_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """The backbone's inputs other than sample and timestep (the family's conditioning), in order."""
-    return [i for i in model.graph.input if i.name not in (BACKBONE_IO["sample"], BACKBONE_IO["timestep"])]
+    """The backbone's inputs other than sample and timestep (the family's conditioning), in order; inputs
+    with a default (an initializer, e.g. LoRA insertion points) are not conditioning."""
+    defaults = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input
+            if i.name not in (BACKBONE_IO["sample"], BACKBONE_IO["timestep"]) and i.name not in defaults]
 
 
 def latent_dims(model: onnx.ModelProto, latent_channels: int) -> list:

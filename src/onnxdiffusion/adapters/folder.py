@@ -1,0 +1,71 @@
+"""`lora points`: derive a model folder whose backbone and text encoders carry LoRA insertion points.
+
+Works on any exported folder, fp32 or quantized (points.py reads ORT's fused integer kernels), so
+it runs at export (`export --lora-points`) and on folders that already exist. Unchanged files are
+linked; external weight files stay where they are (the rewritten graph keeps its references).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, verify_folder, write_json
+from ..errors import UserError
+from ..families import get_family
+from ..manifest import confined
+from .points import SCOPES, insert_points
+
+LORA_VERSION = 1
+
+
+def lora_components(manifest: dict) -> list[str]:
+    """The components LoRAs reach: the backbone (and a precision schedule's second one) and text encoders."""
+    family = get_family(manifest.get("family"))
+    comps = manifest["components"]
+    names = [n for n in [family.backbone] + [s.name for s in family.text_encoders] if n in comps]
+    high = (comps.get(family.backbone, {}).get("precision_schedule") or {}).get("component")
+    if high in comps:
+        names.append(high)
+    return names
+
+
+def rewrite_component(folder: Path, entry: dict, out_path: Path, scope: str) -> dict:
+    """Rewrite one component's graph into `out_path`; returns its manifest `lora` entry."""
+    import onnx
+
+    src = confined(folder, entry["path"], "component")
+    try:
+        model = onnx.load(str(src), load_external_data=False)
+    except Exception as e:  # protobuf decode errors have no common public type
+        raise UserError(f"cannot load {src}: not a valid ONNX file ({type(e).__name__})") from None
+    try:
+        targets = insert_points(model, scope)
+    except ValueError as e:
+        raise UserError(f"{src}: {e}") from None
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(out_path))
+    return {"version": LORA_VERSION, "scope": scope, "targets": {m: t.to_dict() for m, t in targets.items()}}
+
+
+def add_points(model: Path | str, out: Path | str, scope: str = "linear", overwrite: bool = False,
+               verify: bool = True) -> dict:
+    """A copy of `model` with LoRA insertion points; returns the new manifest."""
+    model, out = Path(model), Path(out)
+    if scope not in SCOPES:
+        raise UserError(f"--scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    manifest = read_manifest(model)
+    if verify:
+        verify_folder(model, manifest)
+    names = lora_components(manifest)
+    comps = manifest["components"]
+    if any(comps[n].get("lora") for n in names):
+        raise UserError(f"{model} already has LoRA insertion points")
+    rewritten = {comps[n]["path"] for n in names}
+    with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
+        link_files(model, tmp, [rel for rel in manifest["files"] if rel not in rewritten and rel != MANIFEST])
+        for name in names:
+            comps[name]["lora"] = rewrite_component(model, comps[name], confined(tmp, comps[name]["path"], name), scope)
+            comps[name]["bytes"] = confined(tmp, comps[name]["path"], name).stat().st_size
+        manifest["files"] = hash_tree(tmp)
+        write_json(tmp / MANIFEST, manifest)
+    return manifest

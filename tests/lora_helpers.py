@@ -1,0 +1,82 @@
+"""Random peft LoRAs for the tiny pipelines, written as diffusers' `save_lora_weights` writes them, and the
+diffusers oracle: load_lora_weights + set_adapters on the source pipeline, from our initial latents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# module names LoRA trainers target (diffusers' training scripts, kohya's attention-block set)
+BACKBONE_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
+                    "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "proj_mlp"]
+TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
+
+
+def _randomize(module, seed: int, std: float) -> None:
+    """lora_B (peft zero-initializes it) and lora_A drawn at `std`, so the LoRA visibly changes the image."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def make_lora(src: Path, out: Path, seed: int, rank: int = 4, alpha: float | None = None, text: bool = False,
+              std: float = 0.15) -> Path:
+    """A random LoRA over the backbone (and, with `text`, every text encoder) of the diffusers folder `src`."""
+    import torch
+    from diffusers import DiffusionPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    torch.manual_seed(seed)
+    pipe = DiffusionPipeline.from_pretrained(src, local_files_only=True)
+    backbone_name = "unet" if hasattr(pipe, "unet") and pipe.unet is not None else "transformer"
+    backbone = getattr(pipe, backbone_name)
+    names = {n.split(".")[-1] for n, _ in backbone.named_modules()} | {".".join(n.split(".")[-2:]) for n, _ in backbone.named_modules()}
+    cfg = LoraConfig(r=rank, lora_alpha=alpha or rank, target_modules=[t for t in BACKBONE_TARGETS if t in names],
+                     init_lora_weights=False)
+    backbone.add_adapter(cfg)
+    _randomize(backbone, seed, std)
+    layers = {f"{backbone_name}_lora_layers": get_peft_model_state_dict(backbone)}
+    meta = {f"{backbone_name}_lora_adapter_metadata": cfg.to_dict()}
+    if text:
+        for te in ("text_encoder", "text_encoder_2"):
+            enc = getattr(pipe, te, None)
+            if enc is None or te == "text_encoder_2" and "text_encoder_2_lora_layers" not in _save_args(pipe):
+                continue
+            tcfg = LoraConfig(r=2, lora_alpha=4, target_modules=TEXT_TARGETS, init_lora_weights=False)
+            enc.add_adapter(tcfg)
+            _randomize(enc, seed + 1, std)
+            layers[f"{te}_lora_layers"] = get_peft_model_state_dict(enc)
+            meta[f"{te}_lora_adapter_metadata"] = tcfg.to_dict()
+    out.mkdir(parents=True, exist_ok=True)
+    type(pipe).save_lora_weights(out, **layers, **meta, safe_serialization=True)
+    return out / "pytorch_lora_weights.safetensors"
+
+
+def _save_args(pipe) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(type(pipe).save_lora_weights).parameters)
+
+
+def diffusers_lora_images(folder: Path, loras: list[tuple[Path, float]], prompt, latents: np.ndarray, steps: int,
+                          guidance: float, size: tuple[int, int], fuse: bool = False, **call) -> np.ndarray:
+    """The diffusers pipeline with `loras` loaded and weighted by set_adapters, from our latents, as uint8."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    names = [f"l{i}" for i in range(len(loras))]
+    for name, (path, _) in zip(names, loras):
+        pipe.load_lora_weights(str(Path(path).parent), weight_name=Path(path).name, adapter_name=name)
+    pipe.set_adapters(names, [w for _, w in loras])
+    h, w = size
+    out = pipe(prompt, latents=torch.from_numpy(latents), num_inference_steps=steps, guidance_scale=guidance,
+               output_type="np", height=h, width=w, **call).images
+    return (out * 255).round().astype(np.uint8)

@@ -1,0 +1,172 @@
+"""A diffusers SD1.x pipeline written as an original (LDM / A1111 / ComfyUI) single-file checkpoint: the key
+mapping diffusers' single-file loader reverses, written here as its inverse so the round trip can be tested."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "time_emb_proj": "emb_layers.1", "norm2": "out_layers.0",
+           "conv2": "out_layers.3", "conv_shortcut": "skip_connection"}
+_VAE_ATTN = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+
+
+def _resnet(rest: str, table=_RESNET) -> str:
+    head, _, tail = rest.partition(".")
+    return f"{table.get(head, head)}.{tail}"
+
+
+def unet_key(key: str, cfg: dict) -> str:
+    n = cfg["layers_per_block"]
+    fixed = {"time_embedding.linear_1.": "time_embed.0.", "time_embedding.linear_2.": "time_embed.2.",
+             "conv_in.": "input_blocks.0.0.", "conv_norm_out.": "out.0.", "conv_out.": "out.2.",
+             "add_embedding.linear_1.": "label_emb.0.0.", "add_embedding.linear_2.": "label_emb.0.2."}
+    for a, b in fixed.items():
+        if key.startswith(a):
+            return b + key[len(a):]
+    if m := re.match(r"down_blocks\.(\d+)\.(resnets|attentions)\.(\d+)\.(.*)", key):
+        i, kind, j, rest = int(m[1]), m[2], int(m[3]), m[4]
+        return f"input_blocks.{(n + 1) * i + j + 1}." + (f"0.{_resnet(rest)}" if kind == "resnets" else f"1.{rest}")
+    if m := re.match(r"down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*)", key):
+        return f"input_blocks.{(n + 1) * (int(m[1]) + 1)}.0.op.{m[2]}"
+    if m := re.match(r"mid_block\.resnets\.(\d+)\.(.*)", key):
+        return f"middle_block.{2 * int(m[1])}.{_resnet(m[2])}"
+    if m := re.match(r"mid_block\.attentions\.0\.(.*)", key):
+        return f"middle_block.1.{m[1]}"
+    if m := re.match(r"up_blocks\.(\d+)\.(resnets|attentions)\.(\d+)\.(.*)", key):
+        i, kind, j, rest = int(m[1]), m[2], int(m[3]), m[4]
+        return f"output_blocks.{(n + 1) * i + j}." + (f"0.{_resnet(rest)}" if kind == "resnets" else f"1.{rest}")
+    if m := re.match(r"up_blocks\.(\d+)\.upsamplers\.0\.conv\.(.*)", key):
+        i = int(m[1])
+        has_attn = "CrossAttn" in cfg["up_block_types"][i]
+        return f"output_blocks.{(n + 1) * i + n}.{2 if has_attn else 1}.conv.{m[2]}"
+    raise KeyError(key)
+
+
+def vae_key(key: str, cfg: dict) -> str:
+    blocks = len(cfg["block_out_channels"])
+    for a in ("quant_conv.", "post_quant_conv."):
+        if key.startswith(a):
+            return key
+    side, _, rest = key.partition(".")
+    fixed = {"conv_in.": "conv_in.", "conv_out.": "conv_out.", "conv_norm_out.": "norm_out."}
+    for a, b in fixed.items():
+        if rest.startswith(a):
+            return f"{side}.{b}{rest[len(a):]}"
+    if m := re.match(r"(down|up)_blocks\.(\d+)\.resnets\.(\d+)\.(.*)", rest):
+        i = int(m[2]) if m[1] == "down" else blocks - 1 - int(m[2])
+        return f"{side}.{m[1]}.{i}.block.{m[3]}.{_resnet(m[4], {'conv_shortcut': 'nin_shortcut'})}"
+    if m := re.match(r"down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*)", rest):
+        return f"{side}.down.{m[1]}.downsample.conv.{m[2]}"
+    if m := re.match(r"up_blocks\.(\d+)\.upsamplers\.0\.conv\.(.*)", rest):
+        return f"{side}.up.{blocks - 1 - int(m[1])}.upsample.conv.{m[2]}"
+    if m := re.match(r"mid_block\.resnets\.(\d+)\.(.*)", rest):
+        return f"{side}.mid.block_{int(m[1]) + 1}.{_resnet(m[2], {'conv_shortcut': 'nin_shortcut'})}"
+    if m := re.match(r"mid_block\.attentions\.0\.(.*)\.(weight|bias)", rest):
+        return f"{side}.mid.attn_1.{_VAE_ATTN[m[1]]}.{m[2]}"
+    raise KeyError(key)
+
+
+def write_sd1_single_file(folder: Path, out: Path) -> Path:
+    """The diffusers SD1.x pipeline at `folder` as one original-layout .safetensors file."""
+    import json
+
+    import safetensors.torch as st
+
+    ckpt = {}
+    unet_cfg = json.loads((folder / "unet" / "config.json").read_text())
+    vae_cfg = json.loads((folder / "vae" / "config.json").read_text())
+    for k, v in st.load_file(folder / "unet" / "diffusion_pytorch_model.safetensors").items():
+        ckpt["model.diffusion_model." + unet_key(k, unet_cfg)] = v
+    for k, v in st.load_file(folder / "vae" / "diffusion_pytorch_model.safetensors").items():
+        name = vae_key(k, vae_cfg)
+        if ".mid.attn_1." in name and name.endswith(".weight") and v.ndim == 2:
+            v = v[:, :, None, None]  # the original VAE attention is 1x1 convolutions
+        ckpt["first_stage_model." + name] = v.contiguous()
+    for k, v in st.load_file(folder / "text_encoder" / "model.safetensors").items():
+        ckpt["cond_stage_model.transformer." + k] = v
+    st.save_file(ckpt, out)
+    return out
+
+
+def openclip_keys(hf: dict) -> dict:
+    """A transformers CLIPTextModelWithProjection state dict in OpenCLIP's layout (SDXL's second encoder):
+    q/k/v fused into in_proj, the projection stored transposed."""
+    import torch
+
+    out, qkv = {}, {}
+    renames = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj",
+               "self_attn.out_proj": "attn.out_proj"}
+    fixed = {"text_model.embeddings.position_embedding.weight": "positional_embedding",
+             "text_model.embeddings.token_embedding.weight": "token_embedding.weight",
+             "text_model.final_layer_norm.weight": "ln_final.weight", "text_model.final_layer_norm.bias": "ln_final.bias"}
+    for k, v in hf.items():
+        if k in fixed:
+            out[fixed[k]] = v
+        elif k == "text_projection.weight":
+            out["text_projection"] = v.T.contiguous()
+        elif m := re.match(r"text_model\.encoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)", k):
+            qkv.setdefault((int(m[1]), m[3]), {})[m[2]] = v
+        elif m := re.match(r"text_model\.encoder\.layers\.(\d+)\.(.*)", k):
+            rest = m[2]
+            for a, b in renames.items():
+                rest = rest.replace(a, b)
+            out[f"transformer.resblocks.{m[1]}.{rest}"] = v
+        elif k != "text_model.embeddings.position_ids":
+            raise KeyError(k)
+    for (i, kind), parts in qkv.items():
+        out[f"transformer.resblocks.{i}.attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]]).contiguous()
+    return out
+
+
+def write_sdxl_single_file(folder: Path, out: Path) -> Path:
+    """The diffusers SDXL pipeline at `folder` as one original (sgm) layout .safetensors file."""
+    import json
+
+    import safetensors.torch as st
+
+    ckpt = {}
+    unet_cfg = json.loads((folder / "unet" / "config.json").read_text())
+    vae_cfg = json.loads((folder / "vae" / "config.json").read_text())
+    for k, v in st.load_file(folder / "unet" / "diffusion_pytorch_model.safetensors").items():
+        ckpt["model.diffusion_model." + unet_key(k, unet_cfg)] = v
+    for k, v in st.load_file(folder / "vae" / "diffusion_pytorch_model.safetensors").items():
+        name = vae_key(k, vae_cfg)
+        if ".mid.attn_1." in name and name.endswith(".weight") and v.ndim == 2:
+            v = v[:, :, None, None]
+        ckpt["first_stage_model." + name] = v.contiguous()
+    for k, v in st.load_file(folder / "text_encoder" / "model.safetensors").items():
+        ckpt["conditioner.embedders.0.transformer." + k] = v
+    for k, v in openclip_keys(st.load_file(folder / "text_encoder_2" / "model.safetensors")).items():
+        ckpt["conditioner.embedders.1.model." + k] = v
+    st.save_file(ckpt, out)
+    return out
+
+
+def build_tiny_sdxl_widths(folder: Path) -> Path:
+    """tests/family_pipelines.py's tiny SDXL with a wider second text encoder (48 vs 32): diffusers' single-file
+    loader tells SDXL's two encoders apart by width (768 vs 1280 in the real model), so equal widths load the
+    first encoder's weights into the second."""
+    import torch
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    from family_pipelines import _clip_config, _vae, clip_tokenizer
+
+    torch.manual_seed(0)
+    tok1, tok2 = clip_tokenizer(folder / "_tok1"), clip_tokenizer(folder / "_tok2", pad_token="!")
+    te1 = CLIPTextModel(_clip_config(tok1, 32))
+    te2 = CLIPTextModelWithProjection(_clip_config(tok2, 48, projection_dim=16))
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
+        addition_time_embed_dim=8, transformer_layers_per_block=(1, 1), projection_class_embeddings_input_dim=6 * 8 + 16,
+        cross_attention_dim=80, norm_num_groups=8,
+    )
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                       steps_offset=1, timestep_spacing="leading")
+    pipe = StableDiffusionXLPipeline(vae=_vae(), text_encoder=te1, text_encoder_2=te2, tokenizer=tok1, tokenizer_2=tok2,
+                                     unet=unet, scheduler=scheduler, add_watermarker=False)
+    pipe.save_pretrained(folder / "diffusers", safe_serialization=True)
+    return folder / "diffusers"

@@ -1,0 +1,97 @@
+"""Bad LoRA input (acceptance 5): one line naming the file and key, non-zero exit, nothing written."""
+
+import numpy as np
+import pytest
+
+from cli_helpers import assert_one_line_error, invoke
+from lora_helpers import make_lora
+from onnxdiffusion.adapters import safetensors_io
+from onnxdiffusion.adapters.folder import add_points
+
+
+@pytest.fixture(scope="module")
+def points(tiny_onnx, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bad_points") / "model"
+    add_points(tiny_onnx, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def good(tiny_diffusers, tmp_path_factory):
+    return make_lora(tiny_diffusers, tmp_path_factory.mktemp("good"), seed=5)
+
+
+def _edited(good, tmp_path, name, edit):
+    tensors, meta = safetensors_io.read(good)
+    tensors = dict(tensors)
+    edit(tensors)
+    path = tmp_path / name
+    safetensors_io.write(path, tensors, meta)
+    return path
+
+
+Q = "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+
+
+def _bad_files(good, tmp_path):
+    def wider(t):  # a LoRA for a wider model: the same names, other shapes
+        t[f"{Q}.lora_A.weight"] = np.zeros((4, 64), np.float32)
+
+    def unknown(t):
+        t["unet.down_blocks.7.attentions.0.to_q.lora_A.weight"] = np.zeros((4, 32), np.float32)
+        t["unet.down_blocks.7.attentions.0.to_q.lora_B.weight"] = np.zeros((32, 4), np.float32)
+
+    import torch
+
+    pickle = tmp_path / "model.safetensors"  # a pickle under a safetensors name
+    torch.save({"x": torch.zeros(2)}, pickle)
+    text = tmp_path / "notes.safetensors"
+    text.write_text("this is not a tensor file at all, but long enough to have a header length")
+    return {
+        "shape": (_edited(good, tmp_path, "wider.safetensors", wider), 1.0, [f"{Q[5:]}", "another model"]),
+        "unknown key": (_edited(good, tmp_path, "unknown.safetensors", unknown), 1.0, ["unknown key", "down_blocks.7"]),
+        "scale": (good, 4.5, ["scale", "[-4, 4]"]),
+        "not safetensors": (text, 1.0, ["not a safetensors file"]),
+        "pickle": (pickle, 1.0, ["pickle"]),
+    }
+
+
+CASES = ["shape", "unknown key", "scale", "not safetensors", "pickle"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_generate_refuses(points, good, tmp_path, case):
+    path, scale, fragments = _bad_files(good, tmp_path)[case]
+    out = tmp_path / "img.png"
+    proc = invoke("generate", points, "a red circle", "--steps", "2", "--lora", f"{path}:{scale}", "-o", out)
+    assert_one_line_error(proc, path.name, *fragments)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["shape", "unknown key", "pickle"])
+def test_fused_export_refuses(tiny_diffusers, good, tmp_path, case):
+    path, scale, fragments = _bad_files(good, tmp_path)[case]
+    out = tmp_path / "exported"
+    proc = invoke("export", tiny_diffusers, out, "--lora", f"{path}:{scale}", timeout=300)
+    assert_one_line_error(proc, path.name)
+    assert not out.exists() and not list(tmp_path.glob(".exported*"))
+
+
+def test_folder_without_points_and_loop_form_are_one_line(tiny_onnx, points, good, tmp_path):
+    out = tmp_path / "img.png"
+    proc = invoke("generate", tiny_onnx, "a red circle", "--steps", "2", "--lora", str(good), "-o", out)
+    assert_one_line_error(proc, "no LoRA insertion points", "lora points")
+    proc = invoke("lora", "points", points, tmp_path / "again")
+    assert_one_line_error(proc, "already has LoRA insertion points")
+    assert not out.exists() and not (tmp_path / "again").exists()
+
+
+def test_generate_with_lora_cli(points, good, tmp_path):
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    assert invoke("generate", points, "a red circle", "--steps", "3", "-o", a).returncode == 0
+    proc = invoke("generate", points, "a red circle", "--steps", "3", "--lora", f"{good}:0.8", "--lora", f"{good}:-0.3",
+                  "-o", b)
+    assert proc.returncode == 0, proc.stderr
+    from PIL import Image
+
+    assert not np.array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
