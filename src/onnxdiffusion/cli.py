@@ -216,6 +216,7 @@ def quantize(
 
 # the other verbs register on `app` when imported; here, so `--help` lists the pipeline's verbs first
 from . import cli_measure, cli_deploy  # noqa: E402,F401
+from . import cli_web  # noqa: E402,F401 - export-web
 
 
 class Terminated(BaseException):
