@@ -25,7 +25,7 @@ from onnxdiffusion.web import npm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_helpers import assert_one_line_error, run_cli  # noqa: E402
-from web_helpers import chrome, generate, have_chromium, open_page, static_server  # noqa: E402
+from onnxdiffusion.web.browser import chrome, generate, have_chromium, open_page, static_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"sd": ROOT / "models" / "shapes-sd-onnx", "mmdit": ROOT / "models" / "shapes-mmdit-onnx"}

@@ -79,9 +79,8 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
         raise UserError(f"--max-steps must be in [1, 1000], got {max_steps}")
     _check_out(out, model, overwrite)
     manifest = read_manifest(model)
-    node_modules = ensure_installed(log)
     t0 = time.time()
-    pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses
+    pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses (checks the folder)
     defaults = pipe.resolve(GenerateOptions())
     if defaults.steps > max_steps:
         raise UserError(f"the model's recommended {defaults.steps} steps exceed --max-steps {max_steps}")
@@ -113,6 +112,7 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "tokenizer_package": {"package": "@huggingface/tokenizers", "version": pinned()["@huggingface/tokenizers"]},
         }
         del pipe
+        node_modules = ensure_installed(log)  # after every check on MODEL: a bad folder never reaches npm
         with _atomic_page(out) as tmp:
             _write_page(tmp, model, node_modules, graph, rows, settings, webgpu)
     settings["export_seconds"] = round(time.time() - t0, 2)

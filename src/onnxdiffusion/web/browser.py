@@ -1,5 +1,5 @@
-"""Shared by the web-page tests and bench/web_table.py: a static server for a page folder, headless Chromium
-driving the page through its test contract (#prompt, #seed, #steps, #generate, #status, img#result)."""
+"""Driving a page folder (tests/test_web.py, bench/web_table.py): a static server, headless Chromium (selenium,
+Debian's chromium) working the page through its test contract (#prompt, #seed, #steps, #generate, #status, img#result)."""
 
 from __future__ import annotations
 
