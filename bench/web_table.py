@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["a small red circle on the left", "a blue star above a yellow square", "two green triangles"]
 
 PY_CHILD = r"""
-import json, sys, time
+import json, statistics, sys, time
 import numpy as np, onnxruntime as ort
 from onnxdiffusion.runtime import Pipeline
 from onnxdiffusion.runtime.generation import GenerateOptions
@@ -150,7 +150,9 @@ def main() -> int:
                 else:
                     threads = 1 if mode == "python-1" else cores
                     p = subprocess.run([sys.executable, "-c", PY_CHILD, str(models[name]), str(pages[name]), str(threads),
-                                        str(a.steps), json.dumps(PROMPTS)], capture_output=True, text=True, check=True)
+                                        str(a.steps), json.dumps(PROMPTS)], capture_output=True, text=True)
+                    if p.returncode != 0:
+                        raise SystemExit(f"the Python run failed: {p.stderr[-2000:]}")
                     r = json.loads(p.stdout.strip().splitlines()[-1]) | {"threads": threads}
                 raw.append({"round": rnd, "variant": name, "mode": mode, **r})
     med = {}

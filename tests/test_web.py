@@ -225,6 +225,9 @@ def test_page_in_chromium_fp32(pages, driver, family):
             assert r["image"].shape == want.shape
             assert psnr(r["image"], want) >= 40, psnr(r["image"], want)
             assert int(r["dataset"]["steps"]) >= steps and float(r["dataset"]["runMs"]) > 0  # time shown
+        # offline: every file the page fetched came from its own folder
+        fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert fetched and all(u.startswith(url) or u.startswith(("data:", "blob:")) for u in fetched), fetched
 
 
 @browser
@@ -310,3 +313,32 @@ def test_page_at_serve_web(pages, driver):
         assert psnr(out["image"], _reference(model)(PROMPTS[1], 5, 12)) >= 40
     finally:
         srv.stop()
+
+
+@needs_node
+@pytest.mark.parametrize("fixture", ["tiny_v_onnx", "tiny_sdxl_onnx", "tiny_flux_onnx"])
+def test_other_families_run_or_refuse_in_one_line(node_modules, request, fixture, tmp_path):
+    """Beyond the two embedded models: a family's page gives generate's image, or export-web says in one line
+    why the page cannot run it (never a page that fails in the browser)."""
+    from onnxdiffusion.errors import UserError
+    from onnxdiffusion.web import export_web
+
+    model = request.getfixturevalue(fixture)
+    try:
+        settings = export_web(model, tmp_path / "page", max_steps=20, webgpu=False)
+    except UserError as e:
+        assert "\n" not in str(e) and "cannot" in str(e), str(e)
+        assert not (tmp_path / "page").exists()
+        print(f"{fixture}: refused: {e}")
+        return
+    pipe = Pipeline.from_folder(model)
+    steps = min(4, settings["max_steps"])
+    requests = [{"prompt": "a red circle", "seed": "3", "steps": steps}]
+    (tmp_path / "req.json").write_text(json.dumps(requests))
+    _node(JS / "run_page.mjs", tmp_path / "page", tmp_path / "req.json", tmp_path / "img", 1)
+    out = json.loads((tmp_path / "img.json").read_text())["results"][0]
+    assert "error" not in out, out
+    want = pipe("a red circle", seed=3, steps=steps).images
+    got = np.fromfile(tmp_path / "img0.rgb", np.uint8).reshape(want.shape)
+    assert psnr(got, want) >= 40, psnr(got, want)
+    print(f"{fixture}: page vs generate {psnr(got, want):.1f} dB")

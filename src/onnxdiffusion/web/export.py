@@ -30,6 +30,7 @@ KIND = "onnxdiffusion-web"
 WASM_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 WEBGPU_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
 GRAPH = "model/pipeline.onnx"
+PAGE_FEEDS = ("latents", "table", "init_scale", "guidance", "noise", "steps")  # what pipeline.js feeds besides ids
 
 
 def _is_page_folder(path: Path) -> bool:
@@ -92,6 +93,11 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
         if defaults.sampler not in tables:
             raise UserError(f"the model's default sampler {defaults.sampler!r} is not among {', '.join(tables)}")
         h, w = pipe.image_size(defaults)
+        texts = text_inputs(pipe, inputs)
+        fed = set(PAGE_FEEDS) | {t[k] for t in texts for k in ("input", "uncond_input") if t[k]}
+        if inputs - fed:  # e.g. a packed-latent family's grid inputs: pipeline.js would not feed them
+            raise UserError(f"the page cannot run {pipe.family.name} folders yet: their whole graph also takes "
+                            f"{', '.join(sorted(inputs - fed))}")
         settings = {
             "kind": KIND, "format": 1,
             "model": manifest.get("source", {}).get("path", model.name).split("/")[-1] or model.name,
@@ -105,7 +111,7 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "samplers": tables,
             "table_width": graph_table_width(graph),
             "tables": {"file": "tables.bin", "dtype": "float32", "byte_order": "little", "count": int(rows.size)},
-            "text_inputs": text_inputs(pipe, inputs),
+            "text_inputs": texts,
             "graph": {"file": GRAPH, "bytes": 0, "prefused": info.get("prefused"), "inputs": sorted(inputs)},
             "runtime": {"package": "onnxruntime-web", "version": pinned()["onnxruntime-web"], "wasm": WASM_FILES[0],
                         "webgpu": WEBGPU_FILES[0] if webgpu else None},
