@@ -48,6 +48,7 @@ web-deps: $(VENV)/.run-installed
 
 # The embedded model as a static page (out/web); open it with `python -m http.server -d out/web`.
 web: web-deps
+	mkdir -p out
 	$(BIN)/onnxdiffusion export-web models/shapes-sd-onnx out/web --overwrite
 
 test: $(VENV)/.dev-installed
