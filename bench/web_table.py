@@ -56,6 +56,18 @@ print(json.dumps({"load_s": load, "first_s": load + times[0], "step_ms": 1000 * 
 """
 
 
+def cpu_name() -> str:
+    """The CPU's model name and the ISA flags that matter to these kernels (from /proc/cpuinfo)."""
+    from onnxdiffusion.bench.setup import machine_info
+
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "amx_tile")
+    try:
+        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = []
+    return f"{machine_info().get('cpu')} [{' '.join(f for f in wanted if f in flags)}]"
+
+
 def folder_bytes(folder: Path, skip=()) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name not in skip)
 
@@ -168,7 +180,7 @@ def main() -> int:
     a.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
     lines = [f"# The page: size and speed ({a.steps} steps, model defaults, median of {a.rounds} rounds)", "",
-             f"CPU: {result['machine'].get('cpu')} ({cores} cores); load average at the end "
+             f"CPU: {cpu_name()} ({cores} cores); load average at the end "
              f"{' '.join(result['machine'].get('loadavg', []))}; onnxruntime-web {result['onnxruntime_web']} in headless "
              f"Chromium (WASM, SIMD; threads = all cores when cross-origin isolated), onnxruntime "
              f"{result['machine'].get('onnxruntime')} CPU for the Python path.", "",
