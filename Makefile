@@ -6,7 +6,7 @@ MODEL_CONFIG ?= models/training/configs/shapes-sd.json
 MMDIT_CONFIG ?= models/training/configs/shapes-mmdit.json
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test install-run install-dev model model-export model-mmdit model-mmdit-export peers clean
+.PHONY: demo test install-run install-dev model model-export model-mmdit model-mmdit-export peers web-deps web clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,16 @@ demo: $(VENV)/.run-installed $(VENV)/.bench-installed
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[bench]'
 	touch $@
+
+# The browser page's npm packages (onnxruntime-web, @huggingface/tokenizers), pinned by
+# src/onnxdiffusion/web/package-lock.json: `npm ci` into ~/.cache/onnxdiffusion/web (never the source tree).
+web-deps: $(VENV)/.run-installed
+	$(BIN)/python -m onnxdiffusion.web.npm
+
+# The embedded model as a static page (out/web); open it with `python -m http.server -d out/web`.
+web: web-deps
+	mkdir -p out
+	$(BIN)/onnxdiffusion export-web models/shapes-sd-onnx out/web --overwrite
 
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -p no:cacheprovider

@@ -94,6 +94,7 @@ VERBS = {
     "generate": lambda m, out: ["generate", m, "a red circle", "--steps", "2", "-o", out / "x.png"],
     "quantize": lambda m, out: ["quantize", m, out / "q", "--recipe", "int8-dynamic"],
     "compile-loop": lambda m, out: ["compile-loop", m, out / "l"],
+    "export-web": lambda m, out: ["export-web", m, out / "w"],
     "evaluate": lambda m, out: ["evaluate", m, "--count", "2", "--batch", "2", "--steps", "2", "-o", out / "e.json"],
     "bench": lambda m, out: ["bench", m, "--variants", "ort-fp32", "--rss", "off", "--prompts", "0", "--repeats", "1",
                              "--out", out / "b", "--quiet"],

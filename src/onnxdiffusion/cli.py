@@ -265,6 +265,7 @@ def quantize(
 
 # the other verbs register on `app` when imported; here, so `--help` lists the pipeline's verbs first
 from . import cli_measure, cli_deploy, cli_lora  # noqa: E402,F401
+from . import cli_web  # noqa: E402,F401 - export-web
 
 
 def _loras(values: list[str] | None) -> list[tuple[str, float]]:

@@ -74,6 +74,7 @@ def serve(
     grace: Annotated[float, typer.Option(help="on SIGTERM/SIGINT: seconds in-flight requests get to finish")] = 10.0,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) every model loads with; overrides the CPU default")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoders let go between requests, no ORT memory pattern) | KEY=0|1,... (default: the profile's, else default)")] = None,
+    web: Annotated[Optional[Path], typer.Option(help="a page folder from `export-web`, served at /web (cross-origin isolated)")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
     max_replicas: Annotated[Optional[int], typer.Option(help="--ray: autoscale between --replicas and this")] = None,
@@ -90,7 +91,11 @@ def serve(
     config = ServeConfig(models=tuple(models or ()), host=host, port=port, buckets=buckets, max_queue=max_queue,
                          timeout=timeout, workers=workers or usable_cores(), threads=threads, max_batch=max_batch,
                          golden_threshold_db=golden_threshold, retention=retention, grace=grace, profile=profile,
-                         memory=memory)
+                         memory=memory, web=str(web) if web else None)
+    if web is not None:
+        from .web.serve import check_page_folder
+
+        check_page_folder(web)  # one line and exit 2 now, not when the server starts
     require("fastapi", "uvicorn", "prometheus_client", extra="serve")
     if ray:
         require("ray", extra="ray")

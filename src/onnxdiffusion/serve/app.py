@@ -337,6 +337,10 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         snap["cancel_requested"] = True
         return snap
 
+    if config.web:  # the browser page (export-web) at /web
+        from ..web.serve import mount_web
+
+        mount_web(app, config.web)
     return app
 
 

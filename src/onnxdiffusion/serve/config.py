@@ -38,6 +38,7 @@ class ServeConfig:
     provider: str = "cpu"
     profile: str | None = None  # hardware profile (name or YAML file): its provider/options for every model
     memory: str | None = None  # runtime.memory mode (default | lean | KEY=0|1,...); None: the profile's, else default
+    web: str | None = None  # a page folder from `export-web`, served at /web
 
     def __post_init__(self):
         for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body"):

@@ -1,0 +1,210 @@
+"""The browser page's size and speed: page folder bytes vs the model's ONNX bytes + the runtime's; load time,
+first image and per-step time in headless Chromium's WASM (1 thread; all threads when cross-origin isolated)
+vs the Python ONNX Runtime CPU path (`generate`'s host loop; and ORT CPU on the page's own graph).
+
+    python bench/web_table.py [--rounds 2] [--steps 20] [--work DIR] [--out bench/results/web_table]
+
+Needs the pinned npm packages (make web-deps) and Chromium (bash bench/install_chromium.sh). Rounds interleave
+the variants and modes (timings on a shared machine drift); medians over rounds are reported. Per-step time is
+a whole run (text encoder + sampling + VAE) over its model evaluations, the same way for every column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["a small red circle on the left", "a blue star above a yellow square", "two green triangles"]
+
+PY_CHILD = r"""
+import json, statistics, sys, time
+import numpy as np, onnxruntime as ort
+from onnxdiffusion.runtime import Pipeline
+from onnxdiffusion.runtime.generation import GenerateOptions
+model, page, threads, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+prompts = json.loads(sys.argv[5])
+t0 = time.perf_counter()
+pipe = Pipeline.from_folder(model, threads=threads or None)
+load = time.perf_counter() - t0
+times = []
+for i, p in enumerate(prompts):
+    t0 = time.perf_counter(); pipe(p, seed=i, steps=steps); times.append(time.perf_counter() - t0)
+# the page's graph (portable whole pipeline) on ORT CPU, fed as the page feeds it
+so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
+sess = ort.InferenceSession(page + "/model/pipeline.onnx", so, providers=["CPUExecutionProvider"])
+opts = pipe.resolve(GenerateOptions(steps=steps)); t = pipe.table(opts)
+lat = np.random.default_rng(0).standard_normal(pipe.latent_shape(opts), dtype=np.float32)
+feeds = {"latents": lat, "table": t.rows, "init_scale": np.array(t.init_scale, np.float32),
+         "guidance": np.array(max(opts.guidance, 1), np.float32), "noise": np.zeros((1, *lat.shape), np.float32),
+         "steps": np.array(t.num_steps, np.int64)}
+for s in pipe.slots:
+    suf = s.name[len("text_encoder"):]
+    feeds["input_ids" + suf] = pipe.tokenizers[s.name]([prompts[0]]); feeds["uncond_input_ids" + suf] = pipe.tokenizers[s.name]([""])
+graph = []
+for _ in range(len(prompts)):
+    t0 = time.perf_counter(); sess.run(["image"], feeds); graph.append(time.perf_counter() - t0)
+print(json.dumps({"load_s": load, "first_s": load + times[0], "step_ms": 1000 * statistics.median(times[1:]) / t.num_steps,
+                  "graph_step_ms": 1000 * statistics.median(graph[1:]) / t.num_steps}))
+"""
+
+
+def cpu_name() -> str:
+    """The CPU's model name and the ISA flags that matter to these kernels (from /proc/cpuinfo)."""
+    from onnxdiffusion.bench.setup import machine_info
+
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "amx_tile")
+    try:
+        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = []
+    return f"{machine_info().get('cpu')} [{' '.join(f for f in wanted if f in flags)}]"
+
+
+def folder_bytes(folder: Path, skip=()) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name not in skip)
+
+
+def model_onnx_bytes(model: Path) -> int:
+    m = json.loads((model / "manifest.json").read_text())
+    return sum(c.get("bytes", 0) for k, c in m["components"].items() if not k.startswith("sampler_") and k != "vae_encoder")
+
+
+def variants(work: Path, log) -> dict[str, Path]:
+    from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
+
+    out = {}
+    for family in ("sd", "mmdit"):
+        fp32 = ROOT / "models" / f"shapes-{family}-onnx"
+        out[f"{family}-fp32"] = fp32
+        int8 = work / f"{family}-int8"
+        if not (int8 / "manifest.json").is_file():
+            log(f"quantizing {fp32.name} int8-static -> {int8}")
+            sampler = "ddim" if family == "sd" else "flow_euler"
+            quantize(fp32, int8, QuantizeConfig(recipe=recipe_class("int8-static").with_options({}), latency_runs=1,
+                                                measure_memory=False,
+                                                calibration=CalibrationConfig(count=8, steps=10, batch=4, sampler=sampler)),
+                     measure_quality=False, overwrite=True)
+        out[f"{family}-int8"] = int8
+    return out
+
+
+def browser_run(page: Path, isolated: bool, steps: int) -> dict:
+    from onnxdiffusion.web.browser import chrome, generate, open_page, static_server
+
+    with static_server(page, isolated=isolated) as url:
+        d = chrome()
+        try:
+            t0 = time.perf_counter()
+            status = open_page(d, url)
+            wall_load = time.perf_counter() - t0
+            assert status == "ready", status
+            ds = d.execute_script("return Object.assign({}, document.body.dataset)")
+            runs = []
+            for i, p in enumerate(PROMPTS):
+                r = generate(d, p, i, steps)
+                assert r["status"] == "done", r["status"]
+                runs.append(r["dataset"])
+        finally:
+            d.quit()
+    evals = int(runs[0]["steps"])
+    return {"threads": int(ds["threads"]), "load_s": float(ds["loadMs"]) / 1000, "wall_load_s": wall_load,
+            "first_s": (float(ds["loadMs"]) + float(runs[0]["totalMs"])) / 1000,
+            "step_ms": statistics.median(float(r["runMs"]) for r in runs[1:]) / evals}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "web_table")
+    a = ap.parse_args()
+
+    def log(s):
+        print(s, file=sys.stderr, flush=True)
+
+    from onnxdiffusion.bench.setup import machine_info
+    from onnxdiffusion.web import export_web
+    from onnxdiffusion.web.export import WEBGPU_FILES
+    from onnxdiffusion.web.npm import installed
+
+    work = a.work or Path(tempfile.mkdtemp(prefix="web-table-"))
+    work.mkdir(parents=True, exist_ok=True)
+    models = variants(work, log)
+    pages, sizes = {}, {}
+    for name, model in models.items():
+        pages[name] = work / f"page-{name}"
+        if not (pages[name] / "settings.json").is_file():
+            export_web(model, pages[name], overwrite=True)
+        s = json.loads((pages[name] / "settings.json").read_text())
+        ort_dir = pages[name] / "ort"
+        sizes[name] = {"page_bytes": folder_bytes(pages[name]),
+                       "page_bytes_wasm_only": folder_bytes(pages[name], skip=WEBGPU_FILES),
+                       "graph_bytes": s["graph"]["bytes"], "model_onnx_bytes": model_onnx_bytes(model),
+                       "runtime_bytes_wasm": folder_bytes(ort_dir, skip=WEBGPU_FILES),
+                       "runtime_bytes": folder_bytes(ort_dir)}
+    cores = os.cpu_count()
+    raw = []
+    for rnd in range(a.rounds):
+        for name in models:
+            for mode in ("wasm-1", "wasm-all", "python-1", "python-all"):
+                log(f"round {rnd + 1}/{a.rounds}: {name} {mode}")
+                if mode.startswith("wasm"):
+                    r = browser_run(pages[name], isolated=mode == "wasm-all", steps=a.steps)
+                else:
+                    threads = 1 if mode == "python-1" else cores
+                    p = subprocess.run([sys.executable, "-c", PY_CHILD, str(models[name]), str(pages[name]), str(threads),
+                                        str(a.steps), json.dumps(PROMPTS)], capture_output=True, text=True)
+                    if p.returncode != 0:
+                        raise SystemExit(f"the Python run failed: {p.stderr[-2000:]}")
+                    r = json.loads(p.stdout.strip().splitlines()[-1]) | {"threads": threads}
+                raw.append({"round": rnd, "variant": name, "mode": mode, **r})
+    med = {}
+    for name in models:
+        for mode in ("wasm-1", "wasm-all", "python-1", "python-all"):
+            rows = [r for r in raw if r["variant"] == name and r["mode"] == mode]
+            med[(name, mode)] = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k not in ("round", "variant", "mode")}
+    result = {"machine": machine_info(), "steps": a.steps, "rounds": a.rounds, "prompts": PROMPTS,
+              "onnxruntime_web": installed() and json.loads((installed() / "onnxruntime-web" / "package.json").read_text())["version"],
+              "chromium_flags": "headless=new, no-sandbox, disable-gpu (WASM only)",
+              "sizes": sizes, "median": {f"{n}/{m}": v for (n, m), v in med.items()}, "raw": raw}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
+    lines = [f"# The page: size and speed ({a.steps} steps, model defaults, median of {a.rounds} rounds)", "",
+             f"CPU: {cpu_name()} ({cores} cores); load average at the end "
+             f"{' '.join(result['machine'].get('loadavg', []))}; onnxruntime-web {result['onnxruntime_web']} in headless "
+             f"Chromium (WASM, SIMD; threads = all cores when cross-origin isolated), onnxruntime "
+             f"{result['machine'].get('onnxruntime')} CPU for the Python path.", "",
+             "## Size (MB)", "",
+             "| variant | page folder | page, WASM only | graph (model/pipeline.onnx) | model ONNX (components) | runtime WASM | runtime + WebGPU |",
+             "|---|---|---|---|---|---|---|"]
+    for n, s in sizes.items():
+        lines.append(f"| {n} | {mb(s['page_bytes'])} | {mb(s['page_bytes_wasm_only'])} | {mb(s['graph_bytes'])} | "
+                     f"{mb(s['model_onnx_bytes'])} | {mb(s['runtime_bytes_wasm'])} | {mb(s['runtime_bytes'])} |")
+    lines += ["", "## Speed", "",
+              "load: page open to ready (runtime + graph + session); first image: load + the first run; per step: "
+              "a run / model evaluations (text encoder and VAE included).", "",
+              "| variant | load s (WASM 1t / all) | first image s (WASM 1t / all / Python 1t) | ms/step WASM 1t | WASM all | "
+              "Python ORT host loop 1t | all | ORT CPU, page graph 1t | WASM 1t / Python 1t |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for n in models:
+        w1, wa, p1, pa = (med[(n, m)] for m in ("wasm-1", "wasm-all", "python-1", "python-all"))
+        lines.append(f"| {n} | {w1['load_s']:.2f} / {wa['load_s']:.2f} | {w1['first_s']:.2f} / {wa['first_s']:.2f} / "
+                     f"{p1['first_s']:.2f} | {w1['step_ms']:.1f} | {wa['step_ms']:.1f} ({wa['threads']:.0f}t) | "
+                     f"{p1['step_ms']:.1f} | {pa['step_ms']:.1f} | {p1['graph_step_ms']:.1f} | {w1['step_ms'] / p1['step_ms']:.1f}x |")
+    a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

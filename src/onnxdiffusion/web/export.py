@@ -1,0 +1,195 @@
+"""`export-web MODEL OUT`: a static page folder that runs MODEL's whole pipeline in the browser.
+
+OUT holds index.html and its modules (page/), onnxruntime-web and @huggingface/tokenizers (the pinned npm
+packages), the whole-pipeline graph in its portable form (token ids in, uint8 image out), the tokenizer
+files, and settings.json + tables.bin (sampler tables for every step count, defaults). It is written under a
+temporary name and renamed, so OUT is either the old folder or the complete new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+from ..artifacts import check_output_folder, confined, read_manifest
+from ..errors import UserError
+from .npm import ensure_installed, pinned
+from .settings import sampler_tables, text_inputs
+
+PAGE = Path(__file__).resolve().parent / "page"
+PAGE_FILES = ("index.html", "app.js", "pipeline.js", "prompt.js", "rng.js")
+KIND = "onnxdiffusion-web"
+# onnxruntime-web's files the page loads: the WASM build (SIMD; threads when cross-origin isolated), and
+# the WebGPU build (its own WASM, with the WebGPU and WASM providers) when asked for
+WASM_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+WEBGPU_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
+GRAPH = "model/pipeline.onnx"
+PAGE_FEEDS = ("latents", "table", "init_scale", "guidance", "noise", "steps")  # what pipeline.js feeds besides ids
+
+
+def _is_page_folder(path: Path) -> bool:
+    try:
+        return json.loads((path / "settings.json").read_text()).get("kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_out(out: Path, model: Path, overwrite: bool) -> None:
+    """artifacts' output checks; --overwrite replaces a page folder (settings.json of kind onnxdiffusion-web)."""
+    page = overwrite and out.is_dir() and not out.is_symlink() and _is_page_folder(out)
+    if not page:
+        if overwrite and out.is_dir() and any(out.iterdir()):
+            raise UserError(f"--overwrite replaces only a page folder written by export-web; {out} is not one")
+        check_output_folder(out, overwrite, inputs=(model,))
+        return
+    s, m = out.resolve(), model.resolve()
+    if s == m or s in m.parents or m in s.parents:
+        raise UserError(f"output {out} overlaps the input {model} (OUT must not be, contain or be inside it)")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise UserError(f"output directory is not writable: {out.parent}")
+
+
+def whole_graph(model: Path, scratch: Path) -> tuple[onnx.ModelProto, dict]:
+    """MODEL's whole-pipeline graph, portable (ORT_ENABLE_EXTENDED at most, no CPU-tuned layouts): compiled
+    into a scratch copy of the folder; returns the graph and its manifest entry."""
+    from ..loops import compile_loop
+
+    info = compile_loop(model, scratch / "model", form="loop", whole=True, cpu_tuned=False)
+    if info.get("tuned_for"):
+        raise UserError(f"{model}: the whole graph came out tuned to this CPU; the page needs the portable form")
+    if info["external_data"]:
+        raise UserError(f"{model}: the whole graph is over 2 GB ({info['bytes'] / 1e9:.1f} GB); the page takes one "
+                        f"file under 2 GB")
+    return onnx.load(str(scratch / "model" / info["path"])), info
+
+
+def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers: list[str] | None = None,
+               webgpu: bool = True, overwrite: bool = False, log=lambda s: None) -> dict:
+    """Write the page folder `out` for the model folder `model`; returns its settings."""
+    from ..runtime import Pipeline
+    from ..runtime.generation import GenerateOptions
+
+    model, out = Path(model), Path(out)
+    if not isinstance(max_steps, int) or not 1 <= max_steps <= 1000:
+        raise UserError(f"--max-steps must be in [1, 1000], got {max_steps}")
+    _check_out(out, model, overwrite)
+    manifest = read_manifest(model)
+    t0 = time.time()
+    pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses (checks the folder)
+    defaults = pipe.resolve(GenerateOptions())
+    if defaults.steps > max_steps:
+        raise UserError(f"the model's recommended {defaults.steps} steps exceed --max-steps {max_steps}")
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-web-") as scratch:
+        log(f"compiling the whole-pipeline graph of {model} (portable form)")
+        graph, info = whole_graph(model, Path(scratch))
+        inputs = {i.name for i in graph.graph.input}
+        tables, rows = sampler_tables(pipe, max_steps, samplers)
+        if defaults.sampler not in tables:
+            raise UserError(f"the model's default sampler {defaults.sampler!r} is not among {', '.join(tables)}")
+        h, w = pipe.image_size(defaults)
+        texts = text_inputs(pipe, inputs)
+        fed = set(PAGE_FEEDS) | {t[k] for t in texts for k in ("input", "uncond_input") if t[k]}
+        if inputs - fed:  # e.g. a packed-latent family's grid inputs: pipeline.js would not feed them
+            raise UserError(f"the page cannot run {pipe.family.name} folders yet: their whole graph also takes "
+                            f"{', '.join(sorted(inputs - fed))}")
+        settings = {
+            "kind": KIND, "format": 1,
+            "model": manifest.get("source", {}).get("path", model.name).split("/")[-1] or model.name,
+            "family": pipe.family.name,
+            "precision": manifest["components"][pipe.family.backbone].get("precision", "fp32"),
+            "height": h, "width": w,
+            "latent_shape": list(pipe.latent_shape(defaults)),
+            "guided": "uncond_input_ids" in inputs,
+            "defaults": {"steps": defaults.steps, "guidance": defaults.guidance, "sampler": defaults.sampler, "seed": 0},
+            "max_steps": max_steps,
+            "samplers": tables,
+            "table_width": graph_table_width(graph),
+            "tables": {"file": "tables.bin", "dtype": "float32", "byte_order": "little", "count": int(rows.size)},
+            "text_inputs": texts,
+            "graph": {"file": GRAPH, "bytes": 0, "prefused": info.get("prefused"), "inputs": sorted(inputs)},
+            "runtime": {"package": "onnxruntime-web", "version": pinned()["onnxruntime-web"], "wasm": WASM_FILES[0],
+                        "webgpu": WEBGPU_FILES[0] if webgpu else None},
+            "tokenizer_package": {"package": "@huggingface/tokenizers", "version": pinned()["@huggingface/tokenizers"]},
+        }
+        del pipe
+        node_modules = ensure_installed(log)  # after every check on MODEL: a bad folder never reaches npm
+        with _atomic_page(out) as tmp:
+            _write_page(tmp, model, node_modules, graph, rows, settings, webgpu)
+    settings["export_seconds"] = round(time.time() - t0, 2)
+    return settings
+
+
+def graph_table_width(graph: onnx.ModelProto) -> int:
+    dims = next(i for i in graph.graph.input if i.name == "table").type.tensor_type.shape.dim
+    return int(dims[1].dim_value)
+
+
+def _write_page(tmp: Path, model: Path, node_modules: Path, graph, rows, settings: dict, webgpu: bool) -> None:
+    for name in PAGE_FILES:
+        shutil.copyfile(PAGE / name, tmp / name)
+    (tmp / "ort").mkdir()
+    ort_dist = node_modules / "onnxruntime-web" / "dist"
+    for name in WASM_FILES + (WEBGPU_FILES if webgpu else ()):
+        shutil.copyfile(ort_dist / name, tmp / "ort" / name)
+    _notice(node_modules / "onnxruntime-web", tmp / "ort" / "NOTICE.txt")
+    (tmp / "lib").mkdir()
+    tok_pkg = node_modules / "@huggingface" / "tokenizers"
+    shutil.copyfile(tok_pkg / "dist" / "tokenizers.min.mjs", tmp / "lib" / "tokenizers.min.mjs")
+    _notice(tok_pkg, tmp / "lib" / "NOTICE.txt")
+    for t in settings["text_inputs"]:
+        for key in ("tokenizer", "config"):
+            dst = tmp / t[key]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            src = confined(model, t[key], "tokenizer file")
+            if src.is_file():
+                shutil.copyfile(src, dst)
+            elif key == "config":
+                dst.write_text("{}\n")
+            else:
+                raise UserError(f"tokenizer file missing: {src}")
+    (tmp / "model").mkdir()
+    onnx.save_model(graph, str(tmp / GRAPH))
+    settings["graph"]["bytes"] = (tmp / GRAPH).stat().st_size
+    rows.astype("<f4").tofile(tmp / "tables.bin")
+    (tmp / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def _notice(package: Path, dst: Path) -> None:
+    """What the folder ships from an npm package: its name, version, license (and the license text if it has one)."""
+    meta = json.loads((package / "package.json").read_text())
+    text = f"{meta['name']} {meta['version']} (npm), license: {meta.get('license', 'see the package')}\n"
+    lic = next((p for p in sorted(package.iterdir()) if p.name.upper().startswith("LICENSE")), None)
+    dst.write_text(text + ("\n" + lic.read_text() if lic else ""))
+
+
+class _atomic_page:
+    """A temporary sibling folder renamed to `final` when the block succeeds (the old one moved aside first)."""
+
+    def __init__(self, final: Path):
+        self.final = final
+
+    def __enter__(self) -> Path:
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent))
+        return self.tmp
+
+    def __exit__(self, kind, value, tb) -> bool:
+        if kind is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        from ..artifacts import _fix_modes
+
+        _fix_modes(self.tmp)
+        if self.final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", suffix=".old", dir=self.final.parent))
+            os.replace(self.final, old / "x")
+            os.replace(self.tmp, self.final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.final)
+        return False

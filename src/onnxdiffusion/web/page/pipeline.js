@@ -1,0 +1,100 @@
+// The page's pipeline: prompt -> token ids (prompt.js), seed -> the latents and noise numpy draws (rng.js),
+// settings -> the sampler table rows export-web computed with the Python pipeline, then one run of the
+// whole-pipeline graph (text encoder(s), the sampling Loop, VAE decoder): uint8 image out.
+// Runs in the browser and in node (tests): every file is read through `load(path) -> ArrayBuffer`.
+
+import { NumpyRandom } from "./rng.js";
+import { PromptEncoder } from "./prompt.js";
+
+export const MAX_SEED = (1n << 63n) - 1n;
+
+export class InputError extends Error {}
+
+const decoder = new TextDecoder();
+const json = (buf) => JSON.parse(decoder.decode(buf));
+
+export class WebPipeline {
+  // ort: the onnxruntime-web module; Tokenizer: @huggingface/tokenizers' class; load(path): the folder's bytes
+  static async load({ ort, Tokenizer, load, sessionOptions = {}, onStatus = () => {} }) {
+    const p = new WebPipeline();
+    p.ort = ort;
+    onStatus("loading settings");
+    p.settings = json(await load("settings.json"));
+    p.tables = new Float32Array(await load(p.settings.tables.file));
+    p.encoders = [];
+    for (const t of p.settings.text_inputs) {
+      const [tj, cj] = await Promise.all([load(t.tokenizer), load(t.config)]);
+      p.encoders.push({ spec: t, enc: new PromptEncoder(Tokenizer, json(tj), json(cj), t) });
+    }
+    onStatus(`loading the graph (${(p.settings.graph.bytes / 1e6).toFixed(1)} MB)`);
+    const bytes = new Uint8Array(await load(p.settings.graph.file));
+    onStatus("creating the session");
+    try {
+      p.session = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"], ...sessionOptions });
+    } catch (e) {
+      throw new Error(`this browser cannot run the graph: ${String(e && e.message || e).split("\n")[0]}`);
+    }
+    return p;
+  }
+
+  // the user's settings checked and completed from the folder's defaults; throws InputError
+  resolve({ prompt, negative = "", seed, steps, guidance, sampler }) {
+    const s = this.settings, d = s.defaults;
+    if (typeof prompt !== "string" || prompt.trim() === "") throw new InputError("empty prompt");
+    const seedText = String(seed ?? d.seed).trim();
+    if (!/^\d+$/.test(seedText) || BigInt(seedText) > MAX_SEED)
+      throw new InputError(`seed must be an integer in [0, 2**63-1], got ${JSON.stringify(seedText)}`);
+    const stepsText = String(steps ?? d.steps).trim();
+    const nSteps = /^\d+$/.test(stepsText) ? Number(stepsText) : NaN;
+    if (!(nSteps >= 1 && nSteps <= s.max_steps))
+      throw new InputError(`steps must be an integer in [1, ${s.max_steps}], got ${JSON.stringify(stepsText)}`);
+    const g = guidance === undefined || guidance === "" ? d.guidance : Number(guidance);
+    if (!Number.isFinite(g) || g < 0 || g > 100) throw new InputError(`guidance must be in [0, 100], got ${guidance}`);
+    const name = sampler || d.sampler;
+    if (!(name in s.samplers)) throw new InputError(`unknown sampler ${JSON.stringify(name)}; choose from ${Object.keys(s.samplers).join(", ")}`);
+    return { prompt, negative: negative || "", seed: BigInt(seedText), steps: nSteps, guidance: g, sampler: name };
+  }
+
+  // -> {image: Uint8Array (H*W*3), width, height, notices, timings}; throws InputError on bad input
+  async generate(request, onStatus = () => {}) {
+    const r = this.resolve(request);
+    const s = this.settings, ort = this.ort;
+    const t0 = performance.now();
+    const notices = [];
+    const feeds = {};
+    for (const { spec, enc } of this.encoders) {
+      const cond = enc.encode(r.prompt), uncond = enc.encode(r.negative);
+      if (cond.dropped !== null && !notices.some((n) => n.startsWith("prompt")))
+        notices.push(`prompt truncated to ${spec.max_length} tokens; dropped: ${JSON.stringify(cond.dropped)}`);
+      if (uncond.dropped !== null && !notices.some((n) => n.startsWith("negative")))
+        notices.push(`negative prompt truncated to ${spec.max_length} tokens; dropped: ${JSON.stringify(uncond.dropped)}`);
+      feeds[spec.input] = new ort.Tensor("int32", cond.ids, [1, spec.max_length]);
+      if (s.guided) feeds[spec.uncond_input] = new ort.Tensor("int32", uncond.ids, [1, spec.max_length]);
+    }
+    const t = s.samplers[r.sampler].tables[String(r.steps)];
+    const shape = s.latent_shape;
+    const count = shape.reduce((a, b) => a * b, 1);
+    // the draws `generate` makes: latents first, then per-step noise for an ancestral sampler
+    const rng = new NumpyRandom(r.seed);
+    const latents = rng.standardNormal(count);
+    const noise = t.needs_noise ? rng.standardNormal(t.rows * count) : new Float32Array(count);
+    const width = s.table_width;
+    feeds.latents = new ort.Tensor("float32", latents, shape);
+    feeds.table = new ort.Tensor("float32", this.tables.slice(t.offset, t.offset + t.rows * width), [t.rows, width]);
+    feeds.init_scale = new ort.Tensor("float32", new Float32Array([t.init_scale]), []);
+    // the host loop skips guidance at scale <= 1 (cond only); u + 1*(c - u) is that
+    feeds.guidance = new ort.Tensor("float32", new Float32Array([Math.max(r.guidance, 1)]), []);
+    feeds.noise = new ort.Tensor("float32", noise, [t.needs_noise ? t.rows : 1, ...shape]);
+    feeds.steps = new ort.Tensor("int64", new BigInt64Array([BigInt(t.rows)]), []);
+    const t1 = performance.now();
+    onStatus(`sampling: ${t.rows} steps in one graph run`);
+    const out = await this.session.run(feeds);
+    const t2 = performance.now();
+    const img = out.image;
+    const [, height, w] = img.dims;
+    return {
+      image: img.data, width: w, height, notices, settings: r, model_evaluations: t.rows,
+      timings: { prepare_ms: t1 - t0, run_ms: t2 - t1, per_step_ms: (t2 - t1) / t.rows, total_ms: t2 - t0 },
+    };
+  }
+}

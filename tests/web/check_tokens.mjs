@@ -1,0 +1,19 @@
+// node check_tokens.mjs PAGE_FOLDER PROMPTS.json OUT.json: every text input's ids (and the dropped words) for
+// each prompt, through the page's own prompt.js and tokenizer package.
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const [page, promptsFile, outFile] = process.argv.slice(2);
+const url = (p) => pathToFileURL(path.resolve(page, p)).href;
+const { Tokenizer } = await import(url("lib/tokenizers.min.mjs"));
+const { PromptEncoder } = await import(url("prompt.js"));
+const settings = JSON.parse(fs.readFileSync(path.join(page, "settings.json"), "utf8"));
+const prompts = JSON.parse(fs.readFileSync(promptsFile, "utf8"));
+const out = {};
+for (const t of settings.text_inputs) {
+  const read = (p) => JSON.parse(fs.readFileSync(path.join(page, p), "utf8"));
+  const enc = new PromptEncoder(Tokenizer, read(t.tokenizer), read(t.config), t);
+  out[t.encoder] = prompts.map((p) => { const r = enc.encode(p); return { ids: Array.from(r.ids), dropped: r.dropped }; });
+}
+fs.writeFileSync(outFile, JSON.stringify(out));
