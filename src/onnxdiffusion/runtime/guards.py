@@ -5,7 +5,8 @@ Documented ranges (README "Settings and their ranges"):
   guidance   0 .. 100 (<= 1 means no classifier-free guidance)
   seed       0 .. 2**63 - 1
   batch      1 .. 4096, and the memory estimate below must fit in this machine's RAM
-  height / width  positive multiples of the model's size_multiple, at most 16384
+  height / width  positive multiples of the model's size_multiple, at most 16384 or the family's declared
+                  limit (families.SizeLimits: SD3's position table)
 Non-finite latents or pixels are an error naming the stage where they were found; the check is one
 reduction over the final latents and one over the image (not per step), so it costs nothing measurable.
 """
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..errors import UserError
 
-MAX_SIDE = 16384
+from ..families.base import MAX_SIDE  # noqa: E402  (one bound for the run time and the families)
 MAX_BATCH = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = 2**63 - 1
@@ -49,15 +50,23 @@ def check_options(options) -> None:
         raise UserError(f"unknown loop form {options.loop!r}; choose from host, loop, unrolled")
 
 
-def latent_shape(info: dict, options) -> tuple[int, int, int, int]:
+def size_limits(manifest: dict):
+    """The family's declared size limits for this folder (families.SizeLimits)."""
+    from ..families import get_family
+
+    return get_family(manifest.get("family")).size_limits(manifest["pipeline"])
+
+
+def latent_shape(info: dict, options, limits=None) -> tuple[int, int, int, int]:
+    """`limits`: the family's SizeLimits (check_request passes them); None: size_multiple and MAX_SIDE only."""
+    from ..families.base import SizeLimits
+
     h = info["default_height"] if options.height is None else options.height
     w = info["default_width"] if options.width is None else options.width
-    m = info["size_multiple"]
-    for name, v in (("height", h), ("width", w)):
-        if not is_int(v) or v <= 0 or v % m:
-            raise UserError(f"{name} must be a positive multiple of {m} for this model, got {v!r}")
-        if v > MAX_SIDE:
-            raise UserError(f"{name} must be at most {MAX_SIDE}, got {v}")
+    limits = limits or SizeLimits(int(info["size_multiple"]), MAX_SIDE, MAX_SIDE)
+    problem = limits.problem(h, w)
+    if problem:
+        raise UserError(problem)
     if not is_int(options.batch) or not 1 <= options.batch <= MAX_BATCH:
         raise UserError(f"batch must be an integer in [1, {MAX_BATCH}], got {options.batch!r}")
     f = info["vae_scale_factor"]
@@ -75,7 +84,7 @@ def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
     n = manifest["pipeline"]["num_train_timesteps"]
     if not 1 <= options.steps <= n:
         raise UserError(f"num_steps must be in [1, {n}], got {options.steps}")
-    shape = latent_shape(manifest["pipeline"], options)
+    shape = latent_shape(manifest["pipeline"], options, size_limits(manifest))
     if options.loop != "host":
         info = manifest["components"].get(f"sampler_{options.loop}")
         if info is None:

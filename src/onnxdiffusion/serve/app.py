@@ -63,11 +63,19 @@ class Service:
             except UserError as e:
                 self.load_error = str(e)
                 log.error("model loading failed: %s", e)
+            except Exception as e:  # never a dead loader thread with `error: null`: /ready says what happened
+                from .manager import one_line
+
+                self.load_error = f"{type(e).__name__}: {one_line(e)}"
+                log.error("model loading failed: %s", self.load_error)
+            if not self.load_error and not self.manager.serving():
+                self.load_error = "; ".join(f"{e.id}: {e.error}" for e in self.manager.models.values())
         threading.Thread(target=run, name="serve-loader", daemon=True).start()
 
     @property
     def ready(self) -> bool:
-        return self.manager.ready and self.load_error is None
+        """Ready when warm-up is done and at least one model serves (failed ones are named in /ready)."""
+        return self.manager.ready and self.load_error is None and bool(self.manager.serving())
 
 
 def _stderr(message: str) -> None:
@@ -214,8 +222,9 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
     async def ready():
         models = [m.describe() for m in manager.models.values()]
         degraded = [m["id"] for m in models if m["status"] == "degraded"]
+        failed = {m["id"]: m["error"] for m in models if m["status"] == "failed"}
         body = {"ready": svc.ready, "error": svc.load_error, "models": models, "degraded": degraded,
-                "queue_depth": queue.depth()}
+                "failed": failed, "queue_depth": queue.depth()}
         return JSONResponse(body, status_code=200 if svc.ready else 503)
 
     @app.get("/metrics", summary="Prometheus text format")
@@ -227,7 +236,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def list_models():
         return {"object": "list", "data": [m.describe() for m in manager.models.values()],
-                "buckets": [f"{w}x{h}" for w, h in manager.buckets]}
+                # the buckets some serving model runs (each model's own list is in its entry)
+                "buckets": [f"{w}x{h}" for w, h in manager.buckets if any((w, h) in e.buckets for e in manager.serving())]}
 
     @app.get("/v1/models/{model_id}")
     async def one_model(model_id: str):

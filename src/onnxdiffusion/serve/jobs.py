@@ -113,6 +113,12 @@ class Job:
         }
 
 
+def _log_stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
 def png_bytes(image: np.ndarray) -> bytes:
     from PIL import Image
 
@@ -248,6 +254,9 @@ class JobQueue:
             batch, images = [first], first.request.n
             key = first.request.batch_key()
             entry = self.manager.models.get(first.request.model)
+            if entry is not None and not entry.serving:  # failed while this job waited
+                self._end(first, "failed", f"model {entry.id} is unavailable: {entry.error}")
+                return []
             mates = list(self.pending) if entry is None or entry.batch_invariant else []
             for job in mates:
                 if images + job.request.n > self.max_batch:
@@ -268,6 +277,8 @@ class JobQueue:
             batch = self._take_batch()
             if batch is None:
                 return
+            if not batch:
+                continue
             t0 = time.perf_counter()
             try:
                 self._run_batch(batch)
@@ -275,11 +286,19 @@ class JobQueue:
                 for job in batch:
                     self._end(job, "failed", str(e))
             except Exception as e:  # keep the worker alive; the message, not a traceback, reaches the client
-                for job in batch:
-                    self._end(job, "failed", f"internal error: {type(e).__name__}")
                 import logging
 
-                logging.getLogger("onnxdiffusion.serve").exception("batch failed")
+                from .manager import one_line
+
+                logging.getLogger("onnxdiffusion.serve").error("batch of %s failed: %s: %s", batch[0].request.model,
+                                                               type(e).__name__, one_line(e))
+                # a session that raised: reload it or take it out of service, before its jobs end, so a client
+                # that sees the failure sees the model's new state in /ready
+                if hasattr(self.manager, "fault"):
+                    self.manager.fault(batch[0].request.model, e, log=_log_stderr)
+                for job in batch:
+                    self._end(job, "failed", f"internal error in model {job.request.model}: {type(e).__name__} "
+                                             f"(the model is reloaded, or marked failed in /ready)")
             dt = time.perf_counter() - t0
             self._job_seconds = 0.8 * self._job_seconds + 0.2 * dt
             self.metrics.batch(batch[0].request.model, sum(j.request.n for j in batch))
