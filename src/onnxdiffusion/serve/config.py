@@ -38,11 +38,18 @@ class ServeConfig:
     provider: str = "cpu"
     profile: str | None = None  # hardware profile (name or YAML file): its provider/options for every model
     memory: str | None = None  # runtime.memory mode (default | lean | KEY=0|1,...); None: the profile's, else default
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication (see serve/auth.py)
+    protect_metrics: bool = True  # with keys: /metrics needs one too (False: open to scrapers)
+    # queued + running jobs one key may hold (0: max_queue // 2 with two or more keys, else no per-key bound);
+    # workers also take jobs round-robin by key, so one caller's backlog cannot starve another's
+    key_max_jobs: int = 0
 
     def __post_init__(self):
         for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.key_max_jobs < 0:
+            raise UserError(f"key-max-jobs must be >= 0, got {self.key_max_jobs}")
         if self.timeout < 0 or self.retention < 0 or self.grace < 0:
             raise UserError("timeout, retention and grace must be >= 0")
         from .manager import parse_buckets
@@ -53,3 +60,8 @@ class ServeConfig:
         memory_options(self.memory)
         if not 0 < self.port < 65536:
             raise UserError(f"port must be in 1..65535, got {self.port}")
+
+    def per_key_limit(self) -> int | None:
+        if self.key_max_jobs:
+            return self.key_max_jobs
+        return max(1, self.max_queue // 2) if len(self.api_keys) >= 2 else None

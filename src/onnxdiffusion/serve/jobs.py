@@ -30,6 +30,15 @@ class QueueFull(Exception):
         self.retry_after = retry_after
 
 
+class KeyBusy(Exception):
+    """One caller holds its share of jobs already (serve's per-key limit)."""
+
+    def __init__(self, limit: int, retry_after: int):
+        super().__init__(f"this API key already has {limit} jobs queued or running (the per-key limit); "
+                         f"retry after {retry_after} s")
+        self.limit, self.retry_after = limit, retry_after
+
+
 class NotAccepting(Exception):
     """The server is shutting down."""
 
@@ -81,6 +90,7 @@ class Job:
     images: np.ndarray | None = None
     preview_png: bytes | None = None
     batch_size: int = 0  # images in the backbone batch this job ran in
+    owner: str | None = None  # the caller (`key-N`) when the server has API keys; None: open server
     cancel_requested: bool = False
     version: int = 0  # bumps on every visible change (SSE polls it)
     done: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -135,11 +145,12 @@ class NullMetrics:
 class JobQueue:
     def __init__(self, manager, max_queue: int = 64, timeout: float = 120.0, workers: int = 1, max_batch: int = 4,
                  retention: float = 600.0, max_finished: int = 512, preview_every: int = 1, metrics=None,
-                 remote=None):
+                 remote=None, per_key: int | None = None):
         self.manager = manager
         self.max_queue, self.timeout, self.workers, self.max_batch = max_queue, timeout, workers, max_batch
         self.retention, self.max_finished, self.preview_every = retention, max_finished, preview_every
         self.metrics = metrics or NullMetrics()
+        self.per_key = per_key  # queued + running jobs one owner may hold (None: no bound)
         self.remote = remote  # callable(list[JobRequest]) -> list of (n, H, W, 3) arrays, or None: render here
         self.jobs: OrderedDict[str, Job] = OrderedDict()
         self.pending: list[Job] = []
@@ -148,6 +159,8 @@ class JobQueue:
         self._stop = False
         self._threads: list[threading.Thread] = []
         self._job_seconds = 1.0  # moving average, for Retry-After
+        self._served: dict = {}  # owner -> the turn it was last served (fair order between API keys)
+        self._turn = 0
 
     # -- client side --------------------------------------------------------------------------
     def start(self) -> None:
@@ -156,14 +169,18 @@ class JobQueue:
             t.start()
             self._threads.append(t)
 
-    def submit(self, request: JobRequest) -> Job:
-        job = Job(request)
+    def submit(self, request: JobRequest, owner: str | None = None) -> Job:
+        job = Job(request, owner=owner)
         with self.cv:
             if not self.accepting:
                 raise NotAccepting("server is shutting down")
+            retry = max(1, int(np.ceil(len(self.pending) * self._job_seconds / max(1, self.workers))))
             if len(self.pending) >= self.max_queue:
-                retry = max(1, int(np.ceil(len(self.pending) * self._job_seconds / max(1, self.workers))))
                 raise QueueFull(retry)
+            if owner is not None and self.per_key is not None:
+                held = sum(1 for j in self.jobs.values() if j.owner == owner and j.status in ("queued", "running"))
+                if held >= self.per_key:
+                    raise KeyBusy(self.per_key, retry)
             self._prune()
             self.jobs[job.id] = job
             self.pending.append(job)
@@ -250,7 +267,8 @@ class JobQueue:
                 self.cv.wait(0.5)
             if self._stop:
                 return None
-            first = self.pending.pop(0)
+            first = self._next_fair()
+            self.pending.remove(first)
             batch, images = [first], first.request.n
             key = first.request.batch_key()
             entry = self.manager.models.get(first.request.model)
@@ -271,6 +289,18 @@ class JobQueue:
                 job.version += 1
             self.metrics.queue_depth(len(self.pending))
             return batch
+
+    def _next_fair(self) -> Job:
+        """The oldest queued job of the owner with the fewest running jobs, ties to the owner served least
+        recently (round-robin between callers; with no keys every owner is None and this is plain FIFO)."""
+        running: dict = {}
+        for j in self.jobs.values():
+            if j.status == "running":
+                running[j.owner] = running.get(j.owner, 0) + 1
+        job = min(self.pending, key=lambda j: (running.get(j.owner, 0), self._served.get(j.owner, -1)))
+        self._turn += 1
+        self._served[job.owner] = self._turn
+        return job
 
     def _worker(self) -> None:
         while True:
