@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from . import tempfiles
 from .errors import UserError
 
 from .cli_app import app  # noqa: F401 - the entry point's Typer (verbs register on it)
@@ -265,7 +266,8 @@ def run(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave SIGTERM alone
         pass
     try:
-        rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
+        with tempfiles.session():  # every temporary file of the verb under one root, removed however it ends
+            rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into a silent 130
             _say("error: interrupted", file=sys.stderr)
         return rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0
