@@ -50,7 +50,8 @@ class Service:
         self.queue = JobQueue(self.manager, max_queue=config.max_queue, timeout=config.timeout,
                               workers=config.workers, max_batch=config.max_batch, retention=config.retention,
                               max_finished=config.max_finished, metrics=self.metrics,
-                              per_key=config.per_key_limit() if config.api_keys else None)
+                              per_key=config.per_key_limit() if config.api_keys else None,
+                              max_memory=config.max_memory)
         self.load_error: str | None = None
 
     def start(self) -> None:
@@ -59,7 +60,8 @@ class Service:
             try:
                 if not self.manager.models:
                     self.manager.load(list(self.config.models), log=_stderr)
-                self.manager.prepare(warmup=self.config.warmup, log=_stderr)
+                self.manager.prepare(warmup=self.config.warmup, log=_stderr, batch=self.config.max_batch,
+                                     max_memory=self.config.max_memory)
                 self.metrics.models(self.manager.models.values())
                 self.queue.start()
             except UserError as e:

@@ -145,12 +145,13 @@ class NullMetrics:
 class JobQueue:
     def __init__(self, manager, max_queue: int = 64, timeout: float = 120.0, workers: int = 1, max_batch: int = 4,
                  retention: float = 600.0, max_finished: int = 512, preview_every: int = 1, metrics=None,
-                 remote=None, per_key: int | None = None):
+                 remote=None, per_key: int | None = None, max_memory: int | None = None):
         self.manager = manager
         self.max_queue, self.timeout, self.workers, self.max_batch = max_queue, timeout, workers, max_batch
         self.retention, self.max_finished, self.preview_every = retention, max_finished, preview_every
         self.metrics = metrics or NullMetrics()
         self.per_key = per_key  # queued + running jobs one owner may hold (None: no bound)
+        self.max_memory = max_memory  # bytes a backbone batch may need (micro-batches stop below it)
         self.remote = remote  # callable(list[JobRequest]) -> list of (n, H, W, 3) arrays, or None: render here
         self.jobs: OrderedDict[str, Job] = OrderedDict()
         self.pending: list[Job] = []
@@ -278,6 +279,9 @@ class JobQueue:
             mates = list(self.pending) if entry is None or entry.batch_invariant else []
             for job in mates:
                 if images + job.request.n > self.max_batch:
+                    continue
+                if self.max_memory is not None and entry is not None and self.manager.estimate_bytes(
+                        entry, images + job.request.n, first.request.width, first.request.height) > self.max_memory:
                     continue
                 if job.request.batch_key() == key:
                     self.pending.remove(job)

@@ -191,15 +191,20 @@ class ModelManager:
             limits=limits.describe(),
         )
 
-    def prepare(self, warmup: bool = True, log=print) -> None:
+    def prepare(self, warmup: bool = True, log=print, batch: int = 1, max_memory: int | None = None) -> None:
         """Warm every model up at each of its buckets, then golden-check the optimized ones; then ready.
+        Warm-up runs the largest micro-batch (`batch` images, fewer where `max_memory` says so) at the model's
+        own guidance, so ONNX Runtime's plans and arenas reach their high-water mark now, not under load.
         A model whose warm-up (or probe) raises is marked failed with the reason; the others go on."""
         for entry in self.serving():
             try:
                 t0 = time.perf_counter()
                 if warmup:
                     for w, h in entry.buckets:  # one step per bucket: ORT plans each shape now, not on a request
-                        entry.pipeline(prompt="", steps=1, guidance=1.0, width=w, height=h)
+                        b = batch
+                        while b > 1 and max_memory is not None and self.estimate_bytes(entry, b, w, h) > max_memory:
+                            b -= 1
+                        entry.pipeline(prompt=[""] * b, batch=b, steps=1, width=w, height=h)
                 entry.warmup_seconds = time.perf_counter() - t0
                 entry.batch_invariant = self.probe_batch_invariance(entry)
             except Exception as e:  # a model that cannot run is reported, never the reason the others stop
@@ -247,6 +252,15 @@ class ModelManager:
             entry.pipeline, entry.reloads = fresh, entry.reloads + 1
             log(f"{model_id}: reloaded after the fault")
         return entry
+
+    def estimate_bytes(self, entry: ModelEntry, images: int, width: int, height: int) -> int:
+        """runtime.guards' activation estimate for one backbone batch of `images` at this size."""
+        from ..runtime.generation import GenerateOptions
+        from ..runtime.guards import latent_shape, memory_estimate
+
+        pipe = entry.pipeline
+        shape = latent_shape(pipe.info, GenerateOptions(batch=images, width=width, height=height))
+        return memory_estimate(pipe.folder, pipe.manifest, shape)
 
     def serving(self) -> list[ModelEntry]:
         return [e for e in self.models.values() if e.serving]

@@ -90,6 +90,13 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
                 raise RequestError(f"size {body.size}: {name} must be at most {hi} for model {serving.id} "
                                    f"({limits.get('why')})", "size", code="size_beyond_model_limit")
     bw, bh = manager.snap(serving, width, height)
+    if config.max_memory is not None:
+        need = manager.estimate_bytes(serving, body.n, bw, bh)
+        if need > config.max_memory:
+            raise RequestError(f"this request needs about {need / 2**30:.2f} GiB (estimate for {body.n} image(s) at "
+                               f"{bw}x{bh}), over the server's --max-memory {config.max_memory / 2**30:.2f} GiB; "
+                               f"ask for fewer images or a smaller size", "n" if body.n > 1 else "size",
+                               code="over_memory_budget")
     return JobRequest(
         prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n, width=bw, height=bh, steps=steps,
         sampler=sampler, guidance=float(guidance), seed=int(seed), model=serving.id,
