@@ -74,6 +74,7 @@ def serve(
     grace: Annotated[float, typer.Option(help="on SIGTERM/SIGINT: seconds in-flight requests get to finish")] = 10.0,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) every model loads with; overrides the CPU default")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoders let go between requests, no ORT memory pattern) | KEY=0|1,... (default: the profile's, else default)")] = None,
+    max_memory: Annotated[Optional[str], typer.Option(help="memory budget of one backbone batch (4G, 512M): requests whose estimate exceeds it get 400, micro-batches stay under it")] = None,
     api_key: Annotated[Optional[list[str]], typer.Option("--api-key", help="require `Authorization: Bearer KEY` on the API and job routes (repeatable; a file or ONNXDIFFUSION_API_KEYS keeps keys out of `ps`)")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(help="API keys, one a line (# comments)")] = None,
     protect_metrics: Annotated[bool, typer.Option("--protect-metrics/--open-metrics", help="with API keys: whether /metrics needs one")] = True,
@@ -84,7 +85,7 @@ def serve(
 ) -> None:
     """HTTP service: OpenAI-compatible images API, jobs with progress/cancel, model manager, buckets, fallback."""
     from .serve.auth import read_keys
-    from .serve.config import ServeConfig, usable_cores
+    from .serve.config import ServeConfig, parse_bytes, usable_cores
 
     if profile is not None:
         from .profiles import resolve
@@ -96,7 +97,7 @@ def serve(
                          timeout=timeout, workers=workers or usable_cores(), threads=threads, max_batch=max_batch,
                          golden_threshold_db=golden_threshold, retention=retention, grace=grace, profile=profile,
                          memory=memory, api_keys=read_keys(tuple(api_key or ()), api_key_file),
-                         protect_metrics=protect_metrics, key_max_jobs=key_max_jobs)
+                         protect_metrics=protect_metrics, key_max_jobs=key_max_jobs, max_memory=parse_bytes(max_memory))
     require("fastapi", "uvicorn", "prometheus_client", extra="serve")
     if ray:
         require("ray", extra="ray")

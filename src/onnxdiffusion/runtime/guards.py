@@ -214,3 +214,66 @@ def check_schedule(schedule, where) -> None:
     ac = getattr(schedule, "alphas_cumprod", None)
     if ac is not None and (not np.isfinite(ac).all() or (ac <= 0).any() or (ac > 1).any()):
         raise UserError(f"{where}: the noise schedule is degenerate (alphas_cumprod outside (0, 1])")
+
+
+REQUEST_AXES = ("batch_size", "height_latent", "width_latent", "height", "width", "image_sequence_length")
+
+
+def check_declared_dims(folder, family, info: dict, components: dict) -> None:
+    """Each component's graph must declare input shapes the run time can feed: the rank its family's spec
+    gives, every fixed axis of the spec (a width, a channel count) equal, and a text encoder's token axis,
+    if the graph fixes it, equal to the length its tokenizer pads to. A folder whose manifest and graphs
+    disagree (crafted, or mixed by hand) is refused here instead of failing inside ONNX Runtime mid-run.
+    `components`: name -> a session or session.GraphIO."""
+    specs = family.component_specs(info, {"text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer",
+                                          "vae"})
+    slots = {s.name: s for s in family.text_encoders}
+    for name, io in components.items():
+        spec = specs.get(name)
+        if spec is None:
+            continue
+        declared = {i.name: i.shape for i in io.get_inputs()}
+        known = {"sequence_length": family.sequence_length(name, info)} if name in slots else {}
+        for t in spec.inputs:
+            shape = declared.get(t.name)
+            if shape is None:
+                continue
+            if len(shape) != len(t.dims):
+                raise UserError(f"{folder}: component '{name}' input {t.name!r} has rank {len(shape)}; this "
+                                f"{family.name} model feeds it rank {len(t.dims)} {list(t.dims)}")
+            for axis, (got, want) in enumerate(zip(shape, t.dims)):
+                want = known.get(want, want)
+                if isinstance(got, int) and got > 0 and isinstance(want, int) and got != want:
+                    raise UserError(f"{folder}: component '{name}' input {t.name!r} fixes axis {axis} to {got}; "
+                                    f"the manifest says {want} (graph and manifest disagree)")
+                if isinstance(got, int) and got > 0 and want in REQUEST_AXES:
+                    # the request decides the batch (guidance doubles it) and the size: a graph fixed to one
+                    # value fails at every other inside ONNX Runtime
+                    raise UserError(f"{folder}: component '{name}' input {t.name!r} fixes axis {axis} ({want}) to "
+                                    f"{got}; this {family.name} model feeds it at the size each request asks")
+                if isinstance(got, int) and got <= 0:
+                    raise UserError(f"{folder}: component '{name}' input {t.name!r} declares axis {axis} as {got}")
+
+
+def probe_text(folder, pipe, backbone_io) -> None:
+    """Encode an empty prompt once at load: a tokenizer padding past a text encoder's position table, or
+    text conditioning the backbone's graph does not take (a manifest's lengths or widths that disagree with
+    the graphs), is refused now in one line instead of failing inside ONNX Runtime on the first request.
+    Text encoders are small next to the backbone; this costs one encoding."""
+    try:
+        cond = pipe.encode_prompt([""])
+    except UserError:
+        raise
+    except Exception as e:  # ORT's own exception types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise UserError(f"{folder}: the text encoders fail on an empty prompt ({type(e).__name__}: {first})") from None
+    declared = {i.name: i.shape for i in backbone_io.get_inputs()}
+    for name, value in cond.items():
+        shape = declared.get(name)
+        if shape is None:
+            continue
+        bad = len(shape) != value.ndim or any(isinstance(d, int) and d > 0 and d != n
+                                              for d, n in zip(shape[1:], value.shape[1:]))
+        if bad:
+            raise UserError(f"{folder}: the text side makes {name} of shape {list(value.shape)} but the backbone "
+                            f"takes {shape} (manifest and graphs disagree)")

@@ -82,6 +82,8 @@ class Pipeline:
         guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
         if family.backbone == "unet":
             guards.check_latent_channels(folder, info, {"unet": backbone_io, "vae_decoder": self.vae_decoder})
+        guards.check_declared_dims(folder, family, info, {**{s.name: self.text_sessions[s.name].get() for s in self.slots},
+                                                          family.backbone: backbone_io, "vae_decoder": self.vae_decoder})
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
@@ -119,6 +121,7 @@ class Pipeline:
             raise UserError(f"{folder}: the scheduler's prediction_type {kind!r} disagrees with "
                             f"the manifest's {info['prediction_type']!r}")
         self.recommended = manifest.get("recommended") or {}
+        guards.probe_text(folder, self, backbone_io)  # one empty-prompt encoding: lengths and widths agree
 
     @classmethod
     def from_folder(cls, folder: Path | str | None = None, provider: str = "cpu", verify: bool = True,
