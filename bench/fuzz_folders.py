@@ -7,7 +7,7 @@ the hash table), a tokenizer file, the scheduler config or a component's config.
 rehashed (a hostile folder's author can recompute its manifest), so they reach the parsers behind the
 hash check. The case runs in a worker subprocess through the loaders: `read_manifest` + `verify_folder`,
 `Pipeline.from_folder` + a one-step `generate`, and (every `--quantize-every`-th case) quantize's open
-stage (the CLI verb to its first refusal or a 4-prompt, 1-step int8-dynamic build). Outcomes:
+stage (the CLI verb to its first refusal or a 4-prompt, 2-step int8-dynamic build). Outcomes:
 
   clean     every loader succeeded or refused with a UserError (one line)
   traceback a loader raised anything else (the CLI would print "internal error")
@@ -347,7 +347,7 @@ def _quantize_outcome(folder: Path) -> str:
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             rc = run(["quantize", str(folder), str(out), "--recipe", "int8-dynamic", "--calib-count", "4",
-                      "--calib-steps", "1", "--latency-runs", "1", "--no-quality"])
+                      "--calib-steps", "2", "--latency-runs", "1", "--no-quality"])
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
     if rc in (0, 2):

@@ -277,3 +277,24 @@ def probe_text(folder, pipe, backbone_io) -> None:
         if bad:
             raise UserError(f"{folder}: the text side makes {name} of shape {list(value.shape)} but the backbone "
                             f"takes {shape} (manifest and graphs disagree)")
+
+
+def is_runtime_error(e: BaseException) -> bool:
+    """An error ONNX Runtime raised from a session (its pybind exception types, or the RuntimeError its IO
+    binding raises), as opposed to a bug of ours."""
+    text = str(e)
+    return type(e).__module__.startswith("onnxruntime") or (
+        type(e) is RuntimeError and (text.startswith("Error in execution") or "[ONNXRuntimeError]" in text))
+
+
+def model_errors(folder, events):
+    """Re-raise ONNX Runtime's errors from a generation's events as one line naming the folder."""
+    from ..errors import ModelRunError
+
+    try:
+        yield from events
+    except Exception as e:
+        if not is_runtime_error(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ModelRunError(f"{folder}: the model failed while running ({first})") from None

@@ -329,7 +329,7 @@ class Pipeline:
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
-        return self._run(options, table, latents, noise, prompts, negatives)
+        return guards.model_errors(self.folder, self._run(options, table, latents, noise, prompts, negatives))
 
     def _run(self, options, table, latents, noise, prompts, negatives):
         embedded = self.family.guidance_input  # guidance-distilled: the scale is a backbone input, no CFG

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import ModelRunError, UserError
 
 FINAL = ("succeeded", "failed", "cancelled", "timeout")
 
@@ -317,6 +317,8 @@ class JobQueue:
             try:
                 self._run_batch(batch)
             except UserError as e:
+                if isinstance(e, ModelRunError) and hasattr(self.manager, "fault"):  # the graph raised mid-run
+                    self.manager.fault(batch[0].request.model, e, log=_log_stderr)
                 for job in batch:
                     self._end(job, "failed", str(e))
             except Exception as e:  # keep the worker alive; the message, not a traceback, reaches the client
