@@ -31,48 +31,75 @@ def _stderr_has(path: Path, text: str):
     return lambda: path.exists() and text in path.read_text(errors="replace")
 
 
+# Each verb is interrupted at several points of its work: (what the stderr shows first, seconds after it);
+# None: seconds after the process starts (imports, loading). Delays stay well inside each stage.
+POINTS = {
+    "generate": [(None, 1.0), ("sampling", 0.1), ("sampling", 2.0)],
+    "export": [(None, 1.0), ("export", 0.3), ("export", 1.5)],
+    "quantize": [(None, 1.5), ("capturing", 0.3), ("building", 0.05)],
+    # int8-dynamic on the embedded UNet: ORT's quantize_dynamic runs ~15 s in its own temporary folders
+    # (the onnxdiffusion-dyn-* leak of issue 27 was a signal in this stage), then the latency runs
+    "quantize-dynamic": [("building", 0.2), ("building", 3.0), ("measuring latency", 0.3)],
+    "compile-loop": [(None, 1.0), ("compiling", 0.3), ("compiling", 1.0)],
+    "bench": [(None, 1.0), ("b", 0.3), ("b", 1.5)],
+}
+CASES = [(verb, i) for verb, points in POINTS.items() for i in range(len(points))]
+
+
 def _scenario(verb: str, tmp: Path, tiny_onnx: Path, tiny_diffusers: Path):
-    """argv, a readiness predicate (the verb is mid-work), and what must not exist afterwards."""
+    """argv, the folder nothing may be left in, and the file the verb's stderr goes to."""
     err = tmp / "stderr.txt"
     work = tmp / "work"
     work.mkdir()
     if verb == "generate":
         argv = ["generate", default_model_folder(), "a red circle", "--steps", "500", "--batch", "8",
                 "-o", work / "img.png"]
-        return argv, _stderr_has(err, "sampling"), work
-    if verb == "export":
-        return ["export", tiny_diffusers, work / "out", "--no-validate"], _stderr_has(err, "export"), work
-    if verb == "quantize":
+    elif verb == "export":
+        argv = ["export", tiny_diffusers, work / "out", "--no-validate"]
+    elif verb == "quantize":
         argv = ["quantize", tiny_onnx, work / "q", "--recipe", "int8-static", "--calib-count", "64"]
-        return argv, _stderr_has(err, "capturing"), work
-    if verb == "compile-loop":
+    elif verb == "quantize-dynamic":
+        argv = ["quantize", default_model_folder(), work / "q", "--recipe", "int8-dynamic", "--calib-count", "4",
+                "--calib-steps", "4", "--latency-runs", "20"]
+    elif verb == "compile-loop":
         # 200 unrolled steps: ~2 s of work after "compiling" (the Loop form alone now compiles in ~0.3 s, so a
         # signal 0.3 s in could land after the folder's rename)
         argv = ["compile-loop", default_model_folder(), work / "l", "--whole", "--form", "unrolled", "--steps", "200"]
-        return argv, _stderr_has(err, "compiling"), work
-    if verb == "bench":
+    elif verb == "bench":
         argv = ["bench", default_model_folder(), "--variants", "ort-fp32", "--rss", "off", "--repeats", "50",
                 "--prompts", "0", "--out", work / "b"]
-        return argv, lambda: (work / "b").exists(), work
-    raise AssertionError(verb)
+    else:
+        raise AssertionError(verb)
+    return argv, work, err
 
 
-@pytest.mark.parametrize("verb", ["generate", "export", "quantize", "compile-loop", "bench"])
+def _ready(verb: str, point: int, work: Path, err: Path, started: float):
+    marker, delay = POINTS[verb][point]
+    if marker is None:
+        return lambda: time.time() - started >= delay, 0.0
+    if verb == "bench":  # its progress is the output folder appearing
+        return lambda: (work / marker).exists(), delay
+    return _stderr_has(err, marker), delay
+
+
+@pytest.mark.parametrize("verb, point", CASES, ids=[f"{v}-{i}" for v, i in CASES])
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
                          ids=["SIGINT", "SIGTERM"])
-def test_interrupt_leaves_nothing(verb, sig, code, word, tmp_path, tiny_onnx, tiny_diffusers):
-    argv, ready, work = _scenario(verb, tmp_path, tiny_onnx, tiny_diffusers)
+def test_interrupt_leaves_nothing(verb, point, sig, code, word, tmp_path, tiny_onnx, tiny_diffusers):
+    argv, work, err_path = _scenario(verb, tmp_path, tiny_onnx, tiny_diffusers)
     scratch_tmp = tmp_path / "tmpdir"
     scratch_tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch_tmp), "HF_HUB_OFFLINE": "1"}
     env.pop("TQDM_DISABLE", None)  # the progress bar is the readiness signal
-    with open(tmp_path / "stderr.txt", "w") as err:
+    with open(err_path, "w") as err:
         # SIGINT back to its default in the child: a runner started in the background by a non-interactive
         # shell passes SIGINT on as ignored, and Python then installs no KeyboardInterrupt handler
+        started = time.time()
         proc = subprocess.Popen([*CLI, *map(str, argv)], stdout=subprocess.DEVNULL, stderr=err, env=env,
                                 cwd=work, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        ready, delay = _ready(verb, point, work, err_path, started)
         _wait_ready(proc, ready)
-        time.sleep(0.3)
+        time.sleep(delay)
         assert proc.poll() is None, "finished before the signal"
         proc.send_signal(sig)
         try:
@@ -80,11 +107,30 @@ def test_interrupt_leaves_nothing(verb, sig, code, word, tmp_path, tiny_onnx, ti
         except subprocess.TimeoutExpired:
             proc.kill()
             pytest.fail("did not stop after the signal")
-    stderr = (tmp_path / "stderr.txt").read_text(errors="replace")
+    stderr = err_path.read_text(errors="replace")
     assert proc.returncode == code, stderr[-2000:]
     assert "Traceback" not in stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {word}"], stderr[-2000:]
     assert list(work.iterdir()) == [], list(work.iterdir())  # no partial output, no hidden temp folder
-    # no temporary folder and none of our temporary files (importing onnxruntime here drops a `.ses` file)
+    # nothing at all in TMPDIR but ORT's `.ses` file from importing onnxruntime in this test process
     assert [p for p in scratch_tmp.iterdir() if p.is_dir() or p.name.startswith(("onnxdiffusion", "tmp"))] == []
+
+
+def test_a_sigkilled_runs_root_is_swept_by_the_next(tmp_path):
+    """SIGKILL cannot be caught: its root stays until the next run of the CLI removes it."""
+    scratch_tmp = tmp_path / "tmpdir"
+    scratch_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch_tmp), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([*CLI, "generate", str(default_model_folder()), "a red circle", "--steps", "500",
+                             "--batch", "8", "-o", str(tmp_path / "img.png")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    _wait_ready(proc, lambda: any(p.name.startswith("onnxdiffusion-run-") for p in scratch_tmp.iterdir()))
+    time.sleep(1.0)
+    proc.kill()
+    proc.wait()
+    assert [p.name for p in scratch_tmp.iterdir() if p.name.startswith("onnxdiffusion-run-")]
+    done = subprocess.run([*CLI, "--help"], env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0
+    assert [p for p in scratch_tmp.iterdir() if p.name.startswith("onnxdiffusion-run-")] == []
+    assert not (tmp_path / "img.png").exists()

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import tempfiles
 from .errors import UserError
 from .manifest import FORMAT_VERSION, check_relative, confined, validate_manifest
 
@@ -126,20 +127,24 @@ def atomic_dir(final: Path, overwrite: bool = False, inputs: tuple[Path, ...] = 
     """Yield a temporary sibling folder; rename it to `final` only if the block succeeds."""
     final = Path(final)
     check_output_folder(final, overwrite, inputs)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    # tracked from the instant it exists: a signal anywhere below leaves no staging folder (tempfiles)
+    tmp = tempfiles.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     try:
         yield tmp
         _fix_modes(tmp)
-        if final.exists():
-            # move the old folder aside first, so an interruption never leaves neither
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
-            os.replace(final, old / "x")
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        with tempfiles.deferred_signals():  # the swap and the registry change as one step
+            if final.exists():
+                # move the old folder aside first, so an interruption never leaves neither
+                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
+                os.replace(final, old / "x")
+                os.replace(tmp, final)
+                tempfiles.untrack(tmp)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+                tempfiles.untrack(tmp)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tempfiles.remove(tmp)
         raise
 
 
@@ -148,17 +153,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     if not path.parent.is_dir():
         raise UserError(f"output directory does not exist: {path.parent}")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with tempfiles.deferred_signals():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            tempfiles.track(tmp)
     except PermissionError:
         raise UserError(f"output directory is not writable: {path.parent}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, FILE_MODE & ~_umask())
-        os.replace(tmp, path)
+        with tempfiles.deferred_signals():
+            os.replace(tmp, path)
+            tempfiles.untrack(tmp)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        tempfiles.remove(tmp)
         raise
 
 

@@ -5,15 +5,35 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import tempfile
-import traceback
-import warnings
-from dataclasses import replace
-from pathlib import Path
-from typing import Annotated, Optional
 
-import typer
 
+def _exit_early(signum, frame):
+    """A signal while Python still imports the CLI: nothing exists yet to clean up; one line, the usual status."""
+    os.write(2, b"error: interrupted\n" if signum == signal.SIGINT else b"error: terminated\n")
+    os._exit(130 if signum == signal.SIGINT else 143)
+
+
+def _started_as_cli() -> bool:
+    return os.path.basename(sys.argv[0] if sys.argv else "") in ("onnxdiffusion", "cli.py", "__main__.py")
+
+
+if _started_as_cli():  # the imports below take a second or more; run() takes over the signals after them
+    try:
+        for _sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(_sig, _exit_early)
+    except ValueError:  # not the main thread
+        pass
+
+import tempfile  # noqa: E402
+import traceback  # noqa: E402
+import warnings  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Optional  # noqa: E402
+
+import typer  # noqa: E402
+
+from . import tempfiles
 from .errors import UserError
 
 from .cli_app import app  # noqa: F401 - the entry point's Typer (verbs register on it)
@@ -317,12 +337,15 @@ def run(argv: list[str] | None = None) -> int:
     old_show = warnings.showwarning
     warnings.showwarning = _one_line_warning
     old_term = None
+    if signal.getsignal(signal.SIGINT) is _exit_early:  # from here on Ctrl-C is a KeyboardInterrupt that cleans up
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread: leave SIGTERM alone
         pass
     try:
-        rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
+        with tempfiles.session():  # every temporary file of the verb under one root, removed however it ends
+            rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into a silent 130
             _say("error: interrupted", file=sys.stderr)
         return rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0

@@ -75,12 +75,18 @@ def serve(
     profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) every model loads with; overrides the CPU default")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoders let go between requests, no ORT memory pattern) | KEY=0|1,... (default: the profile's, else default)")] = None,
     web: Annotated[Optional[Path], typer.Option(help="a page folder from `export-web`, served at /web (cross-origin isolated)")] = None,
+    max_memory: Annotated[Optional[str], typer.Option(help="memory budget of one backbone batch (4G, 512M): requests whose estimate exceeds it get 400, micro-batches stay under it")] = None,
+    api_key: Annotated[Optional[list[str]], typer.Option("--api-key", help="require `Authorization: Bearer KEY` on the API and job routes (repeatable; a file or ONNXDIFFUSION_API_KEYS keeps keys out of `ps`)")] = None,
+    api_key_file: Annotated[Optional[Path], typer.Option(help="API keys, one a line (# comments)")] = None,
+    protect_metrics: Annotated[bool, typer.Option("--protect-metrics/--open-metrics", help="with API keys: whether /metrics needs one")] = True,
+    key_max_jobs: Annotated[int, typer.Option(help="queued + running jobs one API key may hold (0: max-queue/2 with 2+ keys, else none)")] = 0,
     ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
     max_replicas: Annotated[Optional[int], typer.Option(help="--ray: autoscale between --replicas and this")] = None,
 ) -> None:
     """HTTP service: OpenAI-compatible images API, jobs with progress/cancel, model manager, buckets, fallback."""
-    from .serve.config import ServeConfig, usable_cores
+    from .serve.auth import read_keys
+    from .serve.config import ServeConfig, parse_bytes, usable_cores
 
     if profile is not None:
         from .profiles import resolve
@@ -91,7 +97,9 @@ def serve(
     config = ServeConfig(models=tuple(models or ()), host=host, port=port, buckets=buckets, max_queue=max_queue,
                          timeout=timeout, workers=workers or usable_cores(), threads=threads, max_batch=max_batch,
                          golden_threshold_db=golden_threshold, retention=retention, grace=grace, profile=profile,
-                         memory=memory, web=str(web) if web else None)
+                         memory=memory, api_keys=read_keys(tuple(api_key or ()), api_key_file),
+                         protect_metrics=protect_metrics, key_max_jobs=key_max_jobs, max_memory=parse_bytes(max_memory),
+                         web=str(web) if web else None)
     if web is not None:
         from .web.serve import check_page_folder
 
@@ -105,7 +113,8 @@ def serve(
         return
     from .serve.app import run_server
 
-    print(f"serving on http://{host}:{port} (docs: /docs, page: /)", file=sys.stderr, flush=True)
+    keys = f"; {len(config.api_keys)} API key(s) required" if config.api_keys else ""
+    print(f"serving on http://{host}:{port} (docs: /docs, page: /{keys})", file=sys.stderr, flush=True)
     run_server(config)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from .artifacts import _umask
+from . import tempfiles
 from .errors import UserError
 
 _FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
@@ -45,18 +46,21 @@ def save_images(images: np.ndarray, path: Path, overwrite: bool = False) -> list
         for img, p in zip(images, paths):
             buf = io.BytesIO()
             Image.fromarray(img).save(buf, format=_FORMATS[p.suffix.lower()])
-            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-            staged.append((tmp, p))
+            with tempfiles.deferred_signals():  # staged (and tracked) the instant it exists
+                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+                staged.append((tmp, p))
+                tempfiles.track(tmp)
             with os.fdopen(fd, "wb") as f:
                 f.write(buf.getvalue())
             os.chmod(tmp, 0o644 & ~_umask())
         for tmp, p in staged:
             os.replace(tmp, p)
             done.append(p)
+        for tmp, _ in staged:
+            tempfiles.untrack(tmp)
     except BaseException:
         for tmp, _ in staged:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            tempfiles.remove(tmp)
         for p in done:  # an interrupted batch leaves none of its images
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)

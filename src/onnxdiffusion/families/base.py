@@ -112,6 +112,32 @@ def class_of(model_index: dict, name: str) -> str | None:
     return None
 
 
+MAX_SIDE = 16384  # pixels: the run time's bound for any family (guards.MAX_SIDE)
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    """The image sizes a model's backbone accepts: multiples of `multiple`, at most `max_height` x
+    `max_width` pixels. `why` names the bound (a position table, say) so a refusal can say it."""
+
+    multiple: int
+    max_height: int = MAX_SIDE
+    max_width: int = MAX_SIDE
+    why: str = "the run time's largest side"
+
+    def problem(self, height, width) -> str | None:
+        """None when (height, width) runs, else one line saying which limit it breaks."""
+        for name, v, hi in (("height", height, self.max_height), ("width", width, self.max_width)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0 or v % self.multiple:
+                return f"{name} must be a positive multiple of {self.multiple} for this model, got {v!r}"
+            if v > hi:
+                return f"{name} must be at most {hi} for this model ({self.why}), got {v}"
+        return None
+
+    def describe(self) -> dict:
+        return {"multiple": self.multiple, "max_height": self.max_height, "max_width": self.max_width, "why": self.why}
+
+
 class Family:
     """Base class and protocol. Subclasses set the class attributes and override what differs."""
 
@@ -199,6 +225,11 @@ class Family:
     def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
         """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
         return None
+
+    def size_limits(self, info: dict) -> SizeLimits:
+        """What sizes the backbone accepts. The default (the UNet families, and the RoPE transformers whose
+        positions come from id inputs, not a table): multiples of size_multiple up to the run time's bound."""
+        return SizeLimits(int(info["size_multiple"]))
 
     def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
         f = int(info["vae_scale_factor"])

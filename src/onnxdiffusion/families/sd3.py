@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..errors import UserError
-from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, TensorSpec, TextEncoderSlot, tokenizer_max_length
+from .base import (CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, SizeLimits, TensorSpec, TextEncoderSlot,
+                   tokenizer_max_length)
 from .sd import CLIP_TOKENIZERS, latent_io, text_encoder_spec, unet_dims, vae_info, vae_specs
 
 PENULTIMATE = "penultimate_hidden_state"
@@ -136,6 +137,18 @@ class StableDiffusion3(Family):
         from .flux import flow_start_step
 
         return flow_start_step(steps, strength)
+
+    def size_limits(self, info: dict) -> SizeLimits:
+        """The learned position table (pos_embed_max_size patches a side) bounds the latent: pixels =
+        max_latent (= pos_embed_max_size x patch) x the VAE factor; larger fails inside the graph's Add."""
+        base = super().size_limits(info)
+        if not info.get("max_latent"):
+            return base
+        f, p = int(info["vae_scale_factor"]), int(info["patch_size"])
+        side = int(info["max_latent"]) * f
+        why = (f"the transformer's position table: pos_embed_max_size {int(info['max_latent']) // p} x patch {p} "
+               f"x VAE factor {f}")
+        return SizeLimits(base.multiple, min(side, base.max_height), min(side, base.max_width), why)
 
     def image_seq_len(self, info: dict, height: int, width: int) -> int:
         f = int(info["vae_scale_factor"]) * int(info["patch_size"])

@@ -101,6 +101,7 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
             raise UserError(f"{model}: no '{name}' component to convert")
 
     pipe = Pipeline.from_folder(model, provider="cpu", verify=False, threads=config.threads)
+    pipe.backbone  # its session now: a graph ONNX Runtime refuses is one line here, not a crash mid-quantize
     pipe.correction = pipe.precision_schedule = None  # (a forced re-quantization) references are the plain backbone's
     cache: dict = {}
 

@@ -5,7 +5,8 @@ Documented ranges (README "Settings and their ranges"):
   guidance   0 .. 100 (<= 1 means no classifier-free guidance)
   seed       0 .. 2**63 - 1
   batch      1 .. 4096, and the memory estimate below must fit in this machine's RAM
-  height / width  positive multiples of the model's size_multiple, at most 16384
+  height / width  positive multiples of the model's size_multiple, at most 16384 or the family's declared
+                  limit (families.SizeLimits: SD3's position table)
 Non-finite latents or pixels are an error naming the stage where they were found; the check is one
 reduction over the final latents and one over the image (not per step), so it costs nothing measurable.
 """
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..errors import UserError
 
-MAX_SIDE = 16384
+from ..families.base import MAX_SIDE  # noqa: E402  (one bound for the run time and the families)
 MAX_BATCH = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = 2**63 - 1
@@ -49,15 +50,23 @@ def check_options(options) -> None:
         raise UserError(f"unknown loop form {options.loop!r}; choose from host, loop, unrolled")
 
 
-def latent_shape(info: dict, options) -> tuple[int, int, int, int]:
+def size_limits(manifest: dict):
+    """The family's declared size limits for this folder (families.SizeLimits)."""
+    from ..families import get_family
+
+    return get_family(manifest.get("family")).size_limits(manifest["pipeline"])
+
+
+def latent_shape(info: dict, options, limits=None) -> tuple[int, int, int, int]:
+    """`limits`: the family's SizeLimits (check_request passes them); None: size_multiple and MAX_SIDE only."""
+    from ..families.base import SizeLimits
+
     h = info["default_height"] if options.height is None else options.height
     w = info["default_width"] if options.width is None else options.width
-    m = info["size_multiple"]
-    for name, v in (("height", h), ("width", w)):
-        if not is_int(v) or v <= 0 or v % m:
-            raise UserError(f"{name} must be a positive multiple of {m} for this model, got {v!r}")
-        if v > MAX_SIDE:
-            raise UserError(f"{name} must be at most {MAX_SIDE}, got {v}")
+    limits = limits or SizeLimits(int(info["size_multiple"]), MAX_SIDE, MAX_SIDE)
+    problem = limits.problem(h, w)
+    if problem:
+        raise UserError(problem)
     if not is_int(options.batch) or not 1 <= options.batch <= MAX_BATCH:
         raise UserError(f"batch must be an integer in [1, {MAX_BATCH}], got {options.batch!r}")
     f = info["vae_scale_factor"]
@@ -75,7 +84,7 @@ def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
     n = manifest["pipeline"]["num_train_timesteps"]
     if not 1 <= options.steps <= n:
         raise UserError(f"num_steps must be in [1, {n}], got {options.steps}")
-    shape = latent_shape(manifest["pipeline"], options)
+    shape = latent_shape(manifest["pipeline"], options, size_limits(manifest))
     if options.loop != "host":
         info = manifest["components"].get(f"sampler_{options.loop}")
         if info is None:
@@ -210,3 +219,87 @@ def check_schedule(schedule, where) -> None:
     ac = getattr(schedule, "alphas_cumprod", None)
     if ac is not None and (not np.isfinite(ac).all() or (ac <= 0).any() or (ac > 1).any()):
         raise UserError(f"{where}: the noise schedule is degenerate (alphas_cumprod outside (0, 1])")
+
+
+REQUEST_AXES = ("batch_size", "height_latent", "width_latent", "height", "width", "image_sequence_length")
+
+
+def check_declared_dims(folder, family, info: dict, components: dict) -> None:
+    """Each component's graph must declare input shapes the run time can feed: the rank its family's spec
+    gives, every fixed axis of the spec (a width, a channel count) equal, and a text encoder's token axis,
+    if the graph fixes it, equal to the length its tokenizer pads to. A folder whose manifest and graphs
+    disagree (crafted, or mixed by hand) is refused here instead of failing inside ONNX Runtime mid-run.
+    `components`: name -> a session or session.GraphIO."""
+    specs = family.component_specs(info, {"text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer",
+                                          "vae"})
+    slots = {s.name: s for s in family.text_encoders}
+    for name, io in components.items():
+        spec = specs.get(name)
+        if spec is None:
+            continue
+        declared = {i.name: i.shape for i in io.get_inputs()}
+        known = {"sequence_length": family.sequence_length(name, info)} if name in slots else {}
+        for t in spec.inputs:
+            shape = declared.get(t.name)
+            if shape is None:
+                continue
+            if len(shape) != len(t.dims):
+                raise UserError(f"{folder}: component '{name}' input {t.name!r} has rank {len(shape)}; this "
+                                f"{family.name} model feeds it rank {len(t.dims)} {list(t.dims)}")
+            for axis, (got, want) in enumerate(zip(shape, t.dims)):
+                want = known.get(want, want)
+                if isinstance(got, int) and got > 0 and isinstance(want, int) and got != want:
+                    raise UserError(f"{folder}: component '{name}' input {t.name!r} fixes axis {axis} to {got}; "
+                                    f"the manifest says {want} (graph and manifest disagree)")
+                if isinstance(got, int) and got > 0 and want in REQUEST_AXES:
+                    # the request decides the batch (guidance doubles it) and the size: a graph fixed to one
+                    # value fails at every other inside ONNX Runtime
+                    raise UserError(f"{folder}: component '{name}' input {t.name!r} fixes axis {axis} ({want}) to "
+                                    f"{got}; this {family.name} model feeds it at the size each request asks")
+                if isinstance(got, int) and got <= 0:
+                    raise UserError(f"{folder}: component '{name}' input {t.name!r} declares axis {axis} as {got}")
+
+
+def probe_text(folder, pipe, backbone_io) -> None:
+    """Encode an empty prompt once at load: a tokenizer padding past a text encoder's position table, or
+    text conditioning the backbone's graph does not take (a manifest's lengths or widths that disagree with
+    the graphs), is refused now in one line instead of failing inside ONNX Runtime on the first request.
+    Text encoders are small next to the backbone; this costs one encoding."""
+    try:
+        cond = pipe.encode_prompt([""])
+    except UserError:
+        raise
+    except Exception as e:  # ORT's own exception types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise UserError(f"{folder}: the text encoders fail on an empty prompt ({type(e).__name__}: {first})") from None
+    declared = {i.name: i.shape for i in backbone_io.get_inputs()}
+    for name, value in cond.items():
+        shape = declared.get(name)
+        if shape is None:
+            continue
+        bad = len(shape) != value.ndim or any(isinstance(d, int) and d > 0 and d != n
+                                              for d, n in zip(shape[1:], value.shape[1:]))
+        if bad:
+            raise UserError(f"{folder}: the text side makes {name} of shape {list(value.shape)} but the backbone "
+                            f"takes {shape} (manifest and graphs disagree)")
+
+
+def is_runtime_error(e: BaseException) -> bool:
+    """An error ONNX Runtime raised from a session (its pybind exception types, or the RuntimeError its IO
+    binding raises), as opposed to a bug of ours."""
+    text = str(e)
+    return type(e).__module__.startswith("onnxruntime") or (
+        type(e) is RuntimeError and (text.startswith("Error in execution") or "[ONNXRuntimeError]" in text))
+
+
+def model_errors(folder, events):
+    """Re-raise ONNX Runtime's errors from a generation's events as one line naming the folder."""
+    from ..errors import ModelRunError
+
+    try:
+        yield from events
+    except Exception as e:
+        if not is_runtime_error(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ModelRunError(f"{folder}: the model failed while running ({first})") from None

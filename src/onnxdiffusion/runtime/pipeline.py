@@ -83,6 +83,8 @@ class Pipeline:
         guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
         if family.backbone == "unet":
             guards.check_latent_channels(folder, info, {"unet": backbone_io, "vae_decoder": self.vae_decoder})
+        guards.check_declared_dims(folder, family, info, {**{s.name: self.text_sessions[s.name].get() for s in self.slots},
+                                                          family.backbone: backbone_io, "vae_decoder": self.vae_decoder})
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
@@ -115,6 +117,7 @@ class Pipeline:
             raise UserError(f"{folder}: the scheduler's prediction_type {kind!r} disagrees with "
                             f"the manifest's {info['prediction_type']!r}")
         self.recommended = manifest.get("recommended") or {}
+        guards.probe_text(folder, self, backbone_io)  # one empty-prompt encoding: lengths and widths agree
 
     @classmethod
     def from_folder(cls, folder: Path | str | None = None, provider: str = "cpu", verify: bool = True,
@@ -314,8 +317,8 @@ class Pipeline:
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
         adapter = self.lora_feeds(loras, options.loop)
-        return run(self, options, *prepared[:3], prompts, negatives, prepared[3] if len(prepared) > 3 else None,
-                   adapter)
+        start = prepared[3] if len(prepared) > 3 else None
+        return guards.model_errors(self.folder, run(self, options, *prepared[:3], prompts, negatives, start, adapter))
 
     # -- image input ----------------------------------------------------------------------------
     def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:

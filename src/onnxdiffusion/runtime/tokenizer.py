@@ -23,7 +23,11 @@ class PromptTokenizer:
             raise UserError(f"tokenizer file missing: {path}")
         try:
             self._tok = Tokenizer.from_file(str(path))
-        except Exception as e:  # the tokenizers library raises its own Exception subclasses
+        except BaseException as e:  # its own Exception subclasses, and a Rust panic (pyo3's PanicException is a
+            # BaseException) on some crafted files (fuzz seed 1763): both are a bad file, not our crash
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ not in ("PanicException",) \
+                    and not isinstance(e, Exception):
+                raise
             raise UserError(f"{path}: not a usable tokenizer file ({' '.join(str(e).split())[:200]})") from None
         self._tok.no_padding()
         self._tok.no_truncation()

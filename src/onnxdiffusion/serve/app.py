@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import UserError
 from .config import ServeConfig
-from .jobs import FINAL, JobConflict, JobQueue, NotAccepting, QueueFull, png_bytes
+from .auth import ApiKeyAuth, KeyRing
+from .jobs import FINAL, JobConflict, JobQueue, KeyBusy, NotAccepting, QueueFull, png_bytes
 from .manager import ModelManager, parse_buckets
 from .metrics import ServeMetrics
 from .schemas import ImageRequest, RequestError, build_request
@@ -48,7 +49,9 @@ class Service:
                                                profile=config.profile, memory=config.memory)
         self.queue = JobQueue(self.manager, max_queue=config.max_queue, timeout=config.timeout,
                               workers=config.workers, max_batch=config.max_batch, retention=config.retention,
-                              max_finished=config.max_finished, metrics=self.metrics)
+                              max_finished=config.max_finished, metrics=self.metrics,
+                              per_key=config.per_key_limit() if config.api_keys else None,
+                              max_memory=config.max_memory)
         self.load_error: str | None = None
 
     def start(self) -> None:
@@ -57,17 +60,26 @@ class Service:
             try:
                 if not self.manager.models:
                     self.manager.load(list(self.config.models), log=_stderr)
-                self.manager.prepare(warmup=self.config.warmup, log=_stderr)
+                self.manager.prepare(warmup=self.config.warmup, log=_stderr, batch=self.config.max_batch,
+                                     max_memory=self.config.max_memory)
                 self.metrics.models(self.manager.models.values())
                 self.queue.start()
             except UserError as e:
                 self.load_error = str(e)
                 log.error("model loading failed: %s", e)
+            except Exception as e:  # never a dead loader thread with `error: null`: /ready says what happened
+                from .manager import one_line
+
+                self.load_error = f"{type(e).__name__}: {one_line(e)}"
+                log.error("model loading failed: %s", self.load_error)
+            if not self.load_error and not self.manager.serving():
+                self.load_error = "; ".join(f"{e.id}: {e.error}" for e in self.manager.models.values())
         threading.Thread(target=run, name="serve-loader", daemon=True).start()
 
     @property
     def ready(self) -> bool:
-        return self.manager.ready and self.load_error is None
+        """Ready when warm-up is done and at least one model serves (failed ones are named in /ready)."""
+        return self.manager.ready and self.load_error is None and bool(self.manager.serving())
 
 
 def _stderr(message: str) -> None:
@@ -131,6 +143,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
                               "resolution buckets and golden-sample fallback.")
     app.state.service = service
     app.add_middleware(BodyLimit, limit=config.max_body)
+    # outermost: a caller without a key is refused before its body is read
+    app.add_middleware(ApiKeyAuth, ring=KeyRing(config.api_keys), protect_metrics=config.protect_metrics)
     svc, queue, manager, metrics = service, service.queue, service.manager, service.metrics
 
     @app.middleware("http")
@@ -171,7 +185,10 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         log.exception("unhandled error on %s", request.url.path)
         return error_response(500, f"internal error ({type(exc).__name__})")
 
-    def submit(body: ImageRequest):
+    def caller(request: Request) -> str | None:
+        return request.scope.get("state", {}).get("caller")
+
+    def submit(body: ImageRequest, request: Request):
         if svc.load_error:
             raise RequestError(f"models failed to load: {svc.load_error}", status=503)
         if not svc.ready:
@@ -181,10 +198,13 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         except UserError as e:
             raise RequestError(str(e)) from None
         try:
-            job = queue.submit(req)
+            job = queue.submit(req, owner=caller(request))
         except QueueFull as e:
             metrics.request("queue", "full")
             raise _Retry(str(e), e.retry_after) from None
+        except KeyBusy as e:
+            metrics.request("queue", "key_limit")
+            raise _Retry(str(e), e.retry_after, 429, "rate_limit_exceeded") from None
         except NotAccepting as e:
             raise RequestError(str(e), status=503) from None
         if req.fallback:
@@ -193,13 +213,17 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
 
     @app.exception_handler(_Retry)
     async def on_retry(request: Request, exc: _Retry):
-        return error_response(503, exc.message, code="queue_full", headers={"Retry-After": str(exc.retry_after)})
+        return error_response(exc.status, exc.message, code=exc.code, headers={"Retry-After": str(exc.retry_after)})
 
-    def get_job(job_id: str):
+    def get_job(job_id: str, request: Request):
+        """A job of this caller (another key's job is answered as unknown: ids do not leak across keys)."""
         try:
-            return queue.get(job_id)
+            job = queue.get(job_id)
         except KeyError:
+            job = None
+        if job is None or job.owner != caller(request):
             raise RequestError(f"no job {job_id!r} (unknown, or its result expired)", "id", 404, "job_not_found") from None
+        return job
 
     # -- pages and probes ---------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -214,8 +238,9 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
     async def ready():
         models = [m.describe() for m in manager.models.values()]
         degraded = [m["id"] for m in models if m["status"] == "degraded"]
+        failed = {m["id"]: m["error"] for m in models if m["status"] == "failed"}
         body = {"ready": svc.ready, "error": svc.load_error, "models": models, "degraded": degraded,
-                "queue_depth": queue.depth()}
+                "failed": failed, "queue_depth": queue.depth()}
         return JSONResponse(body, status_code=200 if svc.ready else 503)
 
     @app.get("/metrics", summary="Prometheus text format")
@@ -227,7 +252,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def list_models():
         return {"object": "list", "data": [m.describe() for m in manager.models.values()],
-                "buckets": [f"{w}x{h}" for w, h in manager.buckets]}
+                # the buckets some serving model runs (each model's own list is in its entry)
+                "buckets": [f"{w}x{h}" for w, h in manager.buckets if any((w, h) in e.buckets for e in manager.serving())]}
 
     @app.get("/v1/models/{model_id}")
     async def one_model(model_id: str):
@@ -248,7 +274,7 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
     # -- images -------------------------------------------------------------------------------
     @app.post("/v1/images/generations", summary="OpenAI-compatible: wait for the images")
     async def generations(body: ImageRequest, request: Request):
-        job = submit(body)
+        job = submit(body, request)
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
         job.add_done_callback(lambda: loop.call_soon_threadsafe(done.set))
@@ -280,25 +306,25 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
 
     # -- jobs ---------------------------------------------------------------------------------
     @app.post("/v1/jobs", status_code=202, summary="Queue a job; returns its id at once")
-    async def create_job(body: ImageRequest):
-        job = submit(body)
+    async def create_job(body: ImageRequest, request: Request):
+        job = submit(body, request)
         return job.snapshot(queue.position(job))
 
     @app.get("/v1/jobs/{job_id}", summary="Status, queue position, step progress")
-    async def job_status(job_id: str):
-        job = get_job(job_id)
+    async def job_status(job_id: str, request: Request):
+        job = get_job(job_id, request)
         return job.snapshot(queue.position(job))
 
     @app.get("/v1/jobs/{job_id}/result", summary="The finished job as an images response")
     async def job_result(job_id: str, request: Request, response_format: str = "b64_json"):
-        job = get_job(job_id)
+        job = get_job(job_id, request)
         if job.status != "succeeded":
             raise RequestError(f"job {job_id} is {job.status}, no images", "id", 409, "not_succeeded")
         return image_response(job, response_format, str(request.base_url))
 
     @app.get("/v1/jobs/{job_id}/images/{index}", summary="One finished image as PNG")
-    async def job_image(job_id: str, index: int):
-        job = get_job(job_id)
+    async def job_image(job_id: str, index: int, request: Request):
+        job = get_job(job_id, request)
         if job.status != "succeeded":
             raise RequestError(f"job {job_id} is {job.status}, no images", "id", 409, "not_succeeded")
         if not 0 <= index < len(job.images):
@@ -306,8 +332,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         return Response(png_bytes(job.images[index]), media_type="image/png")
 
     @app.get("/v1/jobs/{job_id}/events", summary="Server-sent events: progress (and previews) until the job ends")
-    async def job_events(job_id: str):
-        job = get_job(job_id)
+    async def job_events(job_id: str, request: Request):
+        job = get_job(job_id, request)
 
         async def stream():
             seen = -1
@@ -326,7 +352,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.delete("/v1/jobs/{job_id}", summary="Cancel this job (queued: now; running: at the next step)")
-    async def cancel_job(job_id: str):
+    async def cancel_job(job_id: str, request: Request):
+        get_job(job_id, request)  # another key's job is unknown here
         try:
             job = queue.cancel(job_id)
         except KeyError:
@@ -345,9 +372,9 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
 
 
 class _Retry(Exception):
-    def __init__(self, message: str, retry_after: int):
+    def __init__(self, message: str, retry_after: int, status: int = 503, code: str = "queue_full"):
         super().__init__(message)
-        self.message, self.retry_after = message, retry_after
+        self.message, self.retry_after, self.status, self.code = message, retry_after, status, code
 
 
 def run_server(config: ServeConfig) -> None:

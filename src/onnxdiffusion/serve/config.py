@@ -39,11 +39,23 @@ class ServeConfig:
     profile: str | None = None  # hardware profile (name or YAML file): its provider/options for every model
     memory: str | None = None  # runtime.memory mode (default | lean | KEY=0|1,...); None: the profile's, else default
     web: str | None = None  # a page folder from `export-web`, served at /web
+    # bytes one backbone batch may need by runtime.guards' activation estimate; a request over it is refused
+    # (400) and micro-batches stop below it, instead of the OS killing the server (None: no budget)
+    max_memory: int | None = None
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication (see serve/auth.py)
+    protect_metrics: bool = True  # with keys: /metrics needs one too (False: open to scrapers)
+    # queued + running jobs one key may hold (0: max_queue // 2 with two or more keys, else no per-key bound);
+    # workers also take jobs round-robin by key, so one caller's backlog cannot starve another's
+    key_max_jobs: int = 0
 
     def __post_init__(self):
         for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_memory is not None and self.max_memory <= 0:
+            raise UserError(f"max-memory must be positive, got {self.max_memory}")
+        if self.key_max_jobs < 0:
+            raise UserError(f"key-max-jobs must be >= 0, got {self.key_max_jobs}")
         if self.timeout < 0 or self.retention < 0 or self.grace < 0:
             raise UserError("timeout, retention and grace must be >= 0")
         from .manager import parse_buckets
@@ -54,3 +66,24 @@ class ServeConfig:
         memory_options(self.memory)
         if not 0 < self.port < 65536:
             raise UserError(f"port must be in 1..65535, got {self.port}")
+
+    def per_key_limit(self) -> int | None:
+        if self.key_max_jobs:
+            return self.key_max_jobs
+        return max(1, self.max_queue // 2) if len(self.api_keys) >= 2 else None
+
+
+def parse_bytes(text: str | None) -> int | None:
+    """'4G', '512M', '1.5GiB', '1000000' -> bytes (binary units); None or '' -> None."""
+    if text is None or not str(text).strip():
+        return None
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in "KMGT" else t
+    try:
+        value = float(number)
+    except ValueError:
+        raise UserError(f"--max-memory must look like 4G, 512M or a byte count, got {text!r}") from None
+    if not value > 0 or value * scale > 1 << 60:
+        raise UserError(f"--max-memory must be positive, got {text!r}")
+    return int(value * scale)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import ModelRunError, UserError
 
 FINAL = ("succeeded", "failed", "cancelled", "timeout")
 
@@ -28,6 +28,15 @@ class QueueFull(Exception):
     def __init__(self, retry_after: int):
         super().__init__(f"queue is full; retry after {retry_after} s")
         self.retry_after = retry_after
+
+
+class KeyBusy(Exception):
+    """One caller holds its share of jobs already (serve's per-key limit)."""
+
+    def __init__(self, limit: int, retry_after: int):
+        super().__init__(f"this API key already has {limit} jobs queued or running (the per-key limit); "
+                         f"retry after {retry_after} s")
+        self.limit, self.retry_after = limit, retry_after
 
 
 class NotAccepting(Exception):
@@ -81,6 +90,7 @@ class Job:
     images: np.ndarray | None = None
     preview_png: bytes | None = None
     batch_size: int = 0  # images in the backbone batch this job ran in
+    owner: str | None = None  # the caller (`key-N`) when the server has API keys; None: open server
     cancel_requested: bool = False
     version: int = 0  # bumps on every visible change (SSE polls it)
     done: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -113,6 +123,12 @@ class Job:
         }
 
 
+def _log_stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
 def png_bytes(image: np.ndarray) -> bytes:
     from PIL import Image
 
@@ -129,11 +145,13 @@ class NullMetrics:
 class JobQueue:
     def __init__(self, manager, max_queue: int = 64, timeout: float = 120.0, workers: int = 1, max_batch: int = 4,
                  retention: float = 600.0, max_finished: int = 512, preview_every: int = 1, metrics=None,
-                 remote=None):
+                 remote=None, per_key: int | None = None, max_memory: int | None = None):
         self.manager = manager
         self.max_queue, self.timeout, self.workers, self.max_batch = max_queue, timeout, workers, max_batch
         self.retention, self.max_finished, self.preview_every = retention, max_finished, preview_every
         self.metrics = metrics or NullMetrics()
+        self.per_key = per_key  # queued + running jobs one owner may hold (None: no bound)
+        self.max_memory = max_memory  # bytes a backbone batch may need (micro-batches stop below it)
         self.remote = remote  # callable(list[JobRequest]) -> list of (n, H, W, 3) arrays, or None: render here
         self.jobs: OrderedDict[str, Job] = OrderedDict()
         self.pending: list[Job] = []
@@ -142,6 +160,8 @@ class JobQueue:
         self._stop = False
         self._threads: list[threading.Thread] = []
         self._job_seconds = 1.0  # moving average, for Retry-After
+        self._served: dict = {}  # owner -> the turn it was last served (fair order between API keys)
+        self._turn = 0
 
     # -- client side --------------------------------------------------------------------------
     def start(self) -> None:
@@ -150,14 +170,18 @@ class JobQueue:
             t.start()
             self._threads.append(t)
 
-    def submit(self, request: JobRequest) -> Job:
-        job = Job(request)
+    def submit(self, request: JobRequest, owner: str | None = None) -> Job:
+        job = Job(request, owner=owner)
         with self.cv:
             if not self.accepting:
                 raise NotAccepting("server is shutting down")
+            retry = max(1, int(np.ceil(len(self.pending) * self._job_seconds / max(1, self.workers))))
             if len(self.pending) >= self.max_queue:
-                retry = max(1, int(np.ceil(len(self.pending) * self._job_seconds / max(1, self.workers))))
                 raise QueueFull(retry)
+            if owner is not None and self.per_key is not None:
+                held = sum(1 for j in self.jobs.values() if j.owner == owner and j.status in ("queued", "running"))
+                if held >= self.per_key:
+                    raise KeyBusy(self.per_key, retry)
             self._prune()
             self.jobs[job.id] = job
             self.pending.append(job)
@@ -244,13 +268,20 @@ class JobQueue:
                 self.cv.wait(0.5)
             if self._stop:
                 return None
-            first = self.pending.pop(0)
+            first = self._next_fair()
+            self.pending.remove(first)
             batch, images = [first], first.request.n
             key = first.request.batch_key()
             entry = self.manager.models.get(first.request.model)
+            if entry is not None and not entry.serving:  # failed while this job waited
+                self._end(first, "failed", f"model {entry.id} is unavailable: {entry.error}")
+                return []
             mates = list(self.pending) if entry is None or entry.batch_invariant else []
             for job in mates:
                 if images + job.request.n > self.max_batch:
+                    continue
+                if self.max_memory is not None and entry is not None and self.manager.estimate_bytes(
+                        entry, images + job.request.n, first.request.width, first.request.height) > self.max_memory:
                     continue
                 if job.request.batch_key() == key:
                     self.pending.remove(job)
@@ -263,23 +294,47 @@ class JobQueue:
             self.metrics.queue_depth(len(self.pending))
             return batch
 
+    def _next_fair(self) -> Job:
+        """The oldest queued job of the owner with the fewest running jobs, ties to the owner served least
+        recently (round-robin between callers; with no keys every owner is None and this is plain FIFO)."""
+        running: dict = {}
+        for j in self.jobs.values():
+            if j.status == "running":
+                running[j.owner] = running.get(j.owner, 0) + 1
+        job = min(self.pending, key=lambda j: (running.get(j.owner, 0), self._served.get(j.owner, -1)))
+        self._turn += 1
+        self._served[job.owner] = self._turn
+        return job
+
     def _worker(self) -> None:
         while True:
             batch = self._take_batch()
             if batch is None:
                 return
+            if not batch:
+                continue
             t0 = time.perf_counter()
             try:
                 self._run_batch(batch)
             except UserError as e:
+                if isinstance(e, ModelRunError) and hasattr(self.manager, "fault"):  # the graph raised mid-run
+                    self.manager.fault(batch[0].request.model, e, log=_log_stderr)
                 for job in batch:
                     self._end(job, "failed", str(e))
             except Exception as e:  # keep the worker alive; the message, not a traceback, reaches the client
-                for job in batch:
-                    self._end(job, "failed", f"internal error: {type(e).__name__}")
                 import logging
 
-                logging.getLogger("onnxdiffusion.serve").exception("batch failed")
+                from .manager import one_line
+
+                logging.getLogger("onnxdiffusion.serve").error("batch of %s failed: %s: %s", batch[0].request.model,
+                                                               type(e).__name__, one_line(e))
+                # a session that raised: reload it or take it out of service, before its jobs end, so a client
+                # that sees the failure sees the model's new state in /ready
+                if hasattr(self.manager, "fault"):
+                    self.manager.fault(batch[0].request.model, e, log=_log_stderr)
+                for job in batch:
+                    self._end(job, "failed", f"internal error in model {job.request.model}: {type(e).__name__} "
+                                             f"(the model is reloaded, or marked failed in /ready)")
             dt = time.perf_counter() - t0
             self._job_seconds = 0.8 * self._job_seconds + 0.2 * dt
             self.metrics.batch(batch[0].request.model, sum(j.request.n for j in batch))

@@ -23,7 +23,7 @@ GOLDEN_PROMPTS = (
     "a large green triangle",
     "a purple square below an orange circle",
 )
-GOLDEN_SETTINGS = {"steps": 10, "sampler": "ddim", "guidance": 4.0, "seed": 1234}
+GOLDEN_SETTINGS = {"steps": 10, "guidance": 4.0, "seed": 1234}  # sampler: the folder's own (ddim on SD)
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -59,12 +59,12 @@ def nearest_bucket(width: int, height: int, buckets: tuple[tuple[int, int], ...]
 class ModelEntry:
     id: str
     folder: Path
-    pipeline: object  # runtime.Pipeline (imported lazily)
+    pipeline: object  # runtime.Pipeline (imported lazily); None when the folder failed to load
     precision: str  # "fp32" or the quantization recipe name
     unet_sha256: str | None
     quantized_from: str | None  # sha256 of the fp32 backbone it came from
     sibling: str | None = None  # id of the full-precision model it falls back to
-    status: str = "ok"  # ok | degraded | unchecked
+    status: str = "ok"  # ok | degraded | unchecked | failed (load, warm-up or a session fault: not served)
     # False when a request's image depends on its batch-mates (e.g. int8-dynamic: one activation scale
     # per tensor over the whole batch); such a model is never micro-batched. Probed at start-up.
     batch_invariant: bool = True
@@ -72,18 +72,39 @@ class ModelEntry:
     checked_at: float | None = None
     load_seconds: float = 0.0
     warmup_seconds: float = 0.0
+    buckets: tuple[tuple[int, int], ...] = ()  # the server's buckets this model can run (the first: its default)
+    dropped: tuple[str, ...] = ()  # buckets left out, each with the limit it breaks
+    limits: dict | None = None  # families.SizeLimits.describe()
+    error: str | None = None  # why it is failed (one line)
+    faults: int = 0  # sessions that raised mid-job
+    reloads: int = 0  # successful reloads after a fault
 
     @property
     def optimized(self) -> bool:
         return self.quantized_from is not None
 
+    @property
+    def serving(self) -> bool:
+        return self.status != "failed"
+
     def describe(self) -> dict:
         return {
             "id": self.id, "object": "model", "owned_by": "onnxdiffusion", "precision": self.precision,
-            "status": self.status, "fallback_to": self.sibling if self.status == "degraded" else None,
+            "status": self.status, "error": self.error, "fallback_to": self.sibling if self.status == "degraded" else None,
             "sibling": self.sibling, "batch_invariant": self.batch_invariant, "golden_psnr_db": self.golden_psnr_db, "checked_at": self.checked_at,
             "load_seconds": round(self.load_seconds, 3), "warmup_seconds": round(self.warmup_seconds, 3),
+            "buckets": [f"{w}x{h}" for w, h in self.buckets], "dropped_buckets": list(self.dropped),
+            "size_limits": self.limits, "faults": self.faults, "reloads": self.reloads,
         }
+
+    def fail(self, error: str) -> None:
+        self.status, self.error = "failed", one_line(error)
+
+
+def one_line(message: object, limit: int = 400) -> str:
+    """An error for /ready and the log: its first line, bounded (ORT's messages run to pages)."""
+    text = str(message).strip().splitlines()[0] if str(message).strip() else type(message).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def model_spec(text: str) -> tuple[str | None, Path]:
@@ -105,61 +126,144 @@ class ModelManager:
         self.memory = memory
         self.models: dict[str, ModelEntry] = {}
         self.ready = False
+        self._locks: dict = {}
 
     # -- loading ------------------------------------------------------------------------------
     def load(self, specs: list[str], log=print) -> None:
-        """Open every folder (hashes verified) and check the buckets fit it; fast, so bad input fails at once."""
+        """Open every folder (hashes verified) and keep the buckets each can run; fast, so bad input fails at
+        once. With several models, one that fails to load is kept as `failed` (named in /ready) and the
+        others serve; when none loads, or a bucket fits no model, that is an error."""
         from ..paths import default_model_folder
-        from ..runtime import Pipeline
 
         if not specs:
             specs = [str(default_model_folder())]
+        first_error: UserError | None = None
         for spec in specs:
             name, folder = model_spec(spec)
             model_id = name or folder.resolve().name
             if model_id in self.models:
                 raise UserError(f"two models are named {model_id!r}; name them with NAME=FOLDER")
-            t0 = time.perf_counter()
-            pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads, profile=self.profile,
-                                        memory=self.memory)
-            self._check_buckets(model_id, pipe)
-            family = getattr(pipe, "family", None)  # the backbone is `unet` or `transformer`, by model family
-            unet = pipe.manifest["components"][getattr(family, "backbone", "unet")]
-            entry = ModelEntry(
-                id=model_id, folder=folder, pipeline=pipe,
-                precision=unet.get("precision", "fp32"),
-                unet_sha256=pipe.manifest.get("files", {}).get(unet["path"]),
-                quantized_from=(unet.get("quantized_from") or {}).get("sha256"),
-                load_seconds=time.perf_counter() - t0,
-            )
+            try:
+                entry = self._open(model_id, folder)
+            except UserError as e:
+                first_error = first_error or e
+                entry = ModelEntry(id=model_id, folder=folder, pipeline=None, precision="unknown", unet_sha256=None,
+                                   quantized_from=None)
+                entry.fail(f"load failed: {e}")
+                log(f"{model_id}: {entry.error}")
             self.models[model_id] = entry
-            log(f"loaded {model_id} ({entry.precision}) in {entry.load_seconds:.2f}s")
+            if entry.serving:
+                log(f"loaded {model_id} ({entry.precision}) in {entry.load_seconds:.2f}s; buckets "
+                    f"{', '.join(f'{w}x{h}' for w, h in entry.buckets)}"
+                    + (f"; dropped {', '.join(d.split(':')[0] for d in entry.dropped)} ({entry.dropped[0].split(': ', 1)[1]})"
+                       if entry.dropped else ""))
+        if not any(e.serving for e in self.models.values()):
+            raise first_error or UserError("no model could be loaded")
+        unused = [b for b in self.buckets if not any(b in e.buckets for e in self.models.values())]
+        if unused:
+            why = "; ".join(d for e in self.models.values() for d in e.dropped if d.split(":")[0] in
+                            {f"{w}x{h}" for w, h in unused})
+            raise UserError(f"bucket(s) {', '.join(f'{w}x{h}' for w, h in unused)} fit no served model ({why})")
         self._link_siblings()
 
-    def prepare(self, warmup: bool = True, log=print) -> None:
-        """Warm every model up at every bucket, then golden-check the optimized ones; then ready."""
-        if warmup:
-            for entry in self.models.values():
+    def _open(self, model_id: str, folder: Path) -> ModelEntry:
+        from ..runtime import Pipeline
+        from ..runtime.guards import size_limits
+
+        t0 = time.perf_counter()
+        pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads, profile=self.profile,
+                                    memory=self.memory)
+        limits = size_limits(pipe.manifest)
+        kept, dropped = [], []
+        for w, h in self.buckets:
+            problem = limits.problem(h, w)
+            (dropped.append(f"{w}x{h}: {problem}") if problem else kept.append((w, h)))
+        if not kept:
+            raise UserError(f"no bucket fits model {model_id}: {'; '.join(dropped)}")
+        family = getattr(pipe, "family", None)
+        backbone = pipe.manifest["components"][getattr(family, "backbone", "unet")]
+        return ModelEntry(
+            id=model_id, folder=folder, pipeline=pipe,
+            precision=backbone.get("precision", "fp32"),
+            unet_sha256=pipe.manifest.get("files", {}).get(backbone["path"]),
+            quantized_from=(backbone.get("quantized_from") or {}).get("sha256"),
+            load_seconds=time.perf_counter() - t0, buckets=tuple(kept), dropped=tuple(dropped),
+            limits=limits.describe(),
+        )
+
+    def prepare(self, warmup: bool = True, log=print, batch: int = 1, max_memory: int | None = None) -> None:
+        """Warm every model up at each of its buckets, then golden-check the optimized ones; then ready.
+        Warm-up runs the largest micro-batch (`batch` images, fewer where `max_memory` says so) at the model's
+        own guidance, so ONNX Runtime's plans and arenas reach their high-water mark now, not under load.
+        A model whose warm-up (or probe) raises is marked failed with the reason; the others go on."""
+        for entry in self.serving():
+            try:
                 t0 = time.perf_counter()
-                for w, h in self.buckets:  # one step per bucket: ORT plans each shape now, not on a user's request
-                    entry.pipeline(prompt="", steps=1, guidance=1.0, width=w, height=h)
+                if warmup:
+                    for w, h in entry.buckets:  # one step per bucket: ORT plans each shape now, not on a request
+                        b = batch
+                        while b > 1 and max_memory is not None and self.estimate_bytes(entry, b, w, h) > max_memory:
+                            b -= 1
+                        entry.pipeline(prompt=[""] * b, batch=b, steps=1, width=w, height=h)
                 entry.warmup_seconds = time.perf_counter() - t0
-        for entry in self.models.values():
-            entry.batch_invariant = self.probe_batch_invariance(entry)
+                entry.batch_invariant = self.probe_batch_invariance(entry)
+            except Exception as e:  # a model that cannot run is reported, never the reason the others stop
+                entry.fail(f"warm-up failed: {type(e).__name__}: {one_line(e)}" if not isinstance(e, UserError)
+                           else f"warm-up failed: {e}")
+                log(f"{entry.id}: {entry.error}")
+                continue
             if not entry.batch_invariant:
                 log(f"{entry.id}: images depend on batch-mates; micro-batching is off for it")
-        for entry in self.models.values():
+        for entry in self.serving():
             if entry.optimized:
-                self.check(entry.id)
+                try:
+                    self.check(entry.id)
+                except Exception as e:
+                    entry.fail(f"golden check failed: {one_line(e)}")
                 psnr = "n/a" if entry.golden_psnr_db is None else f"{entry.golden_psnr_db:.1f} dB"
-                log(f"golden check {entry.id}: {entry.status} ({psnr} vs {entry.sibling})")
+                log(f"golden check {entry.id}: {entry.status} ({entry.error or psnr} vs {entry.sibling})")
         self.ready = True
 
-    def _check_buckets(self, model_id: str, pipe) -> None:
-        m = pipe.info["size_multiple"]
-        bad = [f"{w}x{h}" for w, h in self.buckets if w % m or h % m]
-        if bad:
-            raise UserError(f"bucket(s) {', '.join(bad)} are not multiples of {m}, which model {model_id} needs")
+    def fault(self, model_id: str, error: BaseException, log=print) -> ModelEntry:
+        """A session of `model_id` raised mid-job (not a bad request): reload the folder and run one step at
+        its default bucket; if that works the reload serves, else the model is marked failed with the reason."""
+        import threading
+
+        entry = self.get(model_id)
+        lock = self._locks.setdefault(model_id, threading.Lock())
+        with lock:  # concurrent batches of one model that fault together reload it once
+            entry.faults += 1
+            if not entry.serving:
+                return entry
+            failing = entry.pipeline
+            if getattr(failing, "_od_replaced", False):
+                return entry  # another batch already reloaded it
+            reason = f"{type(error).__name__}: {one_line(error)}"
+            log(f"{model_id}: session fault mid-job ({reason}); reloading")
+            try:
+                fresh = self._open(model_id, entry.folder).pipeline
+                w, h = entry.buckets[0]
+                fresh(prompt="", steps=1, guidance=1.0, width=w, height=h)
+            except Exception as e:
+                entry.fail(f"session fault mid-job ({reason}); reload failed: {one_line(e)}")
+                log(f"{model_id}: {entry.error}")
+                return entry
+            failing._od_replaced = True
+            entry.pipeline, entry.reloads = fresh, entry.reloads + 1
+            log(f"{model_id}: reloaded after the fault")
+        return entry
+
+    def estimate_bytes(self, entry: ModelEntry, images: int, width: int, height: int) -> int:
+        """runtime.guards' activation estimate for one backbone batch of `images` at this size."""
+        from ..runtime.generation import GenerateOptions
+        from ..runtime.guards import latent_shape, memory_estimate
+
+        pipe = entry.pipeline
+        shape = latent_shape(pipe.info, GenerateOptions(batch=images, width=width, height=height))
+        return memory_estimate(pipe.folder, pipe.manifest, shape)
+
+    def serving(self) -> list[ModelEntry]:
+        return [e for e in self.models.values() if e.serving]
 
     def _link_siblings(self) -> None:
         """An optimized model's sibling: the loaded full-precision model its backbone was made from."""
@@ -175,11 +279,11 @@ class ModelManager:
     def probe_batch_invariance(self, entry: ModelEntry) -> bool:
         from .render import batch_invariant
 
-        return batch_invariant(entry.pipeline, *self.buckets[0])
+        return batch_invariant(entry.pipeline, *entry.buckets[0])
 
     # -- golden-sample check ------------------------------------------------------------------
     def golden_images(self, entry: ModelEntry) -> np.ndarray:
-        w, h = self.buckets[0]
+        w, h = self.models[entry.id].buckets[0]
         result = entry.pipeline(list(GOLDEN_PROMPTS), batch=len(GOLDEN_PROMPTS), width=w, height=h, **GOLDEN_SETTINGS)
         return result.images
 
@@ -192,6 +296,9 @@ class ModelManager:
             entry.status, entry.checked_at = "ok", time.time()
             return entry
         if entry.sibling is None:
+            entry.status = "unchecked"
+            return entry
+        if not self.models[entry.sibling].serving:
             entry.status = "unchecked"
             return entry
         ref = self.golden_images(self.models[entry.sibling])
@@ -210,14 +317,15 @@ class ModelManager:
 
     @property
     def default_id(self) -> str:
-        return next(iter(self.models))
+        """The first loaded model that serves (a failed first model does not take the default with it)."""
+        return next((e.id for e in self.models.values() if e.serving), next(iter(self.models)))
 
     def route(self, model_id: str | None) -> tuple[ModelEntry, ModelEntry]:
         """(requested, serving): a degraded model is served by its full-precision sibling."""
         requested = self.get(model_id or self.default_id)
-        if requested.status == "degraded" and requested.sibling:
+        if requested.status == "degraded" and requested.sibling and self.models[requested.sibling].serving:
             return requested, self.models[requested.sibling]
         return requested, requested
 
-    def snap(self, width: int, height: int) -> tuple[int, int]:
-        return nearest_bucket(width, height, self.buckets)
+    def snap(self, entry: ModelEntry, width: int, height: int) -> tuple[int, int]:
+        return nearest_bucket(width, height, entry.buckets)

@@ -81,7 +81,10 @@ def batch_invariant(pipe, width: int | None = None, height: int | None = None) -
     """Does a request render the same alone as next to another one? (2 steps; False for int8-dynamic.)"""
     from types import SimpleNamespace
 
+    from ..runtime.pipeline import GenerateOptions
+
     w, h = width or pipe.info["default_width"], height or pipe.info["default_height"]
-    reqs = [SimpleNamespace(prompt=p, negative_prompt="", n=1, width=w, height=h, steps=2, sampler="ddim",
+    sampler = pipe.resolve(GenerateOptions()).sampler  # the folder's own (ddim does not apply to flow models)
+    reqs = [SimpleNamespace(prompt=p, negative_prompt="", n=1, width=w, height=h, steps=2, sampler=sampler,
                             guidance=7.5, seed=i) for i, p in enumerate(("a small red circle", "a blue star above a square"))]
     return bool(np.array_equal(render_group(pipe, reqs[:1])[0], render_group(pipe, reqs)[0]))

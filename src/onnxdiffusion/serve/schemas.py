@@ -56,6 +56,8 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
         raise RequestError(f"unknown model {body.model!r}; available: {', '.join(manager.models)}", "model",
                            code="model_not_found")
     requested, serving = manager.route(body.model)
+    if not serving.serving:
+        raise RequestError(f"model {serving.id!r} is unavailable: {serving.error}", "model", 503, "model_unavailable")
     from ..runtime.pipeline import GenerateOptions
 
     settings = serving.pipeline.resolve(GenerateOptions(steps=body.steps, sampler=body.sampler, guidance=body.guidance))
@@ -73,7 +75,7 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
         serving.pipeline.table(GenerateOptions(steps=steps, sampler=sampler))
     except UserError as e:
         raise RequestError(str(e), "sampler") from None
-    width, height = manager.buckets[0]
+    width, height = serving.buckets[0]
     if body.size is not None:
         try:
             width, height = parse_size(body.size)
@@ -81,7 +83,20 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
             raise RequestError(str(e), "size") from None
         if not (1 <= width <= config.max_side and 1 <= height <= config.max_side):
             raise RequestError(f"size sides must be between 1 and {config.max_side}, got {body.size}", "size")
-    bw, bh = manager.snap(width, height)
+        limits = serving.limits or {}
+        for name, v in (("width", width), ("height", height)):  # beyond what the backbone runs: refused, not snapped
+            hi = limits.get(f"max_{name}")
+            if hi is not None and v > hi:
+                raise RequestError(f"size {body.size}: {name} must be at most {hi} for model {serving.id} "
+                                   f"({limits.get('why')})", "size", code="size_beyond_model_limit")
+    bw, bh = manager.snap(serving, width, height)
+    if config.max_memory is not None:
+        need = manager.estimate_bytes(serving, body.n, bw, bh)
+        if need > config.max_memory:
+            raise RequestError(f"this request needs about {need / 2**30:.2f} GiB (estimate for {body.n} image(s) at "
+                               f"{bw}x{bh}), over the server's --max-memory {config.max_memory / 2**30:.2f} GiB; "
+                               f"ask for fewer images or a smaller size", "n" if body.n > 1 else "size",
+                               code="over_memory_budget")
     return JobRequest(
         prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n, width=bw, height=bh, steps=steps,
         sampler=sampler, guidance=float(guidance), seed=int(seed), model=serving.id,
