@@ -258,7 +258,25 @@ def main() -> int:
         {a: b[0] for a, b in models.items()}, {a: b[1] for a, b in models.items()}, 2 * 16 * 1024 * 1024 * 40)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(to_markdown(res))
     return 0
+
+
+def to_markdown(res: dict) -> str:
+    from onnxdiffusion.bench.machine import machine_line
+
+    lines = [f"Machine: {machine_line(res['machine'])}. 1 thread, GOP/s by process CPU time (best of repeats).", ""]
+    for section, title in (("convs", "Convolutions (batch 2, SD1.5 at 256x256)"), ("gemms", "GEMMs (A activations [M,K] x constant B [K,N])"),
+                           ("attention", "Attention core (two activations)")):
+        cases = res[section]
+        ops = list(dict.fromkeys(o for c in cases.values() for o in c["ops"]))
+        lines += [f"### {title}", "", "| case | GOP | " + " | ".join(ops) + " |", "|---|---:|" + "---:|" * len(ops)]
+        for name, c in cases.items():
+            cells = [f"{c['ops'][o]['gops']:.0f}" if "gops" in c["ops"].get(o, {}) else
+                     ("n/a" if o not in c["ops"] else "no kernel") for o in ops]
+            lines.append(f"| {name} | {c['gop']:.2f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
