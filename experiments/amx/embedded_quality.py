@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from onnxdiffusion.bench.machine import machine_facts  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, generate_set, heldout_scenes  # noqa: E402
-from onnxdiffusion.quantize import Int8StaticRecipe, QuantizeConfig, quantize  # noqa: E402
+from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 
 MODELS = {"shapes-sd": ROOT / "models" / "shapes-sd-onnx", "shapes-mmdit": ROOT / "models" / "shapes-mmdit-onnx"}
@@ -59,17 +59,22 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     res = {"machine": machine_facts(), "count": args.count, "models": {}}
+    if args.out.exists():  # a rerun for some models keeps the others' rows
+        res["models"] = json.loads(args.out.read_text()).get("models", {})
     for name in args.models:
         src = MODELS[name]
+        rec = json.loads((src / "manifest.json").read_text()).get("recommended") or {}
+        sampler, steps, guidance = rec.get("sampler", "ddim"), rec.get("steps", 20), rec.get("guidance", 4.0)
         folders = {"fp32": src}
         for kernels in ("portable", "auto"):
             out = args.work / f"{name}-{kernels}"
             if not (out / "manifest.json").exists():
                 print(f"{name}: quantize kernels={kernels}", flush=True)
-                quantize(src, out, QuantizeConfig(recipe=Int8StaticRecipe(kernels=kernels)), overwrite=True,
+                cal = CalibrationConfig(sampler=sampler, steps=steps, guidance=guidance)  # the CLI's defaults
+                quantize(src, out, QuantizeConfig(recipe=Int8StaticRecipe(kernels=kernels), calibration=cal), overwrite=True,
                          measure_quality=False, log=lambda m: None)
             folders[f"int8-{kernels}"] = out
-        opts = EvaluateOptions(count=args.count, batch=8)
+        opts = EvaluateOptions(count=args.count, batch=8, sampler=sampler, steps=steps, guidance=guidance)
         scenes = heldout_scenes(opts)
         images = {}
         for k, f in folders.items():
@@ -78,7 +83,7 @@ def main() -> int:
             images[k] = generate_set(pipe, scenes, opts, progress=False)
         rec = json.loads((folders["int8-auto"] / "manifest.json").read_text())
         lowering = next(iter(c.get("int8_kernels") for c in rec["components"].values() if c.get("int8_kernels")), None)
-        row = {"lowering": lowering, "steps": opts.steps, "guidance": opts.guidance}
+        row = {"lowering": lowering, "sampler": sampler, "steps": opts.steps, "guidance": opts.guidance}
         for k in ("int8-portable", "int8-auto"):
             vals = [psnr(a, b) for a, b in zip(images["fp32"], images[k])]
             row[f"{k}_psnr_mean_db"] = float(np.mean([min(v, 100.0) for v in vals]))
