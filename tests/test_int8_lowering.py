@@ -102,11 +102,13 @@ def _fake_measure(times):
 
 def test_choice_per_cpu_with_faked_features(monkeypatch):
     m = _conv_graph()
-    measure, calls = _fake_measure({"conv3": (2.0, 1.0), "conv1": (1.0, 0.95)})  # conv1: within the margin
+    measure, calls = _fake_measure({"conv3": (2e-3, 1e-3), "conv1": (1e-3, 0.95e-3)})  # conv1: within the margin
     monkeypatch.setattr(features, "cpu_flags", lambda: AMX)
     chosen, rec = plan_kernels("auto", m, measure)
     assert chosen == {"conv3"} and rec["target"] == "amx" and rec["lowered"] == 1 and calls == [{"conv3", "conv1"}]
     assert rec["cpu"]["int8_kernels"] == "amx" and "amx_int8" in rec["cpu"]["isa_flags"]
+    measure2, _ = _fake_measure({"conv3": (1e-4, 1e-5), "conv1": (1e-3, 1e-4)})  # conv3: too short to time
+    assert plan_kernels("auto", m, measure2)[0] == {"conv1"}
     chosen, rec = plan_kernels("amx", m)
     assert chosen == {"conv3", "conv1"} and rec["target"] == "amx"
     for kernels in ("vnni", "portable"):
@@ -156,7 +158,8 @@ def test_quantize_lays_out_convs_and_images_match_portable(tiny_onnx, tmp_path, 
     quantize(tiny_onnx, tmp_path / "portable", QuantizeConfig(recipe=Int8StaticRecipe(kernels="portable"), **fast),
              measure_quality=False)
     monkeypatch.setattr(features, "cpu_flags", lambda: AMX)
-    monkeypatch.setattr(int8_lowering, "AUTO_MARGIN", 1e9)  # every measured node counts as faster
+    monkeypatch.setattr(int8_lowering, "AUTO_MARGIN", 1e9)  # every measured node counts as faster,
+    monkeypatch.setattr(int8_lowering, "AUTO_MIN_S", 0.0)  # however short (the tiny UNet's convs are µs)
     quantize(tiny_onnx, tmp_path / "auto", QuantizeConfig(recipe=Int8StaticRecipe(kernels="auto"), **fast),
              measure_quality=False)
     rec = json.loads((tmp_path / "auto" / "manifest.json").read_text())["components"]["unet"]["int8_kernels"]

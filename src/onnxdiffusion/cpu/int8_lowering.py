@@ -17,7 +17,8 @@ the node runs `sym` again: correct, only not faster (lower() reports it so).
 The choice per node (`plan_kernels`): `portable` and `vnni` keep `sym` (today's graph); `amx` lowers every
 eligible node when the CPU has AMX (refused without); `auto` on an AMX CPU measures each node in the
 built graph both ways (ORT's profiler, real shapes) and lowers the ones the gemm kernel runs >10% faster
-here, and without AMX keeps today's graph. The CPU flags come from
+here (convs under 0.2 ms are kept: too short to time against the noise, so tiny models keep their bytes),
+and without AMX keeps today's graph. The CPU flags come from
 onnxdiffusion.cpu.features.cpu_flags (tests fake them).
 """
 
@@ -32,6 +33,7 @@ from onnxdiffusion.cpu.features import cpu_flags, int8_family, isa_summary
 KERNEL_CHOICES = ("auto", "amx", "vnni", "portable")
 ZP_PREFIX = "amx_rt_zp"  # names of the added tensors (compact names are short: no clash)
 AUTO_MARGIN = 0.9  # auto lowers a node when its gemm kernel time is under 90% of the symmetric kernel's
+AUTO_MIN_S = 2e-4  # ... and the symmetric kernel takes at least 0.2 ms (SD1.5's convs: 0.3-18 ms, 2.2x apart)
 
 
 def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
@@ -134,8 +136,11 @@ def plan_kernels(kernels: str, model: onnx.ModelProto, measure=None, flags: froz
         if measure is None:
             raise ValueError("kernels=auto needs a measure function")
         timings = measure(model, names)
-        # lower only where the gemm kernel measured clearly faster: near-ties keep today's graph
-        chosen = {n for n, (sym, gemm) in timings.items() if n in names and gemm < AUTO_MARGIN * sym}
+        # lower only where the gemm kernel measured clearly faster, on convs long enough to time: near-ties and
+        # tiny convs (profiler noise; little to gain) keep today's graph, so the bytes do not follow the noise
+        chosen = {n for n, (sym, gemm) in timings.items()
+                  if n in names and sym >= AUTO_MIN_S and gemm < AUTO_MARGIN * sym}
+        record["too_short_to_time"] = sum(1 for sym, _ in timings.values() if sym < AUTO_MIN_S)
         record["by"] = "measured here (ORT profiler, per node)"
         record["sym_ms"] = round(sum(s for s, _ in timings.values()) * 1e3, 2)
         record["gemm_ms"] = round(sum(g for _, g in timings.values()) * 1e3, 2)
