@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from onnxdiffusion.artifacts import write_json
+from onnxdiffusion.bench.machine import machine_facts
 from onnxdiffusion.bench.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
 SIZE, STEPS, GUIDANCE, PROMPT = 256, 10, 7.5, "a photo of an astronaut riding a horse"
@@ -256,6 +257,7 @@ def main() -> int:
     if args.diffusers and args.diffusers_rounds > 0:  # with --peer only, --diffusers is just the peers' source
         raw.update({name: [] for name in eager})
     log = []
+    machine = machine_facts()  # CPU model and ISA flags: results from another machine kind are not comparable
     for r in range(args.rounds):
         order = list(variants) + [(name, args.diffusers) for name in peers]
         order += [(name, args.diffusers) for name in eager] if args.diffusers and r < args.diffusers_rounds else []
@@ -274,7 +276,7 @@ def main() -> int:
                        f"{statistics.median(rec['step_wall_s']):.2f} s wall, "
                        f"e2e {rec['e2e_cpu_s']:.1f} s CPU / {rec['e2e_wall_s']:.1f} s wall, peak {rec['peak_rss_bytes'] / 1e9:.2f} GB"))
             print(log[-1], file=sys.stderr, flush=True)
-            out = {"settings": {"size": SIZE, "steps": STEPS, "sampler": "ddim", "guidance": GUIDANCE, "batch": 1,
+            out = {"machine": machine, "settings": {"size": SIZE, "steps": STEPS, "sampler": "ddim", "guidance": GUIDANCE, "batch": 1,
                                 "threads": args.threads, "cpus": os.cpu_count(), "calls_per_child": args.calls, "rounds": args.rounds},
                    "folders": dict(variants) | ({name: args.diffusers for name in eager} if args.diffusers else {}),
                    "peers": {name: {"backend": b, "mode": m, "source": args.diffusers, "sampler": PEER_SAMPLERS.get(b)}

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxdiffusion.bench.machine import machine_facts, machine_line
+
 GEMM_N = 1024  # M = N = K: big enough for the packed kernels' steady state, small enough to repeat
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MultiHeadAttention", "Attention", "FusedConv",
                "FusedMatMul", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "MatMulNBits")
@@ -310,7 +312,7 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
 def to_markdown(res: dict) -> str:
     p = res["peaks_gflops"]
     lines = [f"### Roofline, {res['threads']} thread(s), backbone batch {res['batch']} at {res['height']}x{res['width']}",
-             "",
+             "", *([f"Machine: {machine_line(res['machine'])}.", ""] if res.get("machine") else []),
              f"Measured GEMM peak ({res['gemm_n']}^3, best of the runs): ORT MatMul fp32 {p['ort_fp32']:.1f} GFLOP/s, "
              f"ORT MatMulInteger int8 {p['ort_int8']:.1f} GOP/s, numpy fp32 {p['numpy_fp32']:.1f} GFLOP/s"
              + (f" (by CPU time: {p['ort_fp32_cpu_time']:.1f} / {p['ort_int8_cpu_time']:.1f} / "
@@ -353,6 +355,7 @@ def main(argv=None) -> int:
     res = measure(folders, args.threads, args.size, args.size, args.batch, args.repeats, not args.no_profile,
                   progress=lambda m: print(m, file=sys.stderr, flush=True), time_first=not args.flops_only_first)
     res["machine_loadavg"] = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
+    res["machine"] = machine_facts(peaks=res["peaks_gflops"])  # CPU model, ISA flags (AMX / VNNI), ORT version
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
     args.out.with_suffix(".md").write_text(to_markdown(res))

@@ -134,6 +134,9 @@ def machine_info() -> dict:
     except ImportError:
         pass
     info["numpy"] = np.__version__
+    from .machine import machine_facts
+
+    info["cpu_isa"] = machine_facts()["cpu"]  # the ISA flags that decide the int8/bf16 kernels (AMX, VNNI)
     return info
 
 

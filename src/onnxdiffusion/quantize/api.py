@@ -309,6 +309,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
                     info["correction"] = correction.to_dict()
                 if "stored_as" in built.details:  # a provider-specific graph, not portable QDQ
                     info["stored_as"] = built.details["stored_as"]
+                if "int8_kernels" in built.details:  # the CPU its convolutions were laid out for (checked at load)
+                    info["int8_kernels"] = built.details["int8_kernels"]
                 if "requires_provider" in built.details:
                     info["requires_provider"] = built.details["requires_provider"]
                 if "boundaries" in built.details:

@@ -69,18 +69,23 @@ class Int8StaticRecipe(Recipe):
     each quantized linear's mean per-output-channel error, measured alone (its int8 twin fed the
     fp32 activations) on the calibration feeds, is subtracted from its bias (bias_correction.py).
     Version 6: `bias_correction` (older dicts: 0, off).
+    `kernels` (cpu-fused only): auto | amx | vnni | portable: which ONNX Runtime int8 convolution kernel
+    each QLinearConv is laid out for (onnxdiffusion/cpu/int8_lowering.py): auto measures both on this CPU
+    per node and keeps the faster; amx puts every one on MLAS's QGEMM (AMX tiles; refused without AMX);
+    vnni and portable keep ORT's symmetric conv kernel. Version 7: `kernels` (older dicts: portable).
     """
 
     name: ClassVar[str] = "int8-static"
-    version: ClassVar[int] = 6
+    version: ClassVar[int] = 7
     legacy: ClassVar[dict[int, dict]] = {2: {"attention": "float", "softmax": "float", "norms": "float",
                                              "modulation": "int8", "smooth_alpha": 0.0, "keep_sensitive": 0.0,
                                              "components": ("unet",), "components_keep_float": ("*conv_out*",),
-                                             "bias_correction": 0},
+                                             "bias_correction": 0, "kernels": "portable"},
                                          3: {"keep_sensitive": 0.0, "components": ("unet",), "components_keep_float": ("*conv_out*",),
-                                             "bias_correction": 0},
-                                         4: {"components": ("unet",), "components_keep_float": ("*conv_out*",), "bias_correction": 0},
-                                         5: {"bias_correction": 0}}
+                                             "bias_correction": 0, "kernels": "portable"},
+                                         4: {"components": ("unet",), "components_keep_float": ("*conv_out*",), "bias_correction": 0, "kernels": "portable"},
+                                         5: {"bias_correction": 0, "kernels": "portable"},
+                                         6: {"kernels": "portable"}}
     calibrated: ClassVar[bool] = True
     calibrator: str = "minmax"
     aggregation: str = "max"
@@ -103,8 +108,12 @@ class Int8StaticRecipe(Recipe):
     # conv_out kept float lifts its images from 43.2 to 44.9 dB mean (worst 41.8 -> 43.2) for one small conv
     components_keep_float: tuple[str, ...] = ("*conv_out*",)
     bias_correction: int = 0
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
+        _choice("kernels", self.kernels, ("auto", "amx", "vnni", "portable"))
+        _check(self.kernels in ("auto", "portable") or self.stored == "cpu-fused",
+               f"kernels={self.kernels} lays out the CPU-fused graph: it needs stored=cpu-fused")
         for c in self.components:
             _choice("int8-static component", c, INT8_COMPONENTS)
         _check("unet" in self.components, "int8-static always quantizes the backbone: components must include unet")
@@ -170,6 +179,7 @@ class Int8TimestepRecipe(Int8StaticRecipe):
     MAX_GROUPS: ClassVar[int] = 8
     groups: int = 4
     grouping: str = "optimal"
+    kernels: str = "portable"  # the lowering is int8-static's (one graph, no If branches)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -177,6 +187,7 @@ class Int8TimestepRecipe(Int8StaticRecipe):
                f"groups (K) must be in [2, {self.MAX_GROUPS}], got {self.groups}")
         _choice("grouping", self.grouping, ("optimal", "equal"))
         _check(self.bias_correction == 0, "int8-timestep: bias_correction is an option of int8-static only")
+        _check(self.kernels == "portable", "int8-timestep: kernels is an option of int8-static only")
         # QDQ If-branches re-fused at load time ran ~15% slower than the fused ones
         _check(self.stored == "cpu-fused", "int8-timestep stores its groups CPU-fused; stored=qdq is not supported")
 
@@ -193,6 +204,7 @@ class MixedRecipe(Int8StaticRecipe):
     target_psnr: float = 36.0
     probe_prompts: int = 8
     sensitivity_steps: int = 4
+    kernels: str = "portable"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -200,4 +212,5 @@ class MixedRecipe(Int8StaticRecipe):
         _check(2 <= self.probe_prompts <= 256, f"probe_prompts must be in [2, 256], got {self.probe_prompts}")
         _check(1 <= self.sensitivity_steps <= 1000, f"sensitivity_steps must be >= 1, got {self.sensitivity_steps}")
         _check(self.bias_correction == 0, "mixed: bias_correction is an option of int8-static only")
+        _check(self.kernels == "portable", "mixed: kernels is an option of int8-static only")
 

@@ -118,6 +118,10 @@ def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
 
         plan.model, plan.details["bias_correction"] = correct_biases(plan.model, quantized, plan.nodes, calib, ctx.threads, ctx.log)
     model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, ranges))
+    if recipe.stored == "cpu-fused" and recipe.kernels != "portable":  # conv kernels for this CPU (AMX: QGEMM)
+        from .amx_lowering import apply
+
+        plan.details["int8_kernels"] = apply(ctx, recipe.kernels, model)
     built = Built({"unet": model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
                   details={"calibrated_tensors": len(plan.tensors), "stored_as": stored, **plan.details})
     for name in recipe.components:

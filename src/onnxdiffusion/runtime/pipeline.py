@@ -7,6 +7,7 @@ calibration capture all hang off the same loop; `Pipeline.__call__` just drains 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts import component_path, read_manifest, verify_folder
+from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
 from ..manifest import check_scheduler_config, confined
@@ -67,6 +69,8 @@ class Pipeline:
                               for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
         self._backbone_info = bb
+        if provider == "cpu" and (note := kernels_warning(bb.get("int8_kernels"))):
+            warnings.warn(f"{folder}: {note}", stacklevel=3)
         # the backbone's session is made on first use: a pipeline that runs only a sampling graph (which
         # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
         backbone_path = confined(folder, bb["path"], "backbone")
