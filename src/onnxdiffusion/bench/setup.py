@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .fullsize import ARCHES
+from .arch import ARCHES
 
 # BenchOptions (core.py) is what _resolve takes and returns; not imported here: core imports this module
 
@@ -59,9 +59,10 @@ def _resolve(options, rec: dict | None = None):
         raise UserError(f"unknown --arch {options.arch!r}; choose from {', '.join(ARCHES)}")
     full = options.arch is not None
     steps = options.steps if options.steps is not None else (ARCHES[options.arch].steps if full else (rec or {}).get("steps", 20))
+    repeats = options.repeats if options.repeats is not None else (3 if options.isolate else 5)
     fast = options.fast_steps if options.fast_steps is not None else max(1, steps // 2)
     prompts = options.prompts if options.prompts is not None else (0 if full else 16)
-    for name, v, lo in (("steps", steps, 1), ("fast-steps", fast, 1), ("repeats", options.repeats, 1),
+    for name, v, lo in (("steps", steps, 1), ("fast-steps", fast, 1), ("repeats", repeats, 1),
                         ("batch", options.batch, 1), ("prompts", prompts, 0)):
         if v < lo:
             raise UserError(f"--{name} must be >= {lo}, got {v}")
@@ -72,7 +73,11 @@ def _resolve(options, rec: dict | None = None):
     if options.threads is not None and options.threads < 1:
         raise UserError(f"--threads must be >= 1, got {options.threads}")
     size = options.size if options.size is not None else (256 if full else None)
-    return replace(options, steps=steps, fast_steps=fast, prompts=prompts, size=size)
+    if options.memory is not None:
+        from ..runtime.memory import memory_options
+
+        memory_options(options.memory)  # a bad --memory fails here, before anything runs
+    return replace(options, steps=steps, fast_steps=fast, prompts=prompts, size=size, repeats=repeats)
 
 
 def _default_guidance(source: Path | None, rec: dict | None = None) -> float:

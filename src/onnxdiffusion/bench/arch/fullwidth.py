@@ -14,8 +14,8 @@ Two depth profiles per arch (``DEPTHS``):
   bench   backbone and encoders shallow enough that diffusers and ONNX Runtime pipelines are loaded
           side by side (bench --arch)
 
-    python bench/fullwidth.py build ARCH FOLDER [--profile memory|bench] [--depth N]
-    python bench/fullwidth.py params ARCH [--profile P]     # parameter counts (meta device, no memory)
+    python -m onnxdiffusion.bench.arch.fullwidth build ARCH FOLDER [--profile memory|bench] [--depth N]
+    python -m onnxdiffusion.bench.arch.fullwidth params ARCH [--profile P]     # parameter counts (meta device, no memory)
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "models" / "training"))  # tokenizer_build
 
 ARCHES = ("sdxl", "sd3", "flux", "qwenimage")
 
@@ -111,17 +108,15 @@ def count_params(arch: str, depth) -> int:
 
 
 def _clip_tokenizer(folder: Path, pad_token: str | None = None):
-    import tokenizer_build
-
-    from onnxdiffusion import scenes
+    from ... import scenes
+    from . import tokenizers as tokenizer_build
 
     return tokenizer_build.clip_tokenizer(folder, scenes.vocabulary() + ["photo", "cat"], 77, pad_token)
 
 
 def _t5_tokenizer(folder: Path, max_length: int):
-    import tokenizer_build
-
-    from onnxdiffusion import scenes
+    from ... import scenes
+    from . import tokenizers as tokenizer_build
 
     return tokenizer_build.t5_tokenizer(folder, scenes.vocabulary(), max_length)
 
@@ -130,7 +125,7 @@ def _qwen_tokenizer(folder: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    from onnxdiffusion import scenes
+    from ... import scenes
 
     template = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
                 "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n"
