@@ -20,7 +20,7 @@ def evaluate(
     sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the folder's scheduler")] = None,
     guidance: Annotated[Optional[float], typer.Option(help="default: the model's recommended, else 7.5")] = None,
     batch: Annotated[int, typer.Option(help="1..4096 images per run")] = 32,
-    provider: str = "cpu",
+    provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON result (default: none, summary only)")] = None,
     grid: Annotated[Optional[Path], typer.Option(help="also save a grid of the first 64 images")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace existing output files")] = False,
