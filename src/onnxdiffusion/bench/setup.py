@@ -120,6 +120,10 @@ def _is_folder_name(name: str) -> bool:
     return ("/" in name or name.startswith(".")) and Path(name).is_dir()
 
 
+ISA_FLAGS = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
+             "amx_int8", "amx_bf16"}
+
+
 def machine_info() -> dict:
     import re
 
@@ -127,6 +131,9 @@ def machine_info() -> dict:
     try:
         m = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
         info["cpu"] = m.group(1).strip() if m else None
+        m = re.search(r"^flags\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        # the ISA extensions the int8/bf16 kernels pick between (a VNNI-only and an AMX CPU give other ratios)
+        info["cpu_isa"] = sorted(f for f in (m.group(1).split() if m else []) if f in ISA_FLAGS)
         m = re.search(r"MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text())
         info["mem_total_bytes"] = int(m.group(1)) * 1024 if m else None
         info["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
