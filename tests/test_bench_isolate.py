@@ -45,6 +45,7 @@ def test_content_key_follows_files_recipe_and_arguments(tiny_onnx, tmp_path):
     assert content_key(other, "int8-static", ()) != key
 
 
+@pytest.mark.slow
 def test_isolate_with_quantize_on_a_ready_arch_folder(tiny_onnx, tiny_diffusers, tmp_path):
     """The tiny model stands in for SD1.5: --quantize builds ort-int8-dynamic into WORK/quantized (reused on the
     second run), --isolate measures each variant in fresh processes over interleaved rounds."""
