@@ -32,6 +32,7 @@ import numpy as np
 
 from .rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from .runners import Generation, Job, PeerError, PeerRunner, make_runner
+from .setup import _loadavg as loadavg
 from .variants import VariantSpec
 
 METHOD = ("fresh process per variant and round (peers: a fresh worker), rounds interleaved; load, then one timed "
@@ -132,10 +133,8 @@ def run_peer(spec: VariantSpec, job: Job, threads: int | None, work: Path, calib
 
 
 def _loadavg() -> float | None:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    avg = loadavg()
+    return float(avg[0]) if avg else None
 
 
 def _median(xs) -> float | None:

@@ -9,7 +9,8 @@ A variant is one way to turn a prompt into an image:
   ort-fp32-dpmpp          DPM-Solver++ 2M at fewer steps (--fast-steps)
   ort-<recipe>[-loop|-unrolled|-dpmpp]
                           a quantized model folder: same layout as an export, `quantization` in its
-                          manifest (found among --variants-dir's sub-folders, default MODEL's siblings)
+                          manifest (built by --quantize RECIPE, else found among --variants-dir's sub-folders,
+                          default MODEL's siblings)
   optimum-ort             Hugging Face Optimum's ORTStableDiffusionPipeline on our folder (.venv-optimum)
   openvino-fp32, openvino-int8-hybrid
                           optimum-intel's OVStableDiffusionPipeline on the diffusers source (.venv-openvino)
