@@ -190,7 +190,7 @@ SLOW_FIXTURES = {
     "static_folder", "quantized", "scheduled", "calib",  # quantize() with calibration
     "tiny_loops", "sdxl_loops", "sd3_loops",  # compile-loop, every form
     "tiny_sdxl_onnx", "tiny_sd3_onnx", "tiny_flux_onnx", "tiny_qwenimage_onnx", "sd3_without_t5",  # family exports
-    "flux", "qwen", "flux_pair", "qwen_pair",  # diffusers pipelines of the flow families
+    "tiny_flux_diffusers", "tiny_qwenimage_diffusers", "flux", "qwen", "flux_pair", "qwen_pair",  # the flow families
     "bench_models", "bench_run", "peer_bench",  # bench runs
     "serve_models", "server", "rendered",  # the service and batch
 }
@@ -198,10 +198,13 @@ SLOW_MODULES = {
     "test_quantize_files.py", "test_quantize_groups.py", "test_quantize_lowbit.py", "test_quantize_bias.py",
     "test_quantize_int4_algorithms.py", "test_quantize_components.py", "test_family_quantize.py",
     "test_precision_schedule.py", "test_signals.py", "test_serve_ray.py", "test_mmdit_model.py",
+    "test_embedded_model.py",  # diffusers vs ONNX Runtime on the embedded models (71 s loaded for 5 tests)
 }
+SLOW_TESTS = {"test_export_corrupt_weights_leaves_nothing"}  # a whole export (32 s loaded)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SLOW_MODULES or SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if (item.path.name in SLOW_MODULES or item.originalname in SLOW_TESTS
+                or SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)
