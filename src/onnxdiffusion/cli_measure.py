@@ -85,7 +85,7 @@ def bench(
         help="timed repeats per variant, interleaved, after warm-up (default 5); --isolate: rounds (default 3)")] = None,
     prompts: Annotated[Optional[int], typer.Option(help="held-out prompts for the quality columns (default 16)")] = None,
     batch: Annotated[int, typer.Option(help="batch size of the quality pass")] = 8,
-    guidance: Annotated[Optional[float], typer.Option(help="default: the model's evaluated guidance, else 4.0")] = None,
+    guidance: Annotated[Optional[float], typer.Option(help="default: the model's evaluated guidance (--arch sd15: 7.5), else 4.0")] = None,
     size: Annotated[Optional[int], typer.Option(help="image height = width (default: the model's)")] = None,
     threads: Annotated[Optional[int], typer.Option(help="intra-op threads for every runtime (default: libraries')")] = None,
     rss: Annotated[str, typer.Option(help="subprocess (peak RSS per variant in a fresh process) | off")] = "subprocess",

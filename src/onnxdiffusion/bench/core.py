@@ -96,7 +96,8 @@ def _run_bench(options: BenchOptions) -> dict:
     notes: list[str] = []
     model, manifest, source, sampler, work = _model(opts, rec, notes)
     if opts.guidance is None:
-        opts = replace(opts, guidance=_default_guidance(source, rec))
+        arch_guidance = ARCHES[opts.arch].guidance if opts.arch else None
+        opts = replace(opts, guidance=arch_guidance if arch_guidance is not None else _default_guidance(source, rec))
     info = manifest["pipeline"]
     height = width = opts.size or int(info["default_height"])
     if opts.size is None:

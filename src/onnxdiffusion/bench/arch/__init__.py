@@ -51,6 +51,9 @@ def _fullwidth(arch: str, work: Path, threads: int, progress: bool) -> None:
          arch, "exporting it", progress)
 
 
+QUANTIZE_ARGS = ("--calib-count", "4", "--calib-steps", "4", "--latency-runs", "3", "--no-quality")
+
+
 @dataclass(frozen=True)
 class Arch:
     what: str
@@ -59,12 +62,14 @@ class Arch:
     build: Callable[[str, Path, int, bool], None]
     # `bench --quantize` on this random-weight model: calibration kept small (its statistics only set the int8
     # ranges; images are noise either way), no quality probes (meaningless on random weights)
-    quantize_args: tuple[str, ...] = ("--calib-count", "4", "--calib-steps", "4", "--latency-runs", "3", "--no-quality")
+    quantize_args: tuple[str, ...] = QUANTIZE_ARGS
+    guidance: float | None = None  # the bench's default guidance (None: the folder's evaluated one, else 4.0)
 
 
 ARCHES = {
     "sd15": Arch("Stable Diffusion v1.5-sized components", 10,
-                 ("torch-fp32", "ort-fp32", "ort-fp32-dpmpp", "optimum-ort"), _sd15),
+                 ("torch-fp32", "ort-fp32", "ort-fp32-dpmpp", "optimum-ort"), _sd15,
+                 QUANTIZE_ARGS + ("--calib-guidance", "7.5"), 7.5),  # SD1.5's usual guidance (the committed figures')
     "sd15-tiny": Arch("Stable Diffusion v1.5's block types, narrow (a smoke-test model)", 4,
                       ("torch-fp32", "ort-fp32"), _sd15),
     "sdxl": Arch("SDXL-base widths (UNet 320/640/1280, CLIP-L + OpenCLIP-bigG), fewer transformer blocks", 4,
