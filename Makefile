@@ -1,4 +1,5 @@
-# The two commands in the README: `make demo` (main job on the embedded model) and `make test`.
+# The two commands in the README: `make demo` (main job on the embedded model) and `make test`; `make test-fast`
+# is the inner loop (the suite without its slow, browser and peer tests).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,7 @@ MODEL_CONFIG ?= models/training/configs/shapes-sd.json
 MMDIT_CONFIG ?= models/training/configs/shapes-mmdit.json
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test install-run install-dev model model-export model-mmdit model-mmdit-export peers web-deps web clean
+.PHONY: demo test test-fast install-run install-dev model model-export model-mmdit model-mmdit-export peers web-deps web clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,6 +54,10 @@ web: web-deps
 
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -p no:cacheprovider
+
+# the inner loop: the suite without the tests marked slow, browser or peers (pyproject.toml's markers)
+test-fast: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not slow and not browser and not peers"
 
 # Retrain the embedded model from scratch (about two hours on 2 CPU cores), then export it.
 model: $(VENV)/.dev-installed

@@ -30,7 +30,7 @@ def main() -> None:
              "Runtime fp32 (host loop, same sampler), batch 1, same initial latents; latency is the median of the "
              "interleaved repeats; peak RSS of a fresh process that loads the variant and generates one image. The "
              "machine (2 cores) was shared with other jobs: treat ratios as indicative. Configs: "
-             "`bench/fullwidth.py` (profile `bench`), stated per row.", "",
+             "`src/onnxdiffusion/bench/arch/fullwidth.py` (profile `bench`), stated per row.", "",
              "| arch | config (backbone depth / released; encoders) | size | steps | PyTorch e2e s | ORT e2e s | "
              "speedup | PyTorch step s | ORT step s | PyTorch peak RSS GiB | ORT peak RSS GiB | ORT model GiB |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The peers table of the full-size report: bench/sd15_int8_measure.py runs (1 thread, all cores) -> MD + plot.
+"""The peers table of the full-size report: experiments/sd15/sd15_int8_measure.py runs (1 thread, all cores) -> MD + plot.
 
 Reads the measure script's JSON files (one per thread count, same variants, interleaved in each), writes a
 markdown table per thread count with ours int8-static's ratios against every other row (end to end by CPU

@@ -164,6 +164,7 @@ def _chromium(*args, timeout=120):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium not installed (bash bench/install_chromium.sh)")
 def test_report_renders_in_headless_chromium(bench_run, tmp_path):
     out, _ = bench_run

@@ -17,6 +17,8 @@ import pytest
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.runtime import Pipeline
 
+pytestmark = pytest.mark.peers  # make test-fast leaves the peers out (make test runs them)
+
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMUM_PYTHON = ROOT / ".venv-optimum" / "bin" / "python"
 SCRIPT = ROOT / "bench" / "optimum_interop.py"

@@ -16,6 +16,8 @@ import pytest
 
 from cli_helpers import run_cli
 
+pytestmark = pytest.mark.peers  # make test-fast leaves the peers out (make test runs them)
+
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = os.environ.get("ONNXDIFFUSION_REQUIRE_PEERS") == "1"
 PEERS = {  # variant -> venv

@@ -381,6 +381,7 @@ def test_metrics_are_prometheus_text(server):
 
 
 # -- the web page in headless Chromium ---------------------------------------------------------
+@pytest.mark.browser
 @pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
                     reason="/usr/bin/chromium or chromedriver not installed (bash bench/install_chromium.sh)")
 def test_web_page_in_headless_chromium(server, tmp_path):

@@ -48,8 +48,8 @@ def export(
     src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, or a single-file .safetensors checkpoint "
                                              "(A1111/ComfyUI layout; with --config)")],
     out: Annotated[Path, typer.Argument(help="output model folder")],
-    opset: int = 17,
-    overwrite: bool = False,
+    opset: Annotated[int, typer.Option(help="ONNX opset of the exported graphs")] = 17,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="skip the PyTorch comparison")] = False,
     no_fuse_attention: Annotated[bool, typer.Option(
         "--no-fuse-attention", help="plain ONNX attention (portable beyond ONNX Runtime, slower on it)")] = False,
@@ -91,20 +91,20 @@ def export(
 @app.command()
 def generate(
     args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT (MODEL defaults to the embedded model)")],
-    negative_prompt: Annotated[Optional[str], typer.Option("--negative-prompt", "-n")] = None,
+    negative_prompt: Annotated[Optional[str], typer.Option("--negative-prompt", "-n", help="what the image should not show (default: the empty prompt)")] = None,
     steps: Annotated[Optional[int], typer.Option(help="1..1000 (default: the model's recommended, else 20)")] = None,
     sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the one the folder's scheduler_config.json names")] = None,
     guidance: Annotated[Optional[float], typer.Option(
         help="0..100, <= 1 turns guidance off (default: the model's recommended, else 7.5)")] = None,
     seed: Annotated[int, typer.Option(help="0..2**63-1")] = 0,
-    height: Optional[int] = None,
-    width: Optional[int] = None,
-    batch: int = 1,
-    spacing: Optional[str] = None,
-    provider: str = "cpu",
+    height: Annotated[Optional[int], typer.Option(help="image height in pixels (default: the model's)")] = None,
+    width: Annotated[Optional[int], typer.Option(help="image width in pixels (default: the model's)")] = None,
+    batch: Annotated[int, typer.Option(help="images per prompt (1..4096), written as OUT-0.png, OUT-1.png, ...")] = 1,
+    spacing: Annotated[Optional[str], typer.Option(help="timestep spacing: leading | trailing | linspace (default: the scheduler config's)")] = None,
+    provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
     cache: Annotated[Optional[str], typer.Option(help="step caching (host loop): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] (transformers) | deepcache:INTERVAL[:BRANCH] (UNets)")] = None,
-    output: Annotated[Path, typer.Option("--output", "-o")] = Path("out.png"),
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")] = None,
@@ -205,12 +205,12 @@ def compile_loop_cmd(
     model: Annotated[Path, typer.Argument(help="exported model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (may equal MODEL to add in place)")],
     form: Annotated[str, typer.Option(help="loop (step count at run time) | unrolled (fixed --steps)")] = "loop",
-    steps: Optional[int] = None,
+    steps: Annotated[Optional[int], typer.Option(help="--form unrolled: the fixed step count it unrolls")] = None,
     whole: Annotated[bool, typer.Option(help="token ids in, uint8 image out: text encoder + loop + VAE decoder")] = False,
     cpu_tuned: Annotated[Optional[bool], typer.Option(
         "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
                                        "as the host loop, checked against the CPU at load) or a portable one")] = None,
-    overwrite: bool = False,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
     from .loops import compile_loop
@@ -237,13 +237,13 @@ def quantize(
         help="run a higher-precision backbone at the steps where the quantized one hurts the image most, chosen by "
              "measured per-step sensitivity: auto | K (steps) | KEY=VALUE,... (steps, target, max_latency, "
              "precision=fp32|fp16, prompts)")] = None,
-    provider: str = "cpu",
+    provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     threads: Annotated[int, typer.Option(help="ONNX Runtime threads for calibration and latency")] = 1,
-    latency_runs: int = 30,
+    latency_runs: Annotated[int, typer.Option(help="timed backbone calls per side for the report's latency ratio")] = 30,
     quality: Annotated[bool, typer.Option(help="measure backbone SQNR and probe-image PSNR vs fp32 (--no-quality: skip, e.g. random weights)")] = True,
     require_speedup: Annotated[bool, typer.Option(help="fail (no output) unless the backbone is measurably faster than fp32")] = False,
     force: Annotated[bool, typer.Option(help="quantize a folder that is already quantized")] = False,
-    overwrite: bool = False,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Quantize a model folder with a typed recipe; writes the folder and quantize_report.json, prints the report."""
     from .quantize import CalibrationConfig, QuantizeConfig, quantize as run_quantize, recipe_class

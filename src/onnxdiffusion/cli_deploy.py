@@ -48,7 +48,7 @@ def relayout_cmd(
     model: Annotated[Path, typer.Argument(help="model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (other files hard-linked)")],
     min_mb: Annotated[float, typer.Option(help="components with at least this many MB of weights get an external-data file")] = 64.0,
-    overwrite: bool = False,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Copy a model folder with its large components' weights in external-data files beside their graphs:
     ONNX Runtime then holds each weight once (inline ones twice), a lower resident set at the same speed."""
@@ -61,8 +61,8 @@ def relayout_cmd(
 @app.command()
 def serve(
     models: Annotated[Optional[list[str]], typer.Argument(help="model folders, FOLDER or NAME=FOLDER (default: the embedded model)")] = None,
-    host: str = "127.0.0.1",
-    port: int = 8000,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port to listen on")] = 8000,
     buckets: Annotated[str, typer.Option(help="sizes WIDTHxHEIGHT, comma-separated; requests snap to the nearest; the first is the default")] = "64x64,128x128,96x96,64x128,128x64",
     max_queue: Annotated[int, typer.Option(help="queued jobs before new ones get 503 + Retry-After")] = 64,
     timeout: Annotated[float, typer.Option(help="per-request timeout in seconds (0: none)")] = 120.0,

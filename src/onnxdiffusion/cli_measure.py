@@ -20,7 +20,7 @@ def evaluate(
     sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the folder's scheduler")] = None,
     guidance: Annotated[Optional[float], typer.Option(help="default: the model's recommended, else 7.5")] = None,
     batch: Annotated[int, typer.Option(help="1..4096 images per run")] = 32,
-    provider: str = "cpu",
+    provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON result (default: none, summary only)")] = None,
     grid: Annotated[Optional[Path], typer.Option(help="also save a grid of the first 64 images")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace existing output files")] = False,
@@ -81,15 +81,26 @@ def bench(
         help="folder whose sub-folders are quantized model folders (default: MODEL's siblings)")] = None,
     steps: Annotated[Optional[int], typer.Option(help="steps (default 20; --arch sd15: 10, the full-width families: 4)")] = None,
     fast_steps: Annotated[Optional[int], typer.Option(help="DPM-Solver++ 2M steps for *-dpmpp (default steps/2)")] = None,
-    repeats: Annotated[int, typer.Option(help="timed repeats per variant, interleaved, after warm-up")] = 5,
+    repeats: Annotated[Optional[int], typer.Option(
+        help="timed repeats per variant, interleaved, after warm-up (default 5); --isolate: rounds (default 3)")] = None,
     prompts: Annotated[Optional[int], typer.Option(help="held-out prompts for the quality columns (default 16)")] = None,
     batch: Annotated[int, typer.Option(help="batch size of the quality pass")] = 8,
-    guidance: Annotated[Optional[float], typer.Option(help="default: the model's evaluated guidance, else 4.0")] = None,
+    guidance: Annotated[Optional[float], typer.Option(help="default: the model's evaluated guidance (--arch sd15: 7.5), else 4.0")] = None,
     size: Annotated[Optional[int], typer.Option(help="image height = width (default: the model's)")] = None,
     threads: Annotated[Optional[int], typer.Option(help="intra-op threads for every runtime (default: libraries')")] = None,
     rss: Annotated[str, typer.Option(help="subprocess (peak RSS per variant in a fresh process) | off")] = "subprocess",
-    arch: Annotated[Optional[str], typer.Option(help="sd15 | sdxl | sd3 | flux | qwenimage: full-size (sd15) or full-width random-weight model, speed/memory/size only")] = None,
-    work: Annotated[Optional[Path], typer.Option(help="--arch: build folder (default /tmp/ARCH-bench)")] = None,
+    arch: Annotated[Optional[str], typer.Option(help="sd15 | sd15-tiny | sdxl | sd3 | flux | qwenimage: full-size (sd15) or full-width random-weight model, speed/memory/size only")] = None,
+    work: Annotated[Optional[Path], typer.Option(
+        help="--arch: build folder (default /tmp/ARCH-bench); also where --quantize caches its folders (WORK/quantized; "
+             "default without --arch: ~/.cache/onnxdiffusion/bench-quantized) and peers their converted models")] = None,
+    quantize: Annotated[Optional[list[str]], typer.Option(
+        "--quantize", help="RECIPE[,RECIPE]: build these quantized siblings first (onnxdiffusion quantize, cached by the "
+                           "model's content hash + recipe) and bench them as ort-RECIPE")] = None,
+    isolate: Annotated[bool, typer.Option(
+        "--isolate", help="measure each variant in fresh processes, interleaved rounds: CPU time and peak RSS per phase "
+                          "(speed and memory only, no quality columns)")] = False,
+    memory: Annotated[Optional[str], typer.Option(
+        help="memory options for our ONNX Runtime variants, as generate --memory (e.g. lean)")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("bench-out"),
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) for the ONNX Runtime variants")] = None,
@@ -103,11 +114,14 @@ def bench(
     models = list(models or [])
     if len(models) > 1 and arch is not None:
         raise UserError("--arch builds its own model; name no model folder with it")
+    from .bench.quantized import parse_recipes
+
     options = BenchOptions(
         model=models[0] if models else None, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps,
         fast_steps=fast_steps,
         repeats=repeats, prompts=prompts, batch=batch, guidance=guidance, size=size, threads=threads, rss=rss,
         arch=arch, work=work, out=out, progress=not quiet, profile=profile, embed_images=not link_images,
+        quantize=parse_recipes(quantize), isolate=isolate, memory=memory,
     )
     if profile is not None:
         from .profiles import resolve

@@ -37,6 +37,8 @@ class VariantState:
     timing_final: np.ndarray | None = None
     memory: dict = field(default_factory=dict)
     error: str | None = None
+    rounds: list[dict] = field(default_factory=list)  # --isolate: every round's record
+    isolated: dict | None = None  # --isolate: medians over the rounds (isolate.summarize)
 
     @property
     def ok(self) -> bool:
@@ -111,6 +113,7 @@ def _timing(gens: list[Generation], steps: int) -> dict:
         "text_encoder_median_s": _median(te),
         "sampling_median_s": _median(sampling),
         "backbone_step_median_s": per_step,
+        "backbone_step_cpu_median_s": _median([s for g in gens for s in g.step_cpu_s or []]) if measured else None,
         "backbone_step_source": source,
         "vae_median_s": _median(vae),
         "other_median_s": _median([g.total_s - g.text_encoder_s - g.sampling_s - g.vae_s for g in gens]),
@@ -154,6 +157,24 @@ def _quality(st: VariantState, ref: VariantState | None, scenes, judge, prompts:
     return q
 
 
+RATIO_KEYS = {"e2e_wall": ("e2e_median_s",), "e2e_cpu": ("e2e_cpu_median_s",), "step_wall": ("backbone_step_median_s",),
+              "step_cpu": ("backbone_step_cpu_median_s",)}
+
+
+def _ratios(rows: list[dict], ref: dict) -> None:
+    """Each row's `vs_reference`: its median over the reference's (times and peak RSS; below 1 = faster/smaller)."""
+    for r in rows:
+        t, base = r.get("timing") or {}, ref.get("timing") or {}
+        out = {}
+        for name, (key,) in RATIO_KEYS.items():
+            if t.get(key) and base.get(key):
+                out[name] = t[key] / base[key]
+        if r.get("peak_rss_bytes") and ref.get("peak_rss_bytes"):
+            out["peak_rss"] = r["peak_rss_bytes"] / ref["peak_rss_bytes"]
+        if out:
+            r["vs_reference"] = out
+
+
 def assemble(opts, model: Path, manifest: dict, source: Path | None, states: list[VariantState], scenes,
               judge, notes: list[str], height: int, width: int, machine: dict) -> dict:
     by = {st.spec.name: st for st in states}
@@ -179,6 +200,9 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
             row["timing"] = _timing(st.gens, s.steps)
             row["memory"] = st.memory
             row["peak_rss_bytes"] = st.memory.get("peak_rss_bytes")
+            if st.rounds:  # --isolate
+                row["isolated"] = st.isolated
+                row["rounds"] = st.rounds
             if row["status"] == "ok" and opts.arch is None:
                 row["quality"] = _quality(st, by.get(fid_ref), scenes, judge, opts.prompts)
         rows.append(row)
@@ -190,7 +214,9 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
                 r["speedup_vs_ref"] = base["e2e_median_s"] / t["e2e_median_s"]
                 if t.get("backbone_step_median_s") and base.get("backbone_step_median_s"):
                     r["step_speedup_vs_ref"] = base["backbone_step_median_s"] / t["backbone_step_median_s"]
-    if opts.repeats < 5:
+    if speed_ref:
+        _ratios(rows, next(r for r in rows if r["name"] == speed_ref))
+    if opts.repeats < 5 and not opts.isolate:
         notes.append(f"only {opts.repeats} timed repeats (fewer than 5): treat the latency columns as rough.")
     return {
         "what": "onnxdiffusion bench",
@@ -202,6 +228,7 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
             "steps": opts.steps, "fast_steps": opts.fast_steps, "repeats": opts.repeats, "prompts": opts.prompts,
             "batch": opts.batch, "guidance": opts.guidance, "height": height, "width": width,
             "threads": opts.threads, "rss": opts.rss, "profile": opts.profile, "timed_job": "1 prompt, batch 1, seed 0",
+            "isolate": opts.isolate, "memory": opts.memory, "quantize": list(opts.quantize),
             "variants_requested": list(opts.variants),
         },
         "speed_reference": speed_ref,

@@ -25,14 +25,14 @@ from pathlib import Path
 from .. import scenes as S
 from ..artifacts import check_external_paths, read_manifest, verify_folder
 from ..errors import UserError
-from ..paths import default_model_folder
+from ..paths import default_model_folder, shown_path
 from . import memory
 from .assemble import VariantState as _State
 from .assemble import assemble, image_sets
 from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, make_runner, probe_peer
 from .variants import PlanOptions, folder_variant, plan_variants, select, source_folder
 
-from .fullsize import ARCHES
+from .arch import ARCHES
 from .setup import (_check_out, _default_guidance, _is_folder_name, _loadavg, _Progress, _release_memory, _resolve,
                     machine_info, recommended)
 
@@ -44,9 +44,9 @@ class BenchOptions:
     model: Path | None = None
     variants: tuple[str, ...] = ()
     variants_dir: Path | None = None
-    steps: int | None = None  # steps of the main sampler (default 20; --arch: fullsize.ARCHES)
+    steps: int | None = None  # steps of the main sampler (default 20; --arch: arch.ARCHES)
     fast_steps: int | None = None  # DPM-Solver++ 2M steps (default steps // 2)
-    repeats: int = 5
+    repeats: int | None = None  # timed repeats (default 5); --isolate: rounds of fresh processes (default 3)
     prompts: int | None = None  # held-out prompts for the quality columns (default 16; sd15: none)
     batch: int = 8
     guidance: float | None = None  # None: the model's chosen guidance (its eval.json), else 4.0
@@ -54,13 +54,16 @@ class BenchOptions:
     threads: int | None = None  # intra-op threads for every runtime (None: each library's default)
     out: Path = Path("bench-out")
     rss: str = "subprocess"  # subprocess | off
-    arch: str | None = None  # None (the given model) | fullsize.ARCHES (random weights, speed/memory/size only)
+    arch: str | None = None  # None (the given model) | arch.ARCHES (random weights, speed/memory/size only)
     work: Path | None = None  # --arch: where the model is built (reused when present)
     progress: bool = True
     judge_path: Path | None = None
     peer_timeout: float = 3600.0
     profile: str | None = None  # hardware profile (name or YAML) for the ONNX Runtime variants
     embed_images: bool = True  # report.html embeds its PNGs (False: links the files beside it)
+    quantize: tuple[str, ...] = ()  # recipes whose quantized siblings the run builds first (quantized.py)
+    isolate: bool = False  # every variant in fresh processes, interleaved rounds (isolate.py)
+    memory: str | None = None  # Pipeline.from_folder(memory=...) for our ONNX Runtime variants (e.g. lean)
 
 
 def run_bench(options: BenchOptions) -> dict:
@@ -91,33 +94,10 @@ def _run_bench(options: BenchOptions) -> dict:
     machine = machine_info()  # load average before any model runs
     out = _check_out(opts.out, create=False)  # fail before anything runs; created once the plan is good
     notes: list[str] = []
-
-    sampler = rec.get("sampler")  # the model's own: its manifest's recommended sampler, else its scheduler's
-    if opts.arch is not None:
-        from ..samplers.config import default_sampler
-        from .fullsize import default_work, prepare
-
-        model, source, note = prepare(opts.arch, opts.work or default_work(opts.arch), opts.threads or 1,
-                                      progress=opts.progress)
-        manifest = read_manifest(model)
-        notes.append(note)
-        sampler = default_sampler(json.loads((model / "scheduler" / "scheduler_config.json").read_text()))
-    else:
-        model = Path(opts.model) if opts.model is not None else default_model_folder()
-        manifest = read_manifest(model)
-        # an untrusted MODEL is refused up front, not reported as a failed row
-        verify_folder(model, manifest)
-        check_external_paths(model, manifest)
-        source = source_folder(model, manifest)
-        if sampler is None:
-            from ..samplers.config import default_sampler
-
-            sched = model / "scheduler" / "scheduler_config.json"
-            sampler = default_sampler(json.loads(sched.read_text())) if sched.is_file() else "ddim"
-    if opts.variants_dir is not None and not Path(opts.variants_dir).is_dir():
-        raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")
+    model, manifest, source, sampler, work = _model(opts, rec, notes)
     if opts.guidance is None:
-        opts = replace(opts, guidance=_default_guidance(source, rec))
+        arch_guidance = ARCHES[opts.arch].guidance if opts.arch else None
+        opts = replace(opts, guidance=arch_guidance if arch_guidance is not None else _default_guidance(source, rec))
     info = manifest["pipeline"]
     height = width = opts.size or int(info["default_height"])
     if opts.size is None:
@@ -125,9 +105,101 @@ def _run_bench(options: BenchOptions) -> dict:
     m = int(info["size_multiple"])
     if height % m or width % m:
         raise UserError(f"--size must be a multiple of {m} for this model, got {height}")
+    quantized = _quantized(opts, model, work, notes)
+    states = _plan(opts, model, manifest, source, sampler, quantized, notes)
+    active = [st for st in states if st.ok]
+    if not active:
+        raise UserError("no variant can run: " + "; ".join(f"{st.spec.name}: {st.spec.skip}" for st in states))
+    out = _check_out(out)
 
-    plan = plan_variants(model, manifest, source, PlanOptions(steps=opts.steps, fast_steps=opts.fast_steps,
-                                                              variants_dir=opts.variants_dir, sampler=sampler))
+    quality = opts.arch is None and opts.prompts > 0 and not opts.isolate
+    if opts.isolate and opts.arch is None and opts.prompts > 0:
+        notes.append("--isolate measures speed and memory only: the quality columns are left out (run without "
+                     "--isolate for them).")
+    scenes = S.scenes("heldout", max(opts.prompts, 1))
+    judge = _judge(opts, height, width, notes) if quality else None
+
+    from ..evaluate.run import item_latents
+    from ..families import get_family
+
+    latent_shape = get_family(manifest.get("family")).latent_shape(info, 1, height, width)[1:]
+    timing_job = Job([scenes[0].caption], item_latents(latent_shape, [0]), opts.guidance, height, width)
+    batches = []
+    if quality:
+        for start in range(0, opts.prompts, opts.batch):
+            chunk = scenes[start:start + opts.batch]
+            seeds = list(range(start, start + len(chunk)))
+            batches.append(Job([sc.caption for sc in chunk], item_latents(latent_shape, seeds), opts.guidance,
+                               height, width))
+    calib = [sc.caption for sc in S.scenes("calib", 16)]
+    if opts.isolate:
+        from .isolate import run_isolated
+
+        bar = _Progress(len(active) * opts.repeats, opts.progress)
+        peer_dir = work / "peers" if work is not None else out / "_peers"
+        run_isolated(active, timing_job, opts.repeats, opts.threads, opts.profile, opts.memory, out / "_isolate",
+                     peer_dir, calib, bar.step)
+        shutil.rmtree(out / "_isolate", ignore_errors=True)
+        bar.close()
+    else:
+        _measure_in_process(opts, active, timing_job, batches, (sampler, opts.steps), out / "_peers", calib)
+
+    results = assemble(opts, model, manifest, source, states, scenes, judge, notes, height, width, machine)
+    results["bench_seconds"] = round(time.perf_counter() - t_start, 1)
+    results["machine"]["loadavg_end"] = _loadavg()
+    if quantized:
+        results["quantized"] = quantized[1]
+    from .report import write_all
+
+    results["files"] = write_all(out, results, image_sets(states, results), embed=options.embed_images)
+    return results
+
+
+def _model(opts, rec: dict, notes: list[str]):
+    """(model folder, manifest, diffusers source, main sampler, work folder or None): --arch's, built if needed,
+    else the given (or embedded) model, verified."""
+    sampler = rec.get("sampler")  # the model's own: its manifest's recommended sampler, else its scheduler's
+    from ..samplers.config import default_sampler
+
+    if opts.arch is not None:
+        from .arch import default_work, prepare
+
+        work = Path(opts.work or default_work(opts.arch)).resolve()
+        model, source, note = prepare(opts.arch, work, opts.threads or 1, progress=opts.progress)
+        notes.append(note)
+        sampler = default_sampler(json.loads((model / "scheduler" / "scheduler_config.json").read_text()))
+        return model, read_manifest(model), source, sampler, work
+    model = Path(opts.model) if opts.model is not None else default_model_folder()
+    manifest = read_manifest(model)
+    # an untrusted MODEL is refused up front, not reported as a failed row
+    verify_folder(model, manifest)
+    check_external_paths(model, manifest)
+    source = source_folder(model, manifest)
+    if sampler is None:
+        sched = model / "scheduler" / "scheduler_config.json"
+        sampler = default_sampler(json.loads(sched.read_text())) if sched.is_file() else "ddim"
+    return model, manifest, source, sampler, (Path(opts.work).resolve() if opts.work is not None else None)
+
+
+def _quantized(opts, model: Path, work: Path | None, notes: list[str]) -> tuple[list[Path], list[dict]] | None:
+    """--quantize: the quantized siblings, built (or found in the cache) before anything is measured."""
+    if not opts.quantize:
+        return None
+    from .quantized import build_siblings, default_cache
+
+    args = ARCHES[opts.arch].quantize_args if opts.arch else ()
+    folders, records = build_siblings(model, opts.quantize, default_cache(work), args, opts.threads, opts.progress)
+    made = ", ".join(r["recipe"] + (": cached" if r["cached"] else f": built in {r['seconds']:.0f} s") for r in records)
+    notes.append(f"--quantize {made} (onnxdiffusion quantize {' '.join(args)}; cache {shown_path(default_cache(work))}).")
+    return folders, records
+
+
+def _plan(opts, model: Path, manifest: dict, source, sampler: str, quantized, notes: list[str]) -> list[_State]:
+    if opts.variants_dir is not None and not Path(opts.variants_dir).is_dir():
+        raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")
+    plan = plan_variants(model, manifest, source, PlanOptions(
+        steps=opts.steps, fast_steps=opts.fast_steps, variants_dir=opts.variants_dir, sampler=sampler,
+        quantized=tuple(quantized[0]) if quantized else None))
     names = [n.strip() for item in opts.variants for n in item.split(",") if n.strip()]
     if opts.arch and not names:  # full size: the main rows, plus any quantized folder found beside the model
         names = list(ARCHES[opts.arch].variants) + [s.name for s in plan if s.kind == "ort" and s.precision != "fp32"
@@ -141,47 +213,33 @@ def _run_bench(options: BenchOptions) -> dict:
     for s in chosen:
         if s.kind == "peer" and s.skip is None:
             s.skip = probe_peer(s.peer_python, s.peer)
-    states = [_State(s) for s in chosen]
-    active = [st for st in states if st.ok]
-    if not active:
-        raise UserError("no variant can run: " + "; ".join(f"{st.spec.name}: {st.spec.skip}" for st in states))
-    out = _check_out(out)
+    return [_State(s) for s in chosen]
 
-    quality = opts.arch is None and opts.prompts > 0
-    scenes = S.scenes("heldout", max(opts.prompts, 1))
+
+def _judge(opts, height: int, width: int, notes: list[str]):
     judge, judge_note = None, None
-    if quality:
-        if (height, width) != (S.IMAGE_SIZE, S.IMAGE_SIZE):
-            judge_note = f"judge columns left out: the judge reads {S.IMAGE_SIZE}x{S.IMAGE_SIZE} images, this run makes {height}x{width}"
-        else:
-            from ..evaluate.judge import Judge
+    if (height, width) != (S.IMAGE_SIZE, S.IMAGE_SIZE):
+        judge_note = f"judge columns left out: the judge reads {S.IMAGE_SIZE}x{S.IMAGE_SIZE} images, this run makes {height}x{width}"
+    else:
+        from ..evaluate.judge import Judge
 
-            try:
-                judge = Judge.from_file(opts.judge_path, threads=opts.threads)
-            except FileNotFoundError as e:
-                judge_note = f"judge columns left out: {e}"
-        if judge_note:
-            notes.append(judge_note)
+        try:
+            judge = Judge.from_file(opts.judge_path, threads=opts.threads)
+        except FileNotFoundError as e:
+            judge_note = f"judge columns left out: {e}"
+    if judge_note:
+        notes.append(judge_note)
+    return judge
 
-    from ..families import get_family
 
-    latent_shape = get_family(manifest.get("family")).latent_shape(info, 1, height, width)[1:]
-    from ..evaluate.run import item_latents
-
-    timing_job = Job([scenes[0].caption], item_latents(latent_shape, [0]), opts.guidance, height, width)
-    batches = []
-    if quality:
-        for start in range(0, opts.prompts, opts.batch):
-            chunk = scenes[start:start + opts.batch]
-            seeds = list(range(start, start + len(chunk)))
-            batches.append(Job([sc.caption for sc in chunk], item_latents(latent_shape, seeds), opts.guidance,
-                               height, width))
-
+def _measure_in_process(opts, active: list[_State], timing_job: Job, batches: list[Job], ref_steps: tuple,
+                        peer_dir: Path, calib: list[str]) -> None:
+    """Steps 2-6 of the module docstring: every variant loaded at once, first call, quality pass, timed repeats
+    interleaved, then each variant's peak RSS in a fresh process."""
+    height, width = timing_job.height, timing_job.width
     n_work = len(active) * (2 + len(batches) + opts.repeats + (opts.rss == "subprocess"))
     bar = _Progress(n_work, opts.progress)
-    cache = _PipelineCache(opts.threads, "cpu", opts.profile)
-    peer_dir = out / "_peers"
-    calib = [sc.caption for sc in S.scenes("calib", 16)]
+    cache = _PipelineCache(opts.threads, "cpu", opts.profile, opts.memory)
     try:
         # -- 2. load ------------------------------------------------------------------------------
         for st in active:
@@ -222,7 +280,6 @@ def _run_bench(options: BenchOptions) -> dict:
             bar.step(f"first call {st.spec.name}")
 
         # -- 4. quality pass ------------------------------------------------------------------------
-        ref_steps = (sampler, opts.steps)
         for st in active:
             for job in batches:
                 capture = st.spec.host_loop and (st.spec.sampler, st.spec.steps) == ref_steps
@@ -272,13 +329,6 @@ def _run_bench(options: BenchOptions) -> dict:
             bar.step(f"memory {st.spec.name}")
     bar.close()
 
-    results = assemble(opts, model, manifest, source, states, scenes, judge, notes, height, width, machine)
-    results["bench_seconds"] = round(time.perf_counter() - t_start, 1)
-    results["machine"]["loadavg_end"] = _loadavg()
-    from .report import write_all
-
-    results["files"] = write_all(out, results, image_sets(states, results), embed=options.embed_images)
-    return results
 
 
 __all__ = ["BenchOptions", "run_bench"]

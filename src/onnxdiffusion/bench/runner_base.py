@@ -24,6 +24,7 @@ class Generation:
     # CPU seconds of the process that ran the model (all its threads): with 1 thread it leaves out the time other
     # processes held the core, so on a loaded machine it is the steadier measure of the work itself
     cpu_s: float | None = None
+    step_cpu_s: list[float] | None = None  # CPU seconds per step, where step_s is measured in this process
 
     @property
     def steps_measured(self) -> bool:

@@ -29,8 +29,8 @@ PEER_WORKER = Path(__file__).with_name("peer_worker.py")
 class _PipelineCache:
     """One loaded Pipeline per model folder, shared by the variants of that folder (fp32 DDIM, DPM++, loops)."""
 
-    def __init__(self, threads: int | None, provider: str, profile: str | None = None):
-        self.threads, self.provider, self.profile = threads, provider, profile
+    def __init__(self, threads: int | None, provider: str, profile: str | None = None, memory: str | None = None):
+        self.threads, self.provider, self.profile, self.memory = threads, provider, profile, memory
         self.pipes: dict[Path, tuple[object, dict, dict]] = {}
 
     def get(self, folder: Path):
@@ -45,7 +45,7 @@ class _PipelineCache:
             rss0 = current_rss_bytes()
             t0 = time.perf_counter()
             pipe = Pipeline.from_folder(folder, provider=self.provider, verify=False, threads=self.threads,
-                                        profile=self.profile)
+                                        profile=self.profile, memory=self.memory)
             load_s = time.perf_counter() - t0
             sink = {"te": 0.0, "te_end": 0.0, "vae": 0.0, "vae_end": 0.0}
             pipe.encode_prompt = _Timed(pipe.encode_prompt, sink, "te")
@@ -87,20 +87,24 @@ class OrtRunner(Runner):
             batch=len(job.prompts), height=job.height, width=job.width, loop=s.loop,
         )
         steps: list[float] = []
+        steps_cpu: list[float] = []
         lat: list[np.ndarray] = []
         prev = None
+        cprev = None
         result = None
         book = 0.0  # our own bookkeeping (copying latents) is not the model's time
         for ev in events:
-            now = time.perf_counter()
+            now, cnow = time.perf_counter(), time.process_time()
             if isinstance(ev, GenerationResult):
                 result = ev
                 break
             start = prev if prev is not None else sink["te_end"]
             steps.append(now - start)
+            if cprev is not None:  # the first step's CPU start is inside the text encoder's call
+                steps_cpu.append(cnow - cprev)
             if job.capture:
                 lat.append(np.array(ev.latents, copy=True))
-            prev = time.perf_counter()
+            prev, cprev = time.perf_counter(), time.process_time()
             book += prev - now
         total = time.perf_counter() - t_start
         cpu = time.process_time() - c_start
@@ -109,7 +113,7 @@ class OrtRunner(Runner):
         return Generation(
             images=result.images, total_s=total - book, text_encoder_s=sink["te"], sampling_s=sampling,
             vae_s=sink["vae"], step_s=steps if host else None, step_latents=lat if (job.capture and host) else None,
-            final_latents=np.array(result.latents, copy=True), cpu_s=cpu,
+            final_latents=np.array(result.latents, copy=True), cpu_s=cpu, step_cpu_s=steps_cpu if host else None,
         )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .fullsize import ARCHES
+from .arch import ARCHES
 
 # BenchOptions (core.py) is what _resolve takes and returns; not imported here: core imports this module
 
@@ -59,9 +59,10 @@ def _resolve(options, rec: dict | None = None):
         raise UserError(f"unknown --arch {options.arch!r}; choose from {', '.join(ARCHES)}")
     full = options.arch is not None
     steps = options.steps if options.steps is not None else (ARCHES[options.arch].steps if full else (rec or {}).get("steps", 20))
+    repeats = options.repeats if options.repeats is not None else (3 if options.isolate else 5)
     fast = options.fast_steps if options.fast_steps is not None else max(1, steps // 2)
     prompts = options.prompts if options.prompts is not None else (0 if full else 16)
-    for name, v, lo in (("steps", steps, 1), ("fast-steps", fast, 1), ("repeats", options.repeats, 1),
+    for name, v, lo in (("steps", steps, 1), ("fast-steps", fast, 1), ("repeats", repeats, 1),
                         ("batch", options.batch, 1), ("prompts", prompts, 0)):
         if v < lo:
             raise UserError(f"--{name} must be >= {lo}, got {v}")
@@ -72,7 +73,11 @@ def _resolve(options, rec: dict | None = None):
     if options.threads is not None and options.threads < 1:
         raise UserError(f"--threads must be >= 1, got {options.threads}")
     size = options.size if options.size is not None else (256 if full else None)
-    return replace(options, steps=steps, fast_steps=fast, prompts=prompts, size=size)
+    if options.memory is not None:
+        from ..runtime.memory import memory_options
+
+        memory_options(options.memory)  # a bad --memory fails here, before anything runs
+    return replace(options, steps=steps, fast_steps=fast, prompts=prompts, size=size, repeats=repeats)
 
 
 def _default_guidance(source: Path | None, rec: dict | None = None) -> float:
@@ -115,6 +120,10 @@ def _is_folder_name(name: str) -> bool:
     return ("/" in name or name.startswith(".")) and Path(name).is_dir()
 
 
+ISA_FLAGS = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
+             "amx_int8", "amx_bf16"}
+
+
 def machine_info() -> dict:
     import re
 
@@ -122,6 +131,9 @@ def machine_info() -> dict:
     try:
         m = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
         info["cpu"] = m.group(1).strip() if m else None
+        m = re.search(r"^flags\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        # the ISA extensions the int8/bf16 kernels pick between (a VNNI-only and an AMX CPU give other ratios)
+        info["cpu_isa"] = sorted(f for f in (m.group(1).split() if m else []) if f in ISA_FLAGS)
         m = re.search(r"MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text())
         info["mem_total_bytes"] = int(m.group(1)) * 1024 if m else None
         info["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]

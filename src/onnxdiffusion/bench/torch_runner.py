@@ -84,17 +84,20 @@ class TorchRunner(Runner):
         sink["te"] = sink["vae"] = 0.0
         steps: list[float] = []
         lat: list[np.ndarray] = []
-        state = {"prev": None, "last": None, "book": 0.0}
+        steps_cpu: list[float] = []
+        state = {"prev": None, "cprev": None, "last": None, "book": 0.0}
 
         def on_step(pipe, i, t, kwargs):
-            now = time.perf_counter()
+            now, cnow = time.perf_counter(), time.process_time()
             start = state["prev"] if state["prev"] is not None else sink["te_end"]
             steps.append(now - start)
+            if state["cprev"] is not None:  # the first step's CPU start is inside the text encoder's call
+                steps_cpu.append(cnow - state["cprev"])
             x = kwargs["latents"]
             if job.capture:
                 lat.append(x.detach().float().cpu().numpy().copy())
             state["last"] = x.detach().float().cpu().numpy().copy() if i == self.spec.steps - 1 else None
-            state["prev"] = time.perf_counter()
+            state["prev"], state["cprev"] = time.perf_counter(), time.process_time()
             state["book"] += state["prev"] - now
             return {}
 
@@ -112,7 +115,8 @@ class TorchRunner(Runner):
         images = (np.asarray(out.images) * 255).round().astype(np.uint8)
         return Generation(images=images, total_s=total - state["book"], text_encoder_s=sink["te"],
                           sampling_s=sum(steps), vae_s=sink["vae"], step_s=steps,
-                          step_latents=lat if job.capture else None, final_latents=state["last"], cpu_s=cpu)
+                          step_latents=lat if job.capture else None, final_latents=state["last"], cpu_s=cpu,
+                          step_cpu_s=steps_cpu)
 
     def close(self) -> None:
         self.pipe = None

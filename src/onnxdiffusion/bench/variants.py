@@ -9,7 +9,8 @@ A variant is one way to turn a prompt into an image:
   ort-fp32-dpmpp          DPM-Solver++ 2M at fewer steps (--fast-steps)
   ort-<recipe>[-loop|-unrolled|-dpmpp]
                           a quantized model folder: same layout as an export, `quantization` in its
-                          manifest (found among --variants-dir's sub-folders, default MODEL's siblings)
+                          manifest (built by --quantize RECIPE, else found among --variants-dir's sub-folders,
+                          default MODEL's siblings)
   optimum-ort             Hugging Face Optimum's ORTStableDiffusionPipeline on our folder (.venv-optimum)
   openvino-fp32, openvino-int8-hybrid
                           optimum-intel's OVStableDiffusionPipeline on the diffusers source (.venv-openvino)
@@ -31,7 +32,8 @@ from ..artifacts import MANIFEST, read_manifest, verify_folder
 from ..errors import UserError
 from ..paths import embedded_diffusers_folder, models_root, shown_path
 
-KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights")
+KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "fp8",
+                 "nvfp4")
 SUFFIXES = {"": "host", "-loop": "loop", "-unrolled": "unrolled", "-dpmpp": "dpmpp"}
 PEERS = {
     "optimum-ort": ("optimum", "fp32"),
@@ -216,6 +218,7 @@ class PlanOptions:
     fast_steps: int = 10
     variants_dir: Path | None = None
     sampler: str = "ddim"  # the main rows' sampler (full-width archs: the folder's own)
+    quantized: tuple[Path, ...] | None = None  # --quantize's folders: these instead of the model's siblings
 
 
 SAMPLER_LABELS = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler ancestral", "flow_euler": "flow-match Euler",
@@ -257,8 +260,11 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
 
     specs += ort_family("ort-fp32", model, manifest, "fp32", check_folder(model, manifest))
 
-    vdir = opts.variants_dir if opts.variants_dir is not None else model.parent
-    found = find_quantized(vdir, model)
+    if opts.quantized is not None:  # --quantize: the folders this run built, plus --variants-dir's when given
+        found = [(f, read_manifest(f)) for f in opts.quantized]
+        found += find_quantized(opts.variants_dir, model) if opts.variants_dir is not None else []
+    else:
+        found = find_quantized(opts.variants_dir if opts.variants_dir is not None else model.parent, model)
     counts: dict[str, int] = {}
     for _, man in found:
         if man.get("pipeline") == manifest.get("pipeline"):

@@ -1,0 +1,117 @@
+"""`--arch NAME`: released-size / full-width random-weight models for the speed, memory and size columns.
+
+  sd15       Stable Diffusion v1.5's architecture at full size (arch/sd15.py), exported by `onnxdiffusion export`
+  sd15-tiny  the same block types, narrow: builds, exports and benches in about a minute (tests, smoke runs)
+  sdxl, sd3, flux, qwenimage
+             the released widths (hidden sizes, heads, channels) with fewer blocks/layers so that diffusers and
+             ONNX Runtime fit side by side on a 24 GB CPU machine, built by arch/fullwidth.py (profile
+             `bench`; its DEPTHS table) and exported with `onnxdiffusion export`
+
+The builders are modules of the package (an installed package runs them; they need the export extra). Each
+phase runs as a subprocess into a work folder that is reused when it already holds both the diffusers folder
+and the export. Quality columns are left out (random weights make noise images).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import UserError
+
+
+def _run(cmd: list[str], arch: str, what: str, progress: bool) -> None:
+    print(f"bench: {what}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL, env={**os.environ})
+    if proc.returncode != 0:
+        raise UserError(f"--arch {arch}: {what} failed (exit {proc.returncode})")
+
+
+def _sd15(arch: str, work: Path, threads: int, progress: bool) -> None:
+    """sd15.py's build (skipped when the diffusers folder is there) and export phases."""
+    tiny = ["--tiny"] if arch.endswith("-tiny") else []
+    mod = [sys.executable, "-m", "onnxdiffusion.bench.arch.sd15"]
+    if not (work / "diffusers" / "model_index.json").is_file():
+        _run([*mod, "build", str(work), *tiny], arch, "building the model", progress)
+    _run([*mod, "export", str(work), "--threads", str(threads)], arch, "exporting it", progress)
+
+
+def _fullwidth(arch: str, work: Path, threads: int, progress: bool) -> None:
+    """fullwidth.py builds the diffusers folder (profile `bench`); `onnxdiffusion export` exports it."""
+    diff_dir, onnx_dir = work / "diffusers", work / "onnx"
+    if not (diff_dir / "model_index.json").is_file():
+        _run([sys.executable, "-m", "onnxdiffusion.bench.arch.fullwidth", "build", arch, str(diff_dir),
+              "--profile", "bench"], arch, "building the full-width model", progress)
+    _run([sys.executable, "-m", "onnxdiffusion.cli", "export", str(diff_dir), str(onnx_dir), "--overwrite"],
+         arch, "exporting it", progress)
+
+
+QUANTIZE_ARGS = ("--calib-count", "4", "--calib-steps", "4", "--latency-runs", "3", "--no-quality")
+
+
+@dataclass(frozen=True)
+class Arch:
+    what: str
+    steps: int  # default sampling steps
+    variants: tuple[str, ...]  # default rows
+    build: Callable[[str, Path, int, bool], None]
+    # `bench --quantize` on this random-weight model: calibration kept small (its statistics only set the int8
+    # ranges; images are noise either way), no quality probes (meaningless on random weights)
+    quantize_args: tuple[str, ...] = QUANTIZE_ARGS
+    guidance: float | None = None  # the bench's default guidance (None: the folder's evaluated one, else 4.0)
+
+
+ARCHES = {
+    "sd15": Arch("Stable Diffusion v1.5-sized components", 10,
+                 ("torch-fp32", "ort-fp32", "ort-fp32-dpmpp", "optimum-ort"), _sd15,
+                 QUANTIZE_ARGS + ("--calib-guidance", "7.5"), 7.5),  # SD1.5's usual guidance (the committed figures')
+    "sd15-tiny": Arch("Stable Diffusion v1.5's block types, narrow (a smoke-test model)", 4,
+                      ("torch-fp32", "ort-fp32"), _sd15),
+    "sdxl": Arch("SDXL-base widths (UNet 320/640/1280, CLIP-L + OpenCLIP-bigG), fewer transformer blocks", 4,
+                 ("torch-fp32", "ort-fp32"), _fullwidth),
+    "sd3": Arch("SD3-medium widths (MMDiT 1536 wide, 24 heads; CLIP-L, OpenCLIP-bigG, T5-XXL), fewer blocks", 4,
+                ("torch-fp32", "ort-fp32"), _fullwidth),
+    "flux": Arch("FLUX.1-dev widths (MMDiT 3072 wide, 24 heads; CLIP-L, T5-XXL), fewer blocks", 4,
+                 ("torch-fp32", "ort-fp32"), _fullwidth),
+    "qwenimage": Arch("Qwen-Image widths (MMDiT 3072 wide, 24 heads; Qwen2.5-VL-7B text width), fewer blocks", 4,
+                      ("torch-fp32", "ort-fp32"), _fullwidth),
+}
+
+
+def default_work(arch: str) -> Path:
+    return Path(f"/tmp/{arch}-bench")
+
+
+def prepare(arch: str, work: Path, threads: int = 1, progress: bool = True) -> tuple[Path, Path, str]:
+    """(exported model folder, diffusers folder, note stating the config) of `arch` under `work`, built if needed."""
+    spec = ARCHES[arch]
+    work = Path(work).resolve()
+    onnx_dir, diff_dir = work / "onnx", work / "diffusers"
+    ready = (onnx_dir / "manifest.json").is_file() and (diff_dir / "model_index.json").is_file()
+    if not ready:
+        try:
+            import diffusers  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise UserError(f"--arch {arch} builds the model with torch and diffusers: install the export extra") from None
+        work.mkdir(parents=True, exist_ok=True)
+        spec.build(arch, work, threads, progress)
+    if not (onnx_dir / "manifest.json").is_file():
+        raise UserError(f"--arch {arch}: no exported model at {onnx_dir} after the build")
+    return onnx_dir, diff_dir, _note(arch, diff_dir)
+
+
+def _note(arch: str, diff_dir: Path) -> str:
+    note = f"--arch {arch}: {ARCHES[arch].what}, random weights; quality columns are left out (the images are noise)."
+    try:
+        d = json.loads((diff_dir / "fullwidth.json").read_text())
+        note += (f" Built: {d['backbone_class']} depth {d['backbone_depth']} (released {d['released_depth']}), text "
+                 f"encoders {d['encoder_layers']} layer(s) each at full width; config in the model's diffusers folder.")
+    except (OSError, ValueError, KeyError):
+        pass
+    return note
