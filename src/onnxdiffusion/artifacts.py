@@ -253,3 +253,81 @@ def check_external_paths(folder: Path, manifest: dict) -> None:
         path = component_path(folder, manifest, name)
         if path.is_file():
             check_external_data(path)
+
+
+# --- deriving one folder from another -------------------------------------------------------
+
+class Derivation:
+    """The folder being derived: `tmp` (its files so far), `manifest` (a copy of the source's, edited).
+
+    Components put here replace the source's; files not replaced or dropped were linked from it."""
+
+    def __init__(self, source: Path, manifest: dict, tmp: Path):
+        self.source, self.tmp, self.manifest = source, tmp, manifest
+
+    @property
+    def components(self) -> dict:
+        return self.manifest["components"]
+
+    def path(self, rel: str | Path) -> Path:
+        """A path inside the new folder (confined), its folder created."""
+        p = confined(self.tmp, Path(rel).as_posix(), "file")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def stored_bytes(self, info: dict) -> int:
+        return sum(confined(self.tmp, rel, "file").stat().st_size for rel in [info["path"], *info.get("external_data", [])])
+
+    def save_component(self, name: str, model, external_from: int, rel: str | None = None) -> dict:
+        """`model` saved as component `name` (at `rel`, default its current path), weights in a file beside
+        it from `external_from` bytes of tensors; the entry's path, external_data and bytes set. The
+        model's large tensors are left pointing at the written file (not read back)."""
+        from .onnxio.files import save
+
+        info = self.components.setdefault(name, {})
+        info["path"] = Path(rel or info["path"]).as_posix()
+        dest = self.path(info["path"])
+        data = save(model, dest, keep=False, external_from=external_from)
+        info["external_data"] = [(Path(info["path"]).parent / f).as_posix() for f in data]
+        info["bytes"] = self.stored_bytes(info)
+        return info
+
+    def link_component(self, name: str, src_info: dict, folder: str) -> dict:
+        """The source's component files (`src_info`) linked into `folder` as component `name`."""
+        info = json.loads(json.dumps(src_info))
+        rels = [src_info["path"], *src_info.get("external_data", [])]
+        new = [f"{folder}/{Path(rel).name}" for rel in rels]
+        for a, b in zip(rels, new):
+            link_or_copy(confined(self.source, a, "file"), self.path(b))
+        info["path"], info["external_data"] = new[0], new[1:]
+        info["bytes"] = self.stored_bytes(info)
+        self.components[name] = info
+        return info
+
+
+def _component_files(info: dict) -> list[str]:
+    return [info["path"], *info.get("external_data", [])]
+
+
+@contextlib.contextmanager
+def derive(source: Path, out: Path, manifest: dict, replace=(), drop=(), drop_kinds=(), overwrite: bool = False,
+           in_place: bool = False) -> Iterator[Derivation]:
+    """Write `out` from `source` (whose validated manifest is `manifest`): every file linked (or copied)
+    except those of the components in `replace` (the caller puts new ones) and `drop` or of a kind in
+    `drop_kinds` (removed with their whole folder); the manifest rehashed and the folder committed
+    atomically when the block succeeds. `in_place`: out is source (fixup-trt), replaced atomically."""
+    source, out = Path(source), Path(out)
+    comps = manifest["components"]
+    dropped = [n for n in comps if n in drop or comps[n].get("kind") in drop_kinds]
+    skip = {rel for n in [*replace, *dropped] if n in comps for rel in _component_files(comps[n])}
+    skip_dirs = {comps[n]["path"].split("/")[0] for n in dropped}
+    keep = [rel for rel in manifest["files"] if rel not in skip and rel.split("/")[0] not in skip_dirs]
+    with atomic_dir(out, overwrite=overwrite or in_place, inputs=() if in_place else (source,)) as tmp:
+        link_files(source, tmp, keep)
+        new = json.loads(json.dumps(manifest))
+        for n in dropped:
+            del new["components"][n]
+        d = Derivation(source, new, tmp)
+        yield d
+        new["files"] = hash_tree(tmp)
+        write_json(tmp / MANIFEST, new)

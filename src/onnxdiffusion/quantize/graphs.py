@@ -60,6 +60,17 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def prepare_unet(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape information for the quantizer (ONNX's own inference: ORT's symbolic one fails on this UNet)."""
+    from ..onnxio.files import infer_shapes
+
+    model = name_nodes(model)
+    try:
+        return infer_shapes(model)  # a > 2 GB backbone: on its skeleton
+    except Exception:  # noqa: BLE001 - quantizers still work without value_info, just less precisely
+        return model
+
+
 def quantizable_nodes(model: onnx.ModelProto, op_types: Iterable[str], keep_float: Iterable[str] = ()) -> list[QNode]:
     """Conv / MatMul / Gemm nodes whose weight (input 1) is an initializer, in graph order.
 

@@ -21,8 +21,6 @@ from . import files
 if TYPE_CHECKING:  # type hints only: calibration imports this module (session) at run time
     from .calibration import CalibrationSet
 
-INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
-
 
 def session_options(threads: int, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, optimized_path: str | None = None):
     o = ort.SessionOptions()
