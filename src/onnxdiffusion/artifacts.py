@@ -2,7 +2,8 @@
 
 Layout (also loadable by optimum's ONNX Runtime diffusion pipeline):
   manifest.json, model_index.json, scheduler/, tokenizer/,
-  text_encoder/model.onnx, unet/model.onnx, vae_decoder/model.onnx, vae_encoder/model.onnx
+  text_encoder/model.onnx, <backbone>/model.onnx, vae_decoder/model.onnx, vae_encoder/model.onnx
+(the backbone's folder is named by the model family: families/). `derive` writes one folder from another.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ from typing import Any
 from .errors import UserError
 from .manifest import FORMAT_VERSION, check_relative, confined, validate_manifest
 
-__all__ = ["FORMAT_VERSION", "MANIFEST", "COMPONENTS", "REQUIRED_COMPONENTS", "atomic_dir", "atomic_write_bytes",
+__all__ = ["FORMAT_VERSION", "MANIFEST", "atomic_dir", "atomic_write_bytes",
            "check_output_folder", "confined", "hash_tree", "read_manifest", "sha256_file", "verify_folder", "write_json"]
 
 MANIFEST = "manifest.json"
-COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
-REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 # files the run-time side opens besides the components; verified like them
 SIDE_FILES = ("tokenizer/tokenizer.json", "scheduler/scheduler_config.json")
 

@@ -49,7 +49,7 @@ def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelPro
     Returns that graph without its weights (external references) and the weights file."""
     import onnxruntime
 
-    from .quantize.runner import disabled_for, session_options
+    from .onnxio.session import disabled_for, tool_options as session_options
 
     out = scratch / "optimized.onnx"
     opts = session_options(1, level, str(out))
@@ -64,7 +64,7 @@ def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelPro
 def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list[str]:
     """Save a graph whose external tensors all live in `weights` (moved beside it as <name>_data); tensors
     over 1 KB it holds in memory (a whole graph's text encoder and VAE) are appended to that file."""
-    from .quantize.files import all_graphs
+    from .onnxio.files import all_graphs
 
     data = path.name + "_data"
     try:
@@ -94,7 +94,7 @@ def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list
 
 
 def _has_qdq(model: onnx.ModelProto) -> bool:
-    from .quantize.files import all_graphs
+    from .onnxio.files import all_graphs
 
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for g in all_graphs(model.graph) for n in g.node)
 
@@ -149,7 +149,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         # EXTENDED stays portable; ALL (cpu_tuned) adds NCHWc blocking tied to this CPU's vector width.
         import onnxruntime
 
-        from .quantize.runner import ort_optimized
+        from .onnxio.session import ort_optimized
 
         level = onnxruntime.GraphOptimizationLevel
         level = level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED
@@ -256,7 +256,7 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     disables passes); returns (schedule, model, tuned)."""
     import onnxruntime
 
-    from .quantize.runner import ort_optimized
+    from .onnxio.session import ort_optimized
     from .quantize.schedule import PrecisionSchedule
 
     schedule = PrecisionSchedule.from_dict(manifest["components"][backbone]["precision_schedule"])

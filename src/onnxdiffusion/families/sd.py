@@ -76,6 +76,7 @@ class StableDiffusion(Family):
     name: ClassVar[str] = "sd"
     pipeline_classes: ClassVar[tuple[str, ...]] = ("StableDiffusionPipeline",)
     backbone: ClassVar[str] = "unet"
+    latent_image_input: ClassVar[bool] = True
     backbone_classes: ClassVar[tuple[str, ...]] = ("UNet2DConditionModel",)
     backbone_kind: ClassVar[str] = "unet"
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]] = (

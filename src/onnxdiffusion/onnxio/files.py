@@ -16,6 +16,7 @@ go to ONNX Runtime and to other tools through a temporary folder with external d
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +34,18 @@ INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go throu
 def limit() -> int:
     """Tensor bytes from which a model goes through files (INLINE_LIMIT, read at call time: tests lower it)."""
     return INLINE_LIMIT
+
+
+def op_counts(model: onnx.ModelProto | onnx.GraphProto) -> Counter:
+    """Op types over the graph and every subgraph (If branches, Loop bodies)."""
+    graph = model.graph if isinstance(model, onnx.ModelProto) else model
+    c: Counter = Counter()
+    for n in graph.node:
+        c[n.op_type] += 1
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                c.update(op_counts(g))
+    return c
 
 
 def all_graphs(graph: onnx.GraphProto):

@@ -193,9 +193,10 @@ def check_io(folder, name: str, session, inputs: tuple[str, ...], outputs: tuple
 
 
 def check_latent_channels(folder, info: dict, sessions: dict) -> None:
-    """The manifest's latent_channels must be what the backbone and decoder take."""
-    for name, input_name in (("unet", "sample"), ("vae_decoder", "latent_sample")):
-        shape = next(i.shape for i in sessions[name].get_inputs() if i.name == input_name)
+    """The manifest's latent_channels must be what the components take: `sessions` maps a component's
+    name to (its session, the input that holds the latents)."""
+    for name, (session, input_name) in sessions.items():
+        shape = next(i.shape for i in session.get_inputs() if i.name == input_name)
         if len(shape) != 4 or (isinstance(shape[1], int) and shape[1] != info["latent_channels"]):
             raise UserError(f"{folder}: manifest field 'pipeline.latent_channels' is {info['latent_channels']} but "
                             f"component '{name}' takes {input_name} of shape {shape}")

@@ -80,8 +80,9 @@ class Pipeline:
             guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))
         guards.check_io(folder, family.backbone, backbone_io, ("sample", "timestep"), ("out_sample",))
         guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
-        if family.backbone == "unet":
-            guards.check_latent_channels(folder, info, {"unet": backbone_io, "vae_decoder": self.vae_decoder})
+        if family.latent_image_input:
+            guards.check_latent_channels(folder, info, {family.backbone: (backbone_io, "sample"),
+                                                        "vae_decoder": (self.vae_decoder, "latent_sample")})
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}

@@ -123,8 +123,7 @@ class ModelManager:
             pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads, profile=self.profile,
                                         memory=self.memory)
             self._check_buckets(model_id, pipe)
-            family = getattr(pipe, "family", None)  # the backbone is `unet` or `transformer`, by model family
-            unet = pipe.manifest["components"][getattr(family, "backbone", "unet")]
+            unet = pipe.manifest["components"][pipe.family.backbone]  # named by the model family
             entry = ModelEntry(
                 id=model_id, folder=folder, pipeline=pipe,
                 precision=unet.get("precision", "fp32"),
