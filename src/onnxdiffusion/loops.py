@@ -167,7 +167,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         unet = load_component(model, manifest, backbone)
     correction = None
     if comps[backbone].get("correction"):
-        from .quantize.correction import OutputCorrection
+        from .runtime.hooks.correction import OutputCorrection
 
         correction = OutputCorrection.from_dict(comps[backbone]["correction"])
     schedule = high = None
@@ -257,7 +257,7 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     import onnxruntime
 
     from .onnxio.session import ort_optimized
-    from .quantize.schedule import PrecisionSchedule
+    from .runtime.hooks.schedule import PrecisionSchedule
 
     schedule = PrecisionSchedule.from_dict(manifest["components"][backbone]["precision_schedule"])
     info = manifest["components"][schedule.component]

@@ -90,13 +90,13 @@ class Pipeline:
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
         self.correction = None
         if bb.get("correction"):
-            from ..quantize.correction import OutputCorrection
+            from .hooks.correction import OutputCorrection
 
             self.correction = OutputCorrection.from_dict(bb["correction"])
         # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
         self.precision_schedule = self.backbone_high = None
         if bb.get("precision_schedule"):
-            from ..quantize.schedule import PrecisionSchedule
+            from .hooks.schedule import PrecisionSchedule
 
             if self.correction is not None:
                 raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
