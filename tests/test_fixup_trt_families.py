@@ -30,8 +30,8 @@ def cli(*args) -> subprocess.CompletedProcess:
 
 def trt_backbone(src: Path, tmp: Path, recipe: str) -> Path:
     """The backbone file of `src` quantized by `recipe` in its TensorRT form."""
-    rec = read_manifest(src).get("recommended") or {}
-    calibration = CalibrationConfig(count=4, steps=2, batch=4, sampler=rec.get("sampler", "ddim"), guidance=rec.get("guidance", 4.0))
+    rec = read_manifest(src).get("recommended") or {}  # both folders here are flow-matching ones
+    calibration = CalibrationConfig(count=4, steps=2, batch=4, sampler=rec.get("sampler", "flow_euler"), guidance=rec.get("guidance", 4.0))
     config = QuantizeConfig(recipe=recipe_class(recipe).with_options(RECIPES[recipe]), latency_runs=1,
                             calibration=calibration, measure_memory=False)
     out = tmp / f"q-{recipe}"

@@ -126,6 +126,14 @@ def run_case(model_key: str, case, scratch: Path) -> dict:
             "_manifest": _strip(got)}
 
 
+def tool_versions() -> dict:
+    import numpy
+    import onnx
+    import onnxruntime
+
+    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": numpy.__version__}
+
+
 def compare(a: dict, b: dict) -> int:
     same = differ = 0
     for key in sorted(set(a["cases"]) | set(b["cases"])):
@@ -155,12 +163,15 @@ def main() -> int:
     p.add_argument("--only", default="")
     p.add_argument("--models", default="sd,mmdit")
     p.add_argument("--compare", type=Path)
+    p.add_argument("--manifests", type=Path, help="where the stripped manifests go (default: the temp folder)")
     args = p.parse_args()
     if args.compare and not args.only and args.out.exists():
         return 1 if compare(json.loads(args.compare.read_text()), json.loads(args.out.read_text())) else 0
     only = set(filter(None, args.only.split(",")))
     result = json.loads(args.out.read_text()) if args.out.exists() else {"cases": {}}
-    mpath = args.out.with_suffix(".manifests.json")
+    result["tool_versions"] = tool_versions()  # the bytes are these versions' (ORT's quantizer, onnx's saver)
+    # the manifests themselves (to diff when a hash differs) stay out of the repository: ~0.5 MB
+    mpath = args.manifests or Path(tempfile.gettempdir()) / f"{args.out.stem}.manifests.json"
     manifests = json.loads(mpath.read_text()) if mpath.exists() else {}
     with tempfile.TemporaryDirectory(prefix="behaviour-") as scratch:
         for model_key in args.models.split(","):

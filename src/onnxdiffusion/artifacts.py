@@ -54,12 +54,14 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def hash_tree(root: Path) -> dict[str, str]:
-    """sha256 of every file under root except the manifest, keyed by posix relative path."""
+def hash_tree(root: Path, skip=frozenset()) -> dict[str, str]:
+    """sha256 of every file under root except the manifest (and the relative paths in `skip`), keyed by
+    posix relative path."""
     out = {}
     for p in sorted(root.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            out[p.relative_to(root).as_posix()] = sha256_file(p)
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and p.name != MANIFEST and rel not in skip:
+            out[rel] = sha256_file(p)
     return out
 
 
@@ -261,17 +263,22 @@ class Derivation:
 
     Components put here replace the source's; files not replaced or dropped were linked from it."""
 
-    def __init__(self, source: Path, manifest: dict, tmp: Path):
-        self.source, self.tmp, self.manifest = source, tmp, manifest
+    def __init__(self, source: Path, manifest: dict, tmp: Path, linked=frozenset()):
+        self.source, self.tmp, self.manifest, self.linked = source, tmp, manifest, set(linked)
 
     @property
     def components(self) -> dict:
         return self.manifest["components"]
 
     def path(self, rel: str | Path) -> Path:
-        """A path inside the new folder (confined), its folder created."""
-        p = confined(self.tmp, Path(rel).as_posix(), "file")
+        """A path inside the new folder (confined), its folder created; a file linked there from the
+        source is unlinked first, so writing it never changes the source's bytes."""
+        rel = Path(rel).as_posix()
+        p = confined(self.tmp, rel, "file")
         p.parent.mkdir(parents=True, exist_ok=True)
+        if rel in self.linked:
+            self.linked.discard(rel)  # hashed as a new file
+            p.unlink(missing_ok=True)
         return p
 
     def stored_bytes(self, info: dict) -> int:
@@ -311,22 +318,33 @@ def _component_files(info: dict) -> list[str]:
 @contextlib.contextmanager
 def derive(source: Path, out: Path, manifest: dict, replace=(), drop=(), drop_kinds=(), overwrite: bool = False,
            in_place: bool = False) -> Iterator[Derivation]:
-    """Write `out` from `source` (whose validated manifest is `manifest`): every file linked (or copied)
-    except those of the components in `replace` (the caller puts new ones) and `drop` or of a kind in
-    `drop_kinds` (removed with their whole folder); the manifest rehashed and the folder committed
-    atomically when the block succeeds. `in_place`: out is source (fixup-trt), replaced atomically."""
+    """Write `out` from `source` (whose verified manifest is `manifest`): every listed file linked (or
+    copied) except those of the components in `replace` (the caller puts new ones) and `drop` or of a
+    kind in `drop_kinds` (removed with their whole folder); the caller's new files hashed (linked ones
+    keep their verified hashes) and the folder committed atomically when the block succeeds.
+    `in_place`: out is source, replaced atomically; its unlisted files are kept (and stay unlisted)."""
     source, out = Path(source), Path(out)
     comps = manifest["components"]
     dropped = [n for n in comps if n in drop or comps[n].get("kind") in drop_kinds]
     skip = {rel for n in [*replace, *dropped] if n in comps for rel in _component_files(comps[n])}
     skip_dirs = {comps[n]["path"].split("/")[0] for n in dropped}
-    keep = [rel for rel in manifest["files"] if rel not in skip and rel.split("/")[0] not in skip_dirs]
+    present = manifest["files"]
+    if in_place:  # what a user put beside the listed files stays, but not beside a replaced component
+        listed = set(present)
+        replaced_dirs = {comps[n]["path"].split("/")[0] for n in replace if n in comps}
+        present = [rel for rel in (p.relative_to(source).as_posix() for p in sorted(source.rglob("*"))
+                                   if p.is_file() and p.name != MANIFEST)
+                   if rel in listed or rel.split("/")[0] not in replaced_dirs]
+    keep = [rel for rel in present if rel not in skip and rel.split("/")[0] not in skip_dirs]
     with atomic_dir(out, overwrite=overwrite or in_place, inputs=() if in_place else (source,)) as tmp:
         link_files(source, tmp, keep)
         new = json.loads(json.dumps(manifest))
         for n in dropped:
             del new["components"][n]
-        d = Derivation(source, new, tmp)
+        d = Derivation(source, new, tmp, keep)
         yield d
-        new["files"] = hash_tree(tmp)
+        linked = {rel for rel in d.linked if (tmp / rel).is_file()}  # less any the caller unlinked
+        written = hash_tree(tmp, skip=linked)
+        new["files"] = dict(sorted({**{rel: manifest["files"][rel] for rel in linked if rel in manifest["files"]},
+                                    **written}.items()))
         write_json(tmp / MANIFEST, new)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import onnx
 
-from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
-                        link_files, load_component, read_manifest, sha256_file, verify_folder, write_json)
+from .artifacts import (check_external_paths, check_output_folder, component_path, confined, derive, load_component,
+                        read_manifest, verify_folder)
 from .errors import UserError
 from .families import get_family
 from .samplers.graph import FORMS, build_sampling_graph
@@ -225,27 +225,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         }
         return info
 
-    if in_place:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=model))
-        try:
-            info = write_component(tmp)
-            if (model / name).exists():
-                shutil.rmtree(model / name)
-            os.replace(tmp / name, model / name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        manifest["components"][name] = info
-        manifest["files"] = _files_with(manifest["files"], model, name)
-        write_json(model / MANIFEST, manifest)
-        scratch.cleanup()
-        return info
-    with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
-        # copy only what the manifest lists (and hashed): stray files in MODEL are not vouched for
-        link_files(model, tmp, [rel for rel in manifest["files"] if rel.split("/")[0] != name])
-        info = write_component(tmp)
-        manifest["components"][name] = info
-        manifest["files"] = _files_with(manifest["files"], tmp, name)
-        write_json(tmp / MANIFEST, manifest)
+    # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
+    with derive(model, out, manifest, drop=(name,), overwrite=overwrite, in_place=in_place) as d:
+        info = write_component(d.tmp)
+        d.components[name] = info
     scratch.cleanup()
     return info
 
@@ -268,11 +251,3 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     if tuned or _tensor_bytes(high) < TWO_GB - (64 << 20):
         high = ort_optimized(high, level=level.ORT_ENABLE_ALL if tuned else level.ORT_ENABLE_EXTENDED)
     return schedule, high, tuned
-
-
-def _files_with(files: dict[str, str], root: Path, name: str) -> dict[str, str]:
-    """The hash list with the new component's folder re-hashed; files this run did not write keep their
-    listed hashes (and unlisted files stay unlisted)."""
-    kept = {rel: h for rel, h in files.items() if rel.split("/")[0] != name}
-    new = {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted((root / name).rglob("*")) if p.is_file()}
-    return {**kept, **new}
