@@ -146,7 +146,7 @@ class Int8StaticRecipe(Recipe, Int8Settings):
         object.__setattr__(self, "components", normalize_components(self.components))
         for c in self.components:
             _choice("int8-static component", c, INT8_COMPONENTS)
-        _check(BACKBONE in self.components, "int8-static always quantizes the backbone: components must include backbone")
+        _check(BACKBONE in self.components, "int8-static always quantizes the backbone: components must include the backbone (backbone, or unet / transformer)")
         _check(len(set(self.components)) == len(self.components), "int8-static components listed twice")
         _check(self.bias_correction in (0, 1), f"bias_correction must be 0 (off) or 1 (on), got {self.bias_correction}")
         self._check_int8()
