@@ -135,25 +135,28 @@ def tool_versions() -> dict:
 
 
 def compare(a: dict, b: dict) -> int:
-    same = differ = 0
-    for key in sorted(set(a["cases"]) | set(b["cases"])):
-        x, y = a["cases"].get(key), b["cases"].get(key)
-        if x is None or y is None:
-            print(f"{key}: only in {'new' if x is None else 'baseline'}")
-            differ += 1
-            continue
+    """Print each case's verdict (ONNX files, manifest, quality numbers) and a summary; returns the number
+    of cases whose ONNX files differ. Cases only in the baseline are reported as not run."""
+    files_same = manifest_same = differ = 0
+    not_run = sorted(set(a["cases"]) - set(b["cases"]))
+    for key in sorted(set(a["cases"]) & set(b["cases"])):
+        x, y = a["cases"][key], b["cases"][key]
         if "error" in x or "error" in y:
-            ok = x.get("error") == y.get("error")
-        else:
-            ok = all(x[k] == y[k] for k in ("files", "manifest_sha256", "quality", "float_node_count", "quantized_node_count"))
-        if ok:
-            same += 1
-        else:
-            differ += 1
-            for k in ("error", "files", "manifest_sha256", "quality", "float_node_count", "quantized_node_count"):
-                if x.get(k) != y.get(k):
-                    print(f"{key}: {k} differs: {x.get(k)} != {y.get(k)}"[:2000])
-    print(f"{same} identical, {differ} different, of {same + differ} recipe x model cases")
+            same = x.get("error") == y.get("error")
+            print(f"{key}: {'same error' if same else 'ERROR DIFFERS'}: {x.get('error')} | {y.get('error')}")
+            files_same += same
+            differ += not same
+            continue
+        f = x["files"] == y["files"]
+        m = x["manifest_sha256"] == y["manifest_sha256"]
+        other = [k for k in ("quality", "float_node_count", "quantized_node_count") if x[k] != y[k]]
+        files_same += f
+        manifest_same += f and m
+        differ += not f
+        print(f"{key}: onnx files {'identical' if f else 'DIFFER'} ({len(x['files'])}), manifest "
+              f"{'identical' if m else 'differs'}{', ' + ', '.join(other) + ' differ' if other else ''}")
+    print(f"{files_same} of {files_same + differ} recipe x model cases write identical ONNX files "
+          f"({manifest_same} identical manifests too); {len(not_run)} not run: {', '.join(not_run) or '-'}")
     return differ
 
 

@@ -1,6 +1,6 @@
 """The bottom layer for ONNX files and sessions, shared by runtime, quantize, loops and bench.
 
-files.py: models past protobuf's 2 GB limit (skeletons, external data), saving, copies.
+files.py: models past protobuf's 2 GB limit (skeletons, external data), saving, ModelProto copies (copy).
 session.py: the one ONNX Runtime session factory for in-memory models and files.
 Nothing here imports from the rest of onnxdiffusion except errors and manifest (path confinement).
 """
@@ -20,11 +20,3 @@ def release_memory() -> None:
     except (OSError, AttributeError):  # not glibc
         pass
 
-
-def copy_model(model):
-    """A deep copy of an onnx.ModelProto (protobuf CopyFrom: no serialization, so no 2 GB limit)."""
-    import onnx
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out
