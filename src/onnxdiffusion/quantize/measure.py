@@ -14,6 +14,7 @@ import onnx
 from ..errors import UserError
 from . import _ort, files
 from .configs import QuantizeConfig
+from .report import component_feed, fused_summary, measure_latency
 
 
 @dataclass
@@ -110,8 +111,6 @@ def choose_schedule(source, data, ctx, built, config: QuantizeConfig, log) -> Sc
 
 
 def measure_speed(source, built, config: QuantizeConfig, log) -> Speed:
-    from .report import component_feed, fused_summary, measure_latency
-
     runnable = built.cpu_runnable or config.provider != "cpu"
     log("measuring latency" if runnable else "latency not measured: the stored backbone has no kernels on this provider")
     named = {source.folder_name(k): v for k, v in built.components.items()}
