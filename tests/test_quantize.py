@@ -336,12 +336,12 @@ def test_bad_input_leaves_nothing(change, fragment, tiny_onnx, tmp_path):
 
 
 def test_speed_gate_fails_without_output(tiny_onnx, tmp_path, monkeypatch):
-    from onnxdiffusion.quantize import api
+    from onnxdiffusion.quantize import api, measure
 
     def slow(model, manifest, components, cfg):
         return {n: {"fp32_median_ms": 1.0, "median_ms": 1.3, "ratio": 1.3, "runs": 1, "feed": {}} for n in components}
 
-    monkeypatch.setattr(api, "measure_latency", slow)
+    monkeypatch.setattr(measure, "measure_latency", slow)
     with pytest.raises(api.SpeedGateError, match="does not pay on cpu") as e:
         quantize(tiny_onnx, tmp_path / "out", config(recipe_class("int8-dynamic")()), require_speedup=True)
     assert e.value.report["pays"] is False and not (tmp_path / "out").exists()

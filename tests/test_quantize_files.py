@@ -13,6 +13,7 @@ from google.protobuf.message import EncodeError
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize, recipe_class
+from onnxdiffusion.onnxio import files as onnxio_files
 from onnxdiffusion.quantize import files, recipes, runner
 from onnxdiffusion.quantize.calibration import capture, histogram_ranges, step_ranges
 from onnxdiffusion.quantize.graphs import activation_tensors, quantizable_nodes
@@ -30,7 +31,7 @@ LIMIT = 64 << 10  # the tiny UNet has ~50x this in weights (3.1 MB)
 def two_gb_limit(monkeypatch):
     """Lower the inline limit to LIMIT and make every serialization point fail past it, as protobuf
     does past 2 GB: whole-model bytes into ONNX Runtime, shape inference, inline saves."""
-    monkeypatch.setattr(runner, "INLINE_LIMIT", LIMIT)
+    monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", LIMIT)
     real_session, real_infer, real_save = ort.InferenceSession.__init__, onnx.shape_inference.infer_shapes, onnx.save_model
     seen = {"bytes": 0}
 
@@ -123,7 +124,7 @@ def test_int4_tensor_by_tensor_equals_ort_whole_model_quantizer(bits, symmetric,
     assert w_ours.keys() == w_ref.keys() and all(np.array_equal(w_ours[k], w_ref[k]) for k in w_ref)
     assert sum(n.op_type == "MatMulNBits" for n in ours.graph.node) == len(chosen)
 
-    monkeypatch.setattr(runner, "INLINE_LIMIT", LIMIT)
+    monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", LIMIT)
     sk = prepare_unet(files.load_backbone(path))
     assert files.data_dir(sk) is not None
     read = []
@@ -139,7 +140,7 @@ def test_int4_tensor_by_tensor_equals_ort_whole_model_quantizer(bits, symmetric,
 
 
 def test_skeleton_holds_no_weights_and_ignores_a_planted_data_folder(external_onnx, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "INLINE_LIMIT", LIMIT)
+    monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", LIMIT)
     path = external_onnx / "unet" / "model.onnx"
     model = onnx.load(str(path), load_external_data=False)
     model.metadata_props.add(key=files.DATA_DIR_KEY, value="/etc")

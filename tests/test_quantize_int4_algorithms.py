@@ -52,9 +52,9 @@ def test_each_algorithm_writes_matmulnbits_that_run_on_onnxruntime_alone(algorit
 
 
 def test_gptq_refuses_a_backbone_past_the_inline_limit(tiny_onnx, monkeypatch):
-    from onnxdiffusion.quantize import runner
+    from onnxdiffusion.onnxio import files as onnxio_files
 
-    monkeypatch.setattr(runner, "INLINE_LIMIT", 64 << 10)
+    monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", 64 << 10)
     sk = prepare_unet(files.load_backbone(tiny_onnx / "unet" / "model.onnx"))
     names = [q.name for q in quantizable_nodes(sk, ("MatMul",))]
     with pytest.raises(UserError, match="only backbones under 2 GB"):

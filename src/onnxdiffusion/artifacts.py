@@ -2,7 +2,8 @@
 
 Layout (also loadable by optimum's ONNX Runtime diffusion pipeline):
   manifest.json, model_index.json, scheduler/, tokenizer/,
-  text_encoder/model.onnx, unet/model.onnx, vae_decoder/model.onnx, vae_encoder/model.onnx
+  text_encoder/model.onnx, <backbone>/model.onnx, vae_decoder/model.onnx, vae_encoder/model.onnx
+(the backbone's folder is named by the model family: families/). `derive` writes one folder from another.
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from . import tempfiles
 from .errors import UserError
 from .manifest import FORMAT_VERSION, check_relative, confined, validate_manifest
 
-__all__ = ["FORMAT_VERSION", "MANIFEST", "COMPONENTS", "REQUIRED_COMPONENTS", "atomic_dir", "atomic_write_bytes",
+__all__ = ["FORMAT_VERSION", "MANIFEST", "atomic_dir", "atomic_write_bytes",
            "check_output_folder", "confined", "hash_tree", "read_manifest", "sha256_file", "verify_folder", "write_json"]
 
 MANIFEST = "manifest.json"
-COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
-REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 # files the run-time side opens besides the components; verified like them
 SIDE_FILES = ("tokenizer/tokenizer.json", "scheduler/scheduler_config.json")
 
@@ -56,12 +55,14 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def hash_tree(root: Path) -> dict[str, str]:
-    """sha256 of every file under root except the manifest, keyed by posix relative path."""
+def hash_tree(root: Path, skip=frozenset()) -> dict[str, str]:
+    """sha256 of every file under root except the manifest (and the relative paths in `skip`), keyed by
+    posix relative path."""
     out = {}
     for p in sorted(root.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            out[p.relative_to(root).as_posix()] = sha256_file(p)
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and p.name != MANIFEST and rel not in skip:
+            out[rel] = sha256_file(p)
     return out
 
 
@@ -261,3 +262,97 @@ def check_external_paths(folder: Path, manifest: dict) -> None:
         path = component_path(folder, manifest, name)
         if path.is_file():
             check_external_data(path)
+
+
+# --- deriving one folder from another -------------------------------------------------------
+
+class Derivation:
+    """The folder being derived: `tmp` (its files so far), `manifest` (a copy of the source's, edited).
+
+    Components put here replace the source's; files not replaced or dropped were linked from it."""
+
+    def __init__(self, source: Path, manifest: dict, tmp: Path, linked=frozenset()):
+        self.source, self.tmp, self.manifest, self.linked = source, tmp, manifest, set(linked)
+
+    @property
+    def components(self) -> dict:
+        return self.manifest["components"]
+
+    def path(self, rel: str | Path) -> Path:
+        """A path inside the new folder (confined), its folder created; a file linked there from the
+        source is unlinked first, so writing it never changes the source's bytes."""
+        rel = Path(rel).as_posix()
+        p = confined(self.tmp, rel, "file")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if rel in self.linked:
+            self.linked.discard(rel)  # hashed as a new file
+            p.unlink(missing_ok=True)
+        return p
+
+    def stored_bytes(self, info: dict) -> int:
+        return sum(confined(self.tmp, rel, "file").stat().st_size for rel in [info["path"], *info.get("external_data", [])])
+
+    def save_component(self, name: str, model, external_from: int, rel: str | None = None) -> dict:
+        """`model` saved as component `name` (at `rel`, default its current path), weights in a file beside
+        it from `external_from` bytes of tensors; the entry's path, external_data and bytes set. The
+        model's large tensors are left pointing at the written file (not read back)."""
+        from .onnxio.files import save
+
+        info = self.components.setdefault(name, {})
+        info["path"] = Path(rel or info["path"]).as_posix()
+        dest = self.path(info["path"])
+        data = save(model, dest, keep=False, external_from=external_from)
+        info["external_data"] = [(Path(info["path"]).parent / f).as_posix() for f in data]
+        info["bytes"] = self.stored_bytes(info)
+        return info
+
+    def link_component(self, name: str, src_info: dict, folder: str) -> dict:
+        """The source's component files (`src_info`) linked into `folder` as component `name`."""
+        info = json.loads(json.dumps(src_info))
+        rels = [src_info["path"], *src_info.get("external_data", [])]
+        new = [f"{folder}/{Path(rel).name}" for rel in rels]
+        for a, b in zip(rels, new):
+            link_or_copy(confined(self.source, a, "file"), self.path(b))
+        info["path"], info["external_data"] = new[0], new[1:]
+        info["bytes"] = self.stored_bytes(info)
+        self.components[name] = info
+        return info
+
+
+def _component_files(info: dict) -> list[str]:
+    return [info["path"], *info.get("external_data", [])]
+
+
+@contextlib.contextmanager
+def derive(source: Path, out: Path, manifest: dict, replace=(), drop=(), drop_kinds=(), overwrite: bool = False,
+           in_place: bool = False) -> Iterator[Derivation]:
+    """Write `out` from `source` (whose verified manifest is `manifest`): every listed file linked (or
+    copied) except those of the components in `replace` (the caller puts new ones) and `drop` or of a
+    kind in `drop_kinds` (removed with their whole folder); the caller's new files hashed (linked ones
+    keep their verified hashes) and the folder committed atomically when the block succeeds.
+    `in_place`: out is source, replaced atomically; its unlisted files are kept (and stay unlisted)."""
+    source, out = Path(source), Path(out)
+    comps = manifest["components"]
+    dropped = [n for n in comps if n in drop or comps[n].get("kind") in drop_kinds]
+    skip = {rel for n in [*replace, *dropped] if n in comps for rel in _component_files(comps[n])}
+    skip_dirs = {comps[n]["path"].split("/")[0] for n in dropped}
+    present = manifest["files"]
+    if in_place:  # what a user put beside the listed files stays, but not beside a replaced component
+        listed = set(present)
+        replaced_dirs = {comps[n]["path"].split("/")[0] for n in replace if n in comps}
+        present = [rel for rel in (p.relative_to(source).as_posix() for p in sorted(source.rglob("*"))
+                                   if p.is_file() and p.name != MANIFEST)
+                   if rel in listed or rel.split("/")[0] not in replaced_dirs]
+    keep = [rel for rel in present if rel not in skip and rel.split("/")[0] not in skip_dirs]
+    with atomic_dir(out, overwrite=overwrite or in_place, inputs=() if in_place else (source,)) as tmp:
+        link_files(source, tmp, keep)
+        new = json.loads(json.dumps(manifest))
+        for n in dropped:
+            del new["components"][n]
+        d = Derivation(source, new, tmp, keep)
+        yield d
+        linked = {rel for rel in d.linked if (tmp / rel).is_file()}  # less any the caller unlinked
+        written = hash_tree(tmp, skip=linked)
+        new["files"] = dict(sorted({**{rel: manifest["files"][rel] for rel in linked if rel in manifest["files"]},
+                                    **written}.items()))
+        write_json(tmp / MANIFEST, new)

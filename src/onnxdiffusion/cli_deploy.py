@@ -134,5 +134,7 @@ def batch_cmd(
     if ray:
         require("ray", extra="ray")
     options = BatchOptions(model=model, batch_size=batch_size, ray=ray, actors=actors, progress=not quiet)
-    summary = run_batch(prompts, out, options)
+    from .serve.ray import render_on_ray
+
+    summary = run_batch(prompts, out, options, remote=render_on_ray if ray else None)
     print(f"{summary['rendered']} rendered, {summary['skipped']} already done, {summary['total']} items -> {out}")

@@ -16,23 +16,19 @@ The steps people do by hand today, in order:
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .artifacts import MANIFEST, hash_tree, link_or_copy, read_manifest, sha256_file, verify_folder, write_json
+from .artifacts import read_manifest, sha256_file, verify_folder
 from .errors import UserError
 
 TARGET_OPSET = 23
 TRT_DOMAIN = "trt"
 DATA_NAME = "model.onnx_data"
-FALLBACK_DIR = "unet_fallback"
+FALLBACK_SUFFIX = "_fallback"  # the previous backbone's folder: the family's backbone name + this
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
@@ -211,59 +207,39 @@ def _load_input(path: Path) -> onnx.ModelProto:
 
 def fixup_trt(src: Path | str, folder: Path | str, log=None) -> dict:
     """Fix `src` up and install it as `folder`'s backbone (in place, atomically); returns the manifest entry."""
+    from .artifacts import derive
+    from .families import get_family
+
     log = log or (lambda m: None)
     src, folder = Path(src), Path(folder)
     if not src.is_file():
         raise UserError(f"input model not found: {src}")
     manifest = read_manifest(folder)
     verify_folder(folder, manifest)
-    old = manifest["components"]["unet"]
+    backbone = get_family(manifest.get("family")).backbone
+    old = manifest["components"][backbone]
     if old.get("requires_provider"):
         raise UserError(f"{folder}'s backbone is already a {old.get('precision')} TensorRT backbone; install into the fp16/fp32 folder")
     log(f"loading {src}")
     model, what = fix(_load_input(src))
     log(f"opset {what['opset']['from']} -> {what['opset']['to']} ({what['opset']['converter']}); "
         f"{what['trt_outputs_typed']} trt outputs typed")
-    parent = folder.resolve().parent
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=parent))
-    try:
-        shutil.copytree(folder, tmp, dirs_exist_ok=True, copy_function=link_or_copy)
-        unet_rel = Path(old["path"])
-        fallback_rel = Path(FALLBACK_DIR) / unet_rel.name
-        (tmp / FALLBACK_DIR).mkdir(exist_ok=True)
-        old_files = [old["path"], *old.get("external_data", [])]
-        for rel in old_files:  # the previous backbone becomes the declared CPU fallback
-            os.replace(tmp / rel, tmp / FALLBACK_DIR / Path(rel).name)
-        for stale in (tmp / unet_rel.parent).glob("*"):
-            if stale.is_file() and stale.suffix in (".onnx", ".onnx_data", ".data", "") and stale.name != "config.json":
-                stale.unlink()
+    rel = Path(old["path"])
+    fallback_dir = f"{backbone}{FALLBACK_SUFFIX}"
+    # the backbone's other files (a config.json) stay; its graph and weights move to the fallback folder
+    with derive(folder, folder, manifest, replace=(backbone,), drop_kinds=("sampling_graph",), in_place=True) as d:
+        fallback = d.link_component(f"{backbone}{FALLBACK_SUFFIX}", old, fallback_dir)
+        del d.components[fallback_dir]  # the fallback is part of the backbone's entry, not a component
         log("saving with one external-data file and checking")
-        _save_and_check(model, tmp / unet_rel)
+        _save_and_check(model, d.path(rel))
         entry = {**{k: v for k, v in old.items() if k not in ("validation", "session_options", "correction", "stored_as",
                                                              "precision_schedule")},
-                 "path": unet_rel.as_posix(), "external_data": [(unet_rel.parent / DATA_NAME).as_posix()],
+                 "path": rel.as_posix(), "external_data": [(rel.parent / DATA_NAME).as_posix()],
                  "precision": precision_of(model), "requires_provider": "tensorrt",
-                 "bytes": (tmp / unet_rel).stat().st_size + (tmp / unet_rel.parent / DATA_NAME).stat().st_size,
-                 "fallback": {"path": fallback_rel.as_posix(),
-                              "external_data": [(Path(FALLBACK_DIR) / Path(r).name).as_posix() for r in old.get("external_data", [])],
+                 "bytes": d.path(rel).stat().st_size + d.path(rel.parent / DATA_NAME).stat().st_size,
+                 "fallback": {"path": fallback["path"], "external_data": fallback["external_data"],
                               "precision": old.get("precision", "fp32"), "provider": "cpu"},
                  "installed_by": {"verb": "fixup-trt", "source_name": src.name, "source_sha256": sha256_file(src),
                                   **what, "onnx": onnx.__version__}}
-        new_manifest = json.loads(json.dumps(manifest))
-        new_manifest["components"]["unet"] = entry
-        for name in [n for n, c in new_manifest["components"].items() if c.get("kind") == "sampling_graph"]:
-            del new_manifest["components"][name]  # loop graphs inline the backbone they were compiled with
-            shutil.rmtree(tmp / Path(manifest["components"][name]["path"]).parent, ignore_errors=True)
-        new_manifest["files"] = hash_tree(tmp)
-        write_json(tmp / MANIFEST, new_manifest)
-        backup = parent / f".{folder.name}.replaced"
-        shutil.rmtree(backup, ignore_errors=True)
-        os.replace(folder, backup)
-        os.replace(tmp, folder)
-        shutil.rmtree(backup, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        d.components[backbone] = entry
     return entry
-
-

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import onnx
 
-from .artifacts import (MANIFEST, atomic_dir, check_external_paths, check_output_folder, component_path, confined,
-                        link_files, load_component, read_manifest, sha256_file, verify_folder, write_json)
+from .artifacts import (check_external_paths, check_output_folder, component_path, confined, derive, load_component,
+                        read_manifest, verify_folder)
 from .errors import UserError
 from .families import get_family
 from .samplers.graph import FORMS, build_sampling_graph
@@ -49,7 +49,7 @@ def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelPro
     Returns that graph without its weights (external references) and the weights file."""
     import onnxruntime
 
-    from .quantize.runner import disabled_for, session_options
+    from .onnxio.session import disabled_for, tool_options as session_options
 
     out = scratch / "optimized.onnx"
     opts = session_options(1, level, str(out))
@@ -64,7 +64,7 @@ def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelPro
 def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list[str]:
     """Save a graph whose external tensors all live in `weights` (moved beside it as <name>_data); tensors
     over 1 KB it holds in memory (a whole graph's text encoder and VAE) are appended to that file."""
-    from .quantize.files import all_graphs
+    from .onnxio.files import all_graphs
 
     data = path.name + "_data"
     try:
@@ -94,7 +94,7 @@ def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list
 
 
 def _has_qdq(model: onnx.ModelProto) -> bool:
-    from .quantize.files import all_graphs
+    from .onnxio.files import all_graphs
 
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for g in all_graphs(model.graph) for n in g.node)
 
@@ -149,7 +149,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         # EXTENDED stays portable; ALL (cpu_tuned) adds NCHWc blocking tied to this CPU's vector width.
         import onnxruntime
 
-        from .quantize.runner import ort_optimized
+        from .onnxio.session import ort_optimized
 
         level = onnxruntime.GraphOptimizationLevel
         level = level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED
@@ -167,7 +167,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         unet = load_component(model, manifest, backbone)
     correction = None
     if comps[backbone].get("correction"):
-        from .quantize.correction import OutputCorrection
+        from .runtime.hooks.correction import OutputCorrection
 
         correction = OutputCorrection.from_dict(comps[backbone]["correction"])
     schedule = high = None
@@ -230,27 +230,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             info["lora"] = lora
         return info
 
-    if in_place:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=model))
-        try:
-            info = write_component(tmp)
-            if (model / name).exists():
-                shutil.rmtree(model / name)
-            os.replace(tmp / name, model / name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        manifest["components"][name] = info
-        manifest["files"] = _files_with(manifest["files"], model, name)
-        write_json(model / MANIFEST, manifest)
-        scratch.cleanup()
-        return info
-    with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
-        # copy only what the manifest lists (and hashed): stray files in MODEL are not vouched for
-        link_files(model, tmp, [rel for rel in manifest["files"] if rel.split("/")[0] != name])
-        info = write_component(tmp)
-        manifest["components"][name] = info
-        manifest["files"] = _files_with(manifest["files"], tmp, name)
-        write_json(tmp / MANIFEST, manifest)
+    # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
+    with derive(model, out, manifest, drop=(name,), overwrite=overwrite, in_place=in_place) as d:
+        info = write_component(d.tmp)
+        d.components[name] = info
     scratch.cleanup()
     return info
 
@@ -261,8 +244,8 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     disables passes); returns (schedule, model, tuned)."""
     import onnxruntime
 
-    from .quantize.runner import ort_optimized
-    from .quantize.schedule import PrecisionSchedule
+    from .onnxio.session import ort_optimized
+    from .runtime.hooks.schedule import PrecisionSchedule
 
     schedule = PrecisionSchedule.from_dict(manifest["components"][backbone]["precision_schedule"])
     info = manifest["components"][schedule.component]
@@ -273,11 +256,3 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     if tuned or _tensor_bytes(high) < TWO_GB - (64 << 20):
         high = ort_optimized(high, level=level.ORT_ENABLE_ALL if tuned else level.ORT_ENABLE_EXTENDED)
     return schedule, high, tuned
-
-
-def _files_with(files: dict[str, str], root: Path, name: str) -> dict[str, str]:
-    """The hash list with the new component's folder re-hashed; files this run did not write keep their
-    listed hashes (and unlisted files stay unlisted)."""
-    kept = {rel: h for rel, h in files.items() if rel.split("/")[0] != name}
-    new = {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted((root / name).rglob("*")) if p.is_file()}
-    return {**kept, **new}

@@ -10,10 +10,9 @@ components this way from RUNTIME_EXTERNAL_BYTES up; `store_external` rewrites an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .artifacts import MANIFEST, atomic_dir, confined, hash_tree, link_files, read_manifest, verify_folder, write_json
+from .artifacts import confined, derive, read_manifest, verify_folder
 
 RUNTIME_EXTERNAL_BYTES = 64 << 20  # components with this many bytes of tensors or more: weights in a file
 
@@ -26,7 +25,7 @@ def store_external(folder: Path | str, out: Path | str, min_bytes: int = RUNTIME
 
     import onnx
 
-    from .quantize.files import save, tensor_bytes
+    from .onnxio.files import tensor_bytes
 
     folder, out = Path(folder), Path(out)
     manifest = read_manifest(folder)
@@ -39,16 +38,8 @@ def store_external(folder: Path | str, out: Path | str, min_bytes: int = RUNTIME
         if tensor_bytes(model) >= min_bytes:
             todo[name] = model
         del model
-    with atomic_dir(out, overwrite=overwrite, inputs=(folder,)) as tmp:
-        rewritten = {manifest["components"][n]["path"] for n in todo}
-        link_files(folder, tmp, [rel for rel in manifest["files"] if rel not in rewritten])
-        new = json.loads(json.dumps(manifest))
-        for name in list(todo):
-            info = new["components"][name]
-            rel = Path(info["path"])
-            data = save(todo.pop(name), tmp / rel, keep=False, external_from=0)
-            info["external_data"] = [str(rel.parent / f) for f in data]
-            info["bytes"] = sum((tmp / rel.parent / f).stat().st_size for f in [rel.name, *data])
-        new["files"] = hash_tree(tmp)
-        write_json(tmp / MANIFEST, new)
-    return sorted(n for n in manifest["components"] if manifest["components"][n]["path"] in rewritten)
+    rewritten = sorted(todo)
+    with derive(folder, out, manifest, replace=rewritten, overwrite=overwrite) as d:
+        for name in rewritten:
+            d.save_component(name, todo.pop(name), external_from=0)
+    return rewritten

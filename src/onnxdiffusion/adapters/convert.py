@@ -30,7 +30,9 @@ def _pipeline_class(model: Path | None):
     cls = getattr(diffusers, str(manifest.get("source", {}).get("class", "")), None)
     if cls is None or not hasattr(cls, "lora_state_dict"):
         raise UserError(f"{model}: its pipeline class {manifest.get('source', {}).get('class')!r} has no LoRA loader in diffusers")
-    cfg = Path(model) / "unet" / "config.json"
+    from ..families import get_family
+
+    cfg = Path(model) / get_family(manifest.get("family")).backbone / "config.json"
     return cls, (json.loads(cfg.read_text()) if cfg.is_file() else None)
 
 

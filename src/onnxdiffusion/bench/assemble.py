@@ -76,7 +76,10 @@ def _variant_bytes(spec: VariantSpec, load: dict) -> int | None:
                 total += folder_bytes((Path(spec.folder) / info["path"]).parent)
             return total
         if spec.kind == "torch":
-            return sum(folder_bytes(Path(spec.folder) / c) for c in ("text_encoder", "unet", "vae"))
+            from ..families import get_family, names
+
+            backbones = sorted({get_family(n).backbone for n in names()})  # the diffusers folder has one of them
+            return sum(folder_bytes(Path(spec.folder) / c) for c in ("text_encoder", *backbones, "vae"))
         if spec.peer == "optimum":
             manifest = read_manifest(spec.folder)
             extra = manifest["components"].get("vae_encoder")  # optimum loads the encoder too

@@ -210,8 +210,14 @@ def backbone_feed(manifest: dict, batch: int, height: int, width: int, context_d
                                                          dtype=np.float32)}
 
 
+def _backbone(manifest: dict) -> dict:
+    from ..families import get_family
+
+    return manifest["components"][get_family(manifest.get("family")).backbone]
+
+
 def _disabled(manifest: dict) -> list[str]:
-    return list(((manifest["components"]["unet"].get("session_options") or {}).get("disabled_optimizers")) or [])
+    return list(((_backbone(manifest).get("session_options") or {}).get("disabled_optimizers")) or [])
 
 
 def profile_ops(session_path: Path, feed: dict, threads: int, disabled: list[str], prefix: str) -> dict:
@@ -247,7 +253,7 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
 
     base = next(iter(folders.values()))
     man0 = read_manifest(base)
-    unet0 = base / man0["components"]["unet"]["path"]
+    unet0 = base / _backbone(man0)["path"]
     import onnx
 
     graph_inputs = {i.name: i for i in onnx.load(str(unet0), load_external_data=False).graph.input}
@@ -260,7 +266,7 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
     sessions = {}
     for name, folder in folders.items():
         man = read_manifest(folder)
-        path = folder / man["components"]["unet"]["path"]
+        path = folder / _backbone(man)["path"]
         progress(f"roofline: loading {name}")
         sessions[name] = (_session(path, threads, disabled=_disabled(man)), path, _disabled(man),
                           man.get("quantization"))

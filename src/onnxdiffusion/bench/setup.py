@@ -97,15 +97,9 @@ def _default_guidance(source: Path | None, rec: dict | None = None) -> float:
 
 def _release_memory() -> None:
     """Give freed model memory back to the OS before the memory probes start their own copies."""
-    import gc
+    from ..onnxio import release_memory
 
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    release_memory()
 
 
 def _loadavg() -> list[str] | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..artifacts import MANIFEST, read_manifest, verify_folder
 from ..errors import UserError
+from ..families.sd import StableDiffusion
 from ..paths import embedded_diffusers_folder, models_root, shown_path
 
 KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "fp8",
@@ -310,7 +311,7 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
 
 def _sd1_shaped(diffusers_folder: Path) -> bool:
     try:
-        cfg = json.loads((Path(diffusers_folder) / "unet" / "config.json").read_text())
+        cfg = json.loads((Path(diffusers_folder) / StableDiffusion.backbone / "config.json").read_text())
     except (OSError, ValueError):
         return False
     return list(cfg.get("block_out_channels", [])) == [320, 640, 1280, 1280] and cfg.get("cross_attention_dim") == 768

@@ -15,6 +15,7 @@ from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, check_output_folde
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
+from . import hooks
 
 OPSET_RANGE = (14, 20)  # attention export needs 14; torch's TorchScript exporter stops at 20
 
@@ -242,7 +243,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 vocab = int(getattr(module.config, "vocab_size", 0) or 0)
                 dims = family.export_dims(spec, info)
                 gen = torch.Generator().manual_seed(0)
-                feed_list = [family.export_feeds(spec, d, gen, vocab) for d in dims]
+                feed_list = [hooks.export_feeds(family, spec, d, gen, vocab) for d in dims]
                 last_of_source = i + 1 == len(order) or order[i + 1].source != spec.source
 
                 def release() -> None:
@@ -250,7 +251,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     nonlocal loaded, module, wrapped
                     loaded = module = wrapped = None
 
-                wrapped = family.wrap(spec, module).eval()
+                wrapped = hooks.wrap(family, spec, module).eval()
                 entry = export_component(spec, wrapped, feed_list, tmp / name, options,
                                          release=release if last_of_source else None)
                 wrapped = None

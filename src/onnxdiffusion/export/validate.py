@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from ..errors import UserError
 from ..families.base import ComponentSpec
+from ..onnxio import release_memory
 from .external_data import consolidate, external_files
 
 
@@ -29,13 +29,7 @@ def _compare(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float
 
 def free_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    release_memory()
 
 
 def _validation_session(path: Path) -> ort.InferenceSession:

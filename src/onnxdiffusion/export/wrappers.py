@@ -11,6 +11,9 @@ import math
 import torch
 
 from ..families.base import SAMPLE, TIMESTEP, ComponentSpec
+from ..families.sd import StableDiffusion
+
+UNET_KIND = StableDiffusion.backbone_kind  # the UNet wrapper's kind, as its family names it
 
 # text-encoder outputs a family may ask for: the HF output field, or a hidden state by index
 _HIDDEN = {"penultimate_hidden_state": -2}
@@ -95,7 +98,7 @@ def wrap(spec: ComponentSpec, module) -> torch.nn.Module:
     names = [t.name for t in spec.inputs]
     if spec.kind == "text_encoder":
         return TextEncoder(module, tuple(spec.options["outputs"]))
-    if spec.kind == "unet":
+    if spec.kind == UNET_KIND:
         return UNet(module, tuple(names[3:]))
     if spec.kind == "transformer":
         # options["args"] renames our inputs to the model's arguments (sample -> hidden_states, ...)

@@ -11,8 +11,8 @@ A family (one small module per model kind, like optimum's `OnnxConfig` classes) 
     fed [uncond; cond] along the batch), latent shape, VAE scaling/shift, the prediction
     parameterization handed to the sampler tables, default and allowed sizes.
 
-This module is run-time code: numpy only. The torch side (loading modules, wrapping them
-for export) is reached through `wrap` and `load_module`, which import lazily.
+This module is run-time code: numpy only, and nothing from export/. The torch side of each
+family (wrapping its modules for export, the feeds export validates with) is export/hooks.py.
 
 Every backbone, whatever its family, exports with inputs `sample`, `timestep`, the family's
 conditioning inputs, and output `out_sample`; every text encoder takes `input_ids`. So the
@@ -146,6 +146,9 @@ class Family:
     backbone: ClassVar[str]  # component folder of the denoiser: "unet" | "transformer"
     backbone_classes: ClassVar[tuple[str, ...]]
     backbone_kind: ClassVar[str]  # torch wrapper kind for export
+    # the backbone's `sample` input is the latent image itself (NCHW, latent_channels at axis 1);
+    # False for backbones fed packed patch sequences
+    latent_image_input: ClassVar[bool] = False
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]]
     vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKL",)
     predictions: ClassVar[tuple[str, ...]] = ("epsilon", "v_prediction")
@@ -182,12 +185,6 @@ class Family:
         """Named-dim values for validation: the export-time dummy first, then a second, different
         shape that proves the dynamic axes are dynamic."""
         raise NotImplementedError
-
-    def wrap(self, spec: ComponentSpec, module):
-        """The torch module whose forward takes the spec's inputs in order (export side)."""
-        from ..export.wrappers import wrap
-
-        return wrap(spec, module)
 
     # -- the model folder (run time) --------------------------------------------------------------
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
@@ -269,12 +266,6 @@ class Family:
     latent_patch: ClassVar[int | None] = None
     # whether `compile-loop --whole` can inline the text side (ids -> encoders -> combine)
     whole_graph: ClassVar[bool] = True
-
-    def export_feeds(self, spec: ComponentSpec, dims: dict[str, int], gen, vocab: int) -> dict:
-        """Torch feeds for export validation (random by default; ids and masks need real values)."""
-        from ..export.dummies import dummy_feeds
-
-        return dummy_feeds(spec, dims, gen, vocab)
 
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
         from ..manifest import confined

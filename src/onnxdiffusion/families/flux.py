@@ -163,26 +163,6 @@ class Flux(PackedFlowFamily):
                          "height_latent": h, "width_latent": w, "height": h * f, "width": w * f})
         return dims
 
-    def export_feeds(self, spec: ComponentSpec, dims: dict[str, int], gen, vocab: int) -> dict:
-        feeds = super().export_feeds(spec, dims, gen, vocab)
-        if IMG_IDS in feeds:
-            import torch
-
-            ids = lat.image_ids(dims["rows"], dims["cols"], centred=False)
-            feeds[IMG_IDS] = torch.from_numpy(np.repeat(ids[None], dims["batch_size"], axis=0))
-        if GUIDANCE in feeds:
-            feeds[GUIDANCE] = feeds[GUIDANCE].abs() * 3
-        return feeds
-
-    def wrap(self, spec: ComponentSpec, module):
-        if spec.kind != self.backbone_kind:
-            return super().wrap(spec, module)
-        from ..export.fixups import decompose_rms_norms
-        from ..export.flow_components import FluxTransformer
-
-        decompose_rms_norms(module)
-        return FluxTransformer(module)
-
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
         return {CONTEXT: encoded["text_encoder_2"]["last_hidden_state"],
                 POOLED: encoded["text_encoder"]["pooler_output"]}

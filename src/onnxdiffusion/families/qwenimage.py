@@ -146,36 +146,6 @@ class QwenImage(PackedFlowFamily):
                          "height_latent": h, "width_latent": w, "height": h * f, "width": w * f})
         return dims
 
-    def export_feeds(self, spec: ComponentSpec, dims: dict[str, int], gen, vocab: int) -> dict:
-        import torch
-
-        feeds = super().export_feeds(spec, dims, gen, vocab)
-        b, s = dims["batch_size"], dims.get("sequence_length", 0)
-        mask = torch.ones(b, s, dtype=torch.int64)
-        if b > 1:
-            mask[-1, s - 3:] = 0  # a padded row: the mask must matter
-        if "attention_mask" in feeds:
-            feeds["attention_mask"] = mask
-        if MASK in feeds:
-            feeds[MASK] = mask.to(torch.float32)
-        if IMG_IDS in feeds:
-            ids = lat.image_ids(dims["rows"], dims["cols"], centred=True)
-            feeds[IMG_IDS] = torch.from_numpy(np.repeat(ids[None], b, axis=0))
-        return feeds
-
-    def wrap(self, spec: ComponentSpec, module):
-        from ..export.fixups import decompose_rms_norms, exact_nearest_upsamples
-        from ..export.flow_components import DecoderHiddenStates, QwenImageTransformer
-
-        if spec.kind == "decoder_text_encoder":
-            return DecoderHiddenStates(module.model.language_model, rope_axes=3)
-        if spec.kind == self.backbone_kind:
-            decompose_rms_norms(module)
-            return QwenImageTransformer(module)
-        if spec.kind == "vae_decoder":
-            exact_nearest_upsamples(module)
-        return super().wrap(spec, module)
-
     # -- run time ---------------------------------------------------------------------------------
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
         return _TemplateTokenizer(confined(folder, slot.tokenizer, "tokenizer folder"), info)

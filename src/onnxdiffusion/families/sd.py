@@ -77,6 +77,7 @@ class StableDiffusion(Family):
     # an inpainting pipeline's folder: the same components, its UNet taking mask + masked-image latents too
     pipeline_classes: ClassVar[tuple[str, ...]] = ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")
     backbone: ClassVar[str] = "unet"
+    latent_image_input: ClassVar[bool] = True
     backbone_classes: ClassVar[tuple[str, ...]] = ("UNet2DConditionModel",)
     backbone_kind: ClassVar[str] = "unet"
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]] = (

@@ -213,7 +213,7 @@ def step_ranges(model: onnx.ModelProto, tensors: list[str], calib: CalibrationSe
                 chunk: int = 64) -> StepRanges:
     """Each tensor's (min, max) per step, reduced inside the graph (stats.minmax_model): a call holds
     the backbone's own activations only, whatever the number of calibrated tensors."""
-    from .runner import session
+    from ..onnxio.session import session
     from .stats import collect_minmax, minmax_model
 
     chunk = min(chunk, LARGE_CHUNK) if files.is_large(model) else chunk
@@ -234,7 +234,7 @@ def histogram_ranges(model: onnx.ModelProto, tensors: list[str], stats: StepRang
     [-m, m] (m = max |x|) for entropy, |x| over [0, m] for (symmetric) percentile; the thresholds
     are then ORT's own (_ort.histogram_thresholds)."""
     from . import _ort
-    from .runner import session
+    from ..onnxio.session import session
     from .stats import collect_histograms, histogram_model
 
     chunk = min(chunk, LARGE_CHUNK) if files.is_large(model) else chunk

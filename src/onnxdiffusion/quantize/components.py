@@ -21,7 +21,7 @@ import onnx
 
 from ..errors import UserError
 from . import _ort
-from .graphs import activation_tensors, compact_names, quantizable_nodes, reroute_shape_reads
+from .graphs import activation_tensors, compact_names, prepare_unet, quantizable_nodes, reroute_shape_reads
 
 OP_TYPES = ("Conv", "MatMul", "Gemm")
 
@@ -66,7 +66,6 @@ def output_snr_db(fp32: onnx.ModelProto, new: onnx.ModelProto, feeds: list[dict]
 def quantize_component(model: onnx.ModelProto, feeds: list[dict], keep_float: tuple[str, ...], threads: int,
                        stored: str = "cpu-fused") -> tuple[onnx.ModelProto, dict]:
     """`model` (fp32) with its weight linears int8-static; returns it and what was done."""
-    from .recipes import prepare_unet
     from .runner import ort_optimized
 
     work = prepare_unet(model)  # named nodes, shapes

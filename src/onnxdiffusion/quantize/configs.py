@@ -14,19 +14,15 @@ from dataclasses import dataclass, field
 
 from ..errors import UserError
 from .configs_base import (  # noqa: F401 - re-exported: configs is where every recipe name is found
-    FP16_COMPONENTS, INT8_PROVIDERS, KNOWN_PROVIDERS, MIN_CALIBRATION_PROMPTS, MODELOPT_KEEP_FLOAT, SAMPLER_NAMES,
-    CalibrationConfig, Recipe, _build, _check, _choice, _parse,
+    BACKBONE, FP16_COMPONENTS, INT8_PROVIDERS, KNOWN_PROVIDERS, MIN_CALIBRATION_PROMPTS, MODELOPT_KEEP_FLOAT, SAMPLER_NAMES,
+    RECIPES, CalibrationConfig, Recipe, _build, _check, _choice, _parse,
 )
-from .configs_float import Fp8Recipe, Fp16Recipe, Int4WeightsRecipe, Nvfp4Recipe
-from .configs_int8 import Int8DynamicRecipe, Int8NaiveRecipe, Int8StaticRecipe, Int8TimestepRecipe, MixedRecipe
+from .configs_float import Fp8Recipe, Fp16Recipe, Int4WeightsRecipe, Nvfp4Recipe  # noqa: F401 - each registers itself
+from .configs_int8 import Int8DynamicRecipe, Int8NaiveRecipe, Int8StaticRecipe, Int8TimestepRecipe, MixedRecipe  # noqa: F401
 from .schedule import ScheduleConfig
 
 CONFIG_VERSION = 1
-
-RECIPES: dict[str, type[Recipe]] = {
-    r.name: r for r in (Fp16Recipe, Int8DynamicRecipe, Int8StaticRecipe, Int8NaiveRecipe, Int8TimestepRecipe,
-                        MixedRecipe, Int4WeightsRecipe, Fp8Recipe, Nvfp4Recipe)
-}
+# RECIPES: every recipe registered itself (configs_base.register) when its module was imported above
 
 
 def recipe_class(name: str) -> type[Recipe]:
@@ -43,6 +39,11 @@ def recipe_from_dict(d: dict) -> Recipe:
         raise UserError(f"recipe {cls.name} version {version!r} is not supported (this build reads version {cls.version})")
     if version != cls.version:
         d = {**cls.legacy[version], **d}
+    for key, only in cls.retired.items():  # fields an older dict of this recipe may carry, at one value
+        if key in d:
+            value = d.pop(key)
+            if (tuple(value) if isinstance(value, list) else value) != only:
+                raise UserError(f"recipe {cls.name}: field {key} was retired; a stored dict may only hold {only!r}, not {value!r}")
     return _build(cls, d, f"recipe {cls.name}")
 
 
@@ -67,13 +68,13 @@ class QuantizeConfig:
             why = " (ONNX Runtime has no int8 convolution kernels there)" if self.recipe.providers == INT8_PROVIDERS else ""
             raise UserError(f"recipe {self.recipe.name} cannot run on provider {self.provider}{why}; "
                             f"supported: {', '.join(self.recipe.providers)}")
-        if self.correct and not _touches_backbone(self.recipe):
+        if self.correct and not self.recipe.quantizes_backbone:
             raise UserError(f"--correct fits the quantized backbone's error; recipe {self.recipe.name} leaves the backbone float")
         _choice("correct_method", self.correct_method, ("trajectory", "output"))
         if self.schedule is not None:
             _check(isinstance(self.schedule, ScheduleConfig), "schedule must be a ScheduleConfig")
             _check(not self.correct, "--precision-schedule and --correct are alternative remedies; pick one")
-            _check(_touches_backbone(self.recipe) and not isinstance(self.recipe, Fp16Recipe),
+            _check(self.recipe.quantizes and self.recipe.quantizes_backbone,
                    f"--precision-schedule switches between a quantized and a float backbone; recipe {self.recipe.name} "
                    f"leaves no quantized backbone")
         _check(isinstance(self.threads, int) and self.threads >= 1, f"threads must be >= 1, got {self.threads}")
@@ -108,7 +109,3 @@ class QuantizeConfig:
         if d.get("schedule") is not None:
             d["schedule"] = ScheduleConfig.from_dict(d["schedule"])
         return _build(cls, {**d, "recipe": recipe, "calibration": calibration}, "quantize config")
-
-
-def _touches_backbone(recipe: Recipe) -> bool:
-    return not isinstance(recipe, Fp16Recipe) or recipe.quantizes_unet

@@ -12,12 +12,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from ..errors import UserError
+from ..families.names import backbone_key
 
 # ONNX Runtime has no INT8 convolution kernels on CUDA and TensorRT wants its own calibration
 # table, so the int8 recipes are CPU-only; MatMulNBits and fp16 also run on CUDA.
 INT8_PROVIDERS = ("cpu",)
 KNOWN_PROVIDERS = ("cpu", "cuda", "tensorrt", "openvino", "dml", "coreml")
-FP16_COMPONENTS = ("unet", "text_encoder", "vae_decoder", "vae_encoder")
+# the name recipes give the backbone whatever the family (kept: manifests of existing folders record it);
+# `-O components=` also takes "backbone" and the family's own name (families.backbone_key)
+BACKBONE = backbone_key("backbone")
+FP16_COMPONENTS = (BACKBONE, "text_encoder", "vae_decoder", "vae_encoder")
 MIN_CALIBRATION_PROMPTS = 4
 INT4_ALGORITHMS = ("default", "hqq", "gptq")  # int4-weights `algorithm` (quantize/_ort.py runs them)
 SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler", "flow_heun")  # == samplers.SAMPLERS (no import cycle)
@@ -79,15 +83,52 @@ class CalibrationConfig:
 
 # --- recipes -------------------------------------------------------------------------------
 
+RECIPES: dict[str, type[Recipe]] = {}  # name -> class, in the order the recipes registered
+
+
+def register(cls):
+    """Class decorator: the recipe is known by its name (configs.recipe_class, the CLI's --recipe)."""
+    RECIPES[cls.name] = cls
+    return cls
+
+
 @dataclass(frozen=True)
 class Recipe:
+    """A recipe's fields decide its output's bytes; its class attributes and properties declare what
+    `quantize` must prepare for it (api.py's stages read them, nothing else is probed)."""
+
     name: ClassVar[str] = ""
     version: ClassVar[int] = 1
-    calibrated: ClassVar[bool] = False  # needs fp32 sampling trajectories
-    quantizes_backbone: ClassVar[bool] = True
+    quantizes: ClassVar[bool] = True  # False: a float conversion (fp16), no quantized graph
+    calibrated: ClassVar[bool] = False  # needs fp32 sampling trajectories as calibration data
+    random_calibration: ClassVar[bool] = False  # calibrates on random latents instead (int8-naive)
+    # builds from a > 2 GB backbone held as a skeleton (onnxio.files: weights read only by the
+    # quantizer); the others get the backbone with its weights in memory
+    takes_skeleton: ClassVar[bool] = False
     providers: ClassVar[tuple[str, ...]] = INT8_PROVIDERS
     # field values a dict of an older version implied for fields added since (version -> values)
     legacy: ClassVar[dict[int, dict]] = {}
+    # fields older dicts of this recipe carried that it no longer has, with the only value they may hold
+    retired: ClassVar[dict[str, Any]] = {}
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The components it converts (BACKBONE for the backbone)."""
+        return (BACKBONE,)
+
+    @property
+    def quantizes_backbone(self) -> bool:
+        return BACKBONE in self.targets
+
+    @property
+    def searches(self) -> bool:
+        """Runs the probe images while it builds (a search against an image-quality target)."""
+        return False
+
+    @property
+    def probe_count(self) -> int:
+        """Calibration prompts the probe images are made from."""
+        return 8
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"name": self.name, "version": self.version}
@@ -130,6 +171,11 @@ def _parse(tp, raw: str, key: str):
         pass
     name = getattr(tp, "__name__", str(tp))
     raise UserError(f"option {key}={raw!r} is not a valid {name}")
+
+
+def normalize_components(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`-O components=` names with the backbone's aliases (backbone, the family's name) as BACKBONE."""
+    return tuple(backbone_key(n) for n in names)
 
 
 def _build(cls, d: dict, what: str):

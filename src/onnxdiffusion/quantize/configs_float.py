@@ -5,28 +5,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .configs_base import FP16_COMPONENTS, INT4_ALGORITHMS, INT8_PROVIDERS, MODELOPT_KEEP_FLOAT, Recipe, _check, _choice
+from .configs_base import (BACKBONE, FP16_COMPONENTS, INT4_ALGORITHMS, INT8_PROVIDERS, MODELOPT_KEEP_FLOAT, Recipe, _check,
+                           _choice, normalize_components, register)
 
+
+@register
 @dataclass(frozen=True)
 class Fp16Recipe(Recipe):
     """float16 weights and compute, float32 inputs and outputs, per component."""
 
     name: ClassVar[str] = "fp16"
+    quantizes: ClassVar[bool] = False
+    takes_skeleton: ClassVar[bool] = True
     providers: ClassVar[tuple[str, ...]] = ("cpu", "cuda", "dml")
-    components: tuple[str, ...] = ("unet",)
+    components: tuple[str, ...] = (BACKBONE,)
     op_block_list: tuple[str, ...] = ()  # op types kept in float32 besides ORT's defaults
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "components", normalize_components(self.components))
         _check(len(self.components) > 0, "fp16 needs at least one component")
         for c in self.components:
             _choice("fp16 component", c, FP16_COMPONENTS)
         _check(len(set(self.components)) == len(self.components), "fp16 components listed twice")
 
     @property
-    def quantizes_unet(self) -> bool:
-        return "unet" in self.components
+    def targets(self) -> tuple[str, ...]:
+        return self.components
 
 
+@register
 @dataclass(frozen=True)
 class Int4WeightsRecipe(Recipe):
     """4-bit block-quantized MatMul weights (ONNX Runtime MatMulNBits).
@@ -55,6 +62,7 @@ class Int4WeightsRecipe(Recipe):
     """
 
     name: ClassVar[str] = "int4-weights"
+    takes_skeleton: ClassVar[bool] = True
     version: ClassVar[int] = 4
     legacy: ClassVar[dict[int, dict]] = {2: {"gemms": "keep", "algorithm": "default"}, 3: {"algorithm": "default"}}
     block_size: int = 32
@@ -144,7 +152,12 @@ class LowbitRecipe(Recipe):
         """Whether a 16-bit set is searched for (needs calibration trajectories and the probe)."""
         return self.keep_16bit == "auto"
 
+    @property
+    def probe_count(self) -> int:
+        return self.probe_prompts
 
+
+@register
 @dataclass(frozen=True)
 class Fp8Recipe(LowbitRecipe):
     """FP8 E4M3 QDQ (opset >= 19): weights per output channel, activations per tensor calibrated on
@@ -170,6 +183,7 @@ class Fp8Recipe(LowbitRecipe):
         self._check_keep()
 
 
+@register
 @dataclass(frozen=True)
 class Nvfp4Recipe(LowbitRecipe):
     """NVFP4 weights (FP4 E2M1, blocks of 16 along the input dimension, E4M3 block scales, a float32

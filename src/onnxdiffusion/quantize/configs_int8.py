@@ -6,18 +6,20 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .configs_base import Recipe, _check, _choice
+from .configs_base import BACKBONE, Recipe, _check, _choice, normalize_components, register
 
 # the components int8-static may quantize besides the backbone (quantize/components.py)
-INT8_COMPONENTS = ("unet", "text_encoder", "text_encoder_2", "text_encoder_3", "vae_decoder")
+INT8_COMPONENTS = (BACKBONE, "text_encoder", "text_encoder_2", "text_encoder_3", "vae_decoder")
 OP_GROUPS = ("attention", "softmax", "norms", "modulation")  # see opgroups.py
 GROUP_CHOICES = ("auto", "int8", "float")
 
+@register
 @dataclass(frozen=True)
 class Int8DynamicRecipe(Recipe):
     """ONNX Runtime dynamic quantization (weights int8 offline, activations at run time)."""
 
     name: ClassVar[str] = "int8-dynamic"
+    takes_skeleton: ClassVar[bool] = True
     op_types: tuple[str, ...] = ("Conv", "MatMul")
     weight_type: str = "uint8"  # measured: int8 weights made ConvInteger 2.2x slower than uint8
     per_channel: bool = False
@@ -31,7 +33,67 @@ class Int8DynamicRecipe(Recipe):
 
 
 @dataclass(frozen=True)
-class Int8StaticRecipe(Recipe):
+class Int8Settings:
+    """How a QDQ int8 backbone is made: what int8-static, int8-naive, int8-timestep and mixed share
+    (each of those recipes is these settings plus its own fields; see Int8StaticRecipe for each field)."""
+
+    calibrator: str = "minmax"
+    aggregation: str = "max"
+    percentile: float = 99.999
+    num_bins: int = 2048
+    activation_type: str = "uint8"
+    op_types: tuple[str, ...] = ("Conv", "MatMul", "Gemm")
+    float_outputs: tuple[str, ...] = ("MatMul", "Gemm")
+    keep_float: tuple[str, ...] = ()
+    stored: str = "cpu-fused"
+    attention: str = "auto"
+    softmax: str = "auto"
+    norms: str = "auto"
+    modulation: str = "auto"
+    group_budget: float = 0.25
+    smooth_alpha: float = 0.0
+    keep_sensitive: float = 0.0
+
+    def _check_int8(self) -> None:
+        _choice("stored", self.stored, ("cpu-fused", "qdq"))
+        _check(math.isfinite(self.keep_sensitive) and 0.0 <= self.keep_sensitive < 1.0,
+               f"keep_sensitive must be in [0, 1) (0 = every linear quantized), got {self.keep_sensitive}")
+        for group in OP_GROUPS:
+            _choice(group, getattr(self, group), GROUP_CHOICES)
+        _check(math.isfinite(self.group_budget) and 0.0 <= self.group_budget <= 100.0,
+               f"group_budget must be in [0, 100], got {self.group_budget}")
+        _check(math.isfinite(self.smooth_alpha) and 0.0 <= self.smooth_alpha < 1.0,
+               f"smooth_alpha must be in [0, 1) (0 = no smoothing), got {self.smooth_alpha}")
+        _choice("calibrator", self.calibrator, ("minmax", "entropy", "percentile"))
+        for op in self.float_outputs:
+            _choice("float_outputs op type", op, ("Conv", "MatMul", "Gemm"))
+        _choice("aggregation", self.aggregation, ("max", "mean"))
+        _check(self.aggregation == "max" or self.calibrator == "minmax",
+               f"aggregation 'mean' averages per-step min/max ranges; it needs calibrator minmax, not {self.calibrator}")
+        _check(50.0 < self.percentile <= 100.0, f"percentile must be in (50, 100], got {self.percentile}")
+        _check(128 <= self.num_bins <= 1 << 16, f"num_bins must be in [128, 65536], got {self.num_bins}")
+        _choice("activation_type", self.activation_type, ("uint8", "int8"))
+        _check(len(self.op_types) > 0, "op_types must not be empty")
+        for op in self.op_types:
+            _choice("int8 op type", op, ("Conv", "MatMul", "Gemm"))
+
+
+# int8-static's own fields, which the other int8 recipes' dicts carried (always at these values)
+# while those recipes were subclasses of it; they also carried its version (and its legacy defaults)
+_STATIC_ONLY = {"components": (BACKBONE,), "components_keep_float": ("*conv_out*",), "bias_correction": 0,
+                "kernels": "portable"}
+_INT8_VERSION = 7
+_INT8_LEGACY: dict[int, dict] = {2: {"attention": "float", "softmax": "float", "norms": "float", "modulation": "int8",
+                                     "smooth_alpha": 0.0, "keep_sensitive": 0.0, **_STATIC_ONLY},
+                                 3: {"keep_sensitive": 0.0, **_STATIC_ONLY},
+                                 4: dict(_STATIC_ONLY),
+                                 5: {"bias_correction": 0, "kernels": "portable"},
+                                 6: {"kernels": "portable"}}
+
+
+@register
+@dataclass(frozen=True)
+class Int8StaticRecipe(Recipe, Int8Settings):
     """QDQ int8: per-channel symmetric int8 weights, 8-bit activations calibrated on fp32 trajectories.
 
     Only Conv, MatMul and Gemm with constant weights are quantized; activation x activation
@@ -76,34 +138,11 @@ class Int8StaticRecipe(Recipe):
     """
 
     name: ClassVar[str] = "int8-static"
-    version: ClassVar[int] = 7
-    legacy: ClassVar[dict[int, dict]] = {2: {"attention": "float", "softmax": "float", "norms": "float",
-                                             "modulation": "int8", "smooth_alpha": 0.0, "keep_sensitive": 0.0,
-                                             "components": ("unet",), "components_keep_float": ("*conv_out*",),
-                                             "bias_correction": 0, "kernels": "portable"},
-                                         3: {"keep_sensitive": 0.0, "components": ("unet",), "components_keep_float": ("*conv_out*",),
-                                             "bias_correction": 0, "kernels": "portable"},
-                                         4: {"components": ("unet",), "components_keep_float": ("*conv_out*",), "bias_correction": 0, "kernels": "portable"},
-                                         5: {"bias_correction": 0, "kernels": "portable"},
-                                         6: {"kernels": "portable"}}
+    version: ClassVar[int] = _INT8_VERSION
+    legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
     calibrated: ClassVar[bool] = True
-    calibrator: str = "minmax"
-    aggregation: str = "max"
-    percentile: float = 99.999
-    num_bins: int = 2048
-    activation_type: str = "uint8"
-    op_types: tuple[str, ...] = ("Conv", "MatMul", "Gemm")
-    float_outputs: tuple[str, ...] = ("MatMul", "Gemm")
-    keep_float: tuple[str, ...] = ()
-    stored: str = "cpu-fused"
-    attention: str = "auto"
-    softmax: str = "auto"
-    norms: str = "auto"
-    modulation: str = "auto"
-    group_budget: float = 0.25
-    smooth_alpha: float = 0.0
-    keep_sensitive: float = 0.0
-    components: tuple[str, ...] = ("unet",)
+    takes_skeleton: ClassVar[bool] = True
+    components: tuple[str, ...] = (BACKBONE,)
     # measured (bench/report_sd15/vae_keep_float.json, embedded model, 64 held-out pairs): the VAE decoder's
     # conv_out kept float lifts its images from 43.2 to 44.9 dB mean (worst 41.8 -> 43.2) for one small conv
     components_keep_float: tuple[str, ...] = ("*conv_out*",)
@@ -111,45 +150,33 @@ class Int8StaticRecipe(Recipe):
     kernels: str = "auto"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "components", normalize_components(self.components))
         _choice("kernels", self.kernels, ("auto", "amx", "vnni", "portable"))
         _check(self.kernels in ("auto", "portable") or self.stored == "cpu-fused",
                f"kernels={self.kernels} lays out the CPU-fused graph: it needs stored=cpu-fused")
         for c in self.components:
             _choice("int8-static component", c, INT8_COMPONENTS)
-        _check("unet" in self.components, "int8-static always quantizes the backbone: components must include unet")
+        _check(BACKBONE in self.components, "int8-static always quantizes the backbone: components must include the backbone (backbone, or unet / transformer)")
         _check(len(set(self.components)) == len(self.components), "int8-static components listed twice")
-        _check(self.name == "int8-static" or self.components == ("unet",),
-               f"{self.name} quantizes the backbone only; components is int8-static's")
-        _choice("stored", self.stored, ("cpu-fused", "qdq"))
         _check(self.bias_correction in (0, 1), f"bias_correction must be 0 (off) or 1 (on), got {self.bias_correction}")
-        _check(math.isfinite(self.keep_sensitive) and 0.0 <= self.keep_sensitive < 1.0,
-               f"keep_sensitive must be in [0, 1) (0 = every linear quantized), got {self.keep_sensitive}")
-        for group in OP_GROUPS:
-            _choice(group, getattr(self, group), GROUP_CHOICES)
-        _check(math.isfinite(self.group_budget) and 0.0 <= self.group_budget <= 100.0,
-               f"group_budget must be in [0, 100], got {self.group_budget}")
-        _check(math.isfinite(self.smooth_alpha) and 0.0 <= self.smooth_alpha < 1.0,
-               f"smooth_alpha must be in [0, 1) (0 = no smoothing), got {self.smooth_alpha}")
-        _choice("calibrator", self.calibrator, ("minmax", "entropy", "percentile"))
-        for op in self.float_outputs:
-            _choice("float_outputs op type", op, ("Conv", "MatMul", "Gemm"))
-        _choice("aggregation", self.aggregation, ("max", "mean"))
-        _check(self.aggregation == "max" or self.calibrator == "minmax",
-               f"aggregation 'mean' averages per-step min/max ranges; it needs calibrator minmax, not {self.calibrator}")
-        _check(50.0 < self.percentile <= 100.0, f"percentile must be in (50, 100], got {self.percentile}")
-        _check(128 <= self.num_bins <= 1 << 16, f"num_bins must be in [128, 65536], got {self.num_bins}")
-        _choice("activation_type", self.activation_type, ("uint8", "int8"))
-        _check(len(self.op_types) > 0, "op_types must not be empty")
-        for op in self.op_types:
-            _choice("int8 op type", op, ("Conv", "MatMul", "Gemm"))
+        self._check_int8()
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.components
 
 
+@register
 @dataclass(frozen=True)
-class Int8NaiveRecipe(Int8StaticRecipe):
+class Int8NaiveRecipe(Recipe, Int8Settings):
     """The tutorial baseline: random latents at one timestep and random text embeddings."""
 
     name: ClassVar[str] = "int8-naive"
-    calibrated: ClassVar[bool] = False
+    random_calibration: ClassVar[bool] = True
+    takes_skeleton: ClassVar[bool] = True
+    version: ClassVar[int] = _INT8_VERSION
+    legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
+    retired: ClassVar[dict] = _STATIC_ONLY
     timestep: float = 500.0
     samples: int = 64
     # the tutorial's fixed list: random data has no fp32 outputs to measure sensitivity against
@@ -159,16 +186,16 @@ class Int8NaiveRecipe(Int8StaticRecipe):
     modulation: str = "int8"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        self._check_int8()
         _check("auto" not in {getattr(self, g) for g in OP_GROUPS} and self.smooth_alpha == 0.0 and self.keep_sensitive == 0.0,
                "int8-naive calibrates on random data: op groups must be int8 or float, smooth_alpha and keep_sensitive 0")
-        _check(self.bias_correction == 0, "int8-naive calibrates on random data: bias_correction must be 0")
         _check(0.0 <= self.timestep <= 1000.0, f"timestep must be in [0, 1000], got {self.timestep}")
         _check(self.samples >= 2, f"too few calibration samples: need >= 2, got {self.samples}")
 
 
+@register
 @dataclass(frozen=True)
-class Int8TimestepRecipe(Int8StaticRecipe):
+class Int8TimestepRecipe(Recipe, Int8Settings):
     """K timestep groups with their own activation scales; weights shared, selected per step in-graph.
 
     `grouping`: optimal (contiguous groups minimizing the range inflation each step pays for
@@ -176,24 +203,27 @@ class Int8TimestepRecipe(Int8StaticRecipe):
     """
 
     name: ClassVar[str] = "int8-timestep"
+    calibrated: ClassVar[bool] = True
+    takes_skeleton: ClassVar[bool] = True
+    version: ClassVar[int] = _INT8_VERSION
+    legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
+    retired: ClassVar[dict] = _STATIC_ONLY
     MAX_GROUPS: ClassVar[int] = 8
     groups: int = 4
     grouping: str = "optimal"
-    kernels: str = "portable"  # the lowering is int8-static's (one graph, no If branches)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        self._check_int8()
         _check(isinstance(self.groups, int) and 2 <= self.groups <= self.MAX_GROUPS,
                f"groups (K) must be in [2, {self.MAX_GROUPS}], got {self.groups}")
         _choice("grouping", self.grouping, ("optimal", "equal"))
-        _check(self.bias_correction == 0, "int8-timestep: bias_correction is an option of int8-static only")
-        _check(self.kernels == "portable", "int8-timestep: kernels is an option of int8-static only")
         # QDQ If-branches re-fused at load time ran ~15% slower than the fused ones
         _check(self.stored == "cpu-fused", "int8-timestep stores its groups CPU-fused; stored=qdq is not supported")
 
 
+@register
 @dataclass(frozen=True)
-class MixedRecipe(Int8StaticRecipe):
+class MixedRecipe(Recipe, Int8Settings):
     """int8-static plus the fewest float nodes that reach `target_psnr` (dB, images vs fp32 on probe prompts).
 
     Nodes are ranked by the error quantizing each one alone adds to the backbone output on
@@ -201,16 +231,26 @@ class MixedRecipe(Int8StaticRecipe):
     """
 
     name: ClassVar[str] = "mixed"
+    calibrated: ClassVar[bool] = True
+    takes_skeleton: ClassVar[bool] = True
+    version: ClassVar[int] = _INT8_VERSION
+    legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
+    retired: ClassVar[dict] = _STATIC_ONLY
     target_psnr: float = 36.0
     probe_prompts: int = 8
     sensitivity_steps: int = 4
-    kernels: str = "portable"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        self._check_int8()
         _check(10.0 <= self.target_psnr <= 100.0, f"target_psnr must be in [10, 100] dB, got {self.target_psnr}")
         _check(2 <= self.probe_prompts <= 256, f"probe_prompts must be in [2, 256], got {self.probe_prompts}")
         _check(1 <= self.sensitivity_steps <= 1000, f"sensitivity_steps must be >= 1, got {self.sensitivity_steps}")
-        _check(self.bias_correction == 0, "mixed: bias_correction is an option of int8-static only")
-        _check(self.kernels == "portable", "mixed: kernels is an option of int8-static only")
+
+    @property
+    def searches(self) -> bool:
+        return True
+
+    @property
+    def probe_count(self) -> int:
+        return self.probe_prompts
 

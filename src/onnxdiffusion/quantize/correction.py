@@ -1,4 +1,5 @@
-"""Sampler-side error correction in the spirit of PTQD (numpy only: the run-time side imports this).
+"""Sampler-side error correction in the spirit of PTQD (numpy only): the fit.
+The table the sampler applies, and its per-step wrapper, are runtime/hooks/correction.py.
 
 On paired outputs over the calibration trajectories, fit per timestep t_k
 
@@ -13,9 +14,9 @@ lives in ``samplers.graph`` (same float32 formula).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from ..runtime.hooks.correction import OutputCorrection as _RuntimeCorrection
 
 
 def _affine_fit(f: np.ndarray, q: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -43,66 +44,9 @@ def affine_explained_fraction(reference: np.ndarray, quantized: np.ndarray) -> f
     return 1.0 - resid / total if total > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class OutputCorrection:
-    t: np.ndarray  # (K,) ascending float32
-    scale: np.ndarray  # (K,)
-    bias: np.ndarray  # (K, C)
+class OutputCorrection(_RuntimeCorrection):
+    """The run-time correction (runtime/hooks/correction.py) with its fitting."""
 
-    def __post_init__(self) -> None:
-        t = np.asarray(self.t, np.float32)
-        if t.ndim != 1 or len(t) < 1 or np.any(np.diff(t) <= 0):
-            raise ValueError("correction timesteps must be a strictly ascending 1-D array")
-        scale = np.asarray(self.scale, np.float32)
-        bias = np.asarray(self.bias, np.float32)
-        if scale.shape != t.shape or bias.ndim != 2 or bias.shape[0] != len(t):
-            raise ValueError(f"correction tables disagree: t {t.shape}, scale {scale.shape}, bias {bias.shape}")
-        object.__setattr__(self, "t", t)
-        object.__setattr__(self, "scale", scale)
-        object.__setattr__(self, "bias", bias)
-
-    # -- the piecewise-linear lookup, as the graph computes it ---------------------------------
-    def hat_coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(il, cl, ir, cr) with w_k(t) = clip(min(t*il_k + cl_k, t*ir_k + cr_k), 0, 1)."""
-        t = self.t.astype(np.float64)
-        k = len(t)
-        il, cl = np.zeros(k), np.ones(k)
-        ir, cr = np.zeros(k), np.ones(k)
-        for i in range(1, k):
-            il[i] = 1.0 / (t[i] - t[i - 1])
-            cl[i] = -t[i - 1] * il[i]
-        for i in range(k - 1):
-            ir[i] = -1.0 / (t[i + 1] - t[i])
-            cr[i] = t[i + 1] / (t[i + 1] - t[i])
-        f = np.float32
-        return il.astype(f), cl.astype(f), ir.astype(f), cr.astype(f)
-
-    def table(self) -> np.ndarray:
-        """(K, 1 + C): scale then the channel biases, the matrix the weights multiply."""
-        return np.concatenate([self.scale[:, None], self.bias], axis=1).astype(np.float32)
-
-    def weights(self, t: float) -> np.ndarray:
-        il, cl, ir, cr = self.hat_coefficients()
-        tt = np.float32(t)
-        return np.clip(np.minimum(tt * il + cl, tt * ir + cr), np.float32(0), np.float32(1))
-
-    def at(self, t: float) -> tuple[np.float32, np.ndarray]:
-        v = self.weights(t)[None, :] @ self.table()
-        return np.float32(v[0, 0]), v[0, 1:].astype(np.float32)
-
-    def apply(self, out: np.ndarray, t: float) -> np.ndarray:
-        s, b = self.at(t)
-        return out * s + b.reshape(1, -1, *([1] * (out.ndim - 2)))
-
-    def wrap(self, model_fn):
-        """model_fn(x, t) -> corrected model_fn(x, t) for the host loop."""
-
-        def corrected(x, t):
-            return self.apply(model_fn(x, t), t)
-
-        return corrected
-
-    # -- fitting and storage -------------------------------------------------------------------
     @classmethod
     def fit(cls, timesteps: np.ndarray, reference: np.ndarray, quantized: np.ndarray,
             max_scale_change: float = 0.2) -> OutputCorrection:
@@ -162,10 +106,3 @@ class OutputCorrection:
             d_prev = den
         order = np.argsort(ts)
         return cls(np.asarray(ts)[order], np.asarray(scales)[order], np.asarray(biases)[order])
-
-    def to_dict(self) -> dict:
-        return {"t": self.t.tolist(), "scale": self.scale.tolist(), "bias": self.bias.tolist()}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> OutputCorrection:
-        return cls(np.asarray(d["t"], np.float32), np.asarray(d["scale"], np.float32), np.asarray(d["bias"], np.float32))

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..onnxio.files import op_counts  # noqa: F401 - re-exported: the quantizer's graph tools include it
 from ..samplers.graph import rename_outer_refs
 
 WEIGHT_OPS = ("Conv", "MatMul", "Gemm")
@@ -58,6 +59,17 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
             n.name = f"{n.op_type}_{i}"
         seen.add(n.name)
     return model
+
+
+def prepare_unet(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape information for the quantizer (ONNX's own inference: ORT's symbolic one fails on this UNet)."""
+    from ..onnxio.files import infer_shapes
+
+    model = name_nodes(model)
+    try:
+        return infer_shapes(model)  # a > 2 GB backbone: on its skeleton
+    except Exception:  # noqa: BLE001 - quantizers still work without value_info, just less precisely
+        return model
 
 
 def quantizable_nodes(model: onnx.ModelProto, op_types: Iterable[str], keep_float: Iterable[str] = ()) -> list[QNode]:
@@ -104,18 +116,6 @@ def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProt
         if x not in have:
             aug.graph.output.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, None))
     return aug
-
-
-def op_counts(model: onnx.ModelProto | onnx.GraphProto) -> Counter:
-    """Op types over the graph and every subgraph (If branches, Loop bodies)."""
-    graph = model.graph if isinstance(model, onnx.ModelProto) else model
-    c: Counter = Counter()
-    for n in graph.node:
-        c[n.op_type] += 1
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                c.update(op_counts(g))
-    return c
 
 
 def is_quantized(model: onnx.ModelProto) -> bool:

@@ -27,6 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import UserError
+from ..onnxio.files import copy as copy_model
 from . import lowbit as L
 
 TRT_DOMAIN = "trt"
@@ -260,10 +261,7 @@ def _amax(ranges: dict[str, tuple[float, float]], x: str) -> float:
     return max(abs(lo), abs(hi))
 
 
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out
+_copy = copy_model  # a ModelProto deep copy (onnxio.files)
 
 
 def fp8_graph(model: onnx.ModelProto, nodes: list[str], ranges: dict, opset: int, keep16=()) -> onnx.ModelProto:

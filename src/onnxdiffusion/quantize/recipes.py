@@ -12,6 +12,7 @@ from ..errors import UserError
 from . import _ort, files
 from .calibration import CalibrationSet, group_boundaries, histogram_ranges, step_ranges, timestep_groups
 from .configs import (
+    BACKBONE,
     Fp8Recipe,
     Fp16Recipe,
     Int4WeightsRecipe,
@@ -24,8 +25,9 @@ from .configs import (
     QuantizeConfig,
     Recipe,
 )
-from .graphs import (
+from .graphs import (  # noqa: F401 - prepare_unet re-exported: importers find it here
     activation_tensors,
+    prepare_unet,
     compact_names,
     fold_matmul_bias,
     name_nodes,
@@ -58,14 +60,44 @@ class Context:
 
 @dataclass
 class Built:
-    components: dict[str, onnx.ModelProto]  # name -> new model
+    """A builder's output: the new components and what the folder and the report say about them."""
+
+    components: dict[str, onnx.ModelProto]  # name (BACKBONE for the backbone) -> new model
     precision: str
     float_nodes: list[str] = field(default_factory=list)
     quantized_nodes: list[str] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # for the report only: what was measured and decided
     # what quality is measured on when ORT's CPU provider cannot run the stored backbone (FLOAT4E2M1)
     simulation: onnx.ModelProto | None = None
     cpu_runnable: bool = True
+    stored_as: str | None = None  # the stored graph's form (a provider-specific graph, not portable QDQ)
+    requires_provider: str | None = None  # the only provider whose kernels run the stored backbone
+    timestep_groups: dict | None = None  # {"boundaries", "groups"}: the backbone switches scales per step
+    quality_measured_on: str | None = None  # when quality is measured on a simulation, which
+    simulated_on_cpu: bool = False  # ORT's CPU provider runs the stored form as float simulation
+
+    @property
+    def backbone(self) -> onnx.ModelProto | None:
+        return self.components.get(BACKBONE)
+
+    def report_details(self) -> dict:
+        """`details` with the typed fields, as the report has always shown them."""
+        typed = {"stored_as": self.stored_as, "requires_provider": self.requires_provider,
+                 "simulated_on_cpu": self.simulated_on_cpu or None, "quality_measured_on": self.quality_measured_on}
+        if self.timestep_groups is not None:
+            typed.update(self.timestep_groups)
+        return {**{k: v for k, v in typed.items() if v is not None}, **self.details}
+
+
+BUILDERS: dict[type[Recipe], Callable[[Context, Recipe], Built]] = {}
+
+
+def builds(recipe_type: type[Recipe]):
+    """Register a function as the builder of one recipe class."""
+    def register(fn):
+        BUILDERS[recipe_type] = fn
+        return fn
+    return register
 
 
 # --- int8 static family ----------------------------------------------------------------------
@@ -106,11 +138,16 @@ def stored_form(ctx: Context, recipe: Int8StaticRecipe | Int4WeightsRecipe, mode
     return compact_names(fused), CPU_STORED_AS
 
 
+@builds(Int8StaticRecipe)
 def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
+    return _build_qdq(ctx, recipe, bool(recipe.bias_correction))
+
+
+def _build_qdq(ctx: Context, recipe: Int8StaticRecipe | Int8NaiveRecipe, bias_correction: bool) -> Built:
     calib = ctx.get_calibration()
     plan = plan_static(ctx, recipe, calib)
     ranges = _ranges(ctx, recipe, calib, plan)
-    if recipe.bias_correction:
+    if bias_correction:
         from .bias_correction import correct_biases
 
         def quantized(model):
@@ -118,14 +155,15 @@ def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
 
         plan.model, plan.details["bias_correction"] = correct_biases(plan.model, quantized, plan.nodes, calib, ctx.threads, ctx.log)
     model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, ranges))
-    if recipe.stored == "cpu-fused" and recipe.kernels != "portable":  # conv kernels for this CPU (AMX: QGEMM)
+    kernels = getattr(recipe, "kernels", "portable")  # int8-static's option; int8-naive has none
+    if recipe.stored == "cpu-fused" and kernels != "portable":  # conv kernels for this CPU (AMX: QGEMM)
         from .amx_lowering import apply
 
-        plan.details["int8_kernels"] = apply(ctx, recipe.kernels, model)
-    built = Built({"unet": model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
-                  details={"calibrated_tensors": len(plan.tensors), "stored_as": stored, **plan.details})
-    for name in recipe.components:
-        if name != "unet":  # the VAE decoder, text encoders: quantize/components.py
+        plan.details["int8_kernels"] = apply(ctx, kernels, model)
+    built = Built({BACKBONE: model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
+                  details={"calibrated_tensors": len(plan.tensors), **plan.details}, stored_as=stored)
+    for name in recipe.targets:
+        if name != BACKBONE:  # the VAE decoder, text encoders: quantize/components.py
             from .components import quantize_component
 
             ctx.log(f"int8-static: {name}")
@@ -134,10 +172,12 @@ def build_static(ctx: Context, recipe: Int8StaticRecipe) -> Built:
     return built
 
 
+@builds(Int8NaiveRecipe)
 def build_naive(ctx: Context, recipe: Int8NaiveRecipe) -> Built:
-    return build_static(ctx, recipe)  # the difference is all in the calibration set
+    return _build_qdq(ctx, recipe, False)  # the difference is all in the calibration set
 
 
+@builds(Int8TimestepRecipe)
 def build_timestep(ctx: Context, recipe: Int8TimestepRecipe) -> Built:
     calib = ctx.get_calibration()
     if recipe.groups > calib.num_steps:
@@ -152,17 +192,16 @@ def build_timestep(ctx: Context, recipe: Int8TimestepRecipe) -> Built:
     merged = merge_timestep_groups([stored_form(ctx, recipe, m)[0] for m in models], bounds)
     shared = sum(len(t.raw_data) or t.ByteSize() for t in merged.graph.initializer)
     spans = [[float(calib.timesteps[g[0]]), float(calib.timesteps[g[-1]])] for g in groups]
-    return Built({"unet": merged}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes, details={
-        "groups": [{"steps": g, "t_from": s[0], "t_to": s[1]} for g, s in zip(groups, spans)],
-        "boundaries": bounds,
+    return Built({BACKBONE: merged}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes, details={
         "shared_initializer_bytes": int(shared),
         "single_group_qdq_bytes": int(files.model_bytes(models[0])),
-        "stored_as": CPU_STORED_AS + ", one If branch per group",
         "calibrated_tensors": len(plan.tensors),
         **plan.details,
-    })
+    }, stored_as=CPU_STORED_AS + ", one If branch per group", timestep_groups={
+        "boundaries": bounds, "groups": [{"steps": g, "t_from": s[0], "t_to": s[1]} for g, s in zip(groups, spans)]})
 
 
+@builds(MixedRecipe)
 def build_mixed(ctx: Context, recipe: MixedRecipe) -> Built:
     from .sensitivity import choose_float_nodes
 
@@ -178,7 +217,7 @@ def build_mixed(ctx: Context, recipe: MixedRecipe) -> Built:
         return _ort.qdq_quantize(plan.model, ranges, [node], plan.op_types, recipe.activation_type, recipe.float_outputs)
 
     result = choose_float_nodes(ctx, recipe, calib, nodes, quantize_only, quantize_without)
-    model, result["stored_as"] = stored_form(ctx, recipe, quantize_without(set(result["float_nodes"])))
+    model, stored = stored_form(ctx, recipe, quantize_without(set(result["float_nodes"])))
     peers = peer_float_nodes(plan.model, nodes)
     peer_all = sorted({n for v in peers.values() for n in v})
     peer_model = quantize_without(set(peer_all))
@@ -186,18 +225,21 @@ def build_mixed(ctx: Context, recipe: MixedRecipe) -> Built:
     result["peer_hand_list"] = {"by_category": peers, "count": len(peer_all),
                                 "probe_psnr_db": probe.psnr(peer_model),
                                 "overlap_with_ours": sorted(set(peer_all) & set(result["float_nodes"]))}
-    return Built({"unet": model}, recipe.name, float_nodes=plan.kept + result["float_nodes"],
-                 quantized_nodes=[n for n in nodes if n not in set(result["float_nodes"])], details={**plan.details, **result})
+    return Built({BACKBONE: model}, recipe.name, float_nodes=plan.kept + result["float_nodes"],
+                 quantized_nodes=[n for n in nodes if n not in set(result["float_nodes"])], details={**plan.details, **result},
+                 stored_as=stored)
 
 
 # --- the others ------------------------------------------------------------------------------
 
+@builds(Int8DynamicRecipe)
 def build_dynamic(ctx: Context, recipe: Int8DynamicRecipe) -> Built:
     nodes, kept = _selection(ctx, recipe, recipe.op_types)
     model = _ort.dynamic_quantize(ctx.unet, nodes, recipe.op_types, recipe.weight_type, recipe.per_channel)
-    return Built({"unet": model}, recipe.name, float_nodes=kept, quantized_nodes=nodes)
+    return Built({BACKBONE: model}, recipe.name, float_nodes=kept, quantized_nodes=nodes)
 
 
+@builds(Int4WeightsRecipe)
 def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
     from .opgroups import gemms_as_matmuls
     from .static_plan import _infer
@@ -251,17 +293,18 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         model = _ort.qdq_quantize(model, ranges, others, ("Conv", "Gemm"), "uint8", ("Gemm",), owned=True)
         reroute_shape_reads(model)
         model, stored = stored_form(ctx, recipe, compact_names(model))
-        return Built({"unet": model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
-                     details={**details, "int8_convs_and_gemms": len(others), "stored_as": stored})
+        return Built({BACKBONE: model}, "int4-weights+int8", float_nodes=float_nodes, quantized_nodes=names + others,
+                     details={**details, "int8_convs_and_gemms": len(others)}, stored_as=stored)
     model = files.with_weights(model)  # a skeleton's float weights, read for saving (the 4-bit ones are in memory)
-    return Built({"unet": model}, "int4-weights+int8" if recipe.others == "int8" else recipe.name,
+    return Built({BACKBONE: model}, "int4-weights+int8" if recipe.others == "int8" else recipe.name,
                  float_nodes=float_nodes + others, quantized_nodes=names, details={**details, "float_convs_and_gemms": len(others)})
 
 
+@builds(Fp16Recipe)
 def build_fp16(ctx: Context, recipe: Fp16Recipe) -> Built:
     out = {}
-    for name in recipe.components:
-        src = ctx.unet if name == "unet" else ctx.components[name]
+    for name in recipe.targets:
+        src = ctx.unet if name == BACKBONE else ctx.components[name]
         out[name] = _ort.fp16_convert(src, recipe.op_block_list)
     return Built(out, "fp16")
 
@@ -272,6 +315,7 @@ def _keep16_details(plan) -> dict:
     return {**plan.details, "kept_16bit_nodes": len(plan.keep16)}
 
 
+@builds(Fp8Recipe)
 def build_fp8(ctx: Context, recipe: Fp8Recipe) -> Built:
     from .lowbit_graphs import fp8_graph
     from .lowbit_plan import measured_graph, plan_lowbit
@@ -280,14 +324,14 @@ def build_fp8(ctx: Context, recipe: Fp8Recipe) -> Built:
     model = fp8_graph(ctx.unet, plan.nodes, plan.ranges, recipe.opset, plan.keep16)
     # with 16-bit layers, quality is measured with their inputs rounded through float16 too
     simulation = measured_graph(ctx.unet, recipe, plan.nodes, plan.ranges, plan.keep16) if plan.keep16 else None
-    return Built({"unet": model}, "fp8", float_nodes=plan.kept + plan.keep16, quantized_nodes=plan.nodes,
-                 simulation=simulation, details={
-                     "stored_as": f"QDQ FLOAT8E4M3FN, opset {recipe.opset}" + (", 16-bit layers with float16 weights" if plan.keep16 else "")
-                     + " (TensorRT FP8; ONNX Runtime CPU runs it as float simulation)",
-                     "simulated_on_cpu": True, **_keep16_details(plan),
-                     **({"quality_measured_on": "fp32 simulation: FP8 Q/DQ, 16-bit layers' inputs rounded to fp16"} if plan.keep16 else {})})
+    return Built({BACKBONE: model}, "fp8", float_nodes=plan.kept + plan.keep16, quantized_nodes=plan.nodes,
+                 simulation=simulation, details=_keep16_details(plan), simulated_on_cpu=True,
+                 stored_as=f"QDQ FLOAT8E4M3FN, opset {recipe.opset}" + (", 16-bit layers with float16 weights" if plan.keep16 else "")
+                 + " (TensorRT FP8; ONNX Runtime CPU runs it as float simulation)",
+                 quality_measured_on="fp32 simulation: FP8 Q/DQ, 16-bit layers' inputs rounded to fp16" if plan.keep16 else None)
 
 
+@builds(Nvfp4Recipe)
 def build_nvfp4(ctx: Context, recipe: Nvfp4Recipe) -> Built:
     from .lowbit_graphs import nvfp4_graph
     from .lowbit_plan import measured_graph, plan_lowbit
@@ -298,38 +342,12 @@ def build_nvfp4(ctx: Context, recipe: Nvfp4Recipe) -> Built:
     if recipe.activations != "fp4":
         simulation = measured_graph(ctx.unet, recipe, plan.nodes, plan.ranges, plan.keep16)
     form = "Model Optimizer's TensorRT pattern (trt ops)" if recipe.form == "tensorrt" else "portable opset-23 Q/DQ"
-    return Built({"unet": model}, f"nvfp4-w4a{recipe.activations[2:]}", float_nodes=plan.kept + plan.keep16,
-                 quantized_nodes=plan.nodes, simulation=simulation, cpu_runnable=False, details={
-                     "stored_as": f"NVFP4 ({form}); needs TensorRT (FLOAT4E2M1 has no ONNX Runtime CPU kernel)",
-                     "requires_provider": "tensorrt", **_keep16_details(plan),
-                     "quality_measured_on": ("fp32 simulation: numpy-twin weights" + (", FP8 activation Q/DQ" if recipe.activations == "fp8"
-                                             else ", activations rounded to fp16")) if simulation is not None else None})
-
-
-# Builders that take a > 2 GB backbone as a skeleton (files.py: weights read only by the quantizer);
-# the others get it with its weights in memory.
-SKELETON_RECIPES = (Fp16Recipe, Int8DynamicRecipe, Int8StaticRecipe, Int4WeightsRecipe)  # + subclasses
-
-BUILDERS: dict[type[Recipe], Callable[[Context, Recipe], Built]] = {
-    Fp16Recipe: build_fp16,
-    Int8DynamicRecipe: build_dynamic,
-    Int8StaticRecipe: build_static,
-    Int8NaiveRecipe: build_naive,
-    Int8TimestepRecipe: build_timestep,
-    MixedRecipe: build_mixed,
-    Int4WeightsRecipe: build_int4,
-    Fp8Recipe: build_fp8,
-    Nvfp4Recipe: build_nvfp4,
-}
-
-
-def prepare_unet(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape information for the quantizer (ONNX's own inference: ORT's symbolic one fails on this UNet)."""
-    model = name_nodes(model)
-    try:
-        return files.infer_shapes(model)  # a > 2 GB backbone: on its skeleton
-    except Exception:  # noqa: BLE001 - quantizers still work without value_info, just less precisely
-        return model
+    return Built({BACKBONE: model}, f"nvfp4-w4a{recipe.activations[2:]}", float_nodes=plan.kept + plan.keep16,
+                 quantized_nodes=plan.nodes, simulation=simulation, cpu_runnable=False, details=_keep16_details(plan),
+                 stored_as=f"NVFP4 ({form}); needs TensorRT (FLOAT4E2M1 has no ONNX Runtime CPU kernel)",
+                 requires_provider="tensorrt",
+                 quality_measured_on=("fp32 simulation: numpy-twin weights" + (", FP8 activation Q/DQ" if recipe.activations == "fp8"
+                                      else ", activations rounded to fp16")) if simulation is not None else None)
 
 
 def evaluate_sqnr(model: onnx.ModelProto, calib: CalibrationSet | None, threads: int) -> dict | None:

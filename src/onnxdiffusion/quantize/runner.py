@@ -15,91 +15,14 @@ import onnx
 import onnxruntime as ort
 
 from ..evaluate.metrics import psnr
-from ..runtime.session import resolve_provider
+from ..onnxio.session import (  # noqa: F401 - the one session factory (onnxio), by the names importers use
+    FLOAT8_TYPES, INT8_DISABLED_OPTIMIZERS, disabled_for, ort_optimized, session,
+)
+from ..onnxio.session import tool_options as session_options  # noqa: F401
 from . import files
 
 if TYPE_CHECKING:  # type hints only: calibration imports this module (session) at run time
     from .calibration import CalibrationSet
-
-INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
-
-
-def session_options(threads: int, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, optimized_path: str | None = None):
-    o = ort.SessionOptions()
-    o.intra_op_num_threads = threads
-    o.inter_op_num_threads = 1
-    o.log_severity_level = 3
-    o.graph_optimization_level = level
-    if optimized_path:
-        o.optimized_model_filepath = optimized_path
-    return o
-
-
-# ORT optimizers an int8 backbone runs without (recorded in its manifest entry; the pipeline
-# honours it): NhwcTransformer wraps each QLinearConv in transposes (~5% slower on this UNet);
-# NchwcTransformer changes float convolutions' rounding, so a mixed-precision backbone would
-# differ between the host loop and the Loop form, where ORT does not apply it.
-INT8_DISABLED_OPTIMIZERS = ("NchwcTransformer", "NhwcTransformer")
-FLOAT8_TYPES = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
-                onnx.TensorProto.FLOAT8E5M2FNUZ}
-
-
-def disabled_for(model: onnx.ModelProto | str | Path) -> tuple[str, ...]:
-    """The optimizers to disable for this backbone: the int8 set when it holds Q/DQ or QLinear ops."""
-    from .graphs import op_counts
-
-    if isinstance(model, (str, Path)):
-        model = onnx.load(str(model), load_external_data=False)  # op types only, no weights
-    counts = op_counts(model)
-    int8 = any(counts.get(op) for op in ("QuantizeLinear", "QLinearConv", "QLinearMatMul"))
-    if int8 and any(t.data_type in FLOAT8_TYPES for t in model.graph.initializer):
-        # ORT 1.31's QDQ selector turns an FP8 DQ -> MatMul into MatMulIntegerToFloat, which rejects
-        # float8 inputs (the session fails to build); ORT has no FP8 CPU kernel for it to gain anyway.
-        return (*INT8_DISABLED_OPTIMIZERS, "QDQSelectorActionTransformer")
-    return INT8_DISABLED_OPTIMIZERS if int8 else ()
-
-
-def session(model: onnx.ModelProto | str | Path, threads: int = 1, provider: str = "cpu",
-            level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, disabled: tuple[str, ...] | None = None,
-            stats: bool = False) -> ort.InferenceSession:
-    """`disabled` None: what the pipeline would disable for this backbone (see INT8_DISABLED_OPTIMIZERS).
-    `stats`: a calibration-statistics graph (stats.py): nodes run in priority order, which follows the
-    graph's node order, so each statistic runs right after its tensor is made."""
-    opts = session_options(threads, level)
-    if stats:
-        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    providers = resolve_provider(provider)
-    disabled = list(disabled_for(model) if disabled is None else disabled)
-    if isinstance(model, (str, Path)):
-        return ort.InferenceSession(str(model), opts, providers=providers, disabled_optimizers=disabled)
-    source = files.session_source(model, opts)  # a skeleton reads its weights from its folder
-    if source is not None:
-        return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=disabled)
-    with files.as_file(model) as path:  # large and in memory: through external data
-        return ort.InferenceSession(str(path), opts, providers=providers, disabled_optimizers=disabled)
-
-
-def ort_optimized(model: onnx.ModelProto, threads: int = 1,
-                  level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED) -> onnx.ModelProto:
-    """The graph ONNX Runtime's CPU provider actually runs after its fusions (QDQ -> QLinearConv, ...).
-
-    Level EXTENDED: every fusion, no NCHWc layout rewrite, so the result is still a portable
-    CPU graph that can be saved, inspected and inlined (e.g. into a Loop body).
-    """
-    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-opt-") as tmp:
-        path = str(Path(tmp) / "optimized.onnx")
-        opts = session_options(threads, level, path)
-        if files.is_large(model):  # the optimized graph is written with its weights in external data
-            opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx_data")
-            opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        disabled = [d for d in disabled_for(model) if d == "QDQSelectorActionTransformer"]
-        source = files.session_source(model, opts)
-        if source is not None:
-            ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
-        else:
-            with files.as_file(model) as src:
-                ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
-        return onnx.load(path)
 
 
 def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from ..errors import UserError
+from ..onnxio.files import copy as copy_model
 from . import _ort, files
 from .calibration import CalibrationSet, StepRanges, step_ranges
 from .configs import Int8StaticRecipe
@@ -44,10 +45,7 @@ class StaticPlan:
     details: dict = field(default_factory=dict)
 
 
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out
+_copy = copy_model  # a ModelProto deep copy (onnxio.files)
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:

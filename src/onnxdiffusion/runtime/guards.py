@@ -204,12 +204,13 @@ def check_io(folder, name: str, session, inputs: tuple[str, ...], outputs: tuple
 
 
 def check_latent_channels(folder, info: dict, sessions: dict) -> None:
-    """The manifest's latent_channels must be what the backbone and decoder take."""
-    for name, input_name in (("unet", "sample"), ("vae_decoder", "latent_sample")):
-        shape = next(i.shape for i in sessions[name].get_inputs() if i.name == input_name)
+    """The manifest's latent_channels must be what the components take: `sessions` maps a component's
+    name to (its session, the input that holds the latents)."""
+    for name, (session, input_name) in sessions.items():
+        shape = next(i.shape for i in session.get_inputs() if i.name == input_name)
         c = info["latent_channels"]
         # an inpainting UNet also takes the mask and the masked image's latents: 2C + 1 channels
-        allowed = (c, 2 * c + 1) if name == "unet" else (c,)
+        allowed = (c, 2 * c + 1) if input_name == "sample" else (c,)
         if len(shape) != 4 or (isinstance(shape[1], int) and shape[1] not in allowed):
             raise UserError(f"{folder}: manifest field 'pipeline.latent_channels' is {info['latent_channels']} but "
                             f"component '{name}' takes {input_name} of shape {shape}")
@@ -230,8 +231,7 @@ def check_declared_dims(folder, family, info: dict, components: dict) -> None:
     if the graph fixes it, equal to the length its tokenizer pads to. A folder whose manifest and graphs
     disagree (crafted, or mixed by hand) is refused here instead of failing inside ONNX Runtime mid-run.
     `components`: name -> a session or session.GraphIO."""
-    specs = family.component_specs(info, {"text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer",
-                                          "vae"})
+    specs = family.component_specs(info, {*(slot.name for slot in family.text_encoders), family.backbone, "vae"})
     slots = {s.name: s for s in family.text_encoders}
     for name, io in components.items():
         spec = specs.get(name)

@@ -85,8 +85,9 @@ class Pipeline:
             guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))
         guards.check_io(folder, family.backbone, backbone_io, ("sample", "timestep"), ("out_sample",))
         guards.check_io(folder, "vae_decoder", self.vae_decoder, ("latent_sample",), ("sample",))
-        if family.backbone == "unet":
-            guards.check_latent_channels(folder, info, {"unet": backbone_io, "vae_decoder": self.vae_decoder})
+        if family.latent_image_input:
+            guards.check_latent_channels(folder, info, {family.backbone: (backbone_io, "sample"),
+                                                        "vae_decoder": (self.vae_decoder, "latent_sample")})
         guards.check_declared_dims(folder, family, info, {**{s.name: self.text_sessions[s.name].get() for s in self.slots},
                                                           family.backbone: backbone_io, "vae_decoder": self.vae_decoder})
         self._threads = threads
@@ -98,13 +99,13 @@ class Pipeline:
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
         self.correction = None
         if bb.get("correction"):
-            from ..quantize.correction import OutputCorrection
+            from .hooks.correction import OutputCorrection
 
             self.correction = OutputCorrection.from_dict(bb["correction"])
         # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
         self.precision_schedule = self.backbone_high = None
         if bb.get("precision_schedule"):
-            from ..quantize.schedule import PrecisionSchedule
+            from .hooks.schedule import PrecisionSchedule
 
             if self.correction is not None:
                 raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")

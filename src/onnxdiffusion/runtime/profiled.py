@@ -18,11 +18,11 @@ def resolve_for_folder(spec, manifest: dict):
     from ..profiles import precision_family, resolve
 
     resolved = resolve(spec)
-    if resolved.note:
-        warnings.warn(resolved.note, stacklevel=3)
     from ..families import get_family
 
     unet = manifest["components"][get_family(manifest.get("family")).backbone]
+    if resolved.note and not (resolved.fell_back and unet.get("requires_provider") and unet.get("fallback")):
+        warnings.warn(resolved.note, stacklevel=3)  # else one line says it all, with the fallback backbone (below)
     have = precision_family(unet.get("precision"))
     want = resolved.profile.precision
     if not resolved.fell_back and want not in ("any", have):
@@ -42,8 +42,9 @@ def backbone_entry(folder, unet: dict, provider: str, resolved) -> dict:
         return unet
     fallback = unet.get("fallback")
     if resolved is not None and resolved.fell_back and fallback:
-        warnings.warn(f"the {unet.get('precision')} backbone needs {needs}; running the folder's {fallback.get('precision')} "
-                      f"fallback backbone on {provider}", stacklevel=3)
+        note = f"{resolved.note}; " if resolved.note else ""
+        warnings.warn(f"{note}the {unet.get('precision')} backbone needs {needs}: running the folder's "
+                      f"{fallback.get('precision')} fallback backbone on {provider}", stacklevel=3)
         return {**fallback, "session_options": {}}
     profile = {"nvfp4": "tensorrt-nvfp4", "fp8": "tensorrt-fp8"}.get(str(unet.get("precision")), f"a {needs} profile")
     extra = " (it falls back to the fp32 backbone kept in this folder)" if fallback else ""

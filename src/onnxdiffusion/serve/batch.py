@@ -124,7 +124,9 @@ def _options(item: BatchItem):
                            width=item.width, height=item.height)
 
 
-def run_batch(prompts: Path, out: Path, options: BatchOptions) -> dict:
+def run_batch(prompts: Path, out: Path, options: BatchOptions, remote=None) -> dict:
+    """`remote`: with options.ray, the renderer of the pending items (serve.ray.render_on_ray: passed in,
+    so this module does not import the one that imports it)."""
     from tqdm import tqdm
 
     from ..artifacts import atomic_write_bytes
@@ -150,9 +152,9 @@ def run_batch(prompts: Path, out: Path, options: BatchOptions) -> dict:
     bar = tqdm(total=len(items), initial=len(items) - len(pending), desc="rendering", unit="img",
                disable=not options.progress)
     if pending and options.ray:
-        from .ray import render_on_ray
-
-        render_on_ray(pending, out, options, max_images, on_done=bar.update)
+        if remote is None:
+            raise UserError("--ray: no remote renderer given (serve.ray.render_on_ray)")
+        remote(pending, out, options, max_images, on_done=bar.update)
     elif pending:
         for start in range(0, len(pending), options.batch_size):
             chunk = pending[start : start + options.batch_size]

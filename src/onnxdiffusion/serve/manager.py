@@ -180,8 +180,7 @@ class ModelManager:
             (dropped.append(f"{w}x{h}: {problem}") if problem else kept.append((w, h)))
         if not kept:
             raise UserError(f"no bucket fits model {model_id}: {'; '.join(dropped)}")
-        family = getattr(pipe, "family", None)
-        backbone = pipe.manifest["components"][getattr(family, "backbone", "unet")]
+        backbone = pipe.manifest["components"][pipe.family.backbone]
         return ModelEntry(
             id=model_id, folder=folder, pipeline=pipe,
             precision=backbone.get("precision", "fp32"),

@@ -80,7 +80,7 @@ SCHEDULER_CONFIG = {  # SD1.5 ships a PNDMScheduler with these values; the runti
 }
 TOKENIZER_MAX_LENGTH = 77
 # the same block types, narrow: builds and exports in seconds (tests, a non-editable install's smoke run)
-TINY = {"unet": {"block_out_channels": (32, 64, 64, 64), "layers_per_block": 1, "norm_num_groups": 8,
+TINY = {"backbone": {"block_out_channels": (32, 64, 64, 64), "layers_per_block": 1, "norm_num_groups": 8,
                  "cross_attention_dim": 32, "attention_head_dim": 4},
         "vae": {"block_out_channels": (8, 16, 16, 16), "layers_per_block": 1, "norm_num_groups": 8},
         "text_encoder": {"hidden_size": 32, "intermediate_size": 64, "projection_dim": 32, "num_hidden_layers": 2,
@@ -88,7 +88,7 @@ TINY = {"unet": {"block_out_channels": (32, 64, 64, 64), "layers_per_block": 1, 
 
 
 def configs(tiny: bool = False) -> dict[str, dict]:
-    out = {"unet": dict(UNET_CONFIG), "vae": dict(VAE_CONFIG), "text_encoder": dict(TEXT_ENCODER_CONFIG)}
+    out = {"backbone": dict(UNET_CONFIG), "vae": dict(VAE_CONFIG), "text_encoder": dict(TEXT_ENCODER_CONFIG)}
     if tiny:
         for name, change in TINY.items():
             out[name].update(change)
@@ -122,7 +122,7 @@ def build(work: Path, tiny: bool = False, seed: int = 0) -> Path:
     _log(f"building {'tiny ' if tiny else ''}text encoder, UNet, VAE (random init, seed {seed})")
     pipe = StableDiffusionPipeline(
         vae=AutoencoderKL(**cfg["vae"]).eval(), text_encoder=CLIPTextModel(CLIPTextConfig(**text_cfg)).eval(),
-        tokenizer=tokenizer, unet=UNet2DConditionModel(**cfg["unet"]).eval(),
+        tokenizer=tokenizer, unet=UNet2DConditionModel(**cfg["backbone"]).eval(),
         scheduler=PNDMScheduler(**SCHEDULER_CONFIG), safety_checker=None, feature_extractor=None,
         requires_safety_checker=False)
     pipe.save_pretrained(tmp, safe_serialization=True)

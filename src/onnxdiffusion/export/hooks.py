@@ -1,0 +1,91 @@
+"""The torch side of each model family: the module wrapped for export and the feeds export validates
+with. These are export's (they import torch and export's own wrappers); families/ holds only what the
+run time needs, and imports nothing from export/. Families without an entry here take the defaults."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..families import latents as lat
+from ..families.base import ComponentSpec, Family
+from ..families.flux import GUIDANCE, Flux
+from ..families.flux import IMG_IDS as FLUX_IMG_IDS
+from ..families.qwenimage import IMG_IDS as QWEN_IMG_IDS
+from ..families.qwenimage import MASK, QwenImage
+
+
+def wrap(family: Family, spec: ComponentSpec, module):
+    """The torch module whose forward takes the spec's inputs in order."""
+    hook = _WRAPS.get(type(family))
+    return hook(family, spec, module) if hook is not None else _default_wrap(spec, module)
+
+
+def export_feeds(family: Family, spec: ComponentSpec, dims: dict[str, int], gen, vocab: int) -> dict:
+    """Torch feeds for export validation (random by default; ids and masks need real values)."""
+    from .dummies import dummy_feeds
+
+    feeds = dummy_feeds(spec, dims, gen, vocab)
+    hook = _FEEDS.get(type(family))
+    return hook(family, spec, dims, feeds) if hook is not None else feeds
+
+
+def _default_wrap(spec: ComponentSpec, module):
+    from .wrappers import wrap as plain
+
+    return plain(spec, module)
+
+
+def _flux_wrap(family: Flux, spec: ComponentSpec, module):
+    if spec.kind != family.backbone_kind:
+        return _default_wrap(spec, module)
+    from .fixups import decompose_rms_norms
+    from .flow_components import FluxTransformer
+
+    decompose_rms_norms(module)
+    return FluxTransformer(module)
+
+
+def _flux_feeds(family: Flux, spec: ComponentSpec, dims: dict[str, int], feeds: dict) -> dict:
+    if FLUX_IMG_IDS in feeds:
+        import torch
+
+        ids = lat.image_ids(dims["rows"], dims["cols"], centred=False)
+        feeds[FLUX_IMG_IDS] = torch.from_numpy(np.repeat(ids[None], dims["batch_size"], axis=0))
+    if GUIDANCE in feeds:
+        feeds[GUIDANCE] = feeds[GUIDANCE].abs() * 3
+    return feeds
+
+
+def _qwen_wrap(family: QwenImage, spec: ComponentSpec, module):
+    from .fixups import decompose_rms_norms, exact_nearest_upsamples
+    from .flow_components import DecoderHiddenStates, QwenImageTransformer
+
+    if spec.kind == "decoder_text_encoder":
+        return DecoderHiddenStates(module.model.language_model, rope_axes=3)
+    if spec.kind == family.backbone_kind:
+        decompose_rms_norms(module)
+        return QwenImageTransformer(module)
+    if spec.kind == "vae_decoder":
+        exact_nearest_upsamples(module)
+    return _default_wrap(spec, module)
+
+
+def _qwen_feeds(family: QwenImage, spec: ComponentSpec, dims: dict[str, int], feeds: dict) -> dict:
+    import torch
+
+    b, s = dims["batch_size"], dims.get("sequence_length", 0)
+    mask = torch.ones(b, s, dtype=torch.int64)
+    if b > 1:
+        mask[-1, s - 3:] = 0  # a padded row: the mask must matter
+    if "attention_mask" in feeds:
+        feeds["attention_mask"] = mask
+    if MASK in feeds:
+        feeds[MASK] = mask.to(torch.float32)
+    if QWEN_IMG_IDS in feeds:
+        ids = lat.image_ids(dims["rows"], dims["cols"], centred=True)
+        feeds[QWEN_IMG_IDS] = torch.from_numpy(np.repeat(ids[None], b, axis=0))
+    return feeds
+
+
+_WRAPS = {Flux: _flux_wrap, QwenImage: _qwen_wrap}
+_FEEDS = {Flux: _flux_feeds, QwenImage: _qwen_feeds}

@@ -1,0 +1,180 @@
+"""`quantize`'s first stages: open the source folder, calibrate (data made on first use), plan the
+build (what the recipe declared it needs), build. Each stage is a function with typed inputs and
+outputs, so plan and build can be tested without capture, probe, latency or save."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import onnx
+from google.protobuf.message import EncodeError
+
+from ..artifacts import check_external_paths, check_output_folder, component_path, load_component, read_manifest, verify_folder
+from ..errors import UserError
+from ..families import get_family
+from ..onnxio import release_memory
+from ..runtime.session import check_external_data
+from . import files
+from .configs import BACKBONE, QuantizeConfig
+from .graphs import is_quantized, sort_graph
+
+
+@dataclass
+class Source:
+    """The fp32 folder being quantized, checked, and its backbone as the recipe takes it."""
+
+    folder: Path
+    manifest: dict
+    backbone_name: str  # the folder's (the family's) name for the backbone
+    backbone_path: Path
+    backbone: onnx.ModelProto  # past the inline limit and a recipe that takes one: a skeleton
+    large: bool  # past the inline limit: weights left in their file until the quantizer reads them
+
+    def folder_name(self, name: str) -> str:
+        """A recipe's component name (BACKBONE for the backbone) as this folder names it."""
+        return self.backbone_name if name == BACKBONE else name
+
+    @property
+    def components(self) -> dict:
+        return self.manifest["components"]
+
+
+def open_source(model: Path, out: Path, config: QuantizeConfig, overwrite: bool, force: bool,
+                measure_quality: bool) -> Source:
+    """Every input checked before any model runs."""
+    from ..runtime.session import resolve_provider
+
+    recipe = config.recipe
+    resolve_provider(config.provider)  # installed?
+    if config.correct and not measure_quality:
+        raise UserError("--correct is fitted on the quality measurement's fp32 trajectories; it needs --quality")
+    if out.resolve() == model.resolve():
+        raise UserError("OUT must be a new folder, not MODEL itself")
+    check_output_folder(out, overwrite, inputs=(model,))  # before anything is loaded
+    manifest = read_manifest(model)
+    verify_folder(model, manifest)
+    check_external_paths(model, manifest)  # the output copies every component: all must be clean
+    if manifest.get("quantization") and not force:
+        q = manifest["quantization"]
+        prev = q if isinstance(q, str) else str((q.get("config") or {}).get("recipe", {}).get("name", "?"))
+        raise UserError(f"{model} is already quantized (recipe {prev}); quantize the fp32 folder, or pass --force")
+    name = get_family(manifest.get("family")).backbone
+    path = component_path(model, manifest, name)
+    check_external_data(path)
+    backbone = files.load_backbone(path)  # past the inline limit: a skeleton, weights left in their file
+    large = files.data_dir(backbone) is not None
+    if large and not recipe.takes_skeleton:
+        backbone = files.with_weights(backbone)
+    if is_quantized(backbone) and not force:
+        raise UserError(f"{model}: the backbone is already quantized; quantize the fp32 folder, or pass --force")
+    for target in recipe.targets:
+        if target != BACKBONE and target not in manifest["components"]:
+            raise UserError(f"{model}: no '{target}' component to convert")
+    return Source(model, manifest, name, path, backbone, large)
+
+
+@dataclass
+class Calibration:
+    """The fp32 runs a recipe and its measurement use, each made on first use and kept."""
+
+    pipe: object  # runtime.Pipeline of the source folder, fp32, CPU
+    config: QuantizeConfig
+    prompts: list[str]
+    prompt_source: dict
+    log: Callable[[str], None]
+    _made: dict = field(default_factory=dict)
+
+    def calibration(self):
+        """The recipe's calibration set (random for int8-naive, fp32 trajectories otherwise)."""
+        from .calibration import capture, naive_set
+
+        if "calib" not in self._made:
+            recipe, cal = self.config.recipe, self.config.calibration
+            if recipe.random_calibration:
+                self._made["calib"] = naive_set(self.pipe, recipe, cal.seed)
+            else:
+                self.log(f"capturing fp32 trajectories: {len(self.prompts)} prompts x {cal.steps} {cal.sampler} steps")
+                self._made["calib"] = capture(self.pipe, self.prompts, cal)
+                self._made["calib"].provenance["prompt_source"] = self.prompt_source
+        return self._made["calib"]
+
+    def trajectories(self):
+        """fp32 runs over the calibration prompts: calibration data for calibrated recipes, and for
+        every recipe the reference its backbone error (and --correct) is measured against."""
+        from .calibration import capture
+
+        if self.config.recipe.calibrated:
+            return self.calibration()
+        if "traj" not in self._made:
+            self._made["traj"] = capture(self.pipe, self.prompts, self.config.calibration)
+            self._made["traj"].provenance["prompt_source"] = self.prompt_source
+        return self._made["traj"]
+
+    def probe(self):
+        from .runner import ImageProbe
+
+        if "probe" not in self._made:
+            n, cal = self.config.recipe.probe_count, self.config.calibration
+            self._made["probe"] = ImageProbe(self.pipe, self.prompts[:n], cal.seed, cal.steps, cal.sampler, cal.guidance,
+                                             self.config.threads)
+        return self._made["probe"]
+
+    def provenance(self) -> dict:
+        calib = self._made.get("calib")
+        return dict(calib.provenance) if calib is not None else {"kind": "none"}
+
+
+def calibrate(source: Source, config: QuantizeConfig, log: Callable[[str], None]) -> Calibration:
+    from ..runtime import Pipeline
+    from .calibration import load_prompts
+
+    prompts, prompt_source = load_prompts(config.calibration)
+    pipe = Pipeline.from_folder(source.folder, provider="cpu", verify=False, threads=config.threads)
+    pipe.backbone  # its session now: a graph ONNX Runtime refuses is one line here, not a crash mid-quantize
+    pipe.correction = pipe.precision_schedule = None  # (a forced re-quantization) references are the plain backbone's
+    return Calibration(pipe, config, prompts, prompt_source, log)
+
+
+def plan(source: Source, data: Calibration, config: QuantizeConfig, log: Callable[[str], None], measure_quality: bool):
+    """What the builder gets (recipes.Context). For a backbone past the inline limit, everything the
+    fp32 backbone must run for is made first; then its session (the size of the weights) is let go,
+    so the quantizer's copy of the weights is the only one held."""
+    from .components import calibration_feeds
+    from .recipes import Context, prepare_unet
+
+    recipe = config.recipe
+    others = {name: load_component(source.folder, source.manifest, name) for name in recipe.targets if name != BACKBONE}
+    ctx = Context(config, prepare_unet(source.backbone), others, data.calibration, data.probe, log,
+                  lambda name: calibration_feeds(data.pipe, name, data.calibration(), data.prompts))
+    if source.large:
+        if measure_quality:
+            data.trajectories()
+        if measure_quality or recipe.searches:
+            data.probe()
+        if recipe.calibrated:
+            data.calibration()
+        if config.schedule is None:  # a precision schedule runs the fp32 pipeline again to choose its steps
+            data.pipe.backbone = None
+            release_memory()
+    return ctx
+
+
+def build(ctx, source: Source):
+    """The recipe's registered builder; its graphs sorted. A model past protobuf's 2 GB limit that the
+    recipe cannot serialize is one UserError."""
+    from .recipes import BUILDERS
+
+    recipe = ctx.config.recipe
+    ctx.log(f"building {recipe.name}")
+    try:
+        built = BUILDERS[type(recipe)](ctx, recipe)
+    except (EncodeError, ValueError) as e:
+        if isinstance(e, ValueError) and "2GB" not in str(e):  # onnx's own size check says "2GB"
+            raise
+        raise UserError(f"recipe {recipe.name}: a model past protobuf's 2 GB limit could not be serialized ({e}); "
+                        f"this recipe does not support backbones of {files.tensor_bytes(source.backbone) / 1e9:.2f} GB") from None
+    for m in built.components.values():
+        sort_graph(m)
+    return built

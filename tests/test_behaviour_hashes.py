@@ -1,0 +1,37 @@
+"""The quantize restructuring changed no bytes: a few cheap recipes on the embedded MMDiT write the
+ONNX files whose sha256 experiments/house/behaviour_baseline.json recorded on main before it
+(experiments/house/behaviour_hashes.py runs every recipe on both models)."""
+
+import importlib.util
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "house" / "behaviour_hashes.py"
+BASELINE = ROOT / "experiments" / "house" / "behaviour_baseline.json"
+CASES = ("fp16", "int8-dynamic", "int8-static")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("behaviour_hashes", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_quantized_files_match_the_recorded_baseline(name):
+    mod = _script()
+    baseline = json.loads(BASELINE.read_text())
+    if baseline.get("tool_versions") != mod.tool_versions():
+        pytest.skip(f"baseline recorded with {baseline.get('tool_versions')}, this is {mod.tool_versions()}")
+    want = baseline["cases"][f"mmdit/{name}"]
+    case = next(c for c in mod.CASES if c[0] == name)
+    with tempfile.TemporaryDirectory() as scratch:
+        got = mod.run_case("mmdit", case, Path(scratch))
+    assert got["files"] == want["files"]
+    assert got["manifest_sha256"] == want["manifest_sha256"]
+    assert got["quality"] == want["quality"]

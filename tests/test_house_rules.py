@@ -1,0 +1,152 @@
+"""The house rules of src/ that a reviewer would otherwise check by hand (issue 22's acceptance 1):
+no import circle (module- or function-level imports alike), no function over 150 lines, no backbone
+name as a string literal outside families/, and `quantize()` read as its stages (<= 80 lines)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "onnxdiffusion"
+MAX_FUNCTION_LINES = 150
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every onnxdiffusion module `name` imports, wherever the import statement is (module, function, class).
+
+    `from . import x` names module x when it is one, else the package; `import a.b` names a.b."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("onnxdiffusion"):
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("onnxdiffusion"):
+                continue
+            for alias in node.names:
+                sub = f"{mod}.{alias.name}"
+                found.add(sub if sub in known else mod)
+    return {m for m in found if m in known and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    graph = {name: _imports(name, path, known) for name, path in mods.items()}
+    # importing a.b.c runs a/__init__ and a/b/__init__ first: those edges are real too
+    for name in list(graph):
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent in known and parent != name:
+                graph[name].add(parent)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _is_package_edge(a: str, b: str) -> bool:
+    return b == a.rpartition(".")[0] or a == b.rpartition(".")[0]
+
+
+def test_no_import_circle_in_src():
+    graph = import_graph()
+    # a package's __init__ re-exporting its own submodules and those submodules importing a sibling
+    # through the package is not a circle Python trips on; every other edge counts
+    pruned = {a: {b for b in bs if not _is_package_edge(a, b)} for a, bs in graph.items()}
+    found = cycles(pruned)
+    assert not found, "import circles in src/:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _functions():
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield path, node
+
+
+def test_no_function_over_150_lines():
+    long = [f"{p.relative_to(SRC)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p, n in _functions() if n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, "functions over 150 lines:\n" + "\n".join(long)
+
+
+def test_quantize_reads_as_its_stages():
+    api = PKG / "quantize" / "api.py"
+    fn = next(n for n in ast.parse(api.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "quantize")
+    assert fn.end_lineno - fn.lineno + 1 <= 80
+
+
+BACKBONE_LITERAL = re.compile(r"""(?<![\w.])(["'])unet\1""")
+
+
+def test_no_backbone_name_literal_outside_families():
+    hits = []
+    for path in sorted(PKG.rglob("*.py")):
+        if "families" in path.relative_to(PKG).parts:
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if BACKBONE_LITERAL.search(line):
+                hits.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
+    assert not hits, f"{len(hits)} \"unet\" literals outside families/:\n" + "\n".join(hits)
