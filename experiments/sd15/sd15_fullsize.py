@@ -43,7 +43,7 @@ NEED_DISK_GB = {"build": 5.0, "export": 9.0}
 from onnxdiffusion.bench.arch.sd15 import SCHEDULER_CONFIG, TOKENIZER_MAX_LENGTH, configs  # noqa: E402
 
 _CONFIGS = configs()
-UNET_CONFIG = {**_CONFIGS["unet"], "sample_size": 64}
+UNET_CONFIG = {**_CONFIGS["backbone"], "sample_size": 64}
 VAE_CONFIG = {**_CONFIGS["vae"], "sample_size": 512}
 TEXT_ENCODER_CONFIG = _CONFIGS["text_encoder"]
 GiB = 1024**3
