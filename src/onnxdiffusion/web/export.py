@@ -88,7 +88,8 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-web-") as scratch:
         log(f"compiling the whole-pipeline graph of {model} (portable form)")
         graph, info = whole_graph(model, Path(scratch))
-        inputs = {i.name for i in graph.graph.input}
+        # inputs with a default (an initializer of the same name: img2img's start row and image inputs) need no feed
+        inputs = {i.name for i in graph.graph.input} - {t.name for t in graph.graph.initializer}
         tables, rows = sampler_tables(pipe, max_steps, samplers)
         if defaults.sampler not in tables:
             raise UserError(f"the model's default sampler {defaults.sampler!r} is not among {', '.join(tables)}")

@@ -30,8 +30,11 @@ def sampler_tables(pipe, max_steps: int, samplers: list[str] | None = None) -> t
                     raise
                 continue  # this sampler cannot run n steps (the page says so when asked)
             rows = np.ascontiguousarray(t.rows, dtype="<f4")
-            if rows.shape[1] != len(COLUMNS):
-                raise UserError(f"sampler table width {rows.shape[1]}, expected {len(COLUMNS)}")
+            if rows.shape[1] != len(COLUMNS):  # multistep history columns (PNDM, UniPC): host loop only
+                if samplers:
+                    raise UserError(f"sampler {name} runs in the host loop only (its table has history columns); "
+                                    "the page runs the Loop graph")
+                break
             tables[str(n)] = {"offset": offset, "rows": int(rows.shape[0]), "init_scale": float(t.init_scale),
                               "needs_noise": bool(t.needs_noise)}
             blocks.append(rows.reshape(-1))
