@@ -88,7 +88,7 @@ def cut_rows(rows64: np.ndarray, start: int) -> np.ndarray:
     """The table's rows with row `start` made to start afresh: its multistep history term (d, times
     the previous row's D, which does not exist yet) folded into its own D, so a 2nd-order
     DPM-Solver++ row becomes the 1st-order step diffusers takes first after ``set_begin_index``."""
-    from .tables import COLUMNS
+    from .columns import COLUMNS
 
     out = np.array(rows64, dtype=np.float64, copy=True)
     c, d = COLUMNS.index("c"), COLUMNS.index("d")

@@ -32,7 +32,7 @@ from ..schedules import FlowSchedule, NoiseSchedule, check_spacing
 from . import consistency, discrete, flow, multistep
 from .options import SamplerOptions
 
-COLUMNS = ("t", "c_in", "p", "q", "a", "c", "d", "e", "r", "k")
+from .columns import COLUMNS  # noqa: E402 (re-exported: the table layout is public)
 HISTORIES = ("denoised", "output")
 DISCRETE_SAMPLERS = tuple(discrete.BUILDERS)
 # betas-schedule samplers added for the folders real checkpoints ship (PNDM, UniPC) and the few-step

@@ -23,19 +23,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import UserError
 from .config import ServeConfig
 from .auth import ApiKeyAuth, KeyRing
+from .responses import error_response
 from .jobs import FINAL, JobConflict, JobQueue, KeyBusy, NotAccepting, QueueFull, png_bytes
 from .manager import ModelManager, parse_buckets
 from .metrics import ServeMetrics
 from .schemas import ImageRequest, RequestError, build_request
 
 log = logging.getLogger("onnxdiffusion.serve")
-
-
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class Service:
@@ -225,6 +219,18 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
             raise RequestError(f"no job {job_id!r} (unknown, or its result expired)", "id", 404, "job_not_found") from None
         return job
 
+    _probe_and_model_routes(app, svc, manager, queue, metrics)
+    _image_and_job_routes(app, config, queue, submit, get_job)
+
+    if config.web:  # the browser page (export-web) at /web
+        from ..web.serve import mount_web
+
+        mount_web(app, config.web)
+    return app
+
+
+def _probe_and_model_routes(app: FastAPI, svc: Service, manager, queue, metrics) -> None:
+    """The page, /health, /ready, /metrics and /v1/models*."""
     # -- pages and probes ---------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
@@ -271,6 +277,10 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         metrics.models([entry])
         return entry.describe()
 
+
+
+def _image_and_job_routes(app: FastAPI, config: ServeConfig, queue, submit, get_job) -> None:
+    """/v1/images/generations and the job routes (status, result, images, events, cancel)."""
     # -- images -------------------------------------------------------------------------------
     @app.post("/v1/images/generations", summary="OpenAI-compatible: wait for the images")
     async def generations(body: ImageRequest, request: Request):
@@ -364,11 +374,6 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         snap["cancel_requested"] = True
         return snap
 
-    if config.web:  # the browser page (export-web) at /web
-        from ..web.serve import mount_web
-
-        mount_web(app, config.web)
-    return app
 
 
 class _Retry(Exception):

@@ -75,7 +75,7 @@ class KeyRing:
 
 
 def _unauthorized(message: str, code: str):
-    from .app import error_response
+    from .responses import error_response
 
     resp = error_response(401, message, code=code, headers={"WWW-Authenticate": "Bearer"})
     return resp
