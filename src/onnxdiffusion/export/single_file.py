@@ -42,7 +42,7 @@ def check_checkpoint(src: Path) -> None:
     if head[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK"):
         raise UserError(f"{src}: a pickle checkpoint; only safetensors checkpoints are exported (pickle can run code)")
     if len(head) < 9 or head[8:9] != b"{" or n > src.stat().st_size:
-        raise UserError(f"{src}: not a safetensors file")
+        raise UserError(f"{src}: not a diffusers pipeline folder, and not a safetensors file (a single-file checkpoint)")
 
 
 def _pipeline_class(config: Path, family: str | None) -> str:

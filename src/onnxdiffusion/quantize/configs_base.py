@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from ..errors import UserError
-from ..families.names import backbone_key
+from ..families.recipe_names import backbone_key
 
 # ONNX Runtime has no INT8 convolution kernels on CUDA and TensorRT wants its own calibration
 # table, so the int8 recipes are CPU-only; MatMulNBits and fp16 also run on CUDA.
