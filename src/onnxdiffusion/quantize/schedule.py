@@ -1,19 +1,5 @@
-"""A per-step precision schedule: its quantize-time config (the run-time schedule is runtime/hooks/schedule.py).
-
-The quantized backbone's error does not hurt every sampling step alike: a few steps decide most of
-the final image's deviation from fp32. The schedule runs a higher-precision copy of the backbone
-(fp32 or fp16, a second component of the folder) at those steps and the quantized one elsewhere.
-The steps are chosen at quantize time from a measured per-step sensitivity on calibration prompts
-(``schedule_select``); they are stored as timestep ranges, so the host loop and the sampling graph
-decide alike (``lo <= t <= hi`` in float32 on the table's t) and a run at another step count or
-sampler uses the high-precision backbone over the same stretch of the trajectory.
-
-Manifest (the quantized backbone's entry)::
-
-    "precision_schedule": {"component": "unet_high", "precision": "fp32",
-                           "ranges": [[lo, hi], ...],      # ascending, disjoint, lo <= hi
-                           "selected": {...}}              # provenance: steps, sampler, high_steps, ...
-"""
+"""A per-step precision schedule: its quantize-time config. What a schedule is, why, and its manifest
+entry: runtime/hooks/schedule.py (the run-time side)."""
 
 from __future__ import annotations
 
