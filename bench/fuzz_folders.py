@@ -320,6 +320,11 @@ def worker() -> None:
     from onnxdiffusion.artifacts import read_manifest, verify_folder
     from onnxdiffusion.runtime import Pipeline
 
+    # answers go out on a copy of stdout; fd 1 itself goes to stderr, so a native library printing there
+    # (ONNX Runtime, onnx's C++ checks) cannot break the one-JSON-line-per-case protocol
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     for line in sys.stdin:
         job = json.loads(line)
         folder = Path(job["folder"])
@@ -332,7 +337,7 @@ def worker() -> None:
         res["generate"] = _outcome(generate)
         if job.get("quantize"):
             res["quantize"] = _quantize_outcome(folder)
-        print(json.dumps(res), flush=True)
+        print(json.dumps(res), file=answers, flush=True)
 
 
 def _quantize_outcome(folder: Path) -> str:

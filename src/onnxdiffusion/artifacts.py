@@ -244,14 +244,17 @@ def load_component(folder: Path, manifest: dict, name: str):
     """onnx.load of a component after checking its path and its external data stay inside the folder."""
     import onnx
 
+    from .onnxio.files import check_ir_version
     from .runtime.session import check_external_data
 
     path = component_path(folder, manifest, name)
     check_external_data(path)
     try:
-        return onnx.load(str(path))
+        model = onnx.load(str(path))
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
+    check_ir_version(model, path)
+    return model
 
 
 def check_external_paths(folder: Path, manifest: dict) -> None:

@@ -111,6 +111,7 @@ def load_backbone(path: Path) -> onnx.ModelProto:
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
     _drop_key(model)  # never trust a folder named by the input file
+    check_ir_version(model, path)
     external = any(t.data_location == TensorProto.EXTERNAL for g in all_graphs(model.graph) for t in g.initializer)
     if external and tensor_bytes(model) >= limit():
         model.metadata_props.add(key=DATA_DIR_KEY, value=str(path.parent.resolve()))
@@ -118,6 +119,20 @@ def load_backbone(path: Path) -> onnx.ModelProto:
     if external:
         read_external_data(model, path.parent)
     return model
+
+
+def check_ir_version(model: onnx.ModelProto, path: Path) -> None:
+    """ONNX Runtime runs a graph whose IR version is unset or out of range, but onnx's shape inference (which the
+    graph tools and ORT's quantizer rely on) then types nothing: refuse it here, in one line."""
+    from onnx import helper
+
+    try:
+        low = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    except Exception:  # an opset onnx does not know: the session's own check names it
+        low = 3
+    if not low <= model.ir_version <= onnx.IR_VERSION:
+        raise UserError(f"{path}: IR version {model.ir_version} is not valid for its opsets "
+                        f"(this onnx reads {low}..{onnx.IR_VERSION})")
 
 
 def read_external_data(model: onnx.ModelProto, folder: Path) -> None:
