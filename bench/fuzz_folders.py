@@ -325,9 +325,18 @@ def worker() -> None:
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    pipes: dict = {}  # adapter cases: the insertion-point folder is loaded once
     for line in sys.stdin:
         job = json.loads(line)
         folder = Path(job["folder"])
+        if "lora" in job:
+            def with_lora():
+                if job["folder"] not in pipes:
+                    pipes[job["folder"]] = Pipeline.from_folder(folder, threads=1)
+                pipes[job["folder"]]("a red circle", steps=1, seed=0, loras=[(job["lora"], job["scale"])])
+
+            print(json.dumps({"lora": _outcome(with_lora)}), file=answers, flush=True)
+            continue
         res = {"verify": _outcome(lambda: verify_folder(folder, read_manifest(folder)))}
 
         def generate():
@@ -410,10 +419,15 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=0, help="stop starting cases after this long (0: no limit)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes run side by side")
     ap.add_argument("--out", type=Path, default=None, help="results file stem (.json + .md)")
+    ap.add_argument("--kind", choices=("folders", "adapters"), default="folders",
+                    help="folders: crafted model folders; adapters: crafted LoRA files (bench/fuzz_adapters.py)")
     args = ap.parse_args()
     if args.worker:
         return worker()
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fuzz_adapters
+
     work = Path(tempfile.mkdtemp(prefix="fuzz-folders-"))
     seeds = [args.replay] if args.replay is not None else [args.seed + i for i in range(args.cases)]
     counts: dict = {}
@@ -423,19 +437,27 @@ def main() -> None:
     t0 = time.time()
     done = [0]
 
+    points = fuzz_adapters.points_folders(BASES, work) if args.kind == "adapters" else {}
+
     def run_case(seed: int, w: Worker) -> Worker:
         base = sorted(BASES)[seed % len(BASES)]
         case = work / f"case-{seed}"
         try:
-            info = craft(BASES[base], case, seed)
+            if args.kind == "adapters":
+                case = case.with_suffix(".safetensors")
+                info = fuzz_adapters.craft(points[base], case, seed)
+                job = {"folder": str(points[base]), "lora": str(case), "scale": info.pop("_scale")}
+            else:
+                info = craft(BASES[base], case, seed)
         except Exception as e:  # a bug of the fuzzer, not a finding: counted apart, the lane goes on
             with lock:
                 counts["craft_error"] = counts.get("craft_error", 0) + 1
                 print(f"[fuzz] case {seed}: could not craft ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
             shutil.rmtree(case, ignore_errors=True)
             return w
-        quantize = bool(args.quantize_every) and seed % args.quantize_every == 0
-        res = w.ask({"folder": str(case), "quantize": quantize}, args.timeout)
+        if args.kind != "adapters":
+            job = {"folder": str(case), "quantize": bool(args.quantize_every) and seed % args.quantize_every == 0}
+        res = w.ask(job, args.timeout)
         outcome = classify(res)
         if outcome in ("hang", "signal") or "exit" in res:
             w = Worker()
@@ -455,7 +477,7 @@ def main() -> None:
                 rate = done[0] / (time.time() - t0)
                 print(f"[fuzz] {done[0]}/{len(seeds)} cases, {rate:.2f}/s, {counts}", file=sys.stderr, flush=True)
         if args.replay is None:
-            shutil.rmtree(case, ignore_errors=True)
+            shutil.rmtree(case, ignore_errors=True) if case.is_dir() else case.unlink(missing_ok=True)
         return w
 
     def lane(lane_seeds: list[int]) -> None:
@@ -482,7 +504,7 @@ def main() -> None:
             print(f"case folder kept: {work / f'case-{seeds[0]}'}", file=sys.stderr)
     findings.sort(key=lambda f: f["seed"])
     ran = sum(counts.get(k, 0) for k in ("clean", "traceback", "signal", "hang"))
-    result = {"cases": ran, "craft_errors": counts.get("craft_error", 0), "seed": args.seed, "jobs": args.jobs, "timeout_s": args.timeout, "quantize_every": args.quantize_every,
+    result = {"kind": args.kind, "cases": ran, "craft_errors": counts.get("craft_error", 0), "seed": args.seed, "jobs": args.jobs, "timeout_s": args.timeout, "quantize_every": args.quantize_every,
               "seconds": round(time.time() - t0, 1), "outcomes": {k: counts.get(k, 0) for k in ("clean", "traceback",
                                                                                                "signal", "hang")},
               "loader_outcomes": {k: v for k, v in sorted(counts.items()) if ":" in k}, "by_class": by_class,
@@ -500,10 +522,12 @@ def main() -> None:
 
 def write_md(path: Path, r: dict) -> None:
     o = r["outcomes"]
-    lines = [f"# Fuzzed model folders: {r['cases']} crafted inputs through every loader", "",
+    title = ("Fuzzed LoRA files: {} crafted adapters through the run-time LoRA loader" if r.get("kind") == "adapters"
+             else "Fuzzed model folders: {} crafted inputs through every loader").format(r["cases"])
+    lines = [f"# {title}", "",
              f"CPU: {r['machine'].get('cpu')} ({r['machine'].get('cpus')} cores, shared; load "
              f"{' '.join(r['machine'].get('loadavg') or [])}); {r['seconds']:.0f} s; seeds {r['seed']}..{r['seed'] + r['cases'] - 1}; "
-             f"per-case timeout {r['timeout_s']:g} s; quantize on every {r['quantize_every']}th case.", "",
+             f"per-case timeout {r['timeout_s']:g} s" + (f"; quantize on every {r['quantize_every']}th case." if r.get("kind") != "adapters" else "."), "",
              "| outcome | cases |", "|---|---|", *[f"| {k} | {v} |" for k, v in o.items()], "",
              "| base / class | " + " | ".join(o) + " |", "|---|" + "---|" * len(o),
              *[f"| {k} | " + " | ".join(str(v.get(x, 0)) for x in o) + " |" for k, v in sorted(r["by_class"].items())], "",

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import invoke
-from test_bad_inputs import API_GENERATE, CASES, Ctx, gen_case, snapshot
+from test_bad_inputs import (API_GENERATE, CASES, Ctx, backbone_manifest_cases, exp, gen, gen_case, nothing, snapshot,
+                             src_index, with_src)
 
 from onnxdiffusion.errors import UserError
 
@@ -23,31 +24,37 @@ MODELS = {"sd": (ROOT / "models" / "shapes-sd-onnx", ROOT / "models" / "shapes-s
           "mmdit": (ROOT / "models" / "shapes-mmdit-onnx", ROOT / "models" / "shapes-mmdit")}
 # the MMDiT refuses sizes past its position table (64x64) before the memory estimate or the size cap
 MMDIT_FRAGMENTS = {"generate-memory": "at most 64", "generate-height-huge": "at most 64",
-                   "generate-both-huge": "at most 64"}
+                   "generate-both-huge": "at most 64",
+                   "manifest-latent-channels-wrong": "graph and manifest disagree"}
 MMDIT_CASES = [gen_case("mmdit-height-72", ["--height", "72"], "at most 64 for this model (the transformer's position table"),
                gen_case("mmdit-width-128", ["--width", "128"], "pos_embed_max_size 8 x patch 2 x VAE factor 4"),
                gen_case("mmdit-height-60", ["--height", "60"], "multiple of 8")]
-# SD-layout cases the MMDiT folder cannot take as written: they edit or remove files under `unet/` (the
-# MMDiT has `transformer/`), or the diffusers source's `unet` entry, or schedule fields a flow-matching
-# scheduler does not read (beta_schedule, trained_betas, spacing: a valid MMDiT folder ignores them), or
-# a latent-channel check only the UNet path makes. Their MMDiT analogues (paths, hashes, swapped or garbage
-# components, external data) are among bench/fuzz_folders.py's mutation classes, run on both folders.
+# The manifest and folder mutations that name the backbone run on the MMDiT against its `transformer`
+# (test_bad_inputs.backbone_manifest_cases); the SD-named versions are not run there.
+SD_BACKBONE = {f"manifest-{c[0]}" for c in backbone_manifest_cases("unet")}
+MMDIT_BACKBONE = [(f"manifest-{n}", setup, gen(model="copy"), 2, frag)
+                  for n, setup, frag in backbone_manifest_cases("transformer")]
+MMDIT_EXPORT = [
+    ("export-component-class-transformer", src_index(lambda mi: {**mi, "transformer": ["diffusers", "Nope"]}), exp(), 2,
+     "'transformer'"),
+    ("export-out-inside-src-transformer", with_src(nothing), exp("--overwrite", out="src/transformer/sub"), 2,
+     "overlaps the input"),
+]
+# What the MMDiT has no analogue of: fields its flow-matching scheduler does not read (beta_schedule,
+# trained_betas, spacing, the scheduler's prediction_type: a valid folder ignores them), and the SD export cases
+# whose MMDiT versions are MMDIT_EXPORT.
 MMDIT_NOT_APPLICABLE = {
-    "manifest-latent-channels-wrong", "manifest-prediction-type-disagrees", "manifest-unet-missing",
-    "manifest-unet-not-object", "manifest-unet-path-number", "manifest-unet-path-nul", "manifest-unet-path-backslash",
-    "manifest-unet-path-empty", "manifest-files-digest-wrong", "manifest-component-unlisted",
-    "manifest-hash-mismatch", "manifest-component-file-gone", "manifest-unet-symlink-outside",
-    "manifest-unet-swapped-for-text-encoder", "manifest-vae-swapped-for-unet", "manifest-onnx-garbage",
-    "manifest-external-data-dotdot", "manifest-external-data-absolute", "manifest-unet-nan-weights",
     "manifest-sched-schedule-unknown", "manifest-sched-prediction-unknown", "manifest-sched-spacing-unknown",
     "manifest-sched-trained-betas", "export-component-class", "export-out-inside-src",
 }
-ALL = ([("sd", c) for c in CASES] + [("mmdit", c) for c in CASES if c[0] not in MMDIT_NOT_APPLICABLE]
-       + [("mmdit", c) for c in MMDIT_CASES])
+NO_ALIAS = {c[0] for c in MMDIT_BACKBONE}
+ALL = ([("sd", c) for c in CASES]
+       + [("mmdit", c) for c in CASES if c[0] not in MMDIT_NOT_APPLICABLE and c[0] not in SD_BACKBONE]
+       + [("mmdit", c) for c in MMDIT_CASES + MMDIT_BACKBONE + MMDIT_EXPORT])
 
 
 def test_case_count_on_embedded_models():
-    assert len(ALL) >= 2 * len(CASES) - len(MMDIT_NOT_APPLICABLE), len(ALL)
+    assert len(ALL) >= 2 * len(CASES) - len(MMDIT_NOT_APPLICABLE) + len(MMDIT_CASES), len(ALL)
 
 
 class EmbeddedCtx(Ctx):
@@ -55,9 +62,11 @@ class EmbeddedCtx(Ctx):
 
     backbone = "unet"
 
+    alias = True
+
     def manifest(self) -> dict:
         m = super().manifest()
-        if self.backbone != "unet" and "unet" not in m.get("components", {}) and isinstance(m.get("components"), dict):
+        if self.alias and self.backbone != "unet" and "unet" not in m.get("components", {}) and isinstance(m.get("components"), dict):
             m["components"]["unet"] = m["components"][self.backbone]  # the case edits this alias ...
             self.notes["alias"] = True
         return m
@@ -74,6 +83,7 @@ def test_cli_bad_input_on_embedded_models(tmp_path, model, case):
     folder, source = MODELS[model]
     ctx = EmbeddedCtx(tiny=folder, tmp=tmp_path, diffusers=source)
     ctx.backbone = "unet" if model == "sd" else "transformer"
+    ctx.alias = name not in NO_ALIAS
     if model == "mmdit":
         fragment = MMDIT_FRAGMENTS.get(name, fragment)
     setup(ctx)

@@ -57,3 +57,26 @@ def test_crafting_never_writes_through_to_the_embedded_models(tmp_path):
     for folder in fz.BASES.values():
         verify_folder(folder, read_manifest(folder))
     pytest.importorskip("onnx")
+
+
+def test_crafted_lora_files_end_clean(tmp_path):
+    """bench/fuzz_folders.py --kind adapters: crafted LoRA files through the run-time adapter loader."""
+    fz = _fuzz()
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fuzz_adapters
+
+    points = fuzz_adapters.points_folders(fz.BASES, tmp_path)
+    worker = fz.Worker()
+    bad = []
+    try:
+        for seed in range(40000, 40024):
+            base = sorted(fz.BASES)[seed % len(fz.BASES)]
+            case = tmp_path / f"case-{seed}.safetensors"
+            info = fuzz_adapters.craft(points[base], case, seed)
+            res = worker.ask({"folder": str(points[base]), "lora": str(case), "scale": info.pop("_scale")}, 180)
+            if fz.classify(res) != "clean":
+                bad.append((seed, info["what"], res))
+                worker = fz.Worker()
+    finally:
+        worker.close()
+    assert bad == []

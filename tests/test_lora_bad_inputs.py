@@ -95,3 +95,41 @@ def test_generate_with_lora_cli(points, good, tmp_path):
     from PIL import Image
 
     assert not np.array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
+
+
+def _meta_edit(good, tmp_path, name, config=None, alpha=None):
+    tensors, meta = safetensors_io.read(good)
+    tensors, meta = dict(tensors), dict(meta)
+    if config is not None:
+        meta["lora_adapter_metadata"] = config
+    if alpha is not None:
+        tensors[f"{Q}.alpha"] = alpha
+    path = tmp_path / name
+    safetensors_io.write(path, tensors, meta)
+    return path
+
+
+# what bench/fuzz_folders.py --kind adapters found raising past the loader: each is one line naming the file
+FOUND = {
+    "alpha-empty": ({"alpha": np.zeros((0,), np.float32)}, "an alpha is one finite number"),
+    "alpha-nan": ({"alpha": np.array(np.nan, np.float32)}, "an alpha is one finite number"),
+    "pattern-not-regex": ({"config": '{"unet.r": 4, "unet.alpha_pattern": {"(": 2}}'}, "is not a pattern"),
+    "rank-zero": ({"config": '{"unet.r": 0}'}, "unet.r must be a positive number"),
+    "alpha-string": ({"config": '{"unet.r": 4, "unet.lora_alpha": "x"}'}, "unet.lora_alpha must be a number"),
+    "alpha-list": ({"config": '{"unet.r": 4, "unet.lora_alpha": [1]}'}, "unet.lora_alpha must be a number"),
+    "rslora-int": ({"config": '{"unet.r": 4, "unet.use_rslora": 1}'}, "use_rslora must be true or false"),
+    "pattern-not-object": ({"config": '{"unet.r": 4, "unet.rank_pattern": true}'}, "rank_pattern must be an object"),
+    "metadata-not-object": ({"config": "[1, 2]"}, "not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOUND))
+def test_crafted_metadata_and_alphas_are_one_line(good, tmp_path, case):
+    from onnxdiffusion.adapters.lora_file import read_lora
+    from onnxdiffusion.errors import UserError
+
+    edits, fragment = FOUND[case]
+    path = _meta_edit(good, tmp_path, f"{case}.safetensors", **edits)
+    with pytest.raises(UserError) as e:
+        read_lora(path)
+    assert fragment in str(e.value) and path.name in str(e.value) and "\n" not in str(e.value)

@@ -55,6 +55,36 @@ def _pattern_value(pattern: dict, module: str, default):
     return default
 
 
+def _number(path: Path, where: str, value, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
+            or (positive and value <= 0):
+        raise UserError(f"{path}: lora_adapter_metadata {where} must be a {'positive ' if positive else ''}number, "
+                        f"got {str(value)[:60]!r}")
+    return float(value)
+
+
+def _metadata_scale(path: Path, config: dict, comp: str, module: str, r: int) -> float:
+    """alpha / r (or / sqrt(r) with rsLoRA) from peft's per-component config, every field checked."""
+    patterns = {}
+    for kind in ("alpha_pattern", "rank_pattern"):
+        pattern = config.get(f"{comp}.{kind}") or {}
+        if not isinstance(pattern, dict):
+            raise UserError(f"{path}: lora_adapter_metadata {comp}.{kind} must be an object")
+        for key in pattern:
+            try:
+                re.compile(key)
+            except re.error as e:
+                raise UserError(f"{path}: lora_adapter_metadata {comp}.{kind}: {key[:60]!r} is not a pattern ({e})") from None
+        patterns[kind] = pattern
+    alpha = _number(path, f"{comp}.lora_alpha", _pattern_value(patterns["alpha_pattern"], module,
+                                                               config.get(f"{comp}.lora_alpha", r)), positive=False)
+    rank = _number(path, f"{comp}.r", _pattern_value(patterns["rank_pattern"], module, config.get(f"{comp}.r", r)))
+    rslora = config.get(f"{comp}.use_rslora", False)
+    if not isinstance(rslora, bool):
+        raise UserError(f"{path}: lora_adapter_metadata {comp}.use_rslora must be true or false")
+    return alpha / (float(np.sqrt(rank)) if rslora else rank)
+
+
 def _split(path: Path, tensors: dict[str, np.ndarray]) -> tuple[dict, dict]:
     """{(component, module): (down, up)} and {(component, module): alpha} from the key layout."""
     pairs: dict[tuple[str, str], list] = {}
@@ -62,7 +92,11 @@ def _split(path: Path, tensors: dict[str, np.ndarray]) -> tuple[dict, dict]:
     for key, value in tensors.items():
         if key.endswith(".alpha"):
             comp, _, module = key[:-len(".alpha")].partition(".")
-            alphas[(comp, module)] = float(np.asarray(value, np.float64).reshape(-1)[0])
+            flat = np.asarray(value, np.float64).reshape(-1)
+            if flat.size != 1 or not np.isfinite(flat[0]):
+                raise UserError(f"{path}: key {key!r}: an alpha is one finite number, got {flat.size} value(s)"
+                                + ("" if flat.size != 1 else f" ({flat[0]})"))
+            alphas[(comp, module)] = float(flat[0])
             continue
         for i, (a, b) in enumerate(_PAIRS):
             for j, suffix in enumerate((a, b)):
@@ -107,6 +141,8 @@ def layers_from_tensors(path: Path, tensors: dict[str, np.ndarray], meta: dict[s
         config = json.loads(meta["lora_adapter_metadata"]) if "lora_adapter_metadata" in meta else {}
     except ValueError:
         raise UserError(f"{path}: lora_adapter_metadata is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: lora_adapter_metadata is not a JSON object")
     ranks: dict[str, list[int]] = collections.defaultdict(list)
     for (comp, _), (down, _) in pairs.items():
         ranks[comp].append(int(down.shape[0]))
@@ -120,9 +156,7 @@ def layers_from_tensors(path: Path, tensors: dict[str, np.ndarray], meta: dict[s
         if folded:
             scale = 1.0
         elif f"{comp}.r" in config:
-            alpha = _pattern_value(config.get(f"{comp}.alpha_pattern"), module, config.get(f"{comp}.lora_alpha", r))
-            rank = _pattern_value(config.get(f"{comp}.rank_pattern"), module, config.get(f"{comp}.r", r))
-            scale = float(alpha) / (np.sqrt(rank) if config.get(f"{comp}.use_rslora") else float(rank))
+            scale = _metadata_scale(path, config, comp, module, r)
         elif (comp, module) in alphas:
             scale = alphas[(comp, module)] / r
         else:  # diffusers: lora_alpha = the most common rank of the component

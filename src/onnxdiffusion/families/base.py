@@ -324,6 +324,11 @@ class Family:
             if fam is not None and fam != self.name:
                 raise UserError(f"{folder_name}: component '{name}' was exported for family {fam!r}, "
                                 f"the folder is {self.name!r} (components of different families mixed)")
+        prediction = manifest["pipeline"].get("prediction_type")
+        if prediction is not None and prediction not in self.predictions:
+            # a flow scheduler reads no prediction_type: without this the manifest's word would be ignored
+            raise UserError(f"{folder_name}: pipeline.prediction_type {prediction!r} is not what a {self.name} backbone "
+                            f"predicts ({', '.join(self.predictions)})")
         recorded = [t["name"] for t in comps[self.backbone].get("inputs", [])]
         if recorded:
             want = [SAMPLE, TIMESTEP, *(t.name for t in self.conditioning(manifest["pipeline"]))]
