@@ -105,7 +105,7 @@ def serve(
         from .web.serve import check_page_folder
 
         check_page_folder(web)  # one line and exit 2 now, not when the server starts
-    require("fastapi", "uvicorn", "prometheus_client", extra="serve")
+    require("fastapi", "uvicorn", "prometheus_client", "multipart", extra="serve")
     if ray:
         require("ray", extra="ray")
         from .serve.ray import run_ray_serve
