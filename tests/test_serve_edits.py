@@ -1,12 +1,6 @@
-"""POST /v1/images/edits over real HTTP: one `serve` subprocess (both embedded models, an API key).
-
-The returned images must equal, bit for bit, what the library renders in process for the same
-picture, mask, strength and seed (`Pipeline(...)(prompt, image=, mask=, strength=, seed=)`): SD and
-the MMDiT (its folder has a vae_encoder), inpainting (OpenAI's transparent-is-edit mask, or the
-image's own transparency) and img2img, through the official `openai` client and through httpx
-multipart. Bad uploads and fields get 400/413 in OpenAI's error shape; the route needs the key.
-Test pictures are drawn here (nothing binary is committed).
-"""
+"""POST /v1/images/edits over HTTP (one `serve` subprocess, both embedded models, an API key): images equal the
+library's `Pipeline(...)(prompt, image=, mask=, strength=, seed=)` bit for bit (openai client and httpx); bad input
+gets 400/413 in OpenAI's error shape; the route needs the key. Test pictures are drawn here."""
 
 from __future__ import annotations
 
@@ -38,7 +32,6 @@ def png(array: np.ndarray, fmt: str = "PNG") -> bytes:
 
 
 def scene(h: int = 70, w: int = 100) -> np.ndarray:
-    """A red square left of a green bar on grey: a picture of neither bucket's size."""
     rgb = np.full((h, w, 3), 96, np.uint8)
     rgb[h // 6 : h // 2, w // 10 : w // 3] = (220, 30, 30)
     rgb[h // 2 :, w // 2 : w // 2 + w // 8] = (30, 200, 60)
@@ -46,7 +39,7 @@ def scene(h: int = 70, w: int = 100) -> np.ndarray:
 
 
 def openai_mask(h: int = 70, w: int = 100) -> tuple[np.ndarray, np.ndarray]:
-    """(RGBA mask in OpenAI's convention: the right half transparent, library mask: white = repaint)."""
+    """(OpenAI's RGBA mask: the right half transparent, the library's: white = repaint)."""
     rgba = np.zeros((h, w, 4), np.uint8)
     rgba[..., 3] = 255
     rgba[:, w // 2 :, 3] = 0
@@ -82,12 +75,6 @@ def edit(server, files: dict, **fields):
     return server.client.post("/v1/images/edits", files=files, data={k: str(v) for k, v in fields.items()})
 
 
-def test_the_mmdit_folder_can_take_a_picture():
-    from onnxdiffusion.artifacts import read_manifest
-
-    assert "vae_encoder" in read_manifest(MMDIT)["components"]
-
-
 def test_openai_client_inpainting_matches_the_library(server, pipes):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=120, max_retries=0)
@@ -102,10 +89,6 @@ def test_openai_client_inpainting_matches_the_library(server, pipes):
     want = library(pipes, "fp32", "a blue circle on the right", image=rgb, mask=lib_mask, strength=1.0, seed=5,
                    steps=6, width=64, height=64)
     np.testing.assert_array_equal(decode_png(base64.b64decode(resp.data[0].b64_json)), want[0])
-    # the kept (opaque) half stays the picture: far closer to it than the repainted half
-    got = decode_png(base64.b64decode(resp.data[0].b64_json)).astype(float)
-    small = np.asarray(__import__("PIL.Image").Image.fromarray(rgb).resize((64, 64))).astype(float)
-    assert np.abs(got[:, :28] - small[:, :28]).mean() < np.abs(got[:, 36:] - small[:, 36:]).mean()
 
 
 def test_openai_client_img2img_on_the_mmdit_n2(server, pipes):

@@ -1,22 +1,9 @@
-"""POST /v1/images/edits: OpenAI's image edit (multipart/form-data), run as img2img or inpainting.
+"""POST /v1/images/edits: OpenAI's image edit (multipart/form-data) as img2img or inpainting.
 
-The form: `image` (a PNG; JPEG and WebP are also read), optional `mask`, `prompt`, `n`, `size`,
-`response_format`, `model`, and the generations route's extensions (`negative_prompt steps sampler
-guidance seed`) plus `strength`. It goes through the same checks, queue, per-key limits and error
-shape as /v1/images/generations (`build_request`), and renders what the library renders for
-`Pipeline(...)(prompt, image=, mask=, strength=, seed=)`:
-
-- the mask follows OpenAI's convention: its transparent pixels (alpha below 128) are repainted, the
-  opaque ones kept (the library's mask is the inverse, white = repaint: it gets 255 - alpha). Without
-  a mask, an image with transparent pixels is its own mask (OpenAI's dall-e-2 rule); an opaque image
-  is redrawn whole at `strength`. Default strength: 1 with a mask (diffusers' inpaint pipeline),
-  0.8 without (its img2img pipeline);
-- the output size is `size` snapped to a bucket, as generations snap it, or else the bucket nearest
-  the image's own size; an image (and its mask) of another size is resized to it (Lanczos, as
-  `generate --image` does) and the response says so in `notices`. Images wider or taller than
-  MAX_UPLOAD_SIDE, undecodable files, masks without alpha or of another size than the image, and
-  strengths outside (0, 1] (or leaving no step) are refused with 400; bodies over `--max-edit-body`
-  with 413 (serve/body.py).
+The generations route's checks, queue, per-key limits and error shape (`build_request`), then the
+picture's own: OpenAI's mask (transparent = edit) becomes the library's (white = repaint); the
+picture and mask are resized to the bucket with a notice; the job renders what
+`Pipeline(...)(prompt, image=, mask=, strength=, seed=)` renders. Rules: docs/verbs/serve.md.
 """
 
 from __future__ import annotations
@@ -59,11 +46,9 @@ class EditInput:
 
 def _schema() -> dict:
     """The multipart body in the OpenAPI document (/docs), since the route reads the form itself."""
-    text = {"type": "string"}
-    props = {name: dict(text) for name in FIELDS}
-    props.update({"image": {"type": "string", "format": "binary"}, "mask": {"type": "string", "format": "binary"},
-                  "n": {"type": "integer"}, "steps": {"type": "integer"}, "seed": {"type": "integer"},
-                  "guidance": {"type": "number"}, "strength": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}})
+    props = {name: {"type": "string"} for name in FIELDS}
+    props.update({name: {"type": "string", "format": "binary"} for name in FILES})
+    props.update({name: {"type": "number"} for name in ("n", "steps", "seed", "guidance", "strength")})
     body = {"type": "object", "required": ["image", "prompt"], "properties": props}
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": body}}}}
 
