@@ -64,11 +64,7 @@ def pipes():
 
 
 def library(pipes, model: str, prompt: str, **kw) -> np.ndarray:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "resized to the generation size": the notice, in process
-        return pipes[model](prompt, **kw).images
+    return pipes[model](prompt, **kw).images  # in process (a resized picture warns)
 
 
 def edit(server, files: dict, **fields):
@@ -148,8 +144,8 @@ def _bad_cases() -> list[tuple[str, dict, dict, str | None]]:
         ("truncated png", {"image": ("a.png", truncated[: len(truncated) // 2], "image/png")}, {"prompt": "x"}, "image"),
         ("gif", {"image": ("a.gif", png(rgb, "GIF"), "image/gif")}, {"prompt": "x"}, "image"),
         ("too wide", {"image": ("a.png", png(np.zeros((1, 5000, 3), np.uint8)), "image/png")}, {"prompt": "x"}, "image"),
-        ("mask without alpha", {**img, "mask": ("m.png", png(rgb), "image/png")}, {"prompt": "x"}, "mask"),
-        ("mask of another size", {**img, "mask": ("m.png", png(rgba[:60]), "image/png")}, {"prompt": "x"}, "mask"),
+        ("mask no alpha", {**img, "mask": ("m.png", png(rgb), "image/png")}, {"prompt": "x"}, "mask"),
+        ("mask size", {**img, "mask": ("m.png", png(rgba[:60]), "image/png")}, {"prompt": "x"}, "mask"),
         ("opaque mask", {**img, "mask": ("m.png", png(np.full((70, 100, 4), 255, np.uint8)), "image/png")},
          {"prompt": "x"}, "mask"),
         ("bad mask file", {**img, "mask": ("m.png", b"\x89PNG\r\n\x1a\nnope", "image/png")}, {"prompt": "x"}, "mask"),
@@ -164,7 +160,7 @@ def _bad_cases() -> list[tuple[str, dict, dict, str | None]]:
         ("image as text", {}, {"prompt": "x", "image": "a.png"}, "image"),
         ("prompt as file", {**img, "prompt": ("p.txt", b"x", "text/plain")}, {}, "prompt"),
         ("unknown field", img, {"prompt": "x", "colour": "red"}, "colour"),
-        ("preview is a jobs field", img, {"prompt": "x", "preview": "true"}, "preview"),
+        ("preview", img, {"prompt": "x", "preview": "true"}, "preview"),
         ("n word", img, {"prompt": "x", "n": "two"}, "n"),
         ("n too many", img, {"prompt": "x", "n": "9"}, "n"),
         ("bad size", img, {"prompt": "x", "size": "big"}, "size"),
