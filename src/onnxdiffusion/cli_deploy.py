@@ -76,6 +76,7 @@ def serve(
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoders let go between requests, no ORT memory pattern) | KEY=0|1,... (default: the profile's, else default)")] = None,
     web: Annotated[Optional[Path], typer.Option(help="a page folder from `export-web`, served at /web (cross-origin isolated)")] = None,
     max_memory: Annotated[Optional[str], typer.Option(help="memory budget of one backbone batch (4G, 512M): requests whose estimate exceeds it get 400, micro-batches stay under it")] = None,
+    max_edit_body: Annotated[str, typer.Option(help="largest /v1/images/edits request body (image + mask + fields; 16M, 4M): larger ones get 413")] = "16M",
     api_key: Annotated[Optional[list[str]], typer.Option("--api-key", help="require `Authorization: Bearer KEY` on the API and job routes (repeatable; a file or ONNXDIFFUSION_API_KEYS keeps keys out of `ps`)")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(help="API keys, one a line (# comments)")] = None,
     protect_metrics: Annotated[bool, typer.Option("--protect-metrics/--open-metrics", help="with API keys: whether /metrics needs one")] = True,
@@ -99,12 +100,12 @@ def serve(
                          golden_threshold_db=golden_threshold, retention=retention, grace=grace, profile=profile,
                          memory=memory, api_keys=read_keys(tuple(api_key or ()), api_key_file),
                          protect_metrics=protect_metrics, key_max_jobs=key_max_jobs, max_memory=parse_bytes(max_memory),
-                         web=str(web) if web else None)
+                         max_edit_body=parse_bytes(max_edit_body or "16M", "--max-edit-body"), web=str(web) if web else None)
     if web is not None:
         from .web.serve import check_page_folder
 
         check_page_folder(web)  # one line and exit 2 now, not when the server starts
-    require("fastapi", "uvicorn", "prometheus_client", extra="serve")
+    require("fastapi", "uvicorn", "prometheus_client", "multipart", extra="serve")
     if ray:
         require("ray", extra="ray")
         from .serve.ray import run_ray_serve

@@ -23,7 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import UserError
 from .config import ServeConfig
 from .auth import ApiKeyAuth, KeyRing
-from .responses import error_response
+from .body import BodyLimit
+from .responses import error_response, image_response, wait_and_answer
 from .jobs import FINAL, JobConflict, JobQueue, KeyBusy, NotAccepting, QueueFull, png_bytes
 from .manager import ModelManager, parse_buckets
 from .metrics import ServeMetrics
@@ -80,41 +81,6 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over `limit` bytes with 413 (counted, not just declared)."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        too_big = declared is not None and declared.isdigit() and int(declared) > self.limit
-        body, more = b"", not too_big
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            too_big = len(body) > self.limit
-            more = more and not too_big
-        if too_big:
-            resp = error_response(413, f"request body is larger than {self.limit} bytes", code="body_too_large")
-            return await resp(scope, receive, send)
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
-
-
 def _outcome(status: int) -> str:
     if status < 400:
         return "ok"
@@ -136,7 +102,7 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
                   description="Text-to-image with ONNX Runtime: OpenAI-compatible images API, jobs with progress, "
                               "resolution buckets and golden-sample fallback.")
     app.state.service = service
-    app.add_middleware(BodyLimit, limit=config.max_body)
+    app.add_middleware(BodyLimit, limit=config.max_body, per_path={"/v1/images/edits": config.max_edit_body})
     # outermost: a caller without a key is refused before its body is read
     app.add_middleware(ApiKeyAuth, ring=KeyRing(config.api_keys), protect_metrics=config.protect_metrics)
     svc, queue, manager, metrics = service, service.queue, service.manager, service.metrics
@@ -183,12 +149,16 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         return request.scope.get("state", {}).get("caller")
 
     def submit(body: ImageRequest, request: Request):
+        return submit_built(lambda: build_request(body, config, manager), request)
+
+    def submit_built(build, request: Request):
+        """Queue the JobRequest `build()` makes once the models serve (edits build their own)."""
         if svc.load_error:
             raise RequestError(f"models failed to load: {svc.load_error}", status=503)
         if not svc.ready:
             raise RequestError("models are still loading; see GET /ready", status=503, code="not_ready")
         try:
-            req = build_request(body, config, manager)
+            req = build()
         except UserError as e:
             raise RequestError(str(e)) from None
         try:
@@ -221,6 +191,9 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
 
     _probe_and_model_routes(app, svc, manager, queue, metrics)
     _image_and_job_routes(app, config, queue, submit, get_job)
+    from .edits import add_edit_route
+
+    add_edit_route(app, config, manager, queue, submit_built)
 
     if config.web:  # the browser page (export-web) at /web
         from ..web.serve import mount_web
@@ -285,34 +258,7 @@ def _image_and_job_routes(app: FastAPI, config: ServeConfig, queue, submit, get_
     @app.post("/v1/images/generations", summary="OpenAI-compatible: wait for the images")
     async def generations(body: ImageRequest, request: Request):
         job = submit(body, request)
-        done = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        job.add_done_callback(lambda: loop.call_soon_threadsafe(done.set))
-        try:
-            await asyncio.wait_for(done.wait(), timeout=(config.timeout + 5) if config.timeout else None)
-        except asyncio.TimeoutError:
-            queue.expire(job)
-            await asyncio.wait_for(done.wait(), timeout=30)
-        if job.status == "timeout":
-            return error_response(504, f"job {job.id} {job.error}", code="timeout")
-        if job.status == "cancelled":
-            return error_response(409, f"job {job.id} was cancelled", code="cancelled")
-        if job.status != "succeeded":
-            return error_response(500, f"job {job.id} failed: {job.error}")
-        return image_response(job, body.response_format, str(request.base_url))
-
-    def image_response(job, response_format: str, base_url: str) -> dict:
-        data = []
-        for i, img in enumerate(job.images):
-            item = {"revised_prompt": job.request.prompt}
-            if response_format == "url":
-                item["url"] = f"{base_url.rstrip('/')}/v1/jobs/{job.id}/images/{i}"
-            else:
-                item["b64_json"] = base64.b64encode(png_bytes(img)).decode()
-            data.append(item)
-        return {"created": int(job.created), "data": data, "id": job.id, "settings": job.request.settings(),
-                "timings": {"queued_s": round(job.started - job.created, 4), "run_s": round(job.finished - job.started, 4),
-                            "batch_size": job.batch_size}}
+        return await wait_and_answer(job, queue, config.timeout, body.response_format, str(request.base_url))
 
     # -- jobs ---------------------------------------------------------------------------------
     @app.post("/v1/jobs", status_code=202, summary="Queue a job; returns its id at once")

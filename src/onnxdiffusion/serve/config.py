@@ -29,7 +29,8 @@ class ServeConfig:
     max_n: int = 4  # images per request
     max_steps: int = 100
     max_side: int = 1024  # larger requested sizes are refused rather than snapped
-    max_body: int = 64 * 1024  # bytes
+    max_body: int = 64 * 1024  # bytes of a JSON request
+    max_edit_body: int = 16 * 1024 * 1024  # bytes of a /v1/images/edits upload (image + mask + fields)
     retention: float = 600.0  # seconds a finished job's result is kept
     max_finished: int = 512
     golden_threshold_db: float = 30.0
@@ -49,7 +50,8 @@ class ServeConfig:
     key_max_jobs: int = 0
 
     def __post_init__(self):
-        for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body"):
+        for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body",
+                     "max_edit_body"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_memory is not None and self.max_memory <= 0:
@@ -73,7 +75,7 @@ class ServeConfig:
         return max(1, self.max_queue // 2) if len(self.api_keys) >= 2 else None
 
 
-def parse_bytes(text: str | None) -> int | None:
+def parse_bytes(text: str | None, option: str = "--max-memory") -> int | None:
     """'4G', '512M', '1.5GiB', '1000000' -> bytes (binary units); None or '' -> None."""
     if text is None or not str(text).strip():
         return None
@@ -83,7 +85,7 @@ def parse_bytes(text: str | None) -> int | None:
     try:
         value = float(number)
     except ValueError:
-        raise UserError(f"--max-memory must look like 4G, 512M or a byte count, got {text!r}") from None
+        raise UserError(f"{option} must look like 4G, 512M or a byte count, got {text!r}") from None
     if not value > 0 or value * scale > 1 << 60:
-        raise UserError(f"--max-memory must be positive, got {text!r}")
+        raise UserError(f"{option} must be positive, got {text!r}")
     return int(value * scale)

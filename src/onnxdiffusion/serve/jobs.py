@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -65,15 +65,21 @@ class JobRequest:
     fallback: bool  # True when `model` differs from `model_requested` (degraded optimized model)
     requested_size: str
     preview: bool = False
+    edit: object = None  # /v1/images/edits: its EditInput (serve/edits.py); such a job renders alone
+    notices: tuple[str, ...] = ()  # what the service changed about the request (a resized upload)
 
     def batch_key(self) -> tuple:
-        return (self.model, self.width, self.height, self.steps, self.sampler, self.guidance)
+        alone = None if self.edit is None else id(self.edit)
+        return (self.model, self.width, self.height, self.steps, self.sampler, self.guidance, alone)
 
     def settings(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, edit=None))
         d["bucket"] = f"{self.width}x{self.height}"
         d["size"] = d["bucket"]
-        d.pop("preview")
+        for name in ("preview", "edit", "notices"):
+            d.pop(name)
+        if self.edit is not None:
+            d.update(self.edit.settings())
         return d
 
 

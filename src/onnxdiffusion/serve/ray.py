@@ -79,7 +79,7 @@ def render_on_ray(pending: list[BatchItem], out, options: BatchOptions, max_imag
 # -- Ray Serve: the service -------------------------------------------------------------------
 def _request_dict(r) -> dict:
     return {k: getattr(r, k) for k in ("prompt", "negative_prompt", "n", "width", "height", "steps", "sampler",
-                                       "guidance", "seed", "model")}
+                                       "guidance", "seed", "model", "edit")}
 
 
 def run_ray_serve(config, replicas: int = 1, max_replicas: int | None = None, blocking: bool = True):

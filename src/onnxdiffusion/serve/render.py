@@ -29,6 +29,13 @@ def seeded_inputs(pipe, requests: list[Renderable]) -> dict:
     from ..runtime.pipeline import GenerateOptions
 
     r0 = requests[0]
+    edit = getattr(r0, "edit", None)
+    if edit is not None:  # an edit renders alone, its noise drawn from its seed as `generate --seed S --image` draws it
+        if len(requests) != 1:
+            raise ValueError("an image edit renders alone, not in a batch with other requests")
+        negatives = [r0.negative_prompt] * r0.n if r0.negative_prompt else None
+        return dict(prompt=[r0.prompt] * r0.n, negative_prompt=negatives, seed=r0.seed, steps=r0.steps, sampler=r0.sampler, guidance=r0.guidance, width=r0.width,
+                    height=r0.height, batch=r0.n, **edit.feeds())
     needs_noise = pipe.table(GenerateOptions(steps=r0.steps, sampler=r0.sampler)).needs_noise
     latents, noise, prompts, negatives = [], [], [], []
     for r in requests:
@@ -48,7 +55,8 @@ def seeded_inputs(pipe, requests: list[Renderable]) -> dict:
 
 
 def group_key(r: Renderable) -> tuple:
-    return (r.width, r.height, r.steps, r.sampler, float(r.guidance))
+    edit = getattr(r, "edit", None)  # an edit renders alone
+    return (r.width, r.height, r.steps, r.sampler, float(r.guidance), None if edit is None else id(edit))
 
 
 def render_group(pipe, requests: list[Renderable]) -> list[np.ndarray]:
