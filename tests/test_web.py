@@ -108,7 +108,8 @@ def test_export_web_folder(pages):
     pipe = Pipeline.from_folder(model)
     assert settings["kind"] == "onnxdiffusion-web" and settings["runtime"]["version"] == npm.pinned()["onnxruntime-web"]
     for rel in ["index.html", "app.js", "pipeline.js", "prompt.js", "rng.js", "lib/tokenizers.min.mjs", "tables.bin",
-                "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", settings["graph"]["file"],
+                "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm",
+                *[part["file"] for part in settings["graph"]["parts"].values()],
                 *[t[k] for t in settings["text_inputs"] for k in ("tokenizer", "config")]]:
         assert (page / rel).is_file(), rel
     assert not (page / "ort" / "ort.webgpu.min.mjs").exists()  # webgpu=False
@@ -123,6 +124,8 @@ def test_export_web_folder(pages):
         assert t["needs_noise"] == want.needs_noise and t["init_scale"] == pytest.approx(want.init_scale)
     assert settings["defaults"] == {"steps": 20, "guidance": 4.0, "sampler": "ddim", "seed": 0}
     assert settings["latent_shape"] == [1, 4, 16, 16] and settings["graph"]["prefused"] is None  # portable
+    assert list(settings["graph"]["parts"]) == ["prologue", "step", "epilogue"]
+    assert "iter" in settings["graph"]["parts"]["step"]["inputs"] and "input_ids" in settings["graph"]["parts"]["prologue"]["inputs"]
     tok, spec = pipe.tokenizers["text_encoder"], settings["text_inputs"][0]
     assert (spec["max_length"], spec["bos"], spec["eos"], spec["pad"]) == (tok.max_length, tok.bos, tok.eos, tok.pad)
 
@@ -141,6 +144,28 @@ def test_export_web_bad_input(pages, tmp_path):
     assert_one_line_error(run_cli("export-web", tmp_path / "nomodel", tmp_path / "p3"), "nomodel")
     assert not any(p.name.startswith(("p", ".p")) for p in tmp_path.iterdir())  # nothing half-written
     assert_one_line_error(run_cli("serve", "--web", other), "not a page folder")
+
+
+@pytest.mark.parametrize("name", ["sd-fp32", "mmdit-fp32", "sd-int8"])
+def test_page_parts_on_cpu_are_generate(pages, name):
+    """The page's three graphs (prologue, step per row, epilogue) driven as pipeline.js drives them, on ONNX
+    Runtime CPU: generate's image (int8: bit for bit; float: >= 60 dB, the Loop vs host-loop rounding), so
+    any difference in the browser is the WASM kernels', not the cut's."""
+    from onnxdiffusion.web.parts import cpu_sessions, page_feeds, run_parts
+
+    model, page = pages(name)
+    sessions, wiring = cpu_sessions(page)
+    pipe = Pipeline.from_folder(model)
+    seen = []
+    for prompt, seed, steps, sampler in [(PROMPTS[4], 4, 20, None), (PROMPTS[1], 7, 9, "dpmpp_2m")]:
+        got = run_parts(sessions, page_feeds(pipe, prompt, seed, steps, sampler), wiring,
+                        on_step=lambda i, n: seen.append((i, n)))["image"]
+        want = pipe(prompt, seed=seed, steps=steps, sampler=sampler).images
+        if name.endswith("int8"):
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert psnr(got, want) >= 60, psnr(got, want)
+    assert seen[:20] == [(i, 20) for i in range(20)] and seen[20:] == [(i, 9) for i in range(9)]
 
 
 # -- the tokenizer in JS -----------------------------------------------------------------------------------
@@ -225,6 +250,14 @@ def test_page_in_chromium_fp32(pages, driver, family):
             assert r["image"].shape == want.shape
             assert psnr(r["image"], want) >= 40, psnr(r["image"], want)
             assert int(r["dataset"]["steps"]) >= steps and float(r["dataset"]["runMs"]) > 0  # time shown
+            # progress per denoising step in #status, and each step's time recorded
+            n = int(r["dataset"]["steps"])
+            shown = [t for t in r["statuses"] if t.startswith("sampling: step")]
+            assert shown == [f"sampling: step {i}/{n}" for i in range(1, n + 1)], r["statuses"]
+            assert r["statuses"][-1] == "done" and r["statuses"].index(shown[-1]) < r["statuses"].index("decoding the image")
+            times = json.loads(r["dataset"]["stepTimes"])
+            assert len(times) == n and all(t > 0 for t in times) and float(r["dataset"]["stepMs"]) > 0
+            assert sum(times) < float(r["dataset"]["runMs"])  # the steps, without the text encoder and VAE
         # offline: every file the page fetched came from its own folder
         fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         assert fetched and all(u.startswith(url) or u.startswith(("data:", "blob:")) for u in fetched), fetched
@@ -282,7 +315,7 @@ def test_page_bad_input_is_a_visible_error(pages, driver, tmp_path):
                           [helper.make_tensor_value_info("latents", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("image", TensorProto.UINT8, [1])])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]),
-              str(bad / "model" / "pipeline.onnx"))
+              str(bad / json.loads((page / "settings.json").read_text())["graph"]["parts"]["step"]["file"]))
     gone = tmp_path / "missing"
     shutil.copytree(page, gone)
     (gone / "tables.bin").unlink()
