@@ -1,5 +1,5 @@
-"""The page's images vs `generate`'s: every variant of bench/web_table.py (fp32, int8-static for both embedded
-models), six prompts at the model's defaults, in headless Chromium (WASM, 1 thread). For int8 it also says how
+"""The page's images vs `generate`'s: every variant of bench/web_table.py (fp32, int8-static with rounding=cpu
+(int8) and rounding=portable (int8p), for both embedded models), six prompts at the model's defaults, in headless Chromium (WASM, 1 thread). For int8 it also says how
 far each image is from the fp32 `generate` image, for the page and for `generate` itself.
 
     python bench/web_quality.py --work DIR [--out bench/results/web_quality]   # DIR: web_table.py's --work

@@ -80,21 +80,23 @@ def model_onnx_bytes(model: Path) -> int:
 
 
 def variants(work: Path, log) -> dict[str, Path]:
+    """fp32, int8-static (rounding=cpu, the default) and int8-static rounding=portable, for both embedded models."""
     from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
 
     out = {}
     for family in ("sd", "mmdit"):
         fp32 = ROOT / "models" / f"shapes-{family}-onnx"
         out[f"{family}-fp32"] = fp32
-        int8 = work / f"{family}-int8"
-        if not (int8 / "manifest.json").is_file():
-            log(f"quantizing {fp32.name} int8-static -> {int8}")
-            sampler = "ddim" if family == "sd" else "flow_euler"
-            quantize(fp32, int8, QuantizeConfig(recipe=recipe_class("int8-static").with_options({}), latency_runs=1,
-                                                measure_memory=False,
-                                                calibration=CalibrationConfig(count=8, steps=10, batch=4, sampler=sampler)),
-                     measure_quality=False, overwrite=True)
-        out[f"{family}-int8"] = int8
+        for suffix, options in (("int8", {}), ("int8p", {"rounding": "portable"})):
+            int8 = work / f"{family}-{suffix}"
+            if not (int8 / "manifest.json").is_file():
+                log(f"quantizing {fp32.name} int8-static {options} -> {int8}")
+                sampler = "ddim" if family == "sd" else "flow_euler"
+                quantize(fp32, int8, QuantizeConfig(recipe=recipe_class("int8-static").with_options(options), latency_runs=1,
+                                                    measure_memory=False,
+                                                    calibration=CalibrationConfig(count=8, steps=10, batch=4, sampler=sampler)),
+                         measure_quality=False, overwrite=True)
+            out[f"{family}-{suffix}"] = int8
     return out
 
 
