@@ -126,7 +126,7 @@ def test_export_web_folder(pages):
         assert t["needs_noise"] == want.needs_noise and t["init_scale"] == pytest.approx(want.init_scale)
     assert settings["defaults"] == {"steps": 20, "guidance": 4.0, "sampler": "ddim", "seed": 0}
     assert settings["latent_shape"] == [1, 4, 16, 16] and settings["graph"]["prefused"] is None  # portable
-    assert list(settings["graph"]["parts"]) == ["prologue", "step", "epilogue"]
+    assert list(settings["graph"]["parts"]) == ["prologue", "step", "epilogue"] and settings["rounding"] is None
     assert "iter" in settings["graph"]["parts"]["step"]["inputs"] and "input_ids" in settings["graph"]["parts"]["prologue"]["inputs"]
     tok, spec = pipe.tokenizers["text_encoder"], settings["text_inputs"][0]
     assert (spec["max_length"], spec["bos"], spec["eos"], spec["pad"]) == (tok.max_length, tok.bos, tok.eos, tok.pad)
@@ -279,6 +279,7 @@ def test_page_in_chromium_int8_static(pages, driver, family, rounding):
     prompt. rounding=portable rewrites those kernels into float64 arithmetic both builds round alike
     (quantize/portable_rounding.py): every image >= 40 dB (measured: >= 84 dB, most identical)."""
     model, page = pages(f"{family}-{'int8p' if rounding == 'portable' else 'int8'}")
+    assert json.loads((page / "settings.json").read_text())["rounding"] == rounding
     ref = _reference(model)
     scores = []
     with static_server(page) as url:

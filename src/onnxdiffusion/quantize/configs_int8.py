@@ -139,7 +139,8 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     `rounding` (cpu-fused only): cpu | portable. portable rewrites the backbone's float kernels that ORT builds
     round differently (norms, GELUs, softmax, QLinearAdd, ...) into float64 arithmetic cast back to float32
     (quantize/portable_rounding.py), so x86 `generate` and the browser page (onnxruntime-web WASM) compute
-    the same integers: page vs generate went from 32.3-52.4 dB to >= 84 dB on the embedded SD model.
+    the same integers: page vs generate went from 32.3-52.4 dB to >= 84 dB on the embedded SD model. The
+    float64 kernels are slower (embedded models, ORT CPU 1 thread: 3x the step for SD, 5.5x for the MMDiT).
     Version 8: `rounding` (older dicts: cpu).
     """
 

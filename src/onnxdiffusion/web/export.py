@@ -85,6 +85,11 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     t0 = time.time()
     pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses (checks the folder)
     defaults = pipe.resolve(GenerateOptions())
+    recipe = ((manifest.get("quantization") or {}).get("config") or {}).get("recipe") or {}
+    if recipe.get("name") == "int8-static" and recipe.get("rounding", "cpu") != "portable":
+        log("note: this int8-static folder rounds its float kernels as x86 ONNX Runtime does; the page's WASM build "
+            "rounds some differently and its images land 30-55 dB from generate's (quantize with -O rounding=portable "
+            "for generate's image)")
     if defaults.steps > max_steps:
         raise UserError(f"the model's recommended {defaults.steps} steps exceed --max-steps {max_steps}")
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-web-") as scratch:
@@ -107,6 +112,7 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "model": manifest.get("source", {}).get("path", model.name).split("/")[-1] or model.name,
             "family": pipe.family.name,
             "precision": manifest["components"][pipe.family.backbone].get("precision", "fp32"),
+            "rounding": recipe.get("rounding", "cpu") if recipe.get("name") == "int8-static" else None,
             "height": h, "width": w,
             "latent_shape": list(pipe.latent_shape(defaults)),
             "guided": "uncond_input_ids" in inputs,
