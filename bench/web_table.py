@@ -70,6 +70,24 @@ def cpu_name() -> str:
     return f"{machine_info().get('cpu')} [{' '.join(f for f in wanted if f in flags)}]"
 
 
+def as_table(rows: list[dict]) -> dict:
+    """[{k: v}, ...] -> {"columns": [k, ...], "rows": [[v, ...], ...]} (missing values None)."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return {"columns": columns, "rows": [[r.get(k) for k in columns] for r in rows]}
+
+
+def compact_json(obj) -> str:
+    """One line per top-level key, floats to 4 significant digits: the results stay small in the repository."""
+    def r(x):
+        if isinstance(x, float):
+            return float(f"{x:.4g}") if x == x and abs(x) != float("inf") else x
+        if isinstance(x, dict):
+            return {k: r(v) for k, v in x.items()}
+        return [r(v) for v in x] if isinstance(x, (list, tuple)) else x
+    body = ",\n".join(f" {json.dumps(k)}: {json.dumps(r(v), separators=(',', ':'))}" for k, v in obj.items())
+    return "{\n" + body + "\n}\n"
+
+
 def folder_bytes(folder: Path, skip=()) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name not in skip)
 
@@ -179,9 +197,9 @@ def main() -> int:
     result = {"machine": machine_info(), "steps": a.steps, "rounds": a.rounds, "prompts": PROMPTS,
               "onnxruntime_web": installed() and json.loads((installed() / "onnxruntime-web" / "package.json").read_text())["version"],
               "chromium_flags": "headless=new, no-sandbox, disable-gpu (WASM only)",
-              "sizes": sizes, "median": {f"{n}/{m}": v for (n, m), v in med.items()}, "raw": raw}
+              "sizes": sizes, "median": {f"{n}/{m}": v for (n, m), v in med.items()}, "raw": as_table(raw)}
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    a.out.with_suffix(".json").write_text(compact_json(result))
     mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
     lines = [f"# The page: size and speed ({a.steps} steps, model defaults, median of {a.rounds} rounds)", "",
              f"CPU: {cpu_name()} ({cores} cores); load average at the end "

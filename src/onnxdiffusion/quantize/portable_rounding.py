@@ -1,21 +1,14 @@
 """int8-static's `rounding=portable`: the CPU-fused backbone's float kernels rewritten so that every ONNX Runtime
-build rounds them the same way (x86 ORT CPU for `generate`, onnxruntime-web's WASM for the page).
+build rounds them alike (x86 ORT CPU for `generate`, onnxruntime-web's WASM for the page).
 
-Why (bench/results/web_quality.md): on identical inputs the integer kernels (QLinearConv, QLinearMatMul, QGemm,
-MatMulIntegerToFloat, QLinearConcat, Quantize/DequantizeLinear) give the same integers on both builds, but the
-float kernels between them do not: InstanceNormalization, LayerNormalization (reduction order), QuickGelu,
-Gelu, Tanh, Sin, Cos (their own exp/erf/sin approximations), float attention differ by an ulp in 3-92% of their elements, and
-QLinearAdd and QLinearSoftmax (float requantization, an exp table) by one integer step in a few. Each
-QuantizeLinear after them turns some of those ulps into whole int8 steps, and 20 guided steps amplify them:
-page vs generate fell to 32 dB on the embedded model. Nudging those outputs by one ulp on ORT CPU alone gives
-the same spread, so no choice of graph optimization level or QDQ form can close it.
-
-The rewrite: each such op becomes Cast -> float64 arithmetic from elementary ops (Add, Mul, Div, Sqrt, Exp,
-ReduceMean, ReduceSum, ReduceMax, MatMul; tanh from exp; Abramowitz-Stegun 7.1.26 for erf, |error| < 1.5e-7) -> Cast back
-(QLinear ops: Dequantize -> ... -> Quantize). IEEE double arithmetic is correctly rounded on both builds and
-what little the double-precision exp or summation order differs by (~1e-16) vanishes in the final cast to
-float32, so both builds compute the same float32 tensors and then the same integers. The sigmoid is written
-as x / (1 + exp(-a x)) so that ORT's fusions cannot turn it back into a float-only QuickGelu.
+On identical inputs the two builds' integer kernels agree, but the float kernels between them (norms, GELUs,
+tanh, sin/cos, float attention) differ by an ulp in 3-92% of their elements and QLinearAdd / QLinearSoftmax
+by one step in a few; the QuantizeLinears after them and 20 guided steps amplify that (page vs generate fell
+to 32 dB; one-ulp nudges on ORT CPU alone give the same spread). Each such op becomes Cast -> float64
+elementary ops (Add, Mul, Div, Sqrt, Exp, Reduce*, MatMul; erf by Abramowitz-Stegun 7.1.26, |error| < 1.5e-7)
+-> Cast back (QLinear ops: Dequantize -> ... -> Quantize): double arithmetic is correctly rounded on both
+builds and its small differences (~1e-16) vanish in the cast to float32. The sigmoid is x / (1 + exp(-a x))
+so that ORT's fusions cannot turn it back into a float-only QuickGelu.
 """
 
 from __future__ import annotations
