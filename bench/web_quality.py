@@ -1,5 +1,5 @@
-"""The page's images vs `generate`'s: every variant of bench/web_table.py (fp32, int8-static for both embedded
-models), six prompts at the model's defaults, in headless Chromium (WASM, 1 thread). For int8 it also says how
+"""The page's images vs `generate`'s: every variant of bench/web_table.py (fp32, int8-static with rounding=cpu
+(int8) and rounding=portable (int8p), for both embedded models), six prompts at the model's defaults, in headless Chromium (WASM, 1 thread). For int8 it also says how
 far each image is from the fp32 `generate` image, for the page and for `generate` itself.
 
     python bench/web_quality.py --work DIR [--out bench/results/web_quality]   # DIR: web_table.py's --work
@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "web_quality")
     a = ap.parse_args()
-    from web_table import cpu_name, variants
+    from web_table import compact_json, cpu_name, variants
 
     from onnxdiffusion.bench.setup import machine_info
     from onnxdiffusion.evaluate.metrics import psnr
@@ -70,8 +70,8 @@ def main() -> int:
     per = {n: ", ".join(f"{x['page_vs_generate']:.1f}" for x in out) for n, out in rows.items()}
     lines += ["", "Per prompt (page vs generate): " + "; ".join(f"{n}: {v}" for n, v in per.items())]
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps({"machine": machine_info(), "steps": a.steps, "prompts": PROMPTS,
-                                                      "rows": rows}, indent=1, default=float) + "\n")
+    a.out.with_suffix(".json").write_text(compact_json({"machine": machine_info(), "steps": a.steps, "prompts": PROMPTS,
+                                                        "rows": rows}))
     a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -1,12 +1,13 @@
 """The browser page's size and speed: page folder bytes vs the model's ONNX bytes + the runtime's; load time,
 first image and per-step time in headless Chromium's WASM (1 thread; all threads when cross-origin isolated)
-vs the Python ONNX Runtime CPU path (`generate`'s host loop; and ORT CPU on the page's own graph).
+vs the Python ONNX Runtime CPU path (`generate`'s host loop; and ORT CPU on the page's own three graphs).
 
     python bench/web_table.py [--rounds 2] [--steps 20] [--work DIR] [--out bench/results/web_table]
 
 Needs the pinned npm packages (make web-deps) and Chromium (bash bench/install_chromium.sh). Rounds interleave
 the variants and modes (timings on a shared machine drift); medians over rounds are reported. Per-step time is
-a whole run (text encoder + sampling + VAE) over its model evaluations, the same way for every column.
+the median time of one denoising step (one backbone call on the guided batch + the sampler update): the page's
+own per-step record (dataset.stepTimes) and, in Python, the time between generate's step events.
 """
 
 from __future__ import annotations
@@ -26,33 +27,34 @@ PROMPTS = ["a small red circle on the left", "a blue star above a yellow square"
 
 PY_CHILD = r"""
 import json, statistics, sys, time
-import numpy as np, onnxruntime as ort
 from onnxdiffusion.runtime import Pipeline
-from onnxdiffusion.runtime.generation import GenerateOptions
+from onnxdiffusion.runtime.generation import StepEvent
+from onnxdiffusion.web.parts import cpu_sessions, page_feeds, run_parts
 model, page, threads, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 prompts = json.loads(sys.argv[5])
 t0 = time.perf_counter()
 pipe = Pipeline.from_folder(model, threads=threads or None)
 load = time.perf_counter() - t0
-times = []
+times, step_ms = [], []
 for i, p in enumerate(prompts):
-    t0 = time.perf_counter(); pipe(p, seed=i, steps=steps); times.append(time.perf_counter() - t0)
-# the page's graph (portable whole pipeline) on ORT CPU, fed as the page feeds it
-so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
-sess = ort.InferenceSession(page + "/model/pipeline.onnx", so, providers=["CPUExecutionProvider"])
-opts = pipe.resolve(GenerateOptions(steps=steps)); t = pipe.table(opts)
-lat = np.random.default_rng(0).standard_normal(pipe.latent_shape(opts), dtype=np.float32)
-feeds = {"latents": lat, "table": t.rows, "init_scale": np.array(t.init_scale, np.float32),
-         "guidance": np.array(max(opts.guidance, 1), np.float32), "noise": np.zeros((1, *lat.shape), np.float32),
-         "steps": np.array(t.num_steps, np.int64)}
-for s in pipe.slots:
-    suf = s.name[len("text_encoder"):]
-    feeds["input_ids" + suf] = pipe.tokenizers[s.name]([prompts[0]]); feeds["uncond_input_ids" + suf] = pipe.tokenizers[s.name]([""])
+    t0 = last = time.perf_counter(); per = []
+    for e in pipe.iter_generate(p, seed=i, steps=steps):
+        if isinstance(e, StepEvent):  # time between steps: one backbone call (cond + uncond) and the update
+            now = time.perf_counter(); per.append(now - last); last = now
+    times.append(time.perf_counter() - t0)
+    step_ms.append(1000 * statistics.median(per[1:]))  # the first includes the text encoder
+# the page's own three graphs on ORT CPU, driven as pipeline.js drives them
+sessions, wiring = cpu_sessions(page, threads)
 graph = []
-for _ in range(len(prompts)):
-    t0 = time.perf_counter(); sess.run(["image"], feeds); graph.append(time.perf_counter() - t0)
-print(json.dumps({"load_s": load, "first_s": load + times[0], "step_ms": 1000 * statistics.median(times[1:]) / t.num_steps,
-                  "graph_step_ms": 1000 * statistics.median(graph[1:]) / t.num_steps}))
+for i, p in enumerate(prompts):
+    feeds = page_feeds(pipe, p, i, steps); per = []
+    last = [time.perf_counter()]
+    def tick(k, n):
+        now = time.perf_counter(); per.append(now - last[0]); last[0] = now
+    run_parts(sessions, feeds, wiring, on_step=tick)
+    graph.append(1000 * statistics.median(per[1:]))
+print(json.dumps({"load_s": load, "first_s": load + times[0], "run_s": statistics.median(times[1:]),
+                  "step_ms": statistics.median(step_ms[1:]), "graph_step_ms": statistics.median(graph[1:])}))
 """
 
 
@@ -68,6 +70,24 @@ def cpu_name() -> str:
     return f"{machine_info().get('cpu')} [{' '.join(f for f in wanted if f in flags)}]"
 
 
+def as_table(rows: list[dict]) -> dict:
+    """[{k: v}, ...] -> {"columns": [k, ...], "rows": [[v, ...], ...]} (missing values None)."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return {"columns": columns, "rows": [[r.get(k) for k in columns] for r in rows]}
+
+
+def compact_json(obj) -> str:
+    """One line per top-level key, floats to 4 significant digits: the results stay small in the repository."""
+    def r(x):
+        if isinstance(x, float):
+            return float(f"{x:.4g}") if x == x and abs(x) != float("inf") else x
+        if isinstance(x, dict):
+            return {k: r(v) for k, v in x.items()}
+        return [r(v) for v in x] if isinstance(x, (list, tuple)) else x
+    body = ",\n".join(f" {json.dumps(k)}: {json.dumps(r(v), separators=(',', ':'))}" for k, v in obj.items())
+    return "{\n" + body + "\n}\n"
+
+
 def folder_bytes(folder: Path, skip=()) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name not in skip)
 
@@ -78,21 +98,23 @@ def model_onnx_bytes(model: Path) -> int:
 
 
 def variants(work: Path, log) -> dict[str, Path]:
+    """fp32, int8-static (rounding=cpu, the default) and int8-static rounding=portable, for both embedded models."""
     from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
 
     out = {}
     for family in ("sd", "mmdit"):
         fp32 = ROOT / "models" / f"shapes-{family}-onnx"
         out[f"{family}-fp32"] = fp32
-        int8 = work / f"{family}-int8"
-        if not (int8 / "manifest.json").is_file():
-            log(f"quantizing {fp32.name} int8-static -> {int8}")
-            sampler = "ddim" if family == "sd" else "flow_euler"
-            quantize(fp32, int8, QuantizeConfig(recipe=recipe_class("int8-static").with_options({}), latency_runs=1,
-                                                measure_memory=False,
-                                                calibration=CalibrationConfig(count=8, steps=10, batch=4, sampler=sampler)),
-                     measure_quality=False, overwrite=True)
-        out[f"{family}-int8"] = int8
+        for suffix, options in (("int8", {}), ("int8p", {"rounding": "portable"})):
+            int8 = work / f"{family}-{suffix}"
+            if not (int8 / "manifest.json").is_file():
+                log(f"quantizing {fp32.name} int8-static {options} -> {int8}")
+                sampler = "ddim" if family == "sd" else "flow_euler"
+                quantize(fp32, int8, QuantizeConfig(recipe=recipe_class("int8-static").with_options(options), latency_runs=1,
+                                                    measure_memory=False,
+                                                    calibration=CalibrationConfig(count=8, steps=10, batch=4, sampler=sampler)),
+                         measure_quality=False, overwrite=True)
+            out[f"{family}-{suffix}"] = int8
     return out
 
 
@@ -114,10 +136,10 @@ def browser_run(page: Path, isolated: bool, steps: int) -> dict:
                 runs.append(r["dataset"])
         finally:
             d.quit()
-    evals = int(runs[0]["steps"])
     return {"threads": int(ds["threads"]), "load_s": float(ds["loadMs"]) / 1000, "wall_load_s": wall_load,
             "first_s": (float(ds["loadMs"]) + float(runs[0]["totalMs"])) / 1000,
-            "step_ms": statistics.median(float(r["runMs"]) for r in runs[1:]) / evals}
+            "run_s": statistics.median(float(r["totalMs"]) for r in runs[1:]) / 1000,
+            "step_ms": statistics.median(float(r["stepMs"]) for r in runs[1:])}
 
 
 def main() -> int:
@@ -175,9 +197,9 @@ def main() -> int:
     result = {"machine": machine_info(), "steps": a.steps, "rounds": a.rounds, "prompts": PROMPTS,
               "onnxruntime_web": installed() and json.loads((installed() / "onnxruntime-web" / "package.json").read_text())["version"],
               "chromium_flags": "headless=new, no-sandbox, disable-gpu (WASM only)",
-              "sizes": sizes, "median": {f"{n}/{m}": v for (n, m), v in med.items()}, "raw": raw}
+              "sizes": sizes, "median": {f"{n}/{m}": v for (n, m), v in med.items()}, "raw": as_table(raw)}
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    a.out.with_suffix(".json").write_text(compact_json(result))
     mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
     lines = [f"# The page: size and speed ({a.steps} steps, model defaults, median of {a.rounds} rounds)", "",
              f"CPU: {cpu_name()} ({cores} cores); load average at the end "
@@ -185,22 +207,26 @@ def main() -> int:
              f"Chromium (WASM, SIMD; threads = all cores when cross-origin isolated), onnxruntime "
              f"{result['machine'].get('onnxruntime')} CPU for the Python path.", "",
              "## Size (MB)", "",
-             "| variant | page folder | page, WASM only | graph (model/pipeline.onnx) | model ONNX (components) | runtime WASM | runtime + WebGPU |",
+             "| variant | page folder | page, WASM only | graphs (model/*.onnx) | model ONNX (components) | runtime WASM | runtime + WebGPU |",
              "|---|---|---|---|---|---|---|"]
     for n, s in sizes.items():
         lines.append(f"| {n} | {mb(s['page_bytes'])} | {mb(s['page_bytes_wasm_only'])} | {mb(s['graph_bytes'])} | "
                      f"{mb(s['model_onnx_bytes'])} | {mb(s['runtime_bytes_wasm'])} | {mb(s['runtime_bytes'])} |")
     lines += ["", "## Speed", "",
-              "load: page open to ready (runtime + graph + session); first image: load + the first run; per step: "
-              "a run / model evaluations (text encoder and VAE included).", "",
-              "| variant | load s (WASM 1t / all) | first image s (WASM 1t / all / Python 1t) | ms/step WASM 1t | WASM all | "
-              "Python ORT host loop 1t | all | ORT CPU, page graph 1t | WASM 1t / Python 1t |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "load: page open to ready (runtime + graphs + sessions; Python: Pipeline.from_folder); first image: load + "
+              "the first run; run: a later whole run (text encoder + steps + VAE); per step: median time of one "
+              "denoising step.", "",
+              "| variant | load s (WASM 1t / all / Python 1t) | first image s (WASM 1t / all / Python 1t) | "
+              "run s (WASM 1t / all / Python 1t / all) | ms/step WASM 1t | WASM all | Python ORT host loop 1t | all | "
+              "ORT CPU, page graphs 1t | WASM 1t / Python 1t |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for n in models:
         w1, wa, p1, pa = (med[(n, m)] for m in ("wasm-1", "wasm-all", "python-1", "python-all"))
-        lines.append(f"| {n} | {w1['load_s']:.2f} / {wa['load_s']:.2f} | {w1['first_s']:.2f} / {wa['first_s']:.2f} / "
-                     f"{p1['first_s']:.2f} | {w1['step_ms']:.1f} | {wa['step_ms']:.1f} ({wa['threads']:.0f}t) | "
-                     f"{p1['step_ms']:.1f} | {pa['step_ms']:.1f} | {p1['graph_step_ms']:.1f} | {w1['step_ms'] / p1['step_ms']:.1f}x |")
+        lines.append(f"| {n} | {w1['load_s']:.2f} / {wa['load_s']:.2f} / {p1['load_s']:.2f} | {w1['first_s']:.2f} / "
+                     f"{wa['first_s']:.2f} / {p1['first_s']:.2f} | {w1['run_s']:.2f} / {wa['run_s']:.2f} / "
+                     f"{p1['run_s']:.2f} / {pa['run_s']:.2f} | {w1['step_ms']:.1f} | {wa['step_ms']:.1f} "
+                     f"({wa['threads']:.0f}t) | {p1['step_ms']:.1f} | {pa['step_ms']:.1f} ({pa['threads']:.0f}t) | "
+                     f"{p1['graph_step_ms']:.1f} | {w1['step_ms'] / p1['step_ms']:.1f}x |")
     a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

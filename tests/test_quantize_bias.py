@@ -168,7 +168,7 @@ def test_corrected_graph_has_smaller_per_channel_mean_error_on_calibration_feeds
 
 def test_option_is_versioned_and_checked():
     r = recipe_class("int8-static").with_options({"bias_correction": "1"})
-    assert r.bias_correction == 1 and Int8StaticRecipe.version == 7
+    assert r.bias_correction == 1 and Int8StaticRecipe.version == 8
     assert recipe_from_dict(r.to_dict()).bias_correction == 1
     assert recipe_from_dict({"name": "int8-static", "version": 4}).bias_correction == 0
     with pytest.raises(UserError, match="bias_correction"):

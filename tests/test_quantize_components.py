@@ -36,7 +36,7 @@ def test_components_quantized_recorded_and_run(quantized, tiny_onnx):
     out, report = quantized
     manifest = json.loads((out / "manifest.json").read_text())
     recipe = recipe_from_dict(manifest["quantization"]["config"]["recipe"])
-    assert recipe.components == ("unet", "vae_decoder", "text_encoder") and recipe.version == 7
+    assert recipe.components == ("unet", "vae_decoder", "text_encoder") and recipe.version == 8
     for name, op in (("vae_decoder", "QLinearConv"), ("text_encoder", "MatMulIntegerToFloat")):
         info = manifest["components"][name]
         assert info["precision"] == "int8-static"

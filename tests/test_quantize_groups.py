@@ -231,7 +231,7 @@ def test_gemms_as_matmuls_keep_the_function():
 def test_version_2_dicts_keep_their_old_meaning():
     old = recipe_from_dict({"name": "int8-static", "version": 2})
     assert (old.attention, old.softmax, old.norms, old.modulation, old.smooth_alpha) == ("float", "float", "float", "int8", 0.0)
-    assert Int8StaticRecipe().attention == "auto" and Int8StaticRecipe.version == 7
+    assert Int8StaticRecipe().attention == "auto" and Int8StaticRecipe.version == 8
     assert recipe_from_dict({"name": "int8-static", "version": 4}).components == ("unet",)  # v5: components
     assert recipe_from_dict({"name": "int8-static", "version": 5}).bias_correction == 0  # v6: bias_correction
     assert recipe_from_dict({"name": "int8-static", "version": 3, "smooth_alpha": 0.5}).keep_sensitive == 0.0

@@ -126,8 +126,13 @@ def check_ir_version(model: onnx.ModelProto, path: Path) -> None:
     graph tools and ORT's quantizer rely on) then types nothing: refuse it here, in one line."""
     from onnx import helper
 
+    # only the opsets a node uses: ORT's optimizer and quantizer declare every domain they know (ai.onnx.ml 5
+    # needs IR 10) on IR 8 graphs that use none of them, and shape inference types those graphs fully
+    used = {n.domain or "ai.onnx" for g in all_graphs(model.graph) for n in g.node}
+    used |= {n.domain or "ai.onnx" for f in model.functions for n in f.node}
+    opsets = [o for o in model.opset_import if (o.domain or "ai.onnx") in used]
     try:
-        low = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+        low = helper.find_min_ir_version_for(opsets, ignore_unknown=True) if opsets else 3
     except Exception:  # an opset onnx does not know: the session's own check names it
         low = 3
     if not low <= model.ir_version <= onnx.IR_VERSION:

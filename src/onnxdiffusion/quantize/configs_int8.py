@@ -81,14 +81,15 @@ class Int8Settings:
 # int8-static's own fields, which the other int8 recipes' dicts carried (always at these values)
 # while those recipes were subclasses of it; they also carried its version (and its legacy defaults)
 _STATIC_ONLY = {"components": (BACKBONE,), "components_keep_float": ("*conv_out*",), "bias_correction": 0,
-                "kernels": "portable"}
-_INT8_VERSION = 7
+                "kernels": "portable", "rounding": "cpu"}
+_INT8_VERSION = 8
 _INT8_LEGACY: dict[int, dict] = {2: {"attention": "float", "softmax": "float", "norms": "float", "modulation": "int8",
                                      "smooth_alpha": 0.0, "keep_sensitive": 0.0, **_STATIC_ONLY},
                                  3: {"keep_sensitive": 0.0, **_STATIC_ONLY},
                                  4: dict(_STATIC_ONLY),
-                                 5: {"bias_correction": 0, "kernels": "portable"},
-                                 6: {"kernels": "portable"}}
+                                 5: {"bias_correction": 0, "kernels": "portable", "rounding": "cpu"},
+                                 6: {"kernels": "portable", "rounding": "cpu"},
+                                 7: {"rounding": "cpu"}}
 
 
 @register
@@ -135,6 +136,12 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     each QLinearConv is laid out for (onnxdiffusion/cpu/int8_lowering.py): auto measures both on this CPU
     per node and keeps the faster; amx puts every one on MLAS's QGEMM (AMX tiles; refused without AMX);
     vnni and portable keep ORT's symmetric conv kernel. Version 7: `kernels` (older dicts: portable).
+    `rounding` (cpu-fused only): cpu | portable. portable rewrites the backbone's float kernels that ORT builds
+    round differently (norms, GELUs, softmax, QLinearAdd, ...) into float64 arithmetic cast back to float32
+    (quantize/portable_rounding.py), so x86 `generate` and the browser page (onnxruntime-web WASM) compute
+    the same integers: page vs generate went from 32.3-52.4 dB to >= 84 dB on the embedded SD model. The
+    float64 kernels are slower (embedded models, ORT CPU 1 thread: 3x the step for SD, 5.5x for the MMDiT).
+    Version 8: `rounding` (older dicts: cpu).
     """
 
     name: ClassVar[str] = "int8-static"
@@ -148,12 +155,16 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     components_keep_float: tuple[str, ...] = ("*conv_out*",)
     bias_correction: int = 0
     kernels: str = "auto"
+    rounding: str = "cpu"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", normalize_components(self.components))
         _choice("kernels", self.kernels, ("auto", "amx", "vnni", "portable"))
         _check(self.kernels in ("auto", "portable") or self.stored == "cpu-fused",
                f"kernels={self.kernels} lays out the CPU-fused graph: it needs stored=cpu-fused")
+        _choice("rounding", self.rounding, ("cpu", "portable"))
+        _check(self.rounding == "cpu" or self.stored == "cpu-fused",
+               f"rounding={self.rounding} rewrites the CPU-fused graph's kernels: it needs stored=cpu-fused")
         for c in self.components:
             _choice("int8-static component", c, INT8_COMPONENTS)
         _check(BACKBONE in self.components, "int8-static always quantizes the backbone: components must include the backbone (backbone, or unet / transformer)")

@@ -160,6 +160,10 @@ def _build_qdq(ctx: Context, recipe: Int8StaticRecipe | Int8NaiveRecipe, bias_co
         from .amx_lowering import apply
 
         plan.details["int8_kernels"] = apply(ctx, kernels, model)
+    if getattr(recipe, "rounding", "cpu") == "portable":  # the same integers on every ORT build (WASM too)
+        from .portable_rounding import portable_rounding
+
+        plan.details["portable_rounding"] = portable_rounding(model)
     built = Built({BACKBONE: model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
                   details={"calibrated_tensors": len(plan.tensors), **plan.details}, stored_as=stored)
     for name in recipe.targets:

@@ -80,7 +80,7 @@ def open_page(driver, url: str, timeout: float = 120) -> str:
 
 def generate(driver, prompt: str, seed: int | str, steps: int | str, timeout: float = 300, **fields) -> dict:
     """Fill the contract's inputs (and optional #guidance, #sampler, #negative), click #generate, wait for
-    #status; returns {status, notice, image (uint8 HWC or None), dataset}."""
+    #status; returns {status, notice, image (uint8 HWC or None), dataset, statuses (each text #status showed)}."""
     from PIL import Image
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -91,6 +91,7 @@ def generate(driver, prompt: str, seed: int | str, steps: int | str, timeout: fl
             Select(el).select_by_value(value)
             continue
         driver.execute_script("arguments[0].value = arguments[1]", el, str(value))
+    driver.execute_script(STATUS_LOG)
     driver.execute_script("document.getElementById('status').textContent = 'clicked'")
     driver.find_element(By.ID, "generate").click()
     status = wait_status(driver, lambda t: t == "done", timeout)
@@ -100,4 +101,17 @@ def generate(driver, prompt: str, seed: int | str, steps: int | str, timeout: fl
         assert src.startswith("data:image/png;base64,"), src[:40]
         image = np.asarray(Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).convert("RGB"))
     return {"status": status, "notice": driver.find_element(By.ID, "notice").text, "image": image,
-            "dataset": driver.execute_script("return Object.assign({}, document.body.dataset)")}
+            "dataset": driver.execute_script("return Object.assign({}, document.body.dataset)"),
+            "statuses": driver.execute_script("return window.__statusLog.slice(1)")}  # after 'clicked'
+
+
+# every text #status takes, in order (the mutation records: none is lost to batching)
+STATUS_LOG = """
+window.__statusLog = [];
+if (!window.__statusObserver) {
+  window.__statusObserver = new MutationObserver((records) => {
+    for (const r of records) for (const n of r.addedNodes) window.__statusLog.push(n.textContent);
+  });
+  window.__statusObserver.observe(document.getElementById('status'), { childList: true });
+}
+"""

@@ -1,8 +1,9 @@
 """`export-web MODEL OUT`: a static page folder that runs MODEL's whole pipeline in the browser.
 
 OUT holds index.html and its modules (page/), onnxruntime-web and @huggingface/tokenizers (the pinned npm
-packages), the whole-pipeline graph in its portable form (token ids in, uint8 image out), the tokenizer
-files, and settings.json + tables.bin (sampler tables for every step count, defaults). It is written under a
+packages), the whole-pipeline graph in its portable form (token ids in, uint8 image out) cut in three so the
+page steps the sampling loop itself (parts.py: prologue, step, epilogue), the tokenizer files, and
+settings.json + tables.bin (sampler tables for every step count, defaults). It is written under a
 temporary name and renamed, so OUT is either the old folder or the complete new one.
 """
 
@@ -20,6 +21,7 @@ import onnx
 from ..artifacts import check_output_folder, confined, read_manifest
 from ..errors import UserError
 from .npm import ensure_installed, pinned
+from .parts import PARTS, split_whole_graph
 from .settings import sampler_tables, text_inputs
 
 PAGE = Path(__file__).resolve().parent / "page"
@@ -29,7 +31,7 @@ KIND = "onnxdiffusion-web"
 # the WebGPU build (its own WASM, with the WebGPU and WASM providers) when asked for
 WASM_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 WEBGPU_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
-GRAPH = "model/pipeline.onnx"
+PART_FILES = {part: f"model/{part}.onnx" for part in PARTS}
 PAGE_FEEDS = ("latents", "table", "init_scale", "guidance", "noise", "steps")  # what pipeline.js feeds besides ids
 
 
@@ -83,11 +85,17 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     t0 = time.time()
     pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses (checks the folder)
     defaults = pipe.resolve(GenerateOptions())
+    recipe = ((manifest.get("quantization") or {}).get("config") or {}).get("recipe") or {}
+    if recipe.get("name") == "int8-static" and recipe.get("rounding", "cpu") != "portable":
+        log("note: this int8-static folder rounds its float kernels as x86 ONNX Runtime does; the page's WASM build "
+            "rounds some differently and its images land 30-55 dB from generate's (quantize with -O rounding=portable "
+            "for generate's image)")
     if defaults.steps > max_steps:
         raise UserError(f"the model's recommended {defaults.steps} steps exceed --max-steps {max_steps}")
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-web-") as scratch:
         log(f"compiling the whole-pipeline graph of {model} (portable form)")
         graph, info = whole_graph(model, Path(scratch))
+        parts, wiring = split_whole_graph(graph)
         # inputs with a default (an initializer of the same name: img2img's start row and image inputs) need no feed
         inputs = {i.name for i in graph.graph.input} - {t.name for t in graph.graph.initializer}
         tables, rows = sampler_tables(pipe, max_steps, samplers)
@@ -104,6 +112,7 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "model": manifest.get("source", {}).get("path", model.name).split("/")[-1] or model.name,
             "family": pipe.family.name,
             "precision": manifest["components"][pipe.family.backbone].get("precision", "fp32"),
+            "rounding": recipe.get("rounding", "cpu") if recipe.get("name") == "int8-static" else None,
             "height": h, "width": w,
             "latent_shape": list(pipe.latent_shape(defaults)),
             "guided": "uncond_input_ids" in inputs,
@@ -113,15 +122,17 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "table_width": graph_table_width(graph),
             "tables": {"file": "tables.bin", "dtype": "float32", "byte_order": "little", "count": int(rows.size)},
             "text_inputs": texts,
-            "graph": {"file": GRAPH, "bytes": 0, "prefused": info.get("prefused"), "inputs": sorted(inputs)},
+            "graph": {"parts": {p: {"file": PART_FILES[p], "bytes": 0, "inputs": wiring["inputs"][p]} for p in PARTS},
+                      "bytes": 0, "prefused": info.get("prefused"), "inputs": sorted(inputs),
+                      "wiring": {k: wiring[k] for k in ("steps_input", "start", "carry", "final")}},
             "runtime": {"package": "onnxruntime-web", "version": pinned()["onnxruntime-web"], "wasm": WASM_FILES[0],
                         "webgpu": WEBGPU_FILES[0] if webgpu else None},
             "tokenizer_package": {"package": "@huggingface/tokenizers", "version": pinned()["@huggingface/tokenizers"]},
         }
-        del pipe
+        del pipe, graph
         node_modules = ensure_installed(log)  # after every check on MODEL: a bad folder never reaches npm
         with _atomic_page(out) as tmp:
-            _write_page(tmp, model, node_modules, graph, rows, settings, webgpu)
+            _write_page(tmp, model, node_modules, parts, rows, settings, webgpu)
     settings["export_seconds"] = round(time.time() - t0, 2)
     return settings
 
@@ -131,7 +142,7 @@ def graph_table_width(graph: onnx.ModelProto) -> int:
     return int(dims[1].dim_value)
 
 
-def _write_page(tmp: Path, model: Path, node_modules: Path, graph, rows, settings: dict, webgpu: bool) -> None:
+def _write_page(tmp: Path, model: Path, node_modules: Path, parts: dict, rows, settings: dict, webgpu: bool) -> None:
     for name in PAGE_FILES:
         shutil.copyfile(PAGE / name, tmp / name)
     (tmp / "ort").mkdir()
@@ -155,8 +166,11 @@ def _write_page(tmp: Path, model: Path, node_modules: Path, graph, rows, setting
             else:
                 raise UserError(f"tokenizer file missing: {src}")
     (tmp / "model").mkdir()
-    onnx.save_model(graph, str(tmp / GRAPH))
-    settings["graph"]["bytes"] = (tmp / GRAPH).stat().st_size
+    for name, part in parts.items():
+        entry = settings["graph"]["parts"][name]
+        onnx.save_model(part, str(tmp / entry["file"]))
+        entry["bytes"] = (tmp / entry["file"]).stat().st_size
+    settings["graph"]["bytes"] = sum(e["bytes"] for e in settings["graph"]["parts"].values())
     rows.astype("<f4").tofile(tmp / "tables.bin")
     (tmp / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
 

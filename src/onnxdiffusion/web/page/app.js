@@ -1,7 +1,8 @@
 // The page: loads the runtime and the graph, then prompt in -> image out.
 // Test contract (tests and automated checks rely on these names): inputs #prompt, #seed, #steps, button
-// #generate; when an image is ready <img id="result"> holds a PNG data URL and #status reads "done"
-// ("error: ..." on failure).
+// #generate; while it runs #status reads "sampling: step i/n" per denoising step (#progress follows); when an
+// image is ready <img id="result"> holds a PNG data URL and #status reads "done" ("error: ..." on failure).
+// document.body.dataset after a run: runMs, totalMs, steps, stepMs (median ms per step), stepTimes (each step, ms).
 // URL options: ?ep=wasm|webgpu (default: webgpu when the browser offers it and the folder has it),
 // ?threads=N (default: all cores when the page is cross-origin isolated, else 1).
 
@@ -81,14 +82,14 @@ async function generate() {
   busy = true;
   $("generate").disabled = true;
   $("notice").textContent = "";
-  $("progress").removeAttribute("value");  // indeterminate while the one graph run is in flight
+  $("progress").value = 0;
   const started = performance.now();
   const tick = setInterval(() => { $("timing").textContent = `${((performance.now() - started) / 1000).toFixed(1)} s`; }, 100);
   try {
     const r = await pipeline.generate({
       prompt: $("prompt").value, negative: $("negative").value, seed: $("seed").value, steps: $("steps").value,
       guidance: $("guidance").value, sampler: $("sampler").value,
-    }, status);
+    }, status, (i, n) => { $("progress").value = (i + 1) / n; });
     $("notice").textContent = r.notices.join("; ");
     let img = $("result");
     if (!img) {
@@ -100,9 +101,12 @@ async function generate() {
     img.src = toDataURL(r.image, r.width, r.height);
     const t = r.timings;
     $("progress").value = 1;
-    $("timing").textContent = `${r.model_evaluations}/${r.model_evaluations} steps in ${(t.run_ms / 1000).toFixed(2)} s `
-      + `(${t.per_step_ms.toFixed(1)} ms/step, whole graph incl. text encoder and VAE), total ${(t.total_ms / 1000).toFixed(2)} s`;
-    Object.assign(document.body.dataset, { runMs: t.run_ms.toFixed(1), totalMs: t.total_ms.toFixed(1), steps: r.model_evaluations });
+    $("timing").textContent = `${r.model_evaluations} steps in ${(t.sampling_ms / 1000).toFixed(2)} s `
+      + `(${t.per_step_ms.toFixed(1)} ms/step median), text encoder ${t.encode_ms.toFixed(0)} ms, VAE ${t.decode_ms.toFixed(0)} ms, `
+      + `total ${(t.total_ms / 1000).toFixed(2)} s`;
+    Object.assign(document.body.dataset, { runMs: t.run_ms.toFixed(1), totalMs: t.total_ms.toFixed(1), steps: r.model_evaluations,
+      stepMs: t.per_step_ms.toFixed(2), stepTimes: JSON.stringify(t.step_ms.map((x) => +x.toFixed(2))),
+      encodeMs: t.encode_ms.toFixed(1), decodeMs: t.decode_ms.toFixed(1) });
     status("done");
   } catch (e) {
     $("progress").value = 0;

@@ -1,6 +1,7 @@
 // The page's pipeline: prompt -> token ids (prompt.js), seed -> the latents and noise numpy draws (rng.js),
-// settings -> the sampler table rows export-web computed with the Python pipeline, then one run of the
-// whole-pipeline graph (text encoder(s), the sampling Loop, VAE decoder): uint8 image out.
+// settings -> the sampler table rows export-web computed with the Python pipeline, then the whole-pipeline
+// graph in its three parts (web/parts.py): the prologue (text encoder(s)) once, the step graph once per table
+// row (this file's loop: progress and time per step), the epilogue (VAE decoder) once: uint8 image out.
 // Runs in the browser and in node (tests): every file is read through `load(path) -> ArrayBuffer`.
 
 import { NumpyRandom } from "./rng.js";
@@ -26,11 +27,15 @@ export class WebPipeline {
       const [tj, cj] = await Promise.all([load(t.tokenizer), load(t.config)]);
       p.encoders.push({ spec: t, enc: new PromptEncoder(Tokenizer, json(tj), json(cj), t) });
     }
-    onStatus(`loading the graph (${(p.settings.graph.bytes / 1e6).toFixed(1)} MB)`);
-    const bytes = new Uint8Array(await load(p.settings.graph.file));
-    onStatus("creating the session");
+    const g = p.settings.graph;
+    onStatus(`loading the graph (${(g.bytes / 1e6).toFixed(1)} MB in ${Object.keys(g.parts).length} parts)`);
+    const bytes = {};
+    for (const [name, part] of Object.entries(g.parts)) bytes[name] = new Uint8Array(await load(part.file));
+    onStatus("creating the sessions");
+    p.sessions = {};
     try {
-      p.session = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"], ...sessionOptions });
+      for (const [name, b] of Object.entries(bytes))
+        p.sessions[name] = await ort.InferenceSession.create(b, { executionProviders: ["wasm"], ...sessionOptions });
     } catch (e) {
       throw new Error(`this browser cannot run the graph: ${String(e && e.message || e).split("\n")[0]}`);
     }
@@ -55,8 +60,9 @@ export class WebPipeline {
     return { prompt, negative: negative || "", seed: BigInt(seedText), steps: nSteps, guidance: g, sampler: name };
   }
 
-  // -> {image: Uint8Array (H*W*3), width, height, notices, timings}; throws InputError on bad input
-  async generate(request, onStatus = () => {}) {
+  // -> {image: Uint8Array (H*W*3), width, height, notices, timings}; throws InputError on bad input.
+  // onStep(i, n, ms): after step i (0-based) of n, that step's time
+  async generate(request, onStatus = () => {}, onStep = () => {}) {
     const r = this.resolve(request);
     const s = this.settings, ort = this.ort;
     const t0 = performance.now();
@@ -87,14 +93,39 @@ export class WebPipeline {
     feeds.noise = new ort.Tensor("float32", noise, [t.needs_noise ? t.rows : 1, ...shape]);
     feeds.steps = new ort.Tensor("int64", new BigInt64Array([BigInt(t.rows)]), []);
     const t1 = performance.now();
-    onStatus(`sampling: ${t.rows} steps in one graph run`);
-    const out = await this.session.run(feeds);
+    const { parts, wiring } = s.graph;
+    // fresh copies: a run in the proxy worker (app.js's default) takes its inputs' buffers away
+    const copy = (x) => new ort.Tensor(x.type, x.data.slice(), x.dims);
+    const pick = (names, values) => Object.fromEntries(names.filter((k) => k in values).map((k) => [k, copy(values[k])]));
+    onStatus("encoding the prompt");
+    const values = { ...feeds, ...await this.sessions.prologue.run(pick(parts.prologue.inputs, feeds)) };
     const t2 = performance.now();
+    const [xIn, dIn] = Object.keys(wiring.carry);
+    let carried = { [xIn]: values[wiring.start[xIn]], [dIn]: values[wiring.start[dIn]] };
+    const fixed = pick(parts.step.inputs.filter((k) => k !== "iter" && !(k in carried)), values);
+    const stepMs = [];
+    for (let i = 0; i < t.rows; i++) {
+      onStatus(`sampling: step ${i + 1}/${t.rows}`);
+      const ts = performance.now();
+      const out = await this.sessions.step.run({ ...pick(Object.keys(fixed), fixed), ...carried,
+        iter: new ort.Tensor("int64", new BigInt64Array([BigInt(i)]), []) });
+      carried = { [xIn]: out[wiring.carry[xIn]], [dIn]: out[wiring.carry[dIn]] };
+      stepMs.push(performance.now() - ts);
+      onStep(i, t.rows, stepMs[i]);
+    }
+    const t3 = performance.now();
+    onStatus("decoding the image");
+    values[wiring.final] = carried[xIn];
+    const out = await this.sessions.epilogue.run(pick(parts.epilogue.inputs, values));
+    const t4 = performance.now();
     const img = out.image;
     const [, height, w] = img.dims;
+    const sorted = [...stepMs].sort((a, b) => a - b);
+    const median = sorted.length % 2 ? sorted[(sorted.length - 1) / 2] : (sorted[sorted.length / 2 - 1] + sorted[sorted.length / 2]) / 2;
     return {
       image: img.data, width: w, height, notices, settings: r, model_evaluations: t.rows,
-      timings: { prepare_ms: t1 - t0, run_ms: t2 - t1, per_step_ms: (t2 - t1) / t.rows, total_ms: t2 - t0 },
+      timings: { prepare_ms: t1 - t0, encode_ms: t2 - t1, sampling_ms: t3 - t2, decode_ms: t4 - t3, run_ms: t4 - t1,
+                 step_ms: stepMs, per_step_ms: median, total_ms: t4 - t0 },
     };
   }
 }
