@@ -52,12 +52,14 @@ web: web-deps
 	mkdir -p out
 	$(BIN)/onnxdiffusion export-web models/shapes-sd-onnx out/web --overwrite
 
+# TEST_JOBS pytest-xdist workers taking tests as they free up (each builds the session fixtures it needs); TEST_JOBS=0: one process
+TEST_JOBS ?= 2
 test: $(VENV)/.dev-installed
-	$(BIN)/python -m pytest -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_JOBS) --dist worksteal
 
 # the inner loop: the suite without the tests marked slow, browser or peers (pyproject.toml's markers)
 test-fast: $(VENV)/.dev-installed
-	$(BIN)/python -m pytest -p no:cacheprovider -m "not slow and not browser and not peers"
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_JOBS) --dist worksteal -m "not slow and not browser and not peers"
 
 # Retrain the embedded model from scratch (about two hours on 2 CPU cores), then export it.
 model: $(VENV)/.dev-installed

@@ -82,9 +82,11 @@ def compare(results: dict) -> list[dict]:
 
 def markdown(rows: list[dict], results: dict) -> str:
     m = results.get("machine", {})
+    isa = m.get("cpu_isa") or []
+    isa = isa.get("isa_flags", []) if isinstance(isa, dict) else isa  # bench.machine.isa_summary's record, or a list
     f = lambda x: f"{x:.2f}x" if x is not None else "n/a"  # noqa: E731
     lines = [f"`onnxdiffusion bench --arch sd15 --quantize int8-static --isolate --threads 1` "
-             f"({results['settings']['repeats']} interleaved rounds, {m.get('cpu')} ({', '.join(m.get('cpu_isa') or []) or 'ISA not recorded'}), "
+             f"({results['settings']['repeats']} interleaved rounds, {m.get('cpu')} ({', '.join(isa) or 'ISA not recorded'}), "
              f"{m.get('cpus')} cores, load average "
              f"{' '.join(m.get('loadavg') or [])} at the start, {' '.join(m.get('loadavg_end') or [])} at the end) "
              "vs the committed experiments/sd15/sd15_int8_measure.py runs:", "",

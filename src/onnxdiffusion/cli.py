@@ -409,7 +409,15 @@ def _one_line(text: str) -> str:
 
 
 def main() -> None:
-    sys.exit(run())
+    rv = run()
+    # the verb is over (its output renamed into place, its temporary root gone): a signal arriving now must not
+    # turn the status into a death by that signal during the interpreter's shutdown
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            break
+    sys.exit(rv)
 
 
 if __name__ == "__main__":

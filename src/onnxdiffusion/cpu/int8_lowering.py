@@ -28,7 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxdiffusion.cpu.features import cpu_flags, int8_family, isa_summary
+from onnxdiffusion.cpu import features
+from onnxdiffusion.cpu.features import int8_family, isa_summary
 
 KERNEL_CHOICES = ("auto", "amx", "vnni", "portable")
 ZP_PREFIX = "amx_rt_zp"  # names of the added tensors (compact names are short: no clash)
@@ -118,7 +119,8 @@ def plan_kernels(kernels: str, model: onnx.ModelProto, measure=None, flags: froz
         raise ValueError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
     family = int8_family(flags)
     names = {n.name for n in eligible_convs(model)}
-    record = {"requested": kernels, "cpu": isa_summary(flags if flags is not None else cpu_flags()),
+    # features.cpu_flags, not a name bound at import: the tests fake the module's
+    record = {"requested": kernels, "cpu": isa_summary(flags if flags is not None else features.cpu_flags()),
               "eligible": len(names)}
     if kernels in ("portable", "vnni"):
         chosen, record["by"] = set(), "rule: keep ORT's symmetric conv kernel"
