@@ -67,7 +67,7 @@ def test_options_are_parsed_by_field_type():
     (lambda: CalibrationConfig(count=2), "too few calibration samples"),
     (lambda: QuantizeConfig(recipe=Int8StaticRecipe(), provider="cuda"), "cannot run on provider cuda"),
     (lambda: QuantizeConfig(recipe=recipe_class("fp16")(components=("vae_decoder",)), correct=True), "--correct"),
-    (lambda: recipe_from_dict({"name": "int8-static", "version": 8}), "version 8"),
+    (lambda: recipe_from_dict({"name": "int8-static", "version": 9}), "version 9"),
     (lambda: Int8StaticRecipe(stored="onnx"), "stored"),
     (lambda: Int8TimestepRecipe(stored="qdq"), "stored=qdq"),
 ])

@@ -42,7 +42,7 @@ def test_int8_variants_compose_the_settings_instead_of_forbidding_static_fields(
     for cls in (Int8NaiveRecipe, Int8TimestepRecipe, MixedRecipe):
         assert not issubclass(cls, Int8StaticRecipe)
         fields = cls().to_dict()
-        assert "bias_correction" not in fields and "components" not in fields and "kernels" not in fields and fields["version"] == 7
+        assert "bias_correction" not in fields and "components" not in fields and "kernels" not in fields and fields["version"] == 8
         with pytest.raises(UserError, match="unknown option"):
             cls.with_options({"bias_correction": "1"})
 
