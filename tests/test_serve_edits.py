@@ -243,19 +243,15 @@ def test_openapi_documents_the_route(server):
 @pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
                     reason="/usr/bin/chromium or chromedriver not installed (bash bench/install_chromium.sh)")
 def test_page_uploads_a_picture_in_headless_chromium(server, pipes, tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
+    pytest.importorskip("selenium.webdriver")
+    from onnxdiffusion.web.browser import chrome
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     rgb = scene()
     picture = tmp_path / "scene.png"
     picture.write_bytes(png(rgb))
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,900"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver = chrome()  # onnxdiffusion.web.browser's headless Chromium
     try:
         wait = WebDriverWait(driver, 90, poll_frequency=0.05)
         driver.get(server.url + "/")
