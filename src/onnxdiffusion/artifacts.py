@@ -244,13 +244,14 @@ def load_component(folder: Path, manifest: dict, name: str):
     """onnx.load of a component after checking its path and its external data stay inside the folder."""
     import onnx
 
+    from .onnxio import fp16_storage
     from .onnxio.files import check_ir_version
     from .runtime.session import check_external_data
 
     path = component_path(folder, manifest, name)
     check_external_data(path)
     try:
-        model = onnx.load(str(path))
+        model = fp16_storage.expand(onnx.load(str(path)))
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
     check_ir_version(model, path)
@@ -295,7 +296,7 @@ class Derivation:
     def stored_bytes(self, info: dict) -> int:
         return sum(confined(self.tmp, rel, "file").stat().st_size for rel in [info["path"], *info.get("external_data", [])])
 
-    def save_component(self, name: str, model, external_from: int, rel: str | None = None) -> dict:
+    def save_component(self, name: str, model, external_from: int | None, rel: str | None = None) -> dict:
         """`model` saved as component `name` (at `rel`, default its current path), weights in a file beside
         it from `external_from` bytes of tensors; the entry's path, external_data and bytes set. The
         model's large tensors are left pointing at the written file (not read back)."""

@@ -48,14 +48,15 @@ def relayout_cmd(
     model: Annotated[Path, typer.Argument(help="model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (other files hard-linked)")],
     min_mb: Annotated[float, typer.Option(help="components with at least this many MB of weights get an external-data file")] = 64.0,
+    storage: Annotated[str, typer.Option(help="keep | fp16: float32 weights that are exactly float16 values stored as float16 + Cast (same numbers, half the bytes: folders exported from float16 checkpoints) | fp32: such weights back to float32")] = "keep",
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Copy a model folder with its large components' weights in external-data files beside their graphs:
     ONNX Runtime then holds each weight once (inline ones twice), a lower resident set at the same speed."""
     from .relayout import store_external
 
-    done = store_external(model, out, min_bytes=int(min_mb * (1 << 20)), overwrite=overwrite)
-    print(f"{out}: {', '.join(done) if done else 'no component'} rewritten with external data")
+    done = store_external(model, out, min_bytes=int(min_mb * (1 << 20)), overwrite=overwrite, storage=storage)
+    print(f"{out}: {', '.join(done) if done else 'no component'} rewritten")
 
 
 @app.command()

@@ -33,9 +33,11 @@ def rewrite_component(folder: Path, entry: dict, out_path: Path, scope: str) -> 
     """Rewrite one component's graph into `out_path`; returns its manifest `lora` entry."""
     import onnx
 
+    from ..onnxio import fp16_storage
+
     src = confined(folder, entry["path"], "component")
     try:
-        model = onnx.load(str(src), load_external_data=False)
+        model = fp16_storage.expand(onnx.load(str(src), load_external_data=False))
     except Exception as e:  # protobuf decode errors have no common public type
         raise UserError(f"cannot load {src}: not a valid ONNX file ({type(e).__name__})") from None
     try:

@@ -25,6 +25,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UserError
+from . import fp16_storage
 
 DATA_DIR_KEY = "onnxdiffusion.external_data_dir"
 TWO_GB = 1 << 31
@@ -110,6 +111,7 @@ def load_backbone(path: Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
+    fp16_storage.expand(model)  # graph tools rewrite float32 initializers
     _drop_key(model)  # never trust a folder named by the input file
     check_ir_version(model, path)
     external = any(t.data_location == TensorProto.EXTERNAL for g in all_graphs(model.graph) for t in g.initializer)

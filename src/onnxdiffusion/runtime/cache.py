@@ -208,9 +208,10 @@ def split_sessions(path, family, spec: CacheSpec, make):
     """(first, rest, tail) sessions and the SplitGraphs for this backbone file; `make(bytes)` -> session."""
     import onnx
 
+    from ..onnxio import fp16_storage
     from .backbone_split import split
 
-    model = onnx.load(str(path))
+    model = fp16_storage.expand(onnx.load(str(path)))
     names = [n.name for n in model.graph.node]
     try:
         span, probe = family.cache_span(spec.method, names, spec.branch)
