@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelRunError, UserError
-from .job_request import JobRequest  # noqa: F401 - where the routes and tests import it from
+from .job_request import JobRequest
 
 FINAL = ("succeeded", "failed", "cancelled", "timeout")
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import UserError
 from ..samplers import SAMPLERS
 from .config import ServeConfig
-from .jobs import JobRequest
+from .job_request import JobRequest
 from .manager import ModelManager, parse_size
 
 
