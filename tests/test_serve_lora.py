@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import time
 from pathlib import Path
 
@@ -158,7 +159,7 @@ def test_micro_batches_group_only_the_same_adapters_and_scales(client, pipe, lor
         np.testing.assert_array_equal(png(client.get(s["images"][0]).content), want)
 
 
-def test_adapter_sets_convert_once_in_a_bounded_lru(client, monkeypatch):
+def test_adapter_sets_convert_once_in_a_bounded_lru(client, lora_setup, monkeypatch):
     import onnxdiffusion.adapters.feeds as feeds
 
     calls = []
@@ -173,6 +174,10 @@ def test_adapter_sets_convert_once_in_a_bounded_lru(client, monkeypatch):
     # 0.1 converted once, 0.2 once, 0.3 once (it evicts 0.2, the least recently used; 0.1 was used since)
     assert [c[0][1] for c in calls] == [0.1, 0.2, 0.3]
     assert [k[1][0][1] for k in cat._sets] == [0.3, 0.1]
+    style = lora_setup["files"]["style"]  # a file replaced on disk (here: a new mtime) is converted again
+    os.utime(style, ns=(style.stat().st_atime_ns, style.stat().st_mtime_ns + 10**9))
+    r = client.post(GEN, json={"prompt": "x", "model": "sd", "steps": 1, "seed": 1, "lora": ["style:0.1"]})
+    assert r.status_code == 200 and [c[0][1] for c in calls] == [0.1, 0.2, 0.3, 0.1], r.text
 
 
 BAD = [
@@ -184,6 +189,8 @@ BAD = [
     ([{"name": "style", "scale": True}], "[-4, 4]", "invalid_lora_scale"),
     ([{"name": "style", "scale": "1"}], "[-4, 4]", "invalid_lora_scale"),
     (["style:-4.5"], "[-4, 4]", "invalid_lora_scale"),
+    ([{"name": "style", "scale": 10**400}], "[-4, 4]", "invalid_lora_scale"),
+    (["style:1e400"], "[-4, 4]", "invalid_lora_scale"),
     (["style:abc"], "must be a number", None),
     ([{"name": "style", "weight": 1}], "unknown field 'weight'", None),
     ([{"scale": 1}], "`name` must be a non-empty string", None),

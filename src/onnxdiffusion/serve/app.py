@@ -59,9 +59,10 @@ class Service:
             try:
                 if not self.manager.models:
                     self.manager.load(list(self.config.models), log=_stderr)
+                # before prepare(), which makes the models ready: no request sees a model whose adapters are unknown
+                self.manager.loras.check(self.manager.serving(), log=_stderr)
                 self.manager.prepare(warmup=self.config.warmup, log=_stderr, batch=self.config.max_batch,
                                      max_memory=self.config.max_memory)
-                self.manager.loras.check(self.manager.serving(), log=_stderr)
                 self.metrics.models(self.manager.models.values())
                 self.queue.start()
             except UserError as e:

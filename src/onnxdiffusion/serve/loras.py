@@ -11,7 +11,6 @@ replaced on disk is read again rather than served stale).
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import threading
@@ -108,8 +107,8 @@ def parse_field(raw) -> list[tuple[str, float]]:
                                    f"\"name:scale\", got {type(item).__name__}")
         if not isinstance(name, str) or not name:
             raise LoraRequestError(f"{where}: `name` must be a non-empty string (an adapter listed in /v1/models)")
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
-                or not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+        # compared, not converted: NaN fails the comparison and a huge JSON integer cannot overflow a float
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
             raise LoraRequestError(f"{where}: scale must be a number in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}], "
                                    f"got {_shown(scale)}", "invalid_lora_scale")
         if any(name == n for n, _ in items):
@@ -162,9 +161,10 @@ class LoraCatalog:
                 try:
                     build_feeds(entry.pipeline.manifest, [(path, 1.0)], self._parsed)
                     fit.append(name)
-                except UserError as e:
-                    log(f"{entry.id}: adapter {name} is not served for it ({one_line(e)})")
-                    self.unfit[(entry.id, name)] = one_line(str(e).replace(str(path), name))  # clients see no paths
+                except Exception as e:  # noqa: BLE001 - one odd file must not keep the server from starting
+                    why = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+                    log(f"{entry.id}: adapter {name} is not served for it ({one_line(why)})")
+                    self.unfit[(entry.id, name)] = one_line(why.replace(str(path), name))  # clients see no paths
             entry.loras = tuple(fit)
         served = {n for e in entries for n in (e.loras or ())}
         if self.files and not any(e.loras is not None for e in entries):
