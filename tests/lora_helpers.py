@@ -80,3 +80,24 @@ def diffusers_lora_images(folder: Path, loras: list[tuple[Path, float]], prompt,
     out = pipe(prompt, latents=torch.from_numpy(latents), num_inference_steps=steps, guidance_scale=guidance,
                output_type="np", height=h, width=w, **call).images
     return (out * 255).round().astype(np.uint8)
+
+
+def random_lora(folder: Path, out: Path, seed: int, rank: int = 4, std: float = 0.15,
+                components: tuple[str, ...] | None = None) -> Path:
+    """A random peft-layout LoRA over every insertion point of `folder` (a `lora points` folder), numpy alone:
+    cheap enough for tests that need adapter files but not diffusers' oracle."""
+    from onnxdiffusion.adapters import safetensors_io
+    from onnxdiffusion.adapters.points import targets_from_manifest
+    from onnxdiffusion.artifacts import read_manifest
+
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for comp, info in read_manifest(folder)["components"].items():
+        if not info.get("lora") or components is not None and comp not in components:
+            continue
+        for module, t in sorted(targets_from_manifest(info).items()):
+            kernel = tuple(t.kernel) if t.op == "conv" else ()
+            tensors[f"{comp}.{module}.lora_A.weight"] = (rng.standard_normal((rank, t.in_features, *kernel)) * std).astype(np.float32)
+            tensors[f"{comp}.{module}.lora_B.weight"] = (rng.standard_normal((t.out_features, rank, *((1, 1) if kernel else ()))) * std).astype(np.float32)
+    safetensors_io.write(out, tensors)
+    return out

@@ -82,6 +82,9 @@ def serve(
     api_key_file: Annotated[Optional[Path], typer.Option(help="API keys, one a line (# comments)")] = None,
     protect_metrics: Annotated[bool, typer.Option("--protect-metrics/--open-metrics", help="with API keys: whether /metrics needs one")] = True,
     key_max_jobs: Annotated[int, typer.Option(help="queued + running jobs one API key may hold (0: max-queue/2 with 2+ keys, else none)")] = 0,
+    lora_dir: Annotated[Optional[Path], typer.Option(help="LoRA adapters clients may name in `lora`: every *.safetensors in this folder, named by its file name without the extension")] = None,
+    lora: Annotated[Optional[list[str]], typer.Option("--lora", help="a LoRA adapter clients may name, NAME=FILE (FILE alone: named by its file name without the extension); repeatable")] = None,
+    lora_cache: Annotated[int, typer.Option(help="converted adapter sets (model, names, scales) kept in memory; the least recently used goes first")] = 8,
     ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
     max_replicas: Annotated[Optional[int], typer.Option(help="--ray: autoscale between --replicas and this")] = None,
@@ -101,7 +104,13 @@ def serve(
                          golden_threshold_db=golden_threshold, retention=retention, grace=grace, profile=profile,
                          memory=memory, api_keys=read_keys(tuple(api_key or ()), api_key_file),
                          protect_metrics=protect_metrics, key_max_jobs=key_max_jobs, max_memory=parse_bytes(max_memory),
-                         max_edit_body=parse_bytes(max_edit_body or "16M", "--max-edit-body"), web=str(web) if web else None)
+                         max_edit_body=parse_bytes(max_edit_body or "16M", "--max-edit-body"), web=str(web) if web else None,
+                         lora_dir=str(lora_dir) if lora_dir else None, loras=tuple(lora or ()), lora_cache=lora_cache)
+    if ray and (config.lora_dir or config.loras):
+        from .errors import UserError
+
+        raise UserError("--ray does not serve LoRA adapters yet (its renderer replicas take no `lora`); "
+                        "drop --lora/--lora-dir or --ray")
     if web is not None:
         from .web.serve import check_page_folder
 

@@ -55,9 +55,10 @@ class FedBackbone(GuidedBackbone):
 
 
 def pipeline_feeds(pipe, loras, loop: str = "host"):
-    """Pipeline.lora_feeds: checked before any model runs; None without LoRAs."""
+    """Pipeline.lora_feeds: checked before any model runs; None without LoRAs. `loras` may also be feeds
+    build_feeds made already for this folder's manifest (serve converts each adapter set once)."""
     from ..errors import UserError
-    from .feeds import LoraCache, build_feeds
+    from .feeds import AdapterFeeds, LoraCache, build_feeds
 
     if not loras:
         return None
@@ -65,9 +66,12 @@ def pipeline_feeds(pipe, loras, loop: str = "host"):
     if loop != "host" and not info.get("lora"):
         raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with insertion "
                         f"points: `lora points`, then `compile-loop`), or use the host loop")
-    if getattr(pipe, "_lora_cache", None) is None:
-        pipe._lora_cache = LoraCache()
-    adapter = build_feeds(pipe.manifest, loras, pipe._lora_cache)
+    if isinstance(loras, AdapterFeeds):
+        adapter = loras
+    else:
+        if getattr(pipe, "_lora_cache", None) is None:
+            pipe._lora_cache = LoraCache()
+        adapter = build_feeds(pipe.manifest, loras, pipe._lora_cache)
     if info.get("whole") and any(k != pipe.family.backbone and v for k, v in adapter.feeds.items()):
         raise UserError(f"the '{loop}' graph runs its text encoders inside: a LoRA with text-encoder layers runs in the "
                         f"host loop or a graph compiled without --whole")

@@ -309,7 +309,8 @@ class Pipeline:
         (B, C, h, w) float32, used as they are; `strength` in (0, 1] (default 1) says how much of the
         schedule runs; `latents` stays the Gaussian noise. `mask` (inpainting, white = repaint; with
         `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture.
-        `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`)."""
+        `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`), or the
+        AdapterFeeds `lora_feeds` returned for them (converted once, reused)."""
         from .run_loop import run
 
         try:

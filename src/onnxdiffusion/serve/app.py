@@ -48,6 +48,10 @@ class Service:
                               per_key=config.per_key_limit() if config.api_keys else None,
                               max_memory=config.max_memory)
         self.load_error: str | None = None
+        from .loras import LoraCatalog, adapter_files
+
+        # on the manager, where build_request (schemas) finds it without importing this module
+        self.manager.loras = LoraCatalog(adapter_files(config.lora_dir, config.loras), config.lora_cache)
 
     def start(self) -> None:
         """Warm up and golden-check in the background so /health answers at once and /ready says when."""
@@ -55,6 +59,8 @@ class Service:
             try:
                 if not self.manager.models:
                     self.manager.load(list(self.config.models), log=_stderr)
+                # before prepare(), which makes the models ready: no request sees a model whose adapters are unknown
+                self.manager.loras.check(self.manager.serving(), log=_stderr)
                 self.manager.prepare(warmup=self.config.warmup, log=_stderr, batch=self.config.max_batch,
                                      max_memory=self.config.max_memory)
                 self.metrics.models(self.manager.models.values())
@@ -257,13 +263,14 @@ def _image_and_job_routes(app: FastAPI, config: ServeConfig, queue, submit, get_
     # -- images -------------------------------------------------------------------------------
     @app.post("/v1/images/generations", summary="OpenAI-compatible: wait for the images")
     async def generations(body: ImageRequest, request: Request):
-        job = submit(body, request)
+        # an adapter set seen first is converted while the request is checked: off the event loop
+        job = await asyncio.to_thread(submit, body, request) if body.lora else submit(body, request)
         return await wait_and_answer(job, queue, config.timeout, body.response_format, str(request.base_url))
 
     # -- jobs ---------------------------------------------------------------------------------
     @app.post("/v1/jobs", status_code=202, summary="Queue a job; returns its id at once")
     async def create_job(body: ImageRequest, request: Request):
-        job = submit(body, request)
+        job = await asyncio.to_thread(submit, body, request) if body.lora else submit(body, request)
         return job.snapshot(queue.position(job))
 
     @app.get("/v1/jobs/{job_id}", summary="Status, queue position, step progress")

@@ -48,10 +48,14 @@ class ServeConfig:
     # queued + running jobs one key may hold (0: max_queue // 2 with two or more keys, else no per-key bound);
     # workers also take jobs round-robin by key, so one caller's backlog cannot starve another's
     key_max_jobs: int = 0
+    # named LoRA adapters (serve/loras.py): every *.safetensors of lora_dir, and NAME=FILE specs
+    lora_dir: str | None = None
+    loras: tuple[str, ...] = ()
+    lora_cache: int = 8  # converted adapter sets (model, names, scales) kept in memory, least recently used out
 
     def __post_init__(self):
         for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body",
-                     "max_edit_body"):
+                     "max_edit_body", "lora_cache"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_memory is not None and self.max_memory <= 0:
@@ -66,6 +70,9 @@ class ServeConfig:
         from ..runtime.memory import memory_options
 
         memory_options(self.memory)
+        from .loras import adapter_files
+
+        adapter_files(self.lora_dir, self.loras)  # a bad name or a missing file fails before anything loads
         if not 0 < self.port < 65536:
             raise UserError(f"port must be in 1..65535, got {self.port}")
 

@@ -22,7 +22,7 @@ from .schemas import ImageRequest, RequestError, build_request
 MAX_UPLOAD_SIDE = 4096  # pixels per side of an uploaded image, checked before it is decoded
 FORMATS = ("PNG", "JPEG", "WEBP")
 FIELDS = ("prompt", "n", "size", "response_format", "model", "negative_prompt", "steps", "sampler", "guidance",
-          "seed", "strength", "quality", "user")
+          "seed", "strength", "lora", "quality", "user")
 FILES = ("image", "mask")
 
 
@@ -99,6 +99,8 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
     from pydantic import ValidationError
 
     values = {k: v for k, v in fields.items() if k != "strength"}
+    if "lora" in values:
+        values["lora"] = form_lora(values["lora"])
     try:
         body = ImageRequest.model_validate(values)
     except ValidationError as e:
@@ -135,6 +137,18 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
                      mask=None if mask is None else np.asarray(_resized(mask, target)), strength=strength,
                      image_size=upload, mask_from=mask_from)
     return replace(req, edit=edit, notices=tuple(notices), requested_size=req.requested_size if size_given else upload)
+
+
+def form_lora(text: str) -> list:
+    """The `lora` form field: the JSON body's list as JSON text, or "name[:scale]" items separated by commas."""
+    import json
+
+    if text.lstrip().startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise RequestError(f"lora: not valid JSON ({e})", "lora") from None
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def decode_upload(data: bytes, what: str):
@@ -220,8 +234,12 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     if "vae_encoder" not in pipe.manifest["components"]:
         raise RequestError(f"model {entry.id} has no vae_encoder, so it cannot take a picture; export it with one",
                            "model", code="model_cannot_edit")
-    if pipe.backbone_sample_channels() != int(pipe.info["latent_channels"]) and not masked:
+    inpainting = pipe.backbone_sample_channels() != int(pipe.info["latent_channels"])
+    if inpainting and not masked:
         raise RequestError(f"model {entry.id} is an inpainting model: it needs a mask", "mask", code="missing_field")
+    if inpainting and req.lora is not None:  # the pipeline refuses it (adapters/runtime.FedBackbone has no extra channels)
+        raise RequestError(f"model {entry.id} is an inpainting model: run-time LoRA adapters are not supported on it "
+                           "yet", "lora", code="model_cannot_take_lora")
     table = pipe.table(GenerateOptions(steps=req.steps, sampler=req.sampler))
     if table.levels is None:
         raise RequestError(f"sampler {req.sampler!r} cannot start from a picture", "sampler")

@@ -15,11 +15,12 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ModelRunError, UserError
+from .job_request import JobRequest
 
 FINAL = ("succeeded", "failed", "cancelled", "timeout")
 
@@ -45,42 +46,6 @@ class NotAccepting(Exception):
 
 class JobConflict(Exception):
     """The job exists but is already finished (nothing to cancel)."""
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """A validated request, its size already snapped to a bucket and its model already routed."""
-
-    prompt: str
-    negative_prompt: str
-    n: int
-    width: int
-    height: int
-    steps: int
-    sampler: str
-    guidance: float
-    seed: int
-    model: str  # the model that renders it
-    model_requested: str
-    fallback: bool  # True when `model` differs from `model_requested` (degraded optimized model)
-    requested_size: str
-    preview: bool = False
-    edit: object = None  # /v1/images/edits: its EditInput (serve/edits.py); such a job renders alone
-    notices: tuple[str, ...] = ()  # what the service changed about the request (a resized upload)
-
-    def batch_key(self) -> tuple:
-        alone = None if self.edit is None else id(self.edit)
-        return (self.model, self.width, self.height, self.steps, self.sampler, self.guidance, alone)
-
-    def settings(self) -> dict:
-        d = asdict(replace(self, edit=None))
-        d["bucket"] = f"{self.width}x{self.height}"
-        d["size"] = d["bucket"]
-        for name in ("preview", "edit", "notices"):
-            d.pop(name)
-        if self.edit is not None:
-            d.update(self.edit.settings())
-        return d
 
 
 @dataclass

@@ -78,6 +78,7 @@ class ModelEntry:
     error: str | None = None  # why it is failed (one line)
     faults: int = 0  # sessions that raised mid-job
     reloads: int = 0  # successful reloads after a fault
+    loras: tuple[str, ...] | None = None  # adapters it serves (serve/loras.py); None: no LoRA insertion points
 
     @property
     def optimized(self) -> bool:
@@ -88,7 +89,7 @@ class ModelEntry:
         return self.status != "failed"
 
     def describe(self) -> dict:
-        return {
+        out = {
             "id": self.id, "object": "model", "owned_by": "onnxdiffusion", "precision": self.precision,
             "status": self.status, "error": self.error, "fallback_to": self.sibling if self.status == "degraded" else None,
             "sibling": self.sibling, "batch_invariant": self.batch_invariant, "golden_psnr_db": self.golden_psnr_db, "checked_at": self.checked_at,
@@ -96,6 +97,9 @@ class ModelEntry:
             "buckets": [f"{w}x{h}" for w, h in self.buckets], "dropped_buckets": list(self.dropped),
             "size_limits": self.limits, "faults": self.faults, "reloads": self.reloads,
         }
+        if self.loras is not None:  # only a folder with insertion points takes adapters
+            out["loras"] = list(self.loras)
+        return out
 
     def fail(self, error: str) -> None:
         self.status, self.error = "failed", one_line(error)
@@ -127,6 +131,7 @@ class ModelManager:
         self.models: dict[str, ModelEntry] = {}
         self.ready = False
         self._locks: dict = {}
+        self.loras = None  # the served LoRA adapters (serve/loras.LoraCatalog), set by the service
 
     # -- loading ------------------------------------------------------------------------------
     def load(self, specs: list[str], log=print) -> None:

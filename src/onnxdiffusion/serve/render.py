@@ -35,7 +35,7 @@ def seeded_inputs(pipe, requests: list[Renderable]) -> dict:
             raise ValueError("an image edit renders alone, not in a batch with other requests")
         negatives = [r0.negative_prompt] * r0.n if r0.negative_prompt else None
         return dict(prompt=[r0.prompt] * r0.n, negative_prompt=negatives, seed=r0.seed, steps=r0.steps, sampler=r0.sampler, guidance=r0.guidance, width=r0.width,
-                    height=r0.height, batch=r0.n, **edit.feeds())
+                    height=r0.height, batch=r0.n, **edit.feeds(), **_adapter(r0))
     needs_noise = pipe.table(GenerateOptions(steps=r0.steps, sampler=r0.sampler)).needs_noise
     latents, noise, prompts, negatives = [], [], [], []
     for r in requests:
@@ -50,13 +50,22 @@ def seeded_inputs(pipe, requests: list[Renderable]) -> dict:
         # no negative prompt at all is passed as None, as `generate` does (some families encode it as zeros)
         prompt=prompts, negative_prompt=negatives if any(negatives) else None, latents=np.concatenate(latents),
         noise=np.concatenate(noise, axis=1) if needs_noise else None, steps=r0.steps, sampler=r0.sampler,
-        guidance=r0.guidance, width=r0.width, height=r0.height, batch=len(prompts),
+        guidance=r0.guidance, width=r0.width, height=r0.height, batch=len(prompts), **_adapter(r0),
     )
+
+
+def _adapter(r: Renderable) -> dict:
+    """`loras=` of a request with adapters (serve's LoraSet: feeds converted once, shared by its batch); else nothing,
+    so a request without one calls the pipeline exactly as before."""
+    lora = getattr(r, "lora", None)
+    return {} if lora is None else {"loras": lora.feeds}
 
 
 def group_key(r: Renderable) -> tuple:
     edit = getattr(r, "edit", None)  # an edit renders alone
-    return (r.width, r.height, r.steps, r.sampler, float(r.guidance), None if edit is None else id(edit))
+    lora = getattr(r, "lora", None)  # same adapter set or none: see JobRequest.batch_key
+    return (r.width, r.height, r.steps, r.sampler, float(r.guidance), None if edit is None else id(edit),
+            None if lora is None else lora.key)
 
 
 def render_group(pipe, requests: list[Renderable]) -> list[np.ndarray]:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import secrets
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import UserError
 from ..samplers import SAMPLERS
 from .config import ServeConfig
-from .jobs import JobRequest
+from .job_request import JobRequest
 from .manager import ModelManager, parse_size
 
 
@@ -40,6 +40,9 @@ class ImageRequest(BaseModel):
     guidance: Optional[float] = None
     seed: Optional[int] = Field(None, description="default: a random seed, echoed in the response")
     preview: bool = Field(False, description="jobs: low-resolution previews in the event stream")
+    # checked by serve/loras.parse_field, whose messages say more than a union type's validation errors would
+    lora: Optional[Any] = Field(None, description='LoRA adapters the server lists in GET /v1/models: '
+                                '[{"name": "style", "scale": 0.8}] or ["style:0.8"]; scale in [-4, 4], default 1')
     # OpenAI fields accepted for compatibility and ignored (one quality level, one style here)
     quality: Optional[str] = None
     style: Optional[str] = None
@@ -97,9 +100,21 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
                                f"{bw}x{bh}), over the server's --max-memory {config.max_memory / 2**30:.2f} GiB; "
                                f"ask for fewer images or a smaller size", "n" if body.n > 1 else "size",
                                code="over_memory_budget")
+    lora = None if body.lora is None else resolve_lora(body.lora, manager, serving)  # converts last: the costly check
     return JobRequest(
         prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n, width=bw, height=bh, steps=steps,
         sampler=sampler, guidance=float(guidance), seed=int(seed), model=serving.id,
         model_requested=requested.id, fallback=serving.id != requested.id, requested_size=f"{width}x{height}",
-        preview=body.preview,
+        preview=body.preview, lora=lora,
     )
+
+
+def resolve_lora(raw, manager: ModelManager, serving):
+    """The request's adapters for the model that renders it (serve/loras.py), or a 400 naming `lora`."""
+    catalog = getattr(manager, "loras", None)
+    if catalog is None:
+        raise RequestError("this server serves no LoRA adapters", "lora", code="lora_not_found")
+    try:
+        return catalog.resolve(raw, serving)
+    except UserError as e:
+        raise RequestError(str(e), "lora", getattr(e, "status", 400), getattr(e, "code", None)) from None
