@@ -8,7 +8,6 @@ Every check runs before any model does and names the file and the key.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import threading
@@ -51,9 +50,9 @@ def parse_lora_arg(arg: str) -> tuple[str, float]:
 
 
 def check_scale(path, scale) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
-            or not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
-        raise UserError(f"{path}: LoRA scale must be a number in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}], got {scale!r}")
+    # compared before any conversion: math.isfinite(10**400) raises OverflowError; NaN fails the comparison
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+        raise UserError(f"{path}: LoRA scale must be a number in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}], got {repr(scale)[:40]}")
     return float(scale)
 
 
