@@ -126,7 +126,11 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
              **{bb.io[f"cond:{k}"]: v for k, v in pre["context"].items()}}
-    if "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
+    if "cache" in pre:  # step caching: first -> If(rest | carried) -> tail (graph_cache.py)
+        from .graph_cache import cached_call
+
+        out = cached_call(b, pre, bb, remap, i)
+    elif "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
         from .graph_schedule import switch_backbones
 
         out = switch_backbones(b, pre, bb, remap, c["t"], tag, n)
@@ -234,7 +238,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
                          vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
                          latent_patch: int | None = None, schedule=None,
-                         high_backbone: onnx.ModelProto | None = None) -> onnx.ModelProto:
+                         high_backbone: onnx.ModelProto | None = None, cache=None) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -249,7 +253,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
     `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
-    instead (an ``If`` on the step's timestep; graph_schedule.py).
+    instead (an ``If`` on the step's timestep; graph_schedule.py). `cache`: (CacheSpec, SplitGraphs of
+    `backbone`), step caching in the Loop form (graph_cache.py).
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
@@ -307,6 +312,16 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         # scopes out, ONNX Runtime did not pre-pack them and its MatMuls rounded differently from the host's
         schedule_prologue(b, pre, schedule, high, bb, local_weights=form == "loop")
         functions += high.functions
+    if cache is not None:
+        if form != "loop" or schedule is not None:
+            raise ValueError("step caching is built for the Loop form without a precision schedule")
+        from .graph_cache import cache_prologue
+
+        cache_prologue(b, pre, *cache)
+        functions += pre["cache"]["functions"]
+    from .graph_cache import cache_inputs, loop_state
+
+    carried = loop_state(pre)
     if form == "loop":
         body = _Builder()
         x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
@@ -322,18 +337,20 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
                 helper.make_tensor_value_info("x_carried", f, None),
                 helper.make_tensor_value_info("d_carried", f, None),
+                *carried["body_in"],
             ],
             [
                 helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
                 helper.make_tensor_value_info("x_out", f, None),
                 helper.make_tensor_value_info("d_out", f, None),
+                *carried["body_out"],
             ],
         )
         # an explicit true condition: same meaning as none, and onnx's reference Loop needs it
         b.const("loop_true", np.array(True))
         b.nodes.append(
-            helper.make_node("Loop", ["steps", "loop_true", pre["x0"], pre["d0"]], ["latents_out", "denoised_out"],
-                             name="sampler_loop", body=graph)
+            helper.make_node("Loop", ["steps", "loop_true", pre["x0"], pre["d0"], *carried["loop_in"]],
+                             ["latents_out", "denoised_out", *carried["loop_out"]], name="sampler_loop", body=graph)
         )
         final = "latents_out"
     else:
@@ -354,13 +371,16 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     else:
         b.op("Identity", [final], "final_latents")
         outputs = [helper.make_tensor_value_info("final_latents", f, ["batch", *dims])]
+    outputs += carried["graph_out"]
     graph = helper.make_graph(
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
-        _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels),
+        _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
+        + (cache_inputs() if cache is not None else []),
         outputs,
-        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else
-                               bb.initializers + (high.initializers if high else [])) + extra_inits,
+        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
+                               if cache is not None else bb.initializers + (high.initializers if high else []))
+        + extra_inits,
     )
     models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values())]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
