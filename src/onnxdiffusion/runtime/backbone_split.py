@@ -121,7 +121,11 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
     span = [i for i, n in enumerate(g.node) if n.name.startswith(span_prefixes)]
     if not span:
         raise ValueError(f"the backbone has no nodes named {span_prefixes[0]}...: it cannot be split for caching")
-    in_span = set(span)
+    # nodes ORT's optimizer adds without a module name (NCHWc reorders, reshapes) between two span nodes:
+    # left outside, they would feed the span from a piece that runs after it (before the constants below,
+    # which a node outside may share)
+    in_span = set(span) | _sandwiched(g, set(span))
+    span = sorted(in_span)
     made = {o for i in span for o in g.node[i].output}
     inits = {i.name for i in g.initializer}
     # constants without inputs the span reads are copied into it rather than passed in
@@ -132,11 +136,7 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
             if j is not None and j not in in_span and not g.node[j].input and g.node[j].op_type == "Constant":
                 in_span.add(j)
                 made.add(t)
-    # nodes ORT's optimizer adds without a module name (NCHWc reorders, reshapes) between two span nodes:
-    # left outside, they would feed the span from a piece that runs after it
-    in_span |= _sandwiched(g, in_span)
     span = sorted(in_span)
-    made = {o for i in span for o in g.node[i].output}
     reads = [t for i in span for t in g.node[i].input if t and t not in made and t not in inits]
     span_inputs = list(dict.fromkeys(reads))
     outside_reads = {t for i, n in enumerate(g.node) if i not in in_span for t in n.input}
