@@ -155,3 +155,18 @@ def test_compile_loop_cache_errors(tmp_path):
             compile_loop(SD, tmp_path / "out", **kw)
         assert "\n" not in str(info.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model,compiled_with,spec", [(SD, "deepcache", "deepcache:2"),
+                                                      (MMDIT, "first_block", "first_block:0.25")])
+def test_loop_cache_from_a_picture_matches_the_host_loop(compiled, monkeypatch, model, compiled_with, spec):
+    """img2img: the run starts at a later table row, and both loops count the cache's steps from 0."""
+    from onnxdiffusion import scenes
+
+    pipe = Pipeline.from_folder(compiled(model, compiled_with))
+    host_made, loop_runs = _host_full_steps(monkeypatch), _loop_full_steps(pipe)
+    rgb = scenes.render(scenes.sample_scene(3, "heldout"))
+    kw = dict(steps=12, seed=5, image=rgb, strength=0.7, cache=spec)
+    host, loop = pipe(PROMPT, **kw), pipe(PROMPT, loop="loop", **kw)
+    assert loop_runs[-1] == host_made[-1].full_steps and len(host_made[-1].full_steps) < 8
+    assert psnr(loop.latents, host.latents, data_range=float(np.abs(host.latents).max())) >= 60.0

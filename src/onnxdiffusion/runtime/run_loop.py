@@ -77,9 +77,9 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
         graph = pipe.sampling_graph(options.loop)
         lora = None if adapter is None else graph_lora_feeds(pipe, graph, adapter)
-        if options.loop == "loop" and (feeds := loop_feeds(graph.cache, parse_cache(options.cache))):
-            lora = {**(lora or {}), **feeds}  # the interval / threshold of the compiled cache
-        x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=lora)
+        cache = loop_feeds(graph.cache, parse_cache(options.cache)) if graph.form == "loop" else {}
+        extra = {**(lora or {}), **cache}  # a run-time LoRA's tensors, the compiled cache's interval / threshold
+        x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
         guards.check_finite(x, "the sampling graph's output latents")
     else:
         extra = None if start is None else start.extra
