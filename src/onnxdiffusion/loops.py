@@ -261,7 +261,8 @@ def _cache_split(spec, family, backbone: onnx.ModelProto, entry: dict, schedule,
         return None
     if large or schedule is not None or (entry.get("lora") or {}).get("targets"):
         what = "a backbone over 2 GB" if large else "a precision schedule" if schedule is not None else "run-time LoRA"
-        raise UserError(f"--cache {spec}: step caching in the Loop graph does not support {what} yet (use --loop host)")
+        raise UserError(f"--cache {spec.method}: step caching in the Loop graph does not support {what} yet "
+                        "(use --loop host)")
     from .families.base import SAMPLE
     from .runtime.backbone_split import split
 
@@ -269,9 +270,9 @@ def _cache_split(spec, family, backbone: onnx.ModelProto, entry: dict, schedule,
         span, probe = family.cache_span(spec.method, [n.name for n in backbone.graph.node], spec.branch)
         sg = split(backbone, span, probe, sample=SAMPLE)
     except ValueError as e:
-        raise UserError(f"--cache {spec}: {e}") from None
+        raise UserError(f"--cache {spec.method}: {e}") from None
     if len(sg.span_outputs) != 1:
-        raise UserError(f"--cache {spec}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
+        raise UserError(f"--cache {spec.method}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
                         "expected one hidden state")
     return spec, sg
 
