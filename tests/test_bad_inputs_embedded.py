@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import invoke
-from test_bad_inputs import (API_GENERATE, CASES, Ctx, backbone_manifest_cases, exp, gen, gen_case, nothing, snapshot,
-                             src_index, with_src)
+from test_bad_inputs import (API_GENERATE, CASES, Ctx, backbone_manifest_cases, exp, gen, gen_case, loop, nothing,
+                             snapshot, src_index, with_src)
 
 from onnxdiffusion.errors import UserError
 
@@ -46,11 +46,13 @@ MMDIT_EXPORT = [
 MMDIT_NOT_APPLICABLE = {
     "manifest-sched-schedule-unknown", "manifest-sched-prediction-unknown", "manifest-sched-spacing-unknown",
     "manifest-sched-trained-betas", "export-component-class", "export-out-inside-src",
+    "loop-cache-wrong-backbone",  # first_block fits a transformer: MMDIT_LOOP asks it for deepcache instead
 }
+MMDIT_LOOP = [("loop-cache-wrong-backbone-transformer", nothing, loop("--cache", "deepcache"), 2, "UNet's deep path")]
 NO_ALIAS = {c[0] for c in MMDIT_BACKBONE}
 ALL = ([("sd", c) for c in CASES]
        + [("mmdit", c) for c in CASES if c[0] not in MMDIT_NOT_APPLICABLE and c[0] not in SD_BACKBONE]
-       + [("mmdit", c) for c in MMDIT_CASES + MMDIT_BACKBONE + MMDIT_EXPORT])
+       + [("mmdit", c) for c in MMDIT_CASES + MMDIT_BACKBONE + MMDIT_EXPORT + MMDIT_LOOP])
 
 
 def test_case_count_on_embedded_models():

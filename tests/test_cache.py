@@ -76,8 +76,10 @@ def test_wrong_method_for_the_backbone_is_refused(tiny_onnx, tiny_sd3_onnx):
     assert "\n" not in str(info.value)
     with pytest.raises(UserError, match="UNet"):
         Pipeline.from_folder(tiny_sd3_onnx, verify=False)(PROMPT, steps=3, cache="deepcache:2")
-    with pytest.raises(UserError, match="host loop"):
+    with pytest.raises(UserError, match="compile-loop"):  # no Loop graph in this folder
         Pipeline.from_folder(tiny_sd3_onnx, verify=False)(PROMPT, steps=3, cache="first_block:0.1", loop="loop")
+    with pytest.raises(UserError, match="host loop and the Loop graph"):
+        Pipeline.from_folder(tiny_sd3_onnx, verify=False)(PROMPT, steps=3, cache="first_block:0.1", loop="unrolled")
 
 
 @pytest.mark.parametrize("spec", ["first_block:0", "taylorseer:1", "deepcache:1"])

@@ -14,6 +14,7 @@ from .artifacts import (check_external_paths, check_output_folder, component_pat
                         read_manifest, verify_folder)
 from .errors import UserError
 from .families import get_family
+from .runtime.cache import compiled_record
 from .samplers.graph import FORMS, build_sampling_graph
 
 TWO_GB = 2**31
@@ -101,7 +102,7 @@ def _has_qdq(model: onnx.ModelProto) -> bool:
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str | None = None,
-                 cpu_tuned: bool | None = None) -> dict:
+                 cpu_tuned: bool | None = None, cache: str | None = None) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
     `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
@@ -110,6 +111,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     another target refuses the graph with a one-line error. False stays portable (ORT_ENABLE_EXTENDED,
     ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; an int8
     backbone (Q/DQ, or one whose manifest disables ORT passes) keeps what the host loop runs.
+    `cache`: a step-caching spec (or a bare method): the Loop graph can then cache with that method, at an
+    interval or threshold chosen per run (generate --cache).
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -120,6 +123,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
     if form == "unrolled" and steps > 1000:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
+    cache_spec = _cache_spec(cache, form, whole)
     in_place = out.resolve() == model.resolve()
     if not in_place:
         check_output_folder(out, overwrite, inputs=(model,))  # before anything is loaded
@@ -179,6 +183,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             from .runtime.cpu_target import cpu_target
 
             tuned_for = cpu_target()
+    split = _cache_split(cache_spec, family, unet, comps[backbone], schedule, large)
     extra = {}
     if whole:
         info = manifest["pipeline"]
@@ -196,7 +201,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
                         f"ids -> encoder -> combine)")
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
-                                 schedule=schedule, high_backbone=high, **extra)
+                                 schedule=schedule, high_backbone=high, cache=split, **extra)
     del unet, extra, high
     from .adapters.graph import expose_lora_inputs
 
@@ -228,6 +233,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         }
         if lora:
             info["lora"] = lora
+        if cache_spec is not None:
+            info["cache"] = compiled_record(cache_spec)
         return info
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
@@ -236,6 +243,38 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         d.components[name] = info
     scratch.cleanup()
     return info
+
+
+def _cache_spec(text: str | None, form: str, whole: bool):
+    from .runtime.cache import parse_compiled_cache
+
+    spec = parse_compiled_cache(text)
+    if spec is not None and (form != "loop" or whole):
+        raise UserError("--cache builds step caching into the Loop graph the pipeline runs (--form loop, not --whole)")
+    return spec
+
+
+def _cache_split(spec, family, backbone: onnx.ModelProto, entry: dict, schedule, large: bool):
+    """(spec, the backbone cut for it) for the Loop graph, or None without a spec; the cut is of the graph
+    the Loop inlines (ORT's optimized one when tuned), so with nothing cached it runs the same kernels."""
+    if spec is None:
+        return None
+    if large or schedule is not None or (entry.get("lora") or {}).get("targets"):
+        what = "a backbone over 2 GB" if large else "a precision schedule" if schedule is not None else "run-time LoRA"
+        raise UserError(f"--cache {spec.method}: step caching in the Loop graph does not support {what} yet "
+                        "(use --loop host)")
+    from .families.base import SAMPLE
+    from .runtime.backbone_split import split
+
+    try:
+        span, probe = family.cache_span(spec.method, [n.name for n in backbone.graph.node], spec.branch)
+        sg = split(backbone, span, probe, sample=SAMPLE)
+    except ValueError as e:
+        raise UserError(f"--cache {spec.method}: {e}") from None
+    if len(sg.span_outputs) != 1:
+        raise UserError(f"--cache {spec.method}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
+                        "expected one hidden state")
+    return spec, sg
 
 
 def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool | None):

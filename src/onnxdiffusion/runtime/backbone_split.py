@@ -121,7 +121,11 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
     span = [i for i, n in enumerate(g.node) if n.name.startswith(span_prefixes)]
     if not span:
         raise ValueError(f"the backbone has no nodes named {span_prefixes[0]}...: it cannot be split for caching")
-    in_span = set(span)
+    # nodes ORT's optimizer adds without a module name (NCHWc reorders, reshapes) between two span nodes:
+    # left outside, they would feed the span from a piece that runs after it (before the constants below,
+    # which a node outside may share)
+    in_span = set(span) | _sandwiched(g, set(span))
+    span = sorted(in_span)
     made = {o for i in span for o in g.node[i].output}
     inits = {i.name for i in g.initializer}
     # constants without inputs the span reads are copied into it rather than passed in
@@ -182,6 +186,28 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
     tail = _sub(model, t_nodes, tail_inputs, graph_outs, types, "cache_tail")
     return SplitGraphs(first, rest, tail, span_inputs, span_outputs, tail_from_first + tail_graph_inputs,
                        hidden_in, hidden_out, probe)
+
+
+def _sandwiched(g, span: set[int]) -> set[int]:
+    """Nodes outside `span` that depend on a span node and feed one."""
+    prod = _producers(g)
+    users: dict[str, list[int]] = {}
+    for i, n in enumerate(g.node):
+        for t in n.input:
+            users.setdefault(t, []).append(i)
+
+    def reach(step) -> set[int]:
+        seen, todo = set(), list(span)
+        while todo:
+            for j in step(todo.pop()):
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        return seen
+
+    down = reach(lambda i: [j for t in g.node[i].output for j in users.get(t, [])])
+    up = reach(lambda i: [prod[t] for t in g.node[i].input if t in prod])
+    return (down & up) - span
 
 
 _STREAM_OPS = {"Add": None, "Concat": None, "Slice": 1, "Split": 1}  # op -> how many leading inputs carry data

@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import UserError
 from ..families.base import SAMPLE, TIMESTEP
 from ..samplers import cfg_combine
+from ..samplers.cache_math import relative_change, taylor_coefficient
 
 METHODS = ("first_block", "taylorseer", "deepcache")
 
@@ -94,6 +95,35 @@ def parse_cache(spec) -> CacheSpec | None:
     return CacheSpec(method, interval=nums[0], branch=branch)
 
 
+def parse_compiled_cache(spec) -> CacheSpec | None:
+    """compile-loop's --cache: a SPEC as above or a bare method (its defaults); only the method and its
+    structure (deepcache's BRANCH, taylorseer's ORDER) are compiled in, the rest is chosen per run."""
+    text = spec.strip() if isinstance(spec, str) else spec
+    return CacheSpec(text) if text in METHODS else parse_cache(spec)
+
+
+def compiled_record(spec: CacheSpec) -> dict:
+    """What a sampling graph's manifest entry records of the cache it was compiled with."""
+    extra = {"deepcache": {"branch": spec.branch}, "taylorseer": {"order": spec.order}}.get(spec.method, {})
+    return {"method": spec.method, **extra}
+
+
+def loop_feeds(record: dict | None, spec: CacheSpec | None) -> dict[str, np.ndarray]:
+    """The Loop graph's cache inputs for `spec` (none: its defaults cache nothing); a graph compiled
+    without this method (or with another BRANCH / ORDER) refuses the spec in one line."""
+    if spec is None or spec.noop:
+        return {}
+    want = compiled_record(spec)
+    if record != want:
+        have = "without step caching" if not record else "for " + " ".join(
+            f"{k.upper()} {v}" if k != "method" else v for k, v in record.items())
+        raise UserError(f"cache {spec}: this folder's Loop graph was compiled {have}; recompile it with "
+                        f"`onnxdiffusion compile-loop --cache {spec}` or run --loop host")
+    if spec.method == "first_block":
+        return {"cache_threshold": np.array(spec.threshold, np.float64)}
+    return {"cache_interval": np.array(spec.interval, np.int64)}
+
+
 # --- policies: when to run the span, and what stands in for it ---------------------------------
 
 def _same_shape(names: list[str], f: dict, shape) -> str:
@@ -113,9 +143,8 @@ class _FirstBlock:
             return None  # the first call computes; update() settles which tensors are the stream
         r = f[self.hidden] - f[self.probe]
         if self.prev is not None:
-            # float32 means, as diffusers' torch reduction; the decision compares the ratio to the threshold
-            diff = float(np.abs(r - self.prev).mean(dtype=np.float32) / np.abs(self.prev).mean(dtype=np.float32))
-            if not diff > self.threshold:
+            # diffusers' ratio of float32 means, summed in the order the Loop graph sums (cache_math)
+            if not float(relative_change(r, self.prev)) > self.threshold:
                 return f[self.hidden] + self.residual
         self.prev = r
         return None
@@ -144,7 +173,7 @@ class _Taylor:
         d = step - self.last_full
         pred = self.factors[0]
         for k, fk in enumerate(self.factors[1:], 1):
-            pred = pred + fk * np.float32(d ** k / math.factorial(k))
+            pred = pred + fk * taylor_coefficient(d, k)
         return pred
 
     def update(self, step: int, f: dict, out: np.ndarray, sg) -> None:
@@ -178,7 +207,7 @@ class CachedBackbone:
     def __init__(self, guided, sessions, sg, spec: CacheSpec):
         self.g, (self.first, self.rest, self.tail), self.sg = guided, sessions, sg
         self.policy = _POLICIES[spec.method](spec)
-        self.step, self.computed = 0, 0
+        self.step, self.computed, self.full_steps = 0, 0, []
         self.first_in = [i.name for i in self.first.get_inputs()]
         self.first_out = [o.name for o in self.first.get_outputs()]
         self.tail_in = [i.name for i in self.tail.get_inputs()]
@@ -196,6 +225,7 @@ class CachedBackbone:
             out = self.rest.run(None, {n: f[n] for n in self.sg.span_inputs})[0]
             self.policy.update(self.step, f, out, self.sg)
             self.computed += 1
+            self.full_steps.append(self.step)
         self.step += 1
         pool = {**feeds, **f, self.sg.span_outputs[0]: out}
         res = self.tail.run(None, {n: pool[n] for n in self.tail_in})[0]

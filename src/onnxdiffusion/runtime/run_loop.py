@@ -9,7 +9,7 @@ from ..errors import UserError
 from ..samplers import iter_sample
 from . import guards
 from ..adapters.runtime import graph_feeds as graph_lora_feeds
-from .cache import cached_backbone, parse_cache
+from .cache import cached_backbone, loop_feeds, parse_cache
 from .generation import GenerationResult, StepEvent
 
 
@@ -20,7 +20,9 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     options = pipe.resolve(options)
     cache = parse_cache(options.cache)
     if cache is not None and not cache.noop and options.loop != "host":
-        raise UserError(f"cache {cache} runs in the host loop only (--loop host)")
+        if options.loop != "loop":
+            raise UserError(f"cache {cache} runs in the host loop and the Loop graph (--loop host | loop)")
+        loop_feeds(pipe.sampling_graph("loop").cache, cache)  # a graph compiled without it refuses here
     guards.check_request(pipe.folder, pipe.manifest, options)
     shape = pipe.latent_shape(options)  # the family's (may be packed)
     h, w = pipe.image_size(options)
@@ -75,7 +77,9 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
         graph = pipe.sampling_graph(options.loop)
         lora = None if adapter is None else graph_lora_feeds(pipe, graph, adapter)
-        x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=lora)
+        cache = loop_feeds(graph.cache, parse_cache(options.cache)) if graph.form == "loop" else {}
+        extra = {**(lora or {}), **cache}  # a run-time LoRA's tensors, the compiled cache's interval / threshold
+        x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
         guards.check_finite(x, "the sampling graph's output latents")
     else:
         extra = None if start is None else start.extra

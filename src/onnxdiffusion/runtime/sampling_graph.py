@@ -14,6 +14,7 @@ class SamplingGraph:
         self.form = info["form"]
         self.steps = info.get("steps")
         self.whole = bool(info.get("whole"))
+        self.cache = info.get("cache")  # the step-caching method compiled in (graph_cache.py), or None
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
         self.input_names = {i.name for i in session.get_inputs()}

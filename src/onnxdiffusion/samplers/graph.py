@@ -30,6 +30,7 @@ from onnx import TensorProto, helper
 
 from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
+from .graph_correct import correct, correction_prologue, rescale
 from .graph_image import blend_step, image_defaults, image_inputs
 from .tables import COLUMNS
 
@@ -126,7 +127,11 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
              **{bb.io[f"cond:{k}"]: v for k, v in pre["context"].items()}}
-    if "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
+    if "cache" in pre:  # step caching: first -> If(rest | carried) -> tail (graph_cache.py)
+        from .graph_cache import cached_call
+
+        out = cached_call(b, pre, bb, remap, i)
+    elif "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
         from .graph_schedule import switch_backbones
 
         out = switch_backbones(b, pre, bb, remap, c["t"], tag, n)
@@ -137,11 +142,11 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
         diff = b.op("Sub", [cnd, u], n("cfg_diff"))
         guided = b.op("Add", [u, b.op("Mul", [diff, "guidance"], n("cfg_scaled"))], n("guided"))
         if pre["mode"] == "cfg_rescale":
-            guided = _rescale(b, guided, cnd, n)
+            guided = rescale(b, guided, cnd, n)
     else:  # guidance-distilled: the scale went in as a backbone input
         guided = out
     if "corr_table" in pre:
-        guided = _correct(b, pre, c["t"], guided, n)
+        guided = correct(b, pre, c["t"], guided, n)
     den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
     noise_idx = b.op("Min", [i, pre["noise_last"]], n("noise_idx"))
     noise_i = b.op("Gather", ["noise", noise_idx], n("noise_i"), axis=0)
@@ -156,44 +161,6 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     ]
     x_new = b.op("Sum", terms, n("x_next"))
     return blend_step(b, pre, j, x_new, n), den
-
-
-def _rescale(b: _Builder, guided: str, cond: str, n: Callable[[str], str]) -> str:
-    """guided * |cond| / |guided|, norms over the last axis (cfg_combine(..., rescale=True)'s twin)."""
-    def norm(x: str, hint: str) -> str:
-        sq = b.op("ReduceSum", [b.op("Mul", [x, x], n(hint + "_sq")), "last_axis"], n(hint + "_sumsq"), keepdims=1)
-        return b.op("Sqrt", [sq], n(hint + "_norm"))
-
-    ratio = b.op("Div", [norm(cond, "cond"), norm(guided, "guided")], n("rescale_ratio"))
-    return b.op("Mul", [guided, ratio], n("rescaled"))
-
-
-def _correction_prologue(b: _Builder, pre: dict[str, str], correction) -> None:
-    """Constants of the sampler-side output correction (quantize --correct), read by every step."""
-    il, cl, ir, cr = correction.hat_coefficients()
-    for name, v in (("corr_il", il), ("corr_cl", cl), ("corr_ir", ir), ("corr_cr", cr)):
-        pre[name] = b.const(name, v)
-    pre["corr_table"] = b.const("corr_table", correction.table())
-    pre["corr_zero"] = b.const("corr_zero_f", np.array(0.0, np.float32))
-    pre["corr_one"] = b.const("corr_one_f", np.array(1.0, np.float32))
-    b.const("corr_s_index", np.array([0], np.int64))
-    b.const("corr_b_start", np.array([1], np.int64))
-    b.const("corr_b_end", np.array([1 << 30], np.int64))
-    b.const("corr_axis1", np.array([1], np.int64))
-    b.const("corr_b_shape", np.array([1, -1, 1, 1], np.int64))
-
-
-def _correct(b: _Builder, pre: dict[str, str], t: str, out: str, n: Callable[[str], str]) -> str:
-    """out * s(t) + b(t): hat-function interpolation of the per-timestep tables (OutputCorrection's twin)."""
-    left = b.op("Add", [b.op("Mul", [t, pre["corr_il"]], n("corr_tl")), pre["corr_cl"]], n("corr_left"))
-    right = b.op("Add", [b.op("Mul", [t, pre["corr_ir"]], n("corr_tr")), pre["corr_cr"]], n("corr_right"))
-    w = b.op("Clip", [b.op("Min", [left, right], n("corr_min")), pre["corr_zero"], pre["corr_one"]], n("corr_w"))
-    w2 = b.op("Unsqueeze", [w, "axes0"], n("corr_w2"))
-    vals = b.op("MatMul", [w2, pre["corr_table"]], n("corr_vals"))  # (1, 1 + C)
-    s = b.op("Gather", [vals, "corr_s_index"], n("corr_s"), axis=1)  # (1, 1)
-    bias = b.op("Slice", [vals, "corr_b_start", "corr_b_end", "corr_axis1"], n("corr_bvec"))
-    bias = b.op("Reshape", [bias, "corr_b_shape"], n("corr_b"))  # (1, C, 1, 1)
-    return b.op("Add", [b.op("Mul", [out, s], n("corr_scaled")), bias], n("corrected"))
 
 
 def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], with_steps: bool,
@@ -224,6 +191,40 @@ def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], wi
     return ins + image_inputs(len(latent_dims))
 
 
+def _loop(b: _Builder, bb: Backbone, pre: dict, carried: dict[str, list]) -> str:
+    """The Loop node over one step (plus the cache's carried state, graph_cache.loop_state); its final x."""
+    body = _Builder()
+    x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
+    body.op("Identity", ["cond_in"], "cond_out")
+    body.op("Identity", [x_new], "x_out")
+    body.op("Identity", [den], "d_out")
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        body.nodes,
+        "sampler_step",
+        [
+            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_carried", f, None),
+            helper.make_tensor_value_info("d_carried", f, None),
+            *carried["body_in"],
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_out", f, None),
+            helper.make_tensor_value_info("d_out", f, None),
+            *carried["body_out"],
+        ],
+    )
+    # an explicit true condition: same meaning as none, and onnx's reference Loop needs it
+    b.const("loop_true", np.array(True))
+    b.nodes.append(
+        helper.make_node("Loop", ["steps", "loop_true", pre["x0"], pre["d0"], *carried["loop_in"]],
+                         ["latents_out", "denoised_out", *carried["loop_out"]], name="sampler_loop", body=graph)
+    )
+    return "latents_out"
+
+
 def _sd_combine(ops, encoded: dict) -> dict:
     return {CONTEXT: encoded["text_encoder"]["last_hidden_state"]}
 
@@ -234,7 +235,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
                          vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
                          latent_patch: int | None = None, schedule=None,
-                         high_backbone: onnx.ModelProto | None = None) -> onnx.ModelProto:
+                         high_backbone: onnx.ModelProto | None = None, cache=None) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -249,7 +250,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
     `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
-    instead (an ``If`` on the step's timestep; graph_schedule.py).
+    instead (an ``If`` on the step's timestep; graph_schedule.py). `cache`: (CacheSpec, SplitGraphs of
+    `backbone`), step caching in the Loop form (graph_cache.py).
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
@@ -295,7 +297,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     pre["extra"] = extra_channels > 0
     image_defaults(b, len(dims))
     if correction is not None:
-        _correction_prologue(b, pre, correction)
+        correction_prologue(b, pre, correction)
     high = None
     if (schedule is None) != (high_backbone is None):
         raise ValueError("a precision schedule needs its high-precision backbone, and the other way round")
@@ -307,35 +309,18 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         # scopes out, ONNX Runtime did not pre-pack them and its MatMuls rounded differently from the host's
         schedule_prologue(b, pre, schedule, high, bb, local_weights=form == "loop")
         functions += high.functions
+    if cache is not None:
+        if form != "loop" or schedule is not None:
+            raise ValueError("step caching is built for the Loop form without a precision schedule")
+        from .graph_cache import cache_prologue
+
+        cache_prologue(b, pre, *cache)
+        functions += pre["cache"]["functions"]
+    from .graph_cache import cache_inputs, loop_state
+
+    carried = loop_state(pre)
     if form == "loop":
-        body = _Builder()
-        x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
-        body.op("Identity", ["cond_in"], "cond_out")
-        body.op("Identity", [x_new], "x_out")
-        body.op("Identity", [den], "d_out")
-        f = TensorProto.FLOAT
-        graph = helper.make_graph(
-            body.nodes,
-            "sampler_step",
-            [
-                helper.make_tensor_value_info("iter", TensorProto.INT64, []),
-                helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                helper.make_tensor_value_info("x_carried", f, None),
-                helper.make_tensor_value_info("d_carried", f, None),
-            ],
-            [
-                helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                helper.make_tensor_value_info("x_out", f, None),
-                helper.make_tensor_value_info("d_out", f, None),
-            ],
-        )
-        # an explicit true condition: same meaning as none, and onnx's reference Loop needs it
-        b.const("loop_true", np.array(True))
-        b.nodes.append(
-            helper.make_node("Loop", ["steps", "loop_true", pre["x0"], pre["d0"]], ["latents_out", "denoised_out"],
-                             name="sampler_loop", body=graph)
-        )
-        final = "latents_out"
+        final = _loop(b, bb, pre, carried)
     else:
         x, d = pre["x0"], pre["d0"]
         for k in range(steps):
@@ -354,13 +339,16 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     else:
         b.op("Identity", [final], "final_latents")
         outputs = [helper.make_tensor_value_info("final_latents", f, ["batch", *dims])]
+    outputs += carried["graph_out"]
     graph = helper.make_graph(
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
-        _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels),
+        _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
+        + (cache_inputs() if cache is not None else []),
         outputs,
-        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else
-                               bb.initializers + (high.initializers if high else [])) + extra_inits,
+        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
+                               if cache is not None else bb.initializers + (high.initializers if high else []))
+        + extra_inits,
     )
     models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values())]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
