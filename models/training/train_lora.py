@@ -111,7 +111,8 @@ def save_lora(unet, te, out: Path) -> None:
         return {k: v.detach().half() for k, v in get_peft_model_state_dict(m).items()}
 
     tmp = out.parent / (out.stem + ".tmp")
-    StableDiffusionPipeline.save_lora_weights(tmp, unet_lora_layers=half(unet), text_encoder_lora_layers=half(te),
+    StableDiffusionPipeline.save_lora_weights(tmp, unet_lora_layers=half(unet),
+                                              text_encoder_lora_layers=half(te) if te is not None else None,
                                               safe_serialization=True)
     (tmp / "pytorch_lora_weights.safetensors").replace(out)
     tmp.rmdir()
