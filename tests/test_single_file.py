@@ -63,3 +63,22 @@ def test_sdxl_single_file_round_trip(tmp_path):
     ours = Pipeline.from_folder(tmp_path / "from_ckpt")("a red circle on the left", **kw)
     ref = Pipeline.from_folder(tmp_path / "from_folder")("a red circle on the left", **kw)
     assert psnr(ours.images, ref.images) >= 40.0
+
+
+def test_sd3_single_file_round_trip(tmp_path):
+    """SD3 in the SAI/ComfyUI all-in-one layout (MMDiT joint_blocks with fused qkv, first_stage_model, CLIP-L, CLIP-G
+    and T5 under text_encoders.*), read back by diffusers' converters."""
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+    from onnxdiffusion.export.single_file import export_checkpoint
+    from single_file_layout import build_tiny_sd3_widths, write_sd3_single_file
+
+    src = build_tiny_sd3_widths(tmp_path / "sd3")
+    ckpt = write_sd3_single_file(src, tmp_path / "tiny-sd3.safetensors")
+    options = ExportOptions(skip=("vae_encoder",), default_size=32)
+    export_pipeline(src, tmp_path / "from_folder", options, progress=False)
+    manifest = export_checkpoint(ckpt, tmp_path / "from_ckpt", options, config=src, family="sd3", progress=False)
+    assert manifest["family"] == "sd3" and manifest["source"]["single_file"]
+    kw = dict(steps=4, seed=4, guidance=5.0, height=32, width=32)
+    ours = Pipeline.from_folder(tmp_path / "from_ckpt")("a red circle on the left", **kw)
+    ref = Pipeline.from_folder(tmp_path / "from_folder")("a red circle on the left", **kw)
+    assert psnr(ours.images, ref.images) >= 40.0
