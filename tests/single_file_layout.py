@@ -283,3 +283,62 @@ def build_tiny_sd3_widths(folder: Path) -> Path:
                                     text_encoder_3=te3, tokenizer_3=tok3)
     pipe.save_pretrained(folder / "diffusers", safe_serialization=True)
     return folder / "diffusers"
+
+
+_FLUX_FIXED = {"time_text_embed.timestep_embedder.linear_1.": "time_in.in_layer.",
+               "time_text_embed.timestep_embedder.linear_2.": "time_in.out_layer.",
+               "time_text_embed.text_embedder.linear_1.": "vector_in.in_layer.",
+               "time_text_embed.text_embedder.linear_2.": "vector_in.out_layer.",
+               "time_text_embed.guidance_embedder.linear_1.": "guidance_in.in_layer.",
+               "time_text_embed.guidance_embedder.linear_2.": "guidance_in.out_layer.",
+               "context_embedder.": "txt_in.", "x_embedder.": "img_in.", "proj_out.": "final_layer.linear."}
+_FLUX_DOUBLE = {"norm1.linear": "img_mod.lin", "norm1_context.linear": "txt_mod.lin", "attn.norm_q": "img_attn.norm.query_norm",
+                "attn.norm_k": "img_attn.norm.key_norm", "attn.norm_added_q": "txt_attn.norm.query_norm",
+                "attn.norm_added_k": "txt_attn.norm.key_norm", "ff.net.0.proj": "img_mlp.0", "ff.net.2": "img_mlp.2",
+                "ff_context.net.0.proj": "txt_mlp.0", "ff_context.net.2": "txt_mlp.2", "attn.to_out.0": "img_attn.proj",
+                "attn.to_add_out": "txt_attn.proj"}
+_FLUX_SINGLE = {"norm.linear": "modulation.lin", "attn.norm_q": "norm.query_norm", "attn.norm_k": "norm.key_norm",
+                "proj_out": "linear2"}
+
+
+def flux_transformer_keys(sd: dict) -> dict:
+    """A FluxTransformer2DModel state dict in BFL's original layout (double_blocks / single_blocks, fused qkv and
+    linear1 = [q; k; v; mlp]): the inverse of diffusers' convert_flux_transformer_checkpoint_to_diffusers."""
+    import torch
+
+    out, fused = {}, {}
+    for k, v in sd.items():
+        if k.startswith("norm_out.linear."):
+            out["final_layer.adaLN_modulation.1." + k.rsplit(".", 1)[1]] = _swap_halves(v)
+            continue
+        if fixed := next((a for a in _FLUX_FIXED if k.startswith(a)), None):
+            out[_FLUX_FIXED[fixed] + k[len(fixed):]] = v
+            continue
+        m = re.match(r"(single_)?transformer_blocks\.(\d+)\.(.*)\.(weight|bias)$", k)
+        single, i, name, kind = bool(m[1]), int(m[2]), m[3], m[4]
+        block = f"{'single' if single else 'double'}_blocks.{i}"
+        kind = "scale" if name.startswith("attn.norm_") else kind  # RMSNorm weights are `.scale` there
+        if qm := re.match(r"attn\.(to_|add_)([qkv])(?:_proj)?$|(proj_mlp)$", name):
+            part = qm[2] or "mlp"
+            into = "linear1" if single else ("img_attn.qkv" if qm[1] == "to_" else "txt_attn.qkv")
+            fused.setdefault(f"{block}.{into}.{kind}", {})[part] = v
+            continue
+        out[f"{block}.{(_FLUX_SINGLE if single else _FLUX_DOUBLE)[name]}.{kind}"] = v
+    for key, parts in fused.items():
+        out[key] = torch.cat([parts[p] for p in ("q", "k", "v", "mlp") if p in parts]).contiguous()
+    return out
+
+
+def write_flux_single_file(folder: Path, out: Path) -> Path:
+    """The diffusers Flux pipeline at `folder` as one ComfyUI all-in-one file: model.diffusion_model.* (BFL layout),
+    vae.*, text_encoders.clip_l.transformer.*, text_encoders.t5xxl.transformer.*"""
+    import safetensors.torch as st
+
+    sd = st.load_file(folder / "transformer" / "diffusion_pytorch_model.safetensors")
+    ckpt = {"model.diffusion_model." + k: v for k, v in flux_transformer_keys(sd).items()}
+    ckpt.update(_first_stage(folder, "vae."))
+    for sub, name in (("text_encoder", "clip_l"), ("text_encoder_2", "t5xxl")):
+        for k, v in st.load_file(folder / sub / "model.safetensors").items():
+            ckpt[f"text_encoders.{name}.transformer.{k}"] = v
+    st.save_file(ckpt, out)
+    return out
