@@ -101,3 +101,33 @@ def random_lora(folder: Path, out: Path, seed: int, rank: int = 4, std: float = 
             tensors[f"{comp}.{module}.lora_B.weight"] = (rng.standard_normal((t.out_features, rank, *((1, 1) if kernel else ()))) * std).astype(np.float32)
     safetensors_io.write(out, tensors)
     return out
+
+
+def run_whole_graph(session, pipe, host, prompt: str, negative: str, steps: int, guidance: float,
+                    extra: dict | None = None):
+    """A `--whole` sampling graph (token ids in, uint8 image out) run by onnxruntime alone from `host`'s initial
+    latents, with the pipeline's own sampler table and size conditioning. The graph encodes the negative prompt's
+    ids: give `host` the same negative (SDXL's absent negative is all-zero embeddings, not the empty prompt's)."""
+    from onnxdiffusion.runtime.pipeline import GenerateOptions
+
+    names = {i.name for i in session.get_inputs()} | {i.name for i in session.get_overridable_initializers()}
+    batch, (h, w) = host.init_latents.shape[0], host.images.shape[1:3]
+    table = pipe.table(GenerateOptions(steps=steps, height=h, width=w))
+    feeds = {"latents": host.init_latents, "table": table.rows, "init_scale": np.array(table.init_scale, np.float32),
+             "guidance": np.array(max(guidance, 1.0), np.float32), "steps": np.array(steps, np.int64),
+             "noise": np.zeros((1, *host.init_latents.shape), np.float32)}
+    for slot in pipe.slots:
+        suffix = slot.name[len("text_encoder"):]
+        feeds[f"input_ids{suffix}"] = pipe.tokenizers[slot.name]([prompt] * batch)
+        feeds[f"uncond_input_ids{suffix}"] = pipe.tokenizers[slot.name]([negative] * batch)
+    size = pipe.family.size_conditioning(pipe.info, batch, h, w)
+    embedded = pipe.family.guidance_input_for(pipe.info)
+    if embedded is not None:  # guidance-distilled: the scale is a backbone input, no CFG batch
+        size[embedded] = np.full((batch,), guidance, np.float32)
+    for key, value in size.items():
+        feeds[f"cond_{key}"] = feeds[f"uncond_{key}"] = value
+    if "grid_rows" in names:
+        f = 2 * int(pipe.info["vae_scale_factor"])
+        feeds["grid_rows"], feeds["grid_cols"] = np.array(h // f, np.int64), np.array(w // f, np.int64)
+    feeds.update(extra or {})
+    return session.run(["image"], {k: v for k, v in feeds.items() if k in names})[0]

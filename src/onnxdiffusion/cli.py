@@ -64,7 +64,8 @@ def export(
         "--lora-points", help="linear | all: LoRA insertion points on the backbone and text encoders for run-time "
                               "LoRAs (generate --lora); all adds k x k convolutions")] = None,
     config: Annotated[Optional[Path], typer.Option(
-        help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; not its weights)")] = None,
+        help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; weights "
+             "only for a component the file lacks)")] = None,
     family: Annotated[Optional[str], typer.Option(help="single-file SRC: the model family it must be (sd, sdxl, sd3, flux, ...)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""

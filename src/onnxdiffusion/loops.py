@@ -199,13 +199,15 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
+    inlined = tuple(extra.get("text_encoders", ()))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
                                  schedule=schedule, high_backbone=high, cache=split, **extra)
     del unet, extra, high
     from .adapters.graph import expose_lora_inputs
 
-    lora = expose_lora_inputs(graph, comps[backbone])  # run-time LoRA: the insertion points as graph inputs
+    # run-time LoRA: the insertion points of the backbone (and a whole graph's text encoders) as graph inputs
+    lora = expose_lora_inputs(graph, comps, backbone, inlined)
     name = component_name(form, whole)
 
     def write_component(root: Path) -> dict:

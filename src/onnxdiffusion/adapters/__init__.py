@@ -5,8 +5,9 @@ folder.py         `lora points`: a derived model folder with insertion points
 safetensors_io.py safetensors read/write with numpy alone (pickles refused)
 lora_file.py      diffusers/peft LoRA files -> (down, up, alpha/r) per component and module
 feeds.py          several LoRAs -> concatenated-rank A/B feeds, every check naming the file and key
-runtime.py        the feeds on the text encoders' and backbone's sessions (host loop)
-graph.py          the insertion points as inputs of the Loop / unrolled sampling graphs
+runtime.py        the feeds on the text encoders' and backbone's sessions (host loop), and a compiled graph's
+                  (sampling_graph_inputs: a --whole graph run by onnxruntime alone)
+graph.py          the insertion points as inputs of the Loop / unrolled / whole sampling graphs
 fuse.py, hooks.py `export --lora` (merged before export) and `export --lora-points`
 convert.py        `lora convert`: kohya/A1111 files through diffusers' converters (export side)
 """

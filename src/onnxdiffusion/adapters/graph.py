@@ -1,8 +1,10 @@
-"""LoRA in the Loop / unrolled sampling graphs: the backbone's insertion points become inputs of the whole graph.
+"""LoRA in the Loop / unrolled sampling graphs: the insertion points become inputs of the whole graph.
 
 The sampling graph inlines the backbone under a prefix ("unet/..."), its rank-0 A/B defaults among the
 outer-scope initializers the Loop body reads. Listing those initializers as graph inputs makes them
 overridable, so one compiled graph runs with or without adapters (same defaults: the plain image).
+A `--whole` graph also inlines the text encoders (under "text_encoder/", "text_encoder_2/", ...): their
+points become inputs the same way, so a LoRA with text-encoder layers runs inside it too.
 """
 
 from __future__ import annotations
@@ -13,30 +15,53 @@ from onnx import TensorProto, helper
 from .points import A_SUFFIX, B_SUFFIX
 
 
-def expose_lora_inputs(model: onnx.ModelProto, backbone_entry: dict) -> dict | None:
-    """Add the inlined backbone's insertion points as graph inputs; returns the component's `lora` record."""
-    targets = (backbone_entry.get("lora") or {}).get("targets") or {}
-    if not targets:
+def _first_module(entry: dict) -> str | None:
+    targets = (entry.get("lora") or {}).get("targets") or {}
+    return next(iter(targets), None)
+
+
+def expose_lora_inputs(model: onnx.ModelProto, components: dict[str, dict], backbone: str,
+                       text_encoders: tuple[str, ...] = ()) -> dict | None:
+    """Add the inlined components' insertion points as graph inputs; returns the sampling component's `lora`
+    record: the backbone's prefix and, per component whose points the graph computes, its prefix."""
+    module = _first_module(components.get(backbone, {}))
+    if module is None:
         return None
     g = model.graph
     have = {i.name for i in g.input}
-    module = next(iter(targets))
-    prefix = None
+    names = [t.name for t in g.initializer if t.name.endswith((A_SUFFIX, B_SUFFIX)) and t.name not in have]
+    inlined = {f"{name}/" for name in text_encoders}
+    # the backbone's prefix is the graph builder's choice; a text encoder's is "<name>/" (graph_whole.text_prologue)
+    prefix = next((n[:-len(module + A_SUFFIX)] for n in names
+                   if n.endswith(module + A_SUFFIX) and n[:-len(module + A_SUFFIX)] not in inlined), None)
+    if prefix is None:  # the weights live elsewhere (a precision schedule's If branches): no adapter inputs
+        return None
+    prefixes = {backbone: prefix}
+    for name in text_encoders:
+        first = _first_module(components.get(name, {}))
+        if first is not None and f"{name}/{first}{A_SUFFIX}" in names:
+            prefixes[name] = f"{name}/"
+    known = tuple(prefixes.values())
     added = 0
     for t in g.initializer:
-        if not t.name.endswith((A_SUFFIX, B_SUFFIX)) or t.name in have:
+        if t.name in have or not t.name.endswith((A_SUFFIX, B_SUFFIX)) or not t.name.startswith(known):
             continue
-        if prefix is None and t.name.endswith(module + A_SUFFIX):
-            prefix = t.name[:-len(module + A_SUFFIX)]
         dims = [d if d else f"lora_rank_{added // 2}" for d in t.dims]
         g.input.append(helper.make_tensor_value_info(t.name, TensorProto.FLOAT, dims))
         added += 1
-    if prefix is None:  # the weights live elsewhere (a precision schedule's If branches): no adapter inputs
-        return None
-    return {"prefix": prefix, "inputs": added}
+    return {"prefix": prefix, "inputs": added, "components": prefixes}
 
 
-def graph_feeds(info: dict, feeds: dict) -> dict:
-    """The backbone's adapter feeds under the sampling graph's names."""
-    prefix = (info.get("lora") or {}).get("prefix")
-    return {prefix + k: v for k, v in feeds.items()} if prefix is not None else {}
+def graph_prefixes(info: dict, backbone: str) -> dict[str, str]:
+    """component -> input-name prefix in a sampling graph (graphs compiled before `components`: the backbone's)."""
+    lora = info.get("lora") or {}
+    if "components" in lora:
+        return dict(lora["components"])
+    return {backbone: lora["prefix"]} if lora.get("prefix") is not None else {}
+
+
+def graph_feeds(info: dict, feeds: dict[str, dict], backbone: str) -> dict:
+    """Adapter feeds (component -> {input: array}) under the sampling graph's input names, for the components
+    the graph computes (a text encoder outside it takes its feeds in its own session)."""
+    prefixes = graph_prefixes(info, backbone)
+    return {prefixes[comp] + k: v for comp, named in feeds.items() if comp in prefixes for k, v in named.items()}

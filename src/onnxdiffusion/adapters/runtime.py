@@ -72,16 +72,37 @@ def pipeline_feeds(pipe, loras, loop: str = "host"):
         if getattr(pipe, "_lora_cache", None) is None:
             pipe._lora_cache = LoraCache()
         adapter = build_feeds(pipe.manifest, loras, pipe._lora_cache)
-    if info.get("whole") and any(k != pipe.family.backbone and v for k, v in adapter.feeds.items()):
-        raise UserError(f"the '{loop}' graph runs its text encoders inside: a LoRA with text-encoder layers runs in the "
-                        f"host loop or a graph compiled without --whole")
     return adapter
 
 
 def graph_feeds(pipe, graph, adapter) -> dict | None:
-    """The backbone's LoRA tensors under the sampling graph's input names (adapters/graph.py)."""
+    """The LoRA tensors of the components the sampling graph computes, under its input names (adapters/graph.py)."""
     if not adapter:
         return None
     from .graph import graph_feeds as named
 
-    return named(pipe.manifest["components"][f"sampler_{graph.form}"], adapter.for_component(pipe.family.backbone))
+    return named(pipe.manifest["components"][f"sampler_{graph.form}"], adapter.feeds, pipe.family.backbone)
+
+
+def sampling_graph_inputs(pipe, loras, component: str = "sampler_loop_whole") -> dict[str, np.ndarray]:
+    """The inputs that run `loras` ([(path, scale), ...] or lora_feeds' AdapterFeeds) in the folder's compiled
+    sampling graph `component`, for a caller running it with onnxruntime alone (a --whole graph: token ids in,
+    image out, the text encoders' layers included). Empty for no LoRA."""
+    from ..errors import UserError
+    from .graph import graph_feeds as named, graph_prefixes
+
+    info = pipe.manifest["components"].get(component)
+    if info is None or info.get("kind") != "sampling_graph":
+        raise UserError(f"{pipe.folder} has no sampling graph {component!r} (run `onnxdiffusion compile-loop`)")
+    adapter = pipeline_feeds(pipe, loras)
+    if not adapter:
+        return {}
+    if not info.get("lora"):
+        raise UserError(f"this folder's {component!r} graph has no LoRA inputs (compile it from a folder with "
+                        f"insertion points: `lora points`, then `compile-loop`)")
+    inside = graph_prefixes(info, pipe.family.backbone)
+    if missing := sorted(c for c, f in adapter.feeds.items() if f and c not in inside):
+        raise UserError(f"this folder's {component!r} graph does not run the LoRA's {', '.join(missing)} layers "
+                        f"(a graph without --whole, or compiled before text-encoder inputs: recompile it with "
+                        f"`onnxdiffusion compile-loop --whole`)")
+    return named(info, adapter.feeds, pipe.family.backbone)

@@ -3,7 +3,8 @@ through diffusers' `from_single_file`, offline.
 
 diffusers maps the original keys to its modules; what the checkpoint does not hold (component
 configs, tokenizers, the scheduler) comes from `--config`, a local diffusers folder of the same model
-kind (its weights are not read). The package ships no tokenizers (the repository's size budget), so
+kind. Its weights are read only for a component the checkpoint lacks entirely (an SD3 file without
+T5, a Flux file with the transformer alone); the manifest's source lists those (`from_config`). The package ships no tokenizers (the repository's size budget), so
 --config is required. The checkpoint becomes a temporary diffusers folder beside OUT, exported as any
 folder is, then removed; the manifest names the checkpoint as the source. Pickle checkpoints (.ckpt)
 are refused: loading one can run code.
@@ -59,12 +60,13 @@ def _pipeline_class(config: Path, family: str | None) -> str:
     return name
 
 
-def materialize(src: Path, config: Path | None, family: str | None, work: Path) -> Path:
-    """The checkpoint as a diffusers folder under `work` (weights from the checkpoint, the rest from --config)."""
+def materialize(src: Path, config: Path | None, family: str | None, work: Path) -> tuple[Path, list[str]]:
+    """The checkpoint as a diffusers folder under `work` (weights from the checkpoint, the rest from --config);
+    returns it and the components whose weights came from --config (the checkpoint holds none)."""
     check_checkpoint(src)
     if config is None:
         raise UserError(f"{src}: a single-file checkpoint needs --config DIR, a local diffusers folder of the same "
-                        f"model kind (its configs and tokenizers are used, not its weights)")
+                        f"model kind (its configs and tokenizers; its weights only for a component the file lacks)")
     config = Path(config)
     class_name = _pipeline_class(config, family)
     import diffusers
@@ -72,14 +74,53 @@ def materialize(src: Path, config: Path | None, family: str | None, work: Path) 
     cls = getattr(diffusers, class_name, None)
     if cls is None or not hasattr(cls, "from_single_file"):
         raise UserError(f"{class_name} cannot load single-file checkpoints in this diffusers")
-    try:
-        pipe = cls.from_single_file(str(src), config=str(config), local_files_only=True)
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        raise UserError(f"{src}: diffusers could not read this checkpoint as a {class_name}: {first}") from None
+    pipe, from_config = _load(cls, src, config, class_name)
     folder = work / "diffusers"
     pipe.save_pretrained(folder, safe_serialization=True)
-    return folder
+    return folder, from_config
+
+
+def _load(cls, src: Path, config: Path, class_name: str):
+    """diffusers' from_single_file; a component the file does not hold (an SD3 file without T5, a Flux file with
+    the transformer alone: the usual way they are shared) is loaded from --config, as diffusers' own error
+    advises. Returns (pipeline, names of the components taken from --config)."""
+    import re
+
+    from diffusers.loaders.single_file_utils import SingleFileComponentError
+
+    given: dict = {}
+    while True:
+        try:
+            return cls.from_single_file(str(src), config=str(config), local_files_only=True, **given), sorted(given)
+        except SingleFileComponentError as e:
+            # diffusers names the missing component only in its advice: "<name> = <Class>.from_pretrained('...')"
+            m = re.search(r"^(\w+) = (\w+)\.from_pretrained", str(e), re.M)
+            if m is None or m[1] in given:
+                raise UserError(f"{src}: diffusers could not read this checkpoint as a {class_name}: "
+                                f"{_first_line(e)}") from None
+            given[m[1]] = _component_from_config(config, m[1], m[2], src)
+        except (OSError, ValueError, KeyError, RuntimeError, TypeError, IndexError) as e:
+            raise UserError(f"{src}: diffusers could not read this checkpoint as a {class_name}: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+
+
+def _component_from_config(config: Path, name: str, class_name: str, src: Path):
+    import importlib
+
+    index = json.loads((config / "model_index.json").read_text())
+    library = (index.get(name) or [None])[0]
+    cls = getattr(importlib.import_module(library), class_name, None) if library in ("diffusers", "transformers") else None
+    if cls is None or not (config / name).is_dir():
+        raise UserError(f"{src}: the checkpoint holds no {name} weights and --config {config} has no {name} folder to "
+                        f"take them from")
+    try:
+        return cls.from_pretrained(str(config), subfolder=name, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
+        raise UserError(f"{src}: the checkpoint holds no {name} weights and --config {config}/{name} cannot be "
+                        f"loaded: {_first_line(e)}") from None
 
 
 def export_checkpoint(src: Path | str, out: Path | str, options=None, config: Path | str | None = None,
@@ -95,10 +136,12 @@ def export_checkpoint(src: Path | str, out: Path | str, options=None, config: Pa
         raise UserError(f"output directory does not exist: {out.parent}")
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".ckpt", dir=out.parent))
     try:
-        folder = materialize(src, Path(config) if config else None, family, work)
+        folder, from_config = materialize(src, Path(config) if config else None, family, work)
         manifest = export_pipeline(folder, out, options, progress=progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     manifest["source"] = {**manifest["source"], "path": src.name, "single_file": True}
+    if from_config:  # weights that are not the checkpoint's: say whose they are
+        manifest["source"]["from_config"] = from_config
     write_json(out / MANIFEST, manifest)  # the manifest is not among the hashed files
     return manifest
