@@ -15,7 +15,6 @@ Usage: python models/training/train_lcm_lora.py --work runs/lcm-lora --out model
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -26,8 +25,8 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_lora import encode, load_base, save_lora  # noqa: E402
-from train_pipeline import log_line, lr_at  # noqa: E402
+from train_lora import cached_latents, cli, finish_step, load_base, resume, save_lora  # noqa: E402
+from train_pipeline import lr_at  # noqa: E402
 
 from onnxdiffusion import scenes as S  # noqa: E402
 
@@ -68,14 +67,7 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
     (work / "config.json").write_text(json.dumps(cfg, indent=1))
     vae, unet, te, tok, sched = load_base(model)
     scenes = S.scenes("train", cfg["num_scenes"])
-    cache = work / "latents.npz"
-    if cache.exists():
-        data = np.load(cache)
-        means, stds = data["means"], data["stds"]
-    else:
-        means, stds = encode(vae, scenes)
-        np.savez(work / "latents.tmp.npz", means=means, stds=stds)
-        (work / "latents.tmp.npz").replace(cache)
+    means, stds = cached_latents(work, vae, scenes)
     sf = vae.config.scaling_factor
     unet.requires_grad_(False)
     te.requires_grad_(False)
@@ -83,15 +75,7 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
                                 target_modules=cfg["targets"]))
     params = [p for p in unet.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
-    ckpt, start = work / "lora_ckpt.pt", 0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
-        for p, v in zip(params, state["params"]):
-            p.data.copy_(v)
-        opt.load_state_dict(state["opt"])
-        torch.set_rng_state(state["rng"])
-        start = state["step"]
-        print("resumed at step", start)
+    start = resume(work, params, opt)
     if save_only:
         save_lora(unet, None, out)
         print("wrote", out, "from step", start)
@@ -142,34 +126,14 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
             target = skip_p * x_prev + out_p * x0_from_eps(unet(x_prev, t_prev, cond).sample, t_prev, x_prev, ac)
         c = cfg["huber_c"]
         loss = (((pred - target) ** 2 + c**2).sqrt() - c).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 25 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-            log_line(work / "lora_log.jsonl", {"step": step, "loss": loss.item(), "time": time.time() - t0})
-        if (step + 1) % cfg["checkpoint_every"] == 0 or step + 1 == cfg["steps"]:
-            state = {"params": [p.detach().clone() for p in params], "opt": opt.state_dict(),
-                     "rng": torch.get_rng_state(), "step": step + 1}
-            torch.save(state, work / "lora_ckpt.tmp")
-            (work / "lora_ckpt.tmp").replace(ckpt)
+        finish_step(step, loss, params, opt, cfg, work, bar, t0)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_lora(unet, None, out)
     print("wrote", out, out.stat().st_size, "bytes")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=Path("models/shapes-sd"))
-    ap.add_argument("--work", type=Path, default=Path("runs/lcm-lora"))
-    ap.add_argument("--out", type=Path, default=Path("models/loras/shapes-sd-lcm.safetensors"))
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=CONFIG["steps"])
-    ap.add_argument("--save-only", action="store_true", help="write the LoRA file from the last checkpoint, no training")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    train(args.model, args.work, args.out, {**CONFIG, "steps": args.steps}, save_only=args.save_only)
+    cli(__doc__, CONFIG, train, "runs/lcm-lora", "models/loras/shapes-sd-lcm.safetensors")
 
 
 if __name__ == "__main__":

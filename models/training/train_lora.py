@@ -118,32 +118,72 @@ def save_lora(unet, te, out: Path) -> None:
     tmp.rmdir()
 
 
+def cached_latents(work: Path, vae, scenes: list[S.Scene]) -> tuple[np.ndarray, np.ndarray]:
+    """The scenes' VAE posteriors, encoded once per work folder."""
+    cache = work / "latents.npz"
+    if cache.exists():
+        data = np.load(cache)
+        return data["means"], data["stds"]
+    means, stds = encode(vae, scenes)
+    np.savez(work / "latents.tmp.npz", means=means, stds=stds)
+    (work / "latents.tmp.npz").replace(cache)
+    return means, stds
+
+
+def resume(work: Path, params: list, opt) -> int:
+    """The step the last checkpoint in `work` reached (0 without one), its LoRA weights and optimizer restored."""
+    ckpt = work / "lora_ckpt.pt"
+    if not ckpt.exists():
+        return 0
+    state = torch.load(ckpt, weights_only=True)
+    for p, v in zip(params, state["params"]):
+        p.data.copy_(v)
+    opt.load_state_dict(state["opt"])
+    torch.set_rng_state(state["rng"])
+    print("resumed at step", state["step"])
+    return state["step"]
+
+
+def finish_step(step: int, loss, params: list, opt, cfg: dict, work: Path, bar, t0: float) -> None:
+    """Backward, clipped update, a log line every 25 steps and a checkpoint every `checkpoint_every`."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    if step % 25 == 0:
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        log_line(work / "lora_log.jsonl", {"step": step, "loss": loss.item(), "time": time.time() - t0})
+    if (step + 1) % cfg["checkpoint_every"] == 0 or step + 1 == cfg["steps"]:
+        state = {"params": [p.detach().clone() for p in params], "opt": opt.state_dict(),
+                 "rng": torch.get_rng_state(), "step": step + 1}
+        torch.save(state, work / "lora_ckpt.tmp")
+        (work / "lora_ckpt.tmp").replace(work / "lora_ckpt.pt")
+
+
+def cli(doc: str, config: dict, train_fn, work: str, out: str) -> None:
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=Path("models/shapes-sd"))
+    ap.add_argument("--work", type=Path, default=Path(work))
+    ap.add_argument("--out", type=Path, default=Path(out))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=config["steps"])
+    ap.add_argument("--save-only", action="store_true", help="write the LoRA file from the last checkpoint, no training")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    train_fn(args.model, args.work, args.out, {**config, "steps": args.steps}, save_only=args.save_only)
+
+
 def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False) -> None:
     torch.manual_seed(cfg["seed"])
     work.mkdir(parents=True, exist_ok=True)
     (work / "config.json").write_text(json.dumps(cfg, indent=1))
     vae, unet, te, tok, sched = load_base(model)
-    cache = work / "latents.npz"
     scenes = training_scenes(cfg)
-    if cache.exists():
-        data = np.load(cache)
-        means, stds = data["means"], data["stds"]
-    else:
-        means, stds = encode(vae, scenes)
-        np.savez(work / "latents.tmp.npz", means=means, stds=stds)
-        (work / "latents.tmp.npz").replace(cache)
+    means, stds = cached_latents(work, vae, scenes)
     sf = vae.config.scaling_factor
     params = add_lora(unet, te, cfg)
     opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
-    ckpt, start = work / "lora_ckpt.pt", 0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
-        for p, v in zip(params, state["params"]):
-            p.data.copy_(v)
-        opt.load_state_dict(state["opt"])
-        torch.set_rng_state(state["rng"])
-        start = state["step"]
-        print("resumed at step", start)
+    start = resume(work, params, opt)
     if save_only:  # an intermediate checkpoint as a LoRA file, to judge it while training goes on
         save_lora(unet, te, out)
         print("wrote", out, "from step", start)
@@ -173,34 +213,14 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
         a = ac[t].view(-1, 1, 1, 1)
         pred = unet(a.sqrt() * z0 + (1 - a).sqrt() * noise, t, te(ids).last_hidden_state).sample
         loss = F.mse_loss(pred, noise)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 25 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-            log_line(work / "lora_log.jsonl", {"step": step, "loss": loss.item(), "time": time.time() - t0})
-        if (step + 1) % cfg["checkpoint_every"] == 0 or step + 1 == cfg["steps"]:
-            state = {"params": [p.detach().clone() for p in params], "opt": opt.state_dict(),
-                     "rng": torch.get_rng_state(), "step": step + 1}
-            torch.save(state, work / "lora_ckpt.tmp")
-            (work / "lora_ckpt.tmp").replace(ckpt)
+        finish_step(step, loss, params, opt, cfg, work, bar, t0)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_lora(unet, te, out)
     print("wrote", out, out.stat().st_size, "bytes")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=Path("models/shapes-sd"))
-    ap.add_argument("--work", type=Path, default=Path("runs/lora-violet"))
-    ap.add_argument("--out", type=Path, default=Path("models/loras/shapes-sd-violet.safetensors"))
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=CONFIG["steps"])
-    ap.add_argument("--save-only", action="store_true", help="write the LoRA file from the last checkpoint, no training")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    train(args.model, args.work, args.out, {**CONFIG, "steps": args.steps}, save_only=args.save_only)
+    cli(__doc__, CONFIG, train, "runs/lora-violet", "models/loras/shapes-sd-violet.safetensors")
 
 
 if __name__ == "__main__":
