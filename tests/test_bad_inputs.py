@@ -141,8 +141,8 @@ def external_to(location: str, sparse: bool = False):
 
 
 def nan_weights(m: onnx.ModelProto, ctx: Ctx) -> None:
-    for t in m.graph.initializer:
-        if t.data_type == onnx.TensorProto.FLOAT:
+    for t in m.graph.initializer:  # float16 too: weights kept in float16 storage (relayout --storage fp16)
+        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
             a = onnx.numpy_helper.to_array(t).copy()
             a[...] = np.nan
             t.CopyFrom(onnx.numpy_helper.from_array(a, t.name))
