@@ -39,6 +39,7 @@ def diffusers_folder(trained: Path, source: str) -> Path:
     if source == "shapes-sd":
         tensors = {k: v.half() for k, v in load_file(trained / WEIGHTS).items()}
         save_file(tensors, weights, metadata={"format": "pt"})
+        weights.chmod(0o644)
     else:
         weights.unlink(missing_ok=True)
         os.symlink(f"../../shapes-sd/vae_tiny/{WEIGHTS}", weights)
