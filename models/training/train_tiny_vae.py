@@ -11,7 +11,7 @@ shift_factor are that model's, which is how diffusers pipelines call it: decode(
 Resumable: scene data is generated in chunks (saved under WORK/data) while training runs, the model
 state is checkpointed every --checkpoint-every steps; rerun the same command to continue.
 
-Usage: python models/training/train_tiny_vae.py --work runs/tiny-vae [--steps 2400] [--out DIR]
+Usage: python models/training/train_tiny_vae.py --work runs/tiny-vae [--steps 900] [--out DIR]
 """
 
 from __future__ import annotations
@@ -138,9 +138,10 @@ def train(args) -> None:
         with torch.no_grad():
             for pe, p in zip(ema.parameters(), model.parameters()):
                 pe.lerp_(p, 1 - decay)
-        if step % 20 == 0:  # a multiple of --encoder-every: enc is this step's
+        if step % 20 == 0:
             psnr = 10 * math.log10(4 / max(float(F.mse_loss(out.detach(), target)), 1e-12))
-            rec = {"step": step, "dec": float(dec), "enc": float(enc), "psnr": psnr, "pool": chunks * CHUNK}
+            enc_now = float(enc) if step % args.encoder_every == 0 else None
+            rec = {"step": step, "dec": float(dec), "enc": enc_now, "psnr": psnr, "pool": chunks * CHUNK}
             with log.open("a") as f:
                 f.write(json.dumps({**rec, "time": time.time() - t0}) + "\n")
             print(rec, flush=True)
