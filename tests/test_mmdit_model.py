@@ -82,8 +82,10 @@ def test_tracked_tree_fits_the_budget():
 def test_onnx_folder_manifest():
     m = json.loads((MMDIT_ONNX / "manifest.json").read_text())
     assert m["family"] == "sd3" and m["pipeline"]["t5"] is False
-    # the VAE encoder (img2img, inpainting) was added to the folder later (issue 24), exported from the same VAE
-    assert set(m["components"]) == {"text_encoder", "text_encoder_2", "transformer", "vae_decoder", "vae_encoder"}
+    # the VAE encoder (img2img, inpainting) was added to the folder later (issue 24), exported from the same VAE;
+    # the tiny decoder (issue 25) distilled from that VAE, shared with shapes-sd-onnx (models/shapes-mmdit/vae_tiny)
+    assert set(m["components"]) == {"text_encoder", "text_encoder_2", "transformer", "vae_decoder", "vae_encoder",
+                                    "vae_decoder_tiny"}
     for name, comp in m["components"].items():
         assert comp["precision"] == "fp32", name
         assert comp["validation"]["max_abs_error"] <= comp["validation"]["atol"], name

@@ -67,13 +67,17 @@ def export(
         help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; weights "
              "only for a component the file lacks)")] = None,
     family: Annotated[Optional[str], typer.Option(help="single-file SRC: the model family it must be (sd, sdxl, sd3, flux, ...)")] = None,
+    tiny_vae: Annotated[Optional[Path], typer.Option(
+        "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
+                           "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
 
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
                             fuse_attention=not no_fuse_attention, default_size=default_size,
-                            skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points)
+                            skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points,
+                            tiny_vae=None if tiny_vae is None else str(tiny_vae))
     if src.is_file():
         from .export.single_file import export_checkpoint
 
@@ -117,6 +121,7 @@ def generate(
     mask_overlay: Annotated[bool, typer.Option(help="with --mask: paste the picture's own pixels back outside the mask (the VAE round trip then leaves them unchanged)")] = False,
     lora: Annotated[Optional[list[str]], typer.Option(
         "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; the folder needs insertion points: `lora points`)")] = None,
+    decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae)")] = "full",
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -167,7 +172,8 @@ def generate(
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
-                                              mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache),
+                                              mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache,
+                                              decoder=decoder),
                               manifest["recommended"])
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile

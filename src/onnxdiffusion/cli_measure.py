@@ -24,6 +24,7 @@ def evaluate(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON result (default: none, summary only)")] = None,
     grid: Annotated[Optional[Path], typer.Option(help="also save a grid of the first 64 images")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace existing output files")] = False,
+    decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder)")] = "full",
 ) -> None:
     """Held-out prompts with fixed seeds: judge attribute / strict accuracy and Fréchet distance."""
     import json
@@ -44,7 +45,7 @@ def evaluate(
     rec = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance),
                           read_manifest(model if model is not None else default_model_folder())["recommended"])
     options = EvaluateOptions(count=count, steps=rec.steps, sampler=rec.sampler, guidance=rec.guidance,
-                              batch=batch)
+                              batch=batch, decoder=decoder)
     check_evaluate_options(options, provider)
     result = evaluate_model(model, options, provider=provider)
     images = result.pop("_images")

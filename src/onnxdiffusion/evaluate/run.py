@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import scenes as S
 from ..errors import UserError
+from ..families.tiny_vae import DECODERS
 from .judge import Judge, score_scenes, summarize
 from .metrics import frechet_distance, gaussian_stats
 
@@ -23,6 +24,7 @@ class EvaluateOptions:
     batch: int = 32
     split: str = "heldout"
     seed_offset: int = 0
+    decoder: str = "full"  # full | tiny (the folder's tiny autoencoder)
 
 
 def check_evaluate_options(options: EvaluateOptions, provider: str = "cpu") -> None:
@@ -40,6 +42,8 @@ def check_evaluate_options(options: EvaluateOptions, provider: str = "cpu") -> N
         raise UserError(f"guidance must be a number in [0, {MAX_GUIDANCE:g}], got {g!r}")
     if options.sampler is not None and options.sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
+    if options.decoder not in DECODERS:
+        raise UserError(f"decoder must be one of {', '.join(DECODERS)}, got {options.decoder!r}")
     resolve_provider(provider)
 
 
@@ -67,7 +71,7 @@ def generate_set(pipe, scenes: list[S.Scene], options: EvaluateOptions, progress
         shape = pipe.latent_shape_for(len(chunk))[1:]
         events = pipe.iter_generate(
             [sc.caption for sc in chunk], steps=options.steps, sampler=options.sampler, guidance=options.guidance,
-            batch=len(chunk), latents=item_latents(shape, seeds), seed=seeds[0],
+            batch=len(chunk), latents=item_latents(shape, seeds), seed=seeds[0], decoder=options.decoder,
         )
         for event in events:
             if step_callback is not None:

@@ -7,7 +7,6 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
@@ -16,27 +15,9 @@ from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
 from . import hooks
+from .options import ExportOptions
 
 OPSET_RANGE = (14, 20)  # attention export needs 14; torch's TorchScript exporter stops at 20
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    opset: int = 17
-    validate: bool = True
-    overwrite: bool = False
-    # diffusers attention -> one ONNX Runtime MultiHeadAttention node (see export/attention.py)
-    fuse_attention: bool = True
-    # None: every component the family declares that the source has
-    components: tuple[str, ...] | None = None
-    # components left out (e.g. ("vae_encoder",): text-to-image never runs it); only optional ones
-    skip: tuple[str, ...] = ()
-    # the folder's default image size (square); None: the family's (diffusers' pipeline default)
-    default_size: int | None = None
-    # LoRAs merged into the weights before export: ((path, scale), ...) (adapters/fuse.py)
-    loras: tuple = ()
-    # LoRA insertion points on the backbone and text encoders: None | "linear" | "all" (adapters/points.py)
-    lora_points: str | None = None
 
 
 def _read_json(path: Path) -> dict:
@@ -162,6 +143,18 @@ def _save_tokenizer(src: Path, name: str, class_name: str, out: Path) -> None:
     tok.save_pretrained(out / name)
 
 
+def _check_tiny(family: Family, configs: dict, options: ExportOptions) -> tuple[tuple[str, ...], dict | None]:
+    """--tiny-vae: the halves it adds (skippable like optional components) and its checked config."""
+    if options.tiny_vae is None:
+        return (), None
+    from .tiny_vae import TINY_NAMES, check_tiny_source
+
+    cfg = check_tiny_source(options.tiny_vae, family, family.pipeline_info(configs))
+    if all(n in options.skip for n in TINY_NAMES):
+        raise UserError("--tiny-vae with both its halves skipped exports nothing of it")
+    return TINY_NAMES, cfg
+
+
 def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None, progress: bool = True) -> dict:
     """Export every component of a local diffusers pipeline to ONNX, validate it, write a manifest.
 
@@ -175,6 +168,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
             or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
         raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
     family, model_index, configs = _check_source(src)
+    tiny_names, tiny_cfg = _check_tiny(family, configs, options)
     check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
     from ..adapters import hooks as lora_hooks
 
@@ -206,7 +200,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         specs = {k: v for k, v in specs.items() if k in wanted}
     if options.skip:
         needed = family.required_components(info)
-        bad = [n for n in options.skip if n not in specs or n in needed]
+        bad = [n for n in options.skip if n not in specs and n not in tiny_names or n in needed]
         if bad:
             raise UserError(f"cannot skip {bad}: a {family.name} pipeline's optional components here are "
                             f"{[n for n in specs if n not in needed]}")
@@ -263,6 +257,11 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 bar.update(1)
         loaded = module = None
         free_memory()
+        if tiny_cfg is not None:
+            from .tiny_vae import export_tiny
+
+            manifest["components"].update(export_tiny(options.tiny_vae, tiny_cfg, family, info, tmp, options,
+                                                      tuple(n for n in tiny_names if n not in options.skip)))
         if any(fused.values()):
             manifest["attention"] = {"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused}
         for slot in family.text_encoders:

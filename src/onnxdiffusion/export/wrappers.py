@@ -12,6 +12,8 @@ import torch
 
 from ..families.base import SAMPLE, TIMESTEP, ComponentSpec
 from ..families.sd import StableDiffusion
+from ..families.tiny_vae import DECODER as TINY_DECODER
+from ..families.tiny_vae import ENCODER as TINY_ENCODER
 
 UNET_KIND = StableDiffusion.backbone_kind  # the UNet wrapper's kind, as its family names it
 
@@ -94,6 +96,28 @@ class VaeEncoder(torch.nn.Module):
         return h
 
 
+class TinyVaeDecoder(torch.nn.Module):
+    """AutoencoderTiny's decoder (TAESD): latents -> image in [-1, 1], unclamped like the VAE's."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, latent_sample):
+        return self.vae.decode(latent_sample, return_dict=False)[0]
+
+
+class TinyVaeEncoder(torch.nn.Module):
+    """AutoencoderTiny's encoder: image in [-1, 1] -> latents (no posterior: they are the mean)."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, sample):
+        return self.vae.encode(sample, return_dict=False)[0]
+
+
 def wrap(spec: ComponentSpec, module) -> torch.nn.Module:
     names = [t.name for t in spec.inputs]
     if spec.kind == "text_encoder":
@@ -108,4 +132,8 @@ def wrap(spec: ComponentSpec, module) -> torch.nn.Module:
         return VaeDecoder(module)
     if spec.kind == "vae_encoder":
         return VaeEncoder(module)
+    if spec.kind == TINY_DECODER:
+        return TinyVaeDecoder(module)
+    if spec.kind == TINY_ENCODER:
+        return TinyVaeEncoder(module)
     raise ValueError(f"no torch wrapper for component kind {spec.kind!r}")

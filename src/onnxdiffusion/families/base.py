@@ -266,6 +266,8 @@ class Family:
     latent_patch: ClassVar[int | None] = None
     # whether `compile-loop --whole` can inline the text side (ids -> encoders -> combine)
     whole_graph: ClassVar[bool] = True
+    # whether an AutoencoderTiny (TAESD) can stand in for the VAE (families/tiny_vae.py)
+    tiny_vae: ClassVar[bool] = True
 
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
         from ..manifest import confined

@@ -68,6 +68,7 @@ class QwenImage(PackedFlowFamily):
     cfg_rescale: ClassVar[bool] = True
     latent_patch: ClassVar[int | None] = 2
     whole_graph: ClassVar[bool] = False  # template, prefix drop and re-padding are host-side
+    tiny_vae: ClassVar[bool] = False  # its VAE is a video VAE (frames axis, per-channel mean/std)
 
     def diffusers_call(self, info: dict, guidance: float) -> dict[str, Any]:
         # QwenImagePipeline guides with true_cfg_scale and only when given a negative prompt; `generate`

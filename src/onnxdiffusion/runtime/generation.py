@@ -54,6 +54,7 @@ class GenerateOptions:
     # VAE's round trip does not touch them; off: the decoded image as is (diffusers' default)
     mask_overlay: bool = False
     cache: str | None = None  # step caching SPEC (runtime/cache.py), e.g. "first_block:0.2"; host loop
+    decoder: str = "full"  # full (the VAE) | tiny (the folder's vae_decoder_tiny: runtime/tiny_decoder.py)
 
 
 def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:

@@ -94,8 +94,19 @@ def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
         full = getattr(options, "strength", None) in (None, 1.0)
         if options.loop == "unrolled" and full and info.get("steps") != options.steps:
             raise UserError(f"this model's unrolled graph runs exactly {info.get('steps')} steps, got {options.steps}")
+    check_decoder(folder, manifest, getattr(options, "decoder", "full"))
     check_memory(folder, manifest, shape)
     return shape
+
+
+def check_decoder(folder, manifest: dict, decoder) -> None:
+    """A known decoder, and for `tiny` a folder that has one (families/tiny_vae.py)."""
+    from ..families.tiny_vae import DECODER, DECODERS
+
+    if not isinstance(decoder, str) or decoder not in DECODERS:
+        raise UserError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+    if decoder == "tiny" and DECODER not in manifest["components"]:
+        raise UserError(f"{folder} has no tiny decoder ({DECODER}): add one with `export ... --tiny-vae DIR`")
 
 
 def check_size(info: dict, size: tuple[int, int]) -> None:

@@ -94,6 +94,7 @@ class Pipeline:
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
         self._vae_encoder = None  # made on first use (img2img, inpainting)
+        self._tiny = None  # the tiny decoder, made on first use (decoder="tiny")
         self._backbone_io_shapes = {i.name: i.shape for i in backbone_io.get_inputs()}
         self.device_pool = DevicePool()  # io_binding device: bound buffers reused across generations
         # a quantized backbone may come with a sampler-side output correction (quantize --correct)
@@ -236,11 +237,17 @@ class Pipeline:
                                   device=device, pool=self.device_pool)
         return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra)
 
-    def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None) -> np.ndarray:
+    def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None,
+               decoder: str = "full") -> np.ndarray:
         """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
         h, w = height or self.info["default_height"], width or self.info["default_width"]
-        feed = self.family.decoder_feed(self.info, latents, h, w)
-        run = lambda x: self.vae_decoder.run(["sample"], {"latent_sample": x})[0]  # noqa: E731
+        if decoder == "full":
+            feed = self.family.decoder_feed(self.info, latents, h, w)
+            run = lambda x: self.vae_decoder.run(["sample"], {"latent_sample": x})[0]  # noqa: E731
+        else:  # runtime/tiny_decoder.py
+            from .tiny_decoder import tiny_decoder
+
+            feed, run = tiny_decoder(self, decoder).prepare(latents, h, w)
         if self.memory.vae_tile:  # memory vae_tile=N: overlapping tiles of N pixels (runtime/vae_tiling.py)
             decoded = tiled_decode(run, feed, self.memory.vae_tile, self.memory.vae_tile_overlap, self.info["vae_scale_factor"])
         else:

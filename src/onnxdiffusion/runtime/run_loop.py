@@ -110,7 +110,7 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
                 **options.__dict__, "sampler": table.sampler}
     if start is not None:
         settings.update(start_row=start.start, inpaint=start.keep is not None or start.extra is not None)
-    images = pipe.decode(x, h, w)
+    images = pipe.decode(x, h, w, options.decoder)
     if start is not None and start.overlay is not None:
         from .image_input import apply_overlay
 

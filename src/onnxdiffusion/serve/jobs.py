@@ -373,7 +373,11 @@ class JobQueue:
         """The step's x0 estimate, decoded and shrunk to at most 64 px: a cheap look at where it goes."""
         from PIL import Image
 
-        img = Image.fromarray(pipe.decode(denoised)[0])
+        from ..families.tiny_vae import DECODER
+
+        # a folder's tiny autoencoder, when it has one: a glance at the x0 estimate need not cost a VAE decode
+        decoder = "tiny" if DECODER in pipe.manifest["components"] else "full"
+        img = Image.fromarray(pipe.decode(denoised, decoder=decoder)[0])
         img.thumbnail((64, 64))
         buf = io.BytesIO()
         img.save(buf, format="PNG")
