@@ -31,15 +31,16 @@ def _qconv(name: str, x: str, y: str, w: np.ndarray, inits: list) -> onnx.NodePr
 
 
 def test_uint8_tensors_between_the_pieces_are_typed():
-    """A contrib op ahead of the span leaves shape inference with no types downstream: the cut still types the
-    QLinearConv's uint8 output it passes from `first` to `rest` (it used to fall back to float and fail)."""
+    """A contrib integer op (QLinearAdd) ahead of the span leaves ONNX's shape inference with no types
+    downstream: the cut still types the uint8 tensor it passes from `first` to `rest` (it used to fall back to
+    float, and ONNX Runtime refused the piece)."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z")]
-    w = [rng.integers(-20, 20, (4, 4, 3, 3), dtype=np.int8) for _ in range(3)]
-    nodes = [helper.make_node("Gelu", ["sample"], ["g"], domain="com.microsoft"),
-             helper.make_node("QuantizeLinear", ["g", "s", "z"], ["q"]),
-             _qconv("down_blocks.0", "q", "a", w[0], inits), _qconv("mid_block", "a", "b", w[1], inits),
-             _qconv("up_blocks.0", "b", "c", w[2], inits),
+    w = [rng.integers(-20, 20, (4, 4, 3, 3), dtype=np.int8) for _ in range(2)]
+    nodes = [helper.make_node("QuantizeLinear", ["sample", "s", "z"], ["q"]),
+             helper.make_node("QLinearAdd", ["q", "s", "z", "q", "s", "z", "s", "z"], ["a"], domain="com.microsoft",
+                              name="/model/down_blocks.0/Add"),
+             _qconv("mid_block", "a", "b", w[0], inits), _qconv("up_blocks.0", "b", "c", w[1], inits),
              helper.make_node("DequantizeLinear", ["c", "s", "z"], ["out"])]
     graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("sample", TensorProto.FLOAT, [1, 4, 8, 8])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
