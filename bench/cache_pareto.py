@@ -134,8 +134,10 @@ def _compare(imgs, ref_imgs, cpu, ref_cpu, acc: float, ref_acc: float, suffix: s
             f"strict_points_vs_uncached{suffix}": float(100 * (acc - ref_acc))}
 
 
-def _label(prec: str, spec: str | None) -> str:
-    return (spec or "uncached") if prec == "fp32" else f"int8-static + {spec}" if spec else "int8-static uncached"
+def _label(prec: str, spec: str | None, int8_run: bool = False) -> str:
+    if prec == "fp32":
+        return spec or ("fp32 uncached" if int8_run else "uncached")
+    return f"int8-static + {spec}" if spec else "int8-static uncached"
 
 
 def run_model(name: str, count: int, only: list[str] | None = None, int8_work: Path | None = None) -> dict:
@@ -158,7 +160,7 @@ def run_model(name: str, count: int, only: list[str] | None = None, int8_work: P
     rows = []
     for s in settings:
         ref = (s[0], None)  # the same precision uncached: what the cache changes
-        row = {"setting": _label(*s), "precision": s[0], "cache": s[1], "cpu_s_per_image": float(np.median(cpu[s])),
+        row = {"setting": _label(*s, int8_work is not None), "precision": s[0], "cache": s[1], "cpu_s_per_image": float(np.median(cpu[s])),
                "strict_accuracy": acc[s], "full_steps_mean": float(np.mean(full[s])),
                **_compare(imgs[s], imgs[ref], cpu[s], cpu[ref], acc[s], acc[ref])}
         if s[0] != "fp32":
@@ -249,7 +251,13 @@ def main() -> None:
     ap.add_argument("--int8", type=Path, default=None, metavar="WORK",
                     help="run the cache settings on int8-static folders under WORK (quantized there when missing)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cache_pareto")
+    ap.add_argument("--render", action="store_true", help="only rewrite OUT.md and OUT.png from OUT.json")
     args = ap.parse_args()
+    if args.render:
+        results = json.loads(args.out.with_suffix(".json").read_text())
+        args.out.with_suffix(".md").write_text(markdown(results))
+        plot(results, args.out.with_suffix(".png"))
+        return
     results = {"machine": cpu_info(), "models": {}}
     for name in args.models:
         results["models"][name] = run_model(name, args.count, args.specs, args.int8)
