@@ -31,6 +31,10 @@ def _qconv(name: str, x: str, y: str, w: np.ndarray, inits: list) -> onnx.NodePr
 
 
 def test_uint8_tensors_between_the_pieces_are_typed():
+    _toy_cut()
+
+
+def _toy_cut():
     """A contrib integer op (QLinearAdd) ahead of the span leaves ONNX's shape inference with no types
     downstream: the cut still types the uint8 tensor it passes from `first` to `rest` (it used to fall back to
     float, and ONNX Runtime refused the piece)."""
@@ -52,6 +56,25 @@ def test_uint8_tensors_between_the_pieces_are_typed():
     want = _session(model).run(None, feeds)[0]
     got = run_whole(_session(sg.first), _session(sg.rest), _session(sg.tail), sg, feeds)
     assert np.array_equal(got, want)
+    return model, sg, feeds, want
+
+
+def test_a_piece_over_the_inline_limit_goes_through_a_file(monkeypatch):
+    """A full-size UNet's span is over protobuf's 2 GiB: its session is made from a temporary file with external
+    data (the limit lowered here so a tiny piece takes that path); the pieces compute the same."""
+    from onnxdiffusion.runtime import cache
+
+    model, sg, feeds, want = _toy_cut()
+    monkeypatch.setattr(cache, "INLINE_LIMIT", 0)
+    made = []
+
+    def make(b):
+        made.append(type(b))
+        return ort.InferenceSession(b, providers=["CPUExecutionProvider"])
+
+    first, rest, tail = (cache._piece_session(m, make) for m in (sg.first, sg.rest, sg.tail))
+    assert made == [str, str, str]
+    assert np.array_equal(run_whole(first, rest, tail, sg, feeds), want)
 
 
 # --- on quantized tiny folders (slow: quantize with calibration) ------------------------------------

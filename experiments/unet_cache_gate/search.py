@@ -106,7 +106,7 @@ def main() -> None:
                                                      "strict_points": cp.GATE_POINTS, "reference": "uncached",
                                                      "passing": gate}}}}
     cp.write_json(args.out.with_suffix(".json"), results, None)
-    md = cp.markdown(results).replace("on the embedded models", "the UNet gate search (experiment)")
+    md = cp.markdown(results).replace("on the embedded models", "on the embedded UNet, the gate search (experiment)")
     args.out.with_suffix(".md").write_text(md)
     print(md)
 
