@@ -83,9 +83,9 @@ def test_a_piece_over_the_inline_limit_goes_through_a_file(monkeypatch):
 def int8_folders(tiny_onnx, tiny_sd3_onnx, tmp_path_factory):
     from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize
 
-    cal = CalibrationConfig(count=2, steps=3, batch=2)
     out = {}
-    for name, folder in (("sd", tiny_onnx), ("sd3", tiny_sd3_onnx)):
+    for name, folder, sampler in (("sd", tiny_onnx, "ddim"), ("sd3", tiny_sd3_onnx, "flow_euler")):
+        cal = CalibrationConfig(count=4, steps=3, batch=4, sampler=sampler)
         out[name] = tmp_path_factory.mktemp("cache_int8") / name
         quantize(folder, out[name], QuantizeConfig(recipe=Int8StaticRecipe(), calibration=cal, latency_runs=1,
                                                    measure_memory=False))

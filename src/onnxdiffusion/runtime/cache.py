@@ -265,8 +265,13 @@ def _piece_session(model, make):
 
     import onnx
 
-    if model.ByteSize() < INLINE_LIMIT:
-        return make(model.SerializeToString())
+    from google.protobuf.message import EncodeError
+
+    if sum(len(t.raw_data) for t in model.graph.initializer) < INLINE_LIMIT:
+        try:  # (ByteSize and SerializeToString both refuse a message over 2 GiB)
+            return make(model.SerializeToString())
+        except EncodeError:
+            pass
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-cache-") as tmp:
         path = Path(tmp) / "piece.onnx"
         # moves the weights out of `model` (no second in-memory copy kept): the piece lives on in the session
