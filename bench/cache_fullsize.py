@@ -66,17 +66,67 @@ def _timed_calls(record: list):
     cache_mod.CachedBackbone.__call__ = time_cached
 
 
+def _projection(res: dict, row: dict) -> str:
+    """Sampling-only speed-up at the released depth R from the measured per-step costs at depth D: a full step
+    is c0 + D*b, a cached one c0 + b (embedding, first block, output head), so b = (full - cached) / (D - 1)."""
+    desc = res.get("fullwidth")
+    if not desc or not isinstance(desc["backbone_depth"], int) or row["cached_step_cpu_median"] is None:
+        return "-"
+    d, r = desc["backbone_depth"], desc["released_depth"]
+    full, cached = row["full_step_cpu_median"], row["cached_step_cpu_median"]
+    b = (full - cached) / (d - 1)
+    full_r = cached - b + r * b
+    n, k = row.get("calls", row["steps"]), row["full_steps"]
+    return f"{n * full_r / (k * full_r + (n - k) * cached):.2f}x at {r} blocks"
+
+
+def render(paths: list[Path], out: Path) -> None:
+    """OUT.md: one table per JSON this script wrote."""
+    lines = ["# Step caching at full size (random weights, 1 thread)", "",
+             "Written by `bench/cache_fullsize.py --render` from " + ", ".join(f"`{p.name}`" for p in paths) + ". "
+             "CPU time per image end to end (text encoding + sampling + decoding), batch 1, one image per setting per "
+             "round, rounds interleaved; speed-up = median over rounds of uncached / cached. Step CPU: the median "
+             "backbone call of the run (a full step, or a cached one: the cut's first piece + tail).", ""]
+    for p in paths:
+        res = json.loads(p.read_text())
+        m = res["machine"]
+        lines += [f"## {res['label']}", "",
+                  f"{res['size']}x{res['size']}, {res['steps']} steps ({res.get('sampler', '')}), {res['rounds']} rounds. "
+                  f"CPU: {m['cpu']} "
+                  f"({', '.join(f for f in m['isa'] if f in ('avx512_vnni', 'avx512_bf16') or f.startswith('amx')) or 'no VNNI/AMX'}"
+                  f"), {m['cores']} cores; ONNX Runtime {m['onnxruntime']}; load average (1 min) before / after: "
+                  f"{m['load_before']:.1f} / {m['load_after']:.1f}.", "",
+                  "| setting | full / backbone calls | CPU s / image (median) | speed-up | full step CPU s | cached step CPU s | "
+                  "sampling speed-up projected |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for row in res["rows"]:
+            f = (lambda v: "-" if v is None else f"{v:.2f}")
+            lines.append(f"| {row['setting']} | {row['full_steps']}/{row.get('calls', row['steps'])} | {row['cpu_s_median']:.1f} | "
+                         f"{row['speedup_median']:.2f}x | {f(row['full_step_cpu_median'])} | "
+                         f"{f(row['cached_step_cpu_median'])} | {_projection(res, row)} |")
+        lines.append("")
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("folder", type=Path)
-    ap.add_argument("--specs", nargs="+", required=True)
+    ap.add_argument("folder", type=Path, nargs="?")
+    ap.add_argument("--render", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="only write OUT.md from these results")
+    ap.add_argument("--specs", nargs="+", default=[])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--guidance", type=float, default=None, help="default: the model's")
+    ap.add_argument("--sampler", default=None, help="default: the folder's scheduler's")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label", default=None, help="what the folder is, for the report (default: its fullwidth.json)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.render:
+        render(args.render, args.out.with_suffix(".md"))
+        return
+    if args.folder is None or not args.specs:
+        ap.error("FOLDER and --specs are needed (or --render JSON ...)")
     machine = cpu_info()
     t0 = time.process_time()
     pipe = Pipeline.from_folder(args.folder, threads=1, verify=False)
@@ -86,11 +136,13 @@ def main() -> None:
     kw = dict(steps=args.steps, height=args.size, width=args.size, seed=0)
     if args.guidance is not None:
         kw["guidance"] = args.guidance
+    if args.sampler is not None:
+        kw["sampler"] = args.sampler
     settings = [None, *args.specs]
     log(f"loaded in {load_cpu:.1f} s CPU; warm-up")
     for s in settings:
         pipe(PROMPT, **{**kw, "steps": 2}, cache=s)
-    per = {s: {"cpu": [], "full_step_cpu": [], "cached_step_cpu": [], "full_steps": 0} for s in settings}
+    per = {s: {"cpu": [], "full_step_cpu": [], "cached_step_cpu": [], "full_steps": 0, "calls": 0} for s in settings}
     for r in range(args.rounds):
         order = settings[r % len(settings):] + settings[:r % len(settings)]
         for s in order:
@@ -103,6 +155,7 @@ def main() -> None:
             d["full_step_cpu"] += [c for k, c in calls if k == "full"]
             d["cached_step_cpu"] += [c for k, c in calls if k == "cached"]
             d["full_steps"] = sum(k == "full" for k, _ in calls)
+            d["calls"] = len(calls)
             log(f"round {r + 1} {s or 'uncached'}: {cpu:.1f} s CPU, {d['full_steps']}/{len(calls)} full steps")
     base = per[None]["cpu"]
     rows = []
@@ -110,7 +163,7 @@ def main() -> None:
         d = per[s]
         rows.append({"setting": s or "uncached", "cpu_s_median": float(np.median(d["cpu"])), "cpu_s": d["cpu"],
                      "speedup_median": float(np.median([b / c for b, c in zip(base, d["cpu"])])),
-                     "full_steps": d["full_steps"], "steps": args.steps,
+                     "full_steps": d["full_steps"], "calls": d["calls"], "steps": args.steps,
                      "full_step_cpu_median": float(np.median(d["full_step_cpu"])) if d["full_step_cpu"] else None,
                      "cached_step_cpu_median": float(np.median(d["cached_step_cpu"])) if d["cached_step_cpu"] else None})
     machine["load_after"] = os.getloadavg()[0]
@@ -118,7 +171,7 @@ def main() -> None:
     desc = json.loads(desc_path.read_text()) if desc_path.exists() else None
     results = {"machine": machine, "label": args.label or (f"{desc['arch']} at its released width, "
                f"{desc['backbone_depth']} of {desc['released_depth']} blocks" if desc else args.folder.name),
-               "fullwidth": desc, "size": args.size, "steps": args.steps, "rounds": args.rounds,
+               "fullwidth": desc, "sampler": args.sampler or "the folder's scheduler's", "size": args.size, "steps": args.steps, "rounds": args.rounds,
                "load_cpu_s": load_cpu, "rows": rows}
     write_json(args.out.with_suffix(".json"), results, None)
     print(json.dumps(rows, indent=1))
