@@ -131,3 +131,17 @@ def test_cache_runs_on_int8_and_noop_is_identical(int8_folders, name, spec):
     assert np.isfinite(cached).all() and psnr(cached, base) > 10
     noop = {"deepcache": "deepcache:1", "first_block": "first_block:0", "taylorseer": "taylorseer:1"}[spec.split(":")[0]]
     assert np.array_equal(pipe(PROMPT, **kw, cache=noop).images, base)
+
+
+@pytest.mark.parametrize("name,spec", [("sd", "deepcache:2"), ("sd3", "taylorseer:2")])
+def test_loop_graph_cache_on_int8_is_the_host_loop(int8_folders, name, spec, tmp_path):
+    """compile-loop --cache on an int8-static folder: DeepCache carries the UNet's quantized (uint8) deep feature
+    (it used to be declared float and the Loop graph failed to load); same images as the host loop."""
+    from onnxdiffusion.loops import compile_loop
+
+    out = tmp_path / "loop"
+    compile_loop(int8_folders[name], out, form="loop", cache=spec.split(":")[0])
+    pipe = Pipeline.from_folder(out, verify=False)
+    kw = dict(steps=6, seed=4) if name == "sd" else dict(steps=6, seed=4, height=32, width=32)
+    host = pipe(PROMPT, **kw, cache=spec).images
+    assert np.array_equal(pipe(PROMPT, **kw, cache=spec, loop="loop").images, host)

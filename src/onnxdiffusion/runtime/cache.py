@@ -251,6 +251,9 @@ def split_sessions(path, family, spec: CacheSpec, make):
     if len(sg.span_outputs) != 1:
         raise UserError(f"cache {spec}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
                         "expected one hidden state")
+    if spec.method != "deepcache" and sg.rest.graph.output[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        raise UserError(f"cache {spec}: the cached span's output is quantized in this backbone; {spec.method} "
+                        "needs a float hidden state (deepcache reuses it as it is)")
     return tuple(_piece_session(m, make) for m in (sg.first, sg.rest, sg.tail)), sg
 
 
