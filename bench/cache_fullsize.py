@@ -2,18 +2,20 @@
 1 thread, speed only (the images are noise).
 
     python -m onnxdiffusion.bench.arch.sd15 build /tmp/sd15 && python -m onnxdiffusion.bench.arch.sd15 export /tmp/sd15
-    python bench/cache_fullsize.py /tmp/sd15/onnx --specs deepcache:3 deepcache:5 --steps 10 --rounds 3 \\
+    python bench/cache_fullsize.py /tmp/sd15/onnx --specs deepcache:2 deepcache:3 deepcache:5 --steps 10 \
         --out bench/results/cache_fullsize_sd15
-    python -m onnxdiffusion.bench.arch.fullwidth build sd3 /tmp/sd3/diffusers --depth 6 && \\
-        onnxdiffusion export /tmp/sd3/diffusers /tmp/sd3/onnx
-    python bench/cache_fullsize.py /tmp/sd3/onnx --specs first_block:THRESHOLD ... --steps 8 --rounds 3 \\
+    python -m onnxdiffusion.bench.arch.fullwidth build sd3 /tmp/sd3/diffusers --profile bench && \
+        onnxdiffusion export /tmp/sd3/diffusers /tmp/sd3/onnx --no-validate --default-size 256
+    python bench/cache_fullsize.py /tmp/sd3/onnx --specs first_block:0.6 first_block:0.7 --steps 6 \
         --out bench/results/cache_fullsize_sd3
+    python bench/cache_fullsize.py --render bench/results/cache_fullsize_sd15.json bench/results/cache_fullsize_sd3.json \
+        --out bench/results/cache_fullsize
 
 One pipeline, loaded once (sessions made and every cut built in a warm-up image); then ROUNDS rounds, each one image
 per setting (uncached first, the order rotated each round), batch 1, fixed seed and latents.  Per image: process CPU
 time end to end (text encoding + sampling + decoding) and the CPU time of each backbone call (a full step, or a
-cached one: first piece + tail); speed-up = median over rounds of uncached / cached CPU time.  A projection to
-another depth (transformers: --project-depth, the released block count) scales the span's measured cost per block.
+cached one: first piece + tail); speed-up = median over rounds of uncached / cached CPU time.  The projection to
+the released depth (transformers built by bench.arch.fullwidth) scales the measured cost per block: sampling only.
 """
 
 from __future__ import annotations
