@@ -224,13 +224,14 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(results["models"]), figsize=(6 * len(results["models"]), 4.2), squeeze=False)
     for ax, (name, r) in zip(axes[0], results["models"].items()):
         for row in r["rows"]:
-            if not row.get("cache"):
+            spec = row.get("cache", None if row["setting"] == "uncached" else row["setting"])  # older files: no "cache"
+            if not spec:
                 continue
-            method = row["cache"].split(":")[0]
+            method = spec.split(":")[0]
             y = min(row["psnr_mean"], 80.0)
             ax.scatter(row["speedup_median"], y, marker={"first_block": "o", "taylorseer": "s", "deepcache": "^"}[method],
                        c="tab:green" if abs(row["strict_points_vs_uncached"]) <= GATE_POINTS else "tab:red")
-            ax.annotate(row["cache"], (row["speedup_median"], y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(spec, (row["speedup_median"], y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axvline(r["gate"]["speedup"], ls="--", c="grey", lw=0.8)
         ax.axhline(GATE_PSNR, ls="--", c="grey", lw=0.8)
         ref = r["gate"].get("reference", "uncached")
