@@ -276,6 +276,9 @@ def _cache_split(spec, family, backbone: onnx.ModelProto, entry: dict, schedule,
     if len(sg.span_outputs) != 1:
         raise UserError(f"--cache {spec.method}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
                         "expected one hidden state")
+    if spec.method != "deepcache" and sg.rest.graph.output[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        raise UserError(f"--cache {spec.method}: the cached span's output is quantized in this backbone; it needs a "
+                        "float hidden state (deepcache reuses it as it is)")
     return spec, sg
 
 

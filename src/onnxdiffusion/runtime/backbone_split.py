@@ -75,7 +75,55 @@ def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     except Exception:  # noqa: BLE001 - contrib ops inferred partially: fall back to float below
         inferred = model
     g = inferred.graph
-    return {v.name: v.type for v in [*g.input, *g.output, *g.value_info]}
+    types = {v.name: v.type for v in [*g.input, *g.output, *g.value_info]}
+    return _fill_types(model.graph, types)
+
+
+# output zero point's input index of ONNX Runtime's fused integer ops (a quantized folder's graph is saved after
+# its optimizer ran: QLinearConv, QGemm, QLinearAdd ... whose outputs ONNX's shape inference leaves untyped)
+_ZP_INPUT = {"QuantizeLinear": 2, "QLinearConv": 7, "QLinearMatMul": 7, "QLinearAdd": 7, "QLinearMul": 7,
+             "QGemm": 8, "QLinearConcat": 1, "QLinearSigmoid": 4, "QLinearLeakyRelu": 4, "QLinearSoftmax": 4,
+             "QLinearAveragePool": 4, "QLinearGlobalAveragePool": 4}
+_FLOAT_OUT = {"DequantizeLinear", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
+_INT64_OUT = {"Shape", "Size", "ArgMax", "ArgMin", "NonZero"}
+_BOOL_OUT = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN"}
+
+
+def _fill_types(graph, types: dict[str, onnx.TypeProto]) -> dict[str, onnx.TypeProto]:
+    """Element types for the tensors shape inference left untyped, from their producers (in graph order):
+    quantized ops give their output zero point's type, the rest mostly their first input's."""
+    elem = {n: t.tensor_type.elem_type for n, t in types.items() if t.tensor_type.elem_type}
+    elem.update({i.name: i.data_type for i in graph.initializer})
+    for node in graph.node:
+        op, ins = node.op_type, list(node.input)
+        if op in _ZP_INPUT:
+            k = _ZP_INPUT[op]
+            quantized = op != "QGemm" or (len(ins) > 7 and ins[7])
+            out = (elem.get(ins[k], onnx.TensorProto.UINT8) if len(ins) > k and ins[k] else onnx.TensorProto.UINT8) \
+                if quantized else onnx.TensorProto.FLOAT
+        elif op in _FLOAT_OUT:
+            out = onnx.TensorProto.FLOAT
+        elif op in _INT64_OUT:
+            out = onnx.TensorProto.INT64
+        elif op in _BOOL_OUT:
+            out = onnx.TensorProto.BOOL
+        elif op == "Cast":
+            out = next(a.i for a in node.attribute if a.name == "to")
+        else:
+            src = ins[1] if op == "Where" else ins[0] if ins else ""
+            out = elem.get(src, onnx.TensorProto.FLOAT)
+        outs = [onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT, onnx.TensorProto.UINT8] \
+            if op == "DynamicQuantizeLinear" else [out] * len(node.output)
+        for o, e in zip(node.output, outs):
+            if o and o not in elem:
+                elem[o] = e
+    filled = dict(types)
+    for name, e in elem.items():
+        if name not in filled or not filled[name].tensor_type.elem_type:
+            t = onnx.TypeProto()
+            t.tensor_type.elem_type = e
+            filled[name] = t
+    return filled
 
 
 def _value_info(name: str, types: dict[str, onnx.TypeProto]) -> onnx.ValueInfoProto:

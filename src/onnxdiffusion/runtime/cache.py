@@ -235,7 +235,7 @@ class CachedBackbone:
 
 
 def split_sessions(path, family, spec: CacheSpec, make):
-    """(first, rest, tail) sessions and the SplitGraphs for this backbone file; `make(bytes)` -> session."""
+    """(first, rest, tail) sessions and the SplitGraphs for this backbone file; `make(bytes | path)` -> session."""
     import onnx
 
     from ..onnxio import fp16_storage
@@ -251,7 +251,36 @@ def split_sessions(path, family, spec: CacheSpec, make):
     if len(sg.span_outputs) != 1:
         raise UserError(f"cache {spec}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
                         "expected one hidden state")
-    return tuple(make(m.SerializeToString()) for m in (sg.first, sg.rest, sg.tail)), sg
+    if spec.method != "deepcache" and sg.rest.graph.output[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        raise UserError(f"cache {spec}: the cached span's output is quantized in this backbone; {spec.method} "
+                        "needs a float hidden state (deepcache reuses it as it is)")
+    return tuple(_piece_session(m, make) for m in (sg.first, sg.rest, sg.tail)), sg
+
+
+INLINE_LIMIT = 2**31 - 2**24  # bytes: a piece this big or bigger goes through a file (protobuf's 2 GiB limit)
+
+
+def _piece_session(model, make):
+    """A session of one piece: from its bytes, or (over protobuf's 2 GiB, a full-size backbone's span) from a
+    temporary file with its weights as external data, gone once the session holds them."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
+    from google.protobuf.message import EncodeError
+
+    if sum(len(t.raw_data) for t in model.graph.initializer) < INLINE_LIMIT:
+        try:  # (ByteSize and SerializeToString both refuse a message over 2 GiB)
+            return make(model.SerializeToString())
+        except EncodeError:
+            pass
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-cache-") as tmp:
+        path = Path(tmp) / "piece.onnx"
+        # moves the weights out of `model` (no second in-memory copy kept): the piece lives on in the session
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="piece.onnx_data", size_threshold=1024)
+        return make(str(path))
 
 
 def cached_backbone(pipe, guided, spec: CacheSpec) -> CachedBackbone:

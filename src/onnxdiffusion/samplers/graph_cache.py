@@ -54,8 +54,14 @@ def cache_prologue(b, pre: dict, spec, sg) -> None:
     b.const("cache_flat", np.array([-1], np.int64))
     b.const("cache_scalar", np.zeros((0,), np.int64))
     b.const("cache_head", np.array([0], np.int64))
+    # the span's output: float, or (DeepCache on an int8-static UNet) the quantized tensor the next block reads
+    span_type = sg.rest.graph.output[0].type.tensor_type.elem_type or F
     if spec.method == "deepcache":
-        state = [("cache_zero_f", F, "cache_feature")]
+        zero = "cache_zero_f"
+        if span_type != F:
+            zero = "cache_zero_span"
+            b.const(zero, np.array(0, helper.tensor_dtype_to_np_dtype(span_type)))
+        state = [(zero, span_type, "cache_feature")]
     elif spec.method == "taylorseer":
         state = [("cache_zero_f", F, f"cache_factor{k}") for k in range(spec.order + 1)]
         state += [("cache_zero_i64", I64, "cache_count"), ("cache_minus_one_i64", I64, "cache_last")]
@@ -65,7 +71,7 @@ def cache_prologue(b, pre: dict, spec, sg) -> None:
         b.const("cache_k0", np.array(0, np.int64))
     else:
         state = [("cache_zero_f", F, "cache_prev"), ("cache_zero_f", F, "cache_residual")]
-    pre["cache"] = {"spec": spec, "sg": sg, "pieces": pieces, "state": state,
+    pre["cache"] = {"spec": spec, "sg": sg, "pieces": pieces, "state": state, "span_type": span_type,
                     "inits": pieces[0][0].initializers + pieces[2][0].initializers,
                     "functions": [f for p in pieces for f in p[0].functions]}
 
@@ -121,7 +127,7 @@ def cached_call(b, pre: dict, bb, remap: dict[str, str], i: str) -> str:
 
 def _deep(b, c, got, i, run_rest, rest):
     full = b.op("Equal", [b.op("Mod", [i, "cache_interval"], "cache_phase"), "cache_zero_i64"], "cache_full")
-    span, = _if(b, full, lambda s: [run_rest(s)], lambda s: ["cache_feature_in"], ["cache_span"], [F], rest)
+    span, = _if(b, full, lambda s: [run_rest(s)], lambda s: ["cache_feature_in"], ["cache_span"], [c["span_type"]], rest)
     b.op("Identity", [span], "cache_feature_out")
     return full, span
 
