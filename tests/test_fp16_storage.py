@@ -113,3 +113,14 @@ def test_bad_storage_is_one_line(tmp_path):
                         "--storage", "bf16"], capture_output=True, text=True)
     assert r.returncode != 0 and "storage must be one of keep, fp16, fp32" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_float16_tensor_that_does_not_fit_its_dims_is_one_line():
+    from onnxdiffusion.errors import UserError
+
+    model = _tiny(exact=True)
+    fp16_storage.store(model)
+    t = next(t for t in model.graph.initializer if t.name == "w__fp16")
+    t.dims[0] = 3  # a crafted file: 16 x 64 values under dims 3 x 64
+    with pytest.raises(UserError, match="w__fp16.*does not match its shape"):
+        fp16_storage.expand(model, "crafted.onnx")

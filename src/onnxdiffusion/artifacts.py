@@ -251,11 +251,11 @@ def load_component(folder: Path, manifest: dict, name: str):
     path = component_path(folder, manifest, name)
     check_external_data(path)
     try:
-        model = fp16_storage.expand(onnx.load(str(path)))
+        model = onnx.load(str(path))
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
     check_ir_version(model, path)
-    return model
+    return fp16_storage.expand(model, str(path))
 
 
 def check_external_paths(folder: Path, manifest: dict) -> None:

@@ -37,9 +37,10 @@ def rewrite_component(folder: Path, entry: dict, out_path: Path, scope: str) -> 
 
     src = confined(folder, entry["path"], "component")
     try:
-        model = fp16_storage.expand(onnx.load(str(src), load_external_data=False))
+        model = onnx.load(str(src), load_external_data=False)
     except Exception as e:  # protobuf decode errors have no common public type
         raise UserError(f"cannot load {src}: not a valid ONNX file ({type(e).__name__})") from None
+    fp16_storage.expand(model, str(src))
     try:
         targets = insert_points(model, scope)
     except ValueError as e:

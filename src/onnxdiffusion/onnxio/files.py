@@ -111,7 +111,7 @@ def load_backbone(path: Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
-    fp16_storage.expand(model)  # graph tools rewrite float32 initializers
+    fp16_storage.expand(model, str(path))  # graph tools rewrite float32 initializers
     _drop_key(model)  # never trust a folder named by the input file
     check_ir_version(model, path)
     external = any(t.data_location == TensorProto.EXTERNAL for g in all_graphs(model.graph) for t in g.initializer)

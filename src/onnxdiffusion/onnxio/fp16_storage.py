@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..errors import UserError
+
 MARK = "onnxdiffusion.fp16_storage"
 SUFFIX = "__fp16"
 MIN_ELEMENTS = 64  # smaller tensors save too little to be worth a node each
@@ -63,8 +65,9 @@ def store(model: onnx.ModelProto) -> int:
     return len(casts)
 
 
-def expand(model: onnx.ModelProto) -> onnx.ModelProto:
-    """In place (and returned): a `store`d model back to its float32 initializers and original nodes."""
+def expand(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProto:
+    """In place (and returned): a `store`d model back to its float32 initializers and original nodes.
+    A float16 tensor whose data does not fit its dims (an untrusted file) is a UserError naming it."""
     if not is_stored(model):
         return model
     g = model.graph
@@ -74,7 +77,10 @@ def expand(model: onnx.ModelProto) -> onnx.ModelProto:
         src = n.input[0] if n.op_type == "Cast" and len(n.input) == 1 else None
         if src in halves and src.endswith(SUFFIX) and n.output[0] == src[: -len(SUFFIX)]:
             i = halves[src]
-            a = numpy_helper.to_array(g.initializer[i]).astype(np.float32)
+            try:
+                a = numpy_helper.to_array(g.initializer[i]).astype(np.float32)
+            except (ValueError, TypeError) as e:
+                raise UserError(f"{where}: tensor {src!r} does not match its shape ({type(e).__name__})") from None
             g.initializer[i].CopyFrom(numpy_helper.from_array(a, n.output[0]))
         else:
             kept.append(n)

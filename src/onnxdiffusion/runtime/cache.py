@@ -241,7 +241,7 @@ def split_sessions(path, family, spec: CacheSpec, make):
     from ..onnxio import fp16_storage
     from .backbone_split import split
 
-    model = fp16_storage.expand(onnx.load(str(path)))
+    model = fp16_storage.expand(onnx.load(str(path)), str(path))
     names = [n.name for n in model.graph.node]
     try:
         span, probe = family.cache_span(spec.method, names, spec.branch)
