@@ -265,21 +265,9 @@ def _cache_split(spec, family, backbone: onnx.ModelProto, entry: dict, schedule,
         what = "a backbone over 2 GB" if large else "a precision schedule" if schedule is not None else "run-time LoRA"
         raise UserError(f"--cache {spec.method}: step caching in the Loop graph does not support {what} yet "
                         "(use --loop host)")
-    from .families.base import SAMPLE
-    from .runtime.backbone_split import split
+    from .runtime.cache import cut
 
-    try:
-        span, probe = family.cache_span(spec.method, [n.name for n in backbone.graph.node], spec.branch)
-        sg = split(backbone, span, probe, sample=SAMPLE)
-    except ValueError as e:
-        raise UserError(f"--cache {spec.method}: {e}") from None
-    if len(sg.span_outputs) != 1:
-        raise UserError(f"--cache {spec.method}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
-                        "expected one hidden state")
-    if spec.method != "deepcache" and sg.rest.graph.output[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-        raise UserError(f"--cache {spec.method}: the cached span's output is quantized in this backbone; it needs a "
-                        "float hidden state (deepcache reuses it as it is)")
-    return spec, sg
+    return spec, cut(backbone, family, spec, f"--cache {spec.method}")
 
 
 def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool | None):

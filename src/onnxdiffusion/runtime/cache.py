@@ -239,22 +239,29 @@ def split_sessions(path, family, spec: CacheSpec, make):
     import onnx
 
     from ..onnxio import fp16_storage
+
+    sg = cut(fp16_storage.expand(onnx.load(str(path)), str(path)), family, spec, f"cache {spec}")
+    return tuple(_piece_session(m, make) for m in (sg.first, sg.rest, sg.tail)), sg
+
+
+def cut(model, family, spec: CacheSpec, label: str):
+    """The backbone cut for `spec` (host loop and Loop graph alike): SplitGraphs, or a one-line UserError."""
+    import onnx
+
     from .backbone_split import split
 
-    model = fp16_storage.expand(onnx.load(str(path)), str(path))
-    names = [n.name for n in model.graph.node]
     try:
-        span, probe = family.cache_span(spec.method, names, spec.branch)
+        span, probe = family.cache_span(spec.method, [n.name for n in model.graph.node], spec.branch)
         sg = split(model, span, probe, sample=SAMPLE)
     except ValueError as e:
-        raise UserError(f"cache {spec}: {e}") from None
+        raise UserError(f"{label}: {e}") from None
     if len(sg.span_outputs) != 1:
-        raise UserError(f"cache {spec}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
+        raise UserError(f"{label}: the cached span gives {len(sg.span_outputs)} sample-dependent outputs, "
                         "expected one hidden state")
     if spec.method != "deepcache" and sg.rest.graph.output[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-        raise UserError(f"cache {spec}: the cached span's output is quantized in this backbone; {spec.method} "
+        raise UserError(f"{label}: the cached span's output is quantized in this backbone; {spec.method} "
                         "needs a float hidden state (deepcache reuses it as it is)")
-    return tuple(_piece_session(m, make) for m in (sg.first, sg.rest, sg.tail)), sg
+    return sg
 
 
 INLINE_LIMIT = 2**31 - 2**24  # bytes: a piece this big or bigger goes through a file (protobuf's 2 GiB limit)
