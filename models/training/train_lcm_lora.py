@@ -78,7 +78,6 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
     start = resume(work, params, opt)
     if save_only:
         save_lora(unet, None, out)
-        print("wrote", out, "from step", start)
         return
     T = sched.config.num_train_timesteps
     k = T // cfg["ddim_steps"]
@@ -127,9 +126,7 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
         c = cfg["huber_c"]
         loss = (((pred - target) ** 2 + c**2).sqrt() - c).mean()
         finish_step(step, loss, params, opt, cfg, work, bar, t0)
-    out.parent.mkdir(parents=True, exist_ok=True)
     save_lora(unet, None, out)
-    print("wrote", out, out.stat().st_size, "bytes")
 
 
 def main() -> None:

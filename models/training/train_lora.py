@@ -110,12 +110,14 @@ def save_lora(unet, te, out: Path) -> None:
     def half(m):  # float16 halves the shipped file; the measurement is of these rounded weights
         return {k: v.detach().half() for k, v in get_peft_model_state_dict(m).items()}
 
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / (out.stem + ".tmp")
     StableDiffusionPipeline.save_lora_weights(tmp, unet_lora_layers=half(unet),
                                               text_encoder_lora_layers=half(te) if te is not None else None,
                                               safe_serialization=True)
     (tmp / "pytorch_lora_weights.safetensors").replace(out)
     tmp.rmdir()
+    print("wrote", out, out.stat().st_size, "bytes")
 
 
 def cached_latents(work: Path, vae, scenes: list[S.Scene]) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +188,6 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
     start = resume(work, params, opt)
     if save_only:  # an intermediate checkpoint as a LoRA file, to judge it while training goes on
         save_lora(unet, te, out)
-        print("wrote", out, "from step", start)
         return
     maxlen = tok.model_max_length
     empty = tok([""], padding="max_length", max_length=maxlen, return_tensors="pt").input_ids
@@ -214,9 +215,7 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
         pred = unet(a.sqrt() * z0 + (1 - a).sqrt() * noise, t, te(ids).last_hidden_state).sample
         loss = F.mse_loss(pred, noise)
         finish_step(step, loss, params, opt, cfg, work, bar, t0)
-    out.parent.mkdir(parents=True, exist_ok=True)
     save_lora(unet, te, out)
-    print("wrote", out, out.stat().st_size, "bytes")
 
 
 def main() -> None:
