@@ -81,13 +81,13 @@ model-mmdit: $(VENV)/.dev-installed
 # The shipped MMDiT exported (fp32; no vae_encoder: text-to-image never runs it; recommended settings from its
 # eval.json), evaluated through ONNX Runtime on the card's 256 held-out pairs (~2 min), card rewritten with both.
 model-mmdit-export: $(VENV)/.dev-installed
-	$(BIN)/onnxdiffusion export models/shapes-mmdit models/shapes-mmdit-onnx --skip vae_encoder --overwrite
+	$(BIN)/python models/training/export_shipped.py models/shapes-mmdit models/shapes-mmdit-onnx
 	$(BIN)/onnxdiffusion evaluate models/shapes-mmdit-onnx --count 256 -o models/shapes-mmdit/eval_onnx.json --overwrite
 	$(BIN)/python models/training/finish_mmdit.py $(MMDIT_CONFIG) --work runs/shapes-mmdit --model models/shapes-mmdit \
 		--card-only --onnx models/shapes-mmdit-onnx --onnx-eval models/shapes-mmdit/eval_onnx.json
 
 model-export: $(VENV)/.dev-installed
-	$(BIN)/onnxdiffusion export models/shapes-sd models/shapes-sd-onnx --overwrite
+	$(BIN)/python models/training/export_shipped.py models/shapes-sd models/shapes-sd-onnx
 
 # Peers live in their own venvs so they never pin our dependencies (interop tests and bench). Each install
 # ends with an import check, so a peer that installs but cannot load fails here, not in a report.

@@ -26,4 +26,6 @@ done
 echo "chosen guidance: $best"
 $PYBIN/onnxdiffusion evaluate "$ONNX" --count 256 --guidance "$best" -o "$MODEL/eval.json"
 $PYBIN/python models/training/make_card.py --work "$WORK" --model "$MODEL" --onnx "$ONNX" --eval "$MODEL/eval.json"
-$PYBIN/python models/training/to_fp16.py "$MODEL"  # the ONNX copy keeps float32; diffusers loads float16 files as float32
+$PYBIN/python models/training/to_fp16.py "$MODEL"  # diffusers loads float16 files as float32
+# the shipped ONNX copy comes from the float16 folder, weights stored float16 + Cast (lossless at load)
+$PYBIN/python models/training/export_shipped.py "$MODEL" "$ONNX"
