@@ -129,6 +129,56 @@ def test_qwenimage_img2img_matches_diffusers(tiny_qwenimage_diffusers, tiny_qwen
 
 
 @pytest.fixture(scope="module")
+def qwen_with_encoder(tiny_qwenimage_diffusers, tmp_path_factory):
+    """The tiny Qwen-Image folder as export_family makes it, plus its VAE encoder."""
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    out = tmp_path_factory.mktemp("qwen_encoder") / "model"
+    names = ("text_encoder", "transformer", "vae_decoder", "vae_encoder")
+    export_pipeline(tiny_qwenimage_diffusers, out, ExportOptions(components=names, default_size=32), progress=False)
+    return out
+
+
+def test_qwenimage_vae_encoder_gives_diffusers_normalized_mean(tiny_qwenimage_diffusers, qwen_with_encoder):
+    """The video VAE's encoder takes the picture as one frame: its posterior mean, normalized with the VAE's
+    per-channel latents_mean / latents_std as QwenImageImg2ImgPipeline does."""
+    import torch
+    from diffusers import AutoencoderKLQwenImage
+
+    pipe = Pipeline.from_folder(qwen_with_encoder)
+    rgb = np.random.default_rng(11).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    ours = pipe.encode_image(rgb)
+    vae = AutoencoderKLQwenImage.from_pretrained(tiny_qwenimage_diffusers / "vae")
+    pixels = torch.from_numpy(rgb.astype(np.float32) / 127.5 - 1).permute(2, 0, 1)[None, :, None]
+    with torch.no_grad():
+        mean = vae.encode(pixels).latent_dist.mean[:, :, 0].numpy()
+    shape = (1, -1, 1, 1)
+    want = (mean - np.asarray(vae.config.latents_mean).reshape(shape)) / np.asarray(vae.config.latents_std).reshape(shape)
+    assert ours.shape == want.shape == (1, 4, 8, 8)
+    assert np.abs(ours - want).max() <= 2e-3 * max(1.0, float(np.abs(want).max()))
+
+
+def test_qwenimage_picture_in_matches_diffusers_encoding_it(tiny_qwenimage_diffusers, qwen_with_encoder):
+    """An RGB picture into Qwen-Image img2img: diffusers encodes the same picture with its own VAE."""
+    from PIL import Image
+    from diffusers import QwenImageImg2ImgPipeline
+    from img2img_oracle import image_pipeline_images
+
+    from onnxdiffusion.families.latents import pack_patches
+
+    pipe = Pipeline.from_folder(qwen_with_encoder)
+    rgb = np.random.default_rng(12).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    _, noise = _inputs((1, 4, 8, 8), seed=12)
+    ours = pipe(PROMPT, image=rgb, latents=pack_patches(noise), strength=0.7, steps=6, sampler="flow_euler",
+                guidance=1.0, height=32, width=32)
+    ref = image_pipeline_images(QwenImageImg2ImgPipeline, tiny_qwenimage_diffusers, PROMPT, Image.fromarray(rgb),
+                                noise, 6, 1.0, 0.7, scheduler=_flow_scheduler("flow_euler"), height=32, width=32)
+    got = psnr(ours.images, ref)
+    print(f"qwenimage picture in: {got:.1f} dB")
+    assert got >= 40.0
+
+
+@pytest.fixture(scope="module")
 def sd_loops(tiny_onnx, tmp_path_factory):
     """The tiny SD folder with a Loop graph and a 6-evaluation unrolled graph."""
     import shutil

@@ -83,13 +83,17 @@ class VaeDecoder(torch.nn.Module):
 
 
 class VaeEncoder(torch.nn.Module):
-    """Outputs the posterior's raw moments (mean and log-variance stacked on channels)."""
+    """Outputs the posterior's raw moments (mean and log-variance stacked on channels). `frames`: a video VAE
+    (Qwen-Image's) takes the picture as one frame, through its own causal-cache encode path."""
 
-    def __init__(self, vae):
+    def __init__(self, vae, frames: bool = False):
         super().__init__()
         self.vae = vae
+        self.frames = frames
 
     def forward(self, sample):
+        if self.frames:
+            return self.vae._encode(sample[:, :, None])
         h = self.vae.encoder(sample)
         if self.vae.quant_conv is not None:
             h = self.vae.quant_conv(h)
@@ -131,7 +135,7 @@ def wrap(spec: ComponentSpec, module) -> torch.nn.Module:
     if spec.kind == "vae_decoder":
         return VaeDecoder(module)
     if spec.kind == "vae_encoder":
-        return VaeEncoder(module)
+        return VaeEncoder(module, frames=bool(spec.options.get("frames")))
     if spec.kind == TINY_DECODER:
         return TinyVaeDecoder(module)
     if spec.kind == TINY_ENCODER:

@@ -133,6 +133,11 @@ class QwenImage(PackedFlowFamily):
                 "vae_decoder", (TensorSpec("latent_sample", "float32", ("batch_size", z, 1, "height_latent", "width_latent")),),
                 (TensorSpec("sample", "float32", ("batch_size", 3, 1, "height", "width")),), atol=2e-3,
                 kind="vae_decoder", source="vae"),
+            # a picture in, one frame out: the video VAE's frames axis stays inside the graph
+            "vae_encoder": ComponentSpec(
+                "vae_encoder", (TensorSpec("sample", "float32", ("batch_size", 3, "height", "width")),),
+                (TensorSpec("latent_parameters", "float32", ("batch_size", 2 * z, 1, "height_latent", "width_latent")),),
+                atol=2e-3, kind="vae_encoder", source="vae", options={"frames": True}),
         }
         return {k: v for k, v in specs.items() if v.source in present}
 
