@@ -51,8 +51,10 @@ def relayout_cmd(
     storage: Annotated[str, typer.Option(help="keep | fp16: float32 weights that are exactly float16 values stored as float16 + Cast (same numbers, half the bytes: folders exported from float16 checkpoints) | fp32: such weights back to float32")] = "keep",
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
-    """Copy a model folder with its large components' weights in external-data files beside their graphs:
-    ONNX Runtime then holds each weight once (inline ones twice), a lower resident set at the same speed."""
+    """Copy a model folder with its weights laid out anew: large components' weights in external-data files
+    beside their graphs (ONNX Runtime then holds each weight once, inline ones twice: a lower resident set at the
+    same speed), and with --storage fp16 every float32 weight that is exactly a float16 value stored as float16
+    (the same numbers at load; the shipped folders are stored so)."""
     from .relayout import store_external
 
     done = store_external(model, out, min_bytes=int(min_mb * (1 << 20)), overwrite=overwrite, storage=storage)
