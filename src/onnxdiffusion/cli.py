@@ -70,6 +70,9 @@ def export(
     tiny_vae: Annotated[Optional[Path], typer.Option(
         "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
                            "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,
+    controlnet: Annotated[Optional[list[str]], typer.Option(
+        "--controlnet", help="NAME=DIR: a diffusers ControlNetModel folder exported beside the backbone as "
+                             "controlnets/NAME (repeatable; generate --controlnet NAME)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
@@ -77,7 +80,7 @@ def export(
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
                             fuse_attention=not no_fuse_attention, default_size=default_size,
                             skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points,
-                            tiny_vae=None if tiny_vae is None else str(tiny_vae))
+                            tiny_vae=None if tiny_vae is None else str(tiny_vae), controlnets=tuple(controlnet or ()))
     if src.is_file():
         from .export.single_file import export_checkpoint
 
@@ -122,6 +125,8 @@ def generate(
     lora: Annotated[Optional[list[str]], typer.Option(
         "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; the folder needs insertion points: `lora points`)")] = None,
     decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae)")] = "full",
+    control: Annotated[Optional[list[Path]], typer.Option("--control", help="a control image (repeatable; paired in order with --controlnet; resized to the generation size with a notice)")] = None,
+    controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME[:SCALE[:START:END]]: a ControlNet of the folder (add-controlnet) steering by the matching --control image; SCALE default 1, START/END the share of the steps it acts in (default 0:1)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -166,6 +171,9 @@ def generate(
         picture = read_picture(image, "--image")
         picture_mask = read_picture(mask, "--mask") if mask is not None else None
         check_mask_matches(picture, picture_mask)
+    from .cli_controlnet import control_pairs
+
+    controls = control_pairs(control, controlnet)
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
     if picture is not None and "vae_encoder" not in manifest.get("components", {}):
@@ -192,7 +200,7 @@ def generate(
 
     pipe = Pipeline.from_folder(folder, provider=provider, profile=profile, memory=memory)
     events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, image=picture, mask=picture_mask,
-                                loras=loras, **options.__dict__)
+                                loras=loras, controlnets=controls, **options.__dict__)
     result = None
     steps = options.steps
     with tqdm(total=steps, desc="sampling", unit="step") as bar:
@@ -295,6 +303,7 @@ def quantize(
 # the other verbs register on `app` when imported; here, so `--help` lists the pipeline's verbs first
 from . import cli_measure, cli_deploy, cli_lora  # noqa: E402,F401
 from . import cli_web  # noqa: E402,F401 - export-web
+from . import cli_controlnet  # noqa: E402,F401 - add-controlnet
 
 
 def _loras(values: list[str] | None) -> list[tuple[str, float]]:
