@@ -187,6 +187,10 @@ def generate(
         from .profiles import load_profile
 
         options = replace(options, loop=load_profile(profile).loop if profile is not None else "host")
+    if controls:
+        from .runtime.controlnet import check_request
+
+        check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
     guards.check_request(folder, manifest, options)
     loras = _loras(lora)
     if loras:

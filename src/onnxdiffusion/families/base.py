@@ -273,10 +273,10 @@ class Family:
         """The exported ControlNet's I/O for a record `controlnet_record` gave."""
         raise UserError(f"a {self.name} model folder takes no ControlNet here")
 
-    def control_sites(self, node_names: list[str]) -> tuple[list[str], str]:
+    def control_sites(self, node_names: list[str]) -> tuple[list[str], tuple[str, int]]:
         """Where a ControlNet's residuals join the backbone graph: (the nodes whose input 1 is a skip
-        edge, in the order of the ControlNet's down residuals; the node-name prefix of the block whose
-        outputs the mid residual is added to)."""
+        edge, in the order of the ControlNet's down residuals; (node, input index) of an edge carrying
+        the tensor the mid residual is added to, for every reader of it)."""
         raise UserError(f"a {self.name} backbone takes no ControlNet residuals here")
 
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)

@@ -6,7 +6,7 @@ connection the UNet's up blocks read (`down_block_res_samples`: conv_in's output
 layers and downsampler) and one for the mid block's output. `UNet2DConditionModel.forward` adds them to
 exactly those tensors, so a folder's UNet takes them by graph surgery at load time (runtime/controlnet.py)
 at the sites `unet_sites` names: the second input of each top-level `/model/up_blocks.i/Concat*` node (up
-block 0 reads the last residual) and the outputs of `/model/mid_block/`.
+block 0 reads the last residual) and the mid block's output (the first input of up block 0's first Concat).
 """
 
 from __future__ import annotations
@@ -91,11 +91,12 @@ def controlnet_spec(conditioning: tuple[TensorSpec, ...], record: dict, latent_c
     return ComponentSpec("controlnet", ins, tuple(outs), atol=1e-3, kind="controlnet", source="controlnet")
 
 
-def unet_sites(node_names: list[str]) -> tuple[list[str], str]:
-    """The top-level skip Concats of a UNet graph in down-residual order, and the mid block's prefix."""
+def unet_sites(node_names: list[str]) -> tuple[list[str], tuple[str, int]]:
+    """The top-level skip Concats of a UNet graph in down-residual order, and the edge that carries the mid
+    block's output (input 0 of up block 0's first Concat)."""
     pat = re.compile(r"^/model/up_blocks\.(\d+)/Concat(?:_(\d+))?$")
     found = sorted(((int(m.group(1)), int(m.group(2) or 0)), n) for n in node_names if (m := pat.match(n)))
     if not found or not any(n.startswith("/model/mid_block/") for n in node_names):
         raise UserError("the UNet graph has no /model/up_blocks.*/Concat skip joins or no mid block "
                         "(not a torch-exported diffusers UNet?)")
-    return [n for _, n in reversed(found)], "/model/mid_block/"
+    return [n for _, n in reversed(found)], (found[0][1], 0)

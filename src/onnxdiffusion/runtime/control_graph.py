@@ -23,13 +23,14 @@ def residual_names(count: int) -> list[str]:
 def add_residual_inputs(model: onnx.ModelProto, family, record: dict) -> onnx.ModelProto:
     """In place (and returned): `model` with the residual inputs `record` describes, added where the family says."""
     g = model.graph
-    sites, mid_prefix = family.control_sites([n.name for n in g.node])
+    sites, (mid_node, mid_input) = family.control_sites([n.name for n in g.node])
     residuals = record["residuals"]
     if len(sites) != len(residuals):
         raise UserError(f"the backbone graph has {len(sites)} skip joins, the ControlNet gives {len(residuals)} "
                         "down residuals (a ControlNet of another model size)")
     if any(i.name in (MID, down_name(0)) for i in g.input):
         raise UserError("the backbone graph already takes ControlNet residuals")
+    _float_joins(g, set(sites))
     index = {n.name: i for i, n in enumerate(g.node)}
     before: dict[int, list] = {}  # node index -> Add nodes to insert before it
     for k, site in enumerate(sites):
@@ -41,14 +42,15 @@ def add_residual_inputs(model: onnx.ModelProto, family, record: dict) -> onnx.Mo
         before.setdefault(i, []).append(helper.make_node("Add", [node.input[1], down_name(k)], [joined],
                                                          name=f"/control/down_{k}/Add"))
         node.input[1] = joined
-    mid_out = _mid_outputs(g, mid_prefix)
-    if len(mid_out) != 1:
-        raise UserError(f"the backbone's mid block gives {len(mid_out)} tensors read after it, expected one")
-    (tensor, producer), = mid_out.items()
+    index = {n.name: i for i, n in enumerate(g.node)}
+    tensor = g.node[index[mid_node]].input[mid_input]
+    producer = next((i for i, n in enumerate(g.node) if tensor in n.output), None)
+    if producer is None:
+        raise UserError(f"the backbone's mid-block edge {tensor!r} has no producer node")
     joined = f"{tensor}__control_mid"
     after_mid = helper.make_node("Add", [tensor, MID], [joined], name="/control/mid/Add")
-    for n in g.node:
-        if not n.name.startswith(mid_prefix):
+    for i, n in enumerate(g.node):
+        if i != producer:  # the block's output: every reader is after it
             for j, x in enumerate(n.input):
                 if x == tensor:
                     n.input[j] = joined
@@ -71,8 +73,24 @@ def _input(name: str, channels: int, f: int):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch_size", int(channels), h, w])
 
 
-def _mid_outputs(g, prefix: str) -> dict[str, int]:
-    """Tensors made inside `prefix` and read outside it -> the index of the node making each."""
-    made = {o: i for i, n in enumerate(g.node) if n.name.startswith(prefix) for o in n.output if o}
-    outside = {x for n in g.node if not n.name.startswith(prefix) for x in n.input}
-    return {t: i for t, i in made.items() if t in outside}
+def _float_joins(g, sites: set[str]) -> None:
+    """An int8 graph saved after ONNX Runtime's optimizer may join a skip edge in a QLinearConcat (uint8 in and
+    out): it is turned back into what it fused, DequantizeLinear per input -> Concat -> QuantizeLinear, so
+    the residual is added in float before the join's own requantization (the QDQ graph's numbers)."""
+    nodes = []
+    for n in g.node:
+        if n.name not in sites or n.op_type != "QLinearConcat":
+            nodes.append(n)
+            continue
+        axis = next(a.i for a in n.attribute if a.name == "axis")
+        ys, yz, *tuples = n.input
+        floats = []
+        for k in range(0, len(tuples), 3):
+            x, xs, xz = tuples[k:k + 3]
+            floats.append(f"{n.name}/in_{k // 3}_float")
+            nodes.append(helper.make_node("DequantizeLinear", [x, xs, xz], [floats[-1]], name=f"{n.name}/DQ_{k // 3}"))
+        joined = f"{n.name}/float_out"
+        nodes.append(helper.make_node("Concat", floats, [joined], name=n.name, axis=axis))
+        nodes.append(helper.make_node("QuantizeLinear", [joined, ys, yz], list(n.output), name=f"{n.name}/Q"))
+    del g.node[:]
+    g.node.extend(nodes)

@@ -109,11 +109,7 @@ def control_pixels(image, batch: int, height: int, width: int) -> np.ndarray:
 
 def record_of(pipe, name: str) -> dict:
     """The folder's ControlNet `name`, checked against the folder's family and backbone (one line if not)."""
-    nets = pipe.manifest.get("controlnets") or {}
-    if name not in nets:
-        have = ", ".join(sorted(nets)) or "none (add one: onnxdiffusion add-controlnet)"
-        raise UserError(f"{pipe.folder} has no ControlNet {name!r}; it has {have}")
-    rec = nets[name]
+    rec = pipe.manifest["controlnets"][name]  # (check_request: it is there)
     if not isinstance(rec, dict) or rec.get("family") != pipe.family.name:
         raise UserError(f"{pipe.folder}: ControlNet {name!r} was exported for family "
                         f"{rec.get('family') if isinstance(rec, dict) else None!r}, the folder is {pipe.family.name!r}")
@@ -148,17 +144,27 @@ class Prepared:
     pixels: np.ndarray
 
 
-def prepare(pipe, controlnets, options, loras=None) -> list[Prepared]:
-    """Everything checked before any model runs; [] without ControlNets."""
-    specs = parse_controls(controlnets)
-    if not specs:
-        return []
+def check_request(folder, manifest: dict, options, names: list[str]) -> None:
+    """What can be refused from the manifest and options alone (the CLI asks before loading any model)."""
     from .cache import parse_cache
 
     if options.loop != "host":
         raise UserError("ControlNet runs in the host loop for now (--loop host)")
     if (cache := parse_cache(options.cache)) is not None and not cache.noop:
         raise UserError("step caching with ControlNet is not supported yet (drop --cache)")
+    nets = manifest.get("controlnets") or {}
+    for name in names:
+        if name not in nets:
+            have = ", ".join(sorted(nets)) or "none (add one: onnxdiffusion add-controlnet)"
+            raise UserError(f"{folder} has no ControlNet {name!r}; it has {have}")
+
+
+def prepare(pipe, controlnets, options, loras=None) -> list[Prepared]:
+    """Everything checked before any model runs; [] without ControlNets."""
+    specs = parse_controls(controlnets)
+    if not specs:
+        return []
+    check_request(pipe.folder, pipe.manifest, options, [s.name for s in specs])
     if loras:
         raise UserError("run-time LoRAs with ControlNet are not supported yet (merge the LoRA at export: export --lora)")
     if pipe.precision_schedule is not None:
