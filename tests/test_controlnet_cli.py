@@ -149,3 +149,43 @@ def test_int8_static_unet_takes_controlnet(tiny_onnx, net, tmp_path):
     print(f"int8-static + ControlNet vs fp32 + ControlNet: {vs_fp32:.1f} dB; vs int8 without: {moved:.1f} dB")
     assert np.array_equal(zero.images, plain.images)
     assert moved < 35.0 and vs_fp32 > moved
+
+
+def test_spec_shorthands_and_keep_column():
+    from onnxdiffusion.runtime.controlnet import ControlNetSpec, keep_column, parse_cli, parse_controls
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    assert parse_controls(("a", img)) == parse_controls([("a", img)]) == [ControlNetSpec("a", img)]
+    assert parse_controls([("a", img, 0.5, 0.1, 0.9)])[0] == ControlNetSpec("a", img, 0.5, 0.1, 0.9)
+    assert parse_cli("edges") == ("edges", 1.0, 0.0, 1.0) and parse_cli("e:0.5:0.2:0.8") == ("e", 0.5, 0.2, 0.8)
+    with pytest.raises(UserError):
+        parse_controls([("a", img, 1.0, 0.5)])
+    for steps, s, e in ((10, 0.0, 0.45), (7, 0.3, 1.0), (25, 0.1, 0.9)):
+        want = [1.0 - float(i / steps < s or (i + 1) / steps > e) for i in range(steps)]  # diffusers' controlnet_keep
+        assert keep_column(ControlNetSpec("a", img, 1.0, s, e), steps).tolist() == want
+
+
+def test_fp16_stored_unet_takes_controlnet(tiny_onnx, net, tmp_path):
+    """A UNet whose weights are stored as float16 + Cast (relayout --storage fp16) is expanded, then cut."""
+    import onnx
+    from controlnet_helpers import control_image
+    from onnx import numpy_helper
+
+    from onnxdiffusion.artifacts import derive, read_manifest
+    from onnxdiffusion.export.controlnet import add_controlnet
+    from onnxdiffusion.onnxio import fp16_storage
+
+    m = onnx.load(str(tiny_onnx / "unet" / "model.onnx"))
+    for t in m.graph.initializer:  # weights a float16 checkpoint would give
+        if t.data_type == onnx.TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16).astype(np.float32), t.name))
+    assert fp16_storage.store(m) > 0
+    with derive(tiny_onnx, tmp_path / "fp16", read_manifest(tiny_onnx), replace=["unet"]) as d:
+        d.save_component("unet", m, None)
+    add_controlnet(tmp_path / "fp16", net, "edges")
+    pipe = Pipeline.from_folder(tmp_path / "fp16")
+    img, lat = control_image(32, 9), np.random.default_rng(9).standard_normal((1, 4, 8, 8), dtype=np.float32)
+    plain = pipe(PROMPT, latents=lat, steps=4, guidance=4.0)
+    zero = pipe(PROMPT, latents=lat, steps=4, guidance=4.0, controlnets=[("edges", img, 0.0)])
+    ctl = pipe(PROMPT, latents=lat, steps=4, guidance=4.0, controlnets=[("edges", img)])
+    assert np.array_equal(zero.images, plain.images) and psnr(ctl.images, plain.images) < 35.0
