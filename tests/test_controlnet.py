@@ -148,3 +148,45 @@ def test_composes_with_img2img_and_inpainting(sd_pipe):
         ours = sd_pipe(PROMPT, latents=lat, steps=8, guidance=4.0, controlnets=[("a", img)], **kw)
         assert ours.settings["controlnets"][0]["name"] == "a"
         assert not np.array_equal(ours.images, plain.images)
+
+
+@pytest.fixture(scope="module")
+def looped(sd_folder, tmp_path_factory):
+    """The folder with both nets built into a Loop graph and a 6-step unrolled graph."""
+    from onnxdiffusion.loops import compile_loop
+
+    out = tmp_path_factory.mktemp("cn_loop") / "model"
+    compile_loop(sd_folder, out, controlnets=("a", "b"))
+    compile_loop(out, out, form="unrolled", steps=6, controlnets=("a", "b"))
+    return Pipeline.from_folder(out)
+
+
+@pytest.mark.parametrize("case", ["two_nets", "one_net_img2img", "none"])
+def test_loop_and_unrolled_match_the_host_loop(looped, case):
+    from controlnet_helpers import control_image
+
+    lat = _latents((1, 4, 8, 8), 11)
+    imgs = [control_image(32, 12), control_image(32, 13)]
+    kw = {"two_nets": dict(controlnets=[("a", imgs[0], 0.7, 0.0, 0.6), ("b", imgs[1], 1.2, 0.3, 1.0)]),
+          "one_net_img2img": dict(controlnets=[("b", imgs[1], 0.9)], image=control_image(32, 14), strength=0.7),
+          "none": {}}[case]
+    host = looped(PROMPT, latents=lat, steps=6, guidance=4.0, sampler="dpmpp_2m", **kw)
+    for form in ("loop",) if "image" in kw else ("loop", "unrolled"):  # (unrolled: a fixed count of evaluations)
+        got = looped(PROMPT, latents=lat, steps=6, guidance=4.0, sampler="dpmpp_2m", loop=form, **kw)
+        db = psnr(got.images, host.images)
+        print(f"{case} {form} vs host: {db:.1f} dB, max |latents| diff {np.abs(got.latents - host.latents).max():.2e}")
+        assert db >= 60.0
+
+
+def test_loop_graph_without_the_net_is_refused(sd_folder, tmp_path):
+    from controlnet_helpers import control_image
+
+    from onnxdiffusion.loops import compile_loop
+
+    compile_loop(sd_folder, tmp_path / "m", controlnets=("a",))
+    pipe = Pipeline.from_folder(tmp_path / "m")
+    with pytest.raises(UserError, match="not built into this folder's loop graph"):
+        pipe(PROMPT, steps=2, loop="loop", controlnets=[("b", control_image(32))])
+    with pytest.raises(UserError, match="no ControlNet 'zz'"):
+        compile_loop(sd_folder, tmp_path / "n", controlnets=("zz",))
+    assert not (tmp_path / "n").exists()

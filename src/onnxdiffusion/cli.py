@@ -230,6 +230,7 @@ def compile_loop_cmd(
         "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
                                        "as the host loop, checked against the CPU at load) or a portable one")] = None,
     cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | deepcache[:INTERVAL[:BRANCH]] (ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
+    controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME: build this ControlNet of the folder into the graph beside the backbone (repeatable; generate --controlnet NAME then runs in it)")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
@@ -237,7 +238,7 @@ def compile_loop_cmd(
 
     print(f"compiling the {form} sampling graph of {model}", file=sys.stderr, flush=True)
     info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned,
-                        cache=cache)
+                        cache=cache, controlnets=tuple(controlnet or ()))
     print(f"{info['path']}: {info['bytes'] / 1e6:.1f} MB in {info['compile_seconds']:.1f}s -> {out}")
 
 

@@ -149,7 +149,11 @@ def check_request(folder, manifest: dict, options, names: list[str]) -> None:
     from .cache import parse_cache
 
     if options.loop != "host":
-        raise UserError("ControlNet runs in the host loop for now (--loop host)")
+        compiled = (manifest["components"].get(f"sampler_{options.loop}") or {}).get("controlnets") or []
+        missing = [n for n in names if n not in compiled]
+        if missing:
+            raise UserError(f"ControlNet {missing[0]!r} is not built into this folder's {options.loop} graph: recompile "
+                            f"it with `onnxdiffusion compile-loop --controlnet {missing[0]}` or use --loop host")
     if (cache := parse_cache(options.cache)) is not None and not cache.noop:
         raise UserError("step caching with ControlNet is not supported yet (drop --cache)")
     nets = manifest.get("controlnets") or {}
@@ -280,3 +284,16 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
         pixels = np.concatenate([p.pixels, p.pixels]) if guided.guided else p.pixels
         nets.append((session, wanted, np.ascontiguousarray(pixels), p.spec, keep_column(p.spec, steps)))
     return ControlledBackbone(guided, nets, names, steps)
+
+
+def graph_feeds(compiled: list[str], prepared: list[Prepared], steps: int, batch: int, h: int, w: int) -> dict:
+    """A sampling graph's ControlNet inputs: each compiled net's image, scale and keep column; a net this run
+    does not use gets scale 0 (zero residuals, as the host loop's skipped net)."""
+    by_name = {p.spec.name: p for p in prepared}
+    feeds = {}
+    for k, name in enumerate(compiled):
+        p = by_name.get(name)
+        feeds[f"control_image_{k}"] = p.pixels if p else np.zeros((batch, 3, h, w), np.float32)
+        feeds[f"control_scale_{k}"] = np.array(p.spec.scale if p else 0.0, np.float32)
+        feeds[f"control_keep_{k}"] = keep_column(p.spec, steps) if p else np.zeros((steps,), np.float32)
+    return feeds

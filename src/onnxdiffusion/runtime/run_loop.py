@@ -79,6 +79,11 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         lora = None if adapter is None else graph_lora_feeds(pipe, graph, adapter)
         cache = loop_feeds(graph.cache, parse_cache(options.cache)) if graph.form == "loop" else {}
         extra = {**(lora or {}), **cache}  # a run-time LoRA's tensors, the compiled cache's interval / threshold
+        if graph.controlnets:  # ControlNets built into the graph: every one is fed (scale 0 when unused)
+            from .controlnet import graph_feeds
+
+            run_steps = (table if start is None else start.cut).num_steps
+            extra.update(graph_feeds(graph.controlnets, controls or [], run_steps, latents.shape[0], h, w))
         x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
         guards.check_finite(x, "the sampling graph's output latents")
     else:
