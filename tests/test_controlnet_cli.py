@@ -72,7 +72,7 @@ def test_add_controlnet_then_generate(folder, net, control_png, tmp_path):
     (["--control", "CONTROL", "--controlnet", "edges:x"], "must be numbers"),
     (["--control", "CONTROL", "--controlnet", "edges:1:0.2"], "NAME[:SCALE[:START:END]]"),
     (["--control", "CONTROL", "--controlnet", "nope"], "no ControlNet 'nope'"),
-    (["--control", "CONTROL", "--controlnet", "edges", "--loop", "unrolled"], "host loop"),
+    (["--control", "CONTROL", "--controlnet", "edges", "--loop", "unrolled"], "not built into"),
     (["--control", "CONTROL", "--controlnet", "edges", "--cache", "deepcache:2"], "step caching"),
     (["--control", "missing.png", "--controlnet", "edges"], "no such file"),
 ])
