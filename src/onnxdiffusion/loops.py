@@ -14,6 +14,7 @@ from .artifacts import (check_external_paths, check_output_folder, component_pat
                         read_manifest, verify_folder)
 from .errors import UserError
 from .families import get_family
+from . import loops_control
 from .runtime.cache import compiled_record
 from .samplers.graph import FORMS, build_sampling_graph
 
@@ -112,8 +113,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; an int8
     backbone (Q/DQ, or one whose manifest disables ORT passes) keeps what the host loop runs.
     `cache`: a step-caching spec (or a bare method): the Loop graph can then cache with that method, at an
-    interval or threshold chosen per run (generate --cache). `controlnets`: names of the folder's ControlNets
-    built in beside the backbone (generate --controlnet then runs them in this graph).
+    interval or threshold chosen per run (generate --cache). `controlnets`: the folder's ControlNets built in.
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -125,7 +125,6 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     if form == "unrolled" and steps > 1000:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
     cache_spec = _cache_spec(cache, form, whole)
-    from . import loops_control
 
     in_place = out.resolve() == model.resolve()
     if not in_place:
@@ -147,14 +146,11 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     prefused = None
     tuned_for = None
     qdq = _has_qdq(unet)
-    if control:
-        unet = loops_control.cut_backbone(unet, family, control, comps[backbone],
-                                          comps[backbone].get("precision_schedule"), large)
+    unet = loops_control.cut_backbone(unet, family, control, comps[backbone], large)
     if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
         cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
-    weights = None  # a large backbone's optimized weights: one file that the new component takes over
+    weights = net_level = None  # a large backbone's optimized weights (one file), the ControlNets' ORT level
     scratch = tempfile.TemporaryDirectory(prefix="onnxdiffusion-loop-")
-    net_level = None
     if cpu_tuned or qdq:
         # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
         # fusion, no NCHWc layout rewrite. Inline the graph its CPU provider runs after those passes.
@@ -208,10 +204,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
-    if control:
-        from .runtime.control_graph import residual_names
-
-        extra["control"] = (loops_control.load_nets(model, control, net_level), residual_names(len(control[0]["residuals"])))
+    extra.update(loops_control.graph_control(model, control, net_level))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
                                  schedule=schedule, high_backbone=high, cache=split, **extra)
@@ -249,8 +242,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             info["lora"] = lora
         if cache_spec is not None:
             info["cache"] = compiled_record(cache_spec)
-        if control:
-            info["controlnets"] = list(controlnets)
+        info.update({"controlnets": list(controlnets)} if control else {})
         return info
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for

@@ -30,10 +30,13 @@ def check_names(manifest: dict, names, form: str, whole: bool, cache_spec) -> li
     return records
 
 
-def cut_backbone(unet, family, records: list[dict], entry: dict, schedule, large: bool):
-    """The backbone cut to take the residuals, before ONNX Runtime's passes see it."""
+def cut_backbone(unet, family, records: list[dict], entry: dict, large: bool):
+    """The backbone cut to take the residuals, before ONNX Runtime's passes see it (as it is without nets)."""
     from .runtime.control_graph import add_residual_inputs
 
+    if not records:
+        return unet
+    schedule = entry.get("precision_schedule")
     if large or schedule is not None or (entry.get("lora") or {}).get("targets"):
         what = "a backbone over 2 GB" if large else "a precision schedule" if schedule is not None else "run-time LoRA"
         raise UserError(f"--controlnet in the sampling graph does not support {what} yet (use --loop host)")
@@ -59,3 +62,12 @@ def load_nets(folder: Path, records: list[dict], level=None) -> list:
             model = ort_optimized(model, level=level)
         models.append(model)
     return models
+
+
+def graph_control(folder: Path, records: list[dict], level) -> dict:
+    """build_sampling_graph's `control` argument ({} without nets)."""
+    from .runtime.control_graph import residual_names
+
+    if not records:
+        return {}
+    return {"control": (load_nets(folder, records, level), residual_names(len(records[0]["residuals"])))}
