@@ -53,9 +53,11 @@ def parse_controls(controlnets) -> list[ControlNetSpec]:
     """ControlNetSpec entries or tuples (name, image[, scale[, start, end]]) -> checked specs."""
     if controlnets is None:
         return []
-    if isinstance(controlnets, (ControlNetSpec, tuple)) and not (isinstance(controlnets, tuple) and controlnets
-                                                                  and isinstance(controlnets[0], (tuple, ControlNetSpec))):
-        controlnets = [controlnets]
+    if isinstance(controlnets, ControlNetSpec) or (isinstance(controlnets, tuple) and controlnets
+                                                   and isinstance(controlnets[0], str)):
+        controlnets = [controlnets]  # one net given alone
+    if not isinstance(controlnets, (list, tuple)):
+        raise UserError(f"controlnets must be a list of ControlNetSpec or tuples, got {type(controlnets).__name__}")
     specs = []
     for c in controlnets:
         if isinstance(c, tuple):
