@@ -70,6 +70,9 @@ def export(
     tiny_vae: Annotated[Optional[Path], typer.Option(
         "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
                            "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,
+    controlnet: Annotated[Optional[list[str]], typer.Option(
+        "--controlnet", help="NAME=DIR: a diffusers ControlNetModel folder exported beside the backbone as "
+                             "controlnets/NAME (repeatable; generate --controlnet NAME)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline
@@ -77,7 +80,7 @@ def export(
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
                             fuse_attention=not no_fuse_attention, default_size=default_size,
                             skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points,
-                            tiny_vae=None if tiny_vae is None else str(tiny_vae))
+                            tiny_vae=None if tiny_vae is None else str(tiny_vae), controlnets=tuple(controlnet or ()))
     if src.is_file():
         from .export.single_file import export_checkpoint
 
@@ -122,6 +125,8 @@ def generate(
     lora: Annotated[Optional[list[str]], typer.Option(
         "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; the folder needs insertion points: `lora points`)")] = None,
     decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae)")] = "full",
+    control: Annotated[Optional[list[Path]], typer.Option("--control", help="a control image (repeatable; paired in order with --controlnet; resized to the generation size with a notice)")] = None,
+    controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME[:SCALE[:START:END]]: a ControlNet of the folder (add-controlnet) steering by the matching --control image; SCALE default 1, START/END the share of the steps it acts in (default 0:1)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
     from .artifacts import read_manifest
@@ -166,6 +171,9 @@ def generate(
         picture = read_picture(image, "--image")
         picture_mask = read_picture(mask, "--mask") if mask is not None else None
         check_mask_matches(picture, picture_mask)
+    from .cli_controlnet import control_pairs
+
+    controls = control_pairs(control, controlnet)
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
     if picture is not None and "vae_encoder" not in manifest.get("components", {}):
@@ -179,6 +187,10 @@ def generate(
         from .profiles import load_profile
 
         options = replace(options, loop=load_profile(profile).loop if profile is not None else "host")
+    if controls:
+        from .runtime.controlnet import check_request
+
+        check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
     guards.check_request(folder, manifest, options)
     loras = _loras(lora)
     if loras:
@@ -192,7 +204,7 @@ def generate(
 
     pipe = Pipeline.from_folder(folder, provider=provider, profile=profile, memory=memory)
     events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, image=picture, mask=picture_mask,
-                                loras=loras, **options.__dict__)
+                                loras=loras, controlnets=controls, **options.__dict__)
     result = None
     steps = options.steps
     with tqdm(total=steps, desc="sampling", unit="step") as bar:
@@ -218,6 +230,7 @@ def compile_loop_cmd(
         "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
                                        "as the host loop, checked against the CPU at load) or a portable one")] = None,
     cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | deepcache[:INTERVAL[:BRANCH]] (ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
+    controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME: build this ControlNet of the folder into the graph beside the backbone (repeatable; generate --controlnet NAME then runs in it)")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
@@ -225,7 +238,7 @@ def compile_loop_cmd(
 
     print(f"compiling the {form} sampling graph of {model}", file=sys.stderr, flush=True)
     info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned,
-                        cache=cache)
+                        cache=cache, controlnets=tuple(controlnet or ()))
     print(f"{info['path']}: {info['bytes'] / 1e6:.1f} MB in {info['compile_seconds']:.1f}s -> {out}")
 
 
@@ -295,6 +308,7 @@ def quantize(
 # the other verbs register on `app` when imported; here, so `--help` lists the pipeline's verbs first
 from . import cli_measure, cli_deploy, cli_lora  # noqa: E402,F401
 from . import cli_web  # noqa: E402,F401 - export-web
+from . import cli_controlnet  # noqa: E402,F401 - add-controlnet
 
 
 def _loras(values: list[str] | None) -> list[tuple[str, float]]:

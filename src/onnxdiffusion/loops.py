@@ -14,6 +14,7 @@ from .artifacts import (check_external_paths, check_output_folder, component_pat
                         read_manifest, verify_folder)
 from .errors import UserError
 from .families import get_family
+from . import loops_control
 from .runtime.cache import compiled_record
 from .samplers.graph import FORMS, build_sampling_graph
 
@@ -102,7 +103,7 @@ def _has_qdq(model: onnx.ModelProto) -> bool:
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str | None = None,
-                 cpu_tuned: bool | None = None, cache: str | None = None) -> dict:
+                 cpu_tuned: bool | None = None, cache: str | None = None, controlnets=()) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
     `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
@@ -112,7 +113,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; an int8
     backbone (Q/DQ, or one whose manifest disables ORT passes) keeps what the host loop runs.
     `cache`: a step-caching spec (or a bare method): the Loop graph can then cache with that method, at an
-    interval or threshold chosen per run (generate --cache).
+    interval or threshold chosen per run (generate --cache). `controlnets`: the folder's ControlNets built in.
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -124,6 +125,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     if form == "unrolled" and steps > 1000:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
     cache_spec = _cache_spec(cache, form, whole)
+
     in_place = out.resolve() == model.resolve()
     if not in_place:
         check_output_folder(out, overwrite, inputs=(model,))  # before anything is loaded
@@ -131,6 +133,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
     family = get_family(manifest.get("family"))
+    control = loops_control.check_names(manifest, controlnets, form, whole, cache_spec)
     backbone = backbone or family.backbone
     comps = manifest["components"]
     if backbone not in comps:
@@ -143,9 +146,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     prefused = None
     tuned_for = None
     qdq = _has_qdq(unet)
+    unet = loops_control.cut_backbone(unet, family, control, comps[backbone], large)
     if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
         cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
-    weights = None  # a large backbone's optimized weights: one file that the new component takes over
+    weights = net_level = None  # a large backbone's optimized weights (one file), the ControlNets' ORT level
     scratch = tempfile.TemporaryDirectory(prefix="onnxdiffusion-loop-")
     if cpu_tuned or qdq:
         # ONNX Runtime optimizes a Loop body less than a standalone graph: no Q/DQ -> integer-kernel
@@ -156,7 +160,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         from .onnxio.session import ort_optimized
 
         level = onnxruntime.GraphOptimizationLevel
-        level = level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED
+        level = net_level = level.ORT_ENABLE_ALL if cpu_tuned else level.ORT_ENABLE_EXTENDED
         if large:  # ORT reads the backbone from its folder and writes the optimized graph with external data
             unet, weights = _ort_optimized_file(unet_path, level, Path(scratch.name))
         else:
@@ -200,6 +204,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
+    extra.update(loops_control.graph_control(model, control, net_level))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
                                  schedule=schedule, high_backbone=high, cache=split, **extra)
@@ -237,6 +242,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             info["lora"] = lora
         if cache_spec is not None:
             info["cache"] = compiled_record(cache_spec)
+        info.update({"controlnets": list(controlnets)} if control else {})
         return info
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for

@@ -24,3 +24,5 @@ class ExportOptions:
     lora_points: str | None = None
     # a diffusers AutoencoderTiny folder (TAESD) exported beside the VAE as vae_decoder_tiny / vae_encoder_tiny
     tiny_vae: str | None = None
+    # ControlNets exported beside the backbone: ("NAME=DIR", ...) (export/controlnet.py)
+    controlnets: tuple = ()

@@ -155,6 +155,17 @@ def _check_tiny(family: Family, configs: dict, options: ExportOptions) -> tuple[
     return TINY_NAMES, cfg
 
 
+def _check_controlnets(options: ExportOptions, family: Family, configs: dict) -> list[tuple[str, str, dict]]:
+    """--controlnet NAME=DIR: each folder checked against the backbone before torch loads anything."""
+    if not options.controlnets:
+        return []
+    from .controlnet import check_source, parse_pairs
+
+    info = family.pipeline_info(configs)
+    return [(name, path, check_source(path, family, info, configs[family.backbone]))
+            for name, path in parse_pairs(options.controlnets)]
+
+
 def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None, progress: bool = True) -> dict:
     """Export every component of a local diffusers pipeline to ONNX, validate it, write a manifest.
 
@@ -173,6 +184,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from ..adapters import hooks as lora_hooks
 
     lora_records = lora_hooks.before_export(options, configs)
+    controlnets = _check_controlnets(options, family, configs)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
@@ -262,6 +274,11 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
 
             manifest["components"].update(export_tiny(options.tiny_vae, tiny_cfg, family, info, tmp, options,
                                                       tuple(n for n in tiny_names if n not in options.skip)))
+        if controlnets:
+            from .controlnet import export_controlnet
+
+            manifest["controlnets"] = {name: export_controlnet(name, path, rec, family, info, tmp, options)
+                                       for name, path, rec in controlnets}
         if any(fused.values()):
             manifest["attention"] = {"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused}
         for slot in family.text_encoders:

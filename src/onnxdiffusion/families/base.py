@@ -260,6 +260,25 @@ class Family:
         """The guidance backbone input for this folder (a family may have it only for some backbones)."""
         return self.guidance_input
 
+    # -- ControlNet (families/control.py: the shared names and record) -------------------------------
+    # diffusers classes of the ControlNets this family's backbone takes residuals from; () = none
+    controlnet_classes: ClassVar[tuple[str, ...]] = ()
+
+    def controlnet_record(self, config: dict, backbone_config: dict, info: dict) -> dict:
+        """A ControlNet's config.json checked against this folder's backbone: what the manifest records
+        (residuals, widths); a ControlNet of another family or size is a one-line UserError."""
+        raise UserError(f"a {self.name} model folder takes no ControlNet here")
+
+    def controlnet_spec(self, info: dict, record: dict) -> ComponentSpec:
+        """The exported ControlNet's I/O for a record `controlnet_record` gave."""
+        raise UserError(f"a {self.name} model folder takes no ControlNet here")
+
+    def control_sites(self, node_names: list[str]) -> tuple[list[str], tuple[str, int]]:
+        """Where a ControlNet's residuals join the backbone graph: (the nodes whose input 1 is a skip
+        edge, in the order of the ControlNet's down residuals; (node, input index) of an edge carrying
+        the tensor the mid residual is added to, for every reader of it)."""
+        raise UserError(f"a {self.name} backbone takes no ControlNet residuals here")
+
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)
     cfg_rescale: ClassVar[bool] = False
     # latents packed into p x p patch tokens [B, S, C*p*p] (Flux, Qwen-Image); None: NCHW

@@ -136,6 +136,24 @@ class StableDiffusion(Family):
         span += [f"/model/up_blocks.{i}/" for i in ups[:len(ups) - branch]]
         return tuple(span), None
 
+    controlnet_classes: ClassVar[tuple[str, ...]] = ("ControlNetModel",)
+    added_text_time: ClassVar[bool] = False  # the UNet's addition_embed_type is text_time (SDXL)
+
+    def controlnet_record(self, config: dict, backbone_config: dict, info: dict) -> dict:
+        from .control import check_controlnet
+
+        return check_controlnet(config, backbone_config, info, self.name, text_time=self.added_text_time)
+
+    def controlnet_spec(self, info: dict, record: dict) -> ComponentSpec:
+        from .control import controlnet_spec
+
+        return controlnet_spec(self.conditioning(info), record, int(info["latent_channels"]))
+
+    def control_sites(self, node_names: list[str]) -> tuple[list[str], str]:
+        from .control import unet_sites
+
+        return unet_sites(node_names)
+
     def guidance_input_for(self, info: dict) -> str | None:
         # an LCM-distilled UNet (time_cond_proj_dim) embeds the guidance scale and runs without CFG,
         # as diffusers' pipelines do for it; the export wrapper turns the scale into timestep_cond

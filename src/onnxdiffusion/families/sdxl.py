@@ -24,6 +24,7 @@ PENULTIMATE = "penultimate_hidden_state"
 class StableDiffusionXL(StableDiffusion):
     name: ClassVar[str] = "sdxl"
     pipeline_classes: ClassVar[tuple[str, ...]] = ("StableDiffusionXLPipeline",)
+    added_text_time: ClassVar[bool] = True
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]] = (
         TextEncoderSlot("text_encoder", "tokenizer", ("CLIPTextModel",), CLIP_TOKENIZERS, (PENULTIMATE,)),
         TextEncoderSlot("text_encoder_2", "tokenizer_2", ("CLIPTextModelWithProjection",), CLIP_TOKENIZERS,

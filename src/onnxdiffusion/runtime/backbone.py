@@ -31,7 +31,7 @@ class GuidedBackbone:
 
     def __init__(self, session: ort.InferenceSession, latents_shape: tuple[int, ...], cond: Conditioning,
                  uncond: Conditioning | None, guidance: float, rescale: bool = False,
-                 extra: np.ndarray | None = None):
+                 extra: np.ndarray | None = None, inputs: Conditioning | None = None):
         self.batch = latents_shape[0]
         self.guided = uncond is not None
         n = 2 * self.batch if self.guided else self.batch
@@ -46,7 +46,9 @@ class GuidedBackbone:
             self.sample[:, self.channels:] = np.concatenate([extra, extra]) if self.guided else extra
         self.timestep = np.empty((n,), np.float32)
         self.out = np.empty((n, *latents_shape[1:]), np.float32)
-        self.conditioning = batch_conditioning(cond, uncond)
+        # inputs: more backbone inputs on the whole batch (ControlNet residuals), bound as they are: their
+        # owner rewrites them in place between steps
+        self.conditioning = {**batch_conditioning(cond, uncond), **(inputs or {})}
         wanted = {i.name for i in session.get_inputs()} - {SAMPLE, TIMESTEP}
         if wanted != set(self.conditioning):
             raise ValueError(f"backbone wants conditioning {sorted(wanted)}, got {sorted(self.conditioning)}")

@@ -211,7 +211,8 @@ class Pipeline:
         return self.family.align(cond, {**uncond, **size})
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
-                        width: int, shape: tuple[int, ...], session=None, extra=None, adapter=None) -> GuidedBackbone:
+                        width: int, shape: tuple[int, ...], session=None, extra=None, adapter=None,
+                        inputs=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
         guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
         backbone's extra sample channels; `adapter`: LoRA feeds."""
@@ -219,6 +220,9 @@ class Pipeline:
         cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
+        if inputs:  # more backbone inputs (ControlNet residuals), already on the [uncond; cond] batch
+            return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra,
+                                  inputs=inputs)
         session = session or self.backbone
         if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors are fed, not bound (runtime.py)
             from ..adapters.runtime import FedBackbone
@@ -309,13 +313,14 @@ class Pipeline:
 
     def iter_generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
                       latents: np.ndarray | None = None, noise: np.ndarray | None = None, image=None, mask=None,
-                      loras=None, **kwargs) -> Iterator[StepEvent | GenerationResult]:
+                      loras=None, controlnets=None, **kwargs) -> Iterator[StepEvent | GenerationResult]:
         """Validate all inputs now (before any model runs), then return the per-step generator.
 
         `image` (img2img): an RGB picture ((H, W, 3) uint8 or PIL) or scaled image latents
         (B, C, h, w) float32, used as they are; `strength` in (0, 1] (default 1) says how much of the
         schedule runs; `latents` stays the Gaussian noise. `mask` (inpainting, white = repaint; with
         `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture.
+        `controlnets`: [ControlNetSpec | (name, image[, scale[, start, end]]), ...] (runtime/controlnet.py).
         `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`), or the
         AdapterFeeds `lora_feeds` returned for them (converted once, reused)."""
         from .run_loop import run
@@ -329,9 +334,13 @@ class Pipeline:
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
+        from .controlnet import prepare as prepare_controls
+
+        controls = prepare_controls(self, controlnets, options, loras)
         adapter = self.lora_feeds(loras, options.loop)
         start = prepared[3] if len(prepared) > 3 else None
-        return guards.model_errors(self.folder, run(self, options, *prepared[:3], prompts, negatives, start, adapter))
+        return guards.model_errors(self.folder, run(self, options, *prepared[:3], prompts, negatives, start, adapter,
+                                                    controls))
 
     # -- image input ----------------------------------------------------------------------------
     def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:

@@ -65,7 +65,7 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     return (table, latents, noise) if start is None else (table, latents, noise, start)
 
 
-def run(pipe, options, table, latents, noise, prompts, negatives, start=None, adapter=None):
+def run(pipe, options, table, latents, noise, prompts, negatives, start=None, adapter=None, controls=None):
     embedded = pipe.family.guidance_input_for(pipe.info)  # guidance-distilled: the scale is a backbone input, no CFG
     h, w = pipe.image_size(options)
     offset = 0 if start is None else start.start
@@ -79,12 +79,25 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         lora = None if adapter is None else graph_lora_feeds(pipe, graph, adapter)
         cache = loop_feeds(graph.cache, parse_cache(options.cache)) if graph.form == "loop" else {}
         extra = {**(lora or {}), **cache}  # a run-time LoRA's tensors, the compiled cache's interval / threshold
+        if graph.controlnets:  # ControlNets built into the graph: every one is fed (scale 0 when unused)
+            from .controlnet import graph_feeds
+
+            run_steps = (table if start is None else start.cut).num_steps
+            extra.update(graph_feeds(graph.controlnets, controls or [], run_steps, latents.shape[0], h, w))
         x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
         guards.check_finite(x, "the sampling graph's output latents")
     else:
         extra = None if start is None else start.extra
-        model_fn = backbone = pipe.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
-                                                   extra=extra, adapter=adapter)
+        run_table, x = (table, latents) if start is None else (start.cut, start.x_init)
+        if controls:  # ControlNets: their residuals into the backbone cut to take them (runtime/controlnet.py)
+            from .controlnet import controlled_backbone
+
+            model_fn = controlled_backbone(pipe, controls, prompts, negatives, options.guidance, h, w, latents.shape,
+                                           run_table.num_steps, extra=extra)
+            backbone = model_fn.g
+        else:
+            model_fn = backbone = pipe.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
+                                                       extra=extra, adapter=adapter)
         backbones = [backbone]
         if (cache := parse_cache(options.cache)) is not None and not cache.noop:
             model_fn = cached_backbone(pipe, backbone, cache)  # first -> (rest | cached) -> tail
@@ -95,7 +108,6 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
                                            pipe.backbone_high, extra=extra, adapter=adapter)
             backbones.append(high_fn)
             model_fn = pipe.precision_schedule.wrap(model_fn, high_fn)
-        run_table, x = (table, latents) if start is None else (start.cut, start.x_init)
         after = None if start is None or start.keep is None else blend_step(start, latents)
         try:
             for i, x, den in iter_sample(model_fn, x, run_table, noise, after_step=after):
@@ -110,6 +122,9 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
                 **options.__dict__, "sampler": table.sampler}
     if start is not None:
         settings.update(start_row=start.start, inpaint=start.keep is not None or start.extra is not None)
+    if controls:
+        settings["controlnets"] = [{"name": c.spec.name, "scale": c.spec.scale, "start": c.spec.start, "end": c.spec.end}
+                                   for c in controls]
     images = pipe.decode(x, h, w, options.decoder)
     if start is not None and start.overlay is not None:
         from .image_input import apply_overlay

@@ -15,6 +15,7 @@ class SamplingGraph:
         self.steps = info.get("steps")
         self.whole = bool(info.get("whole"))
         self.cache = info.get("cache")  # the step-caching method compiled in (graph_cache.py), or None
+        self.controlnets = list(info.get("controlnets") or [])  # ControlNets built in (graph_control.py)
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
         self.input_names = {i.name for i in session.get_inputs()}

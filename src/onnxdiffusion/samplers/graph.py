@@ -31,6 +31,7 @@ from onnx import TensorProto, helper
 from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
 from .graph_correct import correct, correction_prologue, rescale
+from .graph_control import control_inputs
 from .graph_image import blend_step, image_defaults, image_inputs
 from .tables import COLUMNS
 
@@ -127,6 +128,11 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
              **{bb.io[f"cond:{k}"]: v for k, v in pre["context"].items()}}
+    if "control" in pre:  # ControlNets inlined beside the backbone, their residuals into it (graph_control.py)
+        from .graph_control import control_residuals
+
+        step_io = {"sample": doubled, "timestep": t_vec, **pre["context"]}
+        remap.update({bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, pre, step_io, i, tag, n).items()})
     if "cache" in pre:  # step caching: first -> If(rest | carried) -> tail (graph_cache.py)
         from .graph_cache import cached_call
 
@@ -235,7 +241,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
                          vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
                          latent_patch: int | None = None, schedule=None,
-                         high_backbone: onnx.ModelProto | None = None, cache=None) -> onnx.ModelProto:
+                         high_backbone: onnx.ModelProto | None = None, cache=None, control=None) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -251,7 +257,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
     `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
     instead (an ``If`` on the step's timestep; graph_schedule.py). `cache`: (CacheSpec, SplitGraphs of
-    `backbone`), step caching in the Loop form (graph_cache.py).
+    `backbone`), step caching in the Loop form (graph_cache.py). `control`: (ControlNet models, the backbone's
+    residual input names): the nets inlined beside a residual-taking backbone (graph_control.py).
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
@@ -269,7 +276,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         raise ValueError("the whole-pipeline graph needs the text encoders, their combine and the VAE decoder")
     bb = load_backbone(backbone)
     dims = latent_dims(backbone, latent_channels)
-    conditioning = conditioning_inputs(backbone)
+    residuals = list(control[1]) if control else []
+    conditioning = [c for c in conditioning_inputs(backbone) if c.name not in residuals]
     if CONTEXT not in [c.name for c in conditioning]:
         raise ValueError(f"the backbone has no {CONTEXT} input")
     # the context first: its batch is the guided batch
@@ -298,6 +306,14 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     image_defaults(b, len(dims))
     if correction is not None:
         correction_prologue(b, pre, correction)
+    nets = []
+    if control:
+        from .graph_control import control_prologue
+
+        nets = [_load_net(m, residuals, k) for k, m in enumerate(control[0])]
+        control_prologue(b, pre, nets, residuals)
+        extra_inits += [t for net in nets for t in net.initializers]
+        functions += [f for net in nets for f in net.functions]
     high = None
     if (schedule is None) != (high_backbone is None):
         raise ValueError("a precision schedule needs its high-precision backbone, and the other way round")
@@ -344,17 +360,27 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
-        + (cache_inputs() if cache is not None else []),
+        + (cache_inputs() if cache is not None else []) + (control_inputs(len(nets)) if nets else []),
         outputs,
         initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
                                if cache is not None else bb.initializers + (high.initializers if high else []))
         + extra_inits,
     )
-    models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values())]
+    models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values()),
+              *(control[0] if control else [])]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
     model.ir_version = max(m.ir_version for m in models if m is not None)
     model.functions.extend(functions)
     return model
+
+
+def _load_net(model: onnx.ModelProto, residuals: list[str], k: int) -> Backbone:
+    from .graph_control import COND, SCALE
+
+    io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": residuals[-1],
+          **{f"out:{r}": r for r in residuals}, f"cond:{COND}": COND, f"cond:{SCALE}": SCALE}
+    io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
+    return load_component(model, io, f"controlnet_{k}/")
 
 
 def _merge_opsets(*models: onnx.ModelProto | None) -> list[onnx.OperatorSetIdProto]:

@@ -22,8 +22,8 @@ from .schemas import ImageRequest, RequestError, build_request
 MAX_UPLOAD_SIDE = 4096  # pixels per side of an uploaded image, checked before it is decoded
 FORMATS = ("PNG", "JPEG", "WEBP")
 FIELDS = ("prompt", "n", "size", "response_format", "model", "negative_prompt", "steps", "sampler", "guidance",
-          "seed", "strength", "lora", "quality", "user")
-FILES = ("image", "mask")
+          "seed", "strength", "lora", "quality", "user", "controlnet")
+FILES = ("image", "mask", "control")  # control: the picture a `controlnet` field's net steers by (extension)
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,13 +35,17 @@ class EditInput:
     strength: float
     image_size: str  # the upload's WIDTHxHEIGHT
     mask_from: str | None  # "mask", "image alpha" or None (img2img)
+    control: tuple | None = None  # (name, control picture (H, W, 3) uint8, scale, start, end): a ControlNet
 
     def feeds(self) -> dict:
         """Keyword arguments of `Pipeline.iter_generate` for this edit."""
-        return {"image": self.image, "mask": self.mask, "strength": self.strength}
+        more = {"controlnets": [self.control]} if self.control is not None else {}
+        return {"image": self.image, "mask": self.mask, "strength": self.strength, **more}
 
     def settings(self) -> dict:
-        return {"strength": self.strength, "image_size": self.image_size, "mask": self.mask_from}
+        more = {} if self.control is None else {"controlnet": dict(zip(("name", "scale", "start", "end"),
+                                                                        (self.control[0], *self.control[2:])))}
+        return {"strength": self.strength, "image_size": self.image_size, "mask": self.mask_from, **more}
 
 
 def _schema() -> dict:
@@ -98,7 +102,7 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
     """The JobRequest of an edit: the generations checks (`build_request`), then the picture's own."""
     from pydantic import ValidationError
 
-    values = {k: v for k, v in fields.items() if k != "strength"}
+    values = {k: v for k, v in fields.items() if k not in ("strength", "controlnet")}
     if "lora" in values:
         values["lora"] = form_lora(values["lora"])
     try:
@@ -133,10 +137,32 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
     if image.size != target:
         why = f"the bucket {'of the requested size' if size_given else 'nearest it'} for model {req.model}"
         notices.append(f"the image is {upload} (width x height), resized to {req.width}x{req.height}, {why}")
+    control = _control(fields, files, manager.models[req.model], target)
     edit = EditInput(image=np.asarray(_resized(image.convert("RGB"), target)),
                      mask=None if mask is None else np.asarray(_resized(mask, target)), strength=strength,
-                     image_size=upload, mask_from=mask_from)
+                     image_size=upload, mask_from=mask_from, control=control)
     return replace(req, edit=edit, notices=tuple(notices), requested_size=req.requested_size if size_given else upload)
+
+
+def _control(fields: dict, files: dict, entry, target: tuple[int, int]) -> tuple | None:
+    """The `controlnet` field (NAME[:SCALE[:START:END]]) and its `control` picture, checked against the model."""
+    from ..runtime.controlnet import parse_cli
+
+    if ("controlnet" in fields) != ("control" in files):
+        raise RequestError("a `controlnet` field and a `control` file go together (the net and the picture it "
+                           "steers by)", "controlnet")
+    if "controlnet" not in fields:
+        return None
+    try:
+        name, scale, start, end = parse_cli(fields["controlnet"])
+    except UserError as e:
+        raise RequestError(f"controlnet: {e}", "controlnet") from None
+    nets = entry.pipeline.manifest.get("controlnets") or {}
+    if name not in nets:
+        raise RequestError(f"model {entry.id} has no ControlNet {name!r} (it has {', '.join(sorted(nets)) or 'none'})",
+                           "controlnet", code="unknown_controlnet")
+    picture = np.asarray(_resized(decode_upload(files["control"], "control").convert("RGB"), target))
+    return (name, picture, scale, start, end)
 
 
 def form_lora(text: str) -> list:

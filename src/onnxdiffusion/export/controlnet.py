@@ -1,0 +1,177 @@
+"""A diffusers ControlNet folder -> a model folder's controlnets/NAME/model.onnx.
+
+`export SRC OUT --controlnet NAME=DIR` adds ControlNets to a new export; `add_controlnet` adds one to an
+exported folder (every other file stays as it is). The ControlNet's config is checked against the folder's
+backbone by its family before torch loads anything (another family or size: one line, nothing written).
+The manifest records each under `controlnets` (not `components`: tools that rewrite every component,
+quantize and relayout, leave them alone), with what a load-time check needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import UserError
+from ..families import Family, get_family
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def check_name(name) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name) or name.endswith(".onnx"):
+        raise UserError(f"ControlNet name {name!r}: use 1-64 letters, digits, '_', '-', '.' (starting with a letter or digit)")
+    return name
+
+
+def parse_pairs(values) -> list[tuple[str, str]]:
+    """`--controlnet NAME=DIR` values -> [(name, dir)], names unique."""
+    pairs = []
+    for v in values or ():
+        name, sep, path = str(v).partition("=")
+        if not sep or not path:
+            raise UserError(f"--controlnet expects NAME=DIR, got {v!r}")
+        pairs.append((check_name(name), path))
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise UserError(f"--controlnet names must be distinct, got {names}")
+    return pairs
+
+
+def _json(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    return obj
+
+
+def check_source(cn_dir: Path | str, family: Family, info: dict, backbone_config: dict) -> dict:
+    """The ControlNet folder's record for this folder's backbone (config checked, safetensors weights there)."""
+    cn_dir = Path(cn_dir)
+    if not (cn_dir / "config.json").is_file():
+        raise UserError(f"{cn_dir} is not a diffusers ControlNet folder (no config.json)")
+    if not (cn_dir / WEIGHTS).is_file():
+        raise UserError(f"{cn_dir}: no {WEIGHTS} (only safetensors weights are read)")
+    config = _json(cn_dir / "config.json")
+    return family.controlnet_record(config, backbone_config, info)
+
+
+def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Family, info: dict, dest: Path,
+                      options) -> dict:
+    """Export (validate against torch, store exact-fp16 weights as fp16) under dest/controlnets/NAME/; its entry."""
+    import shutil
+
+    import onnx
+    import torch
+
+    from ..onnxio import fp16_storage
+    from . import hooks
+    from .validate import export_component, free_memory
+
+    cn_dir = Path(cn_dir)
+    cls = _class(record["class"])
+    try:
+        module = cls.from_pretrained(cn_dir, local_files_only=True, use_safetensors=True).eval()
+    except (OSError, ValueError, RuntimeError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not load {cn_dir}: {first}") from None
+    spec = family.controlnet_spec(info, record)
+    folder = dest / "controlnets" / name
+    dims = family.export_dims(family.backbone_spec(info), info)
+    gen = torch.Generator().manual_seed(0)
+    feeds = []
+    for d in dims:
+        f = hooks.export_feeds(family, spec, d, gen, 0)
+        f["controlnet_cond"] = torch.rand(*f["controlnet_cond"].shape, generator=gen)
+        f["conditioning_scale"] = torch.tensor([0.7])
+        feeds.append(f)
+    entry = export_component(spec, ControlNet(module, [t.name for t in spec.inputs][2:-2]), feeds, folder, options)
+    del module
+    free_memory()
+    path = folder / "model.onnx"
+    if not entry["external_data"]:
+        model = onnx.load(str(path))
+        if stored := fp16_storage.store(model):
+            onnx.save_model(model, str(path))
+            entry["storage"] = {"fp16_tensors": stored}
+        entry["bytes"] = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    shutil.copy2(cn_dir / "config.json", folder / "config.json")
+    entry.update(record, path=f"controlnets/{name}/model.onnx",
+                 external_data=[f"controlnets/{name}/{Path(f).name}" for f in entry["external_data"]],
+                 shapes_validated=dims)
+    return entry
+
+
+def _class(name: str):
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if cls is None:
+        raise UserError(f"{name} is not available in this diffusers")
+    return cls
+
+
+def ControlNet(module, added: list[str]):  # noqa: N802 - a torch module made on demand (torch is export-only)
+    """The ControlNet called with the ONNX inputs in order -> (down residuals..., mid residual)."""
+    import torch
+
+    class _ControlNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = module
+
+        def forward(self, sample, timestep, encoder_hidden_states, *rest):
+            *more, cond, scale = rest
+            kwargs = {"added_cond_kwargs": dict(zip(added[1:], more))} if len(added) > 1 else {}
+            down, mid = self.model(sample, timestep, encoder_hidden_states, controlnet_cond=cond,
+                                   conditioning_scale=scale, guess_mode=False, return_dict=False, **kwargs)
+            return (*down, mid)
+
+    return _ControlNet().eval()
+
+
+def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path | str | None = None,
+                   overwrite: bool = False, options=None) -> dict:
+    """Add ControlNet `name` (a diffusers ControlNetModel folder) to an exported folder (in place by default);
+    an existing one of that name only with `overwrite`. Returns the new manifest."""
+    from ..artifacts import derive, read_manifest, verify_folder
+    from .options import ExportOptions
+
+    folder = Path(folder)
+    check_name(name)
+    manifest = read_manifest(folder)
+    verify_folder(folder, manifest)
+    family = get_family(manifest.get("family"))
+    info = manifest["pipeline"]
+    have = manifest.get("controlnets") or {}
+    if name in have and not overwrite:
+        raise UserError(f"{folder} already has a ControlNet named {name!r} (--overwrite replaces it)")
+    record = check_source(cn_dir, family, info, backbone_config(folder, manifest, family))
+    in_place = out is None or Path(out).resolve() == folder.resolve()
+    target = folder if in_place else Path(out)
+    with derive(folder, target, manifest, overwrite=overwrite, in_place=in_place) as d:
+        old = (d.manifest.get("controlnets") or {}).get(name)
+        if old is not None:  # the replaced net's files are not carried over
+            for rel in [old["path"], *old.get("external_data", []), f"controlnets/{name}/config.json"]:
+                d.path(rel).unlink(missing_ok=True)
+        entry = export_controlnet(name, cn_dir, record, family, info, d.tmp, options or ExportOptions())
+        d.manifest.setdefault("controlnets", {})[name] = entry
+    return read_manifest(target)
+
+
+def backbone_config(folder: Path, manifest: dict, family: Family) -> dict:
+    """The backbone's diffusers config.json, which export copies beside its ONNX file."""
+    from ..artifacts import confined
+
+    path = confined(folder, f"{family.backbone}/config.json", "backbone config")
+    if not path.is_file():
+        raise UserError(f"{folder}: {family.backbone}/config.json is missing (a folder exported by an older version?); "
+                        "re-export it to add a ControlNet")
+    return _json(path)

@@ -1,0 +1,301 @@
+"""ControlNet in the host loop: `pipe(prompt, controlnets=[...])`, diffusers' (Multi)ControlNet pipelines.
+
+Each step, every active net runs on the backbone's own [uncond; cond] batch (sample, timestep, text
+conditioning; no guess mode) with its control image, and the residuals (each net's already scaled by
+scale x keep, summed over the nets as MultiControlNetModel does) are fed to the backbone, cut at load time
+to take them (`residual_backbone`: an `Add` on every skip edge and on the mid block's output, where the
+family says). keep follows diffusers' control_guidance_start/end: net j is off at step i of N when
+i/N < start or (i+1)/N > end. The backbone is never re-exported: an int8 or fp16-stored one is cut as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UserError
+from ..families.base import SAMPLE, TIMESTEP
+from ..families.control import COND, SCALE
+from .control_graph import residual_names
+
+
+@dataclass(frozen=True)
+class ControlNetSpec:
+    """One ControlNet of a generation: the folder's net `name`, its control image (an RGB picture, (H, W, 3)
+    uint8 or PIL, or a (B, 3, H, W) float array in [0, 1]), its scale and its active share of the steps."""
+    name: str
+    image: object
+    scale: float = 1.0
+    start: float = 0.0
+    end: float = 1.0
+
+
+def _number(v, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(float(v)):
+        raise UserError(f"ControlNet {what} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def check_spec(spec: ControlNetSpec) -> ControlNetSpec:
+    if not isinstance(spec.name, str) or not spec.name:
+        raise UserError(f"ControlNet name must be a non-empty string, got {spec.name!r}")
+    scale, start, end = _number(spec.scale, "scale"), _number(spec.start, "start"), _number(spec.end, "end")
+    if not 0.0 <= start < end <= 1.0:
+        raise UserError(f"ControlNet {spec.name!r}: start and end must satisfy 0 <= start < end <= 1, got {start}, {end}")
+    if spec.image is None:
+        raise UserError(f"ControlNet {spec.name!r} needs a control image")
+    return ControlNetSpec(spec.name, spec.image, scale, start, end)
+
+
+def parse_controls(controlnets) -> list[ControlNetSpec]:
+    """ControlNetSpec entries or tuples (name, image[, scale[, start, end]]) -> checked specs."""
+    if controlnets is None:
+        return []
+    if isinstance(controlnets, ControlNetSpec) or (isinstance(controlnets, tuple) and controlnets
+                                                   and isinstance(controlnets[0], str)):
+        controlnets = [controlnets]  # one net given alone
+    if not isinstance(controlnets, (list, tuple)):
+        raise UserError(f"controlnets must be a list of ControlNetSpec or tuples, got {type(controlnets).__name__}")
+    specs = []
+    for c in controlnets:
+        if isinstance(c, tuple):
+            if not 2 <= len(c) <= 5 or len(c) == 4:
+                raise UserError("a ControlNet entry is (name, image), (name, image, scale) or (name, image, scale, start, end)")
+            c = ControlNetSpec(*c)
+        if not isinstance(c, ControlNetSpec):
+            raise UserError(f"controlnets entries must be ControlNetSpec or tuples, got {type(c).__name__}")
+        specs.append(check_spec(c))
+    return specs
+
+
+def parse_cli(text: str) -> tuple[str, float, float, float]:
+    """`NAME[:SCALE[:START:END]]` -> (name, scale, start, end), checked."""
+    name, *rest = str(text).split(":")
+    if len(rest) not in (0, 1, 3):
+        raise UserError(f"--controlnet {text!r}: expected NAME[:SCALE[:START:END]]")
+    try:
+        nums = [float(v) for v in rest]
+    except ValueError:
+        raise UserError(f"--controlnet {text!r}: SCALE, START and END must be numbers") from None
+    scale = nums[0] if nums else 1.0
+    start, end = (nums[1], nums[2]) if len(nums) == 3 else (0.0, 1.0)
+    spec = check_spec(ControlNetSpec(name, "?", scale, start, end))
+    return spec.name, spec.scale, spec.start, spec.end
+
+
+def keep_column(spec: ControlNetSpec, steps: int) -> np.ndarray:
+    """(steps,) float32: 1 where the net runs (diffusers: 1 - (i/N < start or (i+1)/N > end))."""
+    i = np.arange(steps, dtype=np.float64)
+    off = (i / steps < spec.start) | ((i + 1) / steps > spec.end)
+    return (1.0 - off).astype(np.float32)
+
+
+def control_pixels(image, batch: int, height: int, width: int) -> np.ndarray:
+    """(batch, 3, H, W) float32 in [0, 1]: a picture resized (Lanczos, with a notice) and scaled as diffusers'
+    control image processor does, or a float array of that size used as it is."""
+    from .image_input import _resized, to_pil
+
+    if isinstance(image, np.ndarray) and image.dtype.kind == "f":
+        a = np.asarray(image, np.float32)
+        if a.ndim != 4 or a.shape[1] != 3 or a.shape[2:] != (height, width) or a.shape[0] not in (1, batch):
+            raise UserError(f"a control image array must be (1 or {batch}, 3, {height}, {width}) in [0, 1], got {a.shape}")
+        if not np.isfinite(a).all() or a.min() < 0 or a.max() > 1:
+            raise UserError("a control image array must hold finite values in [0, 1]")
+    else:
+        img = _resized(to_pil(image, "the control image").convert("RGB"), height, width, "the control image")
+        a = (np.asarray(img, np.float32) / np.float32(255.0)).transpose(2, 0, 1)[None]
+    return np.ascontiguousarray(np.repeat(a, batch // a.shape[0], axis=0), np.float32)
+
+
+def record_of(pipe, name: str) -> dict:
+    """The folder's ControlNet `name`, checked against the folder's family and backbone (one line if not)."""
+    rec = pipe.manifest["controlnets"][name]  # (check_request: it is there)
+    if not isinstance(rec, dict) or rec.get("family") != pipe.family.name:
+        raise UserError(f"{pipe.folder}: ControlNet {name!r} was exported for family "
+                        f"{rec.get('family') if isinstance(rec, dict) else None!r}, the folder is {pipe.family.name!r}")
+    config = _json_in(pipe.folder, f"controlnets/{name}/config.json")
+    backbone = _json_in(pipe.folder, f"{pipe.family.backbone}/config.json")
+    fresh = pipe.family.controlnet_record(config, backbone, pipe.info)  # another family or size: one line
+    if [fresh["residuals"], fresh["mid"]] != [rec.get("residuals"), rec.get("mid")]:
+        raise UserError(f"{pipe.folder}: ControlNet {name!r}'s manifest record disagrees with its config.json")
+    return rec
+
+
+def _json_in(folder, rel: str) -> dict:
+    import json
+
+    from ..manifest import confined
+
+    path = confined(folder, rel, "ControlNet config")
+    try:
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise UserError(f"{path}: not a readable JSON config ({type(e).__name__})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    return obj
+
+
+@dataclass
+class Prepared:
+    """A checked ControlNet of one generation: its spec, manifest record and (batch, 3, H, W) control pixels."""
+    spec: ControlNetSpec
+    record: dict
+    pixels: np.ndarray
+
+
+def check_request(folder, manifest: dict, options, names: list[str]) -> None:
+    """What can be refused from the manifest and options alone (the CLI asks before loading any model)."""
+    from .cache import parse_cache
+
+    if options.loop != "host":
+        compiled = (manifest["components"].get(f"sampler_{options.loop}") or {}).get("controlnets") or []
+        missing = [n for n in names if n not in compiled]
+        if missing:
+            raise UserError(f"ControlNet {missing[0]!r} is not built into this folder's {options.loop} graph: recompile "
+                            f"it with `onnxdiffusion compile-loop --controlnet {missing[0]}` or use --loop host")
+    if (cache := parse_cache(options.cache)) is not None and not cache.noop:
+        raise UserError("step caching with ControlNet is not supported yet (drop --cache)")
+    nets = manifest.get("controlnets") or {}
+    for name in names:
+        if name not in nets:
+            have = ", ".join(sorted(nets)) or "none (add one: onnxdiffusion add-controlnet)"
+            raise UserError(f"{folder} has no ControlNet {name!r}; it has {have}")
+
+
+def prepare(pipe, controlnets, options, loras=None) -> list[Prepared]:
+    """Everything checked before any model runs; [] without ControlNets."""
+    specs = parse_controls(controlnets)
+    if not specs:
+        return []
+    check_request(pipe.folder, pipe.manifest, options, [s.name for s in specs])
+    if loras:
+        raise UserError("run-time LoRAs with ControlNet are not supported yet (merge the LoRA at export: export --lora)")
+    if pipe.precision_schedule is not None:
+        raise UserError("a backbone with a precision schedule does not take ControlNet residuals yet")
+    if pipe.profile is not None and pipe.profile.profile.io_binding == "device":
+        raise UserError("ControlNet runs with host buffers; this profile binds device buffers (io_binding=device)")
+    h, w = pipe.image_size(options)
+    out = []
+    for spec in specs:
+        rec = record_of(pipe, spec.name)
+        out.append(Prepared(spec, rec, control_pixels(spec.image, options.batch, h, w)))
+    return out
+
+
+class ControlledBackbone:
+    """model_fn(x, t): the active nets on the backbone's batch, their scaled residuals summed into the
+    residual backbone's input buffers, then that backbone (a GuidedBackbone) and guidance."""
+
+    def __init__(self, guided, nets: list[tuple], names: list[str], steps: int):
+        self.g, self.names = guided, names
+        self.buffers = [guided.conditioning[n] for n in names]  # bound to the session: written in place
+        self.cond = {k: v for k, v in guided.conditioning.items() if k not in names}
+        self.nets = nets  # (session, its conditioning input names, pixels [uncond; cond], spec, keep column)
+        self.step, self.steps = 0, steps
+        self.active: list[int] = []  # how many nets ran, per call
+
+    def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
+        g = self.g
+        sample = np.ascontiguousarray(np.concatenate([x, x]) if g.guided else x, np.float32)
+        timestep = np.full((sample.shape[0],), t, np.float32)
+        i = min(self.step, self.steps - 1)
+        ran = 0
+        for session, wanted, pixels, spec, keep in self.nets:
+            scale = np.float32(spec.scale * keep[i])  # diffusers: conditioning_scale x keep[i]
+            if scale == 0:  # the net's residuals would be zeros: nothing to add
+                continue
+            feeds = {SAMPLE: sample, TIMESTEP: timestep, COND: pixels, SCALE: np.array([scale], np.float32),
+                     **{k: self.cond[k] for k in wanted}}
+            for buf, r in zip(self.buffers, session.run(self.names, feeds)):
+                if ran:
+                    buf += r
+                else:
+                    np.copyto(buf, r)
+            ran += 1
+        if not ran:
+            for buf in self.buffers:
+                buf.fill(0.0)
+        self.active.append(ran)
+        self.step += 1
+        return g(x, t)
+
+
+def residual_session(pipe, record: dict):
+    """The pipeline's backbone cut to take residuals (cut once per pipeline)."""
+    import onnx
+    import onnxruntime as ort
+
+    from ..manifest import confined
+    from ..onnxio import fp16_storage
+    from .cache import _piece_session
+    from .control_graph import add_residual_inputs  # noqa: F401 (onnx is loaded only here)
+    from .loading import disabled
+    from .session import resolve_provider, session_options
+
+    key = (tuple(map(tuple, record["residuals"])), tuple(record["mid"]))
+    cuts = pipe.__dict__.setdefault("_control_cuts", {})
+    if key not in cuts:
+        bb = pipe._backbone_info
+        path = confined(pipe.folder, bb["path"], "backbone")
+        model = add_residual_inputs(fp16_storage.expand(onnx.load(str(path)), str(path)), pipe.family, record)
+        opts = session_options(pipe._threads, pipe.memory)
+        chain = pipe._chain.get("backbone") or resolve_provider(pipe.provider)
+        extra = {"disabled_optimizers": off} if (off := disabled(bb)) else {}
+        cuts[key] = _piece_session(model, lambda b: ort.InferenceSession(b, sess_options=opts, providers=chain, **extra))
+    return cuts[key]
+
+
+def net_session(pipe, name: str, record: dict):
+    from ..manifest import confined
+    from ..onnxio.session import make_session
+    from . import guards
+
+    sessions = pipe.__dict__.setdefault("_control_sessions", {})
+    if name not in sessions:
+        path = confined(pipe.folder, record.get("path"), f"ControlNet {name!r}")
+        s = make_session(path, pipe.provider, pipe._threads, providers=pipe._chain.get("backbone"), memory=pipe.memory)
+        guards.check_io(pipe.folder, f"controlnets/{name}", s, (SAMPLE, TIMESTEP, COND, SCALE),
+                        tuple(residual_names(len(record["residuals"]))))
+        sessions[name] = s
+    return sessions[name]
+
+
+def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guidance: float, h: int, w: int,
+                        shape: tuple[int, ...], steps: int, extra=None) -> ControlledBackbone:
+    """This generation's model function with ControlNets (prepared by `prepare`)."""
+    rec = prepared[0].record
+    for p in prepared[1:]:
+        if [p.record["residuals"], p.record["mid"]] != [rec["residuals"], rec["mid"]]:
+            raise UserError(f"ControlNets {prepared[0].spec.name!r} and {p.spec.name!r} give residuals of different shapes")
+    names = residual_names(len(rec["residuals"]))
+    n = shape[0] * (2 if guidance > 1.0 else 1)
+    zeros = {name: np.zeros((n, c, shape[2] // f, shape[3] // f), np.float32)
+             for name, (c, f) in zip(names, [*rec["residuals"], rec["mid"]])}
+    guided = pipe.guided_backbone(prompts, negatives, guidance, h, w, shape, residual_session(pipe, rec), extra=extra,
+                                  inputs=zeros)
+    nets = []
+    for p in prepared:
+        session = net_session(pipe, p.spec.name, p.record)
+        wanted = [i.name for i in session.get_inputs() if i.name not in (SAMPLE, TIMESTEP, COND, SCALE)]
+        missing = [k for k in wanted if k not in guided.conditioning]
+        if missing:
+            raise UserError(f"ControlNet {p.spec.name!r} wants inputs {missing} the backbone is not fed")
+        pixels = np.concatenate([p.pixels, p.pixels]) if guided.guided else p.pixels
+        nets.append((session, wanted, np.ascontiguousarray(pixels), p.spec, keep_column(p.spec, steps)))
+    return ControlledBackbone(guided, nets, names, steps)
+
+
+def graph_feeds(compiled: list[str], prepared: list[Prepared], steps: int, batch: int, h: int, w: int) -> dict:
+    """A sampling graph's ControlNet inputs: each compiled net's image, scale and keep column; a net this run
+    does not use gets scale 0 (zero residuals, as the host loop's skipped net)."""
+    by_name = {p.spec.name: p for p in prepared}
+    feeds = {}
+    for k, name in enumerate(compiled):
+        p = by_name.get(name)
+        feeds[f"control_image_{k}"] = p.pixels if p else np.zeros((batch, 3, h, w), np.float32)
+        feeds[f"control_scale_{k}"] = np.array(p.spec.scale if p else 0.0, np.float32)
+        feeds[f"control_keep_{k}"] = keep_column(p.spec, steps) if p else np.zeros((steps,), np.float32)
+    return feeds

@@ -1,0 +1,65 @@
+"""ControlNets inside the sampling graph: the twin of runtime/controlnet.ControlledBackbone.
+
+The backbone is the residual-taking cut (runtime/control_graph.py); each compiled net is inlined beside it
+in the step body, fed the step's [uncond; cond] sample, timestep and conditioning, its control image
+(graph input `control_image_K`, (B, 3, H, W) in [0, 1], doubled for the guidance batch once before the loop)
+and `control_scale_K` x `control_keep_K`[i] as its conditioning_scale (keep: the per-step column of
+diffusers' control_guidance_start/end, indexed by the run's step i). The nets' residuals are summed in net
+order and bound to the backbone's residual inputs. A net left out of a run is fed scale 0: its residuals
+are zeros, as the host loop's skipped net.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+COND, SCALE = "controlnet_cond", "conditioning_scale"
+
+
+def control_inputs(count: int) -> list:
+    f = TensorProto.FLOAT
+    ins = []
+    for k in range(count):
+        ins += [helper.make_tensor_value_info(f"control_image_{k}", f, ["batch", 3, "image_height", "image_width"]),
+                helper.make_tensor_value_info(f"control_scale_{k}", f, []),
+                helper.make_tensor_value_info(f"control_keep_{k}", f, [f"control_steps_{k}"])]
+    return ins
+
+
+def control_prologue(b, pre: dict, nets: list, residuals: list[str]) -> None:
+    """`nets`: Backbone-like inlinable ControlNets (io "out:NAME" per residual); once-per-run values."""
+    b.const("control_scale_shape", np.array([1], np.int64))
+    guided = pre["mode"] != "none"
+    state = []
+    for k, net in enumerate(nets):
+        image = f"control_image_{k}"
+        pixels = b.op("Concat", [image, image], f"control_pixels_{k}", axis=0) if guided else image
+        rows = b.op("Squeeze", [b.op("Slice", [b.op("Shape", [f"control_keep_{k}"], f"control_keep_shape_{k}"),
+                                               "slice0_start", "slice0_end"], f"control_keep_rows_{k}"), "axes0"],
+                    f"control_keep_len_{k}")
+        state.append({"net": net, "pixels": pixels, "last": b.op("Sub", [rows, "one_i64"], f"control_keep_last_{k}")})
+    pre["control"] = {"nets": state, "residuals": residuals}
+
+
+def control_residuals(b, pre: dict, remap: dict, i: str, tag: str, n) -> dict[str, str]:
+    """Inline every net for this step; backbone residual input name -> the summed residual tensor."""
+    from .graph_backbone import inline_backbone
+
+    ctl = pre["control"]
+    sums: dict[str, str] = {}
+    for k, s in enumerate(ctl["nets"]):
+        net = s["net"]
+        keep = b.op("Gather", [f"control_keep_{k}", b.op("Min", [i, s["last"]], n(f"control_keep_idx_{k}"))],
+                    n(f"control_keep_i_{k}"), axis=0)
+        scale = b.op("Reshape", [b.op("Mul", [f"control_scale_{k}", keep], n(f"control_scale_i_{k}")),
+                                 "control_scale_shape"], n(f"control_scale_vec_{k}"))
+        feeds = {net.io["sample"]: remap["sample"], net.io["timestep"]: remap["timestep"],
+                 net.io[f"cond:{COND}"]: s["pixels"], net.io[f"cond:{SCALE}"]: scale}
+        feeds.update({net.io[key]: remap[key[len("cond:"):]] for key in net.io
+                      if key.startswith("cond:") and key[len("cond:"):] not in (COND, SCALE)})
+        inline_backbone(b.nodes, net, feeds, tag)
+        for r in ctl["residuals"]:
+            out = tag + net.io[f"out:{r}"] if tag else net.io[f"out:{r}"]
+            sums[r] = out if r not in sums else b.op("Add", [sums[r], out], n(f"control_sum_{k}_{r}"))
+    return sums
