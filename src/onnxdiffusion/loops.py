@@ -102,7 +102,7 @@ def _has_qdq(model: onnx.ModelProto) -> bool:
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str | None = None,
-                 cpu_tuned: bool | None = None, cache: str | None = None) -> dict:
+                 cpu_tuned: bool | None = None, cache: str | None = None, stop_early: bool = False) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
     `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
@@ -112,7 +112,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     ~1.17x the host loop's time for an fp32 UNet). None (default): tuned for a float backbone; an int8
     backbone (Q/DQ, or one whose manifest disables ORT passes) keeps what the host loop runs.
     `cache`: a step-caching spec (or a bare method): the Loop graph can then cache with that method, at an
-    interval or threshold chosen per run (generate --cache).
+    interval or threshold chosen per run (generate --cache). `stop_early`: the Loop's cond output tests the
+    denoised estimate's change, so generate --stop-early THRESHOLD[:MIN_STEPS] ends it early (graph_stop.py).
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -124,6 +125,9 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     if form == "unrolled" and steps > 1000:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
     cache_spec = _cache_spec(cache, form, whole)
+    if stop_early and (form != "loop" or whole):
+        raise UserError("--stop-early builds adaptive stopping into the Loop graph the pipeline runs "
+                        "(--form loop, not --whole): an unrolled graph cannot end early")
     in_place = out.resolve() == model.resolve()
     if not in_place:
         check_output_folder(out, overwrite, inputs=(model,))  # before anything is loaded
@@ -202,7 +206,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     inlined = tuple(extra.get("text_encoders", ()))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
-                                 schedule=schedule, high_backbone=high, cache=split, **extra)
+                                 schedule=schedule, high_backbone=high, cache=split, stop=stop_early, **extra)
     del unet, extra, high
     from .adapters.graph import expose_lora_inputs
 
@@ -237,6 +241,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             info["lora"] = lora
         if cache_spec is not None:
             info["cache"] = compiled_record(cache_spec)
+        if stop_early:
+            info["stop_early"] = True
         return info
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
