@@ -124,10 +124,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
     if form == "unrolled" and steps > 1000:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
-    cache_spec = _cache_spec(cache, form, whole)
-    if stop_early and (form != "loop" or whole):
-        raise UserError("--stop-early builds adaptive stopping into the Loop graph the pipeline runs "
-                        "(--form loop, not --whole): an unrolled graph cannot end early")
+    cache_spec = _cache_spec(cache, form, whole, stop_early)
     in_place = out.resolve() == model.resolve()
     if not in_place:
         check_output_folder(out, overwrite, inputs=(model,))  # before anything is loaded
@@ -253,9 +250,13 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     return info
 
 
-def _cache_spec(text: str | None, form: str, whole: bool):
+def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = False):
+    """The compiled cache's spec (or None), after both per-step options are checked against the form."""
     from .runtime.cache import parse_compiled_cache
 
+    if stop_early and (form != "loop" or whole):
+        raise UserError("--stop-early builds adaptive stopping into the Loop graph the pipeline runs "
+                        "(--form loop, not --whole): an unrolled graph cannot end early")
     spec = parse_compiled_cache(text)
     if spec is not None and (form != "loop" or whole):
         raise UserError("--cache builds step caching into the Loop graph the pipeline runs (--form loop, not --whole)")

@@ -21,6 +21,7 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     options = pipe.resolve(options)
     cache = parse_cache(options.cache)
     stop = stopping.parse_stop(options.stop_early)
+    stopping.check_form(stop, options.loop, lambda: pipe.sampling_graph("loop").stop, cache)
     if cache is not None and not cache.noop and options.loop != "host":
         if options.loop != "loop":
             raise UserError(f"cache {cache} runs in the host loop and the Loop graph (--loop host | loop)")
@@ -60,8 +61,7 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
                             f"this sampler needs {run_table.num_steps}" + (" at this strength" if start else ""))
         if start is not None:
             graph.check_image_inputs(start)
-    graph_stop = pipe.sampling_graph("loop").stop if options.loop == "loop" and stop and not stop.noop else None
-    stopping.check_form(stop, options.loop, graph_stop, start is not None and start.keep is not None)
+    stopping.check_inpainting(stop, start is not None and start.keep is not None)
     stopping.check_steps(stop, run_table.num_steps)
     if run_table.needs_noise and noise is None:
         noise = rng.standard_normal((run_table.num_steps, *shape), dtype=np.float32)
