@@ -122,3 +122,48 @@ def test_cli_bad_specs(tmp_path, spec, fragment):
     assert_one_line_error(invoke("generate", SD, PROMPT, "--steps", "20", "--stop-early", spec, "-o", out,
                                  timeout=300), fragment)
     assert not out.exists()
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")  # step 0: no previous estimate, 0 in the denominator
+@pytest.mark.parametrize("sampler", ["ddim", "euler", "dpmpp_2m"])
+def test_toy_graph_is_the_host_tests_twin(sampler):
+    """build_sampling_graph(stop=True) on a toy backbone: ONNX Runtime and ONNX's reference evaluator end the
+    Loop at the step the host loop's StopSpec picks, and return that step's denoised estimate."""
+    import onnx
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxdiffusion.samplers import build_table, guided, iter_sample
+    from onnxdiffusion.samplers.graph import build_sampling_graph
+    from test_loop_graph import SD as SCHEDULE, toy_backbone, toy_eager
+
+    rng = np.random.default_rng(1)
+    steps, backbone = 12, toy_backbone()
+    table = build_table(sampler, SCHEDULE, steps)
+    latents = rng.standard_normal((2, 4, 4, 4), dtype=np.float32)
+    cond, uncond = (rng.standard_normal((2, 3, 8), dtype=np.float32) for _ in range(2))
+    fn = guided(toy_eager(backbone)(np.concatenate([uncond, cond])), 3.0)
+    den = [d for _, _, d in iter_sample(fn, latents, table)]
+    change = [float(relative_change(den[i], den[i - 1])) for i in range(1, steps - 1)]
+    graph = build_sampling_graph(backbone, "loop", stop=True)
+    onnx.checker.check_model(graph, full_check=True)
+    sessions = [ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]),
+                ReferenceEvaluator(graph)]
+    names = [o.name for o in graph.graph.output]
+    feeds = {"latents": latents, "cond": cond, "uncond": uncond, "table": table.rows, "steps": np.array(steps, np.int64),
+             "init_scale": np.array(table.init_scale, np.float32), "guidance": np.array(3.0, np.float32),
+             "noise": np.zeros((1, *latents.shape), np.float32)}
+    plain = dict(zip(names, sessions[0].run(None, feeds)))
+    assert plain["steps_run"] == steps
+    k = 1 + int(np.argmin(change))  # the step with the smallest change: a threshold just above it stops there
+    spec = StopSpec(float(np.float32(change[k - 1])) * 1.001, 1)
+    want = next(i for i, d in enumerate(den) if spec.stops(i, steps, d, den[i - 1] if i else None))
+    assert want <= k
+    for sess in sessions:
+        got = dict(zip(names, sess.run(None, {**feeds, "stop_threshold": np.array(spec.threshold, np.float64),
+                                               "stop_min_steps": np.array(1, np.int64)})))
+        assert int(got["steps_run"]) == want + 1
+        np.testing.assert_allclose(got["final_latents"], den[want], rtol=1e-5, atol=1e-6)
+    got = dict(zip(names, sessions[0].run(None, {**feeds, "stop_threshold": np.array(spec.threshold, np.float64),
+                                                 "stop_min_steps": np.array(want + 3, np.int64)})))
+    assert int(got["steps_run"]) >= min(want + 3, steps)

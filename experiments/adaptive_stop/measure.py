@@ -13,6 +13,7 @@ at one threshold, and stopping composed with the model's step cache. Writes expe
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -115,7 +116,13 @@ def markdown(results: dict) -> str:
              f"(1 min) before / after: {m['load_before']:.1f} / {m['load_after']:.1f}. Batch 1, held-out prompt-seed "
              "pairs, CPU time per image end to end; speed-up = median of per-prompt full/stopped ratios (settings "
              "interleaved prompt by prompt); PSNR of the image vs the full 20-step host-loop image ('identical': "
-             "images equal to it); points = strict accuracy difference to the full run.", ""]
+             "images equal to it); points = strict accuracy difference to the full run. 'fixed stop after K of 20 "
+             "steps' is `--stop-early 1e9:K` (no test: the 20-step schedule cut at K, its denoised estimate decoded); "
+             "'full K steps' is a K-step schedule run to its end. The cache rows lift the pipeline's refusal of "
+             "stop-early with an active cache, to show why it is refused.", "",
+             "Command (from the repository root):", "", "```bash",
+             "PYTHONPATH=src HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python experiments/adaptive_stop/measure.py WORK --count 32",
+             "```", ""]
     head = ["setting", "steps run (mean, min-max)", "speed-up (median)", "speed-up (totals)", "PSNR mean",
             "PSNR worst", "identical", "strict acc.", "points"]
     for name, r in results["models"].items():
@@ -159,11 +166,17 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("work", type=Path, help="scratch folder for the compiled Loop graphs")
+    ap.add_argument("work", type=Path, nargs="?", help="scratch folder for the compiled Loop graphs")
     ap.add_argument("--count", type=int, default=32)
     ap.add_argument("--models", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "adaptive_stop" / "results")
+    ap.add_argument("--render", action="store_true", help="only rewrite OUT.md and OUT.png from OUT.json")
     args = ap.parse_args()
+    if args.render:
+        results = json.loads(args.out.with_suffix(".json").read_text())
+        args.out.with_suffix(".md").write_text(markdown(results))
+        plot(results, args.out.with_suffix(".png"))
+        return
     _lift_cache_refusal()
     results = {"machine": cp.cpu_info(), "models": {}}
     results["machine"].pop("isa", None)
