@@ -112,6 +112,7 @@ def generate(
     provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
     cache: Annotated[Optional[str], typer.Option(help="step caching (host loop, or a Loop graph compiled with compile-loop --cache): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] (transformers) | deepcache:INTERVAL[:BRANCH] (UNets)")] = None,
+    stop_early: Annotated[Optional[str], typer.Option(help="THRESHOLD[:MIN_STEPS]: end sampling once the denoised estimate changes by less than THRESHOLD (mean |D_i - D_i-1| / mean |D_i-1|) after at least MIN_STEPS steps (default 1) and decode that estimate; host loop, or a Loop graph compiled with compile-loop --stop-early; 0 never stops")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
@@ -160,6 +161,10 @@ def generate(
         from .runtime.cache import parse_cache
 
         parse_cache(cache)  # a bad spec: one line before any model loads
+    if stop_early is not None:
+        from .runtime.stop import parse_stop
+
+        parse_stop(stop_early)
     picture = picture_mask = None
     if image is not None or mask is not None or strength is not None:
         from .runtime.image_input import check_mask_matches, check_strength, read_picture
@@ -181,7 +186,7 @@ def generate(
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
                                               mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache,
-                                              decoder=decoder),
+                                              stop_early=stop_early, decoder=decoder),
                               manifest["recommended"])
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile
@@ -215,6 +220,10 @@ def generate(
                 bar.total = event.num_steps  # model evaluations: Heun makes two per step
                 bar.update(1)
         bar.update(bar.total - bar.n)  # one-graph loops report only at the end
+    if stop_early is not None:
+        ran, total = result.settings["steps_run"], bar.total
+        print(f"stop-early {stop_early}: ran {ran} of {total} steps" + (" (stopped early)" if ran < total else ""),
+              file=sys.stderr)
     for p in result.save(output, overwrite=overwrite):
         print(p)
 
@@ -231,6 +240,7 @@ def compile_loop_cmd(
                                        "as the host loop, checked against the CPU at load) or a portable one")] = None,
     cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | deepcache[:INTERVAL[:BRANCH]] (ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
     controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME: build this ControlNet of the folder into the graph beside the backbone (repeatable; generate --controlnet NAME then runs in it)")] = None,
+    stop_early: Annotated[bool, typer.Option(help="--form loop: build in adaptive stopping (the Loop's cond output tests the denoised estimate's change; generate --stop-early picks THRESHOLD[:MIN_STEPS] per run)")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
@@ -238,7 +248,7 @@ def compile_loop_cmd(
 
     print(f"compiling the {form} sampling graph of {model}", file=sys.stderr, flush=True)
     info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned,
-                        cache=cache, controlnets=tuple(controlnet or ()))
+                        cache=cache, controlnets=tuple(controlnet or ()), stop_early=stop_early)
     print(f"{info['path']}: {info['bytes'] / 1e6:.1f} MB in {info['compile_seconds']:.1f}s -> {out}")
 
 

@@ -103,7 +103,8 @@ def _has_qdq(model: onnx.ModelProto) -> bool:
 
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str | None = None,
-                 cpu_tuned: bool | None = None, cache: str | None = None, controlnets=()) -> dict:
+                 cpu_tuned: bool | None = None, cache: str | None = None, controlnets=(),
+                 stop_early: bool = False) -> dict:
     """Write `out`: the model folder plus one graph running the whole sampling loop.
 
     `out` may equal `model` to add the graph in place. Returns the new component's manifest entry.
@@ -114,6 +115,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     backbone (Q/DQ, or one whose manifest disables ORT passes) keeps what the host loop runs.
     `cache`: a step-caching spec (or a bare method): the Loop graph can then cache with that method, at an
     interval or threshold chosen per run (generate --cache). `controlnets`: the folder's ControlNets built in.
+    `stop_early`: the Loop's cond output tests the denoised estimate's change, so generate --stop-early
+    THRESHOLD[:MIN_STEPS] ends it early (graph_stop.py).
     """
     model, out = Path(model), Path(out)
     if form not in FORMS:
@@ -124,7 +127,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
     if form == "unrolled" and steps > 1000:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
-    cache_spec = _cache_spec(cache, form, whole)
+    cache_spec = _cache_spec(cache, form, whole, stop_early)
 
     in_place = out.resolve() == model.resolve()
     if not in_place:
@@ -207,7 +210,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     extra.update(loops_control.graph_control(model, control, net_level))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
-                                 schedule=schedule, high_backbone=high, cache=split, **extra)
+                                 schedule=schedule, high_backbone=high, cache=split, stop=stop_early, **extra)
     del unet, extra, high
     from .adapters.graph import expose_lora_inputs
 
@@ -243,6 +246,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         if cache_spec is not None:
             info["cache"] = compiled_record(cache_spec)
         info.update({"controlnets": list(controlnets)} if control else {})
+        if stop_early:
+            info["stop_early"] = True
         return info
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
@@ -253,9 +258,13 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     return info
 
 
-def _cache_spec(text: str | None, form: str, whole: bool):
+def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = False):
+    """The compiled cache's spec (or None), after both per-step options are checked against the form."""
     from .runtime.cache import parse_compiled_cache
 
+    if stop_early and (form != "loop" or whole):
+        raise UserError("--stop-early builds adaptive stopping into the Loop graph the pipeline runs "
+                        "(--form loop, not --whole): an unrolled graph cannot end early")
     spec = parse_compiled_cache(text)
     if spec is not None and (form != "loop" or whole):
         raise UserError("--cache builds step caching into the Loop graph the pipeline runs (--form loop, not --whole)")

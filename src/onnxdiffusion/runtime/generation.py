@@ -16,6 +16,7 @@ class StepEvent:
     timestep: float
     latents: np.ndarray
     denoised: np.ndarray
+    stopped: bool = False  # adaptive stopping ended the run after this step (the result is `denoised`)
 
 
 @dataclass
@@ -54,6 +55,9 @@ class GenerateOptions:
     # VAE's round trip does not touch them; off: the decoded image as is (diffusers' default)
     mask_overlay: bool = False
     cache: str | None = None  # step caching SPEC (runtime/cache.py), e.g. "first_block:0.2"; host loop
+    # adaptive stopping (runtime/stop.py): "THRESHOLD[:MIN_STEPS]" or a number; host loop or a Loop graph
+    # compiled with compile-loop --stop-early; the result's settings["steps_run"] says how many steps ran
+    stop_early: str | float | None = None
     decoder: str = "full"  # full (the VAE) | tiny (the folder's vae_decoder_tiny: runtime/tiny_decoder.py)
 
 

@@ -11,6 +11,7 @@ from . import guards
 from ..adapters.runtime import graph_feeds as graph_lora_feeds
 from .cache import cached_backbone, loop_feeds, parse_cache
 from .generation import GenerationResult, StepEvent
+from . import stop as stopping
 
 
 def prepare(pipe, options, latents, noise, image=None, mask=None):
@@ -19,6 +20,8 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
 
     options = pipe.resolve(options)
     cache = parse_cache(options.cache)
+    stop = stopping.parse_stop(options.stop_early)
+    stopping.check_form(stop, options.loop, lambda: pipe.sampling_graph("loop").stop, cache)
     if cache is not None and not cache.noop and options.loop != "host":
         if options.loop != "loop":
             raise UserError(f"cache {cache} runs in the host loop and the Loop graph (--loop host | loop)")
@@ -58,6 +61,8 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
                             f"this sampler needs {run_table.num_steps}" + (" at this strength" if start else ""))
         if start is not None:
             graph.check_image_inputs(start)
+    stopping.check_inpainting(stop, start is not None and start.keep is not None)
+    stopping.check_steps(stop, run_table.num_steps)
     if run_table.needs_noise and noise is None:
         noise = rng.standard_normal((run_table.num_steps, *shape), dtype=np.float32)
     if noise is not None:
@@ -66,6 +71,9 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
 
 
 def run(pipe, options, table, latents, noise, prompts, negatives, start=None, adapter=None, controls=None):
+    stop = stopping.parse_stop(options.stop_early)
+    stop = None if stop is None or stop.noop else stop  # threshold 0 never stops: no test to compute
+    run_table = table if start is None else start.cut
     embedded = pipe.family.guidance_input_for(pipe.info)  # guidance-distilled: the scale is a backbone input, no CFG
     h, w = pipe.image_size(options)
     offset = 0 if start is None else start.start
@@ -78,13 +86,15 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         graph = pipe.sampling_graph(options.loop)
         lora = None if adapter is None else graph_lora_feeds(pipe, graph, adapter)
         cache = loop_feeds(graph.cache, parse_cache(options.cache)) if graph.form == "loop" else {}
-        extra = {**(lora or {}), **cache}  # a run-time LoRA's tensors, the compiled cache's interval / threshold
+        # a run-time LoRA's tensors, the compiled cache's interval / threshold, the stopping test's settings
+        extra = {**(lora or {}), **cache, **stopping.loop_feeds(stop)}
         if graph.controlnets:  # ControlNets built into the graph: every one is fed (scale 0 when unused)
             from .controlnet import graph_feeds
 
-            run_steps = (table if start is None else start.cut).num_steps
-            extra.update(graph_feeds(graph.controlnets, controls or [], run_steps, latents.shape[0], h, w))
-        x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
+            extra.update(graph_feeds(graph.controlnets, controls or [], run_table.num_steps, latents.shape[0], h, w))
+        outs = graph.run_outputs(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
+        x = next(iter(outs.values()))
+        steps_run = int(outs["steps_run"]) if "steps_run" in outs else run_table.num_steps
         guards.check_finite(x, "the sampling graph's output latents")
     else:
         extra = None if start is None else start.extra
@@ -109,8 +119,15 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
             backbones.append(high_fn)
             model_fn = pipe.precision_schedule.wrap(model_fn, high_fn)
         after = None if start is None or start.keep is None else blend_step(start, latents)
+        steps_run, prev = 0, None
         try:
             for i, x, den in iter_sample(model_fn, x, run_table, noise, after_step=after):
+                steps_run = i + 1
+                if stop is not None and stop.stops(i, run_table.num_steps, den, prev):
+                    x = den  # the x0 estimate: a finished picture, not a half-noised latent
+                    yield StepEvent(offset + i, table.num_steps, float(run_table.timesteps[i]), x, den, stopped=True)
+                    break
+                prev = den
                 yield StepEvent(offset + i, table.num_steps, float(run_table.timesteps[i]), x, den)
         finally:  # device buffers go back to the pipeline's pool (also when the generator is dropped)
             for b in backbones:
@@ -119,7 +136,7 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         # one reduction over the final latents: NaN/inf anywhere in the loop propagates to them
         guards.check_finite(x, "sampling (the backbone or sampler produced NaN/inf latents)")
     settings = {"prompt": prompts, "negative_prompt": negatives if negatives is not None else [""] * len(prompts),
-                **options.__dict__, "sampler": table.sampler}
+                **options.__dict__, "sampler": table.sampler, "steps_run": steps_run}
     if start is not None:
         settings.update(start_row=start.start, inpaint=start.keep is not None or start.extra is not None)
     if controls:

@@ -16,9 +16,12 @@ class SamplingGraph:
         self.whole = bool(info.get("whole"))
         self.cache = info.get("cache")  # the step-caching method compiled in (graph_cache.py), or None
         self.controlnets = list(info.get("controlnets") or [])  # ControlNets built in (graph_control.py)
+        self.stop = bool(info.get("stop_early"))  # adaptive stopping compiled in (graph_stop.py)
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
         self.input_names = {i.name for i in session.get_inputs()}
+        # read once here: tests wrap `session` in objects that only run
+        self.output_names = [o.name for o in getattr(session, "get_outputs", list)()]
         # inputs with a default (the image inputs) are overridable initializers to ORT
         overridable = getattr(session, "get_overridable_initializers", None)
         self.input_names |= {i.name for i in (overridable() if overridable else [])}
@@ -98,6 +101,14 @@ class SamplingGraph:
     def run(self, table: SamplerTable, latents: np.ndarray, cond: dict[str, np.ndarray] | np.ndarray,
             uncond: dict[str, np.ndarray] | np.ndarray | None, guidance: float, noise: np.ndarray | None = None,
             steps: int | None = None, image=None, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """The final latents: run_outputs' first output (see there)."""
+        return next(iter(self.run_outputs(table, latents, cond, uncond, guidance, noise, steps, image,
+                                          extra).values()))
+
+    def run_outputs(self, table: SamplerTable, latents: np.ndarray, cond: dict[str, np.ndarray] | np.ndarray,
+                    uncond: dict[str, np.ndarray] | np.ndarray | None, guidance: float, noise: np.ndarray | None = None,
+                    steps: int | None = None, image=None, extra: dict[str, np.ndarray] | None = None
+                    ) -> dict[str, np.ndarray]:
         """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone);
         uncond None for a graph without the guidance batch (guidance-distilled backbones). `image`: an
         ImageStart (runtime/image_input.py); `latents` stay the noise, `noise` has the cut table's rows.
@@ -119,7 +130,7 @@ class SamplingGraph:
                 if uncond is None:
                     raise UserError(f"this sampling graph runs guided: it needs unconditional {name!r}")
                 feeds[u] = np.ascontiguousarray(uncond[name], dtype=np.float32)
-        return self.session.run(None, {**feeds, **(extra or {})})[0]
+        return dict(zip(self.output_names, self.session.run(None, {**feeds, **(extra or {})})))
 
 
 def open_sampling_graph(pipe, form: str) -> SamplingGraph:

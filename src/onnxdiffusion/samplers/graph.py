@@ -201,7 +201,12 @@ def _loop(b: _Builder, bb: Backbone, pre: dict, carried: dict[str, list]) -> str
     """The Loop node over one step (plus the cache's carried state, graph_cache.loop_state); its final x."""
     body = _Builder()
     x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
-    body.op("Identity", ["cond_in"], "cond_out")
+    cond = "cond_in"
+    if pre.get("stop"):  # adaptive stopping: the cond output is the test (graph_stop.py)
+        from .graph_stop import stop_test
+
+        cond, x_new = stop_test(body, "iter", x_new, den, "d_carried")
+    body.op("Identity", [cond], "cond_out")
     body.op("Identity", [x_new], "x_out")
     body.op("Identity", [den], "d_out")
     f = TensorProto.FLOAT
@@ -241,7 +246,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
                          vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
                          latent_patch: int | None = None, schedule=None,
-                         high_backbone: onnx.ModelProto | None = None, cache=None, control=None) -> onnx.ModelProto:
+                         high_backbone: onnx.ModelProto | None = None, cache=None, control=None,
+                         stop: bool = False) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -258,7 +264,9 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
     instead (an ``If`` on the step's timestep; graph_schedule.py). `cache`: (CacheSpec, SplitGraphs of
     `backbone`), step caching in the Loop form (graph_cache.py). `control`: (ControlNet models, the backbone's
-    residual input names): the nets inlined beside a residual-taking backbone (graph_control.py).
+    residual input names): the nets inlined beside a residual-taking backbone (graph_control.py). `stop`:
+    adaptive stopping in the Loop form, the Loop's cond output a test on the denoised estimate's change
+    (graph_stop.py).
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
@@ -332,9 +340,17 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
 
         cache_prologue(b, pre, *cache)
         functions += pre["cache"]["functions"]
-    from .graph_cache import cache_inputs, loop_state
+    if stop:
+        if form != "loop" or whole:
+            raise ValueError("adaptive stopping is built for the Loop form (not unrolled, not whole)")
+        from .graph_stop import stop_prologue
 
-    carried = loop_state(pre)
+        stop_prologue(b, pre)
+    from .graph_cache import cache_inputs, loop_state
+    from .graph_stop import stop_inputs, stop_state
+
+    # the stop counter before the cache's state: a cached graph's last output stays cache_computed
+    carried = {k: v + loop_state(pre)[k] for k, v in stop_state(pre).items()}
     if form == "loop":
         final = _loop(b, bb, pre, carried)
     else:
@@ -360,7 +376,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
-        + (cache_inputs() if cache is not None else []) + (control_inputs(len(nets)) if nets else []),
+        + (cache_inputs() if cache is not None else []) + (control_inputs(len(nets)) if nets else [])
+        + (stop_inputs() if stop else []),
         outputs,
         initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
                                if cache is not None else bb.initializers + (high.initializers if high else []))

@@ -46,14 +46,11 @@ def cache_prologue(b, pre: dict, spec, sg) -> None:
     pieces = [_piece(m, p) for m, p in zip((sg.first, sg.rest, sg.tail), PIECES)]
     b.const("cache_interval", np.array(1, np.int64))
     b.const("cache_threshold", np.array(0.0, np.float64))
-    for name, v in (("zero", 0), ("one", 1), ("two", 2), ("minus_one", -1), ("warmup", spec.warmup),
-                    ("cap", spec.order + 1)):
+    fold_constants(b)
+    for name, v in (("zero", 0), ("minus_one", -1), ("warmup", spec.warmup), ("cap", spec.order + 1)):
         b.const(f"cache_{name}_i64", np.array(v, np.int64))
     b.const("cache_zero_f", np.array(0.0, np.float32))  # every float state starts as this broadcast zero
     b.const("cache_zero_d", np.array(0.0, np.float64))
-    b.const("cache_flat", np.array([-1], np.int64))
-    b.const("cache_scalar", np.zeros((0,), np.int64))
-    b.const("cache_head", np.array([0], np.int64))
     # the span's output: float, or (DeepCache on an int8-static UNet) the quantized tensor the next block reads
     span_type = sg.rest.graph.output[0].type.tensor_type.elem_type or F
     if spec.method == "deepcache":
@@ -193,6 +190,16 @@ def _first_block(b, c, got, i, run_rest, rest):
 
 
 _POLICIES = {"deepcache": _deep, "taylorseer": _taylor, "first_block": _first_block}
+
+
+def fold_constants(b) -> None:
+    """The constants fold_sum reads, added once (step caching and adaptive stopping both fold)."""
+    have = {t.name for t in b.inits}
+    for name, value in (("cache_one_i64", np.array(1, np.int64)), ("cache_two_i64", np.array(2, np.int64)),
+                        ("cache_flat", np.array([-1], np.int64)), ("cache_scalar", np.zeros((0,), np.int64)),
+                        ("cache_head", np.array([0], np.int64))):
+        if name not in have:
+            b.const(name, value)
 
 
 def fold_sum(b, x: str, tag: str) -> str:
