@@ -101,6 +101,30 @@ def _has_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for g in all_graphs(model.graph) for n in g.node)
 
 
+def _check_form(form: str, steps: int | None) -> None:
+    if form not in FORMS:
+        raise UserError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
+    if form == "unrolled" and (steps is None or steps < 1):
+        raise UserError("--form unrolled needs --steps >= 1")
+    if form == "loop" and steps is not None:
+        raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
+    if form == "unrolled" and steps > 1000:
+        raise UserError(f"--steps must be in [1, 1000], got {steps}")
+
+
+def _whole_parts(model: Path, manifest: dict, family) -> dict:
+    """A whole graph's other parts: the text encoders, the family's combine, the VAE decoder and its scaling."""
+    info, comps = manifest["pipeline"], manifest["components"]
+    scale, shift = family.decode_scale_shift(info)
+    return dict(
+        text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
+                       for s in family.text_encoders if s.name in comps},
+        combine=lambda ops, encoded: family.combine(ops, encoded, info),
+        vae_decoder=load_component(model, manifest, "vae_decoder"),
+        vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
+    )
+
+
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str | None = None,
                  cpu_tuned: bool | None = None, cache: str | None = None, controlnets=(),
@@ -119,14 +143,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     THRESHOLD[:MIN_STEPS] ends it early (graph_stop.py).
     """
     model, out = Path(model), Path(out)
-    if form not in FORMS:
-        raise UserError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
-    if form == "unrolled" and (steps is None or steps < 1):
-        raise UserError("--form unrolled needs --steps >= 1")
-    if form == "loop" and steps is not None:
-        raise UserError("--steps is for --form unrolled; the loop form takes the step count at run time")
-    if form == "unrolled" and steps > 1000:
-        raise UserError(f"--steps must be in [1, 1000], got {steps}")
+    _check_form(form, steps)
     cache_spec = _cache_spec(cache, form, whole, stop_early)
 
     in_place = out.resolve() == model.resolve()
@@ -191,17 +208,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
 
             tuned_for = cpu_target()
     split = _cache_split(cache_spec, family, unet, comps[backbone], schedule, large)
-    extra = {}
-    if whole:
-        info = manifest["pipeline"]
-        scale, shift = family.decode_scale_shift(info)
-        extra = dict(
-            text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
-                           for s in family.text_encoders if s.name in comps},
-            combine=lambda ops, encoded: family.combine(ops, encoded, info),
-            vae_decoder=load_component(model, manifest, "vae_decoder"),
-            vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
-        )
+    extra = _whole_parts(model, manifest, family) if whole else {}
     mode = "none" if family.guidance_input_for(manifest["pipeline"]) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "

@@ -314,38 +314,10 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     image_defaults(b, len(dims))
     if correction is not None:
         correction_prologue(b, pre, correction)
-    nets = []
-    if control:
-        from .graph_control import control_prologue
-
-        nets = [_load_net(m, residuals, k) for k, m in enumerate(control[0])]
-        control_prologue(b, pre, nets, residuals)
-        extra_inits += [t for net in nets for t in net.initializers]
-        functions += [f for net in nets for f in net.functions]
-    high = None
-    if (schedule is None) != (high_backbone is None):
-        raise ValueError("a precision schedule needs its high-precision backbone, and the other way round")
-    if schedule is not None:
-        from .graph_schedule import schedule_prologue
-
-        high = load_backbone(high_backbone, prefix="unet_high/")
-        # in the Loop form (one copy of each branch) the weights live in the If branches: read from two
-        # scopes out, ONNX Runtime did not pre-pack them and its MatMuls rounded differently from the host's
-        schedule_prologue(b, pre, schedule, high, bb, local_weights=form == "loop")
-        functions += high.functions
-    if cache is not None:
-        if form != "loop" or schedule is not None:
-            raise ValueError("step caching is built for the Loop form without a precision schedule")
-        from .graph_cache import cache_prologue
-
-        cache_prologue(b, pre, *cache)
-        functions += pre["cache"]["functions"]
-    if stop:
-        if form != "loop" or whole:
-            raise ValueError("adaptive stopping is built for the Loop form (not unrolled, not whole)")
-        from .graph_stop import stop_prologue
-
-        stop_prologue(b, pre)
+    nets, high, inits, funcs = _technique_prologues(b, pre, bb, form, whole, control, residuals, schedule,
+                                                    high_backbone, cache, stop)
+    extra_inits += inits
+    functions += funcs
     from .graph_cache import cache_inputs, loop_state
     from .graph_stop import stop_inputs, stop_state
 
@@ -391,13 +363,45 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     return model
 
 
-def _load_net(model: onnx.ModelProto, residuals: list[str], k: int) -> Backbone:
-    from .graph_control import COND, SCALE
+def _technique_prologues(b: _Builder, pre: dict, bb: Backbone, form: str, whole: bool, control, residuals: list[str],
+                         schedule, high_backbone, cache, stop: bool) -> tuple[list, Backbone | None, list, list]:
+    """The per-step techniques' set-up before the loop (ControlNets, precision schedule, caching, stopping):
+    their nets, the high-precision backbone, and the initializers and functions they add."""
+    extra_inits: list[onnx.TensorProto] = []
+    functions: list = []
+    nets = []
+    if control:
+        from .graph_control import control_prologue, load_net
 
-    io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": residuals[-1],
-          **{f"out:{r}": r for r in residuals}, f"cond:{COND}": COND, f"cond:{SCALE}": SCALE}
-    io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
-    return load_component(model, io, f"controlnet_{k}/")
+        nets = [load_net(m, residuals, k) for k, m in enumerate(control[0])]
+        control_prologue(b, pre, nets, residuals)
+        extra_inits += [t for net in nets for t in net.initializers]
+        functions += [f for net in nets for f in net.functions]
+    high = None
+    if (schedule is None) != (high_backbone is None):
+        raise ValueError("a precision schedule needs its high-precision backbone, and the other way round")
+    if schedule is not None:
+        from .graph_schedule import schedule_prologue
+
+        high = load_backbone(high_backbone, prefix="unet_high/")
+        # in the Loop form (one copy of each branch) the weights live in the If branches: read from two
+        # scopes out, ONNX Runtime did not pre-pack them and its MatMuls rounded differently from the host's
+        schedule_prologue(b, pre, schedule, high, bb, local_weights=form == "loop")
+        functions += high.functions
+    if cache is not None:
+        if form != "loop" or schedule is not None:
+            raise ValueError("step caching is built for the Loop form without a precision schedule")
+        from .graph_cache import cache_prologue
+
+        cache_prologue(b, pre, *cache)
+        functions += pre["cache"]["functions"]
+    if stop:
+        if form != "loop" or whole:
+            raise ValueError("adaptive stopping is built for the Loop form (not unrolled, not whole)")
+        from .graph_stop import stop_prologue
+
+        stop_prologue(b, pre)
+    return nets, high, extra_inits, functions
 
 
 def _merge_opsets(*models: onnx.ModelProto | None) -> list[onnx.OperatorSetIdProto]:

@@ -63,3 +63,13 @@ def control_residuals(b, pre: dict, remap: dict, i: str, tag: str, n) -> dict[st
             out = tag + net.io[f"out:{r}"] if tag else net.io[f"out:{r}"]
             sums[r] = out if r not in sums else b.op("Add", [sums[r], out], n(f"control_sum_{k}_{r}"))
     return sums
+
+
+def load_net(model, residuals: list[str], k: int):
+    """Compiled ControlNet k as an inlinable component: its residual outputs named as the backbone's inputs."""
+    from .graph_backbone import BACKBONE_IO, conditioning_inputs, load_component
+
+    io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": residuals[-1],
+          **{f"out:{r}": r for r in residuals}, f"cond:{COND}": COND, f"cond:{SCALE}": SCALE}
+    io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
+    return load_component(model, io, f"controlnet_{k}/")
