@@ -211,7 +211,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     if control:
         from .runtime.control_graph import residual_names
 
-        extra["control"] = (loops_control.load_nets(model, control, net_level), residual_names(len(control[0]["residuals"])))
+        extra["control"] = (loops_control.load_nets(model, control, net_level), residual_names(family, control[0]))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
                                  schedule=schedule, high_backbone=high, cache=split, **extra)

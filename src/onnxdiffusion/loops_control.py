@@ -25,7 +25,10 @@ def check_names(manifest: dict, names, form: str, whole: bool, cache_spec) -> li
         records.append(nets[name])
     first = records[0]
     for name, rec in zip(names, records):
-        if [rec["residuals"], rec["mid"]] != [first["residuals"], first["mid"]]:
+        if rec.get("condition", "pixels") != "pixels":
+            raise UserError(f"ControlNet {name!r} is fed VAE latents of its control picture: the sampling graph takes "
+                            "pixel-conditioned ControlNets only so far (use --loop host)")
+        if [rec.get("residuals"), rec.get("mid")] != [first.get("residuals"), first.get("mid")]:
             raise UserError(f"ControlNets {names[0]!r} and {name!r} give residuals of different shapes")
     return records
 

@@ -116,9 +116,16 @@ def record_of(pipe, name: str) -> dict:
     config = _json_in(pipe.folder, f"controlnets/{name}/config.json")
     backbone = _json_in(pipe.folder, f"{pipe.family.backbone}/config.json")
     fresh = pipe.family.controlnet_record(config, backbone, pipe.info)  # another family or size: one line
-    if [fresh["residuals"], fresh["mid"]] != [rec.get("residuals"), rec.get("mid")]:
+    if _residuals(pipe.family, fresh) != _residuals(pipe.family, rec):
         raise UserError(f"{pipe.folder}: ControlNet {name!r}'s manifest record disagrees with its config.json")
     return rec
+
+
+def _residuals(family, record: dict, latent=None) -> list:
+    try:
+        return [(n, tuple(d)) for n, d in family.control_residuals(record, latent)]
+    except (KeyError, TypeError, ValueError):
+        raise UserError("a ControlNet's manifest record does not describe its residuals") from None
 
 
 def _json_in(folder, rel: str) -> dict:
@@ -179,7 +186,11 @@ def prepare(pipe, controlnets, options, loras=None) -> list[Prepared]:
     out = []
     for spec in specs:
         rec = record_of(pipe, spec.name)
-        out.append(Prepared(spec, rec, control_pixels(spec.image, options.batch, h, w)))
+        pixels = control_pixels(spec.image, options.batch, h, w)
+        if rec.get("condition") == "latents":  # the net takes the picture's VAE latents (SD3's pipeline)
+            latents = pipe.encode_pixels(pixels * np.float32(2.0) - np.float32(1.0))
+            pixels = np.ascontiguousarray(pipe.family.control_latents(pipe.info, rec, latents), np.float32)
+        out.append(Prepared(spec, rec, pixels))
     return out
 
 
@@ -233,7 +244,7 @@ def residual_session(pipe, record: dict):
     from .loading import disabled
     from .session import resolve_provider, session_options
 
-    key = (tuple(map(tuple, record["residuals"])), tuple(record["mid"]))
+    key = tuple(_residuals(pipe.family, record))
     cuts = pipe.__dict__.setdefault("_control_cuts", {})
     if key not in cuts:
         bb = pipe._backbone_info
@@ -256,7 +267,7 @@ def net_session(pipe, name: str, record: dict):
         path = confined(pipe.folder, record.get("path"), f"ControlNet {name!r}")
         s = make_session(path, pipe.provider, pipe._threads, providers=pipe._chain.get("backbone"), memory=pipe.memory)
         guards.check_io(pipe.folder, f"controlnets/{name}", s, (SAMPLE, TIMESTEP, COND, SCALE),
-                        tuple(residual_names(len(record["residuals"]))))
+                        tuple(residual_names(pipe.family, record)))
         sessions[name] = s
     return sessions[name]
 
@@ -266,12 +277,13 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     """This generation's model function with ControlNets (prepared by `prepare`)."""
     rec = prepared[0].record
     for p in prepared[1:]:
-        if [p.record["residuals"], p.record["mid"]] != [rec["residuals"], rec["mid"]]:
+        if _residuals(pipe.family, p.record) != _residuals(pipe.family, rec):
             raise UserError(f"ControlNets {prepared[0].spec.name!r} and {p.spec.name!r} give residuals of different shapes")
-    names = residual_names(len(rec["residuals"]))
     n = shape[0] * (2 if guidance > 1.0 else 1)
-    zeros = {name: np.zeros((n, c, shape[2] // f, shape[3] // f), np.float32)
-             for name, (c, f) in zip(names, [*rec["residuals"], rec["mid"]])}
+    f = int(pipe.info["vae_scale_factor"])  # latent size from the pixel size: packed-token latents too
+    concrete = _residuals(pipe.family, rec, (n, h // f, w // f))
+    names = [name for name, _ in concrete]
+    zeros = {name: np.zeros(dims, np.float32) for name, dims in concrete}
     guided = pipe.guided_backbone(prompts, negatives, guidance, h, w, shape, residual_session(pipe, rec), extra=extra,
                                   inputs=zeros)
     nets = []
