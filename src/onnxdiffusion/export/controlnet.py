@@ -92,8 +92,8 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
         f["controlnet_cond"] = torch.rand(*f["controlnet_cond"].shape, generator=gen)
         f["conditioning_scale"] = torch.tensor([0.7])
         feeds.append(f)
-    wrap = TokenControlNet if record.get("condition") == "latents" else ControlNet
-    entry = export_component(spec, wrap(module, [t.name for t in spec.inputs][2:-2]), feeds, folder, options)
+    entry = export_component(spec, _wrapper(record["class"])(module, [t.name for t in spec.inputs][2:-2]), feeds,
+                             folder, options)
     del module
     free_memory()
     path = folder / "model.onnx"
@@ -158,6 +158,15 @@ def TokenControlNet(module, added: list[str]):  # noqa: N802
             return tuple(samples)
 
     return _TokenControlNet().eval()
+
+
+def _wrapper(cls: str):
+    """The torch wrapper that gives this ControlNet class the flat ONNX signature its family's spec names."""
+    if cls == "FluxControlNetModel":
+        from .flow_components import FluxControlNet
+
+        return lambda module, added: FluxControlNet(module).eval()
+    return TokenControlNet if cls == "SD3ControlNetModel" else ControlNet
 
 
 def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path | str | None = None,

@@ -1,0 +1,118 @@
+"""ControlNet on Stable Diffusion 3 (issue 24): `pipe(prompt, controlnets=[...])` reproduces diffusers'
+StableDiffusion3ControlNetPipeline from the same latents, control image, scale and guidance; the folder's
+transformer is cut at load (block outputs take the net's block samples, never re-exported); a ControlNet of
+another family is refused in one line.
+
+diffusers encodes the control picture with `latent_dist.sample()` (a random draw); the reference here takes
+the posterior mean, as our host loop does (the folder's vae_encoder)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.runtime import Pipeline
+
+PROMPT = "a small red circle on the left"
+
+
+@pytest.fixture(scope="module")
+def sd3_nets(tiny_sd3_diffusers, tmp_path_factory):
+    from controlnet_helpers import build_tiny_sd3_controlnet
+
+    root = tmp_path_factory.mktemp("sd3_cn")
+    # "z": InstantX-style (zero pooled projections, control latents unshifted); "s": shifted, real pooled
+    return {"z": build_tiny_sd3_controlnet(tiny_sd3_diffusers, root / "z", seed=0),
+            "s": build_tiny_sd3_controlnet(tiny_sd3_diffusers, root / "s", seed=1, zero_pooled=False)}
+
+
+@pytest.fixture(scope="module")
+def sd3_pipe(tiny_sd3_onnx, sd3_nets, tmp_path_factory):
+    from onnxdiffusion.export.controlnet import add_controlnet
+
+    out = tmp_path_factory.mktemp("sd3_cn_onnx") / "model"
+    add_controlnet(tiny_sd3_onnx, sd3_nets["z"], "z", out=out)
+    add_controlnet(out, sd3_nets["s"], "s")
+    return Pipeline.from_folder(out)
+
+
+def _latents(seed=0):
+    return np.random.default_rng(seed).standard_normal((1, 16, 8, 8), dtype=np.float32)
+
+
+def _diffusers(src, net_dir, image, latents, steps, guidance, scale):
+    import torch
+    from diffusers import SD3ControlNetModel, StableDiffusion3ControlNetPipeline
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from PIL import Image
+
+    pipe = StableDiffusion3ControlNetPipeline.from_pretrained(
+        src, controlnet=SD3ControlNetModel.from_pretrained(net_dir, local_files_only=True), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    original = DiagonalGaussianDistribution.sample
+    DiagonalGaussianDistribution.sample = lambda self, generator=None: self.mean
+    try:
+        out = pipe(PROMPT, control_image=Image.fromarray(image), latents=torch.from_numpy(latents),
+                   num_inference_steps=steps, guidance_scale=guidance, output_type="np", height=image.shape[0],
+                   width=image.shape[1], controlnet_conditioning_scale=scale).images
+    finally:
+        DiagonalGaussianDistribution.sample = original
+    return (out * 255).round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("name", ["z", "s"])
+def test_sd3_controlnet_matches_diffusers_and_moves_the_image(sd3_pipe, tiny_sd3_diffusers, sd3_nets, name):
+    from controlnet_helpers import control_image
+
+    img, lat = control_image(32, 3), _latents(3)
+    ours = sd3_pipe(PROMPT, latents=lat, steps=6, guidance=4.0, controlnets=[(name, img, 0.8)])
+    ref = _diffusers(tiny_sd3_diffusers, sd3_nets[name], img, lat, 6, 4.0, 0.8)
+    plain = sd3_pipe(PROMPT, latents=lat, steps=6, guidance=4.0)
+    got, moved = psnr(ours.images, ref), psnr(ours.images, plain.images)
+    print(f"sd3 controlnet {name} vs diffusers: {got:.1f} dB; vs no ControlNet {moved:.1f} dB")
+    assert got >= 40.0
+    assert moved < 35.0  # the perturbed controlnet_blocks matter: parity is not vacuous
+
+
+def test_sd3_scale_zero_is_no_controlnet(sd3_pipe):
+    from controlnet_helpers import control_image
+
+    lat = _latents(4)
+    plain = sd3_pipe(PROMPT, latents=lat, steps=4, guidance=4.0)
+    zero = sd3_pipe(PROMPT, latents=lat, steps=4, guidance=4.0, controlnets=[("s", control_image(32), 0.0)])
+    assert np.array_equal(zero.latents, plain.latents) and np.array_equal(zero.images, plain.images)
+
+
+def test_sd3_two_nets_with_start_end_sum(sd3_pipe):
+    """Two nets: residuals summed; start/end switch a net off for part of the steps (what ran changes)."""
+    from controlnet_helpers import control_image
+
+    lat, imgs = _latents(5), [control_image(32, 5), control_image(32, 6)]
+    whole = sd3_pipe(PROMPT, latents=lat, steps=6, guidance=4.0, controlnets=[("z", imgs[0], 0.7), ("s", imgs[1], 1.1)])
+    part = sd3_pipe(PROMPT, latents=lat, steps=6, guidance=4.0,
+                    controlnets=[("z", imgs[0], 0.7), ("s", imgs[1], 1.1, 0.5, 1.0)])
+    one = sd3_pipe(PROMPT, latents=lat, steps=6, guidance=4.0, controlnets=[("z", imgs[0], 0.7)])
+    assert not np.array_equal(whole.latents, one.latents) and not np.array_equal(part.latents, whole.latents)
+
+
+def test_sd3_loop_graph_refuses_a_latent_controlnet(sd3_pipe, tmp_path):
+    from onnxdiffusion.loops import compile_loop
+
+    with pytest.raises(UserError, match="pixel-conditioned ControlNets only"):
+        compile_loop(sd3_pipe.folder, tmp_path / "m", controlnets=("z",))
+    assert not (tmp_path / "m").exists()
+
+
+def test_controlnet_of_another_family_is_refused(tiny_sd3_onnx, tiny_onnx, tiny_diffusers, sd3_nets, tmp_path):
+    from controlnet_helpers import build_tiny_controlnet
+
+    from onnxdiffusion.export.controlnet import add_controlnet
+
+    with pytest.raises(UserError, match="is 'SD3ControlNetModel'; a sd folder takes a diffusers ControlNetModel"):
+        add_controlnet(tiny_onnx, sd3_nets["z"], "x", out=tmp_path / "a")
+    unet_net = build_tiny_controlnet(tiny_diffusers, tmp_path / "unet_net")
+    with pytest.raises(UserError, match="is 'ControlNetModel'; a sd3 folder takes a diffusers SD3ControlNetModel"):
+        add_controlnet(tiny_sd3_onnx, unet_net, "x", out=tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
