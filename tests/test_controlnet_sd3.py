@@ -97,12 +97,26 @@ def test_sd3_two_nets_with_start_end_sum(sd3_pipe):
     assert not np.array_equal(whole.latents, one.latents) and not np.array_equal(part.latents, whole.latents)
 
 
-def test_sd3_loop_graph_refuses_a_latent_controlnet(sd3_pipe, tmp_path):
+@pytest.mark.parametrize("case", ["two_nets", "one_net", "none"])
+def test_sd3_loop_and_unrolled_match_the_host_loop(sd3_pipe, tmp_path_factory, case):
+    from controlnet_helpers import control_image
+
     from onnxdiffusion.loops import compile_loop
 
-    with pytest.raises(UserError, match="pixel-conditioned ControlNets only"):
-        compile_loop(sd3_pipe.folder, tmp_path / "m", controlnets=("z",))
-    assert not (tmp_path / "m").exists()
+    out = tmp_path_factory.getbasetemp() / "sd3_cn_loop"
+    if not out.exists():
+        compile_loop(sd3_pipe.folder, out, controlnets=("z", "s"))
+        compile_loop(out, out, form="unrolled", steps=4, controlnets=("z", "s"))
+    looped = Pipeline.from_folder(out)
+    lat, imgs = _latents(7), [control_image(32, 7), control_image(32, 8)]
+    kw = {"two_nets": dict(controlnets=[("z", imgs[0], 0.7, 0.0, 0.6), ("s", imgs[1], 1.2, 0.3, 1.0)]),
+          "one_net": dict(controlnets=[("s", imgs[1], 0.9)]), "none": {}}[case]
+    host = looped(PROMPT, latents=lat, steps=4, guidance=4.0, **kw)
+    for form in ("loop", "unrolled"):
+        got = looped(PROMPT, latents=lat, steps=4, guidance=4.0, loop=form, **kw)
+        db = psnr(got.images, host.images)
+        print(f"sd3 {case} {form} vs host: {db:.1f} dB, max |latents| diff {np.abs(got.latents - host.latents).max():.2e}")
+        assert db >= 60.0
 
 
 def test_controlnet_of_another_family_is_refused(tiny_sd3_onnx, tiny_onnx, tiny_diffusers, sd3_nets, tmp_path):

@@ -100,6 +100,19 @@ def _has_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for g in all_graphs(model.graph) for n in g.node)
 
 
+def _whole_parts(model: Path, manifest: dict, family) -> dict:
+    """A whole graph's text encoders, their combination and the VAE decoder (build_sampling_graph's kwargs)."""
+    info, comps = manifest["pipeline"], manifest["components"]
+    scale, shift = family.decode_scale_shift(info)
+    return dict(
+        text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
+                       for s in family.text_encoders if s.name in comps},
+        combine=lambda ops, encoded: family.combine(ops, encoded, info),
+        vae_decoder=load_component(model, manifest, "vae_decoder"),
+        vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
+    )
+
+
 def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: int | None = None,
                  whole: bool = False, overwrite: bool = False, backbone: str | None = None,
                  cpu_tuned: bool | None = None, cache: str | None = None, controlnets=()) -> dict:
@@ -134,7 +147,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
     family = get_family(manifest.get("family"))
-    control = loops_control.check_names(manifest, controlnets, form, whole, cache_spec)
+    control = loops_control.check_names(manifest, controlnets, form, whole, cache_spec, family)
     backbone = backbone or family.backbone
     comps = manifest["components"]
     if backbone not in comps:
@@ -192,17 +205,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
 
             tuned_for = cpu_target()
     split = _cache_split(cache_spec, family, unet, comps[backbone], schedule, large)
-    extra = {}
-    if whole:
-        info = manifest["pipeline"]
-        scale, shift = family.decode_scale_shift(info)
-        extra = dict(
-            text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
-                           for s in family.text_encoders if s.name in comps},
-            combine=lambda ops, encoded: family.combine(ops, encoded, info),
-            vae_decoder=load_component(model, manifest, "vae_decoder"),
-            vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
-        )
+    extra = _whole_parts(model, manifest, family) if whole else {}
     mode = "none" if family.guidance_input_for(manifest["pipeline"]) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "

@@ -279,7 +279,8 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     for p in prepared[1:]:
         if _residuals(pipe.family, p.record) != _residuals(pipe.family, rec):
             raise UserError(f"ControlNets {prepared[0].spec.name!r} and {p.spec.name!r} give residuals of different shapes")
-    n = shape[0] * (2 if guidance > 1.0 else 1)
+    cfg = guidance > 1.0 and pipe.family.guidance_input_for(pipe.info) is None  # an embedded scale: no CFG batch
+    n = shape[0] * (2 if cfg else 1)
     f = int(pipe.info["vae_scale_factor"])  # latent size from the pixel size: packed-token latents too
     concrete = _residuals(pipe.family, rec, (n, h // f, w // f))
     names = [name for name, _ in concrete]
@@ -298,14 +299,18 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     return ControlledBackbone(guided, nets, names, steps)
 
 
-def graph_feeds(compiled: list[str], prepared: list[Prepared], steps: int, batch: int, h: int, w: int) -> dict:
+def graph_feeds(pipe, compiled: list[str], prepared: list[Prepared], steps: int, batch: int, h: int, w: int) -> dict:
     """A sampling graph's ControlNet inputs: each compiled net's image, scale and keep column; a net this run
     does not use gets scale 0 (zero residuals, as the host loop's skipped net)."""
     by_name = {p.spec.name: p for p in prepared}
     feeds = {}
     for k, name in enumerate(compiled):
         p = by_name.get(name)
-        feeds[f"control_image_{k}"] = p.pixels if p else np.zeros((batch, 3, h, w), np.float32)
+        if p is None:  # the control image of a net left out: zeros of its layout (latents: the sampler's)
+            rec = (pipe.manifest.get("controlnets") or {}).get(name) or {}
+            shape = pipe.family.latent_shape(pipe.info, batch, h, w) if rec.get("condition") == "latents" else (
+                batch, 3, h, w)
+        feeds[f"control_image_{k}"] = p.pixels if p else np.zeros(shape, np.float32)
         feeds[f"control_scale_{k}"] = np.array(p.spec.scale if p else 0.0, np.float32)
         feeds[f"control_keep_{k}"] = keep_column(p.spec, steps) if p else np.zeros((steps,), np.float32)
     return feeds

@@ -83,7 +83,7 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
             from .controlnet import graph_feeds
 
             run_steps = (table if start is None else start.cut).num_steps
-            extra.update(graph_feeds(graph.controlnets, controls or [], run_steps, latents.shape[0], h, w))
+            extra.update(graph_feeds(pipe, graph.controlnets, controls or [], run_steps, latents.shape[0], h, w))
         x = graph.run(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
         guards.check_finite(x, "the sampling graph's output latents")
     else:

@@ -360,7 +360,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
-        + (cache_inputs() if cache is not None else []) + (control_inputs(len(nets)) if nets else []),
+        + (cache_inputs() if cache is not None else []) + (control_inputs([_cond_rank(m) for m in control[0]]) if nets else []),
         outputs,
         initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
                                if cache is not None else bb.initializers + (high.initializers if high else []))
@@ -381,6 +381,12 @@ def _load_net(model: onnx.ModelProto, residuals: list[str], k: int) -> Backbone:
           **{f"out:{r}": r for r in residuals}, f"cond:{COND}": COND, f"cond:{SCALE}": SCALE}
     io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
     return load_component(model, io, f"controlnet_{k}/")
+
+
+def _cond_rank(model: onnx.ModelProto) -> int:
+    from .graph_control import COND
+
+    return next(len(i.type.tensor_type.shape.dim) for i in model.graph.input if i.name == COND)
 
 
 def _merge_opsets(*models: onnx.ModelProto | None) -> list[onnx.OperatorSetIdProto]:
