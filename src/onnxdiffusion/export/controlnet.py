@@ -171,7 +171,7 @@ def _wrapper(cls: str):
 
 def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path | str | None = None,
                    overwrite: bool = False, options=None) -> dict:
-    """Add ControlNet `name` (a diffusers ControlNetModel folder) to an exported folder (in place by default);
+    """Add ControlNet `name` (a diffusers ControlNet folder of the family's class) to an exported folder (in place by default);
     an existing one of that name only with `overwrite`. Returns the new manifest."""
     from ..artifacts import derive, read_manifest, verify_folder
     from .options import ExportOptions
