@@ -130,3 +130,44 @@ def test_controlnet_of_another_family_is_refused(tiny_sd3_onnx, tiny_onnx, tiny_
     with pytest.raises(UserError, match="is 'ControlNetModel'; a sd3 folder takes a diffusers SD3ControlNetModel"):
         add_controlnet(tiny_sd3_onnx, unet_net, "x", out=tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def _node(name, op, inputs, outputs):
+    from onnx import helper
+
+    return helper.make_node(op, inputs, outputs, name=name)
+
+
+@pytest.mark.parametrize("blocks,samples", [(5, 2), (4, 4), (7, 3), (3, 1)])
+def test_join_rules_follow_diffusers_intervals(blocks, samples):
+    """Which sample joins after which block, on a synthetic graph: SD3 int(i / (blocks / samples)) after every
+    block but the last; Flux i // ceil(blocks / samples) after every double and single block."""
+    from onnxdiffusion.families.control_flux import flux_joins
+    from onnxdiffusion.families.control_sd3 import sd3_joins
+
+    sd3 = [_node(f"/model/transformer_blocks.{i}/Add_3", "Add", [f"h{i}", "x"], [f"h{i + 1}"]) for i in range(blocks)]
+    sd3 += [_node(f"/model/transformer_blocks.{i}/norm1/norm/LayerNormalization", "LayerNormalization", [f"h{i}"],
+                  [f"n{i}"]) for i in range(1, blocks)]
+    got = sd3_joins(sd3, {"backbone_blocks": blocks, "blocks": samples})
+    want = [f"controlnet_block_sample_{int(i / (blocks / samples))}" for i in range(blocks - 1)]
+    assert [j[0] for j in got] == want and all(j[3] for j in got)
+    assert [j[1] for j in got] == [f"/model/transformer_blocks.{i + 1}/norm1/norm/LayerNormalization"
+                                   for i in range(blocks - 1)]
+
+    import math
+
+    flux = [_node(f"/model/transformer_blocks.{i}/Add_3", "Add", [f"d{i}", "x"], [f"d{i + 1}"]) for i in range(blocks)]
+    flux += [_node(f"/model/transformer_blocks.{i}/norm1/norm/LayerNormalization", "LayerNormalization", [f"d{i}"],
+                   [f"m{i}"]) for i in range(1, blocks)]
+    flux += [_node(f"/model/single_transformer_blocks.{j}/Concat", "Concat", ["t", f"d{blocks}" if j == 0 else f"s{j}"],
+                   [f"c{j}"]) for j in range(2)]
+    flux += [_node(f"/model/single_transformer_blocks.{j}/Slice", "Slice", [f"c{j}"], [f"s{j + 1}"]) for j in range(2)]
+    flux += [_node("/model/norm_out/norm/LayerNormalization", "LayerNormalization", ["s2"], ["o"])]
+    got = flux_joins(flux, {"backbone_blocks": blocks, "backbone_single_blocks": 2, "blocks": samples,
+                            "single_blocks": 1})
+    step = math.ceil(blocks / samples)
+    assert [j[0] for j in got] == ([f"controlnet_block_sample_{i // step}" for i in range(blocks)]
+                                   + ["controlnet_single_block_sample_0"] * 2)
+    assert [j[1:3] for j in got[blocks - 1:]] == [("/model/single_transformer_blocks.0/Concat", 1),
+                                                  ("/model/single_transformer_blocks.1/Concat", 1),
+                                                  ("/model/norm_out/norm/LayerNormalization", 0)]

@@ -32,6 +32,8 @@ def check_sd3_controlnet(config: dict, transformer: dict, info: dict, family: st
     if inner[0] != inner[1]:
         raise UserError(f"{where}'s width {inner[0]} is not the folder's transformer's {inner[1]} (a ControlNet of "
                         "another model size)")
+    if config.get("joint_attention_dim") is None:
+        raise UserError(f"{where} takes no text sequence (joint_attention_dim None, SD3.5-large style): not supported yet")
     for key in ("in_channels", "patch_size", "pooled_projection_dim", "joint_attention_dim"):
         if config.get(key) != transformer.get(key):
             raise UserError(f"{where}'s {key} {config.get(key)!r} is not the folder's transformer's "
