@@ -1,10 +1,12 @@
 """ControlNet in the host loop: `pipe(prompt, controlnets=[...])`, diffusers' (Multi)ControlNet pipelines.
 
-Each step, every active net runs on the backbone's own [uncond; cond] batch (sample, timestep, text
-conditioning; no guess mode) with its control image, and the residuals (each net's already scaled by
-scale x keep, summed over the nets as MultiControlNetModel does) are fed to the backbone, cut at load time
-to take them (`residual_backbone`: an `Add` on every skip edge and on the mid block's output, where the
-family says). keep follows diffusers' control_guidance_start/end: net j is off at step i of N when
+Each step, every active net runs on the backbone's own batch ([uncond; cond] under CFG; the latent batch
+for a backbone that embeds the guidance scale) with the sample, timestep and conditioning (no guess mode)
+and its control image (pixels in [0, 1], or for a latent-conditioned net the picture's VAE latents as the
+family shapes them), and the residuals (each net's already scaled by scale x keep, summed over the nets as
+MultiControlNetModel does) are fed to the backbone, cut at load time to take them (`residual_session`: an
+`Add` on each edge the family names: a UNet's skip edges and mid block output, an MMDiT's block outputs).
+keep follows diffusers' control_guidance_start/end: net j is off at step i of N when
 i/N < start or (i+1)/N > end. The backbone is never re-exported: an int8 or fp16-stored one is cut as it is.
 """
 
