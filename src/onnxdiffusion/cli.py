@@ -71,8 +71,9 @@ def export(
         "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
                            "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,
     controlnet: Annotated[Optional[list[str]], typer.Option(
-        "--controlnet", help="NAME=DIR: a diffusers ControlNetModel folder exported beside the backbone as "
-                             "controlnets/NAME (repeatable; generate --controlnet NAME)")] = None,
+        "--controlnet", help="NAME=DIR: a diffusers ControlNet folder (ControlNetModel, SD3ControlNetModel, "
+                             "FluxControlNetModel) exported beside the backbone as controlnets/NAME (repeatable; "
+                             "generate --controlnet NAME)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from .export import ExportOptions, export_pipeline

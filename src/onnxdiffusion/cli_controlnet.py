@@ -14,7 +14,9 @@ from .errors import UserError
 @app.command("add-controlnet")
 def add_controlnet_cmd(
     model: Annotated[Path, typer.Argument(help="exported model folder (changed in place)")],
-    controlnet: Annotated[Path, typer.Argument(help="diffusers ControlNetModel folder (config.json + safetensors) for this model's backbone")],
+    controlnet: Annotated[Path, typer.Argument(
+        help="diffusers ControlNet folder (config.json + safetensors) for this model's backbone: ControlNetModel "
+             "(SD, SDXL), SD3ControlNetModel, FluxControlNetModel")],
     name: Annotated[str, typer.Option(help="the name generate --controlnet uses")],
     overwrite: Annotated[bool, typer.Option(help="replace a ControlNet of that name")] = False,
 ) -> None:

@@ -153,7 +153,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
     family = get_family(manifest.get("family"))
-    control = loops_control.check_names(manifest, controlnets, form, whole, cache_spec)
+    control = loops_control.check_names(manifest, controlnets, form, whole, cache_spec, family)
     backbone = backbone or family.backbone
     comps = manifest["components"]
     if backbone not in comps:
@@ -214,7 +214,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
-    extra.update(loops_control.graph_control(model, control, net_level))
+    extra.update(loops_control.graph_control(model, control, net_level, family))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
                                  schedule=schedule, high_backbone=high, cache=split, stop=stop_early, **extra)

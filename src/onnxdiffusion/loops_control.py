@@ -7,7 +7,7 @@ from pathlib import Path
 from .errors import UserError
 
 
-def check_names(manifest: dict, names, form: str, whole: bool, cache_spec) -> list[dict]:
+def check_names(manifest: dict, names, form: str, whole: bool, cache_spec, family) -> list[dict]:
     """The records of the ControlNets to compile (one line on an unknown name or a combination not built)."""
     names = list(names or ())
     if not names:
@@ -25,9 +25,16 @@ def check_names(manifest: dict, names, form: str, whole: bool, cache_spec) -> li
         records.append(nets[name])
     first = records[0]
     for name, rec in zip(names, records):
-        if [rec["residuals"], rec["mid"]] != [first["residuals"], first["mid"]]:
+        if _residuals(family, rec) != _residuals(family, first):
             raise UserError(f"ControlNets {names[0]!r} and {name!r} give residuals of different shapes")
     return records
+
+
+def _residuals(family, rec: dict) -> list:
+    try:
+        return [(n, tuple(d)) for n, d in family.control_residuals(rec)]
+    except (KeyError, TypeError, ValueError):
+        raise UserError("a ControlNet's manifest record does not describe its residuals") from None
 
 
 def cut_backbone(unet, family, records: list[dict], entry: dict, large: bool):
@@ -64,10 +71,10 @@ def load_nets(folder: Path, records: list[dict], level=None) -> list:
     return models
 
 
-def graph_control(folder: Path, records: list[dict], level) -> dict:
+def graph_control(folder: Path, records: list[dict], level, family) -> dict:
     """build_sampling_graph's `control` argument ({} without nets)."""
     from .runtime.control_graph import residual_names
 
     if not records:
         return {}
-    return {"control": (load_nets(folder, records, level), residual_names(len(records[0]["residuals"])))}
+    return {"control": (load_nets(folder, records, level), residual_names(family, records[0]))}

@@ -92,7 +92,8 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
         f["controlnet_cond"] = torch.rand(*f["controlnet_cond"].shape, generator=gen)
         f["conditioning_scale"] = torch.tensor([0.7])
         feeds.append(f)
-    entry = export_component(spec, ControlNet(module, [t.name for t in spec.inputs][2:-2]), feeds, folder, options)
+    entry = export_component(spec, _wrapper(record["class"])(module, [t.name for t in spec.inputs][2:-2]), feeds,
+                             folder, options)
     del module
     free_memory()
     path = folder / "model.onnx"
@@ -137,9 +138,40 @@ def ControlNet(module, added: list[str]):  # noqa: N802 - a torch module made on
     return _ControlNet().eval()
 
 
+def TokenControlNet(module, added: list[str]):  # noqa: N802
+    """A transformer ControlNet (SD3ControlNetModel) called with the ONNX inputs in order -> its block samples.
+    A net with force_zeros_for_pooled_projection is fed zero pooled projections, as its pipeline does."""
+    import torch
+
+    zero = bool(getattr(module.config, "force_zeros_for_pooled_projection", False))
+
+    class _TokenControlNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = module
+
+        def forward(self, sample, timestep, encoder_hidden_states, pooled, cond, scale):
+            samples = self.model(hidden_states=sample, controlnet_cond=cond, conditioning_scale=scale,
+                                 encoder_hidden_states=encoder_hidden_states,
+                                 pooled_projections=pooled * 0.0 if zero else pooled, timestep=timestep,
+                                 return_dict=False)[0]
+            return tuple(samples)
+
+    return _TokenControlNet().eval()
+
+
+def _wrapper(cls: str):
+    """The torch wrapper that gives this ControlNet class the flat ONNX signature its family's spec names."""
+    if cls == "FluxControlNetModel":
+        from .flow_components import FluxControlNet
+
+        return lambda module, added: FluxControlNet(module).eval()
+    return TokenControlNet if cls == "SD3ControlNetModel" else ControlNet
+
+
 def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path | str | None = None,
                    overwrite: bool = False, options=None) -> dict:
-    """Add ControlNet `name` (a diffusers ControlNetModel folder) to an exported folder (in place by default);
+    """Add ControlNet `name` (a diffusers ControlNet folder of the family's class) to an exported folder (in place by default);
     an existing one of that name only with `overwrite`. Returns the new manifest."""
     from ..artifacts import derive, read_manifest, verify_folder
     from .options import ExportOptions

@@ -72,6 +72,30 @@ class FluxTransformer(torch.nn.Module):
                           txt_ids=txt_ids, guidance=guidance if self.guidance else None, return_dict=False)[0]
 
 
+class FluxControlNet(torch.nn.Module):
+    """FluxControlNetModel with the backbone wrapper's inputs, then the packed control latents and the
+    scale -> its double-block samples, then its single-block samples."""
+
+    def __init__(self, model):
+        super().__init__()
+        from .fixups import decompose_rms_norms
+
+        self.model = model
+        self.guidance = bool(model.config.guidance_embeds)
+        for block in (*model.transformer_blocks, *model.single_transformer_blocks):
+            block.attn.set_processor(_FluxJointAttention())
+        decompose_rms_norms(model)
+
+    def forward(self, sample, timestep, encoder_hidden_states, pooled_projections, img_ids, *rest):
+        guidance, cond, scale = rest if self.guidance else (None, *rest)
+        txt_ids = torch.zeros(encoder_hidden_states.shape[1], 3, dtype=img_ids.dtype)
+        double, single = self.model(hidden_states=sample, controlnet_cond=cond, conditioning_scale=scale,
+                                    encoder_hidden_states=encoder_hidden_states, pooled_projections=pooled_projections,
+                                    timestep=timestep / 1000, img_ids=img_ids[0], txt_ids=txt_ids, guidance=guidance,
+                                    return_dict=False)
+        return (*(double or ()), *(single or ()))
+
+
 class EncoderHiddenStates(torch.nn.Module):
     """input_ids -> last hidden state."""
 

@@ -273,11 +273,21 @@ class Family:
         """The exported ControlNet's I/O for a record `controlnet_record` gave."""
         raise UserError(f"a {self.name} model folder takes no ControlNet here")
 
-    def control_sites(self, node_names: list[str]) -> tuple[list[str], tuple[str, int]]:
-        """Where a ControlNet's residuals join the backbone graph: (the nodes whose input 1 is a skip
-        edge, in the order of the ControlNet's down residuals; (node, input index) of an edge carrying
-        the tensor the mid residual is added to, for every reader of it)."""
+    def control_residuals(self, record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
+        """The backbone's residual inputs for a ControlNet record, in the net's output order: (name, dims),
+        symbolic dims, or concrete ones for a (batch, latent height, latent width)."""
         raise UserError(f"a {self.name} backbone takes no ControlNet residuals here")
+
+    def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:
+        """Where the residuals join the backbone graph (`nodes`: its NodeProtos): (residual name, node,
+        input index, every reader). The edge on that node input gets `+ residual`, for that input alone
+        or, with every reader, right after its producer for all its readers. A residual may join twice."""
+        raise UserError(f"a {self.name} backbone takes no ControlNet residuals here")
+
+    def control_latents(self, info: dict, record: dict, latents):
+        """A latent-conditioned ControlNet (record condition "latents"): the folder's scaled VAE latents of
+        the control picture -> the net's controlnet_cond."""
+        return latents
 
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)
     cfg_rescale: ClassVar[bool] = False

@@ -100,3 +100,26 @@ def unet_sites(node_names: list[str]) -> tuple[list[str], tuple[str, int]]:
         raise UserError("the UNet graph has no /model/up_blocks.*/Concat skip joins or no mid block "
                         "(not a torch-exported diffusers UNet?)")
     return [n for _, n in reversed(found)], (found[0][1], 0)
+
+
+def unet_residuals_io(record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
+    """The residual inputs (name, dims) of a UNet record: symbolic, or concrete for (batch, latent h, w)."""
+    out = []
+    for name, (c, f) in zip([*map(down_name, range(len(record["residuals"]))), MID],
+                            [*record["residuals"], record["mid"]]):
+        if latent is not None:
+            out.append((name, (latent[0], int(c), latent[1] // int(f), latent[2] // int(f))))
+        else:
+            h, w = ("height_latent", "width_latent") if f == 1 else (f"height_latent_{f}", f"width_latent_{f}")
+            out.append((name, ("batch_size", int(c), h, w)))
+    return out
+
+
+def unet_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
+    """(residual, node, input index, every reader): down residual k on input 1 of the k-th skip join only
+    (the edge also feeds the next down block), the mid residual for every reader of the mid block's output."""
+    sites, (mid_node, mid_input) = unet_sites([n.name for n in nodes])
+    if len(sites) != len(record["residuals"]):
+        raise UserError(f"the backbone graph has {len(sites)} skip joins, the ControlNet gives "
+                        f"{len(record['residuals'])} down residuals (a ControlNet of another model size)")
+    return [(down_name(k), s, 1, False) for k, s in enumerate(sites)] + [(MID, mid_node, mid_input, True)]

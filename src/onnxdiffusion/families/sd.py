@@ -149,10 +149,15 @@ class StableDiffusion(Family):
 
         return controlnet_spec(self.conditioning(info), record, int(info["latent_channels"]))
 
-    def control_sites(self, node_names: list[str]) -> tuple[list[str], str]:
-        from .control import unet_sites
+    def control_residuals(self, record: dict, latent=None) -> list[tuple[str, tuple]]:
+        from .control import unet_residuals_io
 
-        return unet_sites(node_names)
+        return unet_residuals_io(record, latent)
+
+    def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:
+        from .control import unet_joins
+
+        return unet_joins(nodes, record)
 
     def guidance_input_for(self, info: dict) -> str | None:
         # an LCM-distilled UNet (time_cond_proj_dim) embeds the guidance scale and runs without CFG,

@@ -1,9 +1,10 @@
 """The backbone graph cut to take ControlNet residuals (numpy/onnx only, no torch).
 
-Graph inputs are added, one per down residual and one for the mid residual, and an `Add` on each site the
-family names: input 1 of each skip-join node (residual k on the k-th site), and every output of the mid
-block that is read outside it. That is UNet2DConditionModel.forward with down_block_additional_residuals /
-mid_block_additional_residual; zeros leave the graph's numbers as they were (x + 0 is x). A quantized
+Graph inputs are added, one per residual the family names (`control_residuals`), and an `Add` on each
+edge it names (`control_joins`): for a UNet input 1 of each skip-join node and every reader of the mid
+block's output (UNet2DConditionModel.forward with down_block_additional_residuals /
+mid_block_additional_residual); for an MMDiT the hidden_states each block hands to the next
+(block_controlnet_hidden_states). Zeros leave the graph's numbers as they were (x + 0 is x). A quantized
 backbone is cut the same way: QDQ graphs keep float edges into the joins.
 """
 
@@ -13,64 +14,60 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..errors import UserError
-from ..families.control import MID, down_name
 
 
-def residual_names(count: int) -> list[str]:
-    return [down_name(k) for k in range(count)] + [MID]
+def residual_names(family, record: dict) -> list[str]:
+    return [name for name, _ in family.control_residuals(record)]
 
 
 def add_residual_inputs(model: onnx.ModelProto, family, record: dict) -> onnx.ModelProto:
     """In place (and returned): `model` with the residual inputs `record` describes, added where the family says."""
     g = model.graph
-    sites, (mid_node, mid_input) = family.control_sites([n.name for n in g.node])
-    residuals = record["residuals"]
-    if len(sites) != len(residuals):
-        raise UserError(f"the backbone graph has {len(sites)} skip joins, the ControlNet gives {len(residuals)} "
-                        "down residuals (a ControlNet of another model size)")
-    if any(i.name in (MID, down_name(0)) for i in g.input):
+    try:
+        inputs = family.control_residuals(record)
+    except (KeyError, TypeError, ValueError):
+        raise UserError("the ControlNet's manifest record does not describe its residuals") from None
+    names = {n for n, _ in inputs}
+    if any(i.name in names for i in g.input):
         raise UserError("the backbone graph already takes ControlNet residuals")
-    _float_joins(g, set(sites))
+    joins = family.control_joins(list(g.node), record)
+    _float_joins(g, {node for _, node, _, every in joins if not every})
     index = {n.name: i for i, n in enumerate(g.node)}
     before: dict[int, list] = {}  # node index -> Add nodes to insert before it
-    for k, site in enumerate(sites):
-        i = index[site]
-        node = g.node[i]
-        if len(node.input) < 2:
-            raise UserError(f"backbone node {site} has no skip input")
-        joined = f"{node.input[1]}__control_{k}"
-        before.setdefault(i, []).append(helper.make_node("Add", [node.input[1], down_name(k)], [joined],
-                                                         name=f"/control/down_{k}/Add"))
-        node.input[1] = joined
-    index = {n.name: i for i, n in enumerate(g.node)}
-    tensor = g.node[index[mid_node]].input[mid_input]
-    producer = next((i for i, n in enumerate(g.node) if tensor in n.output), None)
-    if producer is None:
-        raise UserError(f"the backbone's mid-block edge {tensor!r} has no producer node")
-    joined = f"{tensor}__control_mid"
-    after_mid = helper.make_node("Add", [tensor, MID], [joined], name="/control/mid/Add")
-    for i, n in enumerate(g.node):
-        if i != producer:  # the block's output: every reader is after it
-            for j, x in enumerate(n.input):
-                if x == tensor:
-                    n.input[j] = joined
+    after: dict[int, list] = {}  # producer index -> Add nodes to insert after it
+    for k, (residual, site, slot, every) in enumerate(joins):
+        if residual not in names or site not in index:
+            raise UserError(f"the family's ControlNet join {site!r} / {residual!r} is not in the backbone graph")
+        node = g.node[index[site]]
+        if len(node.input) <= slot:
+            raise UserError(f"backbone node {site} has no input {slot}")
+        tensor = node.input[slot]
+        joined = f"{tensor}__control_{k}"
+        add = helper.make_node("Add", [tensor, residual], [joined], name=f"/control/join_{k}/Add")
+        if not every:
+            before.setdefault(index[site], []).append(add)
+            node.input[slot] = joined
+            continue
+        producer = next((i for i, n in enumerate(g.node) if tensor in n.output), None)
+        if producer is None:
+            raise UserError(f"the backbone's edge {tensor!r} (ControlNet join) has no producer node")
+        for i, n in enumerate(g.node):
+            if i != producer:  # a block's output: every reader is after it
+                for j, x in enumerate(n.input):
+                    if x == tensor:
+                        n.input[j] = joined
+        after.setdefault(producer, []).append(add)
     nodes = []
     for i, n in enumerate(g.node):
         nodes.extend(before.get(i, []))
         nodes.append(n)
-        if i == producer:
-            nodes.append(after_mid)
+        nodes.extend(after.get(i, []))
     del g.node[:]
     g.node.extend(nodes)
-    for k, (c, f) in enumerate(residuals):
-        g.input.append(_input(down_name(k), c, f))
-    g.input.append(_input(MID, *record["mid"]))
+    for name, dims in inputs:
+        g.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [d if isinstance(d, str) else int(d)
+                                                                               for d in dims]))
     return model
-
-
-def _input(name: str, channels: int, f: int):
-    h, w = ("height_latent", "width_latent") if f == 1 else (f"height_latent_{f}", f"width_latent_{f}")
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch_size", int(channels), h, w])
 
 
 def _float_joins(g, sites: set[str]) -> None:

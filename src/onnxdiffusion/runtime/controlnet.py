@@ -1,10 +1,12 @@
 """ControlNet in the host loop: `pipe(prompt, controlnets=[...])`, diffusers' (Multi)ControlNet pipelines.
 
-Each step, every active net runs on the backbone's own [uncond; cond] batch (sample, timestep, text
-conditioning; no guess mode) with its control image, and the residuals (each net's already scaled by
-scale x keep, summed over the nets as MultiControlNetModel does) are fed to the backbone, cut at load time
-to take them (`residual_backbone`: an `Add` on every skip edge and on the mid block's output, where the
-family says). keep follows diffusers' control_guidance_start/end: net j is off at step i of N when
+Each step, every active net runs on the backbone's own batch ([uncond; cond] under CFG; the latent batch
+for a backbone that embeds the guidance scale) with the sample, timestep and conditioning (no guess mode)
+and its control image (pixels in [0, 1], or for a latent-conditioned net the picture's VAE latents as the
+family shapes them), and the residuals (each net's already scaled by scale x keep, summed over the nets as
+MultiControlNetModel does) are fed to the backbone, cut at load time to take them (`residual_session`: an
+`Add` on each edge the family names: a UNet's skip edges and mid block output, an MMDiT's block outputs).
+keep follows diffusers' control_guidance_start/end: net j is off at step i of N when
 i/N < start or (i+1)/N > end. The backbone is never re-exported: an int8 or fp16-stored one is cut as it is.
 """
 
@@ -118,9 +120,16 @@ def record_of(pipe, name: str) -> dict:
     config = _json_in(pipe.folder, f"controlnets/{name}/config.json")
     backbone = _json_in(pipe.folder, f"{pipe.family.backbone}/config.json")
     fresh = pipe.family.controlnet_record(config, backbone, pipe.info)  # another family or size: one line
-    if [fresh["residuals"], fresh["mid"]] != [rec.get("residuals"), rec.get("mid")]:
+    if _residuals(pipe.family, fresh) != _residuals(pipe.family, rec):
         raise UserError(f"{pipe.folder}: ControlNet {name!r}'s manifest record disagrees with its config.json")
     return rec
+
+
+def _residuals(family, record: dict, latent=None) -> list:
+    try:
+        return [(n, tuple(d)) for n, d in family.control_residuals(record, latent)]
+    except (KeyError, TypeError, ValueError):
+        raise UserError("a ControlNet's manifest record does not describe its residuals") from None
 
 
 def _json_in(folder, rel: str) -> dict:
@@ -181,7 +190,11 @@ def prepare(pipe, controlnets, options, loras=None) -> list[Prepared]:
     out = []
     for spec in specs:
         rec = record_of(pipe, spec.name)
-        out.append(Prepared(spec, rec, control_pixels(spec.image, options.batch, h, w)))
+        pixels = control_pixels(spec.image, options.batch, h, w)
+        if rec.get("condition") == "latents":  # the net takes the picture's VAE latents (SD3's pipeline)
+            latents = pipe.encode_pixels(pixels * np.float32(2.0) - np.float32(1.0))
+            pixels = np.ascontiguousarray(pipe.family.control_latents(pipe.info, rec, latents), np.float32)
+        out.append(Prepared(spec, rec, pixels))
     return out
 
 
@@ -235,7 +248,7 @@ def residual_session(pipe, record: dict):
     from .loading import disabled
     from .session import resolve_provider, session_options
 
-    key = (tuple(map(tuple, record["residuals"])), tuple(record["mid"]))
+    key = tuple(_residuals(pipe.family, record))
     cuts = pipe.__dict__.setdefault("_control_cuts", {})
     if key not in cuts:
         bb = pipe._backbone_info
@@ -258,7 +271,7 @@ def net_session(pipe, name: str, record: dict):
         path = confined(pipe.folder, record.get("path"), f"ControlNet {name!r}")
         s = make_session(path, pipe.provider, pipe._threads, providers=pipe._chain.get("backbone"), memory=pipe.memory)
         guards.check_io(pipe.folder, f"controlnets/{name}", s, (SAMPLE, TIMESTEP, COND, SCALE),
-                        tuple(residual_names(len(record["residuals"]))))
+                        tuple(residual_names(pipe.family, record)))
         sessions[name] = s
     return sessions[name]
 
@@ -268,12 +281,14 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     """This generation's model function with ControlNets (prepared by `prepare`)."""
     rec = prepared[0].record
     for p in prepared[1:]:
-        if [p.record["residuals"], p.record["mid"]] != [rec["residuals"], rec["mid"]]:
+        if _residuals(pipe.family, p.record) != _residuals(pipe.family, rec):
             raise UserError(f"ControlNets {prepared[0].spec.name!r} and {p.spec.name!r} give residuals of different shapes")
-    names = residual_names(len(rec["residuals"]))
-    n = shape[0] * (2 if guidance > 1.0 else 1)
-    zeros = {name: np.zeros((n, c, shape[2] // f, shape[3] // f), np.float32)
-             for name, (c, f) in zip(names, [*rec["residuals"], rec["mid"]])}
+    cfg = guidance > 1.0 and pipe.family.guidance_input_for(pipe.info) is None  # an embedded scale: no CFG batch
+    n = shape[0] * (2 if cfg else 1)
+    f = int(pipe.info["vae_scale_factor"])  # latent size from the pixel size: packed-token latents too
+    concrete = _residuals(pipe.family, rec, (n, h // f, w // f))
+    names = [name for name, _ in concrete]
+    zeros = {name: np.zeros(dims, np.float32) for name, dims in concrete}
     guided = pipe.guided_backbone(prompts, negatives, guidance, h, w, shape, residual_session(pipe, rec), extra=extra,
                                   inputs=zeros)
     nets = []
@@ -288,14 +303,18 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     return ControlledBackbone(guided, nets, names, steps)
 
 
-def graph_feeds(compiled: list[str], prepared: list[Prepared], steps: int, batch: int, h: int, w: int) -> dict:
+def graph_feeds(pipe, compiled: list[str], prepared: list[Prepared], steps: int, batch: int, h: int, w: int) -> dict:
     """A sampling graph's ControlNet inputs: each compiled net's image, scale and keep column; a net this run
     does not use gets scale 0 (zero residuals, as the host loop's skipped net)."""
     by_name = {p.spec.name: p for p in prepared}
     feeds = {}
     for k, name in enumerate(compiled):
         p = by_name.get(name)
-        feeds[f"control_image_{k}"] = p.pixels if p else np.zeros((batch, 3, h, w), np.float32)
+        if p is None:  # the control image of a net left out: zeros of its layout (latents: the sampler's)
+            rec = (pipe.manifest.get("controlnets") or {}).get(name) or {}
+            shape = pipe.family.latent_shape(pipe.info, batch, h, w) if rec.get("condition") == "latents" else (
+                batch, 3, h, w)
+        feeds[f"control_image_{k}"] = p.pixels if p else np.zeros(shape, np.float32)
         feeds[f"control_scale_{k}"] = np.array(p.spec.scale if p else 0.0, np.float32)
         feeds[f"control_keep_{k}"] = keep_column(p.spec, steps) if p else np.zeros((steps,), np.float32)
     return feeds

@@ -91,7 +91,7 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         if graph.controlnets:  # ControlNets built into the graph: every one is fed (scale 0 when unused)
             from .controlnet import graph_feeds
 
-            extra.update(graph_feeds(graph.controlnets, controls or [], run_table.num_steps, latents.shape[0], h, w))
+            extra.update(graph_feeds(pipe, graph.controlnets, controls or [], run_table.num_steps, latents.shape[0], h, w))
         outs = graph.run_outputs(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
         x = next(iter(outs.values()))
         steps_run = int(outs["steps_run"]) if "steps_run" in outs else run_table.num_steps

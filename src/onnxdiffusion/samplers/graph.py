@@ -348,8 +348,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
-        + (cache_inputs() if cache is not None else []) + (control_inputs(len(nets)) if nets else [])
-        + (stop_inputs() if stop else []),
+        + (cache_inputs() if cache is not None else [])
+        + (control_inputs([_cond_rank(m) for m in control[0]]) if nets else []) + (stop_inputs() if stop else []),
         outputs,
         initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
                                if cache is not None else bb.initializers + (high.initializers if high else []))
@@ -402,6 +402,12 @@ def _technique_prologues(b: _Builder, pre: dict, bb: Backbone, form: str, whole:
 
         stop_prologue(b, pre)
     return nets, high, extra_inits, functions
+
+
+def _cond_rank(model: onnx.ModelProto) -> int:
+    from .graph_control import COND
+
+    return next(len(i.type.tensor_type.shape.dim) for i in model.graph.input if i.name == COND)
 
 
 def _merge_opsets(*models: onnx.ModelProto | None) -> list[onnx.OperatorSetIdProto]:

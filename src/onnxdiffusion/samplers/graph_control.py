@@ -2,7 +2,7 @@
 
 The backbone is the residual-taking cut (runtime/control_graph.py); each compiled net is inlined beside it
 in the step body, fed the step's [uncond; cond] sample, timestep and conditioning, its control image
-(graph input `control_image_K`, (B, 3, H, W) in [0, 1], doubled for the guidance batch once before the loop)
+(graph input `control_image_K`: (B, 3, H, W) in [0, 1], or a latent-conditioned net's VAE latents, doubled for the guidance batch once before the loop)
 and `control_scale_K` x `control_keep_K`[i] as its conditioning_scale (keep: the per-step column of
 diffusers' control_guidance_start/end, indexed by the run's step i). The nets' residuals are summed in net
 order and bound to the backbone's residual inputs. A net left out of a run is fed scale 0: its residuals
@@ -17,11 +17,14 @@ from onnx import TensorProto, helper
 COND, SCALE = "controlnet_cond", "conditioning_scale"
 
 
-def control_inputs(count: int) -> list:
+def control_inputs(ranks: list[int]) -> list:
+    """Per net: its control image (pixels (B, 3, H, W) or a latent-conditioned net's VAE latents, in the
+    net's controlnet_cond layout of that rank), scale and keep column."""
     f = TensorProto.FLOAT
     ins = []
-    for k in range(count):
-        ins += [helper.make_tensor_value_info(f"control_image_{k}", f, ["batch", 3, "image_height", "image_width"]),
+    for k, rank in enumerate(ranks):
+        dims = ["batch", *(f"control_image_{k}_{j}" for j in range(1, rank))]
+        ins += [helper.make_tensor_value_info(f"control_image_{k}", f, dims),
                 helper.make_tensor_value_info(f"control_scale_{k}", f, []),
                 helper.make_tensor_value_info(f"control_keep_{k}", f, [f"control_steps_{k}"])]
     return ins

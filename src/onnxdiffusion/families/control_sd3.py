@@ -1,0 +1,98 @@
+"""ControlNet for Stable Diffusion 3: diffusers' `SD3ControlNetModel` and where its block samples join the
+MMDiT graph.
+
+The net is a copy of the transformer's first blocks fed the latent image plus a patch embedding of the
+control image's VAE latents (StableDiffusion3ControlNetPipeline encodes the picture with the VAE and
+applies (x - shift) x scaling, shift 0 for nets with force_zeros_for_pooled_projection, which are also fed
+zero pooled projections). It returns one token sample (B, tokens, inner_dim) per block.
+`SD3Transformer2DModel.forward` adds sample int(i / interval) to hidden_states after every block i that is
+not context_pre_only (interval = len(blocks) / len(samples)): that edge is the block's hidden_states output,
+read by the next block's norm1, so the graph cut puts an Add there for every reader.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
+from .control import COND, SCALE
+
+CLASS = "SD3ControlNetModel"
+
+
+def block_name(k: int) -> str:
+    return f"controlnet_block_sample_{k}"
+
+
+def check_sd3_controlnet(config: dict, transformer: dict, info: dict, family: str) -> dict:
+    where = "the ControlNet"
+    cls = config.get("_class_name")
+    if cls != CLASS:
+        raise UserError(f"{where} is {cls!r}; a {family} folder takes a diffusers {CLASS}")
+    inner = [int(c.get("num_attention_heads", 0)) * int(c.get("attention_head_dim", 0)) for c in (config, transformer)]
+    if inner[0] != inner[1]:
+        raise UserError(f"{where}'s width {inner[0]} is not the folder's transformer's {inner[1]} (a ControlNet of "
+                        "another model size)")
+    if config.get("joint_attention_dim") is None:
+        raise UserError(f"{where} takes no text sequence (joint_attention_dim None, SD3.5-large style): not supported yet")
+    for key in ("in_channels", "patch_size", "pooled_projection_dim", "joint_attention_dim"):
+        if config.get(key) != transformer.get(key):
+            raise UserError(f"{where}'s {key} {config.get(key)!r} is not the folder's transformer's "
+                            f"{transformer.get(key)!r} (a ControlNet of another model size)")
+    if int(config.get("extra_conditioning_channels") or 0):
+        raise UserError(f"{where} takes extra conditioning channels (an inpainting ControlNet): not supported yet")
+    layers = int(config.get("num_layers", 0))
+    if layers < 1:
+        raise UserError(f"{where}'s config has no transformer blocks (num_layers {layers})")
+    zero_pooled = bool(config.get("force_zeros_for_pooled_projection", True))
+    return {"family": family, "class": CLASS, "condition": "latents", "blocks": layers, "width": inner[0],
+            "patch": int(config["patch_size"]), "latent_channels": int(config["in_channels"]),
+            "zero_pooled": zero_pooled, "backbone_blocks": int(transformer["num_layers"]),
+            # the VAE shift the pipeline subtracts from the control latents (none for the InstantX-style nets)
+            "shift": 0.0 if zero_pooled else float(info.get("vae_shift_factor") or 0.0)}
+
+
+def sd3_residuals(record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
+    """The residual inputs (name, dims): symbolic, or concrete for a (batch, latent h, latent w)."""
+    p, width = int(record["patch"]), int(record["width"])
+    dims = ("batch_size", "image_tokens", width) if latent is None else (
+        latent[0], (latent[1] // p) * (latent[2] // p), width)
+    return [(block_name(k), dims) for k in range(int(record["blocks"]))]
+
+
+def sd3_controlnet_spec(conditioning: tuple[TensorSpec, ...], record: dict) -> ComponentSpec:
+    c = int(record["latent_channels"])
+    latent = ("batch_size", c, "height_latent", "width_latent")
+    ins = (TensorSpec(SAMPLE, "float32", latent), TensorSpec(TIMESTEP, "float32", ("batch_size",)), *conditioning,
+           TensorSpec(COND, "float32", latent), TensorSpec(SCALE, "float32", (1,)))
+    outs = tuple(TensorSpec(n, "float32", d) for n, d in sd3_residuals(record))
+    return ComponentSpec("controlnet", ins, outs, atol=1e-3, kind="controlnet", source="controlnet")
+
+
+def sd3_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
+    """(residual, node, input index, every reader) for each transformer block but the last (context_pre_only):
+    the hidden_states edge block i hands to block i + 1 (its norm1 and residual Add)."""
+    blocks = int(record["backbone_blocks"])
+    interval = blocks / int(record["blocks"])
+    produced = {}
+    for n in nodes:
+        for o in n.output:
+            produced[o] = n.name
+    joins = []
+    for i in range(blocks - 1):
+        # the next block's norm1 LayerNorm reads hidden_states (its modulation Gemm reads the shared SiLU(temb))
+        inside, reader = f"/model/transformer_blocks.{i}/", f"/model/transformer_blocks.{i + 1}/norm1/norm/"
+        found = [(n.name, 0) for n in nodes if n.name.startswith(reader) and n.op_type == "LayerNormalization"
+                 and produced.get(n.input[0], "").startswith(inside)]
+        if not found:
+            raise UserError(f"the transformer graph has no edge from block {i} into block {i + 1}'s norm1 "
+                            "(not a torch-exported diffusers SD3 transformer, or another block count)")
+        joins.append((block_name(int(i / interval)), *found[0], True))
+    return joins
+
+
+def control_latents(info: dict, record: dict, latents):
+    """The folder's scaled VAE latents ((mean - vae shift) x scaling) -> the net's control latents."""
+    import numpy as np
+
+    delta = (float(info.get("vae_shift_factor") or 0.0) - float(record["shift"])) * float(info["vae_scaling_factor"])
+    return (latents + np.float32(delta)).astype(np.float32) if delta else latents
