@@ -108,7 +108,7 @@ def generate(
     spacing: Annotated[Optional[str], typer.Option(help="timestep spacing: leading | trailing | linspace (default: the scheduler config's)")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
-    cache: Annotated[Optional[str], typer.Option(help="step caching (host loop, or a Loop graph compiled with compile-loop --cache): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] (transformers) | deepcache:INTERVAL[:BRANCH] (UNets)")] = None,
+    cache: Annotated[Optional[str], typer.Option(help="step caching (host loop, or a Loop graph compiled with compile-loop --cache): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] (transformers) | deepcache:INTERVAL[:BRANCH] (UNets; BRANCH block pairs, or L<N> skip layers)")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
@@ -217,7 +217,7 @@ def compile_loop_cmd(
     cpu_tuned: Annotated[Optional[bool], typer.Option(
         "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
                                        "as the host loop, checked against the CPU at load) or a portable one")] = None,
-    cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | deepcache[:INTERVAL[:BRANCH]] (ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
+    cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | deepcache[:INTERVAL[:BRANCH]] (BRANCH: block pairs or L<N> skip layers; ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
