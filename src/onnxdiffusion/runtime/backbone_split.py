@@ -229,7 +229,10 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
 
     first_outs = list(dict.fromkeys(span_inputs + probe))
     f_nodes, _ = _backward(g, first_outs, set())
-    t_nodes, t_reads = _backward(g, graph_outs, set(span_outputs) | set(first_outs))
+    # what `first` computes anyway (a shallow block's skip feature) the tail reads from it, not recomputed
+    by_first = {o: i for i in f_nodes for o in g.node[i].output if o}
+    t_nodes, t_reads = _backward(g, graph_outs, set(span_outputs) | set(first_outs) | set(by_first))
+    first_outs += sorted((t for t in t_reads if t in by_first and t not in first_outs), key=by_first.get)
     if len(set(t_nodes) & in_span) > 0.5 * len(span):
         raise ValueError("the backbone's tail reads the cached span through more than its hidden state")
     tail_from_first = [t for t in first_outs if t in t_reads and t not in span_outputs]
