@@ -24,13 +24,21 @@ SD3_SIZE = (32, 32)
     ("first_block:0.2", CacheSpec("first_block", threshold=0.2)), ("taylorseer:3", CacheSpec("taylorseer", interval=3)),
     ("taylorseer:4:2", CacheSpec("taylorseer", interval=4, order=2)),
     ("deepcache:3", CacheSpec("deepcache", interval=3)), ("deepcache:2:2", CacheSpec("deepcache", interval=2, branch=2)),
-    ("none", None), (None, None)])
+    ("deepcache:4:L1", CacheSpec("deepcache", interval=4, layers=1)),
+    ("deepcache:3:l2", CacheSpec("deepcache", interval=3, layers=2)), ("none", None), (None, None)])
 def test_spec_parses(text, want):
     assert parse_cache(text) == want
+    if want is not None:
+        assert parse_cache(str(want)) == want
+
+
+def test_layer_branch_reads_back_as_written():
+    assert str(parse_cache("deepcache:4:l1")) == "deepcache:4:L1" and str(parse_cache("deepcache:4")) == "deepcache:4:1"
 
 
 @pytest.mark.parametrize("text", ["first_block", "first_block:-1", "first_block:nan", "taylorseer:0", "taylorseer:x",
-                                  "deepcache:2:0", "teacache:0.1", "taylorseer:2:9", "deepcache:1:2:3"])
+                                  "deepcache:2:0", "teacache:0.1", "taylorseer:2:9", "deepcache:1:2:3",
+                                  "deepcache:2:L0", "deepcache:2:Lx", "deepcache:2:L", "deepcache:L1"])
 def test_bad_spec_is_one_line_error(text):
     with pytest.raises(UserError) as info:
         parse_cache(text)
@@ -70,6 +78,31 @@ def test_cut_backbone_is_the_whole_graph(request, folder_fixture, method):
     assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_layer_branch_cut_is_the_whole_graph(tiny_onnx, layers):
+    """DeepCache at layer granularity: the always-run part is conv_in, `layers` - 1 down layers and the last
+    `layers` up resnets (the tiny UNet has 3 down layers after conv_in: one with attention, a downsampler)."""
+    import json
+
+    manifest = json.loads((tiny_onnx / "manifest.json").read_text())
+    model = onnx.load(str(tiny_onnx / manifest["components"]["unet"]["path"]))
+    names = [n.name for n in model.graph.node]
+    span, _ = get_family("sd").cache_span("deepcache", names, layers=layers)
+    sg = split(model, span)
+    whole = _session(model)
+    feeds = _feeds(whole, np.random.default_rng(1))
+    want = whole.run(None, feeds)[0]
+    assert len(sg.span_outputs) == 1
+    assert np.abs(run_whole(_session(sg.first), _session(sg.rest), _session(sg.tail), sg, feeds) - want).max() \
+        <= 1e-6 * np.abs(want).max()
+    # the tail runs exactly the last `layers` up resnets
+    ran = {"/".join(n.name.split("/")[2:4]) for n in sg.tail.graph.node
+           if "/up_blocks." in n.name and "/resnets." in n.name}
+    assert len(ran) == layers
+    with pytest.raises(ValueError, match="L4"):
+        get_family("sd").cache_span("deepcache", names, layers=4)
+
+
 def test_wrong_method_for_the_backbone_is_refused(tiny_onnx, tiny_sd3_onnx):
     with pytest.raises(UserError, match="deepcache") as info:
         Pipeline.from_folder(tiny_onnx, verify=False)(PROMPT, steps=3, cache="first_block:0.1")
@@ -82,7 +115,7 @@ def test_wrong_method_for_the_backbone_is_refused(tiny_onnx, tiny_sd3_onnx):
         Pipeline.from_folder(tiny_sd3_onnx, verify=False)(PROMPT, steps=3, cache="first_block:0.1", loop="unrolled")
 
 
-@pytest.mark.parametrize("spec", ["first_block:0", "taylorseer:1", "deepcache:1"])
+@pytest.mark.parametrize("spec", ["first_block:0", "taylorseer:1", "deepcache:1", "deepcache:1:L1"])
 def test_noop_settings_are_bit_identical(tiny_sd3_onnx, tiny_onnx, spec):
     pipe = Pipeline.from_folder(tiny_onnx if spec.startswith("deep") else tiny_sd3_onnx, verify=False)
     base = pipe(PROMPT, steps=6, seed=2)
@@ -180,6 +213,52 @@ def deepcache_forward(unet, state: dict, interval: int, branch: int = 1):
     return forward
 
 
+def deepcache_layer_forward(unet, state: dict, interval: int, layers: int):
+    """DeepCache at layer granularity (the DeepCache package's cache_layer_id / cache_block_id, counted here
+    in skip layers): on cached steps conv_in, the next `layers` - 1 down layers (a resnet with its attention,
+    or a downsampler) and the last `layers` up resnets run; the feature entering the first of them is reused."""
+    import torch
+
+    def attend(block, j, h, ehs):
+        return block.attentions[j](h, encoder_hidden_states=ehs, return_dict=False)[0] \
+            if getattr(block, "attentions", None) else h
+
+    def forward(sample, timestep, encoder_hidden_states, *args, return_dict=False, **kwargs):
+        full = state["step"] % interval == 0 or "feature" not in state
+        state["step"] += 1
+        t = timestep.expand(sample.shape[0]) if timestep.ndim else timestep[None].expand(sample.shape[0])
+        emb = unet.time_embedding(unet.time_proj(t).to(sample.dtype))
+        h = unet.conv_in(sample)
+        res = [h]
+        down_budget = float("inf") if full else layers - 1
+        for block in unet.down_blocks:
+            for j, resnet in enumerate(block.resnets):
+                if len(res) - 1 < down_budget:
+                    h = attend(block, j, resnet(h, emb), encoder_hidden_states)
+                    res.append(h)
+            if block.downsamplers is not None and len(res) - 1 < down_budget:
+                h = block.downsamplers[0](h)
+                res.append(h)
+        ups = [(block, j) for block in unet.up_blocks for j in range(len(block.resnets))]
+        start = len(ups) - layers
+        if full:
+            h = unet.mid_block(h, emb, encoder_hidden_states=encoder_hidden_states)
+        for k, (block, j) in enumerate(ups):
+            if k < start and not full:
+                continue
+            if k == start:
+                if full:
+                    state["feature"] = h
+                h = state["feature"]
+            h = attend(block, j, block.resnets[j](torch.cat([h, res.pop()], dim=1), emb), encoder_hidden_states)
+            if j == len(block.resnets) - 1 and block.upsamplers is not None:
+                h = block.upsamplers[0](h)
+        h = unet.conv_out(unet.conv_act(unet.conv_norm_out(h)))
+        return (h,)
+
+    return forward
+
+
 @pytest.mark.parametrize("interval", [2, 3])
 def test_deepcache_matches_a_torch_twin(tiny_diffusers, tiny_onnx, interval):
     import torch
@@ -204,5 +283,33 @@ def test_deepcache_matches_a_torch_twin(tiny_diffusers, tiny_onnx, interval):
     twin = (ref(PROMPT, **kw).images * 255).round().astype(np.uint8)
     moved, db = psnr(twin, plain), psnr(ours.images, twin)
     print(f"\ndeepcache:{interval}: twin cached vs uncached {moved:.1f} dB; ours vs twin {db:.1f} dB")
+    assert state["step"] == 10 and moved < 60.0
+    assert db >= 35.0
+
+
+@pytest.mark.parametrize("spec", ["deepcache:3:L1", "deepcache:2:L2"])
+def test_layer_deepcache_matches_a_torch_twin(tiny_diffusers, tiny_onnx, spec):
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    interval, layers = int(spec.split(":")[1]), int(spec.split(":")[2][1:])
+    pipe = Pipeline.from_folder(tiny_onnx, verify=False)
+    base = pipe(PROMPT, steps=10, guidance=4.0, seed=6)
+    ours = pipe(PROMPT, steps=10, guidance=4.0, seed=6, cache=spec)
+    ref = StableDiffusionPipeline.from_pretrained(tiny_diffusers, local_files_only=True)
+    ref.set_progress_bar_config(disable=True)
+    lat = torch.from_numpy(base.init_latents)
+    kw = dict(latents=lat, num_inference_steps=10, guidance_scale=4.0, output_type="np",
+              height=lat.shape[2] * 4, width=lat.shape[3] * 4)
+    plain = (ref(PROMPT, **kw).images * 255).round().astype(np.uint8)
+    x, ehs = torch.randn(2, 4, 8, 8), torch.randn(2, 16, 32)
+    with torch.no_grad():  # every step full: the UNet itself
+        full = deepcache_layer_forward(ref.unet, {"step": 0}, 1, layers)(x, torch.tensor(500.0), ehs)[0]
+        assert torch.allclose(full, ref.unet(x, 500.0, ehs).sample, atol=1e-5)
+    state = {"step": 0}
+    ref.unet.forward = deepcache_layer_forward(ref.unet, state, interval, layers)
+    twin = (ref(PROMPT, **kw).images * 255).round().astype(np.uint8)
+    moved, db = psnr(twin, plain), psnr(ours.images, twin)
+    print(f"\n{spec}: twin cached vs uncached {moved:.1f} dB; ours vs twin {db:.1f} dB")
     assert state["step"] == 10 and moved < 60.0
     assert db >= 35.0

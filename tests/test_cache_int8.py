@@ -97,13 +97,13 @@ def _integer_ops(m: onnx.ModelProto) -> int:
     return sum(v for k, v in c.items() if k.startswith("QLinear") or k in ("QGemm", "MatMulIntegerToFloat"))
 
 
-@pytest.mark.parametrize("name,method", [("sd", "deepcache"), ("sd3", "first_block")])
-def test_cut_int8_backbone_is_the_whole_graph(int8_folders, name, method):
+@pytest.mark.parametrize("name,method,layers", [("sd", "deepcache", 0), ("sd", "deepcache", 1), ("sd3", "first_block", 0)])
+def test_cut_int8_backbone_is_the_whole_graph(int8_folders, name, method, layers):
     folder = int8_folders[name]
     manifest = json.loads((folder / "manifest.json").read_text())
     family = get_family(manifest["family"])
     model = onnx.load(str(folder / manifest["components"][family.backbone]["path"]))
-    span, probe = family.cache_span(method, [n.name for n in model.graph.node])
+    span, probe = family.cache_span(method, [n.name for n in model.graph.node], **({"layers": layers} if layers else {}))
     sg = split(model, span, probe)
     assert len(sg.span_outputs) == 1
     # the integer kernels stay integer: every one lands in a piece, the span holds some
@@ -121,7 +121,8 @@ def test_cut_int8_backbone_is_the_whole_graph(int8_folders, name, method):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("name,spec", [("sd", "deepcache:2"), ("sd3", "first_block:0.3"), ("sd3", "taylorseer:2"),
+@pytest.mark.parametrize("name,spec", [("sd", "deepcache:2"), ("sd", "deepcache:2:L1"), ("sd3", "first_block:0.3"),
+                                       ("sd3", "taylorseer:2"),
                                        ("sd3", "taylorseer:2:2")])
 def test_cache_runs_on_int8_and_noop_is_identical(int8_folders, name, spec):
     pipe = Pipeline.from_folder(int8_folders[name], verify=False)
@@ -133,14 +134,14 @@ def test_cache_runs_on_int8_and_noop_is_identical(int8_folders, name, spec):
     assert np.array_equal(pipe(PROMPT, **kw, cache=noop).images, base)
 
 
-@pytest.mark.parametrize("name,spec", [("sd", "deepcache:2"), ("sd3", "taylorseer:2")])
+@pytest.mark.parametrize("name,spec", [("sd", "deepcache:2"), ("sd", "deepcache:3:L1"), ("sd3", "taylorseer:2")])
 def test_loop_graph_cache_on_int8_is_the_host_loop(int8_folders, name, spec, tmp_path):
     """compile-loop --cache on an int8-static folder: DeepCache carries the UNet's quantized (uint8) deep feature
     (it used to be declared float and the Loop graph failed to load); same images as the host loop."""
     from onnxdiffusion.loops import compile_loop
 
     out = tmp_path / "loop"
-    compile_loop(int8_folders[name], out, form="loop", cache=spec.split(":")[0])
+    compile_loop(int8_folders[name], out, form="loop", cache=spec)  # (the interval is chosen per run)
     pipe = Pipeline.from_folder(out, verify=False)
     kw = dict(steps=6, seed=4) if name == "sd" else dict(steps=6, seed=4, height=32, width=32)
     host = pipe(PROMPT, **kw, cache=spec).images

@@ -26,6 +26,7 @@ SD, MMDIT = ROOT / "models" / "shapes-sd-onnx", ROOT / "models" / "shapes-mmdit-
 PROMPT = "a red circle above a blue square"
 # (model, what compile-loop --cache gets, specs generate runs on that graph)
 CASES = [(SD, "deepcache", ["deepcache:2", "deepcache:3"]), (SD, "deepcache:2:2", ["deepcache:2:2"]),
+         (SD, "deepcache:3:L1", ["deepcache:3:L1", "deepcache:4:L1"]),
          (MMDIT, "first_block", ["first_block:0.25", "first_block:0.5"]),
          (MMDIT, "taylorseer", ["taylorseer:2", "taylorseer:3"]), (MMDIT, "taylorseer:2:2", ["taylorseer:2:2"])]
 
@@ -122,6 +123,7 @@ def test_loop_cache_matches_the_host_loop(compiled, monkeypatch, model, compiled
 
 
 @pytest.mark.parametrize("model,compiled_with,noop", [(SD, "deepcache", "deepcache:1"),
+                                                      (SD, "deepcache:3:L1", "deepcache:1:L1"),
                                                       (MMDIT, "first_block", "first_block:0"),
                                                       (MMDIT, "taylorseer", "taylorseer:1")])
 def test_nothing_cached_is_the_plain_loop_bit_for_bit(compiled, model, compiled_with, noop):
@@ -138,8 +140,10 @@ def test_nothing_cached_is_the_plain_loop_bit_for_bit(compiled, model, compiled_
 def test_specs_the_graph_was_not_compiled_for_are_refused(compiled):
     plain = Pipeline.from_folder(compiled(SD, None))
     deep = Pipeline.from_folder(compiled(SD, "deepcache"))
+    layer = Pipeline.from_folder(compiled(SD, "deepcache:3:L1"))
     taylor = Pipeline.from_folder(compiled(MMDIT, "taylorseer"))
     for pipe, spec, fragment in ((plain, "deepcache:2", "without step caching"), (deep, "deepcache:2:2", "BRANCH 1"),
+                                 (deep, "deepcache:3:L1", "BRANCH 1"), (layer, "deepcache:3", "BRANCH L1"),
                                  (taylor, "taylorseer:2:2", "ORDER 1"), (taylor, "first_block:0.1", "taylorseer")):
         with pytest.raises(UserError, match=fragment) as info:
             pipe(PROMPT, steps=3, cache=spec, loop="loop")

@@ -1,6 +1,6 @@
 """CPU time of the Loop graph with step caching vs without, 1 ORT thread, both embedded models.
 
-    PYTHONPATH=src python experiments/loop_cache/speed.py [OUT_DIR] [--steps 20] [--rounds 5]
+    PYTHONPATH=src python experiments/loop_cache/speed.py [OUT_DIR] [--steps 20] [--rounds 5] [--only CACHE ...]
 
 Compiles each embedded model's Loop graph with and without --cache into OUT_DIR (default: a temp folder),
 then times whole generations (text encoding, the Loop, VAE decoding) in interleaved rounds; prints the
@@ -21,7 +21,8 @@ from onnxdiffusion.runtime import Pipeline
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = {"shapes-sd-onnx": ("deepcache", ["deepcache:2", "deepcache:3"]),
         "shapes-mmdit-onnx": ("taylorseer", ["taylorseer:2", "taylorseer:3"]),
-        "shapes-mmdit-onnx ": ("first_block", ["first_block:0.25", "first_block:0.5"])}
+        "shapes-mmdit-onnx ": ("first_block", ["first_block:0.25", "first_block:0.5"]),
+        "shapes-sd-onnx ": ("deepcache:3:L1", ["deepcache:3:L1", "deepcache:4:L1"])}  # layer branch: compiled in
 
 
 def main() -> None:
@@ -29,14 +30,17 @@ def main() -> None:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", nargs="+", default=None, metavar="CACHE", help="only the runs compiled with these --cache")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="loop-cache-"))
     out.mkdir(parents=True, exist_ok=True)
     for name, (method, specs) in RUNS.items():
+        if args.only and method not in args.only:
+            continue
         model = ROOT / "models" / name.strip()
         folders = {}
         for key, cache in (("plain", None), ("cached", method)):
-            folders[key] = out / f"{name.strip()}-{cache or 'plain'}"
+            folders[key] = out / f"{name.strip()}-{cache or 'plain'}".replace(":", "_")
             if not folders[key].exists():
                 compile_loop(model, folders[key], cache=cache)
         pipes = {k: Pipeline.from_folder(f, threads=1) for k, f in folders.items()}

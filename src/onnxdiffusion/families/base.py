@@ -243,7 +243,8 @@ class Family:
     # node-name patterns of the backbone's repeated blocks, as torch's exporter names them
     cache_block_pattern: ClassVar[str] = r"^(/model/(?:transformer_blocks|single_transformer_blocks)\.\d+/)"
 
-    def cache_span(self, method: str, node_names: list[str], branch: int = 1) -> tuple[tuple[str, ...], str | None]:
+    def cache_span(self, method: str, node_names: list[str], branch: int = 1,
+                   layers: int = 0) -> tuple[tuple[str, ...], str | None]:
         """Step caching: (node-name prefixes of the span a cached step skips, the first block's prefix).
 
         Transformer families: every block after the first (first-block cache, TaylorSeer)."""

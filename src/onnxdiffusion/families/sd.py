@@ -119,13 +119,19 @@ class StableDiffusion(Family):
         specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", _context_dim(info))),)
         return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.get("time_cond_proj_dim") else specs
 
-    def cache_span(self, method: str, node_names: list[str], branch: int = 1) -> tuple[tuple[str, ...], str | None]:
-        """DeepCache: the UNet's deep path (down blocks from `branch` on, the mid block, the up blocks but
-        the last `branch`) is skipped on cached steps; the shallow pairs around it always run."""
+    def cache_span(self, method: str, node_names: list[str], branch: int = 1,
+                   layers: int = 0) -> tuple[tuple[str, ...], str | None]:
+        """DeepCache: the UNet's deep path is skipped on cached steps, the shallow part around it always runs.
+        `branch` down/up block pairs are shallow (down blocks from `branch` on, the mid block, the up blocks
+        but the last `branch` are the deep path); or, `layers` > 0, at DeepCache's layer granularity: conv_in,
+        the next `layers` - 1 down layers (resnets, downsamplers) and the last `layers` up resnets always run,
+        and the cached feature is what enters the first of those up resnets."""
         import re
 
         if method != "deepcache":
             raise ValueError(f"{method} caches transformer blocks; use deepcache on a UNet backbone")
+        if layers:
+            return _layer_span(node_names, layers), None
         idx = {kind: sorted({int(m.group(1)) for n in node_names if (m := re.match(rf"^/model/{kind}\.(\d+)/", n))})
                for kind in ("down_blocks", "up_blocks")}
         downs, ups = idx["down_blocks"], idx["up_blocks"]
@@ -190,6 +196,41 @@ class StableDiffusion(Family):
 
 
 GUIDANCE = "guidance"
+
+
+def _unet_layers(node_names: list[str]) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    """The UNet's skip layers as node-name prefixes: the down layers after conv_in in order (each resnet with
+    its attention, each downsampler: each gives one skip feature) and the up resnets in order (each with its
+    attention, the last of a block with the block's upsampler: each reads one skip feature)."""
+    import re
+
+    found: dict[tuple[str, int], dict[int, set[str]]] = {}
+    for n in node_names:
+        if m := re.match(r"^/model/(down|up)_blocks\.(\d+)/(resnets|attentions|downsamplers|upsamplers)\.(\d+)/", n):
+            found.setdefault((m.group(1), int(m.group(2))), {}).setdefault(int(m.group(4)), set()).add(m.group(3))
+    downs: list[tuple[str, ...]] = []
+    ups: list[tuple[str, ...]] = []
+    for (kind, i), layer in sorted(found.items(), key=lambda kv: (kv[0][0] == "up", kv[0][1])):
+        base = f"/model/{kind}_blocks.{i}/"
+        resnets = [j for j in sorted(layer) if "resnets" in layer[j]]
+        for j in resnets:
+            unit = [f"{base}resnets.{j}/"] + ([f"{base}attentions.{j}/"] if "attentions" in layer[j] else [])
+            if kind == "up" and j == resnets[-1]:
+                unit += [f"{base}upsamplers.{k}/" for k in sorted(layer) if "upsamplers" in layer[k]]
+            (downs if kind == "down" else ups).append(tuple(unit))
+        if kind == "down":
+            downs += [(f"{base}downsamplers.{k}/",) for k in sorted(layer) if "downsamplers" in layer[k]]
+    return downs, ups
+
+
+def _layer_span(node_names: list[str], layers: int) -> tuple[str, ...]:
+    downs, ups = _unet_layers(node_names)
+    # conv_in's feature is the first skip: one more up resnet than down layers after it
+    if not ups or len(ups) != len(downs) + 1 or not 1 <= layers < len(ups):
+        raise ValueError(f"deepcache layer branch L{layers} needs 1 <= L < {max(len(ups), 2)} "
+                         f"(this UNet's up path has {len(ups)} skip layers)")
+    span = [p for unit in downs[layers - 1:] for p in unit] + ["/model/mid_block/"]
+    return tuple(span + [p for unit in ups[:len(ups) - layers] for p in unit])
 
 
 def _time_cond(unet: dict) -> dict:

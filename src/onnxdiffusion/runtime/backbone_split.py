@@ -40,8 +40,9 @@ def _producers(graph) -> dict[str, int]:
     return {o: i for i, n in enumerate(graph.node) for o in n.output if o}
 
 
-def _backward(graph, targets: list[str], stop: set[str]) -> tuple[list[int], set[str]]:
-    """Node indices needed for `targets` when tensors in `stop` are given; and the stop tensors reached."""
+def _backward(graph, targets: list[str], stop: set[str], values: bool = False) -> tuple[list[int], set[str]]:
+    """Node indices needed for `targets` when tensors in `stop` are given; and the stop tensors reached
+    (`values`: through the tensors' values only, not into what Shape / Size read)."""
     prod = _producers(graph)
     inits = {i.name for i in graph.initializer}
     need, reached, seen = set(), set(), set()
@@ -61,12 +62,17 @@ def _backward(graph, targets: list[str], stop: set[str]) -> tuple[list[int], set
         i = prod[t]
         if i not in need:
             need.add(i)
+            if values and graph.node[i].op_type in _SHAPE_OPS:
+                continue
             todo.extend(graph.node[i].input)
             for attr in graph.node[i].attribute:  # subgraph outer-scope reads
                 if attr.g is not None:
                     for sn in attr.g.node:
                         todo.extend(sn.input)
     return sorted(need), reached
+
+
+_SHAPE_OPS = {"Shape", "Size"}
 
 
 def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -190,7 +196,8 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
     outside_reads = {t for i, n in enumerate(g.node) if i not in in_span for t in n.input}
     graph_outs = [o.name for o in g.output]
     read_outside = [t for i in span for t in g.node[i].output if t in outside_reads or t in graph_outs]
-    span_outputs = [t for t in read_outside if sample in _backward(g, [t], set())[1]]
+    # a timestep embedding reads the sample's batch size only (Shape): not a value to cache
+    span_outputs = [t for t in read_outside if sample in _backward(g, [t], set(), values=True)[1]]
     graph_inputs = [i.name for i in g.input if i.name not in inits]
     types = _types(model)
 
@@ -222,7 +229,10 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
 
     first_outs = list(dict.fromkeys(span_inputs + probe))
     f_nodes, _ = _backward(g, first_outs, set())
-    t_nodes, t_reads = _backward(g, graph_outs, set(span_outputs) | set(first_outs))
+    # what `first` computes anyway (a shallow block's skip feature) the tail reads from it, not recomputed
+    by_first = {o: i for i in f_nodes for o in g.node[i].output if o}
+    t_nodes, t_reads = _backward(g, graph_outs, set(span_outputs) | set(first_outs) | set(by_first))
+    first_outs += sorted((t for t in t_reads if t in by_first and t not in first_outs), key=by_first.get)
     if len(set(t_nodes) & in_span) > 0.5 * len(span):
         raise ValueError("the backbone's tail reads the cached span through more than its hidden state")
     tail_from_first = [t for t in first_outs if t in t_reads and t not in span_outputs]

@@ -11,7 +11,9 @@ SPEC is one of
                                  diffusers' TaylorSeerCacheConfig does with those blocks as cache_identifiers
                                  (factors kept in float32 here)
   ``deepcache:INTERVAL[:BRANCH]`` (UNets) the deep path's feature reused; a full step every INTERVAL
-                                 steps; BRANCH shallow down/up block pairs always run (default 1)
+                                 steps; BRANCH shallow down/up block pairs always run (default 1), or
+                                 BRANCH ``L<N>`` at DeepCache's layer granularity: conv_in, the next
+                                 N - 1 down layers and the last N up resnets always run (L1 the cheapest)
 
 The backbone is cut at load time into first / rest / tail graphs (``backbone_split``); the family
 names the span by node-name prefixes.  ``first_block:0``, ``taylorseer:1`` and ``deepcache:1`` never
@@ -39,7 +41,8 @@ class CacheSpec:
     threshold: float = 0.0  # first_block
     interval: int = 1  # taylorseer, deepcache
     order: int = 1  # taylorseer
-    branch: int = 1  # deepcache
+    branch: int = 1  # deepcache: shallow down/up block pairs
+    layers: int = 0  # deepcache: > 0, the shallow part in skip layers instead (BRANCH "L<layers>")
     warmup: int = 3  # taylorseer: full steps before the first prediction (diffusers' default)
 
     @property
@@ -52,7 +55,11 @@ class CacheSpec:
             return f"first_block:{self.threshold:g}"
         if self.method == "taylorseer":
             return f"taylorseer:{self.interval}:{self.order}"
-        return f"deepcache:{self.interval}:{self.branch}"
+        return f"deepcache:{self.interval}:{self.branch_text}"
+
+    @property
+    def branch_text(self) -> str:
+        return f"L{self.layers}" if self.layers else str(self.branch)
 
 
 def parse_cache(spec) -> CacheSpec | None:
@@ -66,12 +73,15 @@ def parse_cache(spec) -> CacheSpec | None:
         return None
     method, *args = text.split(":")
     usage = {"first_block": "first_block:THRESHOLD", "taylorseer": "taylorseer:INTERVAL[:ORDER]",
-             "deepcache": "deepcache:INTERVAL[:BRANCH]"}
+             "deepcache": "deepcache:INTERVAL[:BRANCH|L<N>]"}
     if method not in usage:
         raise UserError(f"unknown cache method {method!r} in {spec!r}; expected one of {', '.join(usage.values())}")
     want = 1 if method == "first_block" else 2
     if not 1 <= len(args) <= want:
         raise UserError(f"cache spec {spec!r}: expected {usage[method]}")
+    layers = 0
+    if method == "deepcache" and len(args) == 2 and args[1][:1] in ("L", "l"):
+        args, layers = args[:1], _layer_count(spec, args[1][1:])
     try:
         if method == "first_block":
             threshold = float(args[0])
@@ -92,7 +102,13 @@ def parse_cache(spec) -> CacheSpec | None:
     branch = nums[1] if len(nums) > 1 else 1
     if branch < 1:
         raise UserError(f"cache spec {spec!r}: BRANCH must be >= 1")
-    return CacheSpec(method, interval=nums[0], branch=branch)
+    return CacheSpec(method, interval=nums[0], branch=branch, layers=layers)
+
+
+def _layer_count(spec: str, text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"cache spec {spec!r}: a layer branch is L<N> with N >= 1 (e.g. deepcache:4:L1)")
+    return int(text)
 
 
 def parse_compiled_cache(spec) -> CacheSpec | None:
@@ -104,7 +120,8 @@ def parse_compiled_cache(spec) -> CacheSpec | None:
 
 def compiled_record(spec: CacheSpec) -> dict:
     """What a sampling graph's manifest entry records of the cache it was compiled with."""
-    extra = {"deepcache": {"branch": spec.branch}, "taylorseer": {"order": spec.order}}.get(spec.method, {})
+    deep = {"layers": spec.layers} if spec.layers else {"branch": spec.branch}
+    extra = {"deepcache": deep, "taylorseer": {"order": spec.order}}.get(spec.method, {})
     return {"method": spec.method, **extra}
 
 
@@ -116,7 +133,7 @@ def loop_feeds(record: dict | None, spec: CacheSpec | None) -> dict[str, np.ndar
     want = compiled_record(spec)
     if record != want:
         have = "without step caching" if not record else "for " + " ".join(
-            f"{k.upper()} {v}" if k != "method" else v for k, v in record.items())
+            v if k == "method" else f"BRANCH L{v}" if k == "layers" else f"{k.upper()} {v}" for k, v in record.items())
         raise UserError(f"cache {spec}: this folder's Loop graph was compiled {have}; recompile it with "
                         f"`onnxdiffusion compile-loop --cache {spec}` or run --loop host")
     if spec.method == "first_block":
@@ -251,7 +268,8 @@ def cut(model, family, spec: CacheSpec, label: str):
     from .backbone_split import split
 
     try:
-        span, probe = family.cache_span(spec.method, [n.name for n in model.graph.node], spec.branch)
+        names = [n.name for n in model.graph.node]
+        span, probe = family.cache_span(spec.method, names, spec.branch, **({"layers": spec.layers} if spec.layers else {}))
         sg = split(model, span, probe, sample=SAMPLE)
     except ValueError as e:
         raise UserError(f"{label}: {e}") from None
@@ -302,7 +320,7 @@ def cached_backbone(pipe, guided, spec: CacheSpec) -> CachedBackbone:
     if not isinstance(guided, GuidedBackbone):
         raise UserError(f"cache {spec} runs with host buffers; this profile binds device buffers (io_binding=device)")
     splits = pipe.__dict__.setdefault("_cache_splits", {})
-    key = (spec.method, spec.branch if spec.method == "deepcache" else 0)
+    key = (spec.method, spec.branch_text if spec.method == "deepcache" else 0)
     if key not in splits:
         path = confined(pipe.folder, pipe._backbone_info["path"], "backbone")
         opts = session_options(pipe._threads, pipe.memory)
