@@ -52,3 +52,11 @@ def invoke(*args, timeout: float = 60) -> Result:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     return Result(code, out.getvalue(), err.getvalue())
+
+
+def run_cli_here(*args, timeout: float = 600) -> Result:
+    """run_cli's checks (exit status, stdout, stderr) without a process: `python -m onnxdiffusion.cli` is this
+    same cli.run plus sys.exit, and a process per case costs an interpreter start and its imports (torch for
+    export and quantize), more than most cases' work. The process entry itself is run by test_signals,
+    test_faults, test_serve and the run_cli cases."""
+    return invoke(*args, timeout=timeout)

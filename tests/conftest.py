@@ -52,32 +52,54 @@ def build_tiny_pipeline(folder: Path, prediction_type: str = "epsilon", spacing:
     return folder / "diffusers"
 
 
+def shared_folder(tmp_path_factory, name: str, build) -> Path:
+    """`build(root)` run once per test run, its result shared: under pytest-xdist every worker would otherwise
+    build the same session artefact (exports, quantizations) again. The first worker to take the lock builds into
+    a folder of the run's common temporary root; the others wait and reuse it. The artefacts are read-only to
+    the tests (they copy before they change anything), as within one worker already."""
+    import fcntl
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is .../pytest-N/popen-gwK: its parent is the run's
+        base = base.parent
+    root, done = base / f"shared-{name}", base / f"shared-{name}.done"
+    with open(base / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed half-way left this
+            root.mkdir()
+            done.write_text(str(Path(build(root)).relative_to(root)))
+        return root / done.read_text()
+
+
+def export_plain(src: Path, out: Path) -> Path:
+    from onnxdiffusion.export import export_pipeline
+
+    export_pipeline(src, out, progress=False)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_diffusers(tmp_path_factory) -> Path:
-    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny"))
+    return shared_folder(tmp_path_factory, "tiny", build_tiny_pipeline)
 
 
 @pytest.fixture(scope="session")
 def tiny_onnx(tiny_diffusers, tmp_path_factory) -> Path:
-    from onnxdiffusion.export import export_pipeline
-
-    out = tmp_path_factory.mktemp("tiny_onnx") / "model"
-    export_pipeline(tiny_diffusers, out, progress=False)
-    return out
+    return shared_folder(tmp_path_factory, "tiny_onnx", lambda root: export_plain(tiny_diffusers, root / "model"))
 
 
 @pytest.fixture(scope="session")
 def tiny_v_diffusers(tmp_path_factory) -> Path:
-    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny_v"), prediction_type="v_prediction", spacing="trailing")
+    return shared_folder(tmp_path_factory, "tiny_v", lambda root: build_tiny_pipeline(
+        root, prediction_type="v_prediction", spacing="trailing"))
 
 
 @pytest.fixture(scope="session")
 def tiny_v_onnx(tiny_v_diffusers, tmp_path_factory) -> Path:
-    from onnxdiffusion.export import export_pipeline
-
-    out = tmp_path_factory.mktemp("tiny_v_onnx") / "model"
-    export_pipeline(tiny_v_diffusers, out, progress=False)
-    return out
+    return shared_folder(tmp_path_factory, "tiny_v_onnx",
+                         lambda root: export_plain(tiny_v_diffusers, root / "model"))
 
 
 # -- other model families (tests/family_pipelines.py builds them) -------------------------------
@@ -86,7 +108,7 @@ def tiny_v_onnx(tiny_v_diffusers, tmp_path_factory) -> Path:
 def tiny_sdxl_diffusers(tmp_path_factory) -> Path:
     from family_pipelines import build_tiny_sdxl
 
-    return build_tiny_sdxl(tmp_path_factory.mktemp("tiny_sdxl"))
+    return shared_folder(tmp_path_factory, "tiny_sdxl", build_tiny_sdxl)
 
 
 @pytest.fixture(scope="session")
@@ -94,26 +116,25 @@ def tiny_sdxl_onnx(tiny_sdxl_diffusers, tmp_path_factory) -> Path:
     """Exported with the CLI verb, as a user would."""
     from cli_helpers import run_cli
 
-    out = tmp_path_factory.mktemp("tiny_sdxl_onnx") / "model"
-    proc = run_cli("export", tiny_sdxl_diffusers, out)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    def build(root: Path) -> Path:
+        proc = run_cli("export", tiny_sdxl_diffusers, root / "model")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return root / "model"
+
+    return shared_folder(tmp_path_factory, "tiny_sdxl_onnx", build)
 
 
 @pytest.fixture(scope="session")
 def tiny_sd3_diffusers(tmp_path_factory) -> Path:
     from family_pipelines import build_tiny_sd3
 
-    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"))
+    return shared_folder(tmp_path_factory, "tiny_sd3", build_tiny_sd3)
 
 
 @pytest.fixture(scope="session")
 def tiny_sd3_onnx(tiny_sd3_diffusers, tmp_path_factory) -> Path:
-    from onnxdiffusion.export import export_pipeline
-
-    out = tmp_path_factory.mktemp("tiny_sd3_onnx") / "model"
-    export_pipeline(tiny_sd3_diffusers, out, progress=False)
-    return out
+    return shared_folder(tmp_path_factory, "tiny_sd3_onnx",
+                         lambda root: export_plain(tiny_sd3_diffusers, root / "model"))
 
 
 # -- Flux and Qwen-Image (tests/tiny_families.py builds them) -----------------------------------
@@ -122,14 +143,14 @@ def tiny_sd3_onnx(tiny_sd3_diffusers, tmp_path_factory) -> Path:
 def tiny_flux_diffusers(tmp_path_factory) -> Path:
     from tiny_families import build_tiny_flux
 
-    return build_tiny_flux(tmp_path_factory.mktemp("tiny_flux"))
+    return shared_folder(tmp_path_factory, "tiny_flux", build_tiny_flux)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwenimage_diffusers(tmp_path_factory) -> Path:
     from tiny_families import build_tiny_qwenimage
 
-    return build_tiny_qwenimage(tmp_path_factory.mktemp("tiny_qwenimage"))
+    return shared_folder(tmp_path_factory, "tiny_qwenimage", build_tiny_qwenimage)
 
 
 def export_family(src: Path, out: Path) -> Path:
@@ -148,12 +169,13 @@ def export_family(src: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_flux_onnx(tiny_flux_diffusers, tmp_path_factory) -> Path:
-    return export_family(tiny_flux_diffusers, tmp_path_factory.mktemp("tiny_flux_onnx") / "model")
+    return shared_folder(tmp_path_factory, "tiny_flux_onnx", lambda root: export_family(tiny_flux_diffusers, root / "model"))
 
 
 @pytest.fixture(scope="session")
 def tiny_qwenimage_onnx(tiny_qwenimage_diffusers, tmp_path_factory) -> Path:
-    return export_family(tiny_qwenimage_diffusers, tmp_path_factory.mktemp("tiny_qwenimage_onnx") / "model")
+    return shared_folder(tmp_path_factory, "tiny_qwenimage_onnx",
+                         lambda root: export_family(tiny_qwenimage_diffusers, root / "model"))
 
 
 @pytest.fixture(scope="module")  # per module: some tests hard-link its data file, which onnx.load then refuses

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli_here
 
 from onnxdiffusion.artifacts import hash_tree, read_manifest, write_json
 from onnxdiffusion.errors import UserError
@@ -191,7 +191,7 @@ def test_report_renders_in_headless_chromium(bench_run, tmp_path):
 
 # -- bad input ------------------------------------------------------------------------------------------
 def _cli(*args):
-    return run_cli(*args, timeout=300)
+    return run_cli_here(*args, timeout=300)
 
 
 _one_line_error = assert_one_line_error

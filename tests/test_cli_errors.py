@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli, run_cli_here
 
-run = run_cli
+run = run_cli_here  # in-process; the two `*_missing_*` cases below still run a real process, exit status included
 
 
 def leftovers(folder: Path, name: str) -> list[Path]:
@@ -18,7 +18,7 @@ def leftovers(folder: Path, name: str) -> list[Path]:
 # -- export -----------------------------------------------------------------------------------
 
 def test_export_missing_source(tmp_path):
-    proc = run("export", tmp_path / "nope", tmp_path / "out")
+    proc = run_cli("export", tmp_path / "nope", tmp_path / "out")
     assert_one_line_error(proc, "not found")
     assert leftovers(tmp_path, "out") == []
 
@@ -73,7 +73,7 @@ def model_copy(tmp_path, tiny_onnx):
 
 
 def test_generate_missing_model(tmp_path):
-    proc = run("generate", tmp_path / "nope", "a red circle", "-o", tmp_path / "x.png")
+    proc = run_cli("generate", tmp_path / "nope", "a red circle", "-o", tmp_path / "x.png")
     assert_one_line_error(proc, "not found")
     assert not (tmp_path / "x.png").exists()
 

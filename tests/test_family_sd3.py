@@ -9,7 +9,7 @@ import pytest
 from family_pipelines import diffusers_images
 from PIL import Image
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli_here
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.loops import compile_loop
 from onnxdiffusion.runtime import Pipeline
@@ -67,7 +67,7 @@ def test_second_order_flow_samplers_match_diffusers(tiny_sd3_diffusers, tiny_sd3
 def test_cli_generate_matches_diffusers(tiny_sd3_diffusers, tiny_sd3_onnx, tmp_path):
     """The `generate` verb (seeded latents) against diffusers' own FlowMatchEuler from the same latents."""
     out = tmp_path / "img.png"
-    proc = run_cli("generate", tiny_sd3_onnx, PROMPT, "--steps", 4, "--seed", 11, "--guidance", 4.0,
+    proc = run_cli_here("generate", tiny_sd3_onnx, PROMPT, "--steps", 4, "--seed", 11, "--guidance", 4.0,
                    "--sampler", "flow_euler", "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     latents = np.random.default_rng(11).standard_normal((1, 16, 8, 8), dtype=np.float32)
@@ -141,7 +141,7 @@ def pipe_options(**kw):
 
 
 def test_epsilon_sampler_on_flow_model_is_refused(tiny_sd3_onnx, tmp_path):
-    proc = run_cli("generate", tiny_sd3_onnx, PROMPT, "--steps", 2, "--sampler", "ddim", "-o", tmp_path / "x.png")
+    proc = run_cli_here("generate", tiny_sd3_onnx, PROMPT, "--steps", 2, "--sampler", "ddim", "-o", tmp_path / "x.png")
     assert_one_line_error(proc)
 
 
@@ -157,5 +157,5 @@ def test_folder_exported_with_t5_needs_it(tiny_sd3_onnx, tmp_path):
     del m["components"]["text_encoder_3"]
     m["files"] = hash_tree(dst)
     write_json(dst / "manifest.json", m)
-    proc = run_cli("generate", dst, PROMPT, "--steps", 1, "-o", tmp_path / "x.png")
+    proc = run_cli_here("generate", dst, PROMPT, "--steps", 1, "-o", tmp_path / "x.png")
     assert_one_line_error(proc, "sd3", "text_encoder_3")

@@ -7,7 +7,7 @@ import pytest
 from family_pipelines import diffusers_images
 from PIL import Image
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli_here
 from onnxdiffusion.artifacts import hash_tree, write_json
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
@@ -48,7 +48,7 @@ def test_matches_diffusers(tiny_sdxl_diffusers, tiny_sdxl_onnx, sampler, negativ
 def test_cli_generate_matches_diffusers(tiny_sdxl_diffusers, tiny_sdxl_onnx, tmp_path):
     """The `generate` verb (seeded latents) against diffusers from the same latents."""
     out = tmp_path / "img.png"
-    proc = run_cli("generate", tiny_sdxl_onnx, PROMPT, "--steps", 4, "--sampler", "euler", "--seed", 11,
+    proc = run_cli_here("generate", tiny_sdxl_onnx, PROMPT, "--steps", 4, "--sampler", "euler", "--seed", 11,
                    "--guidance", 4.0, "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     latents = np.random.default_rng(11).standard_normal((1, 4, 8, 8), dtype=np.float32)
@@ -91,7 +91,7 @@ def _relabel(folder, tmp_path, edit):
 
 def test_unknown_family_is_one_line_error(tiny_sdxl_onnx, tmp_path):
     dst = _relabel(tiny_sdxl_onnx, tmp_path, lambda m: m.update(family="kandinsky"))
-    proc = run_cli("generate", dst, PROMPT, "--steps", 1, "-o", tmp_path / "x.png")
+    proc = run_cli_here("generate", dst, PROMPT, "--steps", 1, "-o", tmp_path / "x.png")
     assert_one_line_error(proc, "unknown model family", "kandinsky")
 
 
@@ -115,7 +115,7 @@ def test_components_of_different_families_mixed(tiny_sdxl_onnx, tiny_onnx, tmp_p
 
 def test_missing_required_encoder_in_model_folder(tiny_sdxl_onnx, tmp_path):
     dst = _relabel(tiny_sdxl_onnx, tmp_path, lambda m: m["components"].pop("text_encoder_2"))
-    proc = run_cli("generate", dst, PROMPT, "--steps", 1, "-o", tmp_path / "x.png")
+    proc = run_cli_here("generate", dst, PROMPT, "--steps", 1, "-o", tmp_path / "x.png")
     assert_one_line_error(proc, "sdxl", "text_encoder_2")
 
 
@@ -127,6 +127,6 @@ def test_export_refuses_mixed_source(tiny_sdxl_diffusers, tiny_diffusers, tmp_pa
     shutil.copytree(tiny_sdxl_diffusers, src)
     shutil.rmtree(src / "unet")
     shutil.copytree(tiny_diffusers / "unet", src / "unet")
-    proc = run_cli("export", src, tmp_path / "out")
+    proc = run_cli_here("export", src, tmp_path / "out")
     assert_one_line_error(proc, "text_time")
     assert not (tmp_path / "out").exists()

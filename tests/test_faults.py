@@ -80,14 +80,36 @@ def _no_staging(folder: Path) -> list[str]:
 FILL = (0.0, 0.35, 0.8)  # free space as a fraction of what the verb writes: the disk fills early, midway, late
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """What a verb writes when there is room, run once (in-process) and shared by its three fill fractions:
+    the bytes written do not depend on the fraction. `reference(name, argv)` runs argv(folder), an empty folder
+    that everything the verb writes lands in, and returns the folder."""
+    from cli_helpers import invoke
+
+    made: dict[str, Path] = {}
+
+    def get(name: str, argv) -> Path:
+        if name not in made:
+            out = tmp_path_factory.mktemp(f"ref-{name}")
+            res = invoke(*argv(out), timeout=600)
+            assert res.returncode == 0, res.stderr[-2000:]
+            made[name] = out
+        return made[name]
+
+    return get
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 @pytest.mark.parametrize("fraction", FILL)
-def test_enospc_generate(small_fs, fraction, tmp_path):
+def test_enospc_generate(small_fs, fraction, reference):
     out = small_fs.mount / "out"
     out.mkdir()
     args = ["generate", default_model_folder(), "a red circle", "--steps", "2", "--batch", "4", "-o", out / "img.png"]
-    ok = _run([*args[:-1], tmp_path / "ref.png"], small_fs.env())  # what it writes when there is room
-    assert ok.returncode == 0, ok.stderr
-    need = sum(p.stat().st_size for p in tmp_path.glob("ref*.png"))
+    need = _size(reference("generate", lambda d: [*args[:-1], d / "img.png"]))
     small_fs.leave(int(need * fraction))
     proc = _run(args, small_fs.env())
     _assert_full_disk(proc)
@@ -96,12 +118,11 @@ def test_enospc_generate(small_fs, fraction, tmp_path):
 
 
 @pytest.mark.parametrize("fraction", FILL)
-def test_enospc_batch_keeps_only_whole_images_and_resumes(small_fs, fraction, tmp_path):
+def test_enospc_batch_keeps_only_whole_images_and_resumes(small_fs, fraction, tmp_path, reference):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(f'{{"prompt": "a red circle number {i}", "seed": {i}, "steps": 2}}\n' for i in range(8)))
-    ref = _run(["batch", prompts, tmp_path / "ref", "--quiet", "--batch-size", "2"], small_fs.env())
-    assert ref.returncode == 0, ref.stderr
-    need = sum(p.stat().st_size for p in (tmp_path / "ref").iterdir())
+    ref = reference("batch", lambda d: ["batch", prompts, d / "out", "--quiet", "--batch-size", "2"]) / "out"
+    need = _size(ref)
     out = small_fs.mount / "out"
     small_fs.leave(int(need * fraction))
     proc = _run(["batch", prompts, out, "--quiet", "--batch-size", "2"], small_fs.env())
@@ -110,18 +131,16 @@ def test_enospc_batch_keeps_only_whole_images_and_resumes(small_fs, fraction, tm
     if out.exists():
         assert _no_staging(out) == []
         for png in out.glob("*.png"):  # every image there is whole: byte-equal to the reference run's
-            assert png.read_bytes() == (tmp_path / "ref" / png.name).read_bytes()
+            assert png.read_bytes() == (ref / png.name).read_bytes()
     (small_fs.mount / "filler").unlink()  # room again: the rerun finishes the rest
     again = _run(["batch", prompts, out, "--quiet", "--batch-size", "2"], small_fs.env())
     assert again.returncode == 0, again.stderr
-    assert sorted(p.name for p in out.glob("*.png")) == sorted(p.name for p in (tmp_path / "ref").glob("*.png"))
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(p.name for p in ref.glob("*.png"))
 
 
 @pytest.mark.parametrize("fraction", FILL)
-def test_enospc_export(small_fs, fraction, tiny_diffusers, tmp_path):
-    ref = _run(["export", tiny_diffusers, tmp_path / "ref", "--no-validate"], small_fs.env())
-    assert ref.returncode == 0, ref.stderr
-    need = sum(p.stat().st_size for p in (tmp_path / "ref").rglob("*") if p.is_file())
+def test_enospc_export(small_fs, fraction, tiny_diffusers, reference):
+    need = _size(reference("export", lambda d: ["export", tiny_diffusers, d / "out", "--no-validate"]))
     small_fs.leave(int(need * fraction))
     out = small_fs.mount / "out"
     proc = _run(["export", tiny_diffusers, out, "--no-validate"], small_fs.env())
@@ -131,11 +150,9 @@ def test_enospc_export(small_fs, fraction, tiny_diffusers, tmp_path):
 
 
 @pytest.mark.parametrize("fraction", FILL)
-def test_enospc_quantize(small_fs, fraction, tiny_onnx, tmp_path):
+def test_enospc_quantize(small_fs, fraction, tiny_onnx, reference):
     args = ["--recipe", "int8-dynamic", "--calib-count", "4", "--calib-steps", "2", "--latency-runs", "1"]
-    ref = _run(["quantize", tiny_onnx, tmp_path / "ref", *args], small_fs.env())
-    assert ref.returncode == 0, ref.stderr
-    need = sum(p.stat().st_size for p in (tmp_path / "ref").rglob("*") if p.is_file())
+    need = _size(reference("quantize", lambda d: ["quantize", tiny_onnx, d / "out", *args]))
     small_fs.leave(int(need * fraction))
     out = small_fs.mount / "out"
     proc = _run(["quantize", tiny_onnx, out, *args], small_fs.env())

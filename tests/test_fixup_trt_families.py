@@ -3,16 +3,14 @@ Flux. Our own TensorRT-form NVFP4 and FP8 backbones are installed; the folder ve
 profile on this CPU-only machine falls back to the kept fp32 backbone, saying so in one line."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from cli_helpers import run_cli_here
 from onnxdiffusion.artifacts import read_manifest, verify_folder
 from onnxdiffusion.families import get_family
 from onnxdiffusion.profiles import resolve
@@ -20,12 +18,20 @@ from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, 
 
 MMDIT = Path(__file__).resolve().parents[1] / "models" / "shapes-mmdit-onnx"
 RECIPES = {"nvfp4": {"form": "tensorrt", "activations": "fp4"}, "fp8": {"keep_16bit": "none"}}
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, timeout=600)
+cli = run_cli_here  # in-process: each case ran three CLI processes
+
+
+PLAIN: dict[Path, np.ndarray] = {}  # the fp32 folder's image, the same for every recipe: generated once
+
+
+def plain_image(src: Path, args: list, out: Path) -> np.ndarray:
+    if src not in PLAIN:
+        plain = cli("generate", src, *args, "--output", out)
+        assert plain.returncode == 0, plain.stderr
+        PLAIN[src] = np.asarray(Image.open(out))
+    return PLAIN[src]
 
 
 def trt_backbone(src: Path, tmp: Path, recipe: str) -> Path:
@@ -77,6 +83,4 @@ def test_fixup_trt_installs_into_a_transformer_folder(family_folder, recipe, tmp
     assert ran.returncode == 0, ran.stderr
     said = [line for line in ran.stderr.splitlines() if line.startswith("warning:")]
     assert len(said) == 1 and "fallback" in said[0] and "cpu" in said[0], ran.stderr
-    plain = cli("generate", src, *args, "--output", tmp_path / "fp32.png")
-    assert plain.returncode == 0, plain.stderr
-    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "trt.png")), np.asarray(Image.open(tmp_path / "fp32.png")))
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "trt.png")), plain_image(src, args, tmp_path / "fp32.png"))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli_here
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.runtime import Pipeline
 
@@ -30,7 +30,7 @@ def picture(tmp_path_factory):
 
 def test_cli_img2img_is_the_python_api(tiny_onnx, picture, tmp_path):
     out = tmp_path / "out.png"
-    proc = run_cli("generate", tiny_onnx, PROMPT, "--image", picture / "in.png", "--strength", 0.6, "--steps", 8,
+    proc = run_cli_here("generate", tiny_onnx, PROMPT, "--image", picture / "in.png", "--strength", 0.6, "--steps", 8,
                    "--sampler", "ddim", "--seed", 5, "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     pipe = Pipeline.from_folder(tiny_onnx)
@@ -41,7 +41,7 @@ def test_cli_img2img_is_the_python_api(tiny_onnx, picture, tmp_path):
 
 def test_cli_other_size_is_resized_with_a_notice(tiny_onnx, picture, tmp_path):
     out = tmp_path / "out.png"
-    proc = run_cli("generate", tiny_onnx, PROMPT, "--image", picture / "other.png", "--strength", 0.5, "--steps", 4,
+    proc = run_cli_here("generate", tiny_onnx, PROMPT, "--image", picture / "other.png", "--strength", 0.5, "--steps", 4,
                    "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resized to the generation size 32x32" in proc.stderr
@@ -61,14 +61,14 @@ def test_cli_bad_image_input_is_one_line_and_writes_nothing(tiny_onnx, picture, 
     args = [a.format(d=picture) for a in extra]
     if "--image" not in args:
         args = ["--image", str(picture / "in.png"), *args]
-    proc = run_cli("generate", tiny_onnx, PROMPT, *args, "--steps", 4, "-o", out)
+    proc = run_cli_here("generate", tiny_onnx, PROMPT, *args, "--steps", 4, "-o", out)
     assert_one_line_error(proc, *fragments)
     assert not out.exists()
 
 
 def test_cli_strength_without_image_is_refused(tiny_onnx, tmp_path):
     out = tmp_path / "out.png"
-    proc = run_cli("generate", tiny_onnx, PROMPT, "--strength", "0.5", "-o", out)
+    proc = run_cli_here("generate", tiny_onnx, PROMPT, "--strength", "0.5", "-o", out)
     assert_one_line_error(proc, "need --image")
     assert not out.exists()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli_here
 from onnxdiffusion import scenes as S
 from onnxdiffusion.paths import models_root
 
@@ -131,7 +131,7 @@ def test_generate_uses_the_recommended_settings(tmp_path):
     from onnxdiffusion.runtime import Pipeline
 
     out = tmp_path / "a.png"
-    proc = run_cli("generate", "--model", MMDIT_ONNX, "a red circle above a blue square", "--seed", 5, "-o", out)
+    proc = run_cli_here("generate", "--model", MMDIT_ONNX, "a red circle above a blue square", "--seed", 5, "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     want = Pipeline.from_folder(MMDIT_ONNX)("a red circle above a blue square", steps=20, sampler="flow_euler",
                                             guidance=3.0, seed=5).images[0]
@@ -142,20 +142,20 @@ def test_generate_uses_the_recommended_settings(tmp_path):
 
 
 def test_model_given_twice_is_a_one_line_error(tmp_path):
-    proc = run_cli("generate", "--model", MMDIT_ONNX, MMDIT_ONNX, "a red circle", "-o", tmp_path / "x.png")
+    proc = run_cli_here("generate", "--model", MMDIT_ONNX, MMDIT_ONNX, "a red circle", "-o", tmp_path / "x.png")
     assert_one_line_error(proc, "--model")
 
 
 def test_evaluate_defaults_to_the_recommended_settings(tmp_path):
     out = tmp_path / "e.json"
-    proc = run_cli("evaluate", MMDIT_ONNX, "--count", 2, "--batch", 2, "-o", out)
+    proc = run_cli_here("evaluate", MMDIT_ONNX, "--count", 2, "--batch", 2, "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     opts = json.loads(out.read_text())["options"]
     assert (opts["sampler"], opts["steps"], opts["guidance"]) == ("flow_euler", 20, 3.0)
 
 
 def test_export_skips_only_optional_components(tmp_path):
-    proc = run_cli("export", MMDIT, tmp_path / "x", "--skip", "transformer")
+    proc = run_cli_here("export", MMDIT, tmp_path / "x", "--skip", "transformer")
     assert_one_line_error(proc, "cannot skip", "transformer", "vae_encoder")
     assert not (tmp_path / "x").exists()
 
@@ -163,7 +163,7 @@ def test_export_skips_only_optional_components(tmp_path):
 def test_quantize_calibrates_with_the_recommended_settings(tmp_path):
     """Unset --calib-sampler/--calib-guidance: the folder's recommended flow_euler at 3.0 (ddim does not apply to it)."""
     out = tmp_path / "q"
-    proc = run_cli("quantize", MMDIT_ONNX, out, "--recipe", "fp16", "--calib-count", 4, "--calib-steps", 2,
+    proc = run_cli_here("quantize", MMDIT_ONNX, out, "--recipe", "fp16", "--calib-count", 4, "--calib-steps", 2,
                    "--latency-runs", 1)
     assert proc.returncode == 0, proc.stderr[-2000:]
     calib = json.loads((out / "manifest.json").read_text())["quantization"]["config"]["calibration"]

@@ -25,7 +25,7 @@ from onnxdiffusion.samplers import build_table, guided, sample
 from onnxdiffusion.samplers.graph import build_sampling_graph
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cli_helpers import assert_one_line_error, run_cli  # noqa: E402
+from cli_helpers import assert_one_line_error, run_cli_here  # noqa: E402
 from test_loop_graph import SD, toy_backbone, toy_eager  # noqa: E402
 
 PROMPTS = ["a red circle on the left", "a blue star at the top"]
@@ -165,10 +165,10 @@ def test_bad_schedule_in_manifest_is_one_line_error(scheduled, change, fragment,
 
 
 def test_cli_refuses_a_bad_schedule_before_running(tiny_onnx, tmp_path):
-    proc = run_cli("quantize", tiny_onnx, tmp_path / "out", "--recipe", "int8-static", "--precision-schedule", "steps=-1")
+    proc = run_cli_here("quantize", tiny_onnx, tmp_path / "out", "--recipe", "int8-static", "--precision-schedule", "steps=-1")
     assert_one_line_error(proc, "precision schedule steps")
     assert not (tmp_path / "out").exists()
-    proc = run_cli("quantize", tiny_onnx, tmp_path / "out", "--recipe", "int8-static", "--precision-schedule", "2", "--correct")
+    proc = run_cli_here("quantize", tiny_onnx, tmp_path / "out", "--recipe", "int8-static", "--precision-schedule", "2", "--correct")
     assert_one_line_error(proc, "alternative remedies")
 
 

@@ -72,15 +72,18 @@ def break_backbone(folder: Path) -> None:
 
 @pytest.fixture(scope="session")
 def serve_models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("serve_models")
-    int8 = root / "int8"
-    proc = _cli("quantize", EMBEDDED, int8, "--recipe", "int8-dynamic", "--calib-count", 4, "--calib-steps", 4,
-                "--latency-runs", 2)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    broken = root / "broken"
-    shutil.copytree(int8, broken)
-    break_backbone(broken)
-    return {"fp32": EMBEDDED, "int8": int8, "broken": broken}
+    from conftest import shared_folder
+
+    def build(root: Path) -> Path:
+        proc = _cli("quantize", EMBEDDED, root / "int8", "--recipe", "int8-dynamic", "--calib-count", 4,
+                    "--calib-steps", 4, "--latency-runs", 2)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        shutil.copytree(root / "int8", root / "broken")
+        break_backbone(root / "broken")
+        return root
+
+    root = shared_folder(tmp_path_factory, "serve_models", build)  # once per run, not once per xdist worker
+    return {"fp32": EMBEDDED, "int8": root / "int8", "broken": root / "broken"}
 
 
 class Server:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli_here
 
 from onnxdiffusion.errors import UserError
 
@@ -144,9 +144,9 @@ def test_bad_tiny_source_is_one_line(tiny_taesd, tmp_path, change, fragment):
 
 def test_decoder_tiny_on_a_folder_without_one_is_one_line(tiny_onnx, tmp_path):
     out = tmp_path / "out.png"
-    proc = run_cli("generate", tiny_onnx, "a red circle", "--decoder", "tiny", "--steps", "1", "-o", out)
+    proc = run_cli_here("generate", tiny_onnx, "a red circle", "--decoder", "tiny", "--steps", "1", "-o", out)
     assert_one_line_error(proc, "has no tiny decoder", "--tiny-vae")
-    proc = run_cli("generate", tiny_onnx, "a red circle", "--decoder", "small", "--steps", "1", "-o", out)
+    proc = run_cli_here("generate", tiny_onnx, "a red circle", "--decoder", "small", "--steps", "1", "-o", out)
     assert_one_line_error(proc, "decoder must be one of full, tiny")
     assert list(tmp_path.iterdir()) == []
 
@@ -170,7 +170,7 @@ def test_generate_cli_decoder_tiny_on_shipped(tmp_path):
     from PIL import Image
 
     out = tmp_path / "tiny.png"
-    proc = run_cli("generate", SHIPPED, "a yellow star at the top", "--decoder", "tiny", "--steps", "4", "-o", out)
+    proc = run_cli_here("generate", SHIPPED, "a yellow star at the top", "--decoder", "tiny", "--steps", "4", "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert np.asarray(Image.open(out)).shape == (64, 64, 3)
 

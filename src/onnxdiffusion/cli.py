@@ -152,7 +152,8 @@ def generate(
     guards.prompt_list(prompt, 1, "prompt")
     if negative_prompt is not None:
         guards.prompt_list(negative_prompt, 1, "negative prompt")
-    output_paths(output, batch if isinstance(batch, int) and batch > 0 else 1, overwrite)
+    # a batch out of range is refused below (guards): naming its 100000 output files first took seconds
+    output_paths(output, batch if isinstance(batch, int) and 0 < batch <= guards.MAX_BATCH else 1, overwrite)
     resolve_provider(provider)
     if memory is not None:
         from .runtime.memory import memory_options
