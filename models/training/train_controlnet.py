@@ -12,7 +12,8 @@ Resumable: the work folder keeps encoded latents, a checkpoint every `checkpoint
 the log; rerunning the same command continues where it stopped (or only re-saves when finished).
 Each step draws its batch and noise from (seed, step) alone, so a resumed run is the same run.
 
-Usage: python models/training/train_controlnet.py --work runs/controlnet-position --out models/controlnets/shapes-sd-position
+Usage: python models/training/train_controlnet.py --work runs/controlnet-position \
+           --out models/controlnets/shapes-sd-position
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def make_controlnet(unet, cfg: dict):
     latent = unet.config.sample_size
     probe = cn.controlnet_cond_embedding(torch.zeros(1, 3, S.IMAGE_SIZE, S.IMAGE_SIZE))
     if probe.shape[-1] != latent:  # a wrong factor would only fail deep inside the first forward
-        raise SystemExit(f"condition embedding gives {probe.shape[-1]}x{probe.shape[-1]}, latents are {latent}x{latent}")
+        side = probe.shape[-1]
+        raise SystemExit(f"condition embedding gives {side}x{side}, latents are {latent}x{latent}")
     return cn
 
 
