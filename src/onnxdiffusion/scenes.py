@@ -147,6 +147,20 @@ def caption_for(objects: tuple[SceneObject, ...], rng: np.random.Generator, with
     return f"a {noun(first, with_size)} {rel} a {noun(second, with_size)}"
 
 
+def caption_without_position(scene: Scene) -> str:
+    """The scene's caption with every position and relation word left out.
+
+    Two objects are listed in shape/colour order, not left-to-right, so word order says nothing
+    about place either; size words stay exactly when the scene's own caption has them. Only
+    words of vocabulary() (and a comma) are used, since the tokenizer knows nothing else.
+    """
+    def noun(o: SceneObject) -> str:
+        return f"{o.size} {o.colour} {o.shape}" if scene.size_in_caption else f"{o.colour} {o.shape}"
+
+    objs = sorted(scene.objects, key=lambda o: (o.shape, o.colour, o.size))
+    return ", ".join(f"a {noun(o)}" for o in objs)
+
+
 def sample_scene(seed: int, split: str = "train") -> Scene:
     """One scene of the given split, fully determined by its seed."""
     if split not in SPLITS:
@@ -181,6 +195,38 @@ def _star(cx: float, cy: float, r: float) -> list[tuple[float, float]]:
     return pts
 
 
+def _object_mask(obj: SceneObject, jitter: tuple[int, int], s: int) -> Image.Image:
+    """The object's silhouette, 255 inside, at `s` times the image size (a ring keeps its hole)."""
+    n = IMAGE_SIZE * s
+    cx, cy = POSITIONS[obj.position]
+    cx, cy, r = (cx + jitter[0]) * s, (cy + jitter[1]) * s, SIZES[obj.size] * s
+    mask = Image.new("L", (n, n), 0)
+    m = ImageDraw.Draw(mask)
+    if obj.shape == "circle":
+        m.ellipse((cx - r, cy - r, cx + r, cy + r), fill=255)
+    elif obj.shape == "square":
+        h = r * 0.85
+        m.rectangle((cx - h, cy - h, cx + h, cy + h), fill=255)
+    elif obj.shape == "triangle":
+        m.polygon(
+            [(cx, cy - r), (cx + r * 0.95, cy + r * 0.75), (cx - r * 0.95, cy + r * 0.75)],
+            fill=255,
+        )
+    elif obj.shape == "star":
+        m.polygon(_star(cx, cy, r * 1.1), fill=255)
+    elif obj.shape == "ring":
+        m.ellipse((cx - r, cy - r, cx + r, cy + r), fill=255)
+        ri = r * 0.5
+        m.ellipse((cx - ri, cy - ri, cx + ri, cy + ri), fill=0)
+    else:  # pragma: no cover - guarded by SHAPES
+        raise ValueError(f"unknown shape {obj.shape!r}")
+    return mask
+
+
+def _jitters(scene: Scene) -> tuple[tuple[int, int], ...]:
+    return scene.jitter or ((0, 0),) * len(scene.objects)
+
+
 def render(scene: Scene, supersample: int = 4) -> np.ndarray:
     """HxWx3 uint8 image of a scene (drawn large and downsampled for anti-aliasing)."""
     s = supersample
@@ -190,33 +236,25 @@ def render(scene: Scene, supersample: int = 4) -> np.ndarray:
     if scene.background2 is not None:
         box = (n // 2, 0, n, n) if scene.split_vertical else (0, n // 2, n, n)
         draw.rectangle(box, fill=scene.background2)
-    for obj, (jx, jy) in zip(scene.objects, scene.jitter or [(0, 0)] * len(scene.objects)):
-        cx, cy = POSITIONS[obj.position]
-        cx, cy, r = (cx + jx) * s, (cy + jy) * s, SIZES[obj.size] * s
-        # Draw into a mask so a ring's hole shows whatever background lies beneath it.
-        mask = Image.new("L", (n, n), 0)
-        m = ImageDraw.Draw(mask)
-        if obj.shape == "circle":
-            m.ellipse((cx - r, cy - r, cx + r, cy + r), fill=255)
-        elif obj.shape == "square":
-            h = r * 0.85
-            m.rectangle((cx - h, cy - h, cx + h, cy + h), fill=255)
-        elif obj.shape == "triangle":
-            m.polygon(
-                [(cx, cy - r), (cx + r * 0.95, cy + r * 0.75), (cx - r * 0.95, cy + r * 0.75)],
-                fill=255,
-            )
-        elif obj.shape == "star":
-            m.polygon(_star(cx, cy, r * 1.1), fill=255)
-        elif obj.shape == "ring":
-            m.ellipse((cx - r, cy - r, cx + r, cy + r), fill=255)
-            ri = r * 0.5
-            m.ellipse((cx - ri, cy - ri, cx + ri, cy + ri), fill=0)
-        else:  # pragma: no cover - guarded by SHAPES
-            raise ValueError(f"unknown shape {obj.shape!r}")
-        img.paste(COLOURS[obj.colour], (0, 0, n, n), mask)
+    for obj, jit in zip(scene.objects, _jitters(scene)):
+        # Paste through the mask so a ring's hole shows whatever background lies beneath it.
+        img.paste(COLOURS[obj.colour], (0, 0, n, n), _object_mask(obj, jit, s))
     img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)
     return np.asarray(img, dtype=np.uint8)
+
+
+def render_condition(scene: Scene, supersample: int = 4) -> np.ndarray:
+    """HxWx3 uint8 ControlNet condition: every object's silhouette in white on black.
+
+    It fixes where each object sits, its size and its shape, and leaves colour and background to
+    the prompt; the same anti-aliased masks as render(), so condition and picture line up.
+    """
+    n = IMAGE_SIZE * supersample
+    canvas = Image.new("L", (n, n), 0)
+    for obj, jit in zip(scene.objects, _jitters(scene)):
+        canvas.paste(255, (0, 0, n, n), _object_mask(obj, jit, supersample))
+    canvas = canvas.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)
+    return np.repeat(np.asarray(canvas, dtype=np.uint8)[:, :, None], 3, axis=2)
 
 
 def slot_labels(scene: Scene) -> dict[str, np.ndarray]:
