@@ -11,7 +11,18 @@ shift_factor are that model's, which is how diffusers pipelines call it: decode(
 Resumable: scene data is generated in chunks (saved under WORK/data) while training runs, the model
 state is checkpointed every --checkpoint-every steps; rerun the same command to continue.
 
+Fine-tuning on the diffusion models' own final latents (the posterior samples above are only a proxy
+for them): `--make-latents FOLDER` samples train-split captions with an ONNX model folder at its
+recommended settings and keeps (the tiny decoder's feed, the VAE decoder's image) in chunks under
+DIR/<folder name>; `--finetune-latents DIR --init TINY_FOLDER` then trains the decoder from TINY_FOLDER
+on every chunk under DIR (re-read at each checkpoint, so it can run while --make-latents still adds
+chunks), mixed with --posterior-share of the posterior-sample data (so what it learnt there is kept).
+The encoder is left as it is (the run time only decodes).
+
 Usage: python models/training/train_tiny_vae.py --work runs/tiny-vae [--steps 900] [--out DIR]
+       python models/training/train_tiny_vae.py --make-latents models/shapes-sd-onnx --latents DIR [--count 768]
+       python models/training/train_tiny_vae.py --work runs/tiny-vae-ft --finetune-latents DIR \
+           --init models/shapes-sd/vae_tiny --steps 400 --lr 4e-4 [--edge-weight 4]
 """
 
 from __future__ import annotations
@@ -42,6 +53,61 @@ CHUNK = 512
 # Why the pool grows while training: rendering + the full VAE costs ~46 ms an image on one thread,
 # as much as ~40 training samples; growing the pool keeps early steps cheap and later ones varied.
 POOL_START, POOL_MAX, GROW_EVERY = 4, 14, 90  # in chunks / steps
+
+
+LATENT_CHUNK = 64
+LATENT_SEED = 10_000_000  # noise seeds of the made latents: far from evaluate's held-out seeds (0..)
+
+
+def make_latents(folder: Path, out: Path, count: int, batch: int, scene_start: int) -> None:
+    """Chunks of (tiny decoder feed, VAE image) for train-split captions sampled by `folder`; resumable."""
+    from onnxdiffusion.evaluate.run import EvaluateOptions, generate_set
+    from onnxdiffusion.runtime import GenerationResult, Pipeline
+    from onnxdiffusion.runtime.generation import GenerateOptions
+    from onnxdiffusion.runtime.tiny_decoder import tiny_decoder
+
+    pipe = Pipeline.from_folder(folder, threads=1)
+    rec = pipe.resolve(GenerateOptions())
+    h, w = pipe.image_size(rec)
+    tiny = tiny_decoder(pipe)
+    (out / folder.name).mkdir(parents=True, exist_ok=True)
+    for start in range(0, count, LATENT_CHUNK):
+        path = out / folder.name / f"chunk_{start // LATENT_CHUNK:03d}.npz"
+        if path.exists():
+            continue
+        t = time.time()
+        scenes = S.scenes("train", min(LATENT_CHUNK, count - start), scene_start + start)
+        options = EvaluateOptions(count=len(scenes), steps=rec.steps, sampler=rec.sampler, guidance=rec.guidance,
+                                  batch=batch, split="train", seed_offset=LATENT_SEED + scene_start + start)
+        finals: list[np.ndarray] = []
+        images = generate_set(pipe, scenes, options, progress=False, step_callback=lambda _, e: finals.append(
+            e.latents) if isinstance(e, GenerationResult) else None)
+        # the tiny decoder's own feed (latents / scaling + shift): raw latents, what the decoder is trained on
+        feed = tiny.prepare(np.concatenate(finals), h, w)[0].astype(np.float32)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, latents=feed, target=images.transpose(0, 3, 1, 2))
+        tmp.replace(path)
+        print(f"{path}: {len(scenes)} in {time.time() - t:.0f} s", flush=True)
+
+
+def load_latents(root: Path) -> dict[str, np.ndarray]:
+    paths = sorted(root.glob("*/chunk_*.npz"))
+    if not paths:
+        raise SystemExit(f"no latent chunks under {root}: make them with --make-latents")
+    parts = [dict(np.load(p)) for p in paths]
+    print(f"{sum(len(p['latents']) for p in parts)} model latents from {len(paths)} chunks", flush=True)
+    return {k: np.concatenate([p[k] for p in parts]) for k in ("latents", "target")}
+
+
+def edge_weights(target: torch.Tensor, strength: float) -> torch.Tensor:
+    """1 + strength at the target's edges (where shapes are told apart), 1 in flat regions."""
+    if strength <= 0:
+        return torch.ones_like(target[:, :1])
+    g = target.mean(1, keepdim=True)
+    dx = F.pad((g[..., :, 1:] - g[..., :, :-1]).abs(), (0, 1, 0, 0))
+    dy = F.pad((g[..., 1:, :] - g[..., :-1, :]).abs(), (0, 0, 0, 1))
+    edge = F.max_pool2d(torch.maximum(dx, dy), 3, stride=1, padding=1)  # widen to the pixels beside each edge
+    return 1 + strength * (edge / 0.2).clamp(max=1)
 
 
 def lr_at(step: int, total: int, base: float, warmup: int) -> float:
@@ -98,9 +164,17 @@ def train(args) -> None:
     (work / "data").mkdir(parents=True, exist_ok=True)
     vae = AutoencoderKL.from_pretrained(VAE).eval()
     torch.manual_seed(args.seed)
-    model = AutoencoderTiny(**ARCH, scaling_factor=vae.config.scaling_factor)
+    finetune = args.finetune_latents is not None
+    if finetune:
+        if not args.init:
+            raise SystemExit("--finetune-latents needs --init (the tiny autoencoder folder to start from)")
+        model = AutoencoderTiny.from_pretrained(args.init).float()
+        model.encoder.requires_grad_(False)
+        own = load_latents(Path(args.finetune_latents))
+    else:
+        model = AutoencoderTiny(**ARCH, scaling_factor=vae.config.scaling_factor)
     ema = copy.deepcopy(model).eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=1e-4)
     ckpt, log = work / "ckpt.pt", work / "log.jsonl"
     start = 0
     if ckpt.exists():
@@ -110,23 +184,33 @@ def train(args) -> None:
         opt.load_state_dict(state["opt"])
         start = state["step"]
         print("resumed at step", start, flush=True)
-    chunks = min(POOL_MAX, POOL_START + start // GROW_EVERY)
+    grow = (lambda step: args.posterior_chunks) if finetune else (
+        lambda step: min(POOL_MAX, POOL_START + step // GROW_EVERY))
+    chunks = grow(start)
     pool = load_pool(work, vae, chunks)
     t0 = time.time()
     for step in range(start, args.steps):
-        want = min(POOL_MAX, POOL_START + step // GROW_EVERY)
+        if finetune and step > start and step % args.checkpoint_every == 0:
+            own = load_latents(Path(args.finetune_latents))  # chunks still being made join as they land
+        want = grow(step)
         if want != chunks:
             chunks, pool = want, load_pool(work, vae, want)
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(step, args.steps, args.lr, 50)
+            gr["lr"] = lr_at(step, args.steps, args.lr, 20 if finetune else 50)
         g = np.random.default_rng([args.seed, step])  # data order depends on the step only: resumes replay it
-        idx = g.integers(0, len(pool["latents"]), args.batch)
-        z = torch.from_numpy(pool["latents"][idx])
-        target = to_image(pool["target"][idx])
+        old = round(args.batch * args.posterior_share) if finetune else args.batch
+        idx = g.integers(0, len(pool["latents"]), old)
+        z, target = pool["latents"][idx], pool["target"][idx]
+        if finetune:
+            mine = g.integers(0, len(own["latents"]), args.batch - old)
+            z = np.concatenate([z, own["latents"][mine]])
+            target = np.concatenate([target, own["target"][mine]])
+        z, target = torch.from_numpy(z), to_image(target)
         out = model.decoder(z)
-        dec = F.mse_loss(out, target) + 0.5 * F.l1_loss(out, target)
+        w = edge_weights(target, args.edge_weight)
+        dec = ((out - target) ** 2 * w).mean() / w.mean() + 0.5 * ((out - target).abs() * w).mean() / w.mean()
         loss = dec
-        if step % args.encoder_every == 0:
+        if not finetune and step % args.encoder_every == 0:
             lat = model.encoder(to_image(pool["images"][idx]))
             enc = F.mse_loss(lat, torch.from_numpy(pool["means"][idx]))
             loss = dec + enc
@@ -134,14 +218,14 @@ def train(args) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        decay = min(0.999, (1 + step) / (10 + step))
+        decay = min(args.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             for pe, p in zip(ema.parameters(), model.parameters()):
                 pe.lerp_(p, 1 - decay)
         if step % 20 == 0:
             psnr = 10 * math.log10(4 / max(float(F.mse_loss(out.detach(), target)), 1e-12))
-            enc_now = float(enc) if step % args.encoder_every == 0 else None
-            rec = {"step": step, "dec": float(dec), "enc": enc_now, "psnr": psnr, "pool": chunks * CHUNK}
+            enc_now = float(enc) if not finetune and step % args.encoder_every == 0 else None
+            rec = {"step": step, "dec": float(dec.detach()), "enc": enc_now, "psnr": psnr, "pool": chunks * CHUNK}
             with log.open("a") as f:
                 f.write(json.dumps({**rec, "time": time.time() - t0}) + "\n")
             print(rec, flush=True)
@@ -166,7 +250,24 @@ def main() -> None:
     # the run time decodes only: the encoder (shipped in the diffusers folder, not the ONNX ones) trains less often
     p.add_argument("--encoder-every", type=int, default=4)
     p.add_argument("--out", help="also write the final diffusers folder here")
-    train(p.parse_args())
+    p.add_argument("--ema", type=float, default=0.999, help="EMA decay of the saved weights")
+    p.add_argument("--make-latents", type=Path, metavar="FOLDER",
+                   help="sample train-split captions with this ONNX model folder into --latents, then stop")
+    p.add_argument("--latents", type=Path, default=Path("runs/tiny-vae-ft/latents"), help="where --make-latents writes")
+    p.add_argument("--count", type=int, default=768, help="how many latents --make-latents makes")
+    p.add_argument("--gen-batch", type=int, default=16, help="--make-latents' sampling batch")
+    p.add_argument("--scene-start", type=int, default=0, help="first train-split scene --make-latents captions")
+    p.add_argument("--finetune-latents", metavar="DIR", help="fine-tune the decoder on the latent chunks under DIR")
+    p.add_argument("--init", help="the tiny autoencoder folder a fine-tune starts from")
+    p.add_argument("--posterior-share", type=float, default=0.25, help="share of a fine-tune batch from posterior data")
+    p.add_argument("--posterior-chunks", type=int, default=2, help="posterior-sample chunks a fine-tune keeps")
+    p.add_argument("--edge-weight", type=float, default=0.0, help="extra loss weight on the target's edges")
+    args = p.parse_args()
+    if args.make_latents is not None:
+        torch.set_num_threads(args.threads)
+        make_latents(args.make_latents, args.latents, args.count, args.gen_batch, args.scene_start)
+    else:
+        train(args)
 
 
 if __name__ == "__main__":
