@@ -179,6 +179,19 @@ def write_json(path: Path, obj: Any, work: str | Path | None = None) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def read_json_object(path: Path) -> dict:
+    """A config file of an (untrusted) source folder: a JSON object, else a one-line UserError."""
+    try:
+        obj = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSON and Unicode errors
+        raise UserError(f"{path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    return obj
+
+
 def read_manifest(folder: Path, required: tuple[str, ...] = ()) -> dict:
     """The folder's manifest, validated against the schema (manifest.py); one UserError naming the bad field."""
     folder = Path(folder)

@@ -9,10 +9,10 @@ quantize and relayout, leave them alone), with what a load-time check needs.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from ..artifacts import read_json_object
 from ..errors import UserError
 from ..families import Family, get_family
 
@@ -40,18 +40,6 @@ def parse_pairs(values) -> list[tuple[str, str]]:
     return pairs
 
 
-def _json(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise UserError(f"{path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{path} must hold a JSON object")
-    return obj
-
-
 def check_source(cn_dir: Path | str, family: Family, info: dict, backbone_config: dict) -> dict:
     """The ControlNet folder's record for this folder's backbone (config checked, safetensors weights there)."""
     cn_dir = Path(cn_dir)
@@ -59,7 +47,7 @@ def check_source(cn_dir: Path | str, family: Family, info: dict, backbone_config
         raise UserError(f"{cn_dir} is not a diffusers ControlNet folder (no config.json)")
     if not (cn_dir / WEIGHTS).is_file():
         raise UserError(f"{cn_dir}: no {WEIGHTS} (only safetensors weights are read)")
-    config = _json(cn_dir / "config.json")
+    config = read_json_object(cn_dir / "config.json")
     return family.controlnet_record(config, backbone_config, info)
 
 
@@ -206,4 +194,4 @@ def backbone_config(folder: Path, manifest: dict, family: Family) -> dict:
     if not path.is_file():
         raise UserError(f"{folder}: {family.backbone}/config.json is missing (a folder exported by an older version?); "
                         "re-export it to add a ControlNet")
-    return _json(path)
+    return read_json_object(path)

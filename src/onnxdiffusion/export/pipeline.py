@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, check_output_folder, hash_tree, write_json
+from ..artifacts import read_json_object as _read_json
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
@@ -18,18 +19,6 @@ from . import hooks
 from .options import ExportOptions
 
 OPSET_RANGE = (14, 20)  # attention export needs 14; torch's TorchScript exporter stops at 20
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # JSON and Unicode errors
-        raise UserError(f"{path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{path} must hold a JSON object")
-    return obj
 
 
 def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
