@@ -50,7 +50,7 @@ def _latents(seed=0):
     return x.view(1, 4, h // 2, 2, h // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, (h // 2) ** 2, 16).numpy()
 
 
-def _diffusers(src, net_dir, image, latents, steps, guidance, scale, start=0.0, end=1.0):
+def _diffusers(src, net_dir, image, latents, steps, guidance, scale, start=0.0, end=1.0, output="np"):
     import torch
     from diffusers import QwenImageControlNetModel, QwenImageControlNetPipeline
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
@@ -64,11 +64,11 @@ def _diffusers(src, net_dir, image, latents, steps, guidance, scale, start=0.0, 
     try:
         out = pipe(PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=guidance, guidance_scale=None,
                    control_image=Image.fromarray(image), latents=torch.from_numpy(latents), num_inference_steps=steps,
-                   output_type="np", height=SIZE, width=SIZE, controlnet_conditioning_scale=scale,
+                   output_type=output, height=SIZE, width=SIZE, controlnet_conditioning_scale=scale,
                    control_guidance_start=start, control_guidance_end=end).images
     finally:
         DiagonalGaussianDistribution.sample = original
-    return (out * 255).round().astype(np.uint8)
+    return out.numpy() if output == "latent" else (out * 255).round().astype(np.uint8)
 
 
 @pytest.mark.parametrize("name", ["one", "two"])
@@ -98,6 +98,25 @@ def test_qwen_controlnet_start_end_matches_diffusers(qwen_cn, tiny_qwenimage_dif
     got = psnr(ours.images, ref)
     print(f"qwen controlnet start/end vs diffusers: {got:.1f} dB")
     assert got >= 40.0
+
+
+def test_qwen_net_sees_the_conditional_batch_only(qwen_cn, tiny_qwenimage_diffusers):
+    """The pipeline's negative prediction reuses the samples the net made from the prompt: our latents are
+    diffusers' to float noise, and the same run with the net on the whole [uncond; cond] batch is not (the
+    image-level 40 dB bar alone would not tell them apart here: 55 dB)."""
+    from controlnet_helpers import control_image
+
+    pipe, nets = qwen_cn
+    img, lat = control_image(SIZE, 3), _latents(3)
+    kw = dict(negative_prompt=NEGATIVE, latents=lat, steps=4, guidance=4.0, controlnets=[("two", img, 0.8)])
+    ref = _diffusers(tiny_qwenimage_diffusers, nets["two"], img, lat, 4, 4.0, 0.8, output="latent")
+    ours = pipe(PROMPT, **kw).latents
+    both_halves = Pipeline.from_folder(pipe.folder)
+    both_halves.manifest["controlnets"]["two"]["cond_only"] = False
+    other = both_halves(PROMPT, **kw).latents
+    err, alt = float(np.abs(ours - ref).max()), float(np.abs(other - ref).max())
+    print(f"qwen latents vs diffusers: cond batch {err:.2e}, whole batch {alt:.2e}")
+    assert err <= 1e-4 and alt >= 1e-2
 
 
 def test_qwen_scale_zero_is_no_controlnet(qwen_cn):
@@ -148,3 +167,18 @@ def test_qwen_and_flux_controlnets_are_not_swapped(qwen_cn, tiny_flux_diffusers,
                                         "QwenImageControlNetModel"):
         add_controlnet(pipe.folder, flux_net, "x", out=tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_qwen_controlnet_configs_refused_in_one_line():
+    from onnxdiffusion.families.control_qwen import check_qwen_controlnet
+
+    tr = {"num_attention_heads": 3, "attention_head_dim": 16, "in_channels": 16, "joint_attention_dim": 16,
+          "patch_size": 2, "axes_dims_rope": [8, 4, 4], "num_layers": 2}
+    net = {**tr, "_class_name": "QwenImageControlNetModel", "num_layers": 1, "extra_condition_channels": 0}
+    assert check_qwen_controlnet(net, tr, "qwenimage")["cond_only"]
+    for change, match in [({"extra_condition_channels": 4}, "inpainting ControlNet"),
+                          ({"num_attention_heads": 2}, "width 32 is not the folder's transformer's 48"),
+                          ({"joint_attention_dim": 32}, "joint_attention_dim 32"),
+                          ({"num_layers": 0}, "no transformer blocks")]:
+        with pytest.raises(UserError, match=match):
+            check_qwen_controlnet({**net, **change}, tr, "qwenimage")
