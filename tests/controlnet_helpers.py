@@ -72,3 +72,21 @@ def build_tiny_flux_controlnet(pipeline_dir: Path, out: Path, seed: int = 0, lay
             lin.bias.normal_(0.0, std * 0.1)
     net.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_qwen_controlnet(pipeline_dir: Path, out: Path, seed: int = 0, layers: int = 1, std: float = 0.3) -> Path:
+    """`QwenImageControlNetModel.from_transformer` of a tiny Qwen-Image pipeline's transformer, its
+    zero-initialised controlnet_blocks and control-latent embedder given random non-zero weights."""
+    import torch
+    from diffusers import QwenImageControlNetModel, QwenImageTransformer2DModel
+
+    tr = QwenImageTransformer2DModel.from_pretrained(pipeline_dir / "transformer", local_files_only=True)
+    torch.manual_seed(seed)
+    net = QwenImageControlNetModel.from_transformer(tr, num_layers=layers, attention_head_dim=tr.config.attention_head_dim,
+                                                    num_attention_heads=tr.config.num_attention_heads)
+    with torch.no_grad():
+        for lin in [*net.controlnet_blocks, net.controlnet_x_embedder]:
+            lin.weight.normal_(0.0, std)
+            lin.bias.normal_(0.0, std * 0.1)
+    net.save_pretrained(out, safe_serialization=True)
+    return out

@@ -77,4 +77,5 @@ def graph_control(folder: Path, records: list[dict], level, family) -> dict:
 
     if not records:
         return {}
-    return {"control": (load_nets(folder, records, level), residual_names(family, records[0]))}
+    return {"control": (load_nets(folder, records, level), residual_names(family, records[0]),
+                        [bool(r.get("cond_only")) for r in records])}

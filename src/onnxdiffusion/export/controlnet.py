@@ -154,6 +154,10 @@ def _wrapper(cls: str):
         from .flow_components import FluxControlNet
 
         return lambda module, added: FluxControlNet(module).eval()
+    if cls == "QwenImageControlNetModel":
+        from .flow_components import QwenImageControlNet
+
+        return lambda module, added: QwenImageControlNet(module).eval()
     return TokenControlNet if cls == "SD3ControlNetModel" else ControlNet
 
 

@@ -175,7 +175,8 @@ class QwenImageTransformer(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         cfg = model.config
-        if cfg.zero_cond_t or cfg.use_additional_t_cond or cfg.use_layer3d_rope or cfg.guidance_embeds:
+        # (a ControlNet's config has none of these options)
+        if any(getattr(cfg, k, False) for k in ("zero_cond_t", "use_additional_t_cond", "use_layer3d_rope", "guidance_embeds")):
             raise ValueError("QwenImageTransformer2DModel with zero_cond_t / additional_t_cond / layer3d rope / "
                              "guidance embeds is not supported for export")
         self.model = model
@@ -184,7 +185,9 @@ class QwenImageTransformer(torch.nn.Module):
         for block in model.transformer_blocks:
             block.attn.set_processor(_RealRotaryJointAttention())
 
-    def forward(self, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids):
+    def blocks(self, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids, control=None):
+        """The transformer blocks run; (image hidden_states after each block, temb). `control`: the image
+        tokens' extra embedding a ControlNet adds after img_in."""
         m = self.model
         img_ids = img_ids[0]
         # text positions (p, p, p) count on from the largest image row/column index, as QwenEmbedRope does
@@ -192,13 +195,32 @@ class QwenImageTransformer(torch.nn.Module):
         pos = torch.arange(encoder_hidden_states.shape[1], dtype=img_ids.dtype) + start
         txt_ids = pos[:, None].expand(-1, 3)
         hidden_states = m.img_in(sample)
+        if control is not None:
+            hidden_states = hidden_states + control
         text = m.txt_in(m.txt_norm(encoder_hidden_states))
         # the table's timestep is sigma * 1000; QwenImagePipeline hands the transformer t / 1000
         temb = m.time_text_embed((timestep / 1000).to(hidden_states.dtype), hidden_states)
         rotary = (cos_sin_from_ids(img_ids, self.axes_dim, self.inv_freq),
                   cos_sin_from_ids(txt_ids, self.axes_dim, self.inv_freq))
         mask = encoder_hidden_states_mask.to(torch.bool)
+        outs = []
         for block in m.transformer_blocks:
             text, hidden_states = block(hidden_states=hidden_states, encoder_hidden_states=text,
                                         encoder_hidden_states_mask=mask, temb=temb, image_rotary_emb=rotary)
-        return m.proj_out(m.norm_out(hidden_states, temb))
+            outs.append(hidden_states)
+        return outs, temb
+
+    def forward(self, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids):
+        outs, temb = self.blocks(sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids)
+        return self.model.proj_out(self.model.norm_out(outs[-1], temb))
+
+
+class QwenImageControlNet(QwenImageTransformer):
+    """QwenImageControlNetModel with the transformer wrapper's inputs, then the packed control latents and
+    the scale -> one image-token sample per block (controlnet_blocks[i] of block i's output, x scale)."""
+
+    def forward(self, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids, cond, scale):
+        m = self.model
+        outs, _ = self.blocks(sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids,
+                              control=m.controlnet_x_embedder(cond))
+        return tuple(lin(h) * scale for h, lin in zip(outs, m.controlnet_blocks))

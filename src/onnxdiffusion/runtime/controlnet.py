@@ -1,7 +1,8 @@
 """ControlNet in the host loop: `pipe(prompt, controlnets=[...])`, diffusers' (Multi)ControlNet pipelines.
 
 Each step, every active net runs on the backbone's own batch ([uncond; cond] under CFG; the latent batch
-for a backbone that embeds the guidance scale) with the sample, timestep and conditioning (no guess mode)
+for a backbone that embeds the guidance scale; the cond half for a `cond_only` net record, whose samples
+both halves take, Qwen-Image's pipeline) with the sample, timestep and conditioning (no guess mode)
 and its control image (pixels in [0, 1], or for a latent-conditioned net the picture's VAE latents as the
 family shapes them), and the residuals (each net's already scaled by scale x keep, summed over the nets as
 MultiControlNetModel does) are fed to the backbone, cut at load time to take them (`residual_session`: an
@@ -206,27 +207,33 @@ class ControlledBackbone:
         self.g, self.names = guided, names
         self.buffers = [guided.conditioning[n] for n in names]  # bound to the session: written in place
         self.cond = {k: v for k, v in guided.conditioning.items() if k not in names}
-        self.nets = nets  # (session, its conditioning input names, pixels [uncond; cond], spec, keep column)
+        # (session, its conditioning input names, pixels [uncond; cond], spec, keep column, cond only: a net that
+        # runs on the conditional half, its samples added to both halves, as QwenImageControlNetPipeline)
+        self.nets = nets
         self.step, self.steps = 0, steps
         self.active: list[int] = []  # how many nets ran, per call
 
     def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
         g = self.g
         sample = np.ascontiguousarray(np.concatenate([x, x]) if g.guided else x, np.float32)
-        timestep = np.full((sample.shape[0],), t, np.float32)
+        single = np.ascontiguousarray(x, np.float32)
         i = min(self.step, self.steps - 1)
         ran = 0
-        for session, wanted, pixels, spec, keep in self.nets:
+        for session, wanted, pixels, spec, keep, cond_only in self.nets:
             scale = np.float32(spec.scale * keep[i])  # diffusers: conditioning_scale x keep[i]
             if scale == 0:  # the net's residuals would be zeros: nothing to add
                 continue
-            feeds = {SAMPLE: sample, TIMESTEP: timestep, COND: pixels, SCALE: np.array([scale], np.float32),
-                     **{k: self.cond[k] for k in wanted}}
+            half = cond_only and g.guided  # the net sees the conditional half; both halves take its samples
+            cond = {k: self.cond[k][g.batch:] if half else self.cond[k] for k in wanted}
+            s = single if half else sample
+            feeds = {SAMPLE: s, TIMESTEP: np.full((s.shape[0],), t, np.float32), COND: pixels,
+                     SCALE: np.array([scale], np.float32), **cond}
             for buf, r in zip(self.buffers, session.run(self.names, feeds)):
-                if ran:
-                    buf += r
-                else:
-                    np.copyto(buf, r)
+                for part in ((buf[:g.batch], buf[g.batch:]) if half else (buf,)):
+                    if ran:
+                        part += r
+                    else:
+                        np.copyto(part, r)
             ran += 1
         if not ran:
             for buf in self.buffers:
@@ -298,8 +305,9 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
         missing = [k for k in wanted if k not in guided.conditioning]
         if missing:
             raise UserError(f"ControlNet {p.spec.name!r} wants inputs {missing} the backbone is not fed")
-        pixels = np.concatenate([p.pixels, p.pixels]) if guided.guided else p.pixels
-        nets.append((session, wanted, np.ascontiguousarray(pixels), p.spec, keep_column(p.spec, steps)))
+        cond_only = bool(p.record.get("cond_only"))
+        pixels = np.concatenate([p.pixels, p.pixels]) if guided.guided and not cond_only else p.pixels
+        nets.append((session, wanted, np.ascontiguousarray(pixels), p.spec, keep_column(p.spec, steps), cond_only))
     return ControlledBackbone(guided, nets, names, steps)
 
 

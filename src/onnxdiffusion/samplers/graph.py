@@ -131,7 +131,7 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     if "control" in pre:  # ControlNets inlined beside the backbone, their residuals into it (graph_control.py)
         from .graph_control import control_residuals
 
-        step_io = {"sample": doubled, "timestep": t_vec, **pre["context"]}
+        step_io = {"sample": doubled, "timestep": t_vec, "control:sample": x_in, "control:t": c["t"], **pre["context"]}
         remap.update({bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, pre, step_io, i, tag, n).items()})
     if "cache" in pre:  # step caching: first -> If(rest | carried) -> tail (graph_cache.py)
         from .graph_cache import cached_call
@@ -264,7 +264,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
     instead (an ``If`` on the step's timestep; graph_schedule.py). `cache`: (CacheSpec, SplitGraphs of
     `backbone`), step caching in the Loop form (graph_cache.py). `control`: (ControlNet models, the backbone's
-    residual input names): the nets inlined beside a residual-taking backbone (graph_control.py). `stop`:
+    residual input names[, per net: runs on the cond half only]): the nets inlined beside a residual-taking backbone (graph_control.py). `stop`:
     adaptive stopping in the Loop form, the Loop's cond output a test on the denoised estimate's change
     (graph_stop.py).
     """
@@ -374,7 +374,8 @@ def _technique_prologues(b: _Builder, pre: dict, bb: Backbone, form: str, whole:
         from .graph_control import control_prologue, load_net
 
         nets = [load_net(m, residuals, k) for k, m in enumerate(control[0])]
-        control_prologue(b, pre, nets, residuals)
+        control_prologue(b, pre, nets, residuals, control[2] if len(control) > 2 else None,
+                         {k: cond_input_names(k)[0] for k in pre["context"]})
         extra_inits += [t for net in nets for t in net.initializers]
         functions += [f for net in nets for f in net.functions]
     high = None

@@ -30,23 +30,35 @@ def control_inputs(ranks: list[int]) -> list:
     return ins
 
 
-def control_prologue(b, pre: dict, nets: list, residuals: list[str]) -> None:
-    """`nets`: Backbone-like inlinable ControlNets (io "out:NAME" per residual); once-per-run values."""
+def control_prologue(b, pre: dict, nets: list, residuals: list[str], cond_only=None, cond_names=None) -> None:
+    """`nets`: Backbone-like inlinable ControlNets (io "out:NAME" per residual); once-per-run values.
+    `cond_only[k]`: net k runs on the conditional half of the guidance batch and both halves take its
+    samples (QwenImageControlNetPipeline); `cond_names`: conditioning name -> its cond-only graph input."""
     b.const("control_scale_shape", np.array([1], np.int64))
     guided = pre["mode"] != "none"
+    cond_only = list(cond_only or [False] * len(nets))
     state = []
     for k, net in enumerate(nets):
         image = f"control_image_{k}"
-        pixels = b.op("Concat", [image, image], f"control_pixels_{k}", axis=0) if guided else image
+        half = guided and bool(cond_only[k])
+        pixels = b.op("Concat", [image, image], f"control_pixels_{k}", axis=0) if guided and not half else image
         rows = b.op("Squeeze", [b.op("Slice", [b.op("Shape", [f"control_keep_{k}"], f"control_keep_shape_{k}"),
                                                "slice0_start", "slice0_end"], f"control_keep_rows_{k}"), "axes0"],
                     f"control_keep_len_{k}")
-        state.append({"net": net, "pixels": pixels, "last": b.op("Sub", [rows, "one_i64"], f"control_keep_last_{k}")})
+        state.append({"net": net, "pixels": pixels, "half": half,
+                      "last": b.op("Sub", [rows, "one_i64"], f"control_keep_last_{k}")})
     pre["control"] = {"nets": state, "residuals": residuals}
+    if any(s["half"] for s in state):
+        first = cond_names[next(iter(pre["context"]))]
+        batch = b.op("Slice", [b.op("Shape", [first], "control_cond_shape"), "slice0_start", "slice0_end"],
+                     "control_cond_batch")
+        pre["control"]["half"] = {"context": {k: cond_names[k] for k in pre["context"]}, "batch": batch}
 
 
 def control_residuals(b, pre: dict, remap: dict, i: str, tag: str, n) -> dict[str, str]:
-    """Inline every net for this step; backbone residual input name -> the summed residual tensor."""
+    """Inline every net for this step; backbone residual input name -> the summed residual tensor.
+    `remap`: the step's sample and timestep (guidance batch), its single-batch sample "control:sample" and
+    scalar timestep "control:t", and the conditioning by name."""
     from .graph_backbone import inline_backbone
 
     ctl = pre["control"]
@@ -57,13 +69,21 @@ def control_residuals(b, pre: dict, remap: dict, i: str, tag: str, n) -> dict[st
                     n(f"control_keep_i_{k}"), axis=0)
         scale = b.op("Reshape", [b.op("Mul", [f"control_scale_{k}", keep], n(f"control_scale_i_{k}")),
                                  "control_scale_shape"], n(f"control_scale_vec_{k}"))
-        feeds = {net.io["sample"]: remap["sample"], net.io["timestep"]: remap["timestep"],
+        if s["half"]:
+            context = ctl["half"]["context"]
+            sample = remap["control:sample"]
+            timestep = b.op("Expand", [remap["control:t"], ctl["half"]["batch"]], n(f"control_t_{k}"))
+        else:
+            context, sample, timestep = remap, remap["sample"], remap["timestep"]
+        feeds = {net.io["sample"]: sample, net.io["timestep"]: timestep,
                  net.io[f"cond:{COND}"]: s["pixels"], net.io[f"cond:{SCALE}"]: scale}
-        feeds.update({net.io[key]: remap[key[len("cond:"):]] for key in net.io
+        feeds.update({net.io[key]: context[key[len("cond:"):]] for key in net.io
                       if key.startswith("cond:") and key[len("cond:"):] not in (COND, SCALE)})
         inline_backbone(b.nodes, net, feeds, tag)
         for r in ctl["residuals"]:
             out = tag + net.io[f"out:{r}"] if tag else net.io[f"out:{r}"]
+            if s["half"]:  # both halves of the guidance batch take the conditional samples
+                out = b.op("Concat", [out, out], n(f"control_both_{k}_{r}"), axis=0)
             sums[r] = out if r not in sums else b.op("Add", [sums[r], out], n(f"control_sum_{k}_{r}"))
     return sums
 
