@@ -123,3 +123,22 @@ def unet_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
         raise UserError(f"the backbone graph has {len(sites)} skip joins, the ControlNet gives "
                         f"{len(record['residuals'])} down residuals (a ControlNet of another model size)")
     return [(down_name(k), s, 1, False) for k, s in enumerate(sites)] + [(MID, mid_node, mid_input, True)]
+
+
+def check_transformer_net(config: dict, transformer: dict, family: str, cls_name: str,
+                          same: tuple[str, ...] = ()) -> int:
+    """A transformer ControlNet's class, width and the `same` config keys against the folder's transformer;
+    returns the width (heads x head dim)."""
+    where = "the ControlNet"
+    cls = config.get("_class_name")
+    if cls != cls_name:
+        raise UserError(f"{where} is {cls!r}; a {family} folder takes a diffusers {cls_name}")
+    inner = [int(c.get("num_attention_heads", 0)) * int(c.get("attention_head_dim", 0)) for c in (config, transformer)]
+    if inner[0] != inner[1]:
+        raise UserError(f"{where}'s width {inner[0]} is not the folder's transformer's {inner[1]} (a ControlNet of "
+                        "another model size)")
+    for key in same:
+        if config.get(key) != transformer.get(key):
+            raise UserError(f"{where}'s {key} {config.get(key)!r} is not the folder's transformer's "
+                            f"{transformer.get(key)!r} (a ControlNet of another model size)")
+    return inner[0]

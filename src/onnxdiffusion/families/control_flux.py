@@ -14,7 +14,7 @@ import math
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE
+from .control import COND, SCALE, check_transformer_net
 
 CLASS = "FluxControlNetModel"
 
@@ -28,18 +28,9 @@ def single_name(k: int) -> str:
 
 
 def check_flux_controlnet(config: dict, transformer: dict, family: str) -> dict:
+    width = check_transformer_net(config, transformer, family, CLASS,
+                                  ("in_channels", "joint_attention_dim", "pooled_projection_dim"))
     where = "the ControlNet"
-    cls = config.get("_class_name")
-    if cls != CLASS:
-        raise UserError(f"{where} is {cls!r}; a {family} folder takes a diffusers {CLASS}")
-    inner = [int(c.get("num_attention_heads", 0)) * int(c.get("attention_head_dim", 0)) for c in (config, transformer)]
-    if inner[0] != inner[1]:
-        raise UserError(f"{where}'s width {inner[0]} is not the folder's transformer's {inner[1]} (a ControlNet of "
-                        "another model size)")
-    for key in ("in_channels", "joint_attention_dim", "pooled_projection_dim"):
-        if config.get(key) != transformer.get(key):
-            raise UserError(f"{where}'s {key} {config.get(key)!r} is not the folder's transformer's "
-                            f"{transformer.get(key)!r} (a ControlNet of another model size)")
     if config.get("num_mode") is not None:
         raise UserError(f"{where} is a union ControlNet (num_mode {config['num_mode']}): control modes are not supported yet")
     if config.get("conditioning_embedding_channels") is not None:
@@ -48,7 +39,7 @@ def check_flux_controlnet(config: dict, transformer: dict, family: str) -> dict:
     if doubles + singles < 1:
         raise UserError(f"{where}'s config has no transformer blocks")
     return {"family": family, "class": CLASS, "condition": "latents", "blocks": doubles, "single_blocks": singles,
-            "width": inner[0], "latent_channels": int(config["in_channels"]),
+            "width": width, "latent_channels": int(config["in_channels"]),
             "guidance": bool(config.get("guidance_embeds", False)),
             "backbone_blocks": int(transformer["num_layers"]),
             "backbone_single_blocks": int(transformer["num_single_layers"])}

@@ -15,7 +15,7 @@ import math
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE
+from .control import COND, SCALE, check_transformer_net
 
 CLASS = "QwenImageControlNetModel"
 
@@ -25,18 +25,8 @@ def block_name(k: int) -> str:
 
 
 def check_qwen_controlnet(config: dict, transformer: dict, family: str) -> dict:
+    width = check_transformer_net(config, transformer, family, CLASS, ("in_channels", "joint_attention_dim", "patch_size"))
     where = "the ControlNet"
-    cls = config.get("_class_name")
-    if cls != CLASS:
-        raise UserError(f"{where} is {cls!r}; a {family} folder takes a diffusers {CLASS}")
-    inner = [int(c.get("num_attention_heads", 0)) * int(c.get("attention_head_dim", 0)) for c in (config, transformer)]
-    if inner[0] != inner[1]:
-        raise UserError(f"{where}'s width {inner[0]} is not the folder's transformer's {inner[1]} (a ControlNet of "
-                        "another model size)")
-    for key in ("in_channels", "joint_attention_dim", "patch_size"):
-        if config.get(key) != transformer.get(key):
-            raise UserError(f"{where}'s {key} {config.get(key)!r} is not the folder's transformer's "
-                            f"{transformer.get(key)!r} (a ControlNet of another model size)")
     if list(config.get("axes_dims_rope") or ()) != list(transformer.get("axes_dims_rope") or ()):
         raise UserError(f"{where}'s axes_dims_rope {config.get('axes_dims_rope')} is not the folder's transformer's "
                         f"{transformer.get('axes_dims_rope')}")
@@ -45,7 +35,7 @@ def check_qwen_controlnet(config: dict, transformer: dict, family: str) -> dict:
     layers = int(config.get("num_layers", 0))
     if layers < 1:
         raise UserError(f"{where}'s config has no transformer blocks (num_layers {layers})")
-    return {"family": family, "class": CLASS, "condition": "latents", "blocks": layers, "width": inner[0],
+    return {"family": family, "class": CLASS, "condition": "latents", "blocks": layers, "width": width,
             "latent_channels": int(config["in_channels"]), "backbone_blocks": int(transformer["num_layers"]),
             # the net runs on the conditional half of the guidance batch; both halves take its samples
             "cond_only": True}

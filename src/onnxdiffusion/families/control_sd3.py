@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE
+from .control import COND, SCALE, check_transformer_net
 
 CLASS = "SD3ControlNetModel"
 
@@ -24,14 +24,8 @@ def block_name(k: int) -> str:
 
 
 def check_sd3_controlnet(config: dict, transformer: dict, info: dict, family: str) -> dict:
+    width = check_transformer_net(config, transformer, family, CLASS)
     where = "the ControlNet"
-    cls = config.get("_class_name")
-    if cls != CLASS:
-        raise UserError(f"{where} is {cls!r}; a {family} folder takes a diffusers {CLASS}")
-    inner = [int(c.get("num_attention_heads", 0)) * int(c.get("attention_head_dim", 0)) for c in (config, transformer)]
-    if inner[0] != inner[1]:
-        raise UserError(f"{where}'s width {inner[0]} is not the folder's transformer's {inner[1]} (a ControlNet of "
-                        "another model size)")
     if config.get("joint_attention_dim") is None:
         raise UserError(f"{where} takes no text sequence (joint_attention_dim None, SD3.5-large style): not supported yet")
     for key in ("in_channels", "patch_size", "pooled_projection_dim", "joint_attention_dim"):
@@ -44,7 +38,7 @@ def check_sd3_controlnet(config: dict, transformer: dict, info: dict, family: st
     if layers < 1:
         raise UserError(f"{where}'s config has no transformer blocks (num_layers {layers})")
     zero_pooled = bool(config.get("force_zeros_for_pooled_projection", True))
-    return {"family": family, "class": CLASS, "condition": "latents", "blocks": layers, "width": inner[0],
+    return {"family": family, "class": CLASS, "condition": "latents", "blocks": layers, "width": width,
             "patch": int(config["patch_size"]), "latent_channels": int(config["in_channels"]),
             "zero_pooled": zero_pooled, "backbone_blocks": int(transformer["num_layers"]),
             # the VAE shift the pipeline subtracts from the control latents (none for the InstantX-style nets)
