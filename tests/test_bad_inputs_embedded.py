@@ -25,7 +25,8 @@ MODELS = {"sd": (ROOT / "models" / "shapes-sd-onnx", ROOT / "models" / "shapes-s
 # the MMDiT refuses sizes past its position table (64x64) before the memory estimate or the size cap
 MMDIT_FRAGMENTS = {"generate-memory": "at most 64", "generate-height-huge": "at most 64",
                    "generate-both-huge": "at most 64",
-                   "manifest-latent-channels-wrong": "graph and manifest disagree"}
+                   "manifest-latent-channels-wrong": "graph and manifest disagree",
+                   "loop-cache-layer-too-deep": "UNet's deep path"}  # DeepCache's layers: a UNet's only
 MMDIT_CASES = [gen_case("mmdit-height-72", ["--height", "72"], "at most 64 for this model (the transformer's position table"),
                gen_case("mmdit-width-128", ["--width", "128"], "pos_embed_max_size 8 x patch 2 x VAE factor 4"),
                gen_case("mmdit-height-60", ["--height", "60"], "multiple of 8")]
