@@ -90,3 +90,90 @@ def test_qwenimage_inpaint_loop_matches_the_host_loop(qwen_with_encoder, tmp_pat
     _loop_matches_host(qwen_with_encoder, tmp_path, [
         dict(image=rgb, mask=_mask(32), strength=s, steps=6, sampler="dpmpp_2m", guidance=4.0,
              negative_prompt="blurry", height=32, width=32, seed=5) for s in (0.7, 1.0)])
+
+
+# -- Flux Fill: a dedicated backbone ----------------------------------------------------------------
+
+def build_tiny_flux_fill(flux_src, folder):
+    """The tiny Flux pipeline with a Flux Fill transformer: in_channels = 16 packed latents + 16 packed
+    masked-image latents + 16 (the 2x2-packed 2x2 pixel mask of each latent pixel; 384 on the real model's
+    64 + 64 + 256), out_channels = 16."""
+    import torch
+    from diffusers import FluxFillPipeline, FluxPipeline, FluxTransformer2DModel
+
+    base = FluxPipeline.from_pretrained(flux_src, local_files_only=True)
+    config = {k: v for k, v in base.transformer.config.items() if not k.startswith("_")}
+    torch.manual_seed(3)
+    transformer = FluxTransformer2DModel(**{**config, "in_channels": 48, "out_channels": 16})
+    pipe = FluxFillPipeline(scheduler=base.scheduler, vae=base.vae, text_encoder=base.text_encoder,
+                            tokenizer=base.tokenizer, text_encoder_2=base.text_encoder_2, tokenizer_2=base.tokenizer_2,
+                            transformer=transformer)
+    pipe.save_pretrained(folder / "fill", safe_serialization=True)
+    return folder / "fill"
+
+
+@pytest.fixture(scope="module")
+def flux_fill(tiny_flux_diffusers, tmp_path_factory):
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    d = tmp_path_factory.mktemp("flux_fill")
+    src = build_tiny_flux_fill(tiny_flux_diffusers, d)
+    names = ("text_encoder", "text_encoder_2", "transformer", "vae_decoder", "vae_encoder")
+    export_pipeline(src, d / "onnx", ExportOptions(components=names, default_size=32), progress=False)
+    return src, d / "onnx"
+
+
+@pytest.mark.parametrize("sampler,strength,guidance", [("flow_euler", 1.0, 30.0), ("dpmpp_2m", 1.0, 30.0),
+                                                       ("flow_euler", 0.7, 10.0)])
+def test_flux_fill_matches_diffusers(flux_fill, sampler, strength, guidance):
+    """The masked picture's latents and the packed pixel mask ride along every step; no blending."""
+    from diffusers import FluxFillPipeline
+    from img2img_oracle import image_pipeline_images
+    from PIL import Image
+    from test_img2img import _flow_scheduler
+
+    src, folder = flux_fill
+    pipe = Pipeline.from_folder(folder)
+    assert pipe.backbone_extra_channels() == 32
+    rgb, noise = _picture_and_noise((1, 4, 16, 16), seed=31)
+    mask = _mask(32)
+    ours = pipe(PROMPT, image=rgb, mask=mask, latents=pack_patches(noise), strength=strength, steps=6,
+                sampler=sampler, guidance=guidance, height=32, width=32)
+    ref = image_pipeline_images(FluxFillPipeline, src, PROMPT, Image.fromarray(rgb), noise, 6, guidance, strength,
+                                scheduler=_flow_scheduler(sampler), mask=Image.fromarray(mask), height=32, width=32,
+                                max_sequence_length=pipe.info["max_lengths"]["text_encoder_2"])
+    got = psnr(ours.images, ref)
+    print(f"flux fill {sampler} {strength} guidance {guidance}: {got:.1f} dB")
+    assert got >= 40.0
+    other = np.zeros_like(mask)
+    other[:, 16:] = 255
+    moved = pipe(PROMPT, image=rgb, mask=other, latents=pack_patches(noise), strength=strength, steps=6,
+                 sampler=sampler, guidance=guidance, height=32, width=32)
+    assert psnr(moved.images, ours.images) < 40.0  # the mask matters
+
+
+def test_flux_fill_needs_a_mask_and_the_picture(flux_fill):
+    from onnxdiffusion.errors import UserError
+
+    pipe = Pipeline.from_folder(flux_fill[1])
+    rgb, _ = _picture_and_noise((1,), seed=32)
+    with pytest.raises(UserError, match="inpainting backbone"):
+        pipe(PROMPT, steps=2, height=32, width=32)
+    with pytest.raises(UserError, match="needs the picture itself"):
+        pipe(PROMPT, image=np.zeros((1, 4, 16, 16), np.float32), mask=_mask(32), steps=2, height=32, width=32)
+
+
+def test_flux_fill_loop_matches_the_host_loop(flux_fill, tmp_path):
+    rgb, _ = _picture_and_noise((1,), seed=33)
+    _loop_matches_host(flux_fill[1], tmp_path, [
+        dict(image=rgb, mask=_mask(32), strength=s, steps=6, sampler="dpmpp_2m", guidance=30.0, height=32, width=32,
+             seed=6) for s in (1.0, 0.75)])
+
+
+def test_flux_blend_loop_matches_the_host_loop(tiny_flux_onnx, tmp_path):
+    """A regular Flux backbone blends packed tokens in the Loop graph too (its state's width from the
+    backbone's output, as Flux Fill's wider sample needs)."""
+    image = np.random.default_rng(34).standard_normal((1, 4, 16, 16), dtype=np.float32)
+    _loop_matches_host(tiny_flux_onnx, tmp_path, [
+        dict(image=image, mask=_mask(32), strength=s, steps=6, sampler="dpmpp_2m", guidance=3.5, height=32, width=32,
+             seed=7) for s in (1.0, 0.6)])
