@@ -177,3 +177,24 @@ def test_flux_blend_loop_matches_the_host_loop(tiny_flux_onnx, tmp_path):
     _loop_matches_host(tiny_flux_onnx, tmp_path, [
         dict(image=image, mask=_mask(32), strength=s, steps=6, sampler="dpmpp_2m", guidance=3.5, height=32, width=32,
              seed=7) for s in (1.0, 0.6)])
+
+
+@pytest.mark.parametrize("in_channels,out_channels,ok", [(16, None, True), (48, 16, True), (40, 16, False),
+                                                         (48, None, False)])
+def test_flux_transformer_widths_are_checked(in_channels, out_channels, ok):
+    """Regular (4C) or Fill (4C + 4C + 4f^2) token widths, the output always the packed latents': anything else
+    is one error line at export and load."""
+    from onnxdiffusion.errors import UserError
+    from onnxdiffusion.families import get_family
+
+    configs = {"transformer": {"in_channels": in_channels, "out_channels": out_channels, "joint_attention_dim": 32,
+                               "pooled_projection_dim": 32},
+               "text_encoder": {"hidden_size": 32}, "text_encoder_2": {"d_model": 32},
+               "vae": {"latent_channels": 4, "block_out_channels": [8, 16], "scaling_factor": 1.5},
+               "scheduler": {"_class_name": "FlowMatchEulerDiscreteScheduler"}}
+    if ok:
+        info = get_family("flux").pipeline_info(configs)
+        assert info.get("backbone_in_channels", 16) == in_channels
+    else:
+        with pytest.raises(UserError, match="in_channels|out_channels"):
+            get_family("flux").pipeline_info(configs)
