@@ -66,11 +66,13 @@ def image_pipeline_images(cls, folder, prompt, image_latents, noise, steps, guid
 def _give_scale_noise(scheduler) -> None:
     """diffusers' DPMSolverMultistepScheduler has no `scale_noise`, which the flow img2img pipelines
     (SD3, Flux, Qwen-Image) call, so they cannot run it as shipped; the oracle gives it
-    FlowMatchEulerDiscreteScheduler's: sigma * noise + (1 - sigma) * x at the begin index."""
+    FlowMatchEulerDiscreteScheduler's: sigma * noise + (1 - sigma) * x at the begin index, or after a step (an
+    inpaint pipeline's blend) at the step index, the next row's sigma."""
     import types
 
     def scale_noise(self, sample, timestep, noise):
-        sigma = self.sigmas[self.begin_index if self.begin_index is not None else 0]
+        at = self.step_index if self.step_index is not None else self.begin_index
+        sigma = self.sigmas[at if at is not None else 0]
         return sigma * noise + (1.0 - sigma) * sample
 
     scheduler.scale_noise = types.MethodType(scale_noise, scheduler)

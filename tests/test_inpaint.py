@@ -70,7 +70,7 @@ def test_sd_inpainting_unet_matches_diffusers(inpaint_pair, sampler):
 
     src, folder = inpaint_pair
     pipe = Pipeline.from_folder(folder)
-    assert pipe.backbone_sample_channels() == 9
+    assert pipe.backbone_extra_channels() == 5
     rgb = np.random.default_rng(2).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     mask = _mask(32)
     _, noise = _inputs((1, 4, 8, 8), seed=2)

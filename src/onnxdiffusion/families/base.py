@@ -337,6 +337,13 @@ class Family:
         shift = np.float32(info.get("vae_shift_factor") or 0.0)
         return ((mean - shift) * np.float32(info["vae_scaling_factor"])).astype(np.float32)
 
+    def inpaint_inputs(self, info: dict, mask: np.ndarray, masked: np.ndarray) -> np.ndarray:
+        """An inpainting backbone's extra sample channels from the binary pixel mask (B, 1, H, W) and the
+        masked picture's scaled latents (B, C, h, w): [mask on the latent grid, masked latents] (the 9-channel
+        UNet's; nearest sampling picks pixel f*i, as torch's interpolate)."""
+        f = int(info["vae_scale_factor"])
+        return np.concatenate([mask[:, :, ::f, ::f], masked], axis=1).astype(np.float32)
+
     def pack_latents(self, info: dict, latents: np.ndarray) -> np.ndarray:
         """(B, C, h, w) latents -> the sampler's layout (NCHW here; packed-token families override)."""
         return np.ascontiguousarray(latents, dtype=np.float32)

@@ -86,7 +86,7 @@ class PackedFlowFamily(Family):
 
 class Flux(PackedFlowFamily):
     name: ClassVar[str] = "flux"
-    pipeline_classes: ClassVar[tuple[str, ...]] = ("FluxPipeline",)
+    pipeline_classes: ClassVar[tuple[str, ...]] = ("FluxPipeline", "FluxFillPipeline")
     backbone: ClassVar[str] = "transformer"
     backbone_classes: ClassVar[tuple[str, ...]] = ("FluxTransformer2DModel",)
     backbone_kind: ClassVar[str] = "flux_transformer"
@@ -111,9 +111,13 @@ class Flux(PackedFlowFamily):
             raise UserError(f"CLIP width {clip['hidden_size']} does not match the transformer's pooled_projection_dim "
                             f"{tr['pooled_projection_dim']} (components of different models mixed?)")
         vae = flow_vae_info(configs["vae"])
-        if int(tr["in_channels"]) != 4 * vae["latent_channels"] or int(tr.get("patch_size", 1)) != 1:
-            raise UserError(f"transformer in_channels {tr['in_channels']} is not 4x the VAE's latent channels "
-                            f"{vae['latent_channels']} (2x2 packing)")
+        packed, tr_in = 4 * vae["latent_channels"], int(tr["in_channels"])
+        fill = 2 * packed + 4 * vae["vae_scale_factor"] ** 2  # Flux Fill: + masked-image latents + the 2x2-packed fxf mask
+        if tr_in not in (packed, fill) or int(tr.get("patch_size", 1)) != 1:
+            raise UserError(f"transformer in_channels {tr_in} is neither 4x the VAE's latent channels "
+                            f"{vae['latent_channels']} (2x2 packing) nor Flux Fill's {fill}")
+        if int(tr.get("out_channels") or tr_in) != packed:
+            raise UserError(f"transformer out_channels {tr.get('out_channels') or tr_in} is not the packed latents' {packed}")
         clip_len = int((configs.get("tokenizer/tokenizer_config") or {}).get("model_max_length", 77))
         t5_len = min(int((configs.get("tokenizer_2/tokenizer_config") or {}).get("model_max_length", 512)), 512)
         size = 128 * vae["vae_scale_factor"]  # FluxPipeline.default_sample_size
@@ -128,6 +132,7 @@ class Flux(PackedFlowFamily):
             "context_dim": int(tr["joint_attention_dim"]),
             "pooled_dim": int(tr["pooled_projection_dim"]),
             "guidance_embeds": bool(tr.get("guidance_embeds", False)),
+            **({"backbone_in_channels": tr_in} if tr_in != packed else {}),
         }
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
@@ -144,7 +149,8 @@ class Flux(PackedFlowFamily):
             "text_encoder_2": text_encoder_spec(t5, {"last_hidden_state": int(info["context_dim"])}),
             "transformer": ComponentSpec(
                 "transformer",
-                (TensorSpec(SAMPLE, "float32", (*TOKENS, c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),
+                (TensorSpec(SAMPLE, "float32", (*TOKENS, int(info.get("backbone_in_channels", c)))),
+                 TensorSpec(TIMESTEP, "float32", ("batch_size",)),
                  *self.conditioning(info)),
                 (TensorSpec(OUT, "float32", (*TOKENS, c)),), atol=1e-3, kind=self.backbone_kind, source="transformer"),
             **vae_specs(int(info["latent_channels"])),
@@ -197,6 +203,14 @@ class Flux(PackedFlowFamily):
     def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
         rows, cols = token_grid(info, height, width)
         return {IMG_IDS: np.repeat(lat.image_ids(rows, cols)[None], batch, axis=0)}
+
+    def inpaint_inputs(self, info: dict, mask: np.ndarray, masked: np.ndarray) -> np.ndarray:
+        """Flux Fill's extra token channels (FluxFillPipeline.prepare_mask_latents): the packed masked-image
+        latents, then the pixel mask with each latent pixel's f x f block as channels, packed the same way."""
+        f = int(info["vae_scale_factor"])
+        b, _, hp, wp = mask.shape
+        blocks = mask[:, 0].reshape(b, hp // f, f, wp // f, f).transpose(0, 2, 4, 1, 3).reshape(b, f * f, hp // f, wp // f)
+        return np.concatenate([lat.pack_patches(masked), lat.pack_patches(blocks)], axis=-1).astype(np.float32)
 
     def decoder_feed(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
         rows, cols = token_grid(info, height, width)

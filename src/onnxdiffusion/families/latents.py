@@ -43,3 +43,8 @@ def text_ids(length: int, start: int | None) -> np.ndarray:
         return np.zeros((length, 3), np.float32)
     p = np.arange(start, start + length, dtype=np.float32)
     return np.repeat(p[:, None], 3, axis=1)
+
+
+def channel_axis(rank: int) -> int:
+    """Where a backbone sample's channels are: axis 1 of NCHW latents, the last of packed tokens (B, L, D)."""
+    return 1 if rank == 4 else rank - 1

@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..families.base import OUT, SAMPLE, TIMESTEP
+from ..families.latents import channel_axis
 from ..samplers import cfg_combine
 
 Conditioning = dict[str, np.ndarray]  # backbone input name -> (batch, ...) array
@@ -38,12 +39,17 @@ class GuidedBackbone:
         self.guidance = guidance
         self.rescale = rescale
         # extra: input channels after the latents' (a 9-channel inpainting UNet's mask + masked-image
-        # latents), the same every step: written once into the sample buffer
-        self.channels = latents_shape[1]
-        more = 0 if extra is None else extra.shape[1]
-        self.sample = np.empty((n, latents_shape[1] + more, *latents_shape[2:]), np.float32)
+        # latents, Flux Fill's on the token channels), the same every step: written once into the sample buffer
+        axis = channel_axis(len(latents_shape))
+        shape = list(latents_shape)
+        shape[0] = n
+        shape[axis] += 0 if extra is None else extra.shape[axis]
+        self.sample = np.empty(shape, np.float32)
+        # the sample's latents part: x is written there every step
+        self.latent_part = (slice(None),) * axis + (slice(0, latents_shape[axis]),)
         if extra is not None:
-            self.sample[:, self.channels:] = np.concatenate([extra, extra]) if self.guided else extra
+            self.sample[(slice(None),) * axis + (slice(latents_shape[axis], None),)] = \
+                np.concatenate([extra, extra]) if self.guided else extra
         self.timestep = np.empty((n,), np.float32)
         self.out = np.empty((n, *latents_shape[1:]), np.float32)
         # inputs: more backbone inputs on the whole batch (ControlNet residuals), bound as they are: their
@@ -65,10 +71,10 @@ class GuidedBackbone:
         return self.conditioning["encoder_hidden_states"]
 
     def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
-        b, c = self.batch, self.channels
-        self.sample[:b, :c] = x
+        b, part = self.batch, self.latent_part[1:]
+        self.sample[(slice(0, b), *part)] = x
         if self.guided:
-            self.sample[b:, :c] = x
+            self.sample[(slice(b, None), *part)] = x
         self.timestep.fill(t)
         self.session.run_with_iobinding(self.binding)
         if not self.guided:

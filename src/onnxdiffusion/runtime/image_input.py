@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
+from ..families.latents import channel_axis
 from ..samplers import SamplerTable
 
 
@@ -33,7 +34,7 @@ class ImageStart:
     signal: float  # x_init = signal * image_latents + noise_level * noise
     noise_level: float
     keep: np.ndarray | None = None  # inpainting: 1 where the picture is kept (latent grid, sampler layout)
-    extra: np.ndarray | None = None  # 9-channel backbones: [mask, masked-image latents] (B, 1 + C, h, w)
+    extra: np.ndarray | None = None  # inpainting backbones: their extra sample channels (family.inpaint_inputs)
     overlay: tuple[np.ndarray, np.ndarray] | None = None  # (picture (H, W, 3) uint8, alpha (H, W) of the mask)
 
 
@@ -138,19 +139,19 @@ def plan_start(pipe, table: SamplerTable, image, strength: float, steps: int, no
     if mask is not None:
         m = mask_pixels(mask, height, width, mask_blur)
         grid = np.repeat(latent_grid(m, pipe.info["vae_scale_factor"]), batch, axis=0)  # (B, 1, h, w)
-        channels = pipe.backbone_sample_channels()
-        c = nchw.shape[1]
-        if channels == c:  # a regular backbone: blend after every step
+        more = pipe.backbone_extra_channels()
+        if not more:  # a regular backbone: blend after every step
             keep = pipe.family.pack_latents(pipe.info, np.broadcast_to(1.0 - grid, nchw.shape))
-        elif channels == 2 * c + 1:  # an inpainting backbone: mask and masked-image latents as input channels
+        else:  # an inpainting backbone: mask and masked-image latents as input channels
+            if isinstance(image, np.ndarray) and image.dtype.kind == "f":
+                raise UserError("an inpainting backbone needs the picture itself, not its latents")
             pixels = image_pixels(image, height, width) if image_pixels_ is None else image_pixels_
-            if not (isinstance(image, np.ndarray) and image.dtype.kind == "f"):
-                masked = pipe.encode_pixels(pixels * (m < 0.5).astype(np.float32))
-            else:
-                raise UserError("a 9-channel inpainting backbone needs the picture itself, not its latents")
-            extra = np.concatenate([grid, np.repeat(masked, batch, axis=0)], axis=1).astype(np.float32)
-        else:
-            raise UserError(f"inpainting needs a backbone of {c} or {2 * c + 1} input channels, this one has {channels}")
+            masked = pipe.encode_pixels(pixels * (m < 0.5).astype(np.float32))
+            extra = pipe.family.inpaint_inputs(pipe.info, np.repeat(m, batch, axis=0), np.repeat(masked, batch, axis=0))
+            axis = channel_axis(extra.ndim)
+            if extra.shape[axis] != more:
+                raise UserError(f"this inpainting backbone takes {more} extra input channels; the "
+                                f"{pipe.family.name} family makes {extra.shape[axis]} from a mask and a picture")
     if mask is not None and strength == 1.0:
         # diffusers' inpaint pipelines start from pure noise at full strength (not add_noise at the first step)
         x_init, signal, level = (noise0 * np.float32(table.init_scale)).astype(np.float32), 0.0, table.init_scale

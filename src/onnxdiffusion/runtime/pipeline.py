@@ -20,6 +20,7 @@ from ..artifacts import component_path, read_manifest, verify_folder
 from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
+from ..families.latents import channel_axis
 from ..manifest import check_scheduler_config, confined
 from . import guards
 from ..paths import default_model_folder
@@ -370,10 +371,14 @@ class Pipeline:
         mean = params[:, : params.shape[1] // 2]
         return self.family.encoder_latents(self.info, mean)
 
-    def backbone_sample_channels(self) -> int:
-        """Input channels of the backbone's sample (NCHW backbones; a 9-channel inpainting UNet: 9)."""
-        shape = self._backbone_io_shapes.get("sample")
-        return int(shape[1]) if shape and isinstance(shape[1], int) and len(shape) == 4 else int(self.info["latent_channels"])
+    def backbone_extra_channels(self) -> int:
+        """Sample channels beyond the latents' (an inpainting backbone's mask + masked-image latents: 5 on the
+        9-channel UNet, 320 on Flux Fill's tokens; 0 on a regular backbone)."""
+        sample, m = self._backbone_io_shapes.get("sample"), int(self.info["size_multiple"])
+        latents = self.family.latent_shape(self.info, 1, m, m)  # the sampler state's layout
+        axis = channel_axis(len(latents))
+        ok = sample and len(sample) == len(latents) and isinstance(sample[axis], int)
+        return sample[axis] - latents[axis] if ok else 0
 
     def lora_feeds(self, loras, loop: str = "host"):
         """The adapter feeds of `loras` (adapters/feeds.py), files read once per pipeline (LRU)."""

@@ -36,10 +36,9 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
     from .image_input import check_mask_matches
 
     check_mask_matches(image, mask)
-    c = int(pipe.info["latent_channels"])
-    if pipe.backbone_sample_channels() != c and mask is None:
-        raise UserError(f"this model's backbone is an inpainting backbone ({pipe.backbone_sample_channels()} input "
-                        "channels): it draws from an image and a mask (--image, --mask)")
+    if pipe.backbone_extra_channels() and mask is None:
+        raise UserError(f"this model's backbone is an inpainting backbone ({pipe.backbone_extra_channels()} input "
+                        "channels beyond the latents'): it draws from an image and a mask (--image, --mask)")
     strength = 1.0 if options.strength is None else check_strength(options.strength)
     if image is None and options.strength is not None:
         raise UserError("strength applies to a generation from an image (--image)")

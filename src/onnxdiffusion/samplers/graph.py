@@ -121,7 +121,7 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     c = {col: b.op("Gather", [row, f"col_{col}"], n(col), axis=0) for col in COLUMNS}
     x_in = b.op("Mul", [x, c["c_in"]], n("x_in"))
     if pre.get("extra"):  # an inpainting backbone: mask + masked-image latents after the scaled latents
-        x_in = b.op("Concat", [x_in, "sample_extra"], n("x_in_extra"), axis=1)
+        x_in = b.op("Concat", [x_in, "sample_extra"], n("x_in_extra"), axis=pre["extra_axis"])
     guided_batch = pre["mode"] != "none"
     doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0) if guided_batch else x_in
     t_vec = b.op("Expand", [c["t"], pre["batch2"]], n("t_vec"))
@@ -193,7 +193,8 @@ def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], wi
     if with_steps:
         ins.append(helper.make_tensor_value_info("steps", TensorProto.INT64, []))
     if extra_channels:
-        ins.append(helper.make_tensor_value_info("sample_extra", f, ["batch", extra_channels, *latent_dims[1:]]))
+        dims = [extra_channels, *latent_dims[1:]] if len(latent_dims) == 3 else [*latent_dims[:-1], extra_channels]
+        ins.append(helper.make_tensor_value_info("sample_extra", f, ["batch", *dims]))
     return ins + image_inputs(len(latent_dims))
 
 
@@ -306,11 +307,11 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         extra_inits += inits
         functions += funcs
     pre = _prologue(b, [c.name for c in conditioning], given, guidance_mode)
-    channels = sample_channels(backbone) if len(dims) == 3 else 0
-    extra_channels = channels - latent_channels if channels else 0
+    channels, width = sample_channels(backbone), (latent_channels if len(dims) == 3 else dims[-1])
+    extra_channels = channels - width if channels and isinstance(width, int) else 0
     if extra_channels < 0:
-        raise ValueError(f"the backbone's sample has fewer channels than the latents ({latent_channels})")
-    pre["extra"] = extra_channels > 0
+        raise ValueError(f"the backbone's sample has fewer channels than the latents ({width})")
+    pre["extra"], pre["extra_axis"] = extra_channels > 0, (1 if len(dims) == 3 else 2)
     image_defaults(b, len(dims))
     if correction is not None:
         correction_prologue(b, pre, correction)

@@ -81,14 +81,18 @@ def latent_dims(model: onnx.ModelProto, latent_channels: int) -> list:
     dims = sample.type.tensor_type.shape.dim
     if len(dims) == 4:
         return [latent_channels, "height", "width"]
+    # packed tokens: the output's token width is the state's (an inpainting backbone's sample is wider)
+    out = next(o for o in model.graph.output if o.name == BACKBONE_IO["out"]).type.tensor_type.shape.dim
+    dims = [*list(dims)[:-1], out[-1]] if len(out) == len(dims) and out[-1].dim_value else dims
     return [d.dim_value if d.dim_value else (d.dim_param or f"latent_{k}") for k, d in enumerate(dims)][1:]
 
 
 def sample_channels(backbone: onnx.ModelProto) -> int:
-    """Channels of an NCHW backbone's sample input (0 when not fixed or not NCHW)."""
+    """Channels of a backbone's sample input: NCHW's axis 1, packed tokens' last (0 when not fixed)."""
     sample = next(i for i in backbone.graph.input if i.name == BACKBONE_IO["sample"])
     dims = sample.type.tensor_type.shape.dim
-    return int(dims[1].dim_value) if len(dims) == 4 and dims[1].dim_value else 0
+    axis = 1 if len(dims) == 4 else len(dims) - 1
+    return int(dims[axis].dim_value) if dims[axis].dim_value else 0
 
 
 def load_backbone(model: onnx.ModelProto, prefix: str = "unet/") -> Backbone:

@@ -260,7 +260,7 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     if "vae_encoder" not in pipe.manifest["components"]:
         raise RequestError(f"model {entry.id} has no vae_encoder, so it cannot take a picture; export it with one",
                            "model", code="model_cannot_edit")
-    inpainting = pipe.backbone_sample_channels() != int(pipe.info["latent_channels"])
+    inpainting = pipe.backbone_extra_channels() > 0
     if inpainting and not masked:
         raise RequestError(f"model {entry.id} is an inpainting model: it needs a mask", "mask", code="missing_field")
     if inpainting and req.lora is not None:  # the pipeline refuses it (adapters/runtime.FedBackbone has no extra channels)
