@@ -32,6 +32,7 @@ from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
 from .graph_correct import correct, correction_prologue, rescale
 from .graph_control import control_inputs
+from .graph_techniques import technique_prologues
 from .graph_image import blend_step, image_defaults, image_inputs
 from .tables import COLUMNS
 
@@ -315,8 +316,9 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     image_defaults(b, len(dims))
     if correction is not None:
         correction_prologue(b, pre, correction)
-    nets, high, inits, funcs = _technique_prologues(b, pre, bb, form, whole, control, residuals, schedule,
-                                                    high_backbone, cache, stop)
+    nets, high, inits, funcs = technique_prologues(b, pre, bb, form, whole, control, residuals, schedule,
+                                                   high_backbone, cache, stop,
+                                                   {k: cond_input_names(k)[0] for k in pre["context"]})
     extra_inits += inits
     functions += funcs
     from .graph_cache import cache_inputs, loop_state
@@ -362,48 +364,6 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     model.ir_version = max(m.ir_version for m in models if m is not None)
     model.functions.extend(functions)
     return model
-
-
-def _technique_prologues(b: _Builder, pre: dict, bb: Backbone, form: str, whole: bool, control, residuals: list[str],
-                         schedule, high_backbone, cache, stop: bool) -> tuple[list, Backbone | None, list, list]:
-    """The per-step techniques' set-up before the loop (ControlNets, precision schedule, caching, stopping):
-    their nets, the high-precision backbone, and the initializers and functions they add."""
-    extra_inits: list[onnx.TensorProto] = []
-    functions: list = []
-    nets = []
-    if control:
-        from .graph_control import control_prologue, load_net
-
-        nets = [load_net(m, residuals, k) for k, m in enumerate(control[0])]
-        control_prologue(b, pre, nets, residuals, control[2] if len(control) > 2 else None,
-                         {k: cond_input_names(k)[0] for k in pre["context"]})
-        extra_inits += [t for net in nets for t in net.initializers]
-        functions += [f for net in nets for f in net.functions]
-    high = None
-    if (schedule is None) != (high_backbone is None):
-        raise ValueError("a precision schedule needs its high-precision backbone, and the other way round")
-    if schedule is not None:
-        from .graph_schedule import schedule_prologue
-
-        high = load_backbone(high_backbone, prefix="unet_high/")
-        # in the Loop form (one copy of each branch) the weights live in the If branches: read from two
-        # scopes out, ONNX Runtime did not pre-pack them and its MatMuls rounded differently from the host's
-        schedule_prologue(b, pre, schedule, high, bb, local_weights=form == "loop")
-        functions += high.functions
-    if cache is not None:
-        if form != "loop" or schedule is not None:
-            raise ValueError("step caching is built for the Loop form without a precision schedule")
-        from .graph_cache import cache_prologue
-
-        cache_prologue(b, pre, *cache)
-        functions += pre["cache"]["functions"]
-    if stop:
-        if form != "loop" or whole:
-            raise ValueError("adaptive stopping is built for the Loop form (not unrolled, not whole)")
-        from .graph_stop import stop_prologue
-
-        stop_prologue(b, pre)
-    return nets, high, extra_inits, functions
 
 
 def _cond_rank(model: onnx.ModelProto) -> int:
