@@ -25,7 +25,8 @@ def block_name(k: int) -> str:
 
 
 def check_qwen_controlnet(config: dict, transformer: dict, family: str) -> dict:
-    width = check_transformer_net(config, transformer, family, CLASS, ("in_channels", "joint_attention_dim", "patch_size"))
+    width = check_transformer_net(config, transformer, family, CLASS,
+                                  ("in_channels", "joint_attention_dim", "patch_size"))
     where = "the ControlNet"
     if list(config.get("axes_dims_rope") or ()) != list(transformer.get("axes_dims_rope") or ()):
         raise UserError(f"{where}'s axes_dims_rope {config.get('axes_dims_rope')} is not the folder's transformer's "

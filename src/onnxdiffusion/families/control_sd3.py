@@ -24,14 +24,11 @@ def block_name(k: int) -> str:
 
 
 def check_sd3_controlnet(config: dict, transformer: dict, info: dict, family: str) -> dict:
-    width = check_transformer_net(config, transformer, family, CLASS)
     where = "the ControlNet"
-    if config.get("joint_attention_dim") is None:
+    if config.get("_class_name") == CLASS and config.get("joint_attention_dim") is None:
         raise UserError(f"{where} takes no text sequence (joint_attention_dim None, SD3.5-large style): not supported yet")
-    for key in ("in_channels", "patch_size", "pooled_projection_dim", "joint_attention_dim"):
-        if config.get(key) != transformer.get(key):
-            raise UserError(f"{where}'s {key} {config.get(key)!r} is not the folder's transformer's "
-                            f"{transformer.get(key)!r} (a ControlNet of another model size)")
+    width = check_transformer_net(config, transformer, family, CLASS,
+                                  ("in_channels", "patch_size", "pooled_projection_dim", "joint_attention_dim"))
     if int(config.get("extra_conditioning_channels") or 0):
         raise UserError(f"{where} takes extra conditioning channels (an inpainting ControlNet): not supported yet")
     layers = int(config.get("num_layers", 0))
