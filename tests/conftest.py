@@ -231,7 +231,7 @@ SLOW_MODULES = {
     # session 11: the transformer families' ControlNet and inpainting parity (tiny exports + diffusers runs per
     # family); test_controlnet.py (SD, SDXL) keeps ControlNet in the inner loop
     "test_controlnet_sd3.py", "test_controlnet_flux.py", "test_controlnet_qwen.py", "test_inpaint_flow.py",
-    "test_controlnet_serve.py",
+    "test_controlnet_serve.py", "test_controlnet_cli.py",  # the CLI's: export + add-controlnet + int8 quantize, 50 s
 }
 SLOW_TESTS = {  # tests that export or quantize in their own bodies (32, 136, 68 + 59 s under load ~25)
     "test_export_corrupt_weights_leaves_nothing", "test_quantized_files_are_byte_identical_across_runs",
