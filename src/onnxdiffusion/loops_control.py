@@ -17,6 +17,8 @@ def check_names(manifest: dict, names, form: str, whole: bool, cache_spec, famil
     if len(set(names)) != len(names):
         raise UserError(f"--controlnet names must be distinct, got {names}")
     nets = manifest.get("controlnets") or {}
+    from .runtime.controlnet import residuals_of
+
     records = []
     for name in names:
         if name not in nets:
@@ -25,16 +27,9 @@ def check_names(manifest: dict, names, form: str, whole: bool, cache_spec, famil
         records.append(nets[name])
     first = records[0]
     for name, rec in zip(names, records):
-        if _residuals(family, rec) != _residuals(family, first):
+        if residuals_of(family, rec) != residuals_of(family, first):
             raise UserError(f"ControlNets {names[0]!r} and {name!r} give residuals of different shapes")
     return records
-
-
-def _residuals(family, rec: dict) -> list:
-    try:
-        return [(n, tuple(d)) for n, d in family.control_residuals(rec)]
-    except (KeyError, TypeError, ValueError):
-        raise UserError("a ControlNet's manifest record does not describe its residuals") from None
 
 
 def cut_backbone(unet, family, records: list[dict], entry: dict, large: bool):

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..artifacts import read_json_object
 from ..errors import UserError
 from ..families.base import SAMPLE, TIMESTEP
 from ..families.control import COND, SCALE
+from ..manifest import confined
 from .control_graph import residual_names
 
 
@@ -121,12 +123,13 @@ def record_of(pipe, name: str) -> dict:
     config = _json_in(pipe.folder, f"controlnets/{name}/config.json")
     backbone = _json_in(pipe.folder, f"{pipe.family.backbone}/config.json")
     fresh = pipe.family.controlnet_record(config, backbone, pipe.info)  # another family or size: one line
-    if _residuals(pipe.family, fresh) != _residuals(pipe.family, rec):
+    if residuals_of(pipe.family, fresh) != residuals_of(pipe.family, rec):
         raise UserError(f"{pipe.folder}: ControlNet {name!r}'s manifest record disagrees with its config.json")
     return rec
 
 
-def _residuals(family, record: dict, latent=None) -> list:
+def residuals_of(family, record: dict, latent=None) -> list:
+    """A manifest record's residual (name, dims) pairs; a record that does not describe them: one line."""
     try:
         return [(n, tuple(d)) for n, d in family.control_residuals(record, latent)]
     except (KeyError, TypeError, ValueError):
@@ -134,18 +137,7 @@ def _residuals(family, record: dict, latent=None) -> list:
 
 
 def _json_in(folder, rel: str) -> dict:
-    import json
-
-    from ..manifest import confined
-
-    path = confined(folder, rel, "ControlNet config")
-    try:
-        obj = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise UserError(f"{path}: not a readable JSON config ({type(e).__name__})") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{path} must hold a JSON object")
-    return obj
+    return read_json_object(confined(folder, rel, "ControlNet config"))
 
 
 @dataclass
@@ -255,7 +247,7 @@ def residual_session(pipe, record: dict):
     from .loading import disabled
     from .session import resolve_provider, session_options
 
-    key = tuple(_residuals(pipe.family, record))
+    key = tuple(residuals_of(pipe.family, record))
     cuts = pipe.__dict__.setdefault("_control_cuts", {})
     if key not in cuts:
         bb = pipe._backbone_info
@@ -288,12 +280,12 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     """This generation's model function with ControlNets (prepared by `prepare`)."""
     rec = prepared[0].record
     for p in prepared[1:]:
-        if _residuals(pipe.family, p.record) != _residuals(pipe.family, rec):
+        if residuals_of(pipe.family, p.record) != residuals_of(pipe.family, rec):
             raise UserError(f"ControlNets {prepared[0].spec.name!r} and {p.spec.name!r} give residuals of different shapes")
     cfg = guidance > 1.0 and pipe.family.guidance_input_for(pipe.info) is None  # an embedded scale: no CFG batch
     n = shape[0] * (2 if cfg else 1)
     f = int(pipe.info["vae_scale_factor"])  # latent size from the pixel size: packed-token latents too
-    concrete = _residuals(pipe.family, rec, (n, h // f, w // f))
+    concrete = residuals_of(pipe.family, rec, (n, h // f, w // f))
     names = [name for name, _ in concrete]
     zeros = {name: np.zeros(dims, np.float32) for name, dims in concrete}
     guided = pipe.guided_backbone(prompts, negatives, guidance, h, w, shape, residual_session(pipe, rec), extra=extra,
