@@ -72,18 +72,14 @@ class FluxTransformer(torch.nn.Module):
                           txt_ids=txt_ids, guidance=guidance if self.guidance else None, return_dict=False)[0]
 
 
-class FluxControlNet(torch.nn.Module):
+class FluxControlNet(FluxTransformer):
     """FluxControlNetModel with the backbone wrapper's inputs, then the packed control latents and the
     scale -> its double-block samples, then its single-block samples."""
 
     def __init__(self, model):
-        super().__init__()
+        super().__init__(model)  # the same blocks, the same attention processor
         from .fixups import decompose_rms_norms
 
-        self.model = model
-        self.guidance = bool(model.config.guidance_embeds)
-        for block in (*model.transformer_blocks, *model.single_transformer_blocks):
-            block.attn.set_processor(_FluxJointAttention())
         decompose_rms_norms(model)
 
     def forward(self, sample, timestep, encoder_hidden_states, pooled_projections, img_ids, *rest):
