@@ -5,7 +5,7 @@
 
 Per model, at its evaluation settings (sd: ddim 20 steps guidance 4; mmdit: flow_euler 20 steps
 guidance 3), the held-out prompt-seed pairs are generated at batch 1 on one thread uncached and with
-each cache setting (DeepCache for the UNet, first-block cache and TaylorSeer for the MMDiT), the
+each cache setting (DeepCache for the UNet, first-block cache, TaylorSeer and the residual cache for the MMDiT), the
 settings interleaved prompt by prompt so load drift hits all alike.  Reported per setting: the
 speed-up vs uncached at equal steps (CPU time per image, end to end: text encoding + sampling +
 decoding; the median of per-prompt ratios and the ratio of totals), PSNR vs the uncached image
@@ -51,7 +51,7 @@ MODELS = {
     "mmdit": ("models/shapes-mmdit-onnx", "flow_euler", 20, 3.0,
               ["first_block:0.05", "first_block:0.1", "first_block:0.15", "first_block:0.2", "first_block:0.3",
                "first_block:0.4", "taylorseer:2", "taylorseer:3", "taylorseer:2:2", "taylorseer:3:2", "taylorseer:4:2",
-               "taylorseer:5:2"]),
+               "taylorseer:5:2", "residual:3", "residual:4", "residual:5"]),
 }
 GATE_SPEEDUP, GATE_PSNR, GATE_POINTS = 1.8, 30.0, 1.0
 GATE_SPEEDUP_INT8 = 2.0  # issue 25: int8-static + cache >= 2x on top of int8 at the same PSNR / strict gate
@@ -229,7 +229,7 @@ def plot(results: dict, path: Path) -> None:
                 continue
             method = spec.split(":")[0]
             y = min(row["psnr_mean"], 80.0)
-            ax.scatter(row["speedup_median"], y, marker={"first_block": "o", "taylorseer": "s", "deepcache": "^"}[method],
+            ax.scatter(row["speedup_median"], y, marker={"first_block": "o", "taylorseer": "s", "deepcache": "^", "residual": "D"}[method],
                        c="tab:green" if abs(row["strict_points_vs_uncached"]) <= GATE_POINTS else "tab:red")
             ax.annotate(spec, (row["speedup_median"], y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axvline(r["gate"]["speedup"], ls="--", c="grey", lw=0.8)

@@ -28,7 +28,8 @@ PROMPT = "a red circle above a blue square"
 CASES = [(SD, "deepcache", ["deepcache:2", "deepcache:3"]), (SD, "deepcache:2:2", ["deepcache:2:2"]),
          (SD, "deepcache:3:L1", ["deepcache:3:L1", "deepcache:4:L1"]),
          (MMDIT, "first_block", ["first_block:0.25", "first_block:0.5"]),
-         (MMDIT, "taylorseer", ["taylorseer:2", "taylorseer:3"]), (MMDIT, "taylorseer:2:2", ["taylorseer:2:2"])]
+         (MMDIT, "taylorseer", ["taylorseer:2", "taylorseer:3"]), (MMDIT, "taylorseer:2:2", ["taylorseer:2:2"]),
+         (MMDIT, "residual", ["residual:3", "residual:5"]), (MMDIT, "residual:4:2", ["residual:4:2"])]
 
 
 def _fold_session():
@@ -125,7 +126,8 @@ def test_loop_cache_matches_the_host_loop(compiled, monkeypatch, model, compiled
 @pytest.mark.parametrize("model,compiled_with,noop", [(SD, "deepcache", "deepcache:1"),
                                                       (SD, "deepcache:3:L1", "deepcache:1:L1"),
                                                       (MMDIT, "first_block", "first_block:0"),
-                                                      (MMDIT, "taylorseer", "taylorseer:1")])
+                                                      (MMDIT, "taylorseer", "taylorseer:1"),
+                                                      (MMDIT, "residual", "residual:1")])
 def test_nothing_cached_is_the_plain_loop_bit_for_bit(compiled, model, compiled_with, noop):
     plain = Pipeline.from_folder(compiled(model, None))
     cached = Pipeline.from_folder(compiled(model, compiled_with))
@@ -144,7 +146,8 @@ def test_specs_the_graph_was_not_compiled_for_are_refused(compiled):
     taylor = Pipeline.from_folder(compiled(MMDIT, "taylorseer"))
     for pipe, spec, fragment in ((plain, "deepcache:2", "without step caching"), (deep, "deepcache:2:2", "BRANCH 1"),
                                  (deep, "deepcache:3:L1", "BRANCH 1"), (layer, "deepcache:3", "BRANCH L1"),
-                                 (taylor, "taylorseer:2:2", "ORDER 1"), (taylor, "first_block:0.1", "taylorseer")):
+                                 (taylor, "taylorseer:2:2", "ORDER 1"), (taylor, "first_block:0.1", "taylorseer"),
+                                 (taylor, "residual:3", "taylorseer")):
         with pytest.raises(UserError, match=fragment) as info:
             pipe(PROMPT, steps=3, cache=spec, loop="loop")
         assert "\n" not in str(info.value) and "compile-loop --cache" in str(info.value)

@@ -247,11 +247,11 @@ class Family:
                    layers: int = 0) -> tuple[tuple[str, ...], str | None]:
         """Step caching: (node-name prefixes of the span a cached step skips, the first block's prefix).
 
-        Transformer families: every block after the first (first-block cache, TaylorSeer)."""
+        Transformer families: every block after the first (first-block cache, TaylorSeer, residual cache)."""
         import re
 
         if method == "deepcache":
-            raise ValueError("deepcache caches a UNet's deep path; use first_block or taylorseer on this backbone")
+            raise ValueError("deepcache caches a UNet's deep path; use first_block, taylorseer or residual on this backbone")
         blocks = list(dict.fromkeys(m.group(1) for n in node_names if (m := re.match(self.cache_block_pattern, n))))
         if len(blocks) < 2:
             raise ValueError("the backbone has fewer than two named transformer blocks")

@@ -14,9 +14,14 @@ SPEC is one of
                                  steps; BRANCH shallow down/up block pairs always run (default 1), or
                                  BRANCH ``L<N>`` at DeepCache's layer granularity: conv_in, the next
                                  N - 1 down layers and the last N up resnets always run (L1 the cheapest)
+  ``residual:INTERVAL[:ORDER]``  (transformers) the other blocks' residual (their output minus their
+                                 input) cached and added to the first block's fresh output, extrapolated
+                                 by a Taylor series of ORDER (1 by default) in the step index; full steps
+                                 at gaps that ramp 1, 2, 3, ... up to INTERVAL (steps 0, 1, 3, 6, 10, 15,
+                                 ...): the early steps, where the layout forms, run more often
 
 The backbone is cut at load time into first / rest / tail graphs (``backbone_split``); the family
-names the span by node-name prefixes.  ``first_block:0``, ``taylorseer:1`` and ``deepcache:1`` never
+names the span by node-name prefixes.  ``first_block:0``, ``taylorseer:1``, ``deepcache:1``, ``residual:1`` never
 skip anything, so they run the uncut backbone (bit-identical to no cache).
 """
 
@@ -32,15 +37,15 @@ from ..families.base import SAMPLE, TIMESTEP
 from ..samplers import cfg_combine
 from ..samplers.cache_math import relative_change, taylor_coefficient
 
-METHODS = ("first_block", "taylorseer", "deepcache")
+METHODS = ("first_block", "taylorseer", "deepcache", "residual")
 
 
 @dataclass(frozen=True)
 class CacheSpec:
     method: str
     threshold: float = 0.0  # first_block
-    interval: int = 1  # taylorseer, deepcache
-    order: int = 1  # taylorseer
+    interval: int = 1  # taylorseer, deepcache, residual (its largest gap)
+    order: int = 1  # taylorseer, residual
     branch: int = 1  # deepcache: shallow down/up block pairs
     layers: int = 0  # deepcache: > 0, the shallow part in skip layers instead (BRANCH "L<layers>")
     warmup: int = 3  # taylorseer: full steps before the first prediction (diffusers' default)
@@ -53,8 +58,8 @@ class CacheSpec:
     def __str__(self) -> str:
         if self.method == "first_block":
             return f"first_block:{self.threshold:g}"
-        if self.method == "taylorseer":
-            return f"taylorseer:{self.interval}:{self.order}"
+        if self.method in ("taylorseer", "residual"):
+            return f"{self.method}:{self.interval}:{self.order}"
         return f"deepcache:{self.interval}:{self.branch_text}"
 
     @property
@@ -73,7 +78,7 @@ def parse_cache(spec) -> CacheSpec | None:
         return None
     method, *args = text.split(":")
     usage = {"first_block": "first_block:THRESHOLD", "taylorseer": "taylorseer:INTERVAL[:ORDER]",
-             "deepcache": "deepcache:INTERVAL[:BRANCH|L<N>]"}
+             "deepcache": "deepcache:INTERVAL[:BRANCH|L<N>]", "residual": "residual:INTERVAL[:ORDER]"}
     if method not in usage:
         raise UserError(f"unknown cache method {method!r} in {spec!r}; expected one of {', '.join(usage.values())}")
     want = 1 if method == "first_block" else 2
@@ -94,7 +99,7 @@ def parse_cache(spec) -> CacheSpec | None:
                         f"{'a threshold >= 0' if method == 'first_block' else 'integers'}") from None
     if nums[0] < 1:
         raise UserError(f"cache spec {spec!r}: INTERVAL must be >= 1")
-    if method == "taylorseer":
+    if method in ("taylorseer", "residual"):
         order = nums[1] if len(nums) > 1 else 1
         if not 0 <= order <= 4:
             raise UserError(f"cache spec {spec!r}: ORDER must be in [0, 4]")
@@ -121,7 +126,7 @@ def parse_compiled_cache(spec) -> CacheSpec | None:
 def compiled_record(spec: CacheSpec) -> dict:
     """What a sampling graph's manifest entry records of the cache it was compiled with."""
     deep = {"layers": spec.layers} if spec.layers else {"branch": spec.branch}
-    extra = {"deepcache": deep, "taylorseer": {"order": spec.order}}.get(spec.method, {})
+    extra = {"deepcache": deep, "taylorseer": {"order": spec.order}, "residual": {"order": spec.order}}.get(spec.method, {})
     return {"method": spec.method, **extra}
 
 
@@ -185,8 +190,9 @@ class _Taylor:
         return step < s.warmup or (step - s.warmup - 1) % s.interval == 0 or not self.factors
 
     def reuse(self, step: int, f: dict, sg) -> np.ndarray | None:
-        if self._full(step):
-            return None
+        return None if self._full(step) else self.predict(step)
+
+    def predict(self, step: int) -> np.ndarray:
         d = step - self.last_full
         pred = self.factors[0]
         for k, fk in enumerate(self.factors[1:], 1):
@@ -204,6 +210,27 @@ class _Taylor:
         self.factors, self.last_full = new[: self.spec.order + 1], step
 
 
+class _Residual:
+    """The span's residual (output - hidden input) on a ramping schedule, Taylor-extrapolated over full steps
+    and added to this step's first-block output: a cached step still moves with what the first block sees."""
+
+    def __init__(self, spec: CacheSpec):
+        self.spec, self.taylor, self.hidden = spec, _Taylor(spec), None
+        self.next_full, self.gap = 0, 1
+
+    def reuse(self, step: int, f: dict, sg) -> np.ndarray | None:
+        if step >= self.next_full or self.hidden is None:
+            return None
+        return f[self.hidden] + self.taylor.predict(step)
+
+    def update(self, step: int, f: dict, out: np.ndarray, sg) -> None:
+        if self.hidden is None:
+            self.hidden = _same_shape(sg.hidden_in, f, out.shape)
+        self.taylor.update(step, f, out - f[self.hidden], sg)
+        # full steps 0, 1, 3, 6, 10, ...: the gap grows by one after each, up to INTERVAL
+        self.next_full, self.gap = step + self.gap, min(self.gap + 1, self.spec.interval)
+
+
 class _Deep:
     def __init__(self, spec: CacheSpec):
         self.interval, self.feature = spec.interval, None
@@ -215,7 +242,7 @@ class _Deep:
         self.feature = out
 
 
-_POLICIES = {"first_block": _FirstBlock, "taylorseer": _Taylor, "deepcache": _Deep}
+_POLICIES = {"first_block": _FirstBlock, "taylorseer": _Taylor, "deepcache": _Deep, "residual": _Residual}
 
 
 class CachedBackbone:

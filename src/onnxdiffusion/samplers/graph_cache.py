@@ -10,6 +10,9 @@ loop's, op for op:
                over full steps carried (one tensor per order, a count, the last full step)
   first_block  full when sum|r - prev| / sum|prev| > cache_threshold (r: the first block's residual,
                fold_sum's order); the previous residual and the span's residual carried
+  residual     full when step >= the next scheduled step (the gap ramps 1, 2, ... up to cache_interval);
+               taylorseer's factors of the span's residual (output - hidden input), the next full step
+               and the gap carried; a cached step adds the prediction to the first block's output
 
 Graph inputs, each with a default that caches nothing (every step runs the span: the plain Loop's
 image bit for bit): ``cache_interval`` (int64), ``cache_threshold`` (double). The interval and the
@@ -59,13 +62,15 @@ def cache_prologue(b, pre: dict, spec, sg) -> None:
             zero = "cache_zero_span"
             b.const(zero, np.array(0, helper.tensor_dtype_to_np_dtype(span_type)))
         state = [(zero, span_type, "cache_feature")]
-    elif spec.method == "taylorseer":
+    elif spec.method in ("taylorseer", "residual"):
         state = [("cache_zero_f", F, f"cache_factor{k}") for k in range(spec.order + 1)]
         state += [("cache_zero_i64", I64, "cache_count"), ("cache_minus_one_i64", I64, "cache_last")]
         for k in range(1, spec.order + 1):
             b.const(f"cache_k{k}", np.array(k, np.int64))
             b.const(f"cache_fact{k}", np.array(math.factorial(k), np.float64))
         b.const("cache_k0", np.array(0, np.int64))
+        if spec.method == "residual":  # the ramp: next full step 0, first gap 1
+            state += [("cache_zero_i64", I64, "cache_next"), ("cache_one_i64", I64, "cache_gap")]
     else:
         state = [("cache_zero_f", F, "cache_prev"), ("cache_zero_f", F, "cache_residual")]
     pre["cache"] = {"spec": spec, "sg": sg, "pieces": pieces, "state": state, "span_type": span_type,
@@ -140,29 +145,64 @@ def _taylor(b, c, got, i, run_rest, rest):
     gap = b.op("Sub", [i, "cache_last_in"], "cache_gap")
 
     def compute(s) -> list[str]:
-        new = [run_rest(s)]
-        gap_f = s.op("Cast", [gap], "cache_gap_f", to=F)
-        for k in range(order):
-            diff = s.op("Div", [s.op("Sub", [new[k], factors[k]], f"cache_delta{k}"), gap_f], f"cache_diff{k}")
-            have = s.op("Less", [f"cache_k{k}", "cache_count_in"], f"cache_have{k}")
-            new.append(s.op("Where", [have, diff, factors[k + 1]], f"cache_new{k + 1}"))
-        count = s.op("Min", [s.op("Add", ["cache_count_in", "cache_one_i64"], "cache_count1"), "cache_cap_i64"],
-                     "cache_count_next")
-        return [new[0], *new, count, i]
+        out = run_rest(s)
+        return [out, *_taylor_update(s, out, factors, gap, order), i]
 
     def predict(s) -> list[str]:
-        gap_d = s.op("Cast", [gap], "cache_gap_d", to=F64)
-        pred, power = factors[0], None
-        for k in range(1, order + 1):
-            power = gap_d if power is None else s.op("Mul", [power, gap_d], f"cache_pow{k}")
-            coef = s.op("Cast", [s.op("Div", [power, f"cache_fact{k}"], f"cache_coef{k}_d")], f"cache_coef{k}", to=F)
-            term = s.op("Add", [pred, s.op("Mul", [factors[k], coef], f"cache_term{k}")], f"cache_sum{k}")
-            have = s.op("Less", [f"cache_k{k}", "cache_count_in"], f"cache_use{k}")
-            pred = s.op("Where", [have, term, pred], f"cache_pred{k}")
-        return [pred, *factors, "cache_count_in", "cache_last_in"]
+        return [_taylor_predict(s, factors, gap, order), *factors, "cache_count_in", "cache_last_in"]
 
     outs = ["cache_span", *[f"cache_factor{k}_out" for k in range(order + 1)], "cache_count_out", "cache_last_out"]
     span, *_ = _if(b, full, compute, predict, outs, [F] * (order + 2) + [I64, I64], rest)
+    return full, span
+
+
+def _taylor_update(s, value: str, factors: list[str], gap: str, order: int) -> list[str]:
+    """runtime.cache._Taylor.update: the new factors (finite differences over full steps) and their count."""
+    new = [value]
+    gap_f = s.op("Cast", [gap], "cache_gap_f", to=F)
+    for k in range(order):
+        diff = s.op("Div", [s.op("Sub", [new[k], factors[k]], f"cache_delta{k}"), gap_f], f"cache_diff{k}")
+        have = s.op("Less", [f"cache_k{k}", "cache_count_in"], f"cache_have{k}")
+        new.append(s.op("Where", [have, diff, factors[k + 1]], f"cache_new{k + 1}"))
+    count = s.op("Min", [s.op("Add", ["cache_count_in", "cache_one_i64"], "cache_count1"), "cache_cap_i64"],
+                 "cache_count_next")
+    return [*new, count]
+
+
+def _taylor_predict(s, factors: list[str], gap: str, order: int) -> str:
+    """runtime.cache._Taylor.predict: the factors' series at `gap` steps past the last full step."""
+    gap_d = s.op("Cast", [gap], "cache_gap_d", to=F64)
+    pred, power = factors[0], None
+    for k in range(1, order + 1):
+        power = gap_d if power is None else s.op("Mul", [power, gap_d], f"cache_pow{k}")
+        coef = s.op("Cast", [s.op("Div", [power, f"cache_fact{k}"], f"cache_coef{k}_d")], f"cache_coef{k}", to=F)
+        term = s.op("Add", [pred, s.op("Mul", [factors[k], coef], f"cache_term{k}")], f"cache_sum{k}")
+        have = s.op("Less", [f"cache_k{k}", "cache_count_in"], f"cache_use{k}")
+        pred = s.op("Where", [have, term, pred], f"cache_pred{k}")
+    return pred
+
+
+def _residual(b, c, got, i, run_rest, rest):
+    order = c["spec"].order
+    hidden = got[c["sg"].hidden_in[0]]
+    factors = [f"cache_factor{k}_in" for k in range(order + 1)]
+    full = b.op("GreaterOrEqual", [i, "cache_next_in"], "cache_full")
+    gap = b.op("Sub", [i, "cache_last_in"], "cache_gap")
+
+    def compute(s) -> list[str]:
+        out = run_rest(s)
+        new = _taylor_update(s, s.op("Sub", [out, hidden], "cache_new_residual"), factors, gap, order)
+        ramp = s.op("Min", [s.op("Add", ["cache_gap_in", "cache_one_i64"], "cache_gap1"), "cache_interval"],
+                    "cache_gap_next")
+        return [out, *new, i, s.op("Add", [i, "cache_gap_in"], "cache_next_full"), ramp]
+
+    def predict(s) -> list[str]:
+        span = s.op("Add", [hidden, _taylor_predict(s, factors, gap, order)], "cache_predicted")
+        return [span, *factors, "cache_count_in", "cache_last_in", "cache_next_in", "cache_gap_in"]
+
+    outs = ["cache_span", *[f"cache_factor{k}_out" for k in range(order + 1)], "cache_count_out", "cache_last_out",
+            "cache_next_out", "cache_gap_out"]
+    span, *_ = _if(b, full, compute, predict, outs, [F] * (order + 2) + [I64] * 4, rest)
     return full, span
 
 
@@ -189,7 +229,7 @@ def _first_block(b, c, got, i, run_rest, rest):
     return full, span
 
 
-_POLICIES = {"deepcache": _deep, "taylorseer": _taylor, "first_block": _first_block}
+_POLICIES = {"deepcache": _deep, "taylorseer": _taylor, "first_block": _first_block, "residual": _residual}
 
 
 def fold_constants(b) -> None:
