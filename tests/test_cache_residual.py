@@ -11,6 +11,7 @@ import pytest
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.runtime import Pipeline, run_loop
+from onnxdiffusion.runtime.backbone_split import pruned
 from onnxdiffusion.runtime.cache import CacheSpec, parse_cache
 
 PROMPT = "a red circle on the left"
@@ -53,6 +54,29 @@ def test_full_steps_ramp_up_to_the_interval(tiny_sd3_onnx, monkeypatch, spec, fu
     got = pipe(PROMPT, steps=12, seed=2, cache=spec)
     assert made[-1].full_steps == full and made[-1].computed == len(full)
     assert psnr(got.images, base.images) < 60.0  # the cached steps moved the image
+
+
+def test_cached_steps_run_the_first_piece_cut_to_the_image_stream(tiny_sd3_onnx, monkeypatch):
+    """A cached step needs the first block's image-stream output (and the tail's reads), not its text stream:
+    it runs a fourth piece, fewer nodes than the first, the same values for what it gives."""
+    made = _spy(monkeypatch)
+    pipe = Pipeline.from_folder(tiny_sd3_onnx, verify=False)
+    pipe(PROMPT, steps=8, seed=2, cache="residual:3")
+    cb = made[-1]
+    (first, f_in, f_out), (lite, l_in, l_out) = cb.pieces
+    (_, _, _, lite_session), sg = pipe._cache_splits[("residual", 0)]
+    assert lite is lite_session and set(l_out) < set(f_out) and set(sg.hidden_in) <= set(l_out)
+    made_by = {o.name for o in sg.first.graph.output}
+    cut = pruned(sg.first, [t for t in l_out if t in made_by], "lite")
+    assert len(cut.graph.node) < len(sg.first.graph.node)  # the text stream after attention is gone
+    rng = np.random.default_rng(0)
+    shapes = {"sample": (2, 16, 8, 8), "encoder_hidden_states": (2, 8, 80), "pooled_projections": (2, 64)}
+    feeds = {n: rng.standard_normal(shape, dtype=np.float32) for n, shape in shapes.items()}
+    feeds["timestep"] = np.full([2], 500.0, np.float32)
+    feeds = {n: feeds[n] for n in f_in}
+    want = dict(zip(f_out, first.run(None, feeds)))
+    got = dict(zip(l_out, lite.run(None, {n: feeds[n] for n in l_in})))
+    assert all(np.array_equal(got[k], want[k]) for k in l_out)
 
 
 def test_interval_one_is_bit_identical(tiny_sd3_onnx):

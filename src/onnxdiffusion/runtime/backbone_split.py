@@ -246,6 +246,14 @@ def split(model: onnx.ModelProto, span_prefixes: tuple[str, ...], probe_prefix: 
                        hidden_in, hidden_out, probe)
 
 
+def pruned(model: onnx.ModelProto, outputs: list[str], name: str) -> onnx.ModelProto:
+    """`model` computing only `outputs`: the nodes they need, the graph inputs those read (ONNX Runtime runs
+    every node of a session, whatever outputs a call asks for)."""
+    g = model.graph
+    nodes, reached = _backward(g, outputs, set())
+    return _sub(model, nodes, [i.name for i in g.input if i.name in reached], outputs, _types(model), name)
+
+
 def _sandwiched(g, span: set[int]) -> set[int]:
     """Nodes outside `span` that depend on a span node and feed one."""
     prod = _producers(g)

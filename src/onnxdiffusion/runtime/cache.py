@@ -218,10 +218,12 @@ class _Residual:
         self.spec, self.taylor, self.hidden = spec, _Taylor(spec), None
         self.next_full, self.gap = 0, 1
 
+    def skips(self, step: int) -> bool:
+        """Known before the first piece runs: a cached step (so only its image-stream output is needed)."""
+        return self.hidden is not None and step < self.next_full
+
     def reuse(self, step: int, f: dict, sg) -> np.ndarray | None:
-        if step >= self.next_full or self.hidden is None:
-            return None
-        return f[self.hidden] + self.taylor.predict(step)
+        return f[self.hidden] + self.taylor.predict(step) if self.skips(step) else None
 
     def update(self, step: int, f: dict, out: np.ndarray, sg) -> None:
         if self.hidden is None:
@@ -249,11 +251,13 @@ class CachedBackbone:
     """model_fn(x, t) like GuidedBackbone's, running first -> (rest | cache) -> tail; one per generation."""
 
     def __init__(self, guided, sessions, sg, spec: CacheSpec):
-        self.g, (self.first, self.rest, self.tail), self.sg = guided, sessions, sg
+        self.g, (self.first, self.rest, self.tail), self.sg = guided, sessions[:3], sg
         self.policy = _POLICIES[spec.method](spec)
         self.step, self.computed, self.full_steps = 0, 0, []
-        self.first_in = [i.name for i in self.first.get_inputs()]
-        self.first_out = [o.name for o in self.first.get_outputs()]
+        # (session, its inputs, its outputs): the first piece, and (residual) the first piece cut down to what a
+        # cached step reads, for the steps the policy knows in advance it skips
+        self.pieces = [(s, [i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
+                       for s in (sessions[0], *sessions[3:])]
         self.tail_in = [i.name for i in self.tail.get_inputs()]
 
     def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
@@ -263,7 +267,9 @@ class CachedBackbone:
             g.sample[b:] = x
         g.timestep.fill(t)
         feeds = {SAMPLE: g.sample, TIMESTEP: g.timestep, **g.conditioning}
-        f = dict(zip(self.first_out, self.first.run(None, {n: feeds[n] for n in self.first_in})))
+        skips = getattr(self.policy, "skips", None)
+        first, names_in, names_out = self.pieces[-1 if skips is not None and skips(self.step) else 0]
+        f = dict(zip(names_out, first.run(None, {n: feeds[n] for n in names_in})))
         out = self.policy.reuse(self.step, f, self.sg)
         if out is None:
             out = self.rest.run(None, {n: f[n] for n in self.sg.span_inputs})[0]
@@ -279,13 +285,20 @@ class CachedBackbone:
 
 
 def split_sessions(path, family, spec: CacheSpec, make):
-    """(first, rest, tail) sessions and the SplitGraphs for this backbone file; `make(bytes | path)` -> session."""
+    """(first, rest, tail[, first cut to a cached step's reads]) sessions and the SplitGraphs for this backbone file;
+    `make(bytes | path)` -> session."""
     import onnx
 
     from ..onnxio import fp16_storage
+    from .backbone_split import pruned
 
     sg = cut(fp16_storage.expand(onnx.load(str(path)), str(path)), family, spec, f"cache {spec}")
-    return tuple(_piece_session(m, make) for m in (sg.first, sg.rest, sg.tail)), sg
+    pieces = [sg.first, sg.rest, sg.tail]
+    if spec.method == "residual":  # a cached step reads the first block's image stream, not its text stream
+        made = {o.name for o in sg.first.graph.output}
+        pieces.append(pruned(sg.first, [*sg.hidden_in, *(t for t in sg.tail_from_first if t in made)],
+                             "cache_first_cached"))
+    return tuple(_piece_session(m, make) for m in pieces), sg
 
 
 def cut(model, family, spec: CacheSpec, label: str):
