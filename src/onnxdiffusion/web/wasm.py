@@ -77,6 +77,6 @@ def run_on_wasm(jobs: list[tuple[Path | bytes, dict[str, np.ndarray]]], timeout:
             raise UserError(f"onnxruntime-web (node) failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
         results = []
         for j in range(len(jobs)):
-            results.append({o["name"]: np.fromfile(o["file"], np.dtype(o["dtype"] if o["dtype"] != "bool" else "bool"))
+            results.append({o["name"]: np.fromfile(o["file"], np.dtype(o["dtype"]))
                             .reshape(o["shape"]) for o in json.loads((tmp / f"o{j}.json").read_text())})
         return results
