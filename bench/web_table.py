@@ -165,7 +165,7 @@ def main() -> int:
     for name, model in models.items():
         pages[name] = work / f"page-{name}"
         if not (pages[name] / "settings.json").is_file():
-            export_web(model, pages[name], overwrite=True)
+            export_web(model, pages[name], overwrite=True, allow_drift=True)
         s = json.loads((pages[name] / "settings.json").read_text())
         ort_dir = pages[name] / "ort"
         sizes[name] = {"page_bytes": folder_bytes(pages[name]),

@@ -104,3 +104,39 @@ def test_recipe_option():
         recipe_class("int8-static").with_options({"rounding": "portable", "stored": "qdq"})
     with pytest.raises(UserError, match="rounding"):
         recipe_class("int8-static").with_options({"rounding": "exact"})
+
+
+def test_rewritten_kernels_round_alike_on_wasm():
+    """The point of the rewrite: on identical inputs onnxruntime-web's WASM build (the page's kernels, run in node)
+    gives the rewritten kernels' outputs bit for bit as x86 ORT CPU does, while the original float kernels differ
+    (larger inputs than above, so that the original kernels' ulps show)."""
+    from onnxdiffusion.web import wasm
+
+    if not wasm.available():
+        pytest.skip("node or the page's npm packages (make web-deps) are missing")
+    rng = np.random.default_rng(1)
+    big = {"InstanceNormalization": {"x": (2, 4, 4096)}, "LayerNormalization": {"x": (2, 64, 256)},
+           "QuickGelu": {"x": (64, 1024)}, "Gelu": {"x": (64, 1024)}, "Sigmoid": {"x": (64, 1024)},
+           "Tanh": {"x": (64, 1024)}, "Softmax": {"x": (16, 64, 64)},
+           "MultiHeadAttention": {"q": (2, 64, 8), "k": (2, 64, 8), "v": (2, 64, 8)}}
+    jobs, names = [], []
+    for op, shapes in big.items():
+        node, inputs, inits, _ = CASES[op]
+        if op == "InstanceNormalization":
+            inits = [("s", _x(4)), ("b", _x(4))]
+        elif op == "LayerNormalization":
+            inits = [("s", _x(256)), ("b", _x(256))]
+        feeds = {k: (rng.standard_normal(s) * 3 + (2 if "Norm" in op else 0)).astype(np.float32) for k, s in shapes.items()}
+        model = _model([node], [(k, F, list(s)) for k, s in shapes.items()], "y", inits)
+        lowered = onnx.ModelProto()
+        lowered.CopyFrom(model)
+        portable_rounding(lowered)
+        for kind, m in (("original", model), ("portable", lowered)):
+            cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+            jobs.append((m.SerializeToString(), feeds))
+            names.append((op, kind, cpu))
+    differ = {}
+    for (op, kind, cpu), out in zip(names, wasm.run_on_wasm(jobs)):
+        differ[(op, kind)] = float((out["y"] != cpu).mean())
+    assert all(differ[(op, "portable")] == 0 for op in big), differ
+    assert sum(differ[(op, "original")] > 0 for op in big) >= 5, differ  # the drift the rewrite removes

@@ -97,7 +97,7 @@ def pages(node_modules, tmp_path_factory):
                 quantize(MODELS[family], model, QuantizeConfig(
                     recipe=recipe_class("int8-static").with_options(options), latency_runs=1, measure_memory=False,
                     calibration=CalibrationConfig(count=8, steps=10, batch=4, sampler=sampler)), measure_quality=False)
-            export_web(model, root / name, webgpu=False)
+            export_web(model, root / name, webgpu=False, allow_drift=precision == "int8")
             made[name] = (model, root / name)
         return made[name]
 
@@ -178,6 +178,18 @@ def _prompts(n: int = 300) -> list[str]:
     rnd = random.Random(0)
     return ["", " ", "a red circle", "A RED CIRCLE!!!"] + [
         " ".join(rnd.choice(words) for _ in range(rnd.randint(1, 30))) for _ in range(n)]
+
+
+def test_export_web_refuses_rounding_cpu_int8_unless_allowed(pages, tmp_path):
+    """An int8-static rounding=cpu folder's page would not make generate's image (its WASM float kernels round
+    differently; page vs generate 33-55 dB, bench/results/web_quality.md): refused in one line naming the fix,
+    nothing written; --allow-drift exports it anyway."""
+    model, _ = pages("sd-int8")
+    assert_one_line_error(run_cli("export-web", model, tmp_path / "p"), "rounding=portable")
+    assert not list(tmp_path.iterdir())
+    r = run_cli("export-web", model, tmp_path / "p", "--allow-drift", "--no-webgpu", "--max-steps", "20")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "p" / "settings.json").read_text())["rounding"] == "cpu" and "allow-drift" in r.stderr
 
 
 @needs_node

@@ -137,10 +137,12 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     per node and keeps the faster; amx puts every one on MLAS's QGEMM (AMX tiles; refused without AMX);
     vnni and portable keep ORT's symmetric conv kernel. Version 7: `kernels` (older dicts: portable).
     `rounding` (cpu-fused only): cpu | portable. portable rewrites the backbone's float kernels that ORT builds
-    round differently (norms, GELUs, softmax, QLinearAdd, ...) into float64 arithmetic cast back to float32
-    (quantize/portable_rounding.py), so x86 `generate` and the browser page (onnxruntime-web WASM) compute
-    the same integers: page vs generate went from 32.3-52.4 dB to >= 84 dB on the embedded SD model. The
-    float64 kernels are slower (embedded models, ORT CPU 1 thread: 3x the step for SD, 5.5x for the MMDiT).
+    round differently (norms, GELUs, softmax, attention, QLinearAdd, ...) so that both round alike: float64
+    where summation order or exp matter, IEEE-exact float32 elsewhere (quantize/portable_rounding.py); x86
+    `generate` and the browser page (onnxruntime-web WASM) then compute the same integers: page vs generate
+    went from 33.2-52.6 dB to >= 89 dB on the embedded SD model (export-web refuses rounding=cpu int8-static
+    folders unless --allow-drift). Slower on CPU (embedded models, ORT CPU 1 thread: 2.2x the step for SD,
+    5.2x for the MMDiT, whose float64 attention softmax dominates).
     Version 8: `rounding` (older dicts: cpu).
     """
 
