@@ -4,9 +4,9 @@ The insertion points are graph inputs with rank-0 default initializers. The back
 adapter's arrays once, as OrtValues, beside the sample on the same IO binding as a plain step
 (FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
 `bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter`
-is silently ignored by `run_with_iobinding`. Feeding the ~140 arrays of a rank-16 shapes-sd adapter
-through `run()` instead cost ~3% of each step (experiments/lora/results.md). A generation without an
-adapter keeps the plain bound path untouched (the plain image, bit for bit).
+is silently ignored by `run_with_iobinding`. Against feeding the ~140 arrays of a rank-16 shapes-sd
+adapter through `run()` every step: 0-3% of the step (experiments/lora/overhead.md). A generation without
+an adapter keeps the plain bound path untouched (the plain image, bit for bit).
 """
 
 from __future__ import annotations
