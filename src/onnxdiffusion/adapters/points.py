@@ -221,8 +221,8 @@ def _pointwise(kernel: tuple[int, ...], attrs: dict) -> bool:
 
 def _pointwise_branch(graph: onnx.GraphProto, g: _Graph, x: str, a: str, b: str, base: str, tag: str) -> list:
     """(B (A x)) over the channels of a 1x1 conv's input as two MatMuls on [batch, channels, h*w]: ORT's Conv with
-    a fed (non-constant) weight was slower, most of all for the rank-0 defaults of an int8 folder (2-4% of the
-    shapes-sd step, experiments/lora/results.md), where a MatMul with an empty side only writes zeros. A and B keep the conv
+    a fed (non-constant) weight was slower on int8 folders (shapes-sd: 4-5 points of the step with and without an
+    adapter, experiments/lora/overhead.md; fp32 unchanged); a MatMul with an empty side only writes zeros. A and B keep the conv
     layouts ([r, in, 1, 1], [out, r, 1, 1]): Flatten makes [r, in] / [out, r] views of them (r = 0 included)."""
     flat = "/lora/flat_hw"
     if flat not in g.inits:
