@@ -14,6 +14,7 @@ Results: results_sd15.{md,json} here.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 import statistics
@@ -93,7 +94,8 @@ def main() -> None:
             rows[k] = {"seconds": statistics.median(v), "samples": v, "vs_base": statistics.median(v) / statistics.median(samples[name])}
             print(f"{k}: {rows[k]['seconds']:.3f} s ({rows[k]['vs_base']:.3f}x)", flush=True)
         rows[f"{name} adapter layers"] = {"modules": len(adapter.for_component("unet")) // 2, "shape": list(shape)}
-        del fns, plain, with_points
+        del fns, plain, with_points, adapter
+        gc.collect()  # one model's sessions at a time
     load = Path("/proc/loadavg").read_text().split()[:3]
     result = {"cpu": cpu(), "load_avg": load, "threads": 1, "rank": args.rank, "size": args.size, "rows": rows}
     (HERE / "results_sd15.json").write_text(json.dumps(result, indent=2) + "\n")
