@@ -63,9 +63,11 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="results_sd15", help="results file name (without .md/.json) here")
     args = ap.parse_args()
     models = dict(m.split("=", 1) for m in args.model)
     args.work.mkdir(parents=True, exist_ok=True)
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     rows, lora_file = {}, None
     for name, folder in models.items():
         points = args.work / f"{name}_points"
@@ -90,26 +92,33 @@ def main() -> None:
                 t = time.process_time()
                 fn(x, 500.0)
                 samples[k].append(time.process_time() - t)
-        for k, v in samples.items():
-            rows[k] = {"seconds": statistics.median(v), "samples": v, "vs_base": statistics.median(v) / statistics.median(samples[name])}
+        points = samples[f"{name} points, no adapter"]
+        for k, v in samples.items():  # ratios: the median of the per-round ratios
+            rows[k] = {"seconds": statistics.median(v), "samples": v,
+                       "vs_base": statistics.median(a / b for a, b in zip(v, samples[name])),
+                       "vs_points": statistics.median(a / b for a, b in zip(v, points)) if "points" in k else None}
             print(f"{k}: {rows[k]['seconds']:.3f} s ({rows[k]['vs_base']:.3f}x)", flush=True)
         rows[f"{name} adapter layers"] = {"modules": len(adapter.for_component("unet")) // 2, "shape": list(shape)}
         del fns, plain, with_points, adapter
         gc.collect()  # one model's sessions at a time
     load = Path("/proc/loadavg").read_text().split()[:3]
-    result = {"cpu": cpu(), "load_avg": load, "threads": 1, "rank": args.rank, "size": args.size, "rows": rows}
-    (HERE / "results_sd15.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = {"cpu": cpu(), "load_avg": load, "load_avg_before": load_before, "threads": 1, "rank": args.rank,
+              "size": args.size, "rows": rows}
+    (HERE / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Run-time LoRA step time at SD1.5 size", "",
-             f"CPU: {result['cpu']}; load {' '.join(load)}; 1 thread; CPU time of one guided UNet call (batch 2) at "
+             f"CPU: {result['cpu']}; load {' '.join(load_before)} before, {' '.join(load)} after; 1 thread; CPU time of "
+             f"one guided UNet call (batch 2) at "
              f"{args.size}x{args.size}, median of {args.rounds} interleaved rounds; random weights; a random rank-{args.rank} "
              f"LoRA on to_q/to_k/to_v/to_out.0/proj_in/proj_out.", "",
-             f"`PYTHONPATH=src python experiments/lora/measure_sd15.py WORK {' '.join('--model ' + m for m in args.model)}"
-             f" --rank {args.rank} --size {args.size} --rounds {args.rounds}` (folders: the bench verb's SD1.5-size exports)", "",
-             "| variant | s / call | vs base |", "|---|---|---|"]
+             f"`PYTHONPATH=src python experiments/lora/measure_sd15.py WORK {' '.join(f'--model {n}=FOLDER' for n in models)}"
+             f" --rank {args.rank} --size {args.size} --rounds {args.rounds} --out {args.out}` (FOLDER: the bench verb's SD1.5-size export "
+             "and its int8-static quantization); ratios: median of the per-round ratios.", "",
+             "| variant | s / call | vs plain folder | vs points, no adapter |", "|---|---|---|---|"]
     for k, v in rows.items():
         if "seconds" in v:
-            lines.append(f"| {k} | {v['seconds']:.3f} | {v['vs_base']:.3f}x |")
-    (HERE / "results_sd15.md").write_text("\n".join(lines) + "\n")
+            vp = f"{v['vs_points']:.3f}x" if v["vs_points"] else ""
+            lines.append(f"| {k} | {v['seconds']:.3f} | {v['vs_base']:.3f}x | {vp} |")
+    (HERE / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
