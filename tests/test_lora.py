@@ -58,6 +58,30 @@ def test_runtime_lora_matches_diffusers(tiny_diffusers, sd_points, sd_loras, cas
     np.testing.assert_array_equal(again.images, plain.images)
 
 
+def test_adapter_step_is_bound_and_equals_fed_run(sd_points, sd_loras):
+    """The backbone step binds the adapter's arrays on its IO binding (adapters/runtime.FedBackbone): the same
+    output as feeding them to run(); a 1x1 conv's branch is MatMuls (no Conv with a fed weight)."""
+    import onnx
+
+    from onnxdiffusion.adapters.runtime import FedBackbone
+    from onnxdiffusion.families.base import OUT, SAMPLE, TIMESTEP
+    from onnxdiffusion.samplers import cfg_combine
+
+    pipe = Pipeline.from_folder(sd_points)
+    adapter = pipe.lora_feeds([(sd_loras["plain"], 0.7)])
+    shape = pipe.latent_shape_for(1)
+    step = pipe.guided_backbone([PROMPT], None, KW["guidance"], 32, 32, shape, adapter=adapter)
+    assert isinstance(step, FedBackbone) and step.adapter
+    x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    out = step(x, 500.0)
+    feeds = {SAMPLE: step.sample, TIMESTEP: step.timestep, **step.conditioning, **adapter.for_component("unet")}
+    raw = pipe.backbone.run([OUT], feeds)[0]
+    np.testing.assert_array_equal(out, cfg_combine(raw[:1], raw[1:], KW["guidance"], rescale=step.rescale))
+    graph = onnx.load(str(sd_points / "unet" / "model.onnx"), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node if n.name.startswith("/lora/down_blocks.0.attentions.0.proj_in/")}
+    assert "MatMul" in ops and "Conv" not in ops
+
+
 def test_fused_lora_matches_diffusers(tiny_diffusers, sd_loras, tmp_path):
     from onnxdiffusion.export import ExportOptions, export_pipeline
 

@@ -2,7 +2,7 @@
 rank-16 adapter against fp32 + the same adapter over held-out prompts, and the backbone step time with and
 without an adapter (1 thread, CPU time, interleaved rounds, medians).
 
-    PYTHONPATH=src python experiments/lora/measure.py WORK [--prompts 32] [--rounds 5]
+    PYTHONPATH=src python experiments/lora/measure.py WORK [--prompts 32] [--rounds 5] [--calls 10] [--out results]
 
 WORK holds the derived folders (fp32 and int8 with insertion points, the LoRA); results.{md,json} land here.
 """
@@ -80,7 +80,20 @@ def step_times(paths: dict, rounds: int, calls: int) -> dict:
             for _ in range(calls):
                 fn(x, 500.0)
             samples[name].append((time.process_time() - t) / calls)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
+
+
+def summarize(samples: dict[str, list[float]]) -> tuple[dict, dict]:
+    """Median seconds per variant, and per ratio the median of the per-round ratios (each round's variants ran
+    back to back, so a shared machine's load drifts out of the ratio)."""
+    times = {k: statistics.median(v) for k, v in samples.items()}
+    ratios = {}
+    for k, v in samples.items():
+        kind = "int8" if k.startswith("int8") else "fp32"
+        for ref in (kind, f"{kind} points, no adapter"):
+            if k != ref and (ref == kind or "points" in k):
+                ratios[f"{k} / {ref}"] = statistics.median(a / b for a, b in zip(v, samples[ref]))
+    return times, ratios
 
 
 def quality(paths: dict, count: int) -> dict:
@@ -109,31 +122,37 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--calib", type=int, default=16)
+    ap.add_argument("--out", default="results", help="results file name (without .md/.json) in experiments/lora/")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     paths = prepare(args.work, args.calib)
-    times = step_times(paths, args.rounds, args.calls)
-    q = quality(paths, args.prompts)
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    samples = step_times(paths, args.rounds, args.calls)
+    times, ratios = summarize(samples)
+    q = quality(paths, args.prompts) if args.prompts else {"prompts": 0, "rows": []}
     load = Path("/proc/loadavg").read_text().split()[:3]
-    result = {"cpu": cpu(), "load_avg": load, "python": platform.python_version(), "threads": 1,
-              "step_seconds": times,
-              "ratios": {"fp32 points, no adapter / fp32": times["fp32 points, no adapter"] / times["fp32"],
-                         "fp32 points + rank-16 / fp32": times["fp32 points + rank-16"] / times["fp32"],
-                         "int8 points, no adapter / int8": times["int8 points, no adapter"] / times["int8"],
-                         "int8 points + rank-16 / int8": times["int8 points + rank-16"] / times["int8"]},
+    result = {"cpu": cpu(), "load_avg": load, "load_avg_before": load_before, "python": platform.python_version(),
+              "threads": 1, "step_seconds": times, "ratios": ratios, "step_samples": samples,
               "quality": {k: v for k, v in q.items() if k != "rows"}, "rows": q["rows"]}
-    (HERE / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["# Run-time LoRA on the embedded shapes-sd model", "", f"CPU: {result['cpu']}; load {' '.join(load)}; "
-             f"1 thread; CPU time per guided backbone call, median of {args.rounds} interleaved rounds x {args.calls}.", "",
-             "| variant | ms / call | vs base |", "|---|---|---|"]
+    (HERE / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# Run-time LoRA on the embedded shapes-sd model", "",
+             f"CPU: {result['cpu']}; load {' '.join(load_before)} before, {' '.join(load)} after (a shared machine); "
+             f"1 thread; CPU time per guided backbone call, median of {args.rounds} interleaved rounds x {args.calls}; "
+             "ratios: median of the per-round ratios.", "",
+             f"`PYTHONPATH=src python experiments/lora/measure.py WORK --rounds {args.rounds} --calls {args.calls} "
+             f"--prompts {args.prompts} --out {args.out}`", "",
+             "| variant | ms / call | vs plain folder | vs points, no adapter |", "|---|---|---|---|"]
     for k, v in times.items():
-        base = times["int8" if k.startswith("int8") else "fp32"]
-        lines.append(f"| {k} | {v * 1e3:.2f} | {v / base:.3f}x |")
-    lines += ["", f"Quality over {q['prompts']} held-out prompts (PSNR, dB, uint8 images, 20 DDIM steps):", "",
-              "| comparison | mean | worst |", "|---|---|---|"]
-    for k in ("int8+lora_vs_fp32+lora", "int8_vs_fp32", "lora_effect_fp32"):
-        lines.append(f"| {k} | {q['mean ' + k]:.2f} | {q['worst ' + k]:.2f} |")
-    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+        kind = "int8" if k.startswith("int8") else "fp32"
+        plain, points = ratios.get(f"{k} / {kind}"), ratios.get(f"{k} / {kind} points, no adapter")
+        points_cell = f"{points:.3f}x" if points else ("1.000x" if k.endswith("points, no adapter") else "")
+        lines.append(f"| {k} | {v * 1e3:.2f} | {f'{plain:.3f}x' if plain else '1.000x'} | {points_cell} |")
+    if q["rows"]:
+        lines += ["", f"Quality over {q['prompts']} held-out prompts (PSNR, dB, uint8 images, 20 DDIM steps):", "",
+                  "| comparison | mean | worst |", "|---|---|---|"]
+        for k in ("int8+lora_vs_fp32+lora", "int8_vs_fp32", "lora_effect_fp32"):
+            lines.append(f"| {k} | {q['mean ' + k]:.2f} | {q['worst ' + k]:.2f} |")
+    (HERE / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -2,8 +2,8 @@
 
 A and B are graph inputs whose default initializers have rank 0 ([in, 0] and [0, out]), so the
 branch adds exact zeros and the plain image is unchanged (DESIGN.md measured it: x + 0 == x
-bit for bit). An adapter feeds them as ordinary inputs, which works with `run()` and with IO
-binding alike (ORT's own LoraAdapter is ignored by `run_with_iobinding`).
+bit for bit). An adapter feeds them as ordinary inputs, through `run()` or bound as OrtValues on an
+IO binding (adapters/runtime.py; ORT's own LoraAdapter is ignored by `run_with_iobinding`).
 
 The exporter names every node after its module path ("/model/down_blocks.0/attentions.0/
 transformer_blocks.0/attn1/to_q/MatMul"; `model` is the export wrapper's attribute), so each
@@ -16,6 +16,8 @@ through the integer kernel.
 Layouts of the fed tensors (what adapters/feeds.py builds):
   linear: A [in, r], B [r, out]      (peft: lora_A.weight.T, lora_B.weight.T)
   conv:   A [r, in, kh, kw], B [out, r, 1, 1]   (peft's Conv2d lora_A / lora_B weights as they are)
+A 1x1 conv (unit strides, no padding) computes its branch as two MatMuls over the channels, reading flat
+views of the same A and B (_pointwise_branch); a k x k conv as two Convs.
 """
 
 from __future__ import annotations
@@ -181,6 +183,8 @@ def insert_points(model: onnx.ModelProto, scope: str = "linear") -> dict[str, Ta
         if op == "linear":
             branch = [helper.make_node("MatMul", [x, a], [tag + "/down"], name=tag + "/MatMul"),
                       helper.make_node("MatMul", [tag + "/down", b], [tag + "/up"], name=tag + "/MatMul_1")]
+        elif _pointwise(kernel, attrs):
+            branch = _pointwise_branch(graph, g, x, a, b, base, tag)
         else:
             branch = [helper.make_node("Conv", [x, a], [tag + "/down"], name=tag + "/Conv", **attrs),
                       helper.make_node("Conv", [tag + "/down", b], [tag + "/up"], name=tag + "/Conv_1")]
@@ -207,6 +211,30 @@ def insert_points(model: onnx.ModelProto, scope: str = "linear") -> dict[str, Ta
     del graph.node[:]
     graph.node.extend(nodes)
     return targets
+
+
+def _pointwise(kernel: tuple[int, ...], attrs: dict) -> bool:
+    """A 1x1 conv with unit strides and dilations and no padding: a matrix product over the channels."""
+    return (kernel == (1, 1) and all(v == 1 for v in attrs.get("strides", [1]))
+            and all(v == 1 for v in attrs.get("dilations", [1])) and not any(attrs.get("pads", [0])))
+
+
+def _pointwise_branch(graph: onnx.GraphProto, g: _Graph, x: str, a: str, b: str, base: str, tag: str) -> list:
+    """(B (A x)) over the channels of a 1x1 conv's input as two MatMuls on [batch, channels, h*w]: ORT's Conv with
+    a fed (non-constant) weight was slower on int8 folders (shapes-sd: 4-5 points of the step with and without an
+    adapter, experiments/lora/overhead.md; fp32 unchanged); a MatMul with an empty side only writes zeros. A and B keep the conv
+    layouts ([r, in, 1, 1], [out, r, 1, 1]): Flatten makes [r, in] / [out, r] views of them (r = 0 included)."""
+    flat = "/lora/flat_hw"
+    if flat not in g.inits:
+        graph.initializer.append(numpy_helper.from_array(np.array([0, 0, -1], np.int64), flat))
+        g.inits[flat] = graph.initializer[-1]
+    return [helper.make_node("Reshape", [x, flat], [tag + "/x3"], name=tag + "/Reshape"),
+            helper.make_node("Flatten", [a], [tag + "/A2"], name=tag + "/FlattenA", axis=1),
+            helper.make_node("Flatten", [b], [tag + "/B2"], name=tag + "/FlattenB", axis=1),
+            helper.make_node("MatMul", [tag + "/A2", tag + "/x3"], [tag + "/down"], name=tag + "/MatMul"),
+            helper.make_node("MatMul", [tag + "/B2", tag + "/down"], [tag + "/up3"], name=tag + "/MatMul_1"),
+            helper.make_node("Shape", [base], [tag + "/shape"], name=tag + "/Shape"),
+            helper.make_node("Reshape", [tag + "/up3", tag + "/shape"], [tag + "/up"], name=tag + "/Reshape_1")]
 
 
 def _is_half(g: _Graph, node: onnx.NodeProto) -> bool:

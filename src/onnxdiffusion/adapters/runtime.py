@@ -1,19 +1,20 @@
 """The run-time side of LoRA: adapter tensors as extra feeds of the text encoders' and backbone's sessions.
 
-The insertion points are graph inputs with rank-0 default initializers. ORT's IO binding refuses to
-bind an input that has an initializer ("Failed to find NodeArg ... in the def list", measured on
-1.32), and ORT's own `LoraAdapter` is silently ignored by `run_with_iobinding`; so a generation with
-an adapter runs the backbone through `run()` with the adapter's arrays in the feed (FedBackbone),
-and a generation without one keeps the bound path untouched (the plain image, bit for bit).
+The insertion points are graph inputs with rank-0 default initializers. The backbone's step binds the
+adapter's arrays once, as OrtValues, beside the sample on the same IO binding as a plain step
+(FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
+`bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter`
+is silently ignored by `run_with_iobinding`. Against feeding the ~140 arrays of a rank-16 shapes-sd
+adapter through `run()` every step: 0-3% of the step (experiments/lora/overhead.md). A generation without
+an adapter keeps the plain bound path untouched (the plain image, bit for bit).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 
-from ..families.base import OUT, SAMPLE, TIMESTEP
 from ..runtime.backbone import GuidedBackbone
-from ..samplers import cfg_combine
 
 
 class FeedingSession:
@@ -35,23 +36,15 @@ def with_feeds(session, extra: dict[str, np.ndarray] | None):
 
 
 class FedBackbone(GuidedBackbone):
-    """GuidedBackbone whose step runs `session.run` with the adapter's tensors beside the sample."""
+    """GuidedBackbone whose IO binding also holds the adapter's tensors (bound once, as OrtValues over the
+    adapter's own arrays: nothing is converted or copied per step)."""
 
     def __init__(self, session, latents_shape, cond, uncond, guidance: float, rescale: bool = False,
                  extra: dict[str, np.ndarray] | None = None):
         super().__init__(session, latents_shape, cond, uncond, guidance, rescale)
-        self.feeds = {SAMPLE: self.sample, TIMESTEP: self.timestep, **self.conditioning, **(extra or {})}
-
-    def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
-        b = self.batch
-        self.sample[:b] = x
-        if self.guided:
-            self.sample[b:] = x
-        self.timestep.fill(t)
-        out = self.session.run([OUT], self.feeds)[0]
-        if not self.guided:
-            return out
-        return cfg_combine(out[:b], out[b:], self.guidance, rescale=self.rescale)
+        self.adapter = {name: np.ascontiguousarray(arr, np.float32) for name, arr in (extra or {}).items()}
+        for name, arr in self.adapter.items():
+            self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
 
 
 def pipeline_feeds(pipe, loras, loop: str = "host"):

@@ -225,7 +225,7 @@ class Pipeline:
             return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra,
                                   inputs=inputs)
         session = session or self.backbone
-        if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors are fed, not bound (runtime.py)
+        if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors bound beside the sample (runtime.py)
             from ..adapters.runtime import FedBackbone
 
             if extra is not None:
