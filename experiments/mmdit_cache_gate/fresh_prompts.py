@@ -36,11 +36,12 @@ def verdicts(judge: Judge, images: np.ndarray, scenes) -> np.ndarray:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--int8", type=Path, required=True, metavar="WORK")
+    ap.add_argument("--model", default="mmdit", choices=list(MODELS))
     ap.add_argument("--spec", default="residual:5")
     ap.add_argument("--start", type=int, default=32)
     ap.add_argument("--count", type=int, default=128)
     args = ap.parse_args()
-    folder, sampler, steps, guidance, _ = MODELS["mmdit"]
+    folder, sampler, steps, guidance, _ = MODELS[args.model]
     pipes = {"fp32": Pipeline.from_folder(ROOT / folder, threads=1),
              "int8": Pipeline.from_folder(int8_folder(folder, args.int8), threads=1)}
     scenes = heldout_scenes(EvaluateOptions(count=args.start + args.count))[args.start:]
@@ -55,7 +56,8 @@ def main() -> int:
         if j % 16 == 15:
             print(f"{j + 1}/{len(scenes)}", file=sys.stderr, flush=True)
     judge = Judge.from_file(threads=1)
-    out = {"machine": cpu_info(), "spec": args.spec, "items": [args.start, args.start + args.count], "rows": {}}
+    suffix = "" if args.model == "mmdit" else f"_{args.model}"
+    out = {"model": args.model, "machine": cpu_info(), "spec": args.spec, "items": [args.start, args.start + args.count], "rows": {}}
     for p in pipes:
         ref, got = np.stack(images[(p, None)]), np.stack(images[(p, args.spec)])
         v_ref, v_got = verdicts(judge, ref, scenes), verdicts(judge, got, scenes)
@@ -65,8 +67,8 @@ def main() -> int:
                           "flipped": int((v_ref != v_got).sum()),
                           "lost": int((v_ref & ~v_got).sum()), "gained": int((~v_ref & v_got).sum()),
                           "psnr_mean": float(np.mean([x for x in ps if np.isfinite(x)])), "psnr_worst": float(min(ps))}
-    (HERE / "fresh_prompts.json").write_text(json.dumps(out, indent=1) + "\n")
-    lines = [f"# `{args.spec}` on held-out prompts the schedule was not chosen on (items {args.start}-"
+    (HERE / f"fresh_prompts{suffix}.json").write_text(json.dumps(out, indent=1) + "\n")
+    lines = [f"# {args.model} `{args.spec}` on held-out prompts the schedule was not chosen on (items {args.start}-"
              f"{args.start + args.count - 1})", "",
              f"CPU: {out['machine']['cpu']}; quality only. Cached vs the same precision uncached, same latents and seeds.", "",
              "| precision | strict uncached | strict cached | points | verdicts lost / gained | PSNR mean / worst |",
@@ -74,7 +76,7 @@ def main() -> int:
     for p, r in out["rows"].items():
         lines.append(f"| {p} | {r['strict_uncached']:.3f} | {r['strict_cached']:.3f} | {r['points']:+.1f} | "
                      f"{r['lost']} / {r['gained']} | {r['psnr_mean']:.1f} / {r['psnr_worst']:.1f} |")
-    (HERE / "fresh_prompts.md").write_text("\n".join(lines) + "\n")
+    (HERE / f"fresh_prompts{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
