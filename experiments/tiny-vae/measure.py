@@ -5,6 +5,8 @@
       settings, evaluate's seeds), their final latents decoded by the VAE decoder and by the tiny decoder;
       PSNR (tiny vs full, first 32 images), judge accuracy of each set,
       and the decoders' CPU time on one thread (batch 1, the model's 64x64 images).
+      --tiny DIR: decode with a diffusers AutoencoderTiny folder (a training checkpoint, PyTorch, its float16
+      weights) instead of the folder's vae_decoder_tiny; no timing. For checks between training rounds.
   python experiments/tiny-vae/measure.py sd512 [--out results_512.json]
       diffusers-default AutoencoderKL (SD's VAE config) vs diffusers-default AutoencoderTiny (TAESD's), random
       weights, decoders exported to ONNX at 64x64 latents (512x512 images), ORT on one thread, CPU time.
@@ -81,7 +83,29 @@ def sample_once(pipe, folder: Path, scenes, options, cache: Path | None) -> tupl
     return z, full
 
 
-def measure_model(folder: Path, count: int, batch: int, cache: Path | None = None) -> dict:
+def torch_tiny_decode(pipe, tiny_folder: Path, z: np.ndarray, batch: int) -> np.ndarray:
+    """`pipe.decode(z, decoder="tiny")` with a PyTorch AutoencoderTiny folder in place of the ONNX decoder."""
+    import torch
+    from diffusers import AutoencoderTiny
+
+    from onnxdiffusion.runtime.generation import GenerateOptions
+    from onnxdiffusion.runtime.tiny_decoder import tiny_decoder
+
+    torch.set_num_threads(1)
+    model = AutoencoderTiny.from_pretrained(tiny_folder).float().eval()
+    h, w = pipe.image_size(pipe.resolve(GenerateOptions()))
+    feed, _ = tiny_decoder(pipe).prepare(z, h, w)  # the folder's scaling / shift, as the run time feeds it
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(feed), batch):
+            x = model.decode(torch.from_numpy(np.ascontiguousarray(feed[i : i + batch]))).sample.numpy()
+            image = np.clip(pipe.family.decoded_images(x) / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
+            out.append((image * 255).round().astype(np.uint8))
+    return np.concatenate(out)
+
+
+def measure_model(folder: Path, count: int, batch: int, cache: Path | None = None,
+                  tiny_folder: Path | None = None) -> dict:
     from onnxdiffusion import scenes as S
     from onnxdiffusion.artifacts import component_path
     from onnxdiffusion.evaluate.judge import Judge, score_scenes, summarize
@@ -98,10 +122,18 @@ def measure_model(folder: Path, count: int, batch: int, cache: Path | None = Non
     t0 = time.time()
     z, full = sample_once(pipe, folder, scenes, options, cache)
     # the same final latents through the tiny decoder: only the decoder differs between the two sets
-    tiny = np.concatenate([pipe.decode(z[i : i + batch], decoder="tiny") for i in range(0, len(z), batch)])
+    if tiny_folder is None:
+        tiny = np.concatenate([pipe.decode(z[i : i + batch], decoder="tiny") for i in range(0, len(z), batch)])
+    else:
+        tiny = torch_tiny_decode(pipe, tiny_folder, z, batch)
     per_image = [psnr(a, b) for a, b in zip(tiny[:32], full[:32])]
     judge = Judge.from_file(None)
     acc = {name: summarize(score_scenes(scenes, judge.predict(images))) for name, images in (("full", full), ("tiny", tiny))}
+    if tiny_folder is not None:
+        return {"model": folder.name, "prompts": count, "tiny": str(tiny_folder),
+                "psnr_tiny_vs_full_db": {"mean": float(np.mean(per_image)), "min": float(np.min(per_image)),
+                                         "max": float(np.max(per_image)), "images": len(per_image)},
+                "judge": acc, "seconds": round(time.time() - t0, 1)}
     h, w = pipe.image_size(rec)
     full_feed = pipe.family.decoder_feed(pipe.info, z[:1], h, w)
     tiny_feed, _ = tiny_decoder(pipe).prepare(z[:1], h, w)
@@ -165,12 +197,13 @@ def main() -> None:
     p.add_argument("--folders", nargs="*", type=Path, default=list(MODELS))
     p.add_argument("--out", type=Path)
     p.add_argument("--cache", type=Path, help="keep the sampled latents and VAE images here (e.g. runs/tiny-vae/measure)")
+    p.add_argument("--tiny", type=Path, help="decode with this AutoencoderTiny folder (PyTorch), not the ONNX one")
     a = p.parse_args()
     import onnxruntime
 
     result = {"cpu": cpu_name(), "onnxruntime": onnxruntime.__version__, "threads": 1}
     if a.what == "models":
-        result["models"] = [measure_model(f, a.count, a.batch, a.cache) for f in a.folders]
+        result["models"] = [measure_model(f, a.count, a.batch, a.cache, a.tiny) for f in a.folders]
     else:
         result["sd512"] = sd512()
     text = json.dumps(result, indent=2)

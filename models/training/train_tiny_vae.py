@@ -110,6 +110,25 @@ def edge_weights(target: torch.Tensor, strength: float) -> torch.Tensor:
     return 1 + strength * (edge / 0.2).clamp(max=1)
 
 
+def worst_patch(err: torch.Tensor, size: int) -> torch.Tensor:
+    """Mean over the batch of each image's largest `size` x `size` patch mean of `err` (N, C, H, W): a small
+    object the decoder blurs is a few pixels of a 64x64 image, lost in the image mean, not in its patch's."""
+    return F.avg_pool2d(err.mean(1, keepdim=True), size, stride=size // 2).flatten(1).amax(1).mean()
+
+
+def hardest(model, own: dict[str, np.ndarray], share: float, patch: int) -> np.ndarray:
+    """Indices of the `share` of the model latents the decoder now gets most wrong (worst patch, as above)."""
+    errs = []
+    with torch.no_grad():
+        for i in range(0, len(own["latents"]), 128):
+            out = model.decoder(torch.from_numpy(own["latents"][i : i + 128]))
+            d = out - to_image(own["target"][i : i + 128])
+            errs.append(F.avg_pool2d((d**2 + 0.5 * d.abs()).mean(1, keepdim=True), patch, stride=patch // 2)
+                        .flatten(1).amax(1).numpy())
+    errs = np.concatenate(errs)
+    return np.argsort(-errs, kind="stable")[: max(1, round(share * len(errs)))]
+
+
 def lr_at(step: int, total: int, base: float, warmup: int) -> float:
     if step < warmup:
         return base * (step + 1) / warmup
@@ -188,10 +207,13 @@ def train(args) -> None:
         lambda step: min(POOL_MAX, POOL_START + step // GROW_EVERY))
     chunks = grow(start)
     pool = load_pool(work, vae, chunks)
+    hard = hardest(model, own, args.hard_top, args.patch) if finetune and args.hard_share > 0 else None
     t0 = time.time()
     for step in range(start, args.steps):
         if finetune and step > start and step % args.checkpoint_every == 0:
             own = load_latents(Path(args.finetune_latents))  # chunks still being made join as they land
+            if hard is not None:  # recomputed at each checkpoint (so a resumed run draws what it would have)
+                hard = hardest(model, own, args.hard_top, args.patch)
         want = grow(step)
         if want != chunks:
             chunks, pool = want, load_pool(work, vae, want)
@@ -203,6 +225,9 @@ def train(args) -> None:
         z, target = pool["latents"][idx], pool["target"][idx]
         if finetune:
             mine = g.integers(0, len(own["latents"]), args.batch - old)
+            if hard is not None:  # a share of the model latents from those the decoder now gets most wrong
+                n_hard = round((args.batch - old) * args.hard_share)
+                mine[:n_hard] = hard[g.integers(0, len(hard), n_hard)]
             z = np.concatenate([z, own["latents"][mine]])
             target = np.concatenate([target, own["target"][mine]])
         z, target = torch.from_numpy(z), to_image(target)
@@ -210,6 +235,8 @@ def train(args) -> None:
         w = edge_weights(target, args.edge_weight)
         dec = ((out - target) ** 2 * w).mean() / w.mean() + 0.5 * ((out - target).abs() * w).mean() / w.mean()
         loss = dec
+        if args.patch_weight > 0:
+            loss = dec + args.patch_weight * worst_patch((out - target) ** 2 + 0.5 * (out - target).abs(), args.patch)
         if not finetune and step % args.encoder_every == 0:
             lat = model.encoder(to_image(pool["images"][idx]))
             enc = F.mse_loss(lat, torch.from_numpy(pool["means"][idx]))
@@ -262,6 +289,13 @@ def main() -> None:
     p.add_argument("--posterior-share", type=float, default=0.25, help="share of a fine-tune batch from posterior data")
     p.add_argument("--posterior-chunks", type=int, default=2, help="posterior-sample chunks a fine-tune keeps")
     p.add_argument("--edge-weight", type=float, default=0.0, help="extra loss weight on the target's edges")
+    p.add_argument("--patch-weight", type=float, default=0.0,
+                   help="weight of an extra loss term: each image's worst --patch x --patch patch")
+    p.add_argument("--patch", type=int, default=8, help="the worst-patch term's patch size (pixels)")
+    p.add_argument("--hard-share", type=float, default=0.0,
+                   help="share of a fine-tune's model latents drawn from the hardest --hard-top of them "
+                        "(worst-patch error, recomputed at each checkpoint)")
+    p.add_argument("--hard-top", type=float, default=0.1, help="the share of the model latents counted hardest")
     args = p.parse_args()
     if args.make_latents is not None:
         torch.set_num_threads(args.threads)
