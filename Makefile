@@ -87,7 +87,7 @@ model-mmdit-export: $(VENV)/.dev-installed
 		--card-only --onnx models/shapes-mmdit-onnx --onnx-eval models/shapes-mmdit/eval_onnx.json
 
 model-export: $(VENV)/.dev-installed
-	$(BIN)/python models/training/export_shipped.py models/shapes-sd models/shapes-sd-onnx
+	$(BIN)/python models/training/export_shipped.py models/shapes-sd models/shapes-sd-onnx position=models/controlnets/shapes-sd-position
 
 # Peers live in their own venvs so they never pin our dependencies (interop tests and bench). Each install
 # ends with an import check, so a peer that installs but cannot load fails here, not in a report.
