@@ -24,16 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "bench" / "report_sd15"
 
 
-def _committed() -> dict:
-    """name -> {e2e_cpu, e2e_wall, step_cpu, step_wall, peak} from the committed summaries."""
-    a = json.loads((REPORT / "int8_static_threads1.json").read_text())["summary"]
-    b = json.loads((REPORT / "peers_quiet_threads1.json").read_text())["summary"]
+def _committed(same_machine: Path | None = None) -> dict:
+    """name -> {e2e_cpu, e2e_wall, step_cpu, step_wall, peak} from the committed summaries, or from one
+    sd15_int8_measure.py run (its fp32, int8-static, int8-static-lean, diffusers and OpenVINO rows) made on the
+    machine the bench verb ran on."""
+    if same_machine is not None:
+        a = b = json.loads(Path(same_machine).read_text())["summary"]
+    else:
+        a = json.loads((REPORT / "int8_static_threads1.json").read_text())["summary"]
+        b = json.loads((REPORT / "peers_quiet_threads1.json").read_text())["summary"]
 
     def row(s):
         return {"e2e_cpu": s.get("e2e_cpu_s"), "e2e_wall": s.get("e2e_wall_s"), "step_cpu": s.get("step_cpu_s"),
                 "step_wall": s.get("step_wall_s"), "peak": s.get("peak_rss_bytes")}
 
-    lean = next(k for k in b if "int8-static" in k)
+    lean = next((k for k in b if "int8-static" in k and "lean" in k), None) or next(k for k in b if "int8-static" in k)
     return {"a": {"torch-fp32": row(a["diffusers-eager-fp32"]), "ort-fp32": row(a["fp32"]),
                   "ort-int8-static": row(a["int8-static"])},
             "b": {"torch-fp32": row(b["diffusers-eager-fp32"]), "ort-int8-static": row(b[lean]),
@@ -66,8 +71,10 @@ RATIOS = [
 ]
 
 
-def compare(results: dict) -> list[dict]:
-    committed, ours = _committed(), _ours(results)
+def compare(results: dict, same_machine: Path | None = None) -> list[dict]:
+    committed, ours = _committed(same_machine), _ours(results)
+    sources = ({"a": same_machine.name, "b": f"{same_machine.name} (int8 lean)"} if same_machine is not None else
+               {"a": "int8_static_threads1.json", "b": "peers_quiet_threads1.json (int8 lean)"})
     rows = []
     for label, which, num, den, key in RATIOS:
         def ratio(d):
@@ -76,11 +83,11 @@ def compare(results: dict) -> list[dict]:
 
         c, o = ratio(committed[which]), ratio(ours)
         rows.append({"ratio": label, "committed": c, "this_run": o, "this_over_committed": o / c if c and o else None,
-                     "committed_from": {"a": "int8_static_threads1.json", "b": "peers_quiet_threads1.json (int8 lean)"}[which]})
+                     "committed_from": sources[which]})
     return rows
 
 
-def markdown(rows: list[dict], results: dict) -> str:
+def markdown(rows: list[dict], results: dict, same_machine: Path | None = None) -> str:
     m = results.get("machine", {})
     isa = m.get("cpu_isa") or []
     isa = isa.get("isa_flags", []) if isinstance(isa, dict) else isa  # bench.machine.isa_summary's record, or a list
@@ -89,7 +96,9 @@ def markdown(rows: list[dict], results: dict) -> str:
              f"({results['settings']['repeats']} interleaved rounds, {m.get('cpu')} ({', '.join(isa) or 'ISA not recorded'}), "
              f"{m.get('cpus')} cores, load average "
              f"{' '.join(m.get('loadavg') or [])} at the start, {' '.join(m.get('loadavg_end') or [])} at the end) "
-             "vs the committed experiments/sd15/sd15_int8_measure.py runs:", "",
+             + ("vs experiments/sd15/sd15_int8_measure.py run on the same machine "
+                f"(`{same_machine.name}`; 'committed' below = that run):" if same_machine is not None
+                else "vs the committed experiments/sd15/sd15_int8_measure.py runs:"), "",
              "| ratio (below 1: the first is faster / smaller) | committed | this run | this / committed | committed in |",
              "|---|---:|---:|---:|---|"]
     for r in rows:
@@ -102,10 +111,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path)
     ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
+    ap.add_argument("--same-machine", type=Path, metavar="MEASURE_JSON",
+                    help="compare with this sd15_int8_measure.py results file (run beside the verb) instead of the "
+                         "committed figures")
     args = ap.parse_args()
     results = json.loads(args.results.read_text())
-    rows = compare(results)
-    md = markdown(rows, results)
+    rows = compare(results, args.same_machine)
+    md = markdown(rows, results, args.same_machine)
     print(md)
     if args.out:
         args.out.with_suffix(".md").write_text(md)
