@@ -55,7 +55,8 @@ def test_made_latents_are_the_tiny_decoders_feed(latents):
 def _args(work, latents, steps):
     return argparse.Namespace(work=str(work), steps=steps, batch=4, lr=1e-3, seed=0, threads=1, checkpoint_every=2,
                               encoder_every=4, out=None, ema=0.9, finetune_latents=str(latents), init=str(TINY),
-                              posterior_share=0.25, posterior_chunks=1, edge_weight=2.0)
+                              posterior_share=0.25, posterior_chunks=1, edge_weight=2.0, patch_weight=0.0, patch=8,
+                              hard_share=0.0, hard_top=0.1)
 
 
 def test_finetune_trains_the_decoder_only_and_resumes(latents, tmp_path, monkeypatch):
