@@ -127,6 +127,7 @@ def test_graphs_compiled_before_the_clip_columns_still_run():
         graph.feeds(clipped, latents, None, 3.0)
 
 
+@pytest.mark.slow  # 7-13 s each: the whole suite (make test) runs it, test-fast does not
 def test_lcm_distilled_unet_embeds_the_guidance_scale(tiny_diffusers, tmp_path):
     """An LCM-distilled UNet (time_cond_proj_dim) takes w = guidance - 1 as timestep_cond and runs without
     CFG, as diffusers' pipeline runs it: export gives the UNet a `guidance` input, the runtime feeds it."""

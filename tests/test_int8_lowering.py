@@ -145,6 +145,7 @@ def test_recipe_option_and_legacy_dicts():
     assert recipe_from_dict(old).kernels == "portable"  # folders quantized before the option: today's graph
 
 
+@pytest.mark.slow  # 7-13 s each: the whole suite (make test) runs it, test-fast does not
 def test_quantize_lays_out_convs_and_images_match_portable(tiny_onnx, tmp_path, monkeypatch):
     """int8-static with kernels=auto on a (faked) AMX CPU: convs measured and lowered, recorded in the
     manifest; the images are the portable folder's, and a CPU without AMX gets one warning at load."""

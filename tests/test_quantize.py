@@ -295,6 +295,7 @@ def test_every_recipe_runs_and_its_loop_form_matches_the_host_loop(name, options
         assert eight and bits.count(8) == len(eight) and bits.count(4) > 0
 
 
+@pytest.mark.slow  # 7-13 s each: the whole suite (make test) runs it, test-fast does not
 @pytest.mark.parametrize("method", ["trajectory", "output"])
 def test_correct_end_to_end(method, tiny_onnx, tmp_path, reference):
     out = tmp_path / "corr"

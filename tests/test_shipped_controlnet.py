@@ -69,6 +69,7 @@ def _other(position: str, count: int) -> str:
     return {"left": "top", "top": "right", "right": "bottom", "bottom": "centre", "centre": "left"}[position]
 
 
+@pytest.mark.slow  # 7-13 s each: the whole suite (make test) runs it, test-fast does not
 def test_the_onnx_folder_carries_the_net_and_its_objects_follow_the_condition():
     """The shipped ONNX folder's `position` net (add-controlnet of the diffusers folder) through the run time:
     the same scenes as above, and again with every object moved, land where the condition says."""

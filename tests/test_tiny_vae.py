@@ -91,6 +91,7 @@ def test_decoder_tiny_is_diffusers_decode_of_scaled_latents(with_tiny, tiny_taes
     assert np.abs(ref.astype(int) - tiny.images.astype(int)).max() <= 1
 
 
+@pytest.mark.slow  # 7-13 s each: the whole suite (make test) runs it, test-fast does not
 def test_export_option_and_skip(tiny_diffusers, tiny_taesd, tmp_path):
     from onnxdiffusion.export import ExportOptions, export_pipeline
 
