@@ -370,7 +370,13 @@ def test_bad_input_is_a_clean_4xx(server, route):
 def test_metrics_are_prometheus_text(server):
     from prometheus_client.parser import text_string_to_metric_families
 
-    server.client.post("/v1/images/generations", json={"prompt": "x", "steps": 2, "model": "int8"})
+    route = "/v1/images/generations"
+    for model in ("fp32", "int8", "fp32"):
+        assert server.client.post(route, json={"prompt": "x", "steps": 2, "model": model}).status_code == 200
+    # each outcome counted here, not left to whichever tests ran before on this worker
+    assert server.client.post(route, json={"n": 1}).status_code == 400
+    assert server.client.post(route, json={"prompt": "x" * 200_000}).status_code == 413
+    assert server.client.get("/v1/models/no-such-model").status_code == 404
     families = {f.name: f for f in text_string_to_metric_families(server.client.get("/metrics").text)}
     for name in ("onnxdiffusion_requests", "onnxdiffusion_request_latency_seconds", "onnxdiffusion_queue_depth",
                  "onnxdiffusion_fallbacks", "onnxdiffusion_step_seconds", "onnxdiffusion_jobs"):
