@@ -155,7 +155,16 @@ def _same_shape(names: list[str], f: dict, shape) -> str:
     raise UserError(f"step caching: no hidden-state candidate of shape {shape} in this backbone's cut")
 
 
-class _FirstBlock:
+class _Policy:
+    """What a cache policy says before the first piece runs: by default, nothing (the whole first piece runs)."""
+
+    prunes_first = False  # True: split_sessions also builds the first piece cut to what a cached step reads
+
+    def skips(self, step: int) -> bool:
+        return False
+
+
+class _FirstBlock(_Policy):
     def __init__(self, spec: CacheSpec):
         self.threshold, self.prev, self.residual = spec.threshold, None, None
         self.hidden = self.probe = None
@@ -179,7 +188,7 @@ class _FirstBlock:
         self.residual = out - f[self.hidden]
 
 
-class _Taylor:
+class _Taylor(_Policy):
     """TaylorSeer on the span's output: finite differences over full steps, extrapolated in the step index."""
 
     def __init__(self, spec: CacheSpec):
@@ -210,9 +219,11 @@ class _Taylor:
         self.factors, self.last_full = new[: self.spec.order + 1], step
 
 
-class _Residual:
+class _Residual(_Policy):
     """The span's residual (output - hidden input) on a ramping schedule, Taylor-extrapolated over full steps
     and added to this step's first-block output: a cached step still moves with what the first block sees."""
+
+    prunes_first = True
 
     def __init__(self, spec: CacheSpec):
         self.spec, self.taylor, self.hidden = spec, _Taylor(spec), None
@@ -233,7 +244,7 @@ class _Residual:
         self.next_full, self.gap = step + self.gap, min(self.gap + 1, self.spec.interval)
 
 
-class _Deep:
+class _Deep(_Policy):
     def __init__(self, spec: CacheSpec):
         self.interval, self.feature = spec.interval, None
 
@@ -267,8 +278,7 @@ class CachedBackbone:
             g.sample[b:] = x
         g.timestep.fill(t)
         feeds = {SAMPLE: g.sample, TIMESTEP: g.timestep, **g.conditioning}
-        skips = getattr(self.policy, "skips", None)
-        first, names_in, names_out = self.pieces[-1 if skips is not None and skips(self.step) else 0]
+        first, names_in, names_out = self.pieces[-1 if self.policy.skips(self.step) else 0]
         f = dict(zip(names_out, first.run(None, {n: feeds[n] for n in names_in})))
         out = self.policy.reuse(self.step, f, self.sg)
         if out is None:
@@ -294,7 +304,7 @@ def split_sessions(path, family, spec: CacheSpec, make):
 
     sg = cut(fp16_storage.expand(onnx.load(str(path)), str(path)), family, spec, f"cache {spec}")
     pieces = [sg.first, sg.rest, sg.tail]
-    if spec.method == "residual":  # a cached step reads the first block's image stream, not its text stream
+    if _POLICIES[spec.method].prunes_first:  # a cached step reads the first block's image stream, not its text one
         made = {o.name for o in sg.first.graph.output}
         pieces.append(pruned(sg.first, [*sg.hidden_in, *(t for t in sg.tail_from_first if t in made)],
                              "cache_first_cached"))
