@@ -60,15 +60,24 @@ SCHEDULES = {
 STAND_INS = [("res", 0), ("res", 1), ("out", 1), ("res", 2)]
 
 
-class Listed:
-    """Full steps from a list; cached steps: the residual or the output, Taylor-extrapolated (runtime.cache._Taylor)."""
+class Listed(cm._Policy):
+    """Full steps from a list; cached steps: the residual or the output, Taylor-extrapolated (runtime.cache._Taylor).
+    Like `residual`, a cached step runs the first piece cut to what it reads."""
 
-    def __init__(self, full: list[int], mode: str, order: int):
+    prunes_first = True
+    current: dict = {}  # the candidate the next generation runs (set by the caller; the cache builds the policy)
+
+    def __init__(self, spec=None, full: list[int] | None = None, mode: str = "", order: int = 1):
+        if full is None:
+            full, mode, order = self.current["full"], self.current["mode"], self.current["order"]
         self.full, self.mode, self.hidden = set(full), mode, None
         self.taylor = cm._Taylor(cm.CacheSpec("taylorseer", order=order))
 
+    def skips(self, step: int) -> bool:
+        return self.hidden is not None and step not in self.full
+
     def reuse(self, step, f, sg):
-        if step in self.full or self.hidden is None:
+        if not self.skips(step):
             return None
         pred = self.taylor.predict(step)
         return f[self.hidden] + pred if self.mode == "res" else pred
@@ -91,8 +100,8 @@ def main() -> None:
     scenes = heldout_scenes(EvaluateOptions(count=args.count))
     judge = Judge.from_file(threads=1)
     shape = pipe.latent_shape_for(1)[1:]
-    current = {}
-    cm._POLICIES["listed"] = lambda spec: Listed(**current)  # this script's own stand-in, by method name
+    current = Listed.current
+    cm._POLICIES["listed"] = Listed  # this script's own stand-in, by method name
 
     def images(spec):
         return np.stack([pipe(sc.caption, steps=STEPS, sampler=sampler, guidance=guidance, seed=i, cache=spec,

@@ -126,17 +126,20 @@ def session_options(threads: int | None = None, memory=None, level: str | None =
 
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
                  disabled_optimizers: list[str] | None = None, providers: list | None = None,
-                 memory=None, checked: bool = False, level: str | None = None) -> ort.InferenceSession:
+                 memory=None, checked: bool = False, level: str | None = None,
+                 model: bytes | None = None) -> ort.InferenceSession:
     """`providers`: ONNX Runtime's provider list with options (a profile's); default: `provider`, then CPU.
     `memory`: runtime.memory.MemoryOptions (None: ORT's defaults). `checked`: the caller already ran
-    check_external_data on this file (the graph is not parsed a second time)."""
+    check_external_data on this file (the graph is not parsed a second time). `model`: the file's graph as
+    rewritten in memory by the caller (its weights inline), loaded instead of the file."""
     if not checked:
         check_external_data(path)
     opts = session_options(threads, memory, level)
     try:
         extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
         chain = providers if providers is not None else resolve_provider(provider)
-        return ort.InferenceSession(str(path), sess_options=opts, providers=chain, **extra)
+        return ort.InferenceSession(model if model is not None else str(path), sess_options=opts, providers=chain,
+                                    **extra)
     except UserError:
         raise
     except Exception as e:  # ORT raises several private exception types

@@ -301,13 +301,16 @@ def split_sessions(path, family, spec: CacheSpec, make):
 
     from ..onnxio import fp16_storage
     from .backbone_split import pruned
+    from .dead_queries import without_dead_queries
 
     sg = cut(fp16_storage.expand(onnx.load(str(path)), str(path)), family, spec, f"cache {spec}")
     pieces = [sg.first, sg.rest, sg.tail]
     if _POLICIES[spec.method].prunes_first:  # a cached step reads the first block's image stream, not its text one
         made = {o.name for o in sg.first.graph.output}
-        pieces.append(pruned(sg.first, [*sg.hidden_in, *(t for t in sg.tail_from_first if t in made)],
-                             "cache_first_cached"))
+        reads = [*sg.hidden_in, *(t for t in sg.tail_from_first if t in made)]
+        piece = pruned(sg.first, reads, "cache_first_cached")
+        without_dead_queries(piece)  # with the text stream's output gone, so are its query rows in the first block
+        pieces.append(piece)
     return tuple(_piece_session(m, make) for m in pieces), sg
 
 
@@ -316,7 +319,9 @@ def cut(model, family, spec: CacheSpec, label: str):
     import onnx
 
     from .backbone_split import split
+    from .dead_queries import without_dead_queries
 
+    without_dead_queries(model)  # as the uncached backbone's session has it (runtime.loading)
     try:
         names = [n.name for n in model.graph.node]
         span, probe = family.cache_span(spec.method, names, spec.branch, **({"layers": spec.layers} if spec.layers else {}))

@@ -27,7 +27,24 @@ def backbone_session(path: Path, info: dict, provider: str, threads: int | None,
     the host loop and the Loop form (where ORT does not apply it) round differently.
     """
     return make_session(path, provider, threads, disabled_optimizers=disabled(info), providers=providers,
-                        memory=memory, checked=checked)
+                        memory=memory, checked=checked, model=_without_dead_queries(path))
+
+
+def _without_dead_queries(path: Path) -> bytes | None:
+    """The backbone with the attention query rows nothing reads dropped (runtime.dead_queries: an MMDiT's last
+    block), when it has any and its weights are inside the file; else None (the file is loaded as it is)."""
+    import onnx
+
+    from .dead_queries import without_dead_queries
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - an unreadable file: ORT's loading names the problem, as without this
+        return None
+    if not any(n.op_type == "MultiHeadAttention" for n in model.graph.node) or any(
+            t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return None
+    return model.SerializeToString() if without_dead_queries(model) else None
 
 
 def load_scheduler(folder: Path) -> tuple[dict, object]:
