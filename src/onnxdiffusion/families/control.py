@@ -12,12 +12,26 @@ block 0 reads the last residual) and the mid block's output (the first input of 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
 
 COND, SCALE = "controlnet_cond", "conditioning_scale"  # the control image (B, 3, H, W) in [0, 1]; its weight
 MID = "mid_block_res_sample"
+
+
+@dataclass(frozen=True)
+class ControlNetSupport:
+    """A family's ControlNet support: the functions `Family`'s ControlNet hooks delegate to, one table per
+    control module, so a family declares its support in one line (`controlnet = control_x.SUPPORT`)."""
+
+    record: Callable[[dict, dict, dict, str], dict]  # (net config, backbone config, folder info, family name)
+    spec: Callable[[tuple[TensorSpec, ...], dict], ComponentSpec]  # (backbone conditioning, record)
+    residuals: Callable[..., list[tuple[str, tuple]]]  # (record, latent=None)
+    joins: Callable[[Any, dict], list[tuple[str, str, int, bool]]]  # (backbone NodeProtos, record)
+    latents: Callable[[dict, dict, Any], Any]  # (info, record, scaled VAE latents) -> the net's controlnet_cond
 
 
 def down_name(k: int) -> str:

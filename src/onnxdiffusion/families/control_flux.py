@@ -14,7 +14,7 @@ import math
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE, check_transformer_net
+from .control import COND, SCALE, ControlNetSupport, check_transformer_net
 
 CLASS = "FluxControlNetModel"
 
@@ -101,3 +101,8 @@ def control_latents(info: dict, record: dict, latents):
     from . import latents as lat
 
     return lat.pack_patches(latents)
+
+
+SUPPORT = ControlNetSupport(
+    record=lambda config, transformer, info, family: check_flux_controlnet(config, transformer, family),
+    spec=flux_controlnet_spec, residuals=flux_residuals, joins=flux_joins, latents=control_latents)

@@ -15,7 +15,7 @@ import math
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE, check_transformer_net
+from .control import COND, SCALE, ControlNetSupport, check_transformer_net
 
 CLASS = "QwenImageControlNetModel"
 
@@ -83,3 +83,8 @@ def control_latents(info: dict, record: dict, latents):
     from . import latents as lat
 
     return lat.pack_patches(latents)
+
+
+SUPPORT = ControlNetSupport(
+    record=lambda config, transformer, info, family: check_qwen_controlnet(config, transformer, family),
+    spec=qwen_controlnet_spec, residuals=qwen_residuals, joins=qwen_joins, latents=control_latents)

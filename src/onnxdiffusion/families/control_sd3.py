@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE, check_transformer_net
+from .control import COND, SCALE, ControlNetSupport, check_transformer_net
 
 CLASS = "SD3ControlNetModel"
 
@@ -87,3 +87,8 @@ def control_latents(info: dict, record: dict, latents):
 
     delta = (float(info.get("vae_shift_factor") or 0.0) - float(record["shift"])) * float(info["vae_scaling_factor"])
     return (latents + np.float32(delta)).astype(np.float32) if delta else latents
+
+
+SUPPORT = ControlNetSupport(record=check_sd3_controlnet,
+                            spec=sd3_controlnet_spec, residuals=sd3_residuals, joins=sd3_joins,
+                            latents=control_latents)
