@@ -19,7 +19,6 @@ Usage: python models/training/train_controlnet.py --work runs/controlnet-positio
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_lora import cached_latents, cli, load_base  # noqa: E402
-from train_pipeline import log_line, lr_at  # noqa: E402
+from train_common import lr_at, posterior_sample, save_folder, save_state  # noqa: E402
+from train_pipeline import log_line  # noqa: E402
 
 from onnxdiffusion import scenes as S  # noqa: E402
 
@@ -76,15 +76,7 @@ def save_controlnet(cn, out: Path) -> None:
     """float16 diffusers folder, written next to `out` and renamed into place."""
     import copy
 
-    tmp = out.parent / (out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    copy.deepcopy(cn).half().save_pretrained(tmp, safe_serialization=True)
-    readme = out / "README.md"
-    if readme.exists():  # the hand-written card survives a re-save
-        shutil.copy(readme, tmp / "README.md")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    save_folder(copy.deepcopy(cn).half(), out, keep=("README.md",))  # the hand-written card survives a re-save
     size = (out / "diffusion_pytorch_model.safetensors").stat().st_size
     print(f"wrote {out} (weights {size} bytes)")
 
@@ -101,8 +93,7 @@ def resume(work: Path, cn, opt) -> int:
 
 
 def checkpoint(work: Path, cn, opt, step: int) -> None:
-    torch.save({"model": cn.state_dict(), "opt": opt.state_dict(), "step": step}, work / "controlnet_ckpt.tmp")
-    (work / "controlnet_ckpt.tmp").replace(work / "controlnet_ckpt.pt")
+    save_state({"model": cn.state_dict(), "opt": opt.state_dict(), "step": step}, work / "controlnet_ckpt.pt")
 
 
 def batch_ids(step: int, n: int, ids: dict, cfg: dict) -> tuple[np.ndarray, torch.Tensor]:
@@ -153,7 +144,7 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
         idx, tids = batch_ids(step, len(scenes), ids, cfg)
         gen = torch.Generator().manual_seed(cfg["seed"] * 100003 + step)
         mu, sd = torch.from_numpy(means[idx]), torch.from_numpy(stds[idx])
-        z0 = (mu + sd * torch.randn(mu.shape, generator=gen)) * sf
+        z0 = posterior_sample(mu, sd, sf, generator=gen)
         noise = torch.randn(z0.shape, generator=gen)
         t = torch.randint(0, sched.config.num_train_timesteps, (z0.shape[0],), generator=gen)
         a = ac[t].view(-1, 1, 1, 1)

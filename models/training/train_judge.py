@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -28,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from onnxdiffusion import scenes as S
+from train_common import lr_at
 
 N_SLOTS = len(S.POSITION_NAMES)
 N_SHAPE = len(S.SHAPES) + 1
@@ -172,12 +172,6 @@ def accuracy_report(pred: dict[str, np.ndarray], labels: dict[str, np.ndarray]) 
 
 
 # --------------------------------------------------------------------------- main
-
-
-def lr_at(step: int, total: int, base: float, warmup: int) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
 def export_onnx(model: nn.Module, path: Path, opset: int) -> None:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_lora import cached_latents, cli, finish_step, load_base, resume, save_lora  # noqa: E402
-from train_pipeline import lr_at  # noqa: E402
+from train_common import lr_at, posterior_sample  # noqa: E402
 
 from onnxdiffusion import scenes as S  # noqa: E402
 
@@ -102,7 +102,7 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
         with torch.no_grad():
             cond = te(ids).last_hidden_state
         mu, sd = torch.from_numpy(means[idx]), torch.from_numpy(stds[idx])
-        z0 = (mu + sd * torch.randn_like(mu)) * sf
+        z0 = posterior_sample(mu, sd, sf)
         n = torch.randint(0, cfg["ddim_steps"], (z0.shape[0],))
         t_start = ddim_t[n]
         t_prev = (t_start - k).clamp(min=0)

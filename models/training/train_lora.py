@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_pipeline import images_to_tensor, log_line, lr_at  # noqa: E402
+from train_common import lr_at, posterior_sample, save_arrays, save_state  # noqa: E402
+from train_pipeline import images_to_tensor, log_line  # noqa: E402
 
 from onnxdiffusion import scenes as S  # noqa: E402
 
@@ -127,8 +128,7 @@ def cached_latents(work: Path, vae, scenes: list[S.Scene]) -> tuple[np.ndarray, 
         data = np.load(cache)
         return data["means"], data["stds"]
     means, stds = encode(vae, scenes)
-    np.savez(work / "latents.tmp.npz", means=means, stds=stds)
-    (work / "latents.tmp.npz").replace(cache)
+    save_arrays(cache, means=means, stds=stds)
     return means, stds
 
 
@@ -158,8 +158,7 @@ def finish_step(step: int, loss, params: list, opt, cfg: dict, work: Path, bar, 
     if (step + 1) % cfg["checkpoint_every"] == 0 or step + 1 == cfg["steps"]:
         state = {"params": [p.detach().clone() for p in params], "opt": opt.state_dict(),
                  "rng": torch.get_rng_state(), "step": step + 1}
-        torch.save(state, work / "lora_ckpt.tmp")
-        (work / "lora_ckpt.tmp").replace(work / "lora_ckpt.pt")
+        save_state(state, work / "lora_ckpt.pt")
 
 
 def cli(doc: str, config: dict, train_fn, work: str, out: str) -> None:
@@ -208,7 +207,7 @@ def train(model: Path, work: Path, out: Path, cfg: dict, save_only: bool = False
         ids = tok(caps, padding="max_length", max_length=maxlen, truncation=True, return_tensors="pt").input_ids
         ids = torch.where(torch.from_numpy(drop)[:, None], empty, ids)
         mu, sd = torch.from_numpy(means[idx]), torch.from_numpy(stds[idx])
-        z0 = (mu + sd * torch.randn_like(mu)) * sf
+        z0 = posterior_sample(mu, sd, sf)
         noise = torch.randn_like(z0)
         t = torch.randint(0, sched.config.num_train_timesteps, (z0.shape[0],))
         a = ac[t].view(-1, 1, 1, 1)

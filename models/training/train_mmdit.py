@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_common import posterior_sample, save_folder  # noqa: E402
 from train_pipeline import ParseHead, caption_slot_targets, encode_scenes, log_line, pretrain_parse, render_batch  # noqa: E402
 
 
@@ -301,7 +302,7 @@ def train(cfg: dict, work: Path, max_minutes: float | None) -> None:
             ctx = torch.where(drop[:, None, None], uncond_ctx, ctx)
             pooled = torch.where(drop[:, None], uncond_pooled, pooled)
         mu, sd = torch.from_numpy(means[idx]), torch.from_numpy(stds[idx])
-        x0 = (mu + sd * torch.randn_like(mu) - shift) * scale
+        x0 = posterior_sample(mu, sd, scale, shift)
         noise = torch.randn_like(x0)
         sigma = torch.sigmoid(tc["logit_mean"] + tc["logit_std"] * torch.randn(len(x0)))  # SD3 logit-normal
         s = sigma.view(-1, 1, 1, 1)
@@ -356,12 +357,7 @@ def assemble(cfg: dict, work: Path, out: Path) -> None:
         CLIPTextModelWithProjection.from_pretrained(work / "text_encoder", **f32),
         CLIPTextModelWithProjection.from_pretrained(work / "text_encoder_2", **f32),
     )
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pipe.save_pretrained(tmp, safe_serialization=True)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
+    save_folder(pipe, out)
     print("wrote", out)
 
 

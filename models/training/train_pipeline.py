@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tokenizer_build import build_tokenizer_files  # noqa: E402
+from train_common import lr_at, posterior_sample, save_folder, save_state  # noqa: E402
 
 from onnxdiffusion import scenes as S  # noqa: E402
 
@@ -49,12 +48,6 @@ def render_batch(split: str, seeds: np.ndarray) -> tuple[torch.Tensor, list[str]
 def log_line(path: Path, record: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
-
-
-def lr_at(step: int, total: int, base: float, warmup: int) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
 def make_vae(cfg: dict):
@@ -307,7 +300,7 @@ def train_unet(cfg: dict, work: Path) -> None:
         drop = g.random(uc["batch_size"]) < uc["uncond_prob"]
         ids = torch.from_numpy(np.where(drop[:, None], empty_ids, ids_all[idx]))
         mu, sd = torch.from_numpy(means[idx]), torch.from_numpy(stds[idx])
-        z0 = (mu + sd * torch.randn_like(mu)) * sf
+        z0 = posterior_sample(mu, sd, sf)
         noise = torch.randn_like(z0)
         t = torch.randint(0, sched.config.num_train_timesteps, (z0.shape[0],))
         a = ac[t].view(-1, 1, 1, 1)
@@ -343,8 +336,7 @@ def train_unet(cfg: dict, work: Path) -> None:
                 "step": step + 1,
                 "rng": torch.get_rng_state(),
             }
-            torch.save(state, work / "unet_ckpt.tmp")
-            (work / "unet_ckpt.tmp").replace(ckpt)
+            save_state(state, ckpt)
             ema_unet.save_pretrained(work / "unet", safe_serialization=True)
             ema_te.save_pretrained(work / "text_encoder", safe_serialization=True)
             (work / "unet_progress.json").write_text(json.dumps({"step": step + 1}))
@@ -364,12 +356,7 @@ def assemble(cfg: dict, work: Path, out: Path) -> None:
         feature_extractor=None,
         requires_safety_checker=False,
     )
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pipe.save_pretrained(tmp, safe_serialization=True)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
+    save_folder(pipe, out)
     print("wrote", out)
 
 

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from onnxdiffusion import scenes as S
+from train_common import lr_at, save_arrays, save_state
 
 ROOT = Path(__file__).resolve().parents[2]
 VAE = ROOT / "models" / "shapes-sd" / "vae"
@@ -84,9 +85,7 @@ def make_latents(folder: Path, out: Path, count: int, batch: int, scene_start: i
             e.latents) if isinstance(e, GenerationResult) else None)
         # the tiny decoder's own feed (latents / scaling + shift): raw latents, what the decoder is trained on
         feed = tiny.prepare(np.concatenate(finals), h, w)[0].astype(np.float32)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, latents=feed, target=images.transpose(0, 3, 1, 2))
-        tmp.replace(path)
+        save_arrays(path, latents=feed, target=images.transpose(0, 3, 1, 2))
         print(f"{path}: {len(scenes)} in {time.time() - t:.0f} s", flush=True)
 
 
@@ -129,12 +128,6 @@ def hardest(model, own: dict[str, np.ndarray], share: float, patch: int) -> np.n
     return np.argsort(-errs, kind="stable")[: max(1, round(share * len(errs)))]
 
 
-def lr_at(step: int, total: int, base: float, warmup: int) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-
-
 def make_chunk(vae, index: int, path: Path) -> None:
     seeds = np.arange(index * CHUNK, (index + 1) * CHUNK)
     images = np.stack([S.render(S.sample_scene(int(s), "train")) for s in seeds])
@@ -148,9 +141,7 @@ def make_chunk(vae, index: int, path: Path) -> None:
         z = dist.mean + u * dist.std * torch.randn(dist.mean.shape, generator=g)
         y = vae.decode(z).sample
     target = ((y.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, latents=z.numpy(), means=dist.mean.numpy(), target=target, images=images.transpose(0, 3, 1, 2))
-    tmp.replace(path)
+    save_arrays(path, latents=z.numpy(), means=dist.mean.numpy(), target=target, images=images.transpose(0, 3, 1, 2))
 
 
 def load_pool(work: Path, vae, chunks: int) -> dict[str, np.ndarray]:
@@ -258,8 +249,7 @@ def train(args) -> None:
             print(rec, flush=True)
         if (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps:
             state = {"model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step + 1}
-            torch.save(state, work / "ckpt.tmp")
-            (work / "ckpt.tmp").replace(ckpt)
+            save_state(state, ckpt)
             save_diffusers(ema, work / "vae_tiny", vae.config.scaling_factor, 0.0)
     if args.out:
         save_diffusers(ema, Path(args.out), vae.config.scaling_factor, 0.0)

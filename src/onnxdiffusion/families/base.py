@@ -262,33 +262,39 @@ class Family:
         return self.guidance_input
 
     # -- ControlNet (families/control.py: the shared names and record) -------------------------------
-    # diffusers classes of the ControlNets this family's backbone takes residuals from; () = none
-    controlnet_classes: ClassVar[tuple[str, ...]] = ()
+    # the family's ControlNet support, a control.ControlNetSupport table the hooks below delegate to;
+    # None: the backbone takes none, unless the family overrides the hooks (the UNet families do)
+    controlnet: ClassVar[Any] = None
+
+    def _control(self, what: str) -> Any:
+        if self.controlnet is None:
+            raise UserError(f"a {self.name} {what} here")
+        return self.controlnet
 
     def controlnet_record(self, config: dict, backbone_config: dict, info: dict) -> dict:
         """A ControlNet's config.json checked against this folder's backbone: what the manifest records
         (residuals, widths); a ControlNet of another family or size is a one-line UserError."""
-        raise UserError(f"a {self.name} model folder takes no ControlNet here")
+        return self._control("model folder takes no ControlNet").record(config, backbone_config, info, self.name)
 
     def controlnet_spec(self, info: dict, record: dict) -> ComponentSpec:
         """The exported ControlNet's I/O for a record `controlnet_record` gave."""
-        raise UserError(f"a {self.name} model folder takes no ControlNet here")
+        return self._control("model folder takes no ControlNet").spec(self.conditioning(info), record)
 
     def control_residuals(self, record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
         """The backbone's residual inputs for a ControlNet record, in the net's output order: (name, dims),
         symbolic dims, or concrete ones for a (batch, latent height, latent width)."""
-        raise UserError(f"a {self.name} backbone takes no ControlNet residuals here")
+        return self._control("backbone takes no ControlNet residuals").residuals(record, latent)
 
     def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:
         """Where the residuals join the backbone graph (`nodes`: its NodeProtos): (residual name, node,
         input index, every reader). The edge on that node input gets `+ residual`, for that input alone
         or, with every reader, right after its producer for all its readers. A residual may join twice."""
-        raise UserError(f"a {self.name} backbone takes no ControlNet residuals here")
+        return self._control("backbone takes no ControlNet residuals").joins(nodes, record)
 
     def control_latents(self, info: dict, record: dict, latents):
         """A latent-conditioned ControlNet (record condition "latents"): the folder's scaled VAE latents of
         the control picture -> the net's controlnet_cond."""
-        return latents
+        return latents if self.controlnet is None else self.controlnet.latents(info, record, latents)
 
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)
     cfg_rescale: ClassVar[bool] = False

@@ -12,12 +12,26 @@ block 0 reads the last residual) and the mid block's output (the first input of 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..errors import UserError
 from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
 
 COND, SCALE = "controlnet_cond", "conditioning_scale"  # the control image (B, 3, H, W) in [0, 1]; its weight
 MID = "mid_block_res_sample"
+
+
+@dataclass(frozen=True)
+class ControlNetSupport:
+    """A family's ControlNet support: the functions `Family`'s ControlNet hooks delegate to, one table per
+    control module, so a family declares its support in one line (`controlnet = control_x.SUPPORT`)."""
+
+    record: Callable[[dict, dict, dict, str], dict]  # (net config, backbone config, folder info, family name)
+    spec: Callable[[tuple[TensorSpec, ...], dict], ComponentSpec]  # (backbone conditioning, record)
+    residuals: Callable[..., list[tuple[str, tuple]]]  # (record, latent=None)
+    joins: Callable[[Any, dict], list[tuple[str, str, int, bool]]]  # (backbone NodeProtos, record)
+    latents: Callable[[dict, dict, Any], Any]  # (info, record, scaled VAE latents) -> the net's controlnet_cond
 
 
 def down_name(k: int) -> str:
@@ -142,3 +156,30 @@ def check_transformer_net(config: dict, transformer: dict, family: str, cls_name
             raise UserError(f"{where}'s {key} {config.get(key)!r} is not the folder's transformer's "
                             f"{transformer.get(key)!r} (a ControlNet of another model size)")
     return inner[0]
+
+
+def token_dims(width: int, latent: tuple[int, int, int] | None = None, patch: int = 2,
+               tokens: str = "image_sequence_length") -> tuple:
+    """(batch, image tokens, width) of a transformer net's block samples: symbolic, or concrete for a (batch,
+    latent height, latent width) cut into patch x patch tokens."""
+    if latent is None:
+        return ("batch_size", tokens, width)
+    return (latent[0], (latent[1] // patch) * (latent[2] // patch), width)
+
+
+def transformer_net_spec(sample: tuple, conditioning: tuple[TensorSpec, ...],
+                         residuals: list[tuple[str, tuple]]) -> ComponentSpec:
+    """A transformer ControlNet's I/O: sample, timestep, the backbone's conditioning, the control latents (laid out
+    as the sample) and the scale -> its block samples."""
+    ins = (TensorSpec(SAMPLE, "float32", sample), TensorSpec(TIMESTEP, "float32", ("batch_size",)), *conditioning,
+           TensorSpec(COND, "float32", sample), TensorSpec(SCALE, "float32", (1,)))
+    outs = tuple(TensorSpec(n, "float32", d) for n, d in residuals)
+    return ComponentSpec("controlnet", ins, outs, atol=1e-3, kind="controlnet", source="controlnet")
+
+
+def packed_control_latents(info: dict, record: dict, latents):
+    """The folder's VAE latents of the control picture (scaled, or normalized per channel, as the family's VAE
+    does) -> packed 2x2 tokens, as the Flux and Qwen-Image ControlNet pipelines pack them."""
+    from . import latents as lat
+
+    return lat.pack_patches(latents)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 from ..errors import UserError
-from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE, check_transformer_net
+from .base import ComponentSpec, TensorSpec
+from .control import (ControlNetSupport, check_transformer_net, packed_control_latents, token_dims,
+                      transformer_net_spec)
 
 CLASS = "FluxControlNetModel"
 
@@ -46,9 +47,7 @@ def check_flux_controlnet(config: dict, transformer: dict, family: str) -> dict:
 
 
 def flux_residuals(record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
-    width = int(record["width"])
-    dims = ("batch_size", "image_sequence_length", width) if latent is None else (
-        latent[0], (latent[1] // 2) * (latent[2] // 2), width)
+    dims = token_dims(int(record["width"]), latent)
     return ([(double_name(k), dims) for k in range(int(record["blocks"]))]
             + [(single_name(k), dims) for k in range(int(record["single_blocks"]))])
 
@@ -56,10 +55,7 @@ def flux_residuals(record: dict, latent: tuple[int, int, int] | None = None) -> 
 def flux_controlnet_spec(conditioning: tuple[TensorSpec, ...], record: dict) -> ComponentSpec:
     tokens = ("batch_size", "image_sequence_length", int(record["latent_channels"]))
     cond = tuple(t for t in conditioning if t.name != "guidance" or record["guidance"])
-    ins = (TensorSpec(SAMPLE, "float32", tokens), TensorSpec(TIMESTEP, "float32", ("batch_size",)), *cond,
-           TensorSpec(COND, "float32", tokens), TensorSpec(SCALE, "float32", (1,)))
-    outs = tuple(TensorSpec(n, "float32", d) for n, d in flux_residuals(record))
-    return ComponentSpec("controlnet", ins, outs, atol=1e-3, kind="controlnet", source="controlnet")
+    return transformer_net_spec(tokens, cond, flux_residuals(record))
 
 
 def _image_edge(nodes, produced: dict, block: str, reader: str, op: str, slot: int) -> tuple[str, int]:
@@ -96,8 +92,6 @@ def flux_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
     return joins
 
 
-def control_latents(info: dict, record: dict, latents):
-    """The folder's scaled VAE latents -> packed 2x2 tokens, as FluxControlNetPipeline packs them."""
-    from . import latents as lat
-
-    return lat.pack_patches(latents)
+SUPPORT = ControlNetSupport(
+    record=lambda config, transformer, info, family: check_flux_controlnet(config, transformer, family),
+    spec=flux_controlnet_spec, residuals=flux_residuals, joins=flux_joins, latents=packed_control_latents)  # the scaled VAE latents, packed 2x2

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 
 from ..errors import UserError
-from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE, check_transformer_net
+from .base import ComponentSpec, TensorSpec
+from .control import (ControlNetSupport, check_transformer_net, packed_control_latents, token_dims,
+                      transformer_net_spec)
 
 CLASS = "QwenImageControlNetModel"
 
@@ -43,18 +44,13 @@ def check_qwen_controlnet(config: dict, transformer: dict, family: str) -> dict:
 
 
 def qwen_residuals(record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
-    width = int(record["width"])
-    dims = ("batch_size", "image_sequence_length", width) if latent is None else (
-        latent[0], (latent[1] // 2) * (latent[2] // 2), width)
+    dims = token_dims(int(record["width"]), latent)
     return [(block_name(k), dims) for k in range(int(record["blocks"]))]
 
 
 def qwen_controlnet_spec(conditioning: tuple[TensorSpec, ...], record: dict) -> ComponentSpec:
     tokens = ("batch_size", "image_sequence_length", int(record["latent_channels"]))
-    ins = (TensorSpec(SAMPLE, "float32", tokens), TensorSpec(TIMESTEP, "float32", ("batch_size",)), *conditioning,
-           TensorSpec(COND, "float32", tokens), TensorSpec(SCALE, "float32", (1,)))
-    outs = tuple(TensorSpec(n, "float32", d) for n, d in qwen_residuals(record))
-    return ComponentSpec("controlnet", ins, outs, atol=1e-3, kind="controlnet", source="controlnet")
+    return transformer_net_spec(tokens, conditioning, qwen_residuals(record))
 
 
 def qwen_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
@@ -78,8 +74,6 @@ def qwen_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
     return joins
 
 
-def control_latents(info: dict, record: dict, latents):
-    """The folder's normalized VAE latents -> packed 2x2 tokens, as QwenImageControlNetPipeline packs them."""
-    from . import latents as lat
-
-    return lat.pack_patches(latents)
+SUPPORT = ControlNetSupport(
+    record=lambda config, transformer, info, family: check_qwen_controlnet(config, transformer, family),
+    spec=qwen_controlnet_spec, residuals=qwen_residuals, joins=qwen_joins, latents=packed_control_latents)  # the normalized VAE latents, packed 2x2

@@ -13,8 +13,8 @@ read by the next block's norm1, so the graph cut puts an Add there for every rea
 from __future__ import annotations
 
 from ..errors import UserError
-from .base import SAMPLE, TIMESTEP, ComponentSpec, TensorSpec
-from .control import COND, SCALE, check_transformer_net
+from .base import ComponentSpec, TensorSpec
+from .control import ControlNetSupport, check_transformer_net, token_dims, transformer_net_spec
 
 CLASS = "SD3ControlNetModel"
 
@@ -44,19 +44,14 @@ def check_sd3_controlnet(config: dict, transformer: dict, info: dict, family: st
 
 def sd3_residuals(record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
     """The residual inputs (name, dims): symbolic, or concrete for a (batch, latent h, latent w)."""
-    p, width = int(record["patch"]), int(record["width"])
-    dims = ("batch_size", "image_tokens", width) if latent is None else (
-        latent[0], (latent[1] // p) * (latent[2] // p), width)
+    dims = token_dims(int(record["width"]), latent, int(record["patch"]), tokens="image_tokens")
     return [(block_name(k), dims) for k in range(int(record["blocks"]))]
 
 
 def sd3_controlnet_spec(conditioning: tuple[TensorSpec, ...], record: dict) -> ComponentSpec:
     c = int(record["latent_channels"])
     latent = ("batch_size", c, "height_latent", "width_latent")
-    ins = (TensorSpec(SAMPLE, "float32", latent), TensorSpec(TIMESTEP, "float32", ("batch_size",)), *conditioning,
-           TensorSpec(COND, "float32", latent), TensorSpec(SCALE, "float32", (1,)))
-    outs = tuple(TensorSpec(n, "float32", d) for n, d in sd3_residuals(record))
-    return ComponentSpec("controlnet", ins, outs, atol=1e-3, kind="controlnet", source="controlnet")
+    return transformer_net_spec(latent, conditioning, sd3_residuals(record))
 
 
 def sd3_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
@@ -87,3 +82,8 @@ def control_latents(info: dict, record: dict, latents):
 
     delta = (float(info.get("vae_shift_factor") or 0.0) - float(record["shift"])) * float(info["vae_scaling_factor"])
     return (latents + np.float32(delta)).astype(np.float32) if delta else latents
+
+
+SUPPORT = ControlNetSupport(record=check_sd3_controlnet,
+                            spec=sd3_controlnet_spec, residuals=sd3_residuals, joins=sd3_joins,
+                            latents=control_latents)

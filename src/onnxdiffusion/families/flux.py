@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import UserError
+from . import control_flux
 from . import latents as lat
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, TensorSpec, TextEncoderSlot
 from .sd import CLIP_TOKENIZERS, text_encoder_spec, vae_specs
@@ -169,32 +170,7 @@ class Flux(PackedFlowFamily):
                          "height_latent": h, "width_latent": w, "height": h * f, "width": w * f})
         return dims
 
-    controlnet_classes: ClassVar[tuple[str, ...]] = ("FluxControlNetModel",)
-
-    def controlnet_record(self, config: dict, backbone_config: dict, info: dict) -> dict:
-        from .control_flux import check_flux_controlnet
-
-        return check_flux_controlnet(config, backbone_config, self.name)
-
-    def controlnet_spec(self, info: dict, record: dict) -> ComponentSpec:
-        from .control_flux import flux_controlnet_spec
-
-        return flux_controlnet_spec(self.conditioning(info), record)
-
-    def control_residuals(self, record: dict, latent=None) -> list[tuple[str, tuple]]:
-        from .control_flux import flux_residuals
-
-        return flux_residuals(record, latent)
-
-    def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:
-        from .control_flux import flux_joins
-
-        return flux_joins(nodes, record)
-
-    def control_latents(self, info: dict, record: dict, latents):
-        from .control_flux import control_latents
-
-        return control_latents(info, record, latents)
+    controlnet: ClassVar[Any] = control_flux.SUPPORT
 
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
         return {CONTEXT: encoded["text_encoder_2"]["last_hidden_state"],

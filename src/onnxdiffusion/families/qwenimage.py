@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..manifest import confined
+from . import control_qwen
 from . import latents as lat
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot
 from .flux import TOKENS, PackedFlowFamily, flow_scheduler_info, grid_dims, token_grid
@@ -152,32 +153,7 @@ class QwenImage(PackedFlowFamily):
                          "height_latent": h, "width_latent": w, "height": h * f, "width": w * f})
         return dims
 
-    controlnet_classes: ClassVar[tuple[str, ...]] = ("QwenImageControlNetModel",)
-
-    def controlnet_record(self, config: dict, backbone_config: dict, info: dict) -> dict:
-        from .control_qwen import check_qwen_controlnet
-
-        return check_qwen_controlnet(config, backbone_config, self.name)
-
-    def controlnet_spec(self, info: dict, record: dict) -> ComponentSpec:
-        from .control_qwen import qwen_controlnet_spec
-
-        return qwen_controlnet_spec(self.conditioning(info), record)
-
-    def control_residuals(self, record: dict, latent=None) -> list[tuple[str, tuple]]:
-        from .control_qwen import qwen_residuals
-
-        return qwen_residuals(record, latent)
-
-    def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:
-        from .control_qwen import qwen_joins
-
-        return qwen_joins(nodes, record)
-
-    def control_latents(self, info: dict, record: dict, latents):
-        from .control_qwen import control_latents
-
-        return control_latents(info, record, latents)
+    controlnet: ClassVar[Any] = control_qwen.SUPPORT
 
     # -- run time ---------------------------------------------------------------------------------
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):

@@ -142,7 +142,6 @@ class StableDiffusion(Family):
         span += [f"/model/up_blocks.{i}/" for i in ups[:len(ups) - branch]]
         return tuple(span), None
 
-    controlnet_classes: ClassVar[tuple[str, ...]] = ("ControlNetModel",)
     added_text_time: ClassVar[bool] = False  # the UNet's addition_embed_type is text_time (SDXL)
 
     def controlnet_record(self, config: dict, backbone_config: dict, info: dict) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..errors import UserError
+from . import control_sd3
 from .base import (CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, SizeLimits, TensorSpec, TextEncoderSlot,
                    tokenizer_max_length)
 from .sd import CLIP_TOKENIZERS, latent_io, text_encoder_spec, unet_dims, vae_info, vae_specs
@@ -133,32 +134,7 @@ class StableDiffusion3(Family):
         return {CONTEXT: ops.concat([clip, t5], axis=-2),
                 POOLED: ops.concat([one["text_embeds"], two["text_embeds"]], axis=-1)}
 
-    controlnet_classes: ClassVar[tuple[str, ...]] = ("SD3ControlNetModel",)
-
-    def controlnet_record(self, config: dict, backbone_config: dict, info: dict) -> dict:
-        from .control_sd3 import check_sd3_controlnet
-
-        return check_sd3_controlnet(config, backbone_config, info, self.name)
-
-    def controlnet_spec(self, info: dict, record: dict) -> ComponentSpec:
-        from .control_sd3 import sd3_controlnet_spec
-
-        return sd3_controlnet_spec(self.conditioning(info), record)
-
-    def control_residuals(self, record: dict, latent=None) -> list[tuple[str, tuple]]:
-        from .control_sd3 import sd3_residuals
-
-        return sd3_residuals(record, latent)
-
-    def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:
-        from .control_sd3 import sd3_joins
-
-        return sd3_joins(nodes, record)
-
-    def control_latents(self, info: dict, record: dict, latents):
-        from .control_sd3 import control_latents
-
-        return control_latents(info, record, latents)
+    controlnet: ClassVar[Any] = control_sd3.SUPPORT
 
     def start_step(self, steps: int, strength: float) -> int:
         from .flux import flow_start_step

@@ -1,15 +1,7 @@
-"""Sampler-side error correction in the spirit of PTQD (numpy only): the fit.
-The table the sampler applies, and its per-step wrapper, are runtime/hooks/correction.py.
-
-On paired outputs over the calibration trajectories, fit per timestep t_k
-
-    eps_fp32 ~= scale_k * eps_quant + bias_k[c]        (one scale, one bias per latent channel)
-
-by least squares. The sampler applies it to the guided backbone output; because the map is
-affine, correcting both halves and then guiding equals guiding and then correcting. Between
-calibration timesteps scale and bias are interpolated linearly in t (hat functions; constant
-beyond the ends), so any sampler and step count can use the table. The ONNX twin of `weights`
-lives in ``samplers.graph`` (same float32 formula).
+"""Sampler-side error correction in the spirit of PTQD (numpy only): the fit, per calibration timestep, of
+eps_fp32 ~= scale_k * eps_quant + bias_k[c] by least squares over paired outputs on the calibration trajectories.
+What the table means and how the sampler applies it (interpolated in t, any sampler and step count) is
+runtime/hooks/correction.py's docstring; the ONNX twin of `weights` lives in ``samplers.graph``.
 """
 
 from __future__ import annotations

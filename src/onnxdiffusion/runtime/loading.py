@@ -1,5 +1,5 @@
 """Loading a model folder's sessions: which ORT optimizers a component asks to leave off, the
-backbone's session, the scheduler config."""
+backbone's session and the remedies a quantized one brings along, the scheduler config."""
 
 from __future__ import annotations
 
@@ -45,6 +45,34 @@ def _without_dead_queries(path: Path) -> bytes | None:
             t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         return None
     return model.SerializeToString() if without_dead_queries(model) else None
+
+
+def backbone_remedies(folder: Path, comps: dict, bb: dict, provider: str, threads: int | None, profile,
+                      providers: list | None, memory) -> tuple:
+    """(output correction, precision schedule, its higher-precision backbone session) of the backbone entry `bb`
+    (runtime/hooks/), each None unless the manifest has it."""
+    from .profiled import backbone_entry
+
+    # a quantized backbone may come with a sampler-side output correction (quantize --correct)
+    correction = None
+    if bb.get("correction"):
+        from .hooks.correction import OutputCorrection
+
+        correction = OutputCorrection.from_dict(bb["correction"])
+    # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
+    if not bb.get("precision_schedule"):
+        return correction, None, None
+    from .hooks.schedule import PrecisionSchedule
+
+    if correction is not None:
+        raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
+    schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
+    high = backbone_entry(folder, comps[schedule.component], provider, profile)
+    if off := disabled(bb):  # the Loop form runs both in one session, at one optimization level
+        high = {**high, "session_options": {"disabled_optimizers": sorted(set(off) | set(disabled(high) or []))}}
+    session = backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads, providers, memory)
+    guards.check_io(folder, schedule.component, session, ("sample", "timestep"), ("out_sample",))
+    return correction, schedule, session
 
 
 def load_scheduler(folder: Path) -> tuple[dict, object]:

@@ -6,7 +6,6 @@ calibration capture all hang off the same loop; `Pipeline.__call__` just drains 
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -21,17 +20,17 @@ from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
 from ..families.latents import channel_axis
-from ..manifest import check_scheduler_config, confined
+from ..manifest import confined
 from . import guards
 from ..paths import default_model_folder
-from ..samplers import SamplerTable, default_sampler, iter_sample, schedule_from_config, table_from_config
+from ..samplers import SamplerTable, default_sampler, table_from_config
 from ..schedules import FlowSchedule
 from .generation import (  # noqa: F401  (re-exported: the public names live here too)
     GenerateOptions, GenerationResult, StepEvent, resolve_options)
 from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph, open_sampling_graph
-from .loading import backbone_session as _backbone_session, disabled as _disabled, load_scheduler
+from .loading import backbone_remedies, backbone_session as _backbone_session, disabled as _disabled, load_scheduler
 from .session import check_external_data, make_session
 from .tokenizer import PromptTokenizer
 from .vae_tiling import check_tiling, tiled_decode
@@ -98,26 +97,8 @@ class Pipeline:
         self._tiny = None  # the tiny decoder, made on first use (decoder="tiny")
         self._backbone_io_shapes = {i.name: i.shape for i in backbone_io.get_inputs()}
         self.device_pool = DevicePool()  # io_binding device: bound buffers reused across generations
-        # a quantized backbone may come with a sampler-side output correction (quantize --correct)
-        self.correction = None
-        if bb.get("correction"):
-            from .hooks.correction import OutputCorrection
-
-            self.correction = OutputCorrection.from_dict(bb["correction"])
-        # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
-        self.precision_schedule = self.backbone_high = None
-        if bb.get("precision_schedule"):
-            from .hooks.schedule import PrecisionSchedule
-
-            if self.correction is not None:
-                raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
-            self.precision_schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
-            high = backbone_entry(folder, comps[self.precision_schedule.component], provider, profile)
-            if off := _disabled(bb):  # the Loop form runs both in one session, at one optimization level
-                high = {**high, "session_options": {"disabled_optimizers": sorted(set(off) | set(_disabled(high) or []))}}
-            self.backbone_high = _backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads,
-                                                   chain["backbone"], mem)
-            guards.check_io(folder, self.precision_schedule.component, self.backbone_high, ("sample", "timestep"), ("out_sample",))
+        self.correction, self.precision_schedule, self.backbone_high = backbone_remedies(
+            folder, comps, bb, provider, threads, profile, chain["backbone"], mem)
         self.scheduler_config, self.schedule = load_scheduler(folder)
         kind = getattr(self.schedule, "prediction_type", None)
         if kind is not None and kind != info.get("prediction_type", kind):
