@@ -56,7 +56,8 @@ def main() -> int:
         if j % 16 == 15:
             print(f"{j + 1}/{len(scenes)}", file=sys.stderr, flush=True)
     judge = Judge.from_file(threads=1)
-    suffix = "" if args.model == "mmdit" else f"_{args.model}"
+    suffix = ("" if args.model == "mmdit" else f"_{args.model}") + ("" if args.spec == "residual:5" else
+                                                                     "_" + args.spec.replace(":", "-"))
     out = {"model": args.model, "machine": cpu_info(), "spec": args.spec, "items": [args.start, args.start + args.count], "rows": {}}
     for p in pipes:
         ref, got = np.stack(images[(p, None)]), np.stack(images[(p, args.spec)])
