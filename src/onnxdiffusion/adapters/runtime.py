@@ -42,9 +42,19 @@ class FedBackbone(GuidedBackbone):
     def __init__(self, session, latents_shape, cond, uncond, guidance: float, rescale: bool = False,
                  extra: dict[str, np.ndarray] | None = None):
         super().__init__(session, latents_shape, cond, uncond, guidance, rescale)
-        self.adapter = {name: np.ascontiguousarray(arr, np.float32) for name, arr in (extra or {}).items()}
+        # float32 A/B, or a fused backbone's merged weights in their own types (int8, int32 bias)
+        self.adapter = {name: np.ascontiguousarray(arr) for name, arr in (extra or {}).items()}
         for name, arr in self.adapter.items():
             self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+
+
+def backbone_step_inputs(pipe, session, adapter):
+    """(session, arrays to bind) for the backbone's step with `adapter`: the fused session and the set's merged
+    weights when the pipeline derived one (adapters/fused.py), else `session` and the insertion points' A/B."""
+    fused = getattr(pipe, "lora_backbone", None)
+    if session is not None or fused is None:  # a caller's session (a precision schedule's second backbone)
+        return session or pipe.backbone, adapter.for_component(pipe.family.backbone)
+    return fused.fused(), fused.feeds(adapter)
 
 
 def pipeline_feeds(pipe, loras, loop: str = "host"):

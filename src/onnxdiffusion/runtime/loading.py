@@ -85,3 +85,14 @@ def load_scheduler(folder: Path) -> tuple[dict, object]:
     except (OSError, ValueError, TypeError, RecursionError) as e:  # JSON and Unicode errors are ValueErrors
         raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from None
     return cfg, schedule
+
+
+def lora_backbone(path: Path, info: dict, component: str, provider: str, profile, make):
+    """A folder with LoRA insertion points, on the CPU provider without a hardware profile: its backbone's
+    plain and fused sessions (adapters/fused.py: no adapter runs the plain graph, an adapter set its merged
+    weights); None otherwise (the points graph runs as it is)."""
+    if not (info.get("lora") or {}).get("targets") or provider != "cpu" or profile is not None:
+        return None
+    from ..adapters.fused import LoraBackbone
+
+    return LoraBackbone(path, component, make)
