@@ -22,6 +22,7 @@ weight each call would cost more than the branch), k x k convs, MatMulNBits, Q/D
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import threading
@@ -35,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .points import A_SUFFIX, B_SUFFIX, module_path
 
 QMAX = 127  # ORT's symmetric int8 weights: [-127, 127]
+_SERIALS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,13 @@ def merged_feeds(layers: dict[str, FusedLayer], bases: dict[str, np.ndarray], fe
     return out
 
 
+def _copy(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A tensor of its own (a sub-message would keep the whole graph, weights included, alive)."""
+    out = onnx.TensorProto()
+    out.CopyFrom(t)
+    return out
+
+
 def _external_files(model: onnx.ModelProto) -> set[str]:
     return {e.value for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL
             for e in t.external_data if e.key == "location"}
@@ -220,10 +229,12 @@ class LoraBackbone:
 
     def __init__(self, path: Path, component: str, make):
         self.path, self.component, self._make = Path(path), component, make
+        self._serial = next(_SERIALS)  # keys this backbone's merged weights on an AdapterFeeds (never reused, unlike id())
         self._lock = threading.Lock()
         self._fused = None
         self.layers: dict[str, FusedLayer] = {}
-        self.bases: dict[str, np.ndarray] = {}
+        self.bases: dict[str, np.ndarray] = {}  # merged layers' weights (and scales, biases) an adapter reached
+        self._tensors: dict[str, onnx.TensorProto] = {}
 
     def _graph(self) -> onnx.ModelProto:
         return onnx.load(str(self.path), load_external_data=False)
@@ -242,8 +253,10 @@ class LoraBackbone:
                 strip_branches(model, candidates)
                 layers = expose(model, candidates)
                 inits = {t.name: t for t in model.graph.initializer}
-                self.bases = {n: numpy_helper.to_array(inits[n], str(self.path.parent))
-                              for layer in layers.values() for n in (layer.weight, layer.scale, layer.bias) if n}
+                # the merged layers' tensors, read into `bases` when an adapter first reaches the layer (a
+                # full-size folder's external weights stay on disk until then)
+                self._tensors = {n: _copy(inits[n]) for layer in layers.values()
+                                 for n in (layer.weight, layer.scale, layer.bias) if n}
                 self.layers = layers
                 self._fused = session_of(model, self.path.parent, self._make)
             return self._fused
@@ -252,7 +265,14 @@ class LoraBackbone:
         """The arrays to bind for `adapter` (an AdapterFeeds) on the fused session; computed once per set."""
         self.fused()
         cache = adapter.merged
-        key = (id(self), self.component)
+        key = (self._serial, self.component)
         if key not in cache:
-            cache[key] = merged_feeds(self.layers, self.bases, adapter.for_component(self.component))
+            feeds = adapter.for_component(self.component)
+            with self._lock:
+                for module, layer in self.layers.items():
+                    if module + A_SUFFIX in feeds:
+                        for n in filter(None, (layer.weight, layer.scale, layer.bias)):
+                            if n not in self.bases:
+                                self.bases[n] = numpy_helper.to_array(self._tensors[n], str(self.path.parent))
+            cache[key] = merged_feeds(self.layers, self.bases, feeds)
         return cache[key]

@@ -1,12 +1,12 @@
 """The run-time side of LoRA: adapter tensors as extra feeds of the text encoders' and backbone's sessions.
 
-The insertion points are graph inputs with rank-0 default initializers. The backbone's step binds the
-adapter's arrays once, as OrtValues, beside the sample on the same IO binding as a plain step
-(FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
-`bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter`
-is silently ignored by `run_with_iobinding`. Against feeding the ~140 arrays of a rank-16 shapes-sd
-adapter through `run()` every step: 0-3% of the step (experiments/lora/overhead.md). A generation without
-an adapter keeps the plain bound path untouched (the plain image, bit for bit).
+The insertion points are graph inputs with rank-0 default initializers. On the host loop's backbone a
+folder with points runs the graph derived from them (adapters/fused.py): without an adapter the plain graph,
+with one the merged weights of the set, bound once as OrtValues beside the sample on the same IO binding as a
+plain step (FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
+`bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter` is
+silently ignored by `run_with_iobinding`. A caller's own backbone session (a precision schedule's second
+backbone) and the compiled sampling graphs take the insertion points' A/B feeds.
 """
 
 from __future__ import annotations
