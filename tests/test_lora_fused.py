@@ -122,3 +122,19 @@ def test_conv_int8_bias_follows_a_grown_scale():
     out = merged_feeds({"m": layer}, bases, {"m.lora_A": a, "m.lora_B": b})
     assert out["s"][0] == pytest.approx(2.0 / 127) and out["s"][1] == bases["s"][1]
     assert out["b"][1] == -400 and out["b"][0] == round(1000 * 0.01 / out["s"][0])
+
+
+def test_external_weights_in_hard_linked_files(tiny_onnx, lora, tmp_path):
+    """A folder whose weights are external data, and its points copy (data files hard-linked, as `lora points`
+    writes it): the derived sessions read the weights where they are; same images as the inline folder."""
+    from onnxdiffusion.relayout import store_external
+
+    ext = tmp_path / "external"
+    assert "unet" in store_external(tiny_onnx, ext, min_bytes=0)
+    add_points(ext, tmp_path / "points")
+    assert (tmp_path / "points" / "unet" / "model.onnx_data").stat().st_nlink > 1
+    inline = tmp_path / "inline_points"
+    add_points(tiny_onnx, inline)
+    for loras in (None, [(lora, 0.7)]):
+        np.testing.assert_array_equal(Pipeline.from_folder(tmp_path / "points")(PROMPT, loras=loras, **KW).images,
+                                      Pipeline.from_folder(inline)(PROMPT, loras=loras, **KW).images)

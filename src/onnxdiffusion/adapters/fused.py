@@ -23,7 +23,6 @@ weight each call would cost more than the branch), k x k convs, MatMulNBits, Q/D
 from __future__ import annotations
 
 import itertools
-import os
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -81,15 +80,28 @@ def strip_branches(model: onnx.ModelProto, modules: set[str] | None = None) -> N
     g.initializer.extend(inits)
 
 
-def _int8_zero(inits: dict, name: str) -> bool:
+def _array(t: onnx.TensorProto, base: str) -> np.ndarray:
+    """A tensor's values, external data read from `base` by the project's reader (onnx's refuses the hard-linked
+    data files `lora points` folders share with their source)."""
+    if t.data_location != TensorProto.EXTERNAL:
+        return numpy_helper.to_array(t)
+    from ..onnxio.files import read_external_data
+
+    holder = helper.make_model(helper.make_graph([], "tensor", [], [], initializer=[t]))
+    read_external_data(holder, Path(base))
+    return numpy_helper.to_array(holder.graph.initializer[0])
+
+
+def _int8_zero(inits: dict, name: str, base: str) -> bool:
     if not name:
         return True
     t = inits.get(name)
-    return t is not None and t.data_type == TensorProto.INT8 and not numpy_helper.to_array(t).any()
+    return t is not None and t.data_type == TensorProto.INT8 and not _array(t, base).any()
 
 
-def _plan(node: onnx.NodeProto, inits: dict) -> tuple[str, list[str]] | None:
-    """(kind, [weight, scale, bias]) of a layer this module merges, or None (it keeps its branch)."""
+def _plan(node: onnx.NodeProto, inits: dict, base: str = "") -> tuple[str, list[str]] | None:
+    """(kind, [weight, scale, bias]) of a layer this module merges, or None (it keeps its branch); `base`: the
+    folder of the graph's external data (a zero point is read)."""
     ins = list(node.input) + [""] * 9
     op = node.op_type
     if op == "MatMul" and ins[1] in inits and inits[ins[1]].data_type == TensorProto.FLOAT and len(inits[ins[1]].dims) == 2:
@@ -98,10 +110,10 @@ def _plan(node: onnx.NodeProto, inits: dict) -> tuple[str, list[str]] | None:
     if op == "Conv" and group == 1 and ins[1] in inits and inits[ins[1]].data_type == TensorProto.FLOAT \
             and list(inits[ins[1]].dims[2:]) == [1, 1]:
         return "conv", [ins[1]]
-    if op == "MatMulIntegerToFloat" and ins[1] in inits and ins[3] in inits and _int8_zero(inits, ins[5]) \
+    if op == "MatMulIntegerToFloat" and ins[1] in inits and ins[3] in inits and _int8_zero(inits, ins[5], base) \
             and inits[ins[1]].data_type == TensorProto.INT8 and len(inits[ins[1]].dims) == 2:
         return "matmul_int8", [ins[1], ins[3]]
-    if op == "QLinearConv" and group == 1 and ins[3] in inits and ins[4] in inits and _int8_zero(inits, ins[5]) \
+    if op == "QLinearConv" and group == 1 and ins[3] in inits and ins[4] in inits and _int8_zero(inits, ins[5], base) \
             and inits[ins[3]].data_type == TensorProto.INT8 and list(inits[ins[3]].dims[2:]) == [1, 1] \
             and (not ins[8] or ins[8] in inits):
         return "conv_int8", [ins[3], ins[4], ins[8]]
@@ -111,7 +123,8 @@ def _plan(node: onnx.NodeProto, inits: dict) -> tuple[str, list[str]] | None:
 WEIGHT_OPS = ("MatMul", "Conv", "MatMulIntegerToFloat", "QLinearConv", "Gemm", "QGemm", "MatMulNBits")
 
 
-def _layer_nodes(model: onnx.ModelProto, modules: set[str], mergeable_only: bool) -> dict[str, onnx.NodeProto]:
+def _layer_nodes(model: onnx.ModelProto, modules: set[str], mergeable_only: bool,
+                 base: str = "") -> dict[str, onnx.NodeProto]:
     """module -> its one weight-carrying node (a module with several, e.g. called twice, is left out); with
     `mergeable_only`, only layers of a kind this module merges."""
     found: dict[str, list[onnx.NodeProto]] = {}
@@ -119,10 +132,10 @@ def _layer_nodes(model: onnx.ModelProto, modules: set[str], mergeable_only: bool
         if n.op_type in WEIGHT_OPS and (m := module_path(n.name)) in modules:
             found.setdefault(m, []).append(n)
     inits = {t.name: t for t in model.graph.initializer} if mergeable_only else {}
-    return {m: ns[0] for m, ns in found.items() if len(ns) == 1 and (not mergeable_only or _plan(ns[0], inits))}
+    return {m: ns[0] for m, ns in found.items() if len(ns) == 1 and (not mergeable_only or _plan(ns[0], inits, base))}
 
 
-def expose(model: onnx.ModelProto, modules: set[str]) -> dict[str, FusedLayer]:
+def expose(model: onnx.ModelProto, modules: set[str], base: str = "") -> dict[str, FusedLayer]:
     """Make the weights of `modules`' mergeable layers overridable inputs of `model` (in place, branches of
     those modules already stripped); a tensor another node also reads gets a private copy first."""
     g = model.graph
@@ -132,12 +145,12 @@ def expose(model: onnx.ModelProto, modules: set[str]) -> dict[str, FusedLayer]:
         for i in n.input:
             readers[i] = readers.get(i, 0) + 1
     layers = {}
-    for module, node in _layer_nodes(model, modules, mergeable_only=True).items():
-        kind, names = _plan(node, inits)
+    for module, node in _layer_nodes(model, modules, True, base).items():
+        kind, names = _plan(node, inits, base)
         exposed = []
         for role, name in zip(("weight", "scale", "bias"), names):
             if name and readers[name] > 1:  # shared (a zero point or scale the quantizer deduplicated): copy
-                copy = numpy_helper.from_array(numpy_helper.to_array(inits[name]), f"{module}.fused_{role}")
+                copy = numpy_helper.from_array(_array(inits[name], base), f"{module}.fused_{role}")
                 g.initializer.append(copy)
                 inits[copy.name] = copy
                 node.input[list(node.input).index(name)] = copy.name
@@ -166,7 +179,8 @@ def _requantize(q: np.ndarray, scale: np.ndarray, delta: np.ndarray, axis: int) 
     other = tuple(i for i in range(q.ndim) if i != axis) if scale.ndim else None
     need = np.abs(merged).max(axis=other) / QMAX
     new = np.maximum(scale.astype(np.float64), need).astype(np.float32)
-    s_new = new.astype(np.float64).reshape(shape) if scale.ndim else np.float64(new)
+    safe = np.where(new > 0, new, 1).astype(np.float64)  # an all-zero channel with no delta stays zero
+    s_new = safe.reshape(shape) if scale.ndim else np.float64(safe)
     # a channel whose scale is unchanged: q + delta / s exactly, rounded once
     q_new = np.clip(np.rint(merged / s_new), -QMAX, QMAX).astype(np.int8)
     return q_new, new.reshape(scale.shape)
@@ -212,16 +226,14 @@ def _external_files(model: onnx.ModelProto) -> set[str]:
 
 
 def session_of(model: onnx.ModelProto, folder: Path, make):
-    """make(path) over `model` written to a temporary folder beside links to its external-data files (in
-    `folder`, the component's): the weights are read from where they are; the folder is gone afterwards."""
+    """make(path, external_files=...) over `model` written to a temporary folder; its external-data files (in
+    `folder`, the component's) handed to ORT as read-only memory maps, so the weights are read from where they
+    are (ORT copies what it needs while making the session); the folder is gone afterwards."""
+    files = {location: np.memmap(folder / location, dtype=np.uint8, mode="r") for location in _external_files(model)}
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-lora-") as tmp:
-        for location in _external_files(model):
-            link = Path(tmp) / location
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.path.abspath(folder / location), link)
         path = Path(tmp) / "model.onnx"
         onnx.save_model(model, str(path))
-        return make(path)
+        return make(path, external_files=files)
 
 
 class LoraBackbone:
@@ -249,9 +261,10 @@ class LoraBackbone:
             if self._fused is None:
                 model = self._graph()
                 modules = {_branch_module(n) for n in model.graph.node} - {None}
-                candidates = set(_layer_nodes(model, modules, mergeable_only=True))
+                base = str(self.path.parent)
+                candidates = set(_layer_nodes(model, modules, True, base))
                 strip_branches(model, candidates)
-                layers = expose(model, candidates)
+                layers = expose(model, candidates, base)
                 inits = {t.name: t for t in model.graph.initializer}
                 # the merged layers' tensors, read into `bases` when an adapter first reaches the layer (a
                 # full-size folder's external weights stay on disk until then)
@@ -273,6 +286,6 @@ class LoraBackbone:
                     if module + A_SUFFIX in feeds:
                         for n in filter(None, (layer.weight, layer.scale, layer.bias)):
                             if n not in self.bases:
-                                self.bases[n] = numpy_helper.to_array(self._tensors[n], str(self.path.parent))
+                                self.bases[n] = _array(self._tensors[n], str(self.path.parent))
             cache[key] = merged_feeds(self.layers, self.bases, feeds)
         return cache[key]

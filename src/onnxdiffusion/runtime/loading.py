@@ -19,7 +19,7 @@ def disabled(info: dict) -> list | None:
 
 
 def backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
-                      memory=None, checked: bool = False):
+                      memory=None, checked: bool = False, external_files: dict | None = None):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
 
     int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
@@ -27,7 +27,8 @@ def backbone_session(path: Path, info: dict, provider: str, threads: int | None,
     the host loop and the Loop form (where ORT does not apply it) round differently.
     """
     return make_session(path, provider, threads, disabled_optimizers=disabled(info), providers=providers,
-                        memory=memory, checked=checked, model=_without_dead_queries(path))
+                        memory=memory, checked=checked, model=_without_dead_queries(path),
+                        external_files=external_files)
 
 
 def _without_dead_queries(path: Path) -> bytes | None:

@@ -80,7 +80,7 @@ class Pipeline:
                                              mem, checked=True), release=False)
         self.lora_backbone = lora_backbone(backbone_path, bb, family.backbone, provider, profile,
                                            partial(_backbone_session, info=bb, provider=provider, threads=threads,
-                                                   providers=chain["backbone"], memory=mem))
+                                                   providers=chain["backbone"], memory=mem, checked=True))
         if self.lora_backbone is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora_backbone.plain, release=False)
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
