@@ -213,6 +213,15 @@ def merged_feeds(layers: dict[str, FusedLayer], bases: dict[str, np.ndarray], fe
     return out
 
 
+def _drop_dead_queries(model: onnx.ModelProto) -> None:
+    """runtime.dead_queries' rewrite, where the backbone's session makes it (attention, weights in the file)."""
+    if any(n.op_type == "MultiHeadAttention" for n in model.graph.node) and not any(
+            t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+        from ..runtime.dead_queries import without_dead_queries
+
+        without_dead_queries(model)
+
+
 def _copy(t: onnx.TensorProto) -> onnx.TensorProto:
     """A tensor of its own (a sub-message would keep the whole graph, weights included, alive)."""
     out = onnx.TensorProto()
@@ -247,6 +256,7 @@ class LoraBackbone:
         self.layers: dict[str, FusedLayer] = {}
         self.bases: dict[str, np.ndarray] = {}  # merged layers' weights (and scales, biases) an adapter reached
         self._tensors: dict[str, onnx.TensorProto] = {}
+        self._inputs: set[str] = set()
 
     def _graph(self) -> onnx.ModelProto:
         return onnx.load(str(self.path), load_external_data=False)
@@ -264,7 +274,9 @@ class LoraBackbone:
                 base = str(self.path.parent)
                 candidates = set(_layer_nodes(model, modules, True, base))
                 strip_branches(model, candidates)
+                _drop_dead_queries(model)  # before exposing: what the backbone's session would drop is not an input
                 layers = expose(model, candidates, base)
+                self._inputs = {i.name for i in model.graph.input}
                 inits = {t.name: t for t in model.graph.initializer}
                 # the merged layers' tensors, read into `bases` when an adapter first reaches the layer (a
                 # full-size folder's external weights stay on disk until then)
@@ -287,5 +299,7 @@ class LoraBackbone:
                         for n in filter(None, (layer.weight, layer.scale, layer.bias)):
                             if n not in self.bases:
                                 self.bases[n] = _array(self._tensors[n], str(self.path.parent))
-            cache[key] = merged_feeds(self.layers, self.bases, feeds)
+            merged = merged_feeds(self.layers, self.bases, feeds)
+            # a layer the graph no longer computes (dropped as dead, e.g. an MMDiT's last text queries): no effect
+            cache[key] = {name: arr for name, arr in merged.items() if name in self._inputs}
         return cache[key]
