@@ -59,8 +59,9 @@ def test_runtime_lora_matches_diffusers(tiny_diffusers, sd_points, sd_loras, cas
 
 
 def test_adapter_step_is_bound_and_equals_fed_run(sd_points, sd_loras):
-    """The backbone step binds the adapter's arrays on its IO binding (adapters/runtime.FedBackbone): the same
-    output as feeding them to run(); a 1x1 conv's branch is MatMuls (no Conv with a fed weight)."""
+    """The backbone step binds the adapter's arrays (the set's merged weights, adapters/fused.py) on its IO binding
+    (adapters/runtime.FedBackbone): the same output as feeding them to run(); in the points graph (compiled
+    sampling graphs) a 1x1 conv's branch is MatMuls (no Conv with a fed weight)."""
     import onnx
 
     from onnxdiffusion.adapters.runtime import FedBackbone
@@ -74,8 +75,8 @@ def test_adapter_step_is_bound_and_equals_fed_run(sd_points, sd_loras):
     assert isinstance(step, FedBackbone) and step.adapter
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     out = step(x, 500.0)
-    feeds = {SAMPLE: step.sample, TIMESTEP: step.timestep, **step.conditioning, **adapter.for_component("unet")}
-    raw = pipe.backbone.run([OUT], feeds)[0]
+    feeds = {SAMPLE: step.sample, TIMESTEP: step.timestep, **step.conditioning, **step.adapter}
+    raw = step.session.run([OUT], feeds)[0]
     np.testing.assert_array_equal(out, cfg_combine(raw[:1], raw[1:], KW["guidance"], rescale=step.rescale))
     graph = onnx.load(str(sd_points / "unet" / "model.onnx"), load_external_data=False).graph
     ops = {n.op_type for n in graph.node if n.name.startswith("/lora/down_blocks.0.attentions.0.proj_in/")}
@@ -95,8 +96,8 @@ def test_fused_lora_matches_diffusers(tiny_diffusers, sd_loras, tmp_path):
 
 
 def test_int8_backbone_points_and_lora(tiny_onnx, sd_loras, tmp_path):
-    """On ORT's fused int8 kernels the branch stays float: no adapter = the int8 image exactly; with one, the
-    int8 + LoRA image follows the fp32 + LoRA image about as closely as int8 follows fp32."""
+    """On ORT's fused int8 kernels: no adapter = the int8 image exactly; with one, the merged weights are
+    requantized on the recipe's grid and the int8 + LoRA image follows the fp32 + LoRA image."""
     from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
 
     q = tmp_path / "int8"
@@ -112,6 +113,9 @@ def test_int8_backbone_points_and_lora(tiny_onnx, sd_loras, tmp_path):
     np.testing.assert_array_equal(pipe(PROMPT, **KW).images, a.images)
     loras = [(sd_loras["plain"], 0.7)]
     ours = pipe(PROMPT, loras=loras, **KW)
+    # merged at switch (adapters/fused.py) on the integer kernels; the time embedding's QGemms keep their branch
+    assert {layer.kind for layer in pipe.lora_backbone.layers.values()} == {"matmul_int8", "conv_int8"}
+    assert len(pipe.lora_backbone.layers) < len(manifest["components"]["unet"]["lora"]["targets"])
     ref = Pipeline.from_folder(tmp_path / "fp32_points")(PROMPT, loras=loras, **KW)
     assert psnr(ours.images, ref.images) >= 30.0
     assert psnr(ours.images, a.images) < psnr(ours.images, ref.images)  # nearer fp32+LoRA than plain int8

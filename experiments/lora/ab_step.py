@@ -5,7 +5,8 @@ median of the per-round ratios to the first variant (a shared machine's load dri
     PYTHONPATH=src python experiments/lora/ab_step.py NAME=FOLDER[:LORA[:run]] ... [--rounds 60] [--calls 3]
 
 `:run` feeds the adapter's arrays through session.run() every step (the step before the IO-binding change)
-instead of the bound FedBackbone. FOLDER: a model folder (plain, or with `lora points`, from this tree's code
+instead of the bound FedBackbone. A folder with points runs as the pipeline runs it: no adapter, the plain graph;
+an adapter, its merged weights (adapters/fused.py); measure.py also times the points graph's branches. FOLDER: a model folder (plain, or with `lora points`, from this tree's code
 or an older one: its graph is what runs).
 """
 

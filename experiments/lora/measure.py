@@ -1,6 +1,7 @@
 """Run-time LoRA on the embedded shapes-sd model (issue 23, acceptance 2): the int8-static backbone with a
-rank-16 adapter against fp32 + the same adapter over held-out prompts, and the backbone step time with and
-without an adapter (1 thread, CPU time, interleaved rounds, medians).
+rank-16 adapter against fp32 + the same adapter over held-out prompts, the backbone step time with and
+without an adapter (1 thread, CPU time, interleaved rounds, medians; merged weights and, in the same rounds,
+the insertion points' branches), and what changing the adapter set costs.
 
     PYTHONPATH=src python experiments/lora/measure.py WORK [--prompts 32] [--rounds 5] [--calls 10] [--out results]
 
@@ -56,20 +57,30 @@ def prepare(work: Path, calib: int) -> dict[str, Path]:
 
 
 def step_times(paths: dict, rounds: int, calls: int) -> dict:
-    """CPU seconds per backbone call (guided batch), medians over interleaved rounds."""
+    """CPU seconds per backbone call (guided batch), medians over interleaved rounds. `points` variants run as
+    the pipeline runs them (no adapter: the plain graph; an adapter: merged weights, adapters/fused.py);
+    `branches` variants run the points graph itself with the A/B feeds bound (the run-time path before the
+    merged weights), in the same rounds."""
     from onnxdiffusion.runtime import Pipeline
+    from onnxdiffusion.runtime.loading import backbone_session
 
     pipes = {k: Pipeline.from_folder(paths[k], threads=1) for k in ("fp32", "fp32_points", "int8", "int8_points")}
-    variants = {"fp32": ("fp32", None), "fp32 points, no adapter": ("fp32_points", None),
-                "fp32 points + rank-16": ("fp32_points", [(paths["lora"], 1.0)]),
-                "int8": ("int8", None), "int8 points, no adapter": ("int8_points", None),
-                "int8 points + rank-16": ("int8_points", [(paths["lora"], 1.0)])}
+    lora = [(paths["lora"], 1.0)]
+    variants = {}
+    for kind in ("fp32", "int8"):
+        key = kind + "_points"
+        info = pipes[key].manifest["components"]["unet"]
+        points_graph = backbone_session(paths[key] / info["path"], info, "cpu", 1)
+        variants.update({kind: (kind, None, None), f"{kind} points, no adapter": (key, None, None),
+                         f"{kind} points + rank-16": (key, lora, None),
+                         f"{kind} branches, no adapter": (key, None, points_graph),
+                         f"{kind} branches + rank-16": (key, lora, points_graph)})
     fns = {}
-    for name, (key, loras) in variants.items():
+    for name, (key, loras, session) in variants.items():
         pipe = pipes[key]
         adapter = pipe.lora_feeds(loras)
         shape = pipe.latent_shape_for(1)
-        fns[name] = pipe.guided_backbone(["a red circle"], None, 4.0, 64, 64, shape, adapter=adapter)
+        fns[name] = pipe.guided_backbone(["a red circle"], None, 4.0, 64, 64, shape, session=session, adapter=adapter)
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     for fn in fns.values():
         fn(x, 500.0)  # warm-up
@@ -83,6 +94,32 @@ def step_times(paths: dict, rounds: int, calls: int) -> dict:
     return samples
 
 
+def switch_costs(paths: dict, repeats: int = 10) -> dict:
+    """What changing the adapter set costs on a pipeline whose fused session exists (files already parsed):
+    the set's A/B feeds plus its merged weights, CPU ms, median over `repeats`; and the one-time making of the
+    fused session (first adapter on a pipeline), with the layers merged and kept as branches."""
+    from onnxdiffusion.runtime import Pipeline
+
+    out = {}
+    for key in ("fp32_points", "int8_points"):
+        pipe = Pipeline.from_folder(paths[key], threads=1)
+        t = time.process_time()
+        pipe.lora_backbone.fused()
+        first = time.process_time() - t
+        lora = [(paths["lora"], 1.0)]
+        pipe.lora_backbone.feeds(pipe.lora_feeds(lora))  # the file read once (LoraCache)
+        times = []
+        for _ in range(repeats):
+            t = time.process_time()
+            pipe.lora_backbone.feeds(pipe.lora_feeds(lora))
+            times.append(time.process_time() - t)
+        targets = pipe.manifest["components"]["unet"]["lora"]["targets"]
+        out[key] = {"switch_ms": statistics.median(times) * 1e3, "fused_session_ms": first * 1e3,
+                    "merged_layers": len(pipe.lora_backbone.layers),
+                    "branch_layers": len(targets) - len(pipe.lora_backbone.layers)}
+    return out
+
+
 def summarize(samples: dict[str, list[float]]) -> tuple[dict, dict]:
     """Median seconds per variant, and per ratio the median of the per-round ratios (each round's variants ran
     back to back, so a shared machine's load drifts out of the ratio)."""
@@ -90,8 +127,8 @@ def summarize(samples: dict[str, list[float]]) -> tuple[dict, dict]:
     ratios = {}
     for k, v in samples.items():
         kind = "int8" if k.startswith("int8") else "fp32"
-        for ref in (kind, f"{kind} points, no adapter"):
-            if k != ref and (ref == kind or "points" in k):
+        for ref in (kind, f"{kind} points, no adapter", f"{kind} branches, no adapter"):
+            if k != ref and (ref == kind or ref.split()[1] == (k.split() + [''])[1].rstrip(',') + ','):
                 ratios[f"{k} / {ref}"] = statistics.median(a / b for a, b in zip(v, samples[ref]))
     return times, ratios
 
@@ -129,10 +166,11 @@ def main() -> None:
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     samples = step_times(paths, args.rounds, args.calls)
     times, ratios = summarize(samples)
+    switch = switch_costs(paths)
     q = quality(paths, args.prompts) if args.prompts else {"prompts": 0, "rows": []}
     load = Path("/proc/loadavg").read_text().split()[:3]
     result = {"cpu": cpu(), "load_avg": load, "load_avg_before": load_before, "python": platform.python_version(),
-              "threads": 1, "step_seconds": times, "ratios": ratios, "step_samples": samples,
+              "threads": 1, "step_seconds": times, "ratios": ratios, "switch": switch, "step_samples": samples,
               "quality": {k: v for k, v in q.items() if k != "rows"}, "rows": q["rows"]}
     (HERE / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Run-time LoRA on the embedded shapes-sd model", "",
@@ -141,12 +179,22 @@ def main() -> None:
              "ratios: median of the per-round ratios.", "",
              f"`PYTHONPATH=src python experiments/lora/measure.py WORK --rounds {args.rounds} --calls {args.calls} "
              f"--prompts {args.prompts} --out {args.out}`", "",
-             "| variant | ms / call | vs plain folder | vs points, no adapter |", "|---|---|---|---|"]
+             "`points`: the folder with insertion points as the pipeline runs it (no adapter: the plain graph, the "
+             "branches taken out; an adapter: its merged weights, adapters/fused.py); `branches`: the points graph "
+             "itself with the adapter's A/B bound (the run-time path before merged weights), same rounds.", "",
+             "| variant | ms / call | vs plain folder | vs same graph, no adapter |", "|---|---|---|---|"]
     for k, v in times.items():
         kind = "int8" if k.startswith("int8") else "fp32"
-        plain, points = ratios.get(f"{k} / {kind}"), ratios.get(f"{k} / {kind} points, no adapter")
-        points_cell = f"{points:.3f}x" if points else ("1.000x" if k.endswith("points, no adapter") else "")
-        lines.append(f"| {k} | {v * 1e3:.2f} | {f'{plain:.3f}x' if plain else '1.000x'} | {points_cell} |")
+        plain = ratios.get(f"{k} / {kind}")
+        same = next((r for key, r in ratios.items() if key.startswith(f"{k} / ") and key.endswith("no adapter")), None)
+        same_cell = f"{same:.3f}x" if same else ("1.000x" if k.endswith("no adapter") else "")
+        lines.append(f"| {k} | {v * 1e3:.2f} | {f'{plain:.3f}x' if plain else '1.000x'} | {same_cell} |")
+    lines += ["", "Changing the adapter set (`points` pipelines; CPU ms, median of 10; the file already parsed):", "",
+              "| folder | merged layers | layers kept as branches | switch: A/B + merged weights | first adapter: "
+              "fused session made |", "|---|---|---|---|---|"]
+    for key, sw in switch.items():
+        lines.append(f"| {key} | {sw['merged_layers']} | {sw['branch_layers']} | {sw['switch_ms']:.1f} ms | "
+                     f"{sw['fused_session_ms']:.0f} ms |")
     if q["rows"]:
         lines += ["", f"Quality over {q['prompts']} held-out prompts (PSNR, dB, uint8 images, 20 DDIM steps):", "",
                   "| comparison | mean | worst |", "|---|---|---|"]

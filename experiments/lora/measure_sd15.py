@@ -80,9 +80,11 @@ def main() -> None:
         shape = plain.latent_shape_for(1, args.size, args.size)
         adapter = with_points.lora_feeds([(lora_file, 1.0)])
         fns = {f"{name}": plain.guided_backbone(["a photo"], None, 7.5, args.size, args.size, shape),
-               f"{name} points, no adapter": with_points.guided_backbone(["a photo"], None, 7.5, args.size, args.size, shape),
-               f"{name} points + rank-{args.rank}": with_points.guided_backbone(["a photo"], None, 7.5, args.size,
-                                                                              args.size, shape, adapter=adapter)}
+               f"{name} points, no adapter": with_points.guided_backbone(["a photo"], None, 7.5, args.size, args.size, shape)}
+        t = time.process_time()  # the first adapter: the fused session made, the merged weights computed
+        fns[f"{name} points + rank-{args.rank}"] = with_points.guided_backbone(["a photo"], None, 7.5, args.size,
+                                                                              args.size, shape, adapter=adapter)
+        first_adapter = time.process_time() - t
         x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
         ref = {k: fn(x, 500.0).copy() for k, fn in fns.items()}  # warm-up
         assert np.array_equal(ref[name], ref[f"{name} points, no adapter"]), "points without adapter changed the output"
@@ -98,7 +100,15 @@ def main() -> None:
                        "vs_base": statistics.median(a / b for a, b in zip(v, samples[name])),
                        "vs_points": statistics.median(a / b for a, b in zip(v, points)) if "points" in k else None}
             print(f"{k}: {rows[k]['seconds']:.3f} s ({rows[k]['vs_base']:.3f}x)", flush=True)
-        rows[f"{name} adapter layers"] = {"modules": len(adapter.for_component("unet")) // 2, "shape": list(shape)}
+        switch = []
+        for _ in range(3):  # another adapter set (same file, files parsed): its A/B feeds and merged weights
+            t = time.process_time()
+            with_points.lora_backbone.feeds(with_points.lora_feeds([(lora_file, 1.0)]))
+            switch.append(time.process_time() - t)
+        rows[f"{name} adapter layers"] = {"modules": len(adapter.for_component("unet")) // 2, "shape": list(shape),
+                                          "merged_layers": len(with_points.lora_backbone.layers),
+                                          "first_adapter_s": first_adapter, "switch_s": statistics.median(switch)}
+        print(rows[f"{name} adapter layers"], flush=True)
         del fns, plain, with_points, adapter
         gc.collect()  # one model's sessions at a time
     load = Path("/proc/loadavg").read_text().split()[:3]
@@ -113,11 +123,20 @@ def main() -> None:
              f"`PYTHONPATH=src python experiments/lora/measure_sd15.py WORK {' '.join(f'--model {n}=FOLDER' for n in models)}"
              f" --rank {args.rank} --size {args.size} --rounds {args.rounds} --out {args.out}` (FOLDER: the bench verb's SD1.5-size export "
              "and its int8-static quantization); ratios: median of the per-round ratios.", "",
+             "`points`: as the pipeline runs the folder with insertion points: no adapter, the plain graph (branches "
+             "taken out); an adapter, its merged weights (adapters/fused.py).", "",
              "| variant | s / call | vs plain folder | vs points, no adapter |", "|---|---|---|---|"]
     for k, v in rows.items():
         if "seconds" in v:
             vp = f"{v['vs_points']:.3f}x" if v["vs_points"] else ""
             lines.append(f"| {k} | {v['seconds']:.3f} | {v['vs_base']:.3f}x | {vp} |")
+    lines += ["", "Changing the adapter set: the first adapter on a pipeline makes the fused session and computes the "
+              "set's merged weights; another set computes its merged weights (CPU seconds, median of 3):", "",
+              "| folder | adapter's layers | merged layers in the graph | first adapter | switch |", "|---|---|---|---|---|"]
+    for k, v in rows.items():
+        if "merged_layers" in v:
+            lines.append(f"| {k.split()[0]} | {v['modules']} | {v['merged_layers']} | {v['first_adapter_s']:.1f} s | "
+                         f"{v['switch_s']:.2f} s |")
     (HERE / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

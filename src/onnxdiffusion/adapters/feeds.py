@@ -26,10 +26,12 @@ SCALE_RANGE = (-4.0, 4.0)
 
 @dataclass
 class AdapterFeeds:
-    """component -> {input name: array}; `key` identifies the adapter set (same files, same scales)."""
+    """component -> {input name: array}; `key` identifies the adapter set (same files, same scales); `merged`:
+    the merged weights a fused backbone computed for this set (adapters/fused.py), kept as long as the set is."""
 
     feeds: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     key: tuple = ()
+    merged: dict = field(default_factory=dict, compare=False, repr=False)
 
     def for_component(self, name: str) -> dict[str, np.ndarray]:
         return self.feeds.get(name, {})

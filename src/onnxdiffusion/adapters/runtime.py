@@ -1,12 +1,12 @@
 """The run-time side of LoRA: adapter tensors as extra feeds of the text encoders' and backbone's sessions.
 
-The insertion points are graph inputs with rank-0 default initializers. The backbone's step binds the
-adapter's arrays once, as OrtValues, beside the sample on the same IO binding as a plain step
-(FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
-`bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter`
-is silently ignored by `run_with_iobinding`. Against feeding the ~140 arrays of a rank-16 shapes-sd
-adapter through `run()` every step: 0-3% of the step (experiments/lora/overhead.md). A generation without
-an adapter keeps the plain bound path untouched (the plain image, bit for bit).
+The insertion points are graph inputs with rank-0 default initializers. On the host loop's backbone a
+folder with points runs the graph derived from them (adapters/fused.py): without an adapter the plain graph,
+with one the merged weights of the set, bound once as OrtValues beside the sample on the same IO binding as a
+plain step (FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
+`bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter` is
+silently ignored by `run_with_iobinding`. A caller's own backbone session (a precision schedule's second
+backbone) and the compiled sampling graphs take the insertion points' A/B feeds.
 """
 
 from __future__ import annotations
@@ -42,9 +42,19 @@ class FedBackbone(GuidedBackbone):
     def __init__(self, session, latents_shape, cond, uncond, guidance: float, rescale: bool = False,
                  extra: dict[str, np.ndarray] | None = None):
         super().__init__(session, latents_shape, cond, uncond, guidance, rescale)
-        self.adapter = {name: np.ascontiguousarray(arr, np.float32) for name, arr in (extra or {}).items()}
+        # float32 A/B, or a fused backbone's merged weights in their own types (int8, int32 bias)
+        self.adapter = {name: np.ascontiguousarray(arr) for name, arr in (extra or {}).items()}
         for name, arr in self.adapter.items():
             self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+
+
+def backbone_step_inputs(pipe, session, adapter):
+    """(session, arrays to bind) for the backbone's step with `adapter`: the fused session and the set's merged
+    weights when the pipeline derived one (adapters/fused.py), else `session` and the insertion points' A/B."""
+    fused = getattr(pipe, "lora_backbone", None)
+    if session is not None or fused is None:  # a caller's session (a precision schedule's second backbone)
+        return session or pipe.backbone, adapter.for_component(pipe.family.backbone)
+    return fused.fused(), fused.feeds(adapter)
 
 
 def pipeline_feeds(pipe, loras, loop: str = "host"):

@@ -127,14 +127,20 @@ def session_options(threads: int | None = None, memory=None, level: str | None =
 def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
                  disabled_optimizers: list[str] | None = None, providers: list | None = None,
                  memory=None, checked: bool = False, level: str | None = None,
-                 model: bytes | None = None) -> ort.InferenceSession:
+                 model: bytes | None = None, external_files: dict | None = None) -> ort.InferenceSession:
     """`providers`: ONNX Runtime's provider list with options (a profile's); default: `provider`, then CPU.
     `memory`: runtime.memory.MemoryOptions (None: ORT's defaults). `checked`: the caller already ran
     check_external_data on this file (the graph is not parsed a second time). `model`: the file's graph as
-    rewritten in memory by the caller (its weights inline), loaded instead of the file."""
+    rewritten in memory by the caller (its weights inline), loaded instead of the file. `external_files`: the
+    graph's external-data files by the name it gives them, as buffers (a graph derived in a temporary folder
+    reading its source's weights: ORT refuses a link out of the model's folder)."""
     if not checked:
         check_external_data(path)
     opts = session_options(threads, memory, level)
+    if external_files:
+        names = list(external_files)
+        opts.add_external_initializers_from_files_in_memory(names, [external_files[n] for n in names],
+                                                            [len(external_files[n]) for n in names])
     try:
         extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
         chain = providers if providers is not None else resolve_provider(provider)

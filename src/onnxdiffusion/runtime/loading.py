@@ -19,7 +19,7 @@ def disabled(info: dict) -> list | None:
 
 
 def backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
-                      memory=None, checked: bool = False):
+                      memory=None, checked: bool = False, external_files: dict | None = None):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
 
     int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
@@ -27,7 +27,8 @@ def backbone_session(path: Path, info: dict, provider: str, threads: int | None,
     the host loop and the Loop form (where ORT does not apply it) round differently.
     """
     return make_session(path, provider, threads, disabled_optimizers=disabled(info), providers=providers,
-                        memory=memory, checked=checked, model=_without_dead_queries(path))
+                        memory=memory, checked=checked, model=_without_dead_queries(path),
+                        external_files=external_files)
 
 
 def _without_dead_queries(path: Path) -> bytes | None:
@@ -85,3 +86,14 @@ def load_scheduler(folder: Path) -> tuple[dict, object]:
     except (OSError, ValueError, TypeError, RecursionError) as e:  # JSON and Unicode errors are ValueErrors
         raise UserError(f"{sched_path}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from None
     return cfg, schedule
+
+
+def lora_backbone(path: Path, info: dict, component: str, provider: str, profile, make):
+    """A folder with LoRA insertion points, on the CPU provider without a hardware profile: its backbone's
+    plain and fused sessions (adapters/fused.py: no adapter runs the plain graph, an adapter set its merged
+    weights); None otherwise (the points graph runs as it is)."""
+    if not (info.get("lora") or {}).get("targets") or provider != "cpu" or profile is not None:
+        return None
+    from ..adapters.fused import LoraBackbone
+
+    return LoraBackbone(path, component, make)

@@ -30,7 +30,8 @@ from .generation import (  # noqa: F401  (re-exported: the public names live her
 from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph, open_sampling_graph
-from .loading import backbone_remedies, backbone_session as _backbone_session, disabled as _disabled, load_scheduler
+from .loading import (backbone_remedies, backbone_session as _backbone_session, disabled as _disabled, load_scheduler,
+                      lora_backbone)
 from .session import check_external_data, make_session
 from .tokenizer import PromptTokenizer
 from .vae_tiling import check_tiling, tiled_decode
@@ -77,6 +78,11 @@ class Pipeline:
         backbone_io = check_external_data(backbone_path)
         self._backbone = LazySession(partial(_backbone_session, backbone_path, bb, provider, threads, chain["backbone"],
                                              mem, checked=True), release=False)
+        self.lora_backbone = lora_backbone(backbone_path, bb, family.backbone, provider, profile,
+                                           partial(_backbone_session, info=bb, provider=provider, threads=threads,
+                                                   providers=chain["backbone"], memory=mem, checked=True))
+        if self.lora_backbone is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
+            self._backbone = LazySession(self.lora_backbone.plain, release=False)
         self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
                                         providers=chain["other"], memory=mem,
                                         disabled_optimizers=_disabled(comps["vae_decoder"]))
@@ -205,15 +211,14 @@ class Pipeline:
         if inputs:  # more backbone inputs (ControlNet residuals), already on the [uncond; cond] batch
             return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra,
                                   inputs=inputs)
-        session = session or self.backbone
         if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors bound beside the sample (runtime.py)
-            from ..adapters.runtime import FedBackbone
+            from ..adapters.runtime import FedBackbone, backbone_step_inputs
 
             if extra is not None:
                 raise UserError("a run-time LoRA on an inpainting backbone (extra input channels) is not supported yet")
-
-            return FedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale,
-                               extra=adapter.for_component(self.family.backbone))
+            session, bound = backbone_step_inputs(self, session, adapter)
+            return FedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=bound)
+        session = session or self.backbone
         if self.profile is not None and self.profile.profile.io_binding == "device":
             if extra is not None:
                 raise UserError("an inpainting backbone's extra input channels are not bound to device memory yet; "
