@@ -167,6 +167,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     tuned_for = None
     qdq = _has_qdq(unet)
     unet = loops_control.cut_backbone(unet, family, control, comps[backbone], large)
+    if not large:  # the attention query rows nothing reads dropped, as in the host loop's backbone session
+        from .runtime.dead_queries import without_dead_queries
+
+        without_dead_queries(unet)
     if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
         cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
     weights = net_level = None  # a large backbone's optimized weights (one file), the ControlNets' ORT level
