@@ -65,28 +65,15 @@ def test_sdxl_single_file_round_trip(tmp_path):
     assert psnr(ours.images, ref.images) >= 40.0
 
 
-@pytest.fixture(scope="module")
-def sd3_widths(tmp_path_factory):
-    """single_file_layout's tiny SD3 (diffusers folder) and the same pipeline as one SAI/ComfyUI all-in-one file,
-    built once per test run (conftest.shared_folder) for the two SD3 tests below."""
-    from conftest import shared_folder
-    from single_file_layout import build_tiny_sd3_widths, write_sd3_single_file
-
-    def build(root):
-        write_sd3_single_file(build_tiny_sd3_widths(root / "sd3"), root / "tiny-sd3.safetensors")
-        return root
-
-    root = shared_folder(tmp_path_factory, "sd3_widths", build)
-    return root / "sd3" / "diffusers", root / "tiny-sd3.safetensors"
-
-
-def test_sd3_single_file_round_trip(sd3_widths, tmp_path):
+def test_sd3_single_file_round_trip(tmp_path):
     """SD3 in the SAI/ComfyUI all-in-one layout (MMDiT joint_blocks with fused qkv, first_stage_model, CLIP-L, CLIP-G
     and T5 under text_encoders.*), read back by diffusers' converters."""
     from onnxdiffusion.export import ExportOptions, export_pipeline
     from onnxdiffusion.export.single_file import export_checkpoint
+    from single_file_layout import build_tiny_sd3_widths, write_sd3_single_file
 
-    src, ckpt = sd3_widths
+    src = build_tiny_sd3_widths(tmp_path / "sd3")
+    ckpt = write_sd3_single_file(src, tmp_path / "tiny-sd3.safetensors")
     options = ExportOptions(skip=("vae_encoder",), default_size=32)
     export_pipeline(src, tmp_path / "from_folder", options, progress=False)
     manifest = export_checkpoint(ckpt, tmp_path / "from_ckpt", options, config=src, family="sd3", progress=False)
@@ -98,7 +85,7 @@ def test_sd3_single_file_round_trip(sd3_widths, tmp_path):
     assert "from_config" not in manifest["source"]  # every weight came from the file
 
 
-def test_components_the_file_lacks_come_from_config(sd3_widths, tmp_path):
+def test_components_the_file_lacks_come_from_config(tmp_path):
     """An SD3 file without T5 (sd3_medium_incl_clips) or with the MMDiT alone: those components' weights come from
     --config (diffusers' own advice), named in the result; a --config without them is a one-line error."""
     import shutil
@@ -107,9 +94,10 @@ def test_components_the_file_lacks_come_from_config(sd3_widths, tmp_path):
 
     from onnxdiffusion.errors import UserError
     from onnxdiffusion.export.single_file import materialize
+    from single_file_layout import build_tiny_sd3_widths, write_sd3_single_file
 
-    src, ckpt = sd3_widths
-    full = st.load_file(ckpt)
+    src = build_tiny_sd3_widths(tmp_path / "sd3")
+    full = st.load_file(write_sd3_single_file(src, tmp_path / "full.safetensors"))
     cases = {"no_t5": ("text_encoders.t5xxl.",), "mmdit_only": ("text_encoders.", "first_stage_model.")}
     for name, dropped in cases.items():
         st.save_file({k: v for k, v in full.items() if not k.startswith(dropped)}, tmp_path / f"{name}.safetensors")
