@@ -254,12 +254,8 @@ def test_quantized_files_are_byte_identical_across_runs(tiny_onnx, tmp_path):
 ])
 def test_every_recipe_runs_and_its_loop_form_matches_the_host_loop(name, options, tiny_onnx, tmp_path, reference):
     out = tmp_path / name
-    # the report's quality (SQNR over fp32 trajectories, probe images) in the plain int8-static case only: no case
-    # here checks its numbers (test_correct_end_to_end and test_quantize_files do), and it runs both pipelines again
-    measured = name == "int8-static" and not options
-    report = quantize(tiny_onnx, out, config(recipe_class(name).with_options(options)), measure_quality=measured)
+    report = quantize(tiny_onnx, out, config(recipe_class(name).with_options(options)))
     assert report["latency"] and report["verdict"].startswith(("pays on cpu", "does not pay on cpu"))
-    assert bool(report["quality"].get("probe_psnr_db")) == measured or name == "mixed"
     compile_loop(out, out, form="loop")
     pipe = Pipeline.from_folder(out)
     host = pipe(PROMPTS, **GEN)
