@@ -23,8 +23,8 @@ def _worker_threads() -> int | None:
 def limit_worker_threads(threads: int) -> None:
     """ONNX Runtime starts one intra-op thread per physical core for a session that names no count, torch one OpenMP
     thread per core: with a worker per core that is twice as many busy (and spinning) threads as cores. Measured
-    single process (experiments/house/test_time.md, "threads"): the same tests took 2.2x the CPU seconds at the
-    libraries' defaults that they took at one thread each. A session or a command that names its thread count
+    single process (experiments/house/test_time.md, "Threads"): the same tests took 1.9x the CPU seconds at the
+    libraries' defaults that they took at one thread each (same bytes out: ort_threads_bitcheck.py). A session or a command that names its thread count
     keeps it; CLI subprocesses inherit the OpenMP variables (their ORT sessions keep the default)."""
     import onnxruntime as ort
 
