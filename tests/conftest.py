@@ -8,6 +8,42 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _worker_threads() -> int | None:
+    """Under pytest-xdist: the cores this process may use, shared out among the workers (`make test`: 2 workers on
+    2 cores, one thread each); None otherwise (`-n 0` keeps the libraries' defaults)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)  # set by xdist before conftest is imported
+    if workers < 1:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // workers)
+
+
+def limit_worker_threads(threads: int) -> None:
+    """ONNX Runtime starts one intra-op thread per physical core for a session that names no count, torch one OpenMP
+    thread per core: with a worker per core that is twice as many busy (and spinning) threads as cores. Measured
+    single process (experiments/house/test_time.md, "Threads"): the same tests took 1.9x the CPU seconds at the
+    libraries' defaults that they took at one thread each (same bytes out: ort_threads_bitcheck.py). A session or a command that names its thread count
+    keeps it; CLI subprocesses inherit the OpenMP variables (their ORT sessions keep the default)."""
+    import onnxruntime as ort
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
+    init = ort.InferenceSession.__init__
+
+    def session_init(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
+        if sess_options is None:
+            sess_options = ort.SessionOptions()
+        if sess_options.intra_op_num_threads == 0:  # 0: ORT's default, one per physical core
+            sess_options.intra_op_num_threads = threads
+        init(self, path_or_bytes, sess_options, providers, provider_options, **kwargs)
+
+    ort.InferenceSession.__init__ = session_init
+
+
+if _worker_threads():
+    limit_worker_threads(_worker_threads())
 sys.path.insert(0, str(ROOT / "models" / "training"))
 
 

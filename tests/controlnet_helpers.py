@@ -90,3 +90,83 @@ def build_tiny_qwen_controlnet(pipeline_dir: Path, out: Path, seed: int = 0, lay
             lin.bias.normal_(0.0, std * 0.1)
     net.save_pretrained(out, safe_serialization=True)
     return out
+
+
+# -- the transformer families' ControlNet tests (test_controlnet_{sd3,flux,qwen}.py) share these ----------------
+
+FAMILY_NETS = {  # family: (builder, {net name: its options}); two nets each, of different shapes or settings
+    # sd3 "z": InstantX-style (zero pooled projections, control latents unshifted); "s": shifted, real pooled
+    "sd3": (build_tiny_sd3_controlnet, {"z": dict(seed=0), "s": dict(seed=1, zero_pooled=False)}),
+    # flux "d": one double and one single block; "s": single blocks only, two of them for the transformer's one
+    "flux": (build_tiny_flux_controlnet, {"d": dict(seed=0), "s": dict(seed=1, layers=0, single_layers=2)}),
+    # qwenimage "one": a single block (its sample joins after both of the transformer's blocks), "two": one per block
+    "qwenimage": (build_tiny_qwen_controlnet, {"one": dict(seed=0, layers=1), "two": dict(seed=1, layers=2)}),
+}
+
+
+def family_controlnet_folder(tmp_path_factory, family: str, src: Path, base: Path | None = None,
+                             components: tuple[str, ...] | None = None, size: int = 32) -> tuple[Path, dict]:
+    """The tiny `family` pipeline at `src` as an ONNX folder with its VAE encoder (the control picture is
+    VAE-encoded) and FAMILY_NETS' two nets added: `base` (an exported folder) copied, or `src` exported
+    (`components`, default size `size`). Built once per test run and shared by the xdist workers
+    (conftest.shared_folder), like the session fixtures. Returns the folder and {net name: diffusers net folder}."""
+    from conftest import shared_folder
+
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+    from onnxdiffusion.export.controlnet import add_controlnet
+
+    builder, specs = FAMILY_NETS[family]
+
+    def build(root: Path) -> Path:
+        nets = {name: builder(src, root / name, **options) for name, options in specs.items()}
+        out = root / "model"
+        if base is None:
+            export_pipeline(src, out, ExportOptions(components=components, default_size=size), progress=False)
+        for i, (name, path) in enumerate(nets.items()):
+            if base is not None and i == 0:
+                add_controlnet(base, path, name, out=out)
+            else:
+                add_controlnet(out, path, name)
+        return out
+
+    out = shared_folder(tmp_path_factory, f"{family}_cn", build)
+    return out, {name: out.parent / name for name in specs}
+
+
+def looped_folder(tmp_path_factory, family: str, folder: Path, controlnets: tuple[str, ...], steps: int) -> Path:
+    """`folder` with `controlnets` built into a Loop graph and a `steps`-step unrolled graph, once per test run."""
+    from conftest import shared_folder
+
+    from onnxdiffusion.loops import compile_loop
+
+    def build(root: Path) -> Path:
+        out = root / "model"
+        compile_loop(folder, out, controlnets=controlnets)
+        compile_loop(out, out, form="unrolled", steps=steps, controlnets=controlnets)
+        return out
+
+    return shared_folder(tmp_path_factory, f"{family}_cn_loop", build)
+
+
+def diffusers_controlnet_images(pipeline_cls: str, net_cls: str, src: Path, net_dir: Path, image: np.ndarray,
+                                latents: np.ndarray, steps: int, output: str = "np", **call) -> np.ndarray:
+    """diffusers' `pipeline_cls` with the `net_cls` net at `net_dir`, from our latents and control picture: uint8
+    images (output="latent": the final latents). diffusers encodes the control picture with
+    `latent_dist.sample()` (a random draw); here it takes the posterior mean, as our host loop does (the
+    folder's vae_encoder)."""
+    import diffusers
+    import torch
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from PIL import Image
+
+    net = getattr(diffusers, net_cls).from_pretrained(net_dir, local_files_only=True)
+    pipe = getattr(diffusers, pipeline_cls).from_pretrained(src, controlnet=net, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    original = DiagonalGaussianDistribution.sample
+    DiagonalGaussianDistribution.sample = lambda self, generator=None: self.mean
+    try:
+        out = pipe(control_image=Image.fromarray(image), latents=torch.from_numpy(latents), num_inference_steps=steps,
+                   output_type=output, **call).images
+    finally:
+        DiagonalGaussianDistribution.sample = original
+    return out.numpy() if output == "latent" else (out * 255).round().astype(np.uint8)

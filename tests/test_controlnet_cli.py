@@ -1,5 +1,8 @@
 """ControlNet from the command line and its bad inputs (one line, nothing written); an int8-static UNet
-takes the residuals too (the cut turns its QLinearConcat skip joins back into float joins)."""
+takes the residuals too (the cut turns its QLinearConcat skip joins back into float joins).
+
+The verbs run in-process (cli_helpers.run_cli_here: cli.run, what `python -m onnxdiffusion.cli` calls before
+sys.exit); a process per case cost an interpreter start and the torch import, more than the cases' work."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli_here
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.runtime import Pipeline
@@ -45,21 +48,21 @@ def control_png(tmp_path_factory):
 
 
 def test_add_controlnet_then_generate(folder, net, control_png, tmp_path):
-    proc = run_cli("add-controlnet", folder, net, "--name", "edges")
+    proc = run_cli_here("add-controlnet", folder, net, "--name", "edges")
     assert proc.returncode == 0, proc.stderr[-2000:]
     entry = json.loads((folder / "manifest.json").read_text())["controlnets"]["edges"]
     assert entry["family"] == "sd" and entry["validation"]["max_abs_error"] < 1e-3
     assert entry["residuals"] == [[32, 1], [32, 1], [32, 2], [64, 2]] and entry["mid"] == [64, 2]
     out = tmp_path / "cn.png"
-    proc = run_cli("generate", folder, PROMPT, "--control", control_png, "--controlnet", "edges:0.8:0:0.9",
+    proc = run_cli_here("generate", folder, PROMPT, "--control", control_png, "--controlnet", "edges:0.8:0:0.9",
                    "--steps", "4", "--guidance", "4", "-o", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     pipe = Pipeline.from_folder(folder)
     want = pipe(PROMPT, steps=4, guidance=4.0, controlnets=[("edges", Image.open(control_png), 0.8, 0.0, 0.9)]).images[0]
     assert np.array_equal(np.asarray(Image.open(out).convert("RGB")), want)
     # the same name again: refused without --overwrite, replaced with it
-    assert_one_line_error(run_cli("add-controlnet", folder, net, "--name", "edges"), "already has a ControlNet")
-    assert run_cli("add-controlnet", folder, net, "--name", "edges", "--overwrite").returncode == 0
+    assert_one_line_error(run_cli_here("add-controlnet", folder, net, "--name", "edges"), "already has a ControlNet")
+    assert run_cli_here("add-controlnet", folder, net, "--name", "edges", "--overwrite").returncode == 0
     from onnxdiffusion.artifacts import read_manifest, verify_folder
 
     verify_folder(folder, read_manifest(folder))
@@ -78,10 +81,10 @@ def test_add_controlnet_then_generate(folder, net, control_png, tmp_path):
 ])
 def test_bad_generate_inputs_are_one_line(folder, net, control_png, tmp_path, args, fragment):
     if "controlnets" not in json.loads((folder / "manifest.json").read_text()):
-        assert run_cli("add-controlnet", folder, net, "--name", "edges").returncode == 0
+        assert run_cli_here("add-controlnet", folder, net, "--name", "edges").returncode == 0
     out = tmp_path / "x.png"
     args = [str(control_png) if a == "CONTROL" else a for a in args]
-    assert_one_line_error(run_cli("generate", folder, PROMPT, "--steps", "2", "-o", out, *args), fragment)
+    assert_one_line_error(run_cli_here("generate", folder, PROMPT, "--steps", "2", "-o", out, *args), fragment)
     assert not out.exists()
 
 
@@ -89,7 +92,7 @@ def test_bad_python_inputs(folder, net, control_png):
     from onnxdiffusion.runtime.controlnet import ControlNetSpec
 
     if "controlnets" not in json.loads((folder / "manifest.json").read_text()):
-        assert run_cli("add-controlnet", folder, net, "--name", "edges").returncode == 0
+        assert run_cli_here("add-controlnet", folder, net, "--name", "edges").returncode == 0
     pipe = Pipeline.from_folder(folder)
     img = Image.open(control_png)
     for bad, fragment in [(ControlNetSpec("edges", img, float("nan")), "finite"),
@@ -107,7 +110,7 @@ def test_controlnet_of_another_family_is_refused(tiny_sdxl_diffusers, folder, tm
 
     xl = build_tiny_controlnet(tiny_sdxl_diffusers, tmp_path / "xl")
     before = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
-    proc = run_cli("add-controlnet", folder, xl, "--name", "xl")
+    proc = run_cli_here("add-controlnet", folder, xl, "--name", "xl")
     assert_one_line_error(proc, "for a sdxl UNet", "this folder is sd")
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == before
     # and at load: a manifest that names one anyway (edited by hand) is refused in one line
@@ -121,10 +124,10 @@ def test_controlnet_of_another_family_is_refused(tiny_sdxl_diffusers, folder, tm
 
 
 def test_export_with_controlnet_option(tiny_diffusers, net, tmp_path):
-    proc = run_cli("export", tiny_diffusers, tmp_path / "m", "--controlnet", f"edges={net}", "--skip", "vae_encoder")
+    proc = run_cli_here("export", tiny_diffusers, tmp_path / "m", "--controlnet", f"edges={net}", "--skip", "vae_encoder")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "edges" in json.loads((tmp_path / "m" / "manifest.json").read_text())["controlnets"]
-    assert_one_line_error(run_cli("export", tiny_diffusers, tmp_path / "n", "--controlnet", "edges"), "NAME=DIR")
+    assert_one_line_error(run_cli_here("export", tiny_diffusers, tmp_path / "n", "--controlnet", "edges"), "NAME=DIR")
     assert not (tmp_path / "n").exists()
 
 

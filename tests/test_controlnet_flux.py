@@ -4,7 +4,8 @@ from the same packed latents, control image, scale and guidance; the folder's tr
 SD3 folder is refused in one line.
 
 diffusers encodes the control picture with `latent_dist.sample()` (a random draw); the reference here takes
-the posterior mean, as our host loop does (the folder's vae_encoder)."""
+the posterior mean, as our host loop does (the folder's vae_encoder). The folders are built once per test run,
+by the helpers the SD3 and Qwen-Image files share (controlnet_helpers)."""
 
 from __future__ import annotations
 
@@ -21,20 +22,11 @@ SIZE = 32
 
 @pytest.fixture(scope="module")
 def flux_cn(tiny_flux_diffusers, tmp_path_factory):
-    """A Flux folder with its VAE encoder (the control picture is VAE-encoded) and two ControlNets: "d" one
-    double and one single block; "s" single blocks only, two of them for the transformer's one."""
-    from controlnet_helpers import build_tiny_flux_controlnet
+    """The Flux folder with its VAE encoder and controlnet_helpers.FAMILY_NETS["flux"]: "d" one double and one
+    single block; "s" single blocks only, two of them for the transformer's one."""
+    from controlnet_helpers import family_controlnet_folder
 
-    from onnxdiffusion.export import ExportOptions, export_pipeline
-    from onnxdiffusion.export.controlnet import add_controlnet
-
-    root = tmp_path_factory.mktemp("flux_cn")
-    nets = {"d": build_tiny_flux_controlnet(tiny_flux_diffusers, root / "d", seed=0),
-            "s": build_tiny_flux_controlnet(tiny_flux_diffusers, root / "s", seed=1, layers=0, single_layers=2)}
-    out = root / "model"
-    export_pipeline(tiny_flux_diffusers, out, ExportOptions(default_size=SIZE), progress=False)
-    for name, path in nets.items():
-        add_controlnet(out, path, name)
+    out, nets = family_controlnet_folder(tmp_path_factory, "flux", tiny_flux_diffusers, size=SIZE)
     return Pipeline.from_folder(out), nets
 
 
@@ -48,23 +40,11 @@ def _latents(seed=0):
 
 
 def _diffusers(src, net_dir, image, latents, steps, guidance, scale, t5_len):
-    import torch
-    from diffusers import FluxControlNetModel, FluxControlNetPipeline
-    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-    from PIL import Image
+    from controlnet_helpers import diffusers_controlnet_images
 
-    pipe = FluxControlNetPipeline.from_pretrained(
-        src, controlnet=FluxControlNetModel.from_pretrained(net_dir, local_files_only=True), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    original = DiagonalGaussianDistribution.sample
-    DiagonalGaussianDistribution.sample = lambda self, generator=None: self.mean
-    try:
-        out = pipe(PROMPT, control_image=Image.fromarray(image), latents=torch.from_numpy(latents),
-                   num_inference_steps=steps, guidance_scale=guidance, output_type="np", height=SIZE, width=SIZE,
-                   controlnet_conditioning_scale=scale, max_sequence_length=t5_len).images
-    finally:
-        DiagonalGaussianDistribution.sample = original
-    return (out * 255).round().astype(np.uint8)
+    return diffusers_controlnet_images("FluxControlNetPipeline", "FluxControlNetModel", src, net_dir, image, latents,
+                                       steps, prompt=PROMPT, guidance_scale=guidance, height=SIZE, width=SIZE,
+                                       controlnet_conditioning_scale=scale, max_sequence_length=t5_len)
 
 
 @pytest.mark.parametrize("name", ["d", "s"])
@@ -95,16 +75,10 @@ def test_flux_scale_zero_is_no_controlnet(flux_cn):
 
 @pytest.mark.parametrize("case", ["one_net", "start_end", "none"])
 def test_flux_loop_and_unrolled_match_the_host_loop(flux_cn, tmp_path_factory, case):
-    from controlnet_helpers import control_image
-
-    from onnxdiffusion.loops import compile_loop
+    from controlnet_helpers import control_image, looped_folder
 
     pipe, _ = flux_cn
-    out = tmp_path_factory.getbasetemp() / "flux_cn_loop"
-    if not out.exists():
-        compile_loop(pipe.folder, out, controlnets=("d",))
-        compile_loop(out, out, form="unrolled", steps=4, controlnets=("d",))
-    looped = Pipeline.from_folder(out)
+    looped = Pipeline.from_folder(looped_folder(tmp_path_factory, "flux", pipe.folder, ("d",), 4))
     lat, img = _latents(7), control_image(SIZE, 7)
     kw = {"one_net": dict(controlnets=[("d", img, 0.9)]), "start_end": dict(controlnets=[("d", img, 1.2, 0.3, 0.8)]),
           "none": {}}[case]

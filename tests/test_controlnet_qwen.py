@@ -5,7 +5,8 @@ re-exported); the net runs on the conditional batch only, its samples reused for
 that pipeline does; a Qwen net on a Flux folder and a Flux net on a Qwen folder are refused in one line.
 
 diffusers encodes the control picture with `latent_dist.sample()` (a random draw); the reference here takes
-the posterior mean, as our host loop does (the folder's vae_encoder)."""
+the posterior mean, as our host loop does (the folder's vae_encoder). The folders are built once per test run,
+by the helpers the SD3 and Flux files share (controlnet_helpers)."""
 
 from __future__ import annotations
 
@@ -23,21 +24,13 @@ SIZE = 32
 
 @pytest.fixture(scope="module")
 def qwen_cn(tiny_qwenimage_diffusers, tmp_path_factory):
-    """The tiny Qwen-Image folder with its VAE encoder (the control picture is VAE-encoded) and two nets:
-    "one" a single block (its sample joins after both of the transformer's blocks), "two" one per block."""
-    from controlnet_helpers import build_tiny_qwen_controlnet
+    """The tiny Qwen-Image folder with its VAE encoder and controlnet_helpers.FAMILY_NETS["qwenimage"]: "one" a
+    single block (its sample joins after both of the transformer's blocks), "two" one per block."""
+    from controlnet_helpers import family_controlnet_folder
 
-    from onnxdiffusion.export import ExportOptions, export_pipeline
-    from onnxdiffusion.export.controlnet import add_controlnet
-
-    root = tmp_path_factory.mktemp("qwen_cn")
-    nets = {"one": build_tiny_qwen_controlnet(tiny_qwenimage_diffusers, root / "one", seed=0, layers=1),
-            "two": build_tiny_qwen_controlnet(tiny_qwenimage_diffusers, root / "two", seed=1, layers=2)}
-    out = root / "model"
     names = ("text_encoder", "transformer", "vae_decoder", "vae_encoder")
-    export_pipeline(tiny_qwenimage_diffusers, out, ExportOptions(components=names, default_size=SIZE), progress=False)
-    for name, path in nets.items():
-        add_controlnet(out, path, name)
+    out, nets = family_controlnet_folder(tmp_path_factory, "qwenimage", tiny_qwenimage_diffusers, components=names,
+                                         size=SIZE)
     return Pipeline.from_folder(out), nets
 
 
@@ -51,24 +44,12 @@ def _latents(seed=0):
 
 
 def _diffusers(src, net_dir, image, latents, steps, guidance, scale, start=0.0, end=1.0, output="np"):
-    import torch
-    from diffusers import QwenImageControlNetModel, QwenImageControlNetPipeline
-    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-    from PIL import Image
+    from controlnet_helpers import diffusers_controlnet_images
 
-    pipe = QwenImageControlNetPipeline.from_pretrained(
-        src, controlnet=QwenImageControlNetModel.from_pretrained(net_dir, local_files_only=True), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    original = DiagonalGaussianDistribution.sample
-    DiagonalGaussianDistribution.sample = lambda self, generator=None: self.mean
-    try:
-        out = pipe(PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=guidance, guidance_scale=None,
-                   control_image=Image.fromarray(image), latents=torch.from_numpy(latents), num_inference_steps=steps,
-                   output_type=output, height=SIZE, width=SIZE, controlnet_conditioning_scale=scale,
-                   control_guidance_start=start, control_guidance_end=end).images
-    finally:
-        DiagonalGaussianDistribution.sample = original
-    return out.numpy() if output == "latent" else (out * 255).round().astype(np.uint8)
+    return diffusers_controlnet_images(
+        "QwenImageControlNetPipeline", "QwenImageControlNetModel", src, net_dir, image, latents, steps, output,
+        prompt=PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=guidance, guidance_scale=None, height=SIZE, width=SIZE,
+        controlnet_conditioning_scale=scale, control_guidance_start=start, control_guidance_end=end)
 
 
 @pytest.mark.parametrize("name", ["one", "two"])
@@ -132,16 +113,10 @@ def test_qwen_scale_zero_is_no_controlnet(qwen_cn):
 
 @pytest.mark.parametrize("case", ["one_net", "start_end", "no_cfg", "none"])
 def test_qwen_loop_and_unrolled_match_the_host_loop(qwen_cn, tmp_path_factory, case):
-    from controlnet_helpers import control_image
-
-    from onnxdiffusion.loops import compile_loop
+    from controlnet_helpers import control_image, looped_folder
 
     pipe, _ = qwen_cn
-    out = tmp_path_factory.getbasetemp() / "qwen_cn_loop"
-    if not out.exists():
-        compile_loop(pipe.folder, out, controlnets=("two",))
-        compile_loop(out, out, form="unrolled", steps=4, controlnets=("two",))
-    looped = Pipeline.from_folder(out)
+    looped = Pipeline.from_folder(looped_folder(tmp_path_factory, "qwenimage", pipe.folder, ("two",), 4))
     lat, img = _latents(7), control_image(SIZE, 7)
     kw = {"one_net": dict(controlnets=[("two", img, 0.9)]), "start_end": dict(controlnets=[("two", img, 1.2, 0.3, 0.8)]),
           "no_cfg": dict(controlnets=[("two", img, 0.9)]), "none": {}}[case]

@@ -4,7 +4,8 @@ transformer is cut at load (block outputs take the net's block samples, never re
 another family is refused in one line.
 
 diffusers encodes the control picture with `latent_dist.sample()` (a random draw); the reference here takes
-the posterior mean, as our host loop does (the folder's vae_encoder)."""
+the posterior mean, as our host loop does (the folder's vae_encoder). The folders are built once per test run,
+by the helpers the Flux and Qwen-Image files share (controlnet_helpers)."""
 
 from __future__ import annotations
 
@@ -19,23 +20,22 @@ PROMPT = "a small red circle on the left"
 
 
 @pytest.fixture(scope="module")
-def sd3_nets(tiny_sd3_diffusers, tmp_path_factory):
-    from controlnet_helpers import build_tiny_sd3_controlnet
+def sd3_cn(tiny_sd3_diffusers, tiny_sd3_onnx, tmp_path_factory):
+    """tiny_sd3_onnx with controlnet_helpers.FAMILY_NETS["sd3"]: "z" InstantX-style (zero pooled projections,
+    control latents unshifted), "s" shifted, real pooled."""
+    from controlnet_helpers import family_controlnet_folder
 
-    root = tmp_path_factory.mktemp("sd3_cn")
-    # "z": InstantX-style (zero pooled projections, control latents unshifted); "s": shifted, real pooled
-    return {"z": build_tiny_sd3_controlnet(tiny_sd3_diffusers, root / "z", seed=0),
-            "s": build_tiny_sd3_controlnet(tiny_sd3_diffusers, root / "s", seed=1, zero_pooled=False)}
+    return family_controlnet_folder(tmp_path_factory, "sd3", tiny_sd3_diffusers, base=tiny_sd3_onnx)
 
 
 @pytest.fixture(scope="module")
-def sd3_pipe(tiny_sd3_onnx, sd3_nets, tmp_path_factory):
-    from onnxdiffusion.export.controlnet import add_controlnet
+def sd3_nets(sd3_cn):
+    return sd3_cn[1]
 
-    out = tmp_path_factory.mktemp("sd3_cn_onnx") / "model"
-    add_controlnet(tiny_sd3_onnx, sd3_nets["z"], "z", out=out)
-    add_controlnet(out, sd3_nets["s"], "s")
-    return Pipeline.from_folder(out)
+
+@pytest.fixture(scope="module")
+def sd3_pipe(sd3_cn):
+    return Pipeline.from_folder(sd3_cn[0])
 
 
 def _latents(seed=0):
@@ -43,23 +43,11 @@ def _latents(seed=0):
 
 
 def _diffusers(src, net_dir, image, latents, steps, guidance, scale):
-    import torch
-    from diffusers import SD3ControlNetModel, StableDiffusion3ControlNetPipeline
-    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-    from PIL import Image
+    from controlnet_helpers import diffusers_controlnet_images
 
-    pipe = StableDiffusion3ControlNetPipeline.from_pretrained(
-        src, controlnet=SD3ControlNetModel.from_pretrained(net_dir, local_files_only=True), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    original = DiagonalGaussianDistribution.sample
-    DiagonalGaussianDistribution.sample = lambda self, generator=None: self.mean
-    try:
-        out = pipe(PROMPT, control_image=Image.fromarray(image), latents=torch.from_numpy(latents),
-                   num_inference_steps=steps, guidance_scale=guidance, output_type="np", height=image.shape[0],
-                   width=image.shape[1], controlnet_conditioning_scale=scale).images
-    finally:
-        DiagonalGaussianDistribution.sample = original
-    return (out * 255).round().astype(np.uint8)
+    return diffusers_controlnet_images("StableDiffusion3ControlNetPipeline", "SD3ControlNetModel", src, net_dir, image,
+                                       latents, steps, prompt=PROMPT, guidance_scale=guidance, height=image.shape[0],
+                                       width=image.shape[1], controlnet_conditioning_scale=scale)
 
 
 @pytest.mark.parametrize("name", ["z", "s"])
@@ -99,15 +87,9 @@ def test_sd3_two_nets_with_start_end_sum(sd3_pipe):
 
 @pytest.mark.parametrize("case", ["two_nets", "one_net", "none"])
 def test_sd3_loop_and_unrolled_match_the_host_loop(sd3_pipe, tmp_path_factory, case):
-    from controlnet_helpers import control_image
+    from controlnet_helpers import control_image, looped_folder
 
-    from onnxdiffusion.loops import compile_loop
-
-    out = tmp_path_factory.getbasetemp() / "sd3_cn_loop"
-    if not out.exists():
-        compile_loop(sd3_pipe.folder, out, controlnets=("z", "s"))
-        compile_loop(out, out, form="unrolled", steps=4, controlnets=("z", "s"))
-    looped = Pipeline.from_folder(out)
+    looped = Pipeline.from_folder(looped_folder(tmp_path_factory, "sd3", sd3_pipe.folder, ("z", "s"), 4))
     lat, imgs = _latents(7), [control_image(32, 7), control_image(32, 8)]
     kw = {"two_nets": dict(controlnets=[("z", imgs[0], 0.7, 0.0, 0.6), ("s", imgs[1], 1.2, 0.3, 1.0)]),
           "one_net": dict(controlnets=[("s", imgs[1], 0.9)]), "none": {}}[case]

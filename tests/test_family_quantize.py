@@ -1,4 +1,8 @@
-"""quantize on every family's backbone: each recipe runs, and its Loop form matches its host loop."""
+"""quantize on every family's backbone: each recipe runs, and its Loop form matches its host loop.
+
+The report's quality (backbone SQNR over fp32 trajectories, probe images) is measured in the plain int8-static
+case of each family only (that it is there is checked): no case here checks its numbers, and each measurement
+runs the fp32 and the quantized backbone again (experiments/house/test_time.md)."""
 
 import json
 
@@ -24,9 +28,12 @@ def test_recipe_on_family_backbone_loop_matches_host(family, name, options, requ
     backbone, sampler = FAMILIES[family]
     out = tmp_path / name
     cal = CalibrationConfig(count=4, steps=3, batch=4, sampler=sampler)
+    measured = name == "int8-static" and not options
     report = quantize(folder, out, QuantizeConfig(recipe=recipe_class(name).with_options(options), calibration=cal,
-                                                  latency_runs=1, measure_memory=False))
+                                                  latency_runs=1, measure_memory=False), measure_quality=measured)
     assert backbone in report["latency"]
+    if measured:
+        assert report["quality"]["backbone_sqnr_db"] and report["quality"]["probe_psnr_db"] is not None
     if "keep_sensitive" in options:  # measured on the linears, the ones over the share recorded as float
         sens = report["details"]["sensitive_linears"]
         assert sens["ranking_top"] and set(sens["float"]) <= set(report["float_nodes"])
