@@ -52,7 +52,8 @@ web: web-deps
 	mkdir -p out
 	$(BIN)/onnxdiffusion export-web models/shapes-sd-onnx out/web --overwrite
 
-# TEST_JOBS pytest-xdist workers taking tests as they free up (each builds the session fixtures it needs); TEST_JOBS=0: one process
+# TEST_JOBS pytest-xdist workers taking tests as they free up (shared artefacts built once under a file lock, one
+# thread per worker on 2 cores: tests/conftest.py); TEST_JOBS=0: one process, the libraries' default threads
 TEST_JOBS ?= 2
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_JOBS) --dist worksteal
