@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..onnxio.files import op_counts  # noqa: F401 - re-exported: the quantizer's graph tools include it
+from ..onnxio.graph_order import remove_dead_nodes, sort_graph, toposort  # noqa: F401 - re-exported
 from ..samplers.graph import rename_outer_refs
 
 WEIGHT_OPS = ("Conv", "MatMul", "Gemm")
@@ -134,34 +135,6 @@ def peer_float_nodes(model: onnx.ModelProto, candidates: Iterable[str]) -> dict[
     return out
 
 
-def toposort(graph: onnx.GraphProto, outer: Iterable[str] = ()) -> list[onnx.NodeProto]:
-    """Nodes in dependency order (quantizers append Q/DQ nodes at the end; subgraphs must be sorted)."""
-    avail = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""} | set(outer)
-    producers = {o for n in graph.node for o in n.output}
-    pending, out = list(graph.node), []
-    while pending:
-        rest = []
-        for n in pending:
-            if all(x in avail or x not in producers for x in n.input):
-                out.append(n)
-                avail.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):
-            raise ValueError(f"graph {graph.name!r} has a cycle through {rest[0].name!r}")
-        pending = rest
-    return out
-
-
-def sort_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Put the nodes in dependency order in place (ORT's tools append new nodes at the end; a graph
-    inlined into a Loop body or If branch must be sorted)."""
-    ordered = toposort(model.graph)
-    del model.graph.node[:]
-    model.graph.node.extend(ordered)
-    return model
-
-
 def tensor_key(t: onnx.TensorProto) -> tuple:
     data = t.raw_data or t.SerializeToString()
     return (t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest())
@@ -189,44 +162,6 @@ def reroute_shape_reads(model: onnx.ModelProto) -> int:
             moved += 1
     remove_dead_nodes(model)
     return moved
-
-
-def remove_dead_nodes(model: onnx.ModelProto) -> None:
-    g = model.graph
-    live = {o.name for o in g.output}
-    keep = []
-    for n in reversed(toposort(g)):
-        if any(o in live for o in n.output):
-            keep.append(n)
-            live.update(n.input)
-            for a in n.attribute:
-                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                    live.update(_outer_reads(sub))
-    keep.reverse()  # topological order, as subgraphs (If, Loop bodies) require
-    del g.node[:]
-    g.node.extend(keep)
-    used = {o.name for o in g.output}
-    for n in g.node:
-        used.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                used.update(_outer_reads(sub))
-    inits = [t for t in g.initializer if t.name in used]
-    if len(inits) != len(g.initializer):
-        del g.initializer[:]
-        g.initializer.extend(inits)
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    local = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
-    reads = set()
-    for n in graph.node:
-        reads.update(x for x in n.input if x and x not in local)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                reads.update(x for x in _outer_reads(sub) if x not in local)
-    reads.update(o.name for o in graph.output if o.name not in local)
-    return reads
 
 
 def compact_names(model: onnx.ModelProto, keep_node_names: bool = True) -> onnx.ModelProto:

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..onnxio.graph_order import live_nodes, remove_dead_nodes
+
 # ops whose output has the token rows of the input followed (the other inputs are weights / per-channel constants)
 _ROW_OPS = {"MatMul", "MatMulIntegerToFloat", "MatMulInteger", "Add", "Mul", "Sub", "Div", "QuantizeLinear",
             "DequantizeLinear", "LayerNormalization", "SimplifiedLayerNormalization", "Cast", "Identity"}
@@ -27,16 +29,7 @@ def without_dead_queries(model: onnx.ModelProto) -> bool:
     them: it runs every node of a session). The graph's inputs and outputs stay as they are."""
     if not prune_dead_queries(model):
         return False
-    g = model.graph
-    need = _live(g)
-    kept = [n for i, n in enumerate(g.node) if i in need]
-    del g.node[:]
-    g.node.extend(kept)
-    used = {t for n in kept for t in n.input} | {t for n in kept for a in n.attribute if a.g is not None
-                                                  for sn in a.g.node for t in sn.input}
-    inits = [t for t in g.initializer if t.name in used]
-    del g.initializer[:]
-    g.initializer.extend(inits)
+    remove_dead_nodes(model)
     return True
 
 
@@ -49,11 +42,10 @@ def prune_dead_queries(model: onnx.ModelProto) -> int:
     consts.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
     prod = {o: n for n in g.node for o in n.output if o}
     graph_outputs = {o.name for o in g.output}
-    live = _live(g)
-    users: dict[str, list] = {}
-    for i in live:
-        for t in g.node[i].input:
-            users.setdefault(t, []).append(g.node[i])
+    users: dict[str, list] = {}  # a dead reader (a slice nothing reads) does not count
+    for n in live_nodes(g):
+        for t in n.input:
+            users.setdefault(t, []).append(n)
     static = set(consts)  # computed from constants alone (e.g. a float16-stored weight's Cast)
     for n in g.node:
         if n.input and all(t in static for t in n.input if t):
@@ -77,19 +69,6 @@ def prune_dead_queries(model: onnx.ModelProto) -> int:
             s.op_type = "Identity"
         done += 1
     return done
-
-
-def _live(g) -> set[int]:
-    """Indices of the nodes the graph's outputs need."""
-    prod = {o: i for i, n in enumerate(g.node) for o in n.output if o}
-    need, todo = set(), [o.name for o in g.output]
-    while todo:
-        i = prod.get(todo.pop())
-        if i is not None and i not in need:
-            need.add(i)
-            todo.extend(g.node[i].input)
-            todo.extend(t for a in g.node[i].attribute if a.g is not None for sn in a.g.node for t in sn.input)
-    return need
 
 
 def _slices(tensor: str, users, consts, graph_outputs) -> list:
