@@ -67,10 +67,11 @@ class Listed(cm._Policy):
     prunes_first = True
     current: dict = {}  # the candidate the next generation runs (set by the caller; the cache builds the policy)
 
-    def __init__(self, spec=None, full: list[int] | None = None, mode: str = "", order: int = 1):
+    def __init__(self, spec=None, full: list[int] | None = None, mode: str = "", order: int = 1, damp: float = 1.0):
         if full is None:
             full, mode, order = self.current["full"], self.current["mode"], self.current["order"]
-        self.full, self.mode, self.hidden = set(full), mode, None
+            damp = self.current.get("damp", 1.0)
+        self.full, self.mode, self.hidden, self.damp = set(full), mode, None, np.float32(damp)
         self.taylor = cm._Taylor(cm.CacheSpec("taylorseer", order=order))
 
     def skips(self, step: int) -> bool:
@@ -79,7 +80,12 @@ class Listed(cm._Policy):
     def reuse(self, step, f, sg):
         if not self.skips(step):
             return None
-        pred = self.taylor.predict(step)
+        t = self.taylor
+        # damp < 1 shrinks the extrapolation toward plain reuse (order 0) over long gaps
+        if self.damp != 1 and len(t.factors) == 2:
+            pred = t.factors[0] + self.damp * t.factors[1] * np.float32(step - t.last_full)
+        else:
+            pred = t.predict(step)
         return f[self.hidden] + pred if self.mode == "res" else pred
 
     def update(self, step, f, out, sg):

@@ -59,8 +59,8 @@ def ramp_steps(spec) -> list[int]:
     return out
 
 
-def key(full, mode, order) -> str:
-    return f"{','.join(map(str, full))}|{mode}{order}"
+def key(full, mode, order, damp=1.0) -> str:
+    return f"{','.join(map(str, full))}|{mode}{order}" + ("" if damp == 1 else f"@{damp:g}")
 
 
 def rank(entry: dict) -> tuple:
@@ -75,13 +75,17 @@ def main() -> None:
     ap.add_argument("--stages", default="160:32,192:96,288:128")
     ap.add_argument("--keep", default="12,3")
     ap.add_argument("--full", type=int, default=6, help="full steps of the 20")
-    ap.add_argument("--stand-ins", default="res1,out1,res0")
+    ap.add_argument("--stand-ins", default="res1,out1,res0", help="MODE ORDER[@DAMP], e.g. res1@0.5")
+    ap.add_argument("--ramps", default=None, help="only the ramps of these residual intervals (e.g. 5,4)")
     ap.add_argument("--specs", default=None, help="product cache settings as the candidates instead (comma-separated)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    args.out = args.out or HERE / ("tune_split_product" if args.specs else "tune_split" if args.full == 6
-                                   else f"tune_split_{args.full}")
-    stand_ins = [(t[:-1], int(t[-1])) for t in args.stand_ins.split(",")]
+    args.out = args.out or HERE / ("tune_split_product" if args.specs else "tune_split_damped" if args.ramps
+                                   else "tune_split" if args.full == 6 else f"tune_split_{args.full}")
+    stand_ins = []
+    for t in args.stand_ins.split(","):
+        t, _, damp = t.partition("@")
+        stand_ins.append((t[:-1], int(t[-1]), float(damp or 1)))
     stages = [tuple(map(int, s.split(":"))) for s in args.stages.split(",")]
     keep = [int(k) for k in args.keep.split(",")]
     folder, sampler, _, guidance, _ = cp.MODELS["mmdit"]
@@ -95,9 +99,12 @@ def main() -> None:
     for spec in (args.specs.split(",") if args.specs else []):
         cands.setdefault(spec, {"spec": spec, "full": ramp_steps(cm.parse_cache(spec)), "mode": spec, "order": "",
                                 "stages": {}})
-    for full in ([] if args.specs else step_lists(args.full)):
-        for mode, order in stand_ins:
-            cands.setdefault(key(full, mode, order), {"full": full, "mode": mode, "order": order, "stages": {}})
+    lists = ([ramp_steps(cm.parse_cache(f"residual:{r}")) for r in args.ramps.split(",")] if args.ramps
+             else step_lists(args.full))
+    for full in ([] if args.specs else lists):
+        for mode, order, damp in stand_ins:
+            cands.setdefault(key(full, mode, order, damp), {"full": full, "mode": mode, "order": order, "damp": damp,
+                                                            "stages": {}})
     alive = list(cands)
     for k, (start, count) in enumerate(stages):
         scenes = heldout_scenes(EvaluateOptions(count=start + count))[start:]
@@ -117,7 +124,7 @@ def main() -> None:
             c = cands[name]
             if tag in c["stages"]:
                 continue
-            sch.Listed.current.update(full=c["full"], mode=c["mode"], order=c["order"])
+            sch.Listed.current.update(full=c["full"], mode=c["mode"], order=c["order"], damp=c.get("damp", 1.0))
             ims = images(c.get("spec") or cm.CacheSpec("listed", interval=2))
             got = verdicts(ims)
             ps = [psnr(a[None], b[None]) for a, b in zip(ims, ref)]
@@ -155,7 +162,8 @@ def write_md(path: Path, state: dict, stages) -> None:
     for n in names[:40]:
         c = cands[n]
         cells = [f"{s['lost']} / {len(s['flipped'])} / {s['psnr_mean']:.1f}" if (s := c["stages"].get(t)) else "" for t in tags]
-        stand_in = f"`{c['spec']}`" if "spec" in c else f"{c['mode']} order {c['order']}"
+        stand_in = f"`{c['spec']}`" if "spec" in c else f"{c['mode']} order {c['order']}" + (
+            f" damped {c['damp']:g}" if c.get("damp", 1) != 1 else "")
         lines.append(f"| {','.join(map(str, c['full']))} | {stand_in} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"({len(cands)} candidates; the 40 that went furthest, best first.)")
