@@ -20,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import schedules as sch  # noqa: E402  (puts src/ and bench/ on the path)
+import tune_split  # noqa: E402
 
 cp = sch.cp
 from onnxdiffusion import scenes as S  # noqa: E402
-from onnxdiffusion.evaluate.judge import Judge, score_scenes  # noqa: E402
-from onnxdiffusion.evaluate.run import EvaluateOptions, heldout_scenes, item_latents  # noqa: E402
+from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 
 
@@ -56,19 +56,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "margins")
     args = ap.parse_args()
     start, count = map(int, args.items.split(":"))
-    folder, sampler, _, guidance, _ = cp.MODELS["mmdit"]
+    folder = cp.MODELS["mmdit"][0]
     pipe = Pipeline.from_folder(cp.int8_folder(folder, args.int8), threads=1)
     judge = Judge.from_file(threads=1)
-    shape = pipe.latent_shape_for(1)[1:]
-    scenes = heldout_scenes(EvaluateOptions(count=start + count))[start:]
-
-    def images(spec):
-        return np.stack([pipe(sc.caption, steps=sch.STEPS, sampler=sampler, guidance=guidance, seed=start + j,
-                              cache=spec, latents=item_latents(shape, [start + j])).images[0]
-                         for j, sc in enumerate(scenes)])
-
-    def verdicts(ims):
-        return np.array([bool(s["strict"]) for s in score_scenes(scenes, judge.predict(ims))])
+    scenes, images, verdicts = tune_split.item_runners(pipe, judge, start, count)
 
     ref = images(None)
     want, margin = verdicts(ref), margins(judge, ref, scenes)

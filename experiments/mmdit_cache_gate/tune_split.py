@@ -59,6 +59,23 @@ def ramp_steps(spec) -> list[int]:
     return out
 
 
+def item_runners(pipe, judge, start: int, count: int):
+    """(scenes, images(cache spec), verdicts(images)) for held-out items start .. start+count-1 of the MMDiT."""
+    _, sampler, _, guidance, _ = cp.MODELS["mmdit"]
+    shape = pipe.latent_shape_for(1)[1:]
+    scenes = heldout_scenes(EvaluateOptions(count=start + count))[start:]
+
+    def images(spec):
+        return np.stack([pipe(sc.caption, steps=sch.STEPS, sampler=sampler, guidance=guidance, seed=start + j,
+                              cache=spec, latents=item_latents(shape, [start + j])).images[0]
+                         for j, sc in enumerate(scenes)])
+
+    def verdicts(ims):
+        return np.array([bool(s["strict"]) for s in score_scenes(scenes, judge.predict(ims))])
+
+    return scenes, images, verdicts
+
+
 def key(full, mode, order, damp=1.0) -> str:
     return f"{','.join(map(str, full))}|{mode}{order}" + ("" if damp == 1 else f"@{damp:g}")
 
@@ -88,10 +105,9 @@ def main() -> None:
         stand_ins.append((t[:-1], int(t[-1]), float(damp or 1)))
     stages = [tuple(map(int, s.split(":"))) for s in args.stages.split(",")]
     keep = [int(k) for k in args.keep.split(",")]
-    folder, sampler, _, guidance, _ = cp.MODELS["mmdit"]
+    folder = cp.MODELS["mmdit"][0]
     pipe = Pipeline.from_folder(cp.int8_folder(folder, args.int8), threads=1)
     judge = Judge.from_file(threads=1)
-    shape = pipe.latent_shape_for(1)[1:]
     cm._POLICIES["listed"] = sch.Listed
     path = args.out.with_suffix(".json")
     state = json.loads(path.read_text()) if path.exists() else {"candidates": {}}
@@ -107,16 +123,7 @@ def main() -> None:
                                                             "stages": {}})
     alive = list(cands)
     for k, (start, count) in enumerate(stages):
-        scenes = heldout_scenes(EvaluateOptions(count=start + count))[start:]
-
-        def images(spec):
-            return np.stack([pipe(sc.caption, steps=sch.STEPS, sampler=sampler, guidance=guidance, seed=start + j,
-                                  cache=spec, latents=item_latents(shape, [start + j])).images[0]
-                             for j, sc in enumerate(scenes)])
-
-        def verdicts(ims):
-            return np.array([bool(s["strict"]) for s in score_scenes(scenes, judge.predict(ims))])
-
+        scenes, images, verdicts = item_runners(pipe, judge, start, count)
         ref = images(None)
         want = verdicts(ref)
         tag = f"{start}:{count}"
