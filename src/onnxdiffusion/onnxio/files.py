@@ -26,6 +26,7 @@ from onnx import TensorProto, numpy_helper
 
 from ..errors import UserError
 from . import fp16_storage
+from .graph_order import subgraphs
 
 DATA_DIR_KEY = "onnxdiffusion.external_data_dir"
 TWO_GB = 1 << 31
@@ -43,18 +44,16 @@ def op_counts(model: onnx.ModelProto | onnx.GraphProto) -> Counter:
     c: Counter = Counter()
     for n in graph.node:
         c[n.op_type] += 1
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                c.update(op_counts(g))
+        for g in subgraphs(n):
+            c.update(op_counts(g))
     return c
 
 
 def all_graphs(graph: onnx.GraphProto):
     yield graph
     for n in graph.node:
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from all_graphs(g)
+        for g in subgraphs(n):
+            yield from all_graphs(g)
 
 
 def _external_length(t: TensorProto) -> int:

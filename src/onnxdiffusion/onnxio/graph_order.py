@@ -10,6 +10,11 @@ from collections.abc import Iterable
 import onnx
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds in its attributes (If branches, a Loop body)."""
+    return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))]
+
+
 def toposort(graph: onnx.GraphProto, outer: Iterable[str] = ()) -> list[onnx.NodeProto]:
     """Nodes in dependency order (quantizers append Q/DQ nodes at the end; subgraphs must be sorted)."""
     avail = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""} | set(outer)
@@ -46,9 +51,8 @@ def live_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
         if any(o in live for o in n.output):
             keep.append(n)
             live.update(n.input)
-            for a in n.attribute:
-                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                    live.update(outer_reads(sub))
+            for sub in subgraphs(n):
+                live.update(outer_reads(sub))
     keep.reverse()  # topological order, as subgraphs (If, Loop bodies) require
     return keep
 
@@ -61,9 +65,8 @@ def remove_dead_nodes(model: onnx.ModelProto) -> None:
     used = {o.name for o in g.output}
     for n in g.node:
         used.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                used.update(outer_reads(sub))
+        for sub in subgraphs(n):
+            used.update(outer_reads(sub))
     inits = [t for t in g.initializer if t.name in used]
     if len(inits) != len(g.initializer):
         del g.initializer[:]
@@ -75,8 +78,7 @@ def outer_reads(graph: onnx.GraphProto) -> set[str]:
     reads = set()
     for n in graph.node:
         reads.update(x for x in n.input if x and x not in local)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                reads.update(x for x in outer_reads(sub) if x not in local)
+        for sub in subgraphs(n):
+            reads.update(x for x in outer_reads(sub) if x not in local)
     reads.update(o.name for o in graph.output if o.name not in local)
     return reads
