@@ -90,19 +90,20 @@ def folder(tmp_path_factory, tiny_onnx):
 @pytest.fixture(scope="module", autouse=True)
 def cached_sessions():
     """One ORT session per distinct file content (the mutations never change ONNX files)."""
-    from onnxdiffusion.runtime import pipeline, session
+    from onnxdiffusion.runtime import loading, pipeline, session
 
     real = session.make_session
     cache: dict = {}
 
     def make(path, *a, **k):
-        key = (hashlib.sha256(Path(path).read_bytes()).hexdigest(), a, tuple(sorted((k or {}).items(), key=str)))
+        key = (hashlib.sha256(Path(path).read_bytes()).hexdigest(), a, tuple(sorted((k or {}).items())))
         if key not in cache:
             cache[key] = real(path, *a, **k)
         return cache[key]
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(pipeline, "make_session", make)
+    for module in (pipeline, loading):  # the backbone's session is made in loading
+        mp.setattr(module, "make_session", make)
     yield
     mp.undo()
 

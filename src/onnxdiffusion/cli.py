@@ -25,9 +25,12 @@ if _started_as_cli():  # the imports below take a second or more; run() takes ov
     except ValueError:  # not the main thread
         pass
 
+import functools  # noqa: E402
 import tempfile  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
+
+import typer.main  # noqa: E402
 
 from . import tempfiles  # noqa: E402
 from .cli_app import app  # noqa: E402 - the entry point's Typer (verbs register on it)
@@ -73,6 +76,13 @@ def _internal_error(e: BaseException, debug: bool) -> None:
           file=sys.stderr)
 
 
+@functools.cache
+def _command():
+    """The click command typer derives from the verbs' signatures, built once per process: typer rebuilds it on
+    every `app(...)` call (0.1 s, more than a refusal's own work), and run() is called many times in-process."""
+    return typer.main.get_command(app)
+
+
 def run(argv: list[str] | None = None) -> int:
     """The CLI as a function returning its exit status (tests call this in-process).
 
@@ -95,7 +105,7 @@ def run(argv: list[str] | None = None) -> int:
         pass
     try:
         with tempfiles.session():  # every temporary file of the verb under one root, removed however it ends
-            rv = app(args=args, prog_name="onnxdiffusion", standalone_mode=False)
+            rv = _command().main(args=args, prog_name="onnxdiffusion", standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into a silent 130
             _say("error: interrupted", file=sys.stderr)
         return rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0
