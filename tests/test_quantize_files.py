@@ -198,7 +198,7 @@ def test_streamed_histogram_ranges_equal_ort_calibrator_on_one_batch(method, cal
     onnx.save_model(unet, str(tmp_path / "m.onnx"))
     cm = CalibrationMethod.Entropy if method == "entropy" else CalibrationMethod.Percentile
     extra = {"num_bins": bins, "num_quantized_bins": 128, "symmetric": False} if method == "entropy" else \
-        {"num_bins": 512, "percentile": 99.9, "symmetric": True}
+        {"num_bins": bins, "percentile": 99.9, "symmetric": True}
     calibrator = create_calibrator(tmp_path / "m.onnx", ["Conv", "MatMul", "Gemm"], str(tmp_path / "aug.onnx"),
                                    calibrate_method=cm, extra_options=extra)
     calibrator.collect_data(_OneFeed(cal.feed(1)))
