@@ -181,3 +181,36 @@ def test_quantize_writes_weights_beside_the_graph_from_the_threshold(tmp_path, m
     assert run(tmp_path / "inline")["external_data"] == []  # a 6 MB backbone stays inline
     monkeypatch.setattr(api, "RUNTIME_EXTERNAL_BYTES", 1 << 20)
     assert run(tmp_path / "ext")["external_data"] == ["unet/model.onnx_data"]
+
+
+def test_heap_frozen_collects_what_the_block_made_and_unfreezes():
+    """export's HeapFrozen (onnxio): collections skip what lived before, still free cycles made inside the block,
+    and leave nothing frozen after it."""
+    from onnxdiffusion.onnxio import HeapFrozen
+
+    class Node:
+        pass
+
+    def cycle():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return weakref.ref(a)
+
+    gc.unfreeze()  # (tests/conftest.py freezes at each module's first test: a process's own freezing)
+    before = cycle()  # garbage already: the block's first collection frees it
+    with HeapFrozen() as heap:
+        assert before() is None and gc.get_freeze_count() > 0
+        inside = cycle()
+        assert inside() is not None  # a cycle: only a collection frees it
+        heap.settle()
+        assert inside() is None
+        kept = Node()
+        kept.me = kept
+        heap.settle()  # alive: frozen now
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    del kept
+    gc.freeze()
+    with HeapFrozen():  # the process froze objects itself: they stay frozen after the block
+        pass
+    assert gc.get_freeze_count() > 0

@@ -15,6 +15,7 @@ from ..artifacts import read_json_object as _read_json
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
+from ..onnxio import HeapFrozen
 from . import hooks
 from .options import ExportOptions
 
@@ -219,7 +220,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         "components": {},
         "recommended": _recommended(src),
     }
-    with atomic_dir(out, overwrite=options.overwrite, inputs=(src,)) as tmp:
+    with HeapFrozen() as heap, atomic_dir(out, overwrite=options.overwrite, inputs=(src,)) as tmp:
         with tqdm(total=len(specs), desc="export", disable=not progress) as bar:  # closed (newline) on errors too
             loaded: tuple[str, object] | None = None
             module = wrapped = None
@@ -228,7 +229,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 bar.set_postfix_str(name)
                 if loaded is None or loaded[0] != spec.source:
                     loaded = module = None  # release the previous source's weights before loading the next
-                    free_memory()
+                    heap.settle()
                     module = _load(src, spec.source, class_of(model_index, spec.source))
                     lora_hooks.fuse(module, spec.source, lora_records)
                     if options.fuse_attention and spec.kind != "text_encoder":
