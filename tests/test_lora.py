@@ -97,11 +97,14 @@ def test_fused_lora_matches_diffusers(tiny_diffusers, sd_loras, tmp_path):
 
 def test_int8_backbone_points_and_lora(tiny_onnx, sd_loras, tmp_path):
     """On ORT's fused int8 kernels: no adapter = the int8 image exactly; with one, the merged weights are
-    requantized on the recipe's grid and the int8 + LoRA image follows the fp32 + LoRA image."""
+    requantized on the recipe's grid and the int8 + LoRA image follows the fp32 + LoRA image. Attention int8
+    (the recipe's `auto` picks it when it times faster): the q/k/v projections are QLinearMatMuls (int8 out) and
+    keep a point too (a branch that requantizes its sum at the output's scale)."""
     from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
 
     q = tmp_path / "int8"
-    quantize(tiny_onnx, q, QuantizeConfig(recipe=recipe_class("int8-static")(), calibration=CalibrationConfig(
+    recipe = recipe_class("int8-static").with_options({"attention": "int8"})
+    quantize(tiny_onnx, q, QuantizeConfig(recipe=recipe, calibration=CalibrationConfig(
         count=4, steps=3, batch=4), latency_runs=1, measure_memory=False))
     add_points(q, tmp_path / "int8_points")
     add_points(tiny_onnx, tmp_path / "fp32_points")

@@ -17,7 +17,8 @@ rescaled with it), so without a delta the integers are the plain ones.
 
 Merged: float MatMul, 1x1 Conv (group 1), MatMulIntegerToFloat and 1x1 QLinearConv with int8 weights and zero
 zero points. Kept as branches: Gemm / QGemm (the time embedding's: a batch-row product, where packing a fed
-weight each call would cost more than the branch), k x k convs, MatMulNBits, Q/DQ weights, float16 weights.
+weight each call would cost more than the branch), k x k convs, MatMulNBits, QLinearMatMul (an int8 attention's
+q/k/v projections), Q/DQ weights, float16 weights.
 """
 
 from __future__ import annotations

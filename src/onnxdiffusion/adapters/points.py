@@ -9,7 +9,7 @@ The exporter names every node after its module path ("/model/down_blocks.0/atten
 transformer_blocks.0/attn1/to_q/MatMul"; `model` is the export wrapper's attribute), so each
 weight-carrying MatMul / Gemm / Conv maps back to the diffusers module a LoRA names. Quantized
 layers as ORT's CPU provider stores them (MatMulIntegerToFloat, QGemm with float output,
-QLinearConv, MatMulNBits) get the same branch in float, reading the float activation the
+QLinearConv, QLinearMatMul, MatMulNBits) get the same branch in float, reading the float activation the
 integer kernel quantizes and adding to its float output: the low-rank branch never goes
 through the integer kernel.
 
@@ -122,6 +122,12 @@ def _plan(g: _Graph, node: onnx.NodeProto, scope: str):
                 or _attr(node, "transA", 0) or not _attr(node, "transB", 0):
             return None  # a QGemm with a quantized output would need a requantize: left without a point
         return ("linear", dims[1], dims[0], ()), xf, out, {}
+    if op == "QLinearMatMul":  # an int8 attention's projections: quantized in, quantized out
+        dims = g.dims(node.input[3])
+        if dims is None or len(dims) != 2:
+            return None
+        xf, out, attrs = _quantized_io(g, node, {})
+        return ("linear", dims[0], dims[1], ()), xf, out, attrs
     if op in ("Conv", "QLinearConv"):
         dims = g.dims(node.input[1] if op == "Conv" else node.input[3])
         if dims is None or len(dims) != 4 or int(_attr(node, "group", 1)) != 1:
@@ -130,19 +136,29 @@ def _plan(g: _Graph, node: onnx.NodeProto, scope: str):
             return None
         attrs = {k: _attr(node, k) for k in ("strides", "pads", "dilations", "auto_pad") if _attr(node, k) is not None}
         if op == "QLinearConv":
-            xf = g.float_input(x)
-            users = g.consumers.get(out, [])
-            if xf is None:  # a quantized input made by quantized ops: the branch reads it dequantized
-                attrs["dequantize"] = (x, node.input[1], node.input[2])
-                xf = x
-            if len(users) == 1 and users[0].op_type == "DequantizeLinear":
-                out = users[0].output[0]  # the float output: add after its DequantizeLinear
-            else:  # a quantized output read by quantized ops: dequantize, add, requantize at its own scale
-                attrs["requantize"] = (node.input[6], node.input[7])
+            xf, out, attrs = _quantized_io(g, node, attrs)
         else:
             xf = g.float_input(x) or x
         return ("conv", dims[1], dims[0], tuple(dims[2:])), xf, out, attrs
     return None
+
+
+def _quantized_io(g: _Graph, node: onnx.NodeProto, attrs: dict) -> tuple[str, str, dict]:
+    """(float input, output to add to, attrs) of a QLinearConv / QLinearMatMul (x, x_scale, x_zp, w, w_scale,
+    w_zp, y_scale, y_zp): the branch reads the float activation the input was quantized from, or the input
+    dequantized; it adds after the output's DequantizeLinear, or dequantizes, adds and requantizes at the
+    output's own scale when quantized ops read it."""
+    x, out = node.input[0], node.output[0]
+    xf = g.float_input(x)
+    if xf is None:
+        attrs["dequantize"] = (x, node.input[1], node.input[2])
+        xf = x
+    users = g.consumers.get(out, [])
+    if len(users) == 1 and users[0].op_type == "DequantizeLinear":
+        out = users[0].output[0]
+    else:
+        attrs["requantize"] = (node.input[6], node.input[7])
+    return xf, out, attrs
 
 
 def insert_points(model: onnx.ModelProto, scope: str = "linear") -> dict[str, Target]:
