@@ -23,7 +23,7 @@ from onnxdiffusion.artifacts import hash_tree, read_manifest, write_json
 from onnxdiffusion.errors import UserError
 
 CHROMIUM = Path("/usr/bin/chromium")
-VARIANTS = ("torch-fp32,ort-fp32,ort-fp32-loop,ort-fp32-dpmpp,ort-int8-dynamic,ort-fp16,ort-int8-static,"
+VARIANTS = ("torch-fp32,torch-bf16,ort-fp32,ort-fp32-loop,ort-fp32-dpmpp,ort-int8-dynamic,ort-fp16,ort-int8-static,"
             "optimum-ort,openvino-fp32")
 
 
@@ -89,7 +89,7 @@ def test_bench_writes_every_output(bench_run):
     by = {v["name"]: v for v in saved["variants"]}
     assert list(by) == [v.strip() for v in VARIANTS.split(",")]
 
-    for name in ("ort-fp32", "ort-fp32-loop", "ort-fp32-dpmpp", "ort-int8-dynamic", "torch-fp32"):
+    for name in ("ort-fp32", "ort-fp32-loop", "ort-fp32-dpmpp", "ort-int8-dynamic", "torch-fp32", "torch-bf16"):
         v = by[name]
         assert v["status"] == "ok", (name, v["reason"])
         t = v["timing"]
@@ -106,11 +106,15 @@ def test_bench_writes_every_output(bench_run):
     assert q["torch-fp32"]["psnr_db"] == "inf" and q["torch-fp32"]["final_latent_rel_l2"] == 0.0
     assert q["ort-fp32"]["psnr_db"] == "inf" or q["ort-fp32"]["psnr_db"] > 40  # our fp32 = diffusers
     assert q["ort-fp32"]["final_latent_rel_l2"] < 1e-4
+    # diffusers in bfloat16: the same pipeline, rounded (not the fp32 image, not a different one)
+    assert q["torch-bf16"]["psnr_db"] != "inf" and 20 < q["torch-bf16"]["psnr_db"], q["torch-bf16"]
+    assert 0 < q["torch-bf16"]["final_latent_rel_l2"] < 0.1
     assert q["ort-fp32-loop"]["psnr_db"] == "inf" or q["ort-fp32-loop"]["psnr_db"] > 40
     assert 1e-4 < q["ort-int8-dynamic"]["final_latent_rel_l2"] < 1
     # per-step error curves: host loops with the reference's sampler and steps only (not the reference itself)
     assert len(q["ort-int8-dynamic"]["error_curve"]) == 2 and len(q["ort-fp32"]["error_curve"]) == 2
     assert q["ort-fp32"]["error_curve"][-1] < 1e-4 < q["ort-int8-dynamic"]["error_curve"][-1]
+    assert len(q["torch-bf16"]["error_curve"]) == 2 and q["torch-bf16"]["error_curve"][-1] > 1e-4  # same sampler
     for name in ("torch-fp32", "ort-fp32-loop", "ort-fp32-dpmpp"):
         assert "error_curve" not in q[name], name
     for n in q:
@@ -238,7 +242,7 @@ def test_default_selection_finds_siblings_and_loop_forms(bench_models):
     assert {"torch-fp32", "ort-fp32", "ort-fp32-loop", "ort-fp32-dpmpp", "ort-int8-dynamic", "ort-fp16",
             "optimum-ort", "openvino-fp32", "openvino-int8-hybrid"} <= set(names)
     # never compiled: absent, not "skipped"; quantized + DPM++ and a broken folder's other forms: only when named
-    for absent in ("ort-fp32-unrolled", "ort-int8-dynamic-loop", "ort-int8-dynamic-dpmpp", "ort-fp16-loop", "ort-fp16-dpmpp"):
+    for absent in ("torch-bf16", "ort-fp32-unrolled", "ort-int8-dynamic-loop", "ort-int8-dynamic-dpmpp", "ort-fp16-loop", "ort-fp16-dpmpp"):
         assert absent not in names
     by = {s.name: s for s in plan}
     assert "no 'loop' sampling graph" in by["ort-int8-dynamic-loop"].skip

@@ -15,7 +15,7 @@ from .variants import VariantSpec
 
 
 class TorchRunner(Runner):
-    """The diffusers pipeline of the source folder (fp32): DDIM built from the folder's scheduler config, or the
+    """The diffusers pipeline of the source folder (fp32, or bf16 for torch-bf16): DDIM built from the folder's scheduler config, or the
     folder's own scheduler when the variant runs the folder's default sampler (flow families, SDXL's Euler)."""
 
     def __init__(self, spec: VariantSpec, threads: int | None):
@@ -46,7 +46,8 @@ class TorchRunner(Runner):
         # components the folder leaves out ([null, null] in model_index.json, e.g. SD3 without its T5 encoder):
         # diffusers' loader wants them passed as None
         extra.update({k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]})
-        pipe = DiffusionPipeline.from_pretrained(self.spec.folder, local_files_only=True, torch_dtype=torch.float32,
+        self.dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float32
+        pipe = DiffusionPipeline.from_pretrained(self.spec.folder, local_files_only=True, torch_dtype=self.dtype,
                                                  **extra)
         own = default_sampler(dict(pipe.scheduler.config))
         if self.spec.sampler == "ddim" and own != "ddim":
@@ -105,7 +106,7 @@ class TorchRunner(Runner):
         c0 = time.process_time()
         with torch.inference_mode():
             out = self.pipe(
-                job.prompts, latents=torch.from_numpy(np.ascontiguousarray(job.latents)), height=job.height,
+                job.prompts, latents=torch.from_numpy(np.ascontiguousarray(job.latents)).to(self.dtype), height=job.height,
                 width=job.width, num_inference_steps=self.spec.steps, output_type="np",
                 callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["latents"],
                 **self.family.diffusers_call(self.info, job.guidance),

@@ -3,6 +3,7 @@
 A variant is one way to turn a prompt into an image:
 
   torch-fp32              diffusers' PyTorch pipeline on the model's diffusers source folder (DDIM)
+  torch-bf16              the same in bfloat16 (asked for by name: the eager peer on CPUs with avx512_bf16 / AMX)
   ort-fp32                our ONNX Runtime pipeline, numpy host loop (DDIM, --steps)
   ort-fp32-loop           the same with the sampling loop as one ONNX Loop graph (manifest `sampler_loop`)
   ort-fp32-unrolled       ... as one unrolled graph (manifest `sampler_unrolled`, fixed step count)
@@ -243,6 +244,8 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
             torch_skip = f"not installed: {', '.join(missing)} (the export extra: pip install -e '.[export]')"
     specs.append(VariantSpec("torch-fp32", "torch", f"PyTorch fp32 (diffusers), {ddim}", source, steps=opts.steps,
                              sampler=opts.sampler, skip=torch_skip))
+    specs.append(VariantSpec("torch-bf16", "torch", f"PyTorch bf16 (diffusers), {ddim}", source, steps=opts.steps,
+                             sampler=opts.sampler, precision="bf16", skip=torch_skip, hidden=True))
 
     def ort_family(prefix: str, folder: Path, man: dict, precision: str, folder_skip: str | None) -> list[VariantSpec]:
         what = "ORT fp32" if precision == "fp32" else f"ORT {precision}"
@@ -334,7 +337,7 @@ def folder_variant(folder: Path, base: Path, base_manifest: dict, steps: int) ->
 
 def variant_pattern_ok(name: str) -> bool:
     """Whether a name is one the bench knows how to make (it may still be absent from this model)."""
-    if name in PEERS or name == "torch-fp32":
+    if name in PEERS or name in ("torch-fp32", "torch-bf16"):
         return True
     if not name.startswith("ort-"):
         return False
