@@ -13,7 +13,7 @@ from onnxdiffusion.profiles import Profile, load_profile, resolve, shipped
 from onnxdiffusion.profiles.providers import providers, shape_profiles
 from onnxdiffusion.runtime import Pipeline
 
-EXPECTED = {"cpu-fp32", "cpu-int8", "cuda-fp16", "tensorrt-fp8", "tensorrt-nvfp4", "openvino-int8"}
+EXPECTED = {"cpu-fp32", "cpu-int8", "cuda-fp16", "tensorrt-fp8", "tensorrt-nvfp4", "openvino-int8", "openvino-fp32"}
 PROMPTS = ["a red circle on the left"]
 GEN = dict(steps=3, guidance=4.0, seed=2, batch=1)
 
@@ -55,6 +55,8 @@ def test_tensorrt_shape_profiles_come_from_the_buckets(tiny_onnx):
     ({"version": 1, "name": "x", "provider": "cpu", "io_binding": "device"}, "needs a GPU provider"),
     ({"version": 1, "name": "x", "provider": "cuda", "shapes": {"batch": [4, 1, 2]}}, "shapes.batch"),
     ({"version": 1, "name": "x", "provider": "cpu", "precision": "int3"}, "precision must be one of"),
+    ({"version": 1, "name": "x", "provider": "openvino", "float_math": "fp16"}, "float_math must be one of"),
+    ({"version": 1, "name": "x", "provider": "cpu", "float_math": "bf16"}, "needs provider openvino"),
 ])
 def test_bad_profiles_are_one_line_errors(data, fragment):
     with pytest.raises(UserError) as e:
@@ -176,3 +178,37 @@ def test_device_pool_lends_a_set_to_one_generation_at_a_time(tiny_onnx):
     a.close()
     c = DeviceBackbone(pipe.backbone, shape, cond, uncond, 4.0, device="cpu", pool=pipe.device_pool)
     assert c.buffers is first and len(pipe.device_pool) == 2
+
+
+def test_openvino_float_math_follows_the_cpu_and_leaves_a_given_load_config():
+    import json
+
+    from onnxdiffusion.profiles.providers import bf16_wanted
+
+    auto = load_profile("openvino-int8")
+    assert auto.float_math == "auto"
+    assert bf16_wanted(auto, frozenset({"avx512_vnni", "amx_bf16"})) and bf16_wanted(auto, frozenset({"avx512_bf16"}))
+    assert not bf16_wanted(auto, frozenset({"avx512_vnni", "avx2"}))
+    base = {"version": 1, "name": "x", "provider": "openvino", "provider_options": {"device_type": "CPU"}}
+    forced = providers(Profile.from_dict({**base, "float_math": "bf16"}, "x.yaml"))
+    assert json.loads(forced[0][1]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}
+    assert "load_config" not in providers(Profile.from_dict(base, "x.yaml"))[0][1]
+    mine = {**base, "float_math": "bf16", "provider_options": {"device_type": "CPU", "load_config": "{}"}}
+    assert providers(Profile.from_dict(mine, "x.yaml"))[0][1]["load_config"] == "{}"  # the user's own wins
+    gpu = {**base, "float_math": "bf16", "provider_options": {"device_type": "GPU"}}
+    assert "load_config" not in providers(Profile.from_dict(gpu, "x.yaml"))[0][1]
+
+
+def test_openvino_is_told_about_operators_it_cannot_run(tiny_onnx, tmp_path):
+    import onnx
+
+    from onnxdiffusion.quantize.opgroups import decompose_attention
+    from onnxdiffusion.runtime.profiled import foreign_ops_note
+
+    fused = tiny_onnx / "unet" / "model.onnx"
+    note = foreign_ops_note(fused, "openvino")
+    assert "MultiHeadAttention" in note and "stored=qdq" in note and "\n" not in note
+    assert foreign_ops_note(fused, "cpu") is None
+    written_out = tmp_path / "model.onnx"
+    onnx.save(decompose_attention(onnx.load(str(fused))), str(written_out))
+    assert foreign_ops_note(written_out, "openvino") is None

@@ -276,6 +276,8 @@ def test_every_recipe_runs_and_its_loop_form_matches_the_host_loop(name, options
     if options.get("stored") == "qdq":  # portable: plain Conv between Q/DQ pairs, fused by ORT at load
         assert stored["QLinearConv"] == 0 and stored["Conv"] > 0 and stored["DequantizeLinear"] > 0
         assert "QDQ" in manifest["components"]["unet"]["stored_as"]
+        # standard ops only (other providers cannot run ORT's fused attention): written out as MatMul/Softmax
+        assert stored["MultiHeadAttention"] == 0 and stored["Softmax"] > 0
     elif int8_qdq:
         assert stored["QLinearConv"] > 0 and "CPU-fused" in manifest["components"]["unet"]["stored_as"]
     if name == "mixed":

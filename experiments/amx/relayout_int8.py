@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from onnxdiffusion.artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, write_json  # noqa: E402
 from onnxdiffusion.families import get_family  # noqa: E402
-from onnxdiffusion.quantize import files  # noqa: E402
+from onnxdiffusion.onnxio import files  # noqa: E402
 from onnxdiffusion.quantize.amx_lowering import apply  # noqa: E402
 from onnxdiffusion.quantize.report import component_feed  # noqa: E402
 

@@ -18,6 +18,8 @@ profile can also be any YAML file of the same form (`--profile path/to/mine.yaml
     shapes: {batch: [1, 1, 4], buckets: model}  # min/opt/max images; resolution buckets ("model": its default)
     fallback: cpu-fp32            # profile to use, saying so, where this one cannot run
     memory: default               # default | lean | KEY=0|1,... (runtime/memory.py): sessions' memory settings
+    float_math: fp32              # fp32 | bf16 | auto (bf16 where the CPU has avx512_bf16 / amx_bf16): the float
+                                  # parts' arithmetic on the openvino provider's CPU device (ORT's CPU has no bf16)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ PROFILE_VERSION = 1
 PROFILES_DIR = Path(__file__).resolve().parent
 PROVIDERS = ("cpu", "cuda", "tensorrt", "openvino", "dml", "coreml")
 PRECISIONS = ("fp32", "fp16", "int8", "fp8", "nvfp4", "any")
+FLOAT_MATH = ("fp32", "bf16", "auto")
 GPU_PROVIDERS = ("cuda", "tensorrt")
 
 
@@ -76,6 +79,7 @@ class Profile:
     shapes: Shapes = field(default_factory=Shapes)
     fallback: str | None = None
     memory: str = "default"
+    float_math: str = "fp32"
     source: str = ""  # where it was read from (not a YAML field)
 
     @classmethod
@@ -108,6 +112,11 @@ class Profile:
             raise UserError(f"{source}: cuda_graph needs provider cuda and io_binding device")
         if d.get("io_binding") == "device" and d["provider"] not in GPU_PROVIDERS:
             raise UserError(f"{source}: io_binding device needs a GPU provider (cuda, tensorrt)")
+        float_math = d.get("float_math", "fp32")
+        _choice(source, "float_math", float_math, FLOAT_MATH)
+        if float_math != "fp32" and d["provider"] != "openvino":
+            raise UserError(f"{source}: float_math {float_math} needs provider openvino (ONNX Runtime's own CPU kernels "
+                            "have no bf16)")
         from ..runtime.memory import memory_options
 
         memory = str(d.get("memory", "default"))
@@ -123,7 +132,7 @@ class Profile:
                    threads=threads, recipe=recipe, loop=d.get("loop", "host"), io_binding=d.get("io_binding", "host"),
                    cuda_graph=cuda_graph, engine_cache=d.get("engine_cache"),
                    shapes=Shapes.from_dict(d.get("shapes"), source), fallback=d.get("fallback"), memory=memory,
-                   source=source)
+                   float_math=float_math, source=source)
 
     # -- can this machine run it? ------------------------------------------------------------
     def unavailable_reason(self) -> str | None:

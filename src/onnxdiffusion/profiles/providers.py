@@ -3,6 +3,7 @@ and the backbone's shape profiles (min/opt/max) from the resolution buckets."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -51,12 +52,24 @@ def shape_profiles(profile: Profile, component: dict, pipeline_info: dict) -> di
     return out
 
 
+def bf16_wanted(profile: Profile, flags: frozenset[str] | None = None) -> bool:
+    """Whether the profile's float parts run in bf16 here: `bf16`, or `auto` on a CPU with bf16 instructions."""
+    if profile.float_math == "auto":
+        from ..cpu.features import cpu_flags
+
+        return bool({"avx512_bf16", "amx_bf16"} & (cpu_flags() if flags is None else flags))
+    return profile.float_math == "bf16"
+
+
 def providers(profile: Profile, component: dict | None = None, pipeline_info: dict | None = None,
               backbone: bool = False) -> list:
     """ONNX Runtime's `providers` argument for one session under this profile (CPU always last)."""
     options = dict(profile.provider_options)
     if profile.provider == "cpu":
         return ["CPUExecutionProvider"]
+    if profile.provider == "openvino" and bf16_wanted(profile) and "load_config" not in options \
+            and options.get("device_type", "CPU").startswith("CPU"):
+        options["load_config"] = json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}})
     if profile.provider == "cuda" and backbone and profile.cuda_graph:
         options["enable_cuda_graph"] = "1"
     chain = [(ORT_NAMES[profile.provider], options)]

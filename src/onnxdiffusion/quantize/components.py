@@ -84,6 +84,10 @@ def quantize_component(model: onnx.ModelProto, feeds: list[dict], keep_float: tu
         q = ort_optimized(q, threads)
         fold_matmul_bias(q)
         q = compact_names(q)
+    else:  # portable: standard ops only (see recipes.stored_form)
+        from .opgroups import decompose_attention
+
+        q = decompose_attention(q)
     details = {"quantized_nodes": len(nodes), "float_nodes": sorted({n.name for n in every} - set(nodes)),
                "calibration_feeds": len(feeds), "output_snr_db": round(output_snr_db(model, q, feeds, threads), 2)}
     return q, details

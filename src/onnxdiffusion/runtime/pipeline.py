@@ -42,7 +42,7 @@ LOOP_FORMS = ("host", "loop", "unrolled")
 
 class Pipeline:
     def __init__(self, folder: Path, manifest: dict, provider: str, threads: int | None, profile=None, memory=None):
-        from .profiled import backbone_entry, session_providers
+        from .profiled import backbone_entry, foreign_ops_note, session_providers
 
         self.folder = folder
         self.manifest = manifest
@@ -76,6 +76,8 @@ class Pipeline:
         # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
         backbone_path = confined(folder, bb["path"], "backbone")
         backbone_io = check_external_data(backbone_path)
+        if note := foreign_ops_note(backbone_path, provider):
+            warnings.warn(f"{folder}: {note}", stacklevel=3)
         self._backbone = LazySession(partial(_backbone_session, backbone_path, bb, provider, threads, chain["backbone"],
                                              mem, checked=True), release=False)
         self.lora_backbone = lora_backbone(backbone_path, bb, family.backbone, provider, profile,

@@ -60,3 +60,20 @@ def session_providers(resolved, unet: dict, pipeline_info: dict) -> dict:
 
     p = resolved.profile
     return {"backbone": providers(p, unet, pipeline_info, backbone=True), "other": providers(p)}
+
+
+def foreign_ops_note(path, provider: str) -> str | None:
+    """One line when an OpenVINO backbone holds ONNX Runtime's own operators: OpenVINO cannot run them, so the
+    provider splits the graph around each (ORT's fused attention: 4.2x slower at SD1.5 size, experiments/amx)."""
+    if provider != "openvino":
+        return None
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ops = sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"})
+    if not ops:
+        return None
+    count = sum(1 for n in model.graph.node if n.domain == "com.microsoft")
+    return (f"the backbone holds {count} ONNX Runtime operators ({', '.join(ops)}) that OpenVINO cannot run: each runs "
+            "on the CPU provider between OpenVINO subgraphs; quantize with -O stored=qdq (int8) or export with "
+            "--no-fuse-attention (fp32) for a graph OpenVINO takes whole")
