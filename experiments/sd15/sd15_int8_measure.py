@@ -24,7 +24,8 @@ ONNXDIFFUSION_SDCPP_PYTHON / ONNXDIFFUSION_OPENVINO_PYTHON, else .venv-sdcpp / .
         --diffusers runs/sd15/diffusers --rounds 3 --out bench/report_sd15/int8_static_threads1.json
 
 `--variant NAME=FOLDER@MEMORY` loads the folder with `Pipeline.from_folder(memory=MEMORY)` (`lean`,
-`release_text_encoders=1`, `prepacking=0,arena=0`, ...: runtime/memory.py).
+`release_text_encoders=1`, `prepacking=0,arena=0`, ...: runtime/memory.py); `NAME=FOLDER%PROFILE` with that hardware
+profile (a name or YAML file), in the interpreter `--profile-python` names (e.g. a venv with onnxruntime-openvino).
 
 Folder paths are recorded as given (pass them relative to the repository).
 """
@@ -79,6 +80,7 @@ def _timed(fn):
 
 
 def child_ours(folder: str, calls: int, threads: int) -> dict:
+    folder, _, profile = folder.partition("%")
     folder, _, memory = folder.partition("@")
     import numpy as np
 
@@ -89,7 +91,7 @@ def child_ours(folder: str, calls: int, threads: int) -> dict:
 
     _phase_peak()
     pipe, load_wall, load_cpu = _timed(lambda: Pipeline.from_folder(folder, provider="cpu", threads=threads,
-                                                                    memory=memory or None))
+                                                                    memory=memory or None, profile=profile or None))
     phases = {"load": _phase_peak()}
     rss_after_load = current_rss_bytes()
     manifest = read_manifest(Path(folder))
@@ -146,8 +148,8 @@ def child_diffusers(folder: str, calls: int, threads: int, dtype: str = "float32
             "peak_rss_bytes": peak_rss_bytes()}
 
 
-def run_child(kind: str, folder: str, calls: int, threads: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, folder, "--calls", str(calls), "--threads", str(threads)]
+def run_child(kind: str, folder: str, calls: int, threads: int, python: str | None = None) -> dict:
+    cmd = [python or sys.executable, __file__, "--child", kind, folder, "--calls", str(calls), "--threads", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **thread_env(threads)}, timeout=3000)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -225,6 +227,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", nargs=2, metavar=("KIND", "FOLDER"), help=argparse.SUPPRESS)
     ap.add_argument("--variant", action="append", default=[], help="NAME=FOLDER (an onnxdiffusion model folder)")
+    ap.add_argument("--profile-python", help="the interpreter for variants that name a profile (NAME=FOLDER%%PROFILE), "
+                    "e.g. a venv with onnxruntime-openvino in place of onnxruntime")
     ap.add_argument("--diffusers", help="the diffusers folder the ONNX folders were exported from (a peer row)")
     ap.add_argument("--diffusers-rounds", type=int, default=1, help="rounds that include the diffusers row")
     ap.add_argument("--diffusers-bf16", action="store_true",
@@ -268,7 +272,7 @@ def main() -> int:
                 rec = run_peer(backend, mode, folder, args.peer_cache / f"{backend}-{mode}", args.threads)
             else:
                 kind = {"diffusers-eager-fp32": "diffusers", "diffusers-eager-bf16": "diffusers-bf16"}.get(name, "ours")
-                rec = run_child(kind, folder, args.calls, args.threads)
+                rec = run_child(kind, folder, args.calls, args.threads, args.profile_python if "%" in folder else None)
             rec.update(round=r, loadavg_before=before, loadavg_after=_loadavg())
             raw[name].append(rec)
             log.append(f"round {r} {name}: " + (rec.get("error") or
