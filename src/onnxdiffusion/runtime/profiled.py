@@ -75,5 +75,6 @@ def foreign_ops_note(path, provider: str) -> str | None:
         return None
     count = sum(1 for n in model.graph.node if n.domain == "com.microsoft")
     return (f"the backbone holds {count} ONNX Runtime operators ({', '.join(ops)}) that OpenVINO cannot run: each runs "
-            "on the CPU provider between OpenVINO subgraphs; quantize with -O stored=qdq (int8) or export with "
+            "on the CPU provider between OpenVINO subgraphs; quantize (again) with -O stored=qdq, which writes the attention "
+            "out (int8), or export with "
             "--no-fuse-attention (fp32) for a graph OpenVINO takes whole")
