@@ -202,13 +202,14 @@ def test_openvino_float_math_follows_the_cpu_and_leaves_a_given_load_config():
 def test_openvino_is_told_about_operators_it_cannot_run(tiny_onnx, tmp_path):
     import onnx
 
+    from onnxdiffusion.onnxio.session import check_external_data
     from onnxdiffusion.quantize.opgroups import decompose_attention
     from onnxdiffusion.runtime.profiled import foreign_ops_note
 
     fused = tiny_onnx / "unet" / "model.onnx"
-    note = foreign_ops_note(fused, "openvino")
+    note = foreign_ops_note(check_external_data(fused).contrib_ops, "openvino")
     assert "MultiHeadAttention" in note and "stored=qdq" in note and "\n" not in note
-    assert foreign_ops_note(fused, "cpu") is None
+    assert foreign_ops_note(check_external_data(fused).contrib_ops, "cpu") is None
     written_out = tmp_path / "model.onnx"
     onnx.save(decompose_attention(onnx.load(str(fused))), str(written_out))
-    assert foreign_ops_note(written_out, "openvino") is None
+    assert foreign_ops_note(check_external_data(written_out).contrib_ops, "openvino") is None

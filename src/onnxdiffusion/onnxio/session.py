@@ -59,9 +59,13 @@ class GraphIO:
     for checks that need no weights, before (or without) a session."""
 
     def __init__(self, graph):
+        from collections import Counter
+
         inits = {t.name for t in graph.initializer}
         self._inputs = [_arg(v) for v in graph.input if v.name not in inits]
         self._outputs = [_arg(v) for v in graph.output]
+        # ONNX Runtime's own operators (com.microsoft): other providers cannot run them (runtime/profiled.py)
+        self.contrib_ops = Counter(n.op_type for n in graph.node if n.domain == "com.microsoft")
 
     def get_inputs(self):
         return self._inputs

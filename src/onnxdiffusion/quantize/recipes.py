@@ -29,13 +29,13 @@ from .graphs import (  # noqa: F401 - prepare_unet re-exported: importers find i
     activation_tensors,
     prepare_unet,
     compact_names,
-    fold_matmul_bias,
     name_nodes,
     peer_float_nodes,
     quantizable_nodes,
     reroute_shape_reads,
 )
-from .runner import ImageProbe, ort_optimized
+from .components import CPU_STORED_AS, quantize_component, stored_graph
+from .runner import ImageProbe
 from .static_plan import StaticPlan, plan_static, selection
 from .timestep_graphs import merge_timestep_groups
 
@@ -120,25 +120,11 @@ def _qdq(ctx: Context, recipe: Int8StaticRecipe, plan: StaticPlan, ranges, nodes
     return compact_names(model)
 
 
-# Int8 recipes run on the CPU provider only (configs.INT8_PROVIDERS), so their backbone is stored
-# as the graph that provider runs: Q/DQ pairs already fused into integer kernels, linear biases
-# folded into them. Measured on the embedded model (1 thread, interleaved): 0.55x fp32 latency
-# vs 0.59x for the same weights stored as QDQ and fused at load time.
-CPU_STORED_AS = "ONNX Runtime CPU-fused graph (QLinearConv / MatMulIntegerToFloat with folded biases)"
-
-
 def stored_form(ctx: Context, recipe: Int8StaticRecipe | Int4WeightsRecipe, model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """The backbone as the recipe stores it, and a description for the manifest.
 
     `model` is a QDQ graph with compact names already (see `_qdq`)."""
-    if recipe.stored == "qdq":  # standard ops only: OpenVINO / TensorRT cannot run ORT's fused attention (it
-        # splits their graph around each one: 4x slower measured on OpenVINO's provider at SD1.5 size)
-        from .opgroups import decompose_attention
-
-        return decompose_attention(model), "QDQ (portable: standard ONNX ops, attention written out; fused by the provider at load time)"
-    fused = ort_optimized(model, ctx.threads)
-    fold_matmul_bias(fused)
-    return compact_names(fused), CPU_STORED_AS
+    return stored_graph(model, recipe.stored, ctx.threads)
 
 
 @builds(Int8StaticRecipe)
@@ -171,8 +157,6 @@ def _build_qdq(ctx: Context, recipe: Int8StaticRecipe | Int8NaiveRecipe, bias_co
                   details={"calibrated_tensors": len(plan.tensors), **plan.details}, stored_as=stored)
     for name in recipe.targets:
         if name != BACKBONE:  # the VAE decoder, text encoders: quantize/components.py
-            from .components import quantize_component
-
             ctx.log(f"int8-static: {name}")
             built.components[name], built.details.setdefault("components", {})[name] = quantize_component(
                 ctx.components[name], ctx.component_feeds(name), recipe.components_keep_float, ctx.threads, recipe.stored)

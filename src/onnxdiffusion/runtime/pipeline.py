@@ -76,7 +76,7 @@ class Pipeline:
         # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
         backbone_path = confined(folder, bb["path"], "backbone")
         backbone_io = check_external_data(backbone_path)
-        if note := foreign_ops_note(backbone_path, provider):
+        if note := foreign_ops_note(backbone_io.contrib_ops, provider):
             warnings.warn(f"{folder}: {note}", stacklevel=3)
         self._backbone = LazySession(partial(_backbone_session, backbone_path, bb, provider, threads, chain["backbone"],
                                              mem, checked=True), release=False)

@@ -62,19 +62,13 @@ def session_providers(resolved, unet: dict, pipeline_info: dict) -> dict:
     return {"backbone": providers(p, unet, pipeline_info, backbone=True), "other": providers(p)}
 
 
-def foreign_ops_note(path, provider: str) -> str | None:
-    """One line when an OpenVINO backbone holds ONNX Runtime's own operators: OpenVINO cannot run them, so the
-    provider splits the graph around each (ORT's fused attention: 4.2x slower at SD1.5 size, experiments/amx)."""
-    if provider != "openvino":
+def foreign_ops_note(contrib_ops, provider: str) -> str | None:
+    """One line when an OpenVINO backbone holds ONNX Runtime's own operators (`contrib_ops`: op type -> count, as
+    onnxio.session.GraphIO reads them): OpenVINO cannot run them, so the provider splits the graph around each
+    (ORT's fused attention: 4.2x slower at SD1.5 size, experiments/amx)."""
+    if provider != "openvino" or not contrib_ops:
         return None
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    ops = sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"})
-    if not ops:
-        return None
-    count = sum(1 for n in model.graph.node if n.domain == "com.microsoft")
-    return (f"the backbone holds {count} ONNX Runtime operators ({', '.join(ops)}) that OpenVINO cannot run: each runs "
-            "on the CPU provider between OpenVINO subgraphs; quantize (again) with -O stored=qdq, which writes the attention "
-            "out (int8), or export with "
-            "--no-fuse-attention (fp32) for a graph OpenVINO takes whole")
+    return (f"the backbone holds {sum(contrib_ops.values())} ONNX Runtime operators ({', '.join(sorted(contrib_ops))}) "
+            "that OpenVINO cannot run: each runs on the CPU provider between OpenVINO subgraphs; quantize (again) with "
+            "-O stored=qdq, which writes the attention out (int8), or export with --no-fuse-attention (fp32) for a "
+            "graph OpenVINO takes whole")
