@@ -207,9 +207,19 @@ def test_openvino_is_told_about_operators_it_cannot_run(tiny_onnx, tmp_path):
     from onnxdiffusion.runtime.profiled import foreign_ops_note
 
     fused = tiny_onnx / "unet" / "model.onnx"
-    note = foreign_ops_note(check_external_data(fused).contrib_ops, "openvino")
+    io = check_external_data(fused)
+    note = foreign_ops_note(io.contrib_ops, "openvino")
     assert "MultiHeadAttention" in note and "stored=qdq" in note and "\n" not in note
-    assert foreign_ops_note(check_external_data(fused).contrib_ops, "cpu") is None
+    assert foreign_ops_note(io.contrib_ops, "cpu") is None
+    # its weights are inside the file: the attention is written out at load, nothing left to warn about
+    assert io.written_out == io.contrib_ops["MultiHeadAttention"] > 0 and not io.foreign_ops
     written_out = tmp_path / "model.onnx"
     onnx.save(decompose_attention(onnx.load(str(fused))), str(written_out))
     assert foreign_ops_note(check_external_data(written_out).contrib_ops, "openvino") is None
+    # weights outside the file (a > 2 GB graph): the fused nodes stay, and the pipeline says so
+    external = tmp_path / "ext" / "model.onnx"
+    external.parent.mkdir()
+    onnx.save(onnx.load(str(fused)), str(external), save_as_external_data=True, size_threshold=0)
+    left = check_external_data(external)
+    assert left.written_out == 0 and left.foreign_ops == left.contrib_ops
+    assert "MultiHeadAttention" in foreign_ops_note(left.foreign_ops, "openvino")

@@ -61,11 +61,27 @@ class GraphIO:
     def __init__(self, graph):
         from collections import Counter
 
+        import onnx
+
+        from .attention import plain_attention
+
         inits = {t.name for t in graph.initializer}
         self._inputs = [_arg(v) for v in graph.input if v.name not in inits]
         self._outputs = [_arg(v) for v in graph.output]
         # ONNX Runtime's own operators (com.microsoft): other providers cannot run them (runtime/profiled.py)
         self.contrib_ops = Counter(n.op_type for n in graph.node if n.domain == "com.microsoft")
+        # ... except the plain fused attention of a graph whose weights are inside it: written out for them
+        inline = not any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
+        self.written_out = sum(map(plain_attention, graph.node)) if inline else 0
+
+    @property
+    def foreign_ops(self):
+        """The com.microsoft op counts a provider other than ORT's CPU/CUDA sees (onnxio.attention.openvino_form)."""
+        from .attention import MHA
+
+        left = self.contrib_ops.copy()
+        left.subtract({MHA: self.written_out})
+        return +left
 
     def get_inputs(self):
         return self._inputs

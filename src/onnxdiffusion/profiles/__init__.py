@@ -20,6 +20,7 @@ profile can also be any YAML file of the same form (`--profile path/to/mine.yaml
     memory: default               # default | lean | KEY=0|1,... (runtime/memory.py): sessions' memory settings
     float_math: fp32              # fp32 | bf16 | auto (bf16 where the CPU has avx512_bf16 / amx_bf16): the float
                                   # parts' arithmetic on the openvino provider's CPU device (ORT's CPU has no bf16)
+    static_shapes: false          # openvino: compile each input shape seen as a static graph (runtime/static_shapes.py)
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Profile:
     fallback: str | None = None
     memory: str = "default"
     float_math: str = "fp32"
+    static_shapes: bool = False
     source: str = ""  # where it was read from (not a YAML field)
 
     @classmethod
@@ -117,6 +119,11 @@ class Profile:
         if float_math != "fp32" and d["provider"] != "openvino":
             raise UserError(f"{source}: float_math {float_math} needs provider openvino (ONNX Runtime's own CPU kernels "
                             "have no bf16)")
+        static_shapes = d.get("static_shapes", False)
+        if not isinstance(static_shapes, bool):
+            raise UserError(f"{source}: static_shapes must be true or false")
+        if static_shapes and d["provider"] != "openvino":
+            raise UserError(f"{source}: static_shapes needs provider openvino (TensorRT takes shapes from `shapes`)")
         from ..runtime.memory import memory_options
 
         memory = str(d.get("memory", "default"))
@@ -132,7 +139,7 @@ class Profile:
                    threads=threads, recipe=recipe, loop=d.get("loop", "host"), io_binding=d.get("io_binding", "host"),
                    cuda_graph=cuda_graph, engine_cache=d.get("engine_cache"),
                    shapes=Shapes.from_dict(d.get("shapes"), source), fallback=d.get("fallback"), memory=memory,
-                   float_math=float_math, source=source)
+                   float_math=float_math, static_shapes=static_shapes, source=source)
 
     # -- can this machine run it? ------------------------------------------------------------
     def unavailable_reason(self) -> str | None:

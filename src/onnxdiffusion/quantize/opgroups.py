@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..onnxio.attention import decompose_attention  # noqa: F401 - the quantize side's name for it
 from . import files
 from .graphs import constant_outputs, initializer_map, quantizable_nodes, remove_dead_nodes
 
@@ -81,50 +82,6 @@ def norm_constants_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def fused_attention_count(model: onnx.ModelProto) -> int:
     return sum(1 for n in model.graph.node if n.op_type == MHA)
-
-
-def decompose_attention(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy with every plain fused MultiHeadAttention (query, key, value; no bias or mask) written
-    as standard ops; other nodes, names and weights unchanged. Computes what the fused kernel
-    computes up to float rounding."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g = out.graph
-    nodes: list[onnx.NodeProto] = []
-    shape3 = "opgroups/shape_merge"
-    used = False
-    for n in g.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        plain = n.op_type == MHA and len([x for x in n.input if x]) == 3 and len(n.input) == 3 and "scale" in attrs
-        if not plain:
-            nodes.append(n)
-            continue
-        used = True
-        heads, scale = int(attrs["num_heads"]), float(attrs["scale"])
-        p = n.name.rsplit("/", 1)[0] if "/" in n.name else n.name
-        q, k, v = n.input[:3]
-        heads_shape = f"{p}/heads_shape"
-        g.initializer.append(numpy_helper.from_array(np.array([0, 0, heads, -1], np.int64), heads_shape))
-        g.initializer.append(numpy_helper.from_array(np.array(scale, np.float32), f"{p}/attn_scale"))
-
-        def node(op, ins, outs_, name, **kw):
-            nodes.append(helper.make_node(op, ins, outs_, name=f"{p}/{name}", **kw))
-            return outs_[0]
-
-        qh = node("Transpose", [node("Reshape", [q, heads_shape], [f"{p}/q4"], "q_heads")], [f"{p}/qT"], "q_t", perm=[0, 2, 1, 3])
-        kh = node("Transpose", [node("Reshape", [k, heads_shape], [f"{p}/k4"], "k_heads")], [f"{p}/kT"], "k_t", perm=[0, 2, 3, 1])
-        vh = node("Transpose", [node("Reshape", [v, heads_shape], [f"{p}/v4"], "v_heads")], [f"{p}/vT"], "v_t", perm=[0, 2, 1, 3])
-        scores = node("MatMul", [qh, kh], [f"{p}/scores"], "attn_scores/MatMul")
-        scaled = node("Mul", [scores, f"{p}/attn_scale"], [f"{p}/scaled"], "attn_scale/Mul")
-        probs = node("Softmax", [scaled], [f"{p}/probs"], "attn_softmax/Softmax", axis=-1)
-        ctx = node("MatMul", [probs, vh], [f"{p}/ctx"], "attn_values/MatMul")
-        ctx_t = node("Transpose", [ctx], [f"{p}/ctxT"], "ctx_t", perm=[0, 2, 1, 3])
-        node("Reshape", [ctx_t, shape3], [n.output[0]], "merge_heads")
-    if used:
-        g.initializer.append(numpy_helper.from_array(np.array([0, 0, -1], np.int64), shape3))
-    del g.node[:]
-    g.node.extend(nodes)
-    return out
 
 
 def gemms_as_matmuls(model: onnx.ModelProto, names: Iterable[str]) -> tuple[onnx.ModelProto, list[str]]:

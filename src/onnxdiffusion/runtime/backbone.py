@@ -11,6 +11,7 @@ import onnxruntime as ort
 from ..families.base import OUT, SAMPLE, TIMESTEP
 from ..families.latents import channel_axis
 from ..samplers import cfg_combine
+from .static_shapes import session_for
 
 Conditioning = dict[str, np.ndarray]  # backbone input name -> (batch, ...) array
 
@@ -58,9 +59,9 @@ class GuidedBackbone:
         wanted = {i.name for i in session.get_inputs()} - {SAMPLE, TIMESTEP}
         if wanted != set(self.conditioning):
             raise ValueError(f"backbone wants conditioning {sorted(wanted)}, got {sorted(self.conditioning)}")
-        self.session = session
-        self.binding = session.io_binding()
         feeds = {SAMPLE: self.sample, TIMESTEP: self.timestep, **self.conditioning}
+        self.session = session = session_for(session, {k: v.shape for k, v in feeds.items()})
+        self.binding = session.io_binding()
         for name, arr in feeds.items():
             self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
         self.binding.bind_ortvalue_output(OUT, ort.OrtValue.ortvalue_from_numpy(self.out))

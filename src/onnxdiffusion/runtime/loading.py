@@ -19,15 +19,16 @@ def disabled(info: dict) -> list | None:
 
 
 def backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
-                      memory=None, checked: bool = False, external_files: dict | None = None):
+                      memory=None, checked: bool = False, external_files: dict | None = None, model: bytes | None = None):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
 
     int8 backbones disable the NCHWc/NHWC layout rewrites: the NHWC one wraps every QLinearConv in
     transposes (slower on CPU), and NCHWc changes float convolutions' summation order, which made
-    the host loop and the Loop form (where ORT does not apply it) round differently.
+    the host loop and the Loop form (where ORT does not apply it) round differently. `model`: the graph as
+    rewritten for a provider (onnxio.attention.openvino_form), loaded instead of the file.
     """
     return make_session(path, provider, threads, disabled_optimizers=disabled(info), providers=providers,
-                        memory=memory, checked=checked, model=_without_dead_queries(path),
+                        memory=memory, checked=checked, model=model if model is not None else _without_dead_queries(path),
                         external_files=external_files)
 
 

@@ -30,6 +30,7 @@ from .generation import (  # noqa: F401  (re-exported: the public names live her
 from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph, open_sampling_graph
+from .static_shapes import shaped
 from .loading import (backbone_remedies, backbone_session as _backbone_session, disabled as _disabled, load_scheduler,
                       lora_backbone)
 from .session import check_external_data, make_session
@@ -63,9 +64,10 @@ class Pipeline:
         chain = session_providers(profile, bb, info)
         # text encoders: loaded now (their I/O is checked below); with memory `release_text_encoders` they
         # are let go after each encoding and loaded again from their files for the next prompt
-        self.text_sessions = {s.name: LazySession(partial(make_session, component_path(folder, manifest, s.name),
-                                                          provider, threads, providers=chain["other"], memory=mem,
-                                                          disabled_optimizers=_disabled(comps[s.name])),
+        static = profile is not None and profile.profile.static_shapes  # runtime/static_shapes.py
+        self.text_sessions = {s.name: LazySession(shaped(static, chain["other"], component_path(folder, manifest, s.name),
+                                                         partial(make_session, provider=provider, threads=threads,
+                                                                 memory=mem, disabled_optimizers=_disabled(comps[s.name]))),
                                                   mem.release_text_encoders)
                               for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
@@ -76,18 +78,19 @@ class Pipeline:
         # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
         backbone_path = confined(folder, bb["path"], "backbone")
         backbone_io = check_external_data(backbone_path)
-        if note := foreign_ops_note(backbone_io.contrib_ops, provider):
+        if note := foreign_ops_note(backbone_io.foreign_ops, provider):
             warnings.warn(f"{folder}: {note}", stacklevel=3)
-        self._backbone = LazySession(partial(_backbone_session, backbone_path, bb, provider, threads, chain["backbone"],
-                                             mem, checked=True), release=False)
+        self._backbone = LazySession(shaped(static, chain["backbone"], backbone_path,
+                                            partial(_backbone_session, info=bb, provider=provider, threads=threads,
+                                                    memory=mem, checked=True), io=backbone_io), release=False)
         self.lora_backbone = lora_backbone(backbone_path, bb, family.backbone, provider, profile,
                                            partial(_backbone_session, info=bb, provider=provider, threads=threads,
                                                    providers=chain["backbone"], memory=mem, checked=True))
         if self.lora_backbone is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora_backbone.plain, release=False)
-        self.vae_decoder = make_session(component_path(folder, manifest, "vae_decoder"), provider, threads,
-                                        providers=chain["other"], memory=mem,
-                                        disabled_optimizers=_disabled(comps["vae_decoder"]))
+        self.vae_decoder = shaped(static, chain["other"], component_path(folder, manifest, "vae_decoder"),
+                                  partial(make_session, provider=provider, threads=threads, memory=mem,
+                                          disabled_optimizers=_disabled(comps["vae_decoder"])))()
         # every family's components keep fixed I/O names: a swapped or foreign component fails here
         for slot in self.slots:
             guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))

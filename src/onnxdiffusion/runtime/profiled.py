@@ -62,13 +62,13 @@ def session_providers(resolved, unet: dict, pipeline_info: dict) -> dict:
     return {"backbone": providers(p, unet, pipeline_info, backbone=True), "other": providers(p)}
 
 
-def foreign_ops_note(contrib_ops, provider: str) -> str | None:
-    """One line when an OpenVINO backbone holds ONNX Runtime's own operators (`contrib_ops`: op type -> count, as
-    onnxio.session.GraphIO reads them): OpenVINO cannot run them, so the provider splits the graph around each
-    (ORT's fused attention: 4.2x slower at SD1.5 size, experiments/amx)."""
-    if provider != "openvino" or not contrib_ops:
+def foreign_ops_note(foreign_ops, provider: str) -> str | None:
+    """One line when an OpenVINO backbone holds ONNX Runtime's own operators that are not written out at load
+    (`foreign_ops`: op type -> count, onnxio.session.GraphIO.foreign_ops): OpenVINO cannot run them, so the
+    provider splits the graph around each (ORT's fused attention: 4.2x slower at SD1.5 size, experiments/amx)."""
+    if provider != "openvino" or not foreign_ops:
         return None
-    return (f"the backbone holds {sum(contrib_ops.values())} ONNX Runtime operators ({', '.join(sorted(contrib_ops))}) "
-            "that OpenVINO cannot run: each runs on the CPU provider between OpenVINO subgraphs; quantize (again) with "
-            "-O stored=qdq, which writes the attention out (int8), or export with --no-fuse-attention (fp32) for a "
-            "graph OpenVINO takes whole")
+    return (f"the backbone holds {sum(foreign_ops.values())} ONNX Runtime operators ({', '.join(sorted(foreign_ops))}) "
+            "that OpenVINO cannot run: each runs on the CPU provider between OpenVINO subgraphs (the fused attention is "
+            "written out at load only in a graph that holds its weights); quantize (again) with -O stored=qdq, which "
+            "writes the attention out (int8), or export with --no-fuse-attention (fp32) for a graph OpenVINO takes whole")
