@@ -197,6 +197,11 @@ def test_openvino_float_math_follows_the_cpu_and_leaves_a_given_load_config():
     assert providers(Profile.from_dict(mine, "x.yaml"))[0][1]["load_config"] == "{}"  # the user's own wins
     gpu = {**base, "float_math": "bf16", "provider_options": {"device_type": "GPU"}}
     assert "load_config" not in providers(Profile.from_dict(gpu, "x.yaml"))[0][1]
+    # the run's thread count reaches OpenVINO (ORT's intra-op setting does not), unless the profile names its own
+    assert providers(Profile.from_dict(base, "x.yaml"), threads=1)[0][1]["num_of_threads"] == "1"
+    assert "num_of_threads" not in providers(Profile.from_dict(base, "x.yaml"))[0][1]
+    own = {**base, "provider_options": {"device_type": "CPU", "num_of_threads": "4"}}
+    assert providers(Profile.from_dict(own, "x.yaml"), threads=1)[0][1]["num_of_threads"] == "4"
 
 
 def test_openvino_is_told_about_operators_it_cannot_run(tiny_onnx, tmp_path):

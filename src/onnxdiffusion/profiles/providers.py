@@ -62,11 +62,14 @@ def bf16_wanted(profile: Profile, flags: frozenset[str] | None = None) -> bool:
 
 
 def providers(profile: Profile, component: dict | None = None, pipeline_info: dict | None = None,
-              backbone: bool = False) -> list:
-    """ONNX Runtime's `providers` argument for one session under this profile (CPU always last)."""
+              backbone: bool = False, threads: int | None = None) -> list:
+    """ONNX Runtime's `providers` argument for one session under this profile (CPU always last). `threads`: the
+    run's thread count, which OpenVINO takes as its own option (ORT's intra-op setting does not reach it)."""
     options = dict(profile.provider_options)
     if profile.provider == "cpu":
         return ["CPUExecutionProvider"]
+    if profile.provider == "openvino" and threads and "num_of_threads" not in options:
+        options["num_of_threads"] = str(threads)
     if profile.provider == "openvino" and bf16_wanted(profile) and "load_config" not in options \
             and options.get("device_type", "CPU").startswith("CPU"):
         options["load_config"] = json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}})

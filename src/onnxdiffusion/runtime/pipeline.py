@@ -61,7 +61,7 @@ class Pipeline:
         self.slots = [s for s in family.text_encoders if s.name in comps]
         self.tokenizers = {s.name: family.make_tokenizer(s, folder, info) for s in self.slots}
         bb = comps[family.backbone]
-        chain = session_providers(profile, bb, info)
+        chain = session_providers(profile, bb, info, threads)
         # text encoders: loaded now (their I/O is checked below); with memory `release_text_encoders` they
         # are let go after each encoding and loaded again from their files for the next prompt
         static = profile is not None and profile.profile.static_shapes  # runtime/static_shapes.py

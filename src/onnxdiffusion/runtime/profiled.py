@@ -52,14 +52,15 @@ def backbone_entry(folder, unet: dict, provider: str, resolved) -> dict:
                     f"use --profile {profile}{extra}")
 
 
-def session_providers(resolved, unet: dict, pipeline_info: dict) -> dict:
+def session_providers(resolved, unet: dict, pipeline_info: dict, threads: int | None = None) -> dict:
     """{"backbone": providers, "other": providers}, or Nones (make_session's default) without a profile."""
     if resolved is None:
         return {"backbone": None, "other": None}
     from ..profiles.providers import providers
 
     p = resolved.profile
-    return {"backbone": providers(p, unet, pipeline_info, backbone=True), "other": providers(p)}
+    return {"backbone": providers(p, unet, pipeline_info, backbone=True, threads=threads),
+            "other": providers(p, threads=threads)}
 
 
 def foreign_ops_note(foreign_ops, provider: str) -> str | None:
