@@ -20,7 +20,7 @@ profile can also be any YAML file of the same form (`--profile path/to/mine.yaml
     memory: default               # default | lean | KEY=0|1,... (runtime/memory.py): sessions' memory settings
     float_math: fp32              # fp32 | bf16 | auto (bf16 where the CPU has avx512_bf16 / amx_bf16): the float
                                   # parts' arithmetic on the openvino provider's CPU device (ORT's CPU has no bf16)
-    static_shapes: false          # openvino: compile each input shape seen as a static graph (runtime/static_shapes.py)
+    static_shapes: false          # openvino: the backbone compiled per input shape, static (runtime/static_shapes.py)
 """
 
 from __future__ import annotations

@@ -64,8 +64,10 @@ class Pipeline:
         chain = session_providers(profile, bb, info, threads)
         # text encoders: loaded now (their I/O is checked below); with memory `release_text_encoders` they
         # are let go after each encoding and loaded again from their files for the next prompt
-        static = profile is not None and profile.profile.static_shapes  # runtime/static_shapes.py
-        self.text_sessions = {s.name: LazySession(shaped(static, chain["other"], component_path(folder, manifest, s.name),
+        # static_shapes (runtime/static_shapes.py): the backbone only, which runs every step; the text encoders and
+        # the VAE decoder run once an image, where a compile per new shape costs more than the static graph saves
+        static = profile is not None and profile.profile.static_shapes
+        self.text_sessions = {s.name: LazySession(shaped(False, chain["other"], component_path(folder, manifest, s.name),
                                                          partial(make_session, provider=provider, threads=threads,
                                                                  memory=mem, disabled_optimizers=_disabled(comps[s.name]))),
                                                   mem.release_text_encoders)
@@ -88,7 +90,7 @@ class Pipeline:
                                                    providers=chain["backbone"], memory=mem, checked=True))
         if self.lora_backbone is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora_backbone.plain, release=False)
-        self.vae_decoder = shaped(static, chain["other"], component_path(folder, manifest, "vae_decoder"),
+        self.vae_decoder = shaped(False, chain["other"], component_path(folder, manifest, "vae_decoder"),
                                   partial(make_session, provider=provider, threads=threads, memory=mem,
                                           disabled_optimizers=_disabled(comps["vae_decoder"])))()
         # every family's components keep fixed I/O names: a swapped or foreign component fails here

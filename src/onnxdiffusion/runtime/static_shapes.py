@@ -2,9 +2,10 @@
 
 OpenVINO compiles a graph with symbolic dimensions into kernels that re-plan on every call; the same
 graph reshaped to the call's shapes runs faster (the full-size SD1.5 UNet step on an AMX Xeon, 1 thread,
-int8 with bf16 float parts: 0.55 -> 0.47 s) and compiles at load instead of inside the first call. ONNX
-Runtime's OpenVINO provider takes the shapes as its `reshape_input` option, fixed for the session's life,
-so a new shape (another size, another batch) gets a session of its own: the last few are kept.
+int8 with bf16 float parts: 0.56 -> 0.48 s). ONNX Runtime's OpenVINO provider takes the shapes as its
+`reshape_input` option, fixed for the session's life, so a new shape (another size, another batch) gets a
+session of its own, compiled on its first call: the last few are kept. The pipeline keys its backbone this
+way; components that run once an image would pay a compile per new shape for little (runtime/pipeline.py).
 """
 
 from __future__ import annotations
