@@ -20,6 +20,8 @@ LABELS = {
     "int8-static": "ours int8-static, kernels=portable (ORT CPU)",
     "int8-static-amx": "ours int8-static, kernels=auto: AMX layout (ORT CPU)",
     "int8-qdq-openvino-provider": "ours int8-static stored=qdq, --profile openvino-int8 (bf16 float parts)",
+    "int8-qdq-openvino-static": "ours int8-static stored=qdq, --profile openvino-int8: static backbone shapes (bf16)",
+    "int8-qdq-openvino-dynamic": "ours int8-static stored=qdq, openvino-int8 with static_shapes: false (bf16)",
     "fp32-openvino-provider": "ours fp32 (--no-fuse-attention), --profile openvino-fp32 (bf16)",
     "openvino-int8-hybrid": "OpenVINO's pipeline, int8-hybrid (optimum-intel)",
     "openvino-fp32": "OpenVINO's pipeline, fp32",
@@ -47,8 +49,8 @@ def main() -> int:
              "", f"Machine: {cpu['model']}, {cpu['cores']} cores, ISA {' '.join(cpu['isa_flags'])} (int8 kernels: "
              f"{cpu['int8_kernels']}); onnxruntime {d['machine']['onnxruntime']}; load {d['machine']['loadavg']} at the "
              f"start; {d['settings']['rounds']} interleaved rounds, fresh process per variant and round, medians.", "",
-             "| variant | step s | end to end, CPU s | vs diffusers bf16 | vs OpenVINO int8-hybrid | vs today's int8-static | "
-             "peak RSS GB | load + first call, wall s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| variant | step s | step vs today's int8-static | end to end, CPU s | vs diffusers bf16 | vs OpenVINO int8-hybrid | vs today's int8-static | "
+             "peak RSS GB | load + first call, wall s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     rows = []
     for k, v in s.items():
         if "error" in v:
@@ -56,7 +58,8 @@ def main() -> int:
         e2e = v["e2e_cpu_s"]
         first = [r.get("load_wall_s", 0) + r.get("warmup_call_wall_s", 0) for r in raw[k] if "error" not in r]
         rows.append((k, step(k), e2e))
-        lines.append(f"| {LABELS.get(k, k)} | {step(k):.2f} | {e2e:.1f} | {ratio('bf16', e2e)} | {ratio('ov', e2e)} | "
+        step_ratio = f"{step('int8-static') / step(k):.2f}x" if "int8-static" in s else "-"
+        lines.append(f"| {LABELS.get(k, k)} | {step(k):.2f} | {step_ratio} | {e2e:.1f} | {ratio('bf16', e2e)} | {ratio('ov', e2e)} | "
                      f"{ratio('today', e2e)} | {v['peak_rss_bytes'] / 1e9:.2f} | {min(first):.1f} |")
     second = {k: v["e2e_second_cpu_s"] for k, v in s.items() if v.get("e2e_second_cpu_s") is not None}
     if second:
