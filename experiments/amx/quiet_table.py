@@ -25,6 +25,7 @@ LABELS = {
     "fp32-openvino-provider": "ours fp32 (--no-fuse-attention), --profile openvino-fp32 (bf16)",
     "openvino-int8-hybrid": "OpenVINO's pipeline, int8-hybrid (optimum-intel)",
     "openvino-fp32": "OpenVINO's pipeline, fp32",
+    "sdcpp-q8_0": "stable-diffusion.cpp q8_0",
     "diffusers-eager-fp32": "diffusers eager fp32",
     "diffusers-eager-bf16": "diffusers eager bf16",
 }
