@@ -107,7 +107,7 @@ def _feeds(pipe, rows: int, size: int) -> dict:
 
 def test_the_openvino_provider_gets_the_attention_written_out(tiny_onnx):
     from onnxdiffusion.onnxio.attention import decompose_attention, openvino_form
-    from onnxdiffusion.runtime.static_shapes import shaped
+    from onnxdiffusion.runtime.static_shapes import session_factory
 
     path = tiny_onnx / "unet" / "model.onnx"
     made = []
@@ -117,14 +117,14 @@ def test_the_openvino_provider_gets_the_attention_written_out(tiny_onnx):
         return object()
 
     chain = [("OpenVINOExecutionProvider", {"device_type": "CPU"}), "CPUExecutionProvider"]
-    keyed = shaped(True, chain, path, make)()
+    keyed = session_factory(True, chain, path, make)()
     assert isinstance(keyed, ShapeKeyedSession) and not made  # nothing compiled before a shape is known
     keyed.for_shapes({"sample": (2, 4, 8, 8), "timestep": (2,), "encoder_hidden_states": (2, 77, 32)})
     (providers, model), = made
     assert providers[0][1]["reshape_input"].startswith("sample[2,4,8,8],timestep[2],encoder_hidden_states[2,77,")
     assert not any(n.domain == "com.microsoft" for n in onnx.load_from_string(model).graph.node)
     assert model == decompose_attention(onnx.load(str(path))).SerializeToString() == openvino_form(path)
-    shaped(False, chain, path, make)()  # dynamic shapes on OpenVINO: written out all the same
+    session_factory(False, chain, path, make)()  # dynamic shapes on OpenVINO: written out all the same
     assert made[-1][1] == model and "reshape_input" not in made[-1][0][0][1]
-    shaped(True, ["CPUExecutionProvider"], path, make)().for_shapes({"sample": (1, 4, 8, 8)})
+    session_factory(True, ["CPUExecutionProvider"], path, make)().for_shapes({"sample": (1, 4, 8, 8)})
     assert made[-1] == (["CPUExecutionProvider"], None)  # ORT's CPU provider runs the fused kernel as stored

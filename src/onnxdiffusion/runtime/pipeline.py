@@ -30,7 +30,7 @@ from .generation import (  # noqa: F401  (re-exported: the public names live her
 from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph, open_sampling_graph
-from .static_shapes import shaped
+from .static_shapes import session_factory
 from .loading import (backbone_remedies, backbone_session as _backbone_session, disabled as _disabled, load_scheduler,
                       lora_backbone)
 from .session import check_external_data, make_session
@@ -67,7 +67,7 @@ class Pipeline:
         # static_shapes (runtime/static_shapes.py): the backbone only, which runs every step; the text encoders and
         # the VAE decoder run once an image, where a compile per new shape costs more than the static graph saves
         static = profile is not None and profile.profile.static_shapes
-        self.text_sessions = {s.name: LazySession(shaped(False, chain["other"], component_path(folder, manifest, s.name),
+        self.text_sessions = {s.name: LazySession(session_factory(False, chain["other"], component_path(folder, manifest, s.name),
                                                          partial(make_session, provider=provider, threads=threads,
                                                                  memory=mem, disabled_optimizers=_disabled(comps[s.name]))),
                                                   mem.release_text_encoders)
@@ -82,7 +82,7 @@ class Pipeline:
         backbone_io = check_external_data(backbone_path)
         if note := foreign_ops_note(backbone_io.foreign_ops, provider):
             warnings.warn(f"{folder}: {note}", stacklevel=3)
-        self._backbone = LazySession(shaped(static, chain["backbone"], backbone_path,
+        self._backbone = LazySession(session_factory(static, chain["backbone"], backbone_path,
                                             partial(_backbone_session, info=bb, provider=provider, threads=threads,
                                                     memory=mem, checked=True), io=backbone_io), release=False)
         self.lora_backbone = lora_backbone(backbone_path, bb, family.backbone, provider, profile,
@@ -90,7 +90,7 @@ class Pipeline:
                                                    providers=chain["backbone"], memory=mem, checked=True))
         if self.lora_backbone is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora_backbone.plain, release=False)
-        self.vae_decoder = shaped(False, chain["other"], component_path(folder, manifest, "vae_decoder"),
+        self.vae_decoder = session_factory(False, chain["other"], component_path(folder, manifest, "vae_decoder"),
                                   partial(make_session, provider=provider, threads=threads, memory=mem,
                                           disabled_optimizers=_disabled(comps["vae_decoder"])))()
         # every family's components keep fixed I/O names: a swapped or foreign component fails here

@@ -68,7 +68,7 @@ class ShapeKeyedSession:
         return self._io.get_outputs()
 
 
-def shaped(static: bool, chain: list | None, path, make: Callable[..., object], io=None) -> Callable[[], object]:
+def session_factory(static: bool, chain: list | None, path, make: Callable[..., object], io=None) -> Callable[[], object]:
     """A factory of `path`'s session: `make(path, providers=..., [model=...])` under `chain`, or with `static`
     a ShapeKeyedSession making one that way per shape (`io`: the graph's inputs, read from the file if None).
     On ONNX Runtime's OpenVINO provider the plain fused attention is written out first (onnxio.attention): a graph
@@ -76,6 +76,8 @@ def shaped(static: bool, chain: list | None, path, make: Callable[..., object], 
     openvino = any(isinstance(e, tuple) and e[0] == "OpenVINOExecutionProvider" for e in chain or [])
 
     def build():
+        if not (openvino or static):  # the file as it is, parsed once (by make_session's own check)
+            return make(path, providers=chain)
         from ..onnxio.attention import openvino_form
         from ..onnxio.session import check_external_data
 
