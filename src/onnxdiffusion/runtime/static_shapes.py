@@ -2,7 +2,7 @@
 
 OpenVINO compiles a graph with symbolic dimensions into kernels that re-plan on every call; the same
 graph reshaped to the call's shapes runs faster (the full-size SD1.5 UNet step on an AMX Xeon, 1 thread,
-int8 with bf16 float parts: 0.56 -> 0.48 s). ONNX Runtime's OpenVINO provider takes the shapes as its
+int8 with bf16 float parts: 0.53-0.56 -> 0.46-0.48 s, interleaved runs). ONNX Runtime's OpenVINO provider takes the shapes as its
 `reshape_input` option, fixed for the session's life, so a new shape (another size, another batch) gets a
 session of its own, compiled on its first call: the last few are kept. The pipeline keys its backbone this
 way; components that run once an image would pay a compile per new shape for little (runtime/pipeline.py).
