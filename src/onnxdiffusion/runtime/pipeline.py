@@ -67,11 +67,12 @@ class Pipeline:
         # static_shapes (runtime/static_shapes.py): the backbone only, which runs every step; the text encoders and
         # the VAE decoder run once an image, where a compile per new shape costs more than the static graph saves
         static = profile is not None and profile.profile.static_shapes
-        self.text_sessions = {s.name: LazySession(session_factory(False, chain["other"], component_path(folder, manifest, s.name),
-                                                         partial(make_session, provider=provider, threads=threads,
-                                                                 memory=mem, disabled_optimizers=_disabled(comps[s.name]))),
-                                                  mem.release_text_encoders)
-                              for s in self.slots}
+        self.text_sessions = {
+            s.name: LazySession(session_factory(False, chain["other"], component_path(folder, manifest, s.name),
+                                                partial(make_session, provider=provider, threads=threads, memory=mem,
+                                                        disabled_optimizers=_disabled(comps[s.name]))),
+                                mem.release_text_encoders)
+            for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
         self._backbone_info = bb
         if provider == "cpu" and (note := kernels_warning(bb.get("int8_kernels"))):
@@ -83,16 +84,17 @@ class Pipeline:
         if note := foreign_ops_note(backbone_io.foreign_ops, provider):
             warnings.warn(f"{folder}: {note}", stacklevel=3)
         self._backbone = LazySession(session_factory(static, chain["backbone"], backbone_path,
-                                            partial(_backbone_session, info=bb, provider=provider, threads=threads,
-                                                    memory=mem, checked=True), io=backbone_io), release=False)
+                                                     partial(_backbone_session, info=bb, provider=provider,
+                                                             threads=threads, memory=mem, checked=True),
+                                                     io=backbone_io), release=False)
         self.lora_backbone = lora_backbone(backbone_path, bb, family.backbone, provider, profile,
                                            partial(_backbone_session, info=bb, provider=provider, threads=threads,
                                                    providers=chain["backbone"], memory=mem, checked=True))
         if self.lora_backbone is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora_backbone.plain, release=False)
         self.vae_decoder = session_factory(False, chain["other"], component_path(folder, manifest, "vae_decoder"),
-                                  partial(make_session, provider=provider, threads=threads, memory=mem,
-                                          disabled_optimizers=_disabled(comps["vae_decoder"])))()
+                                           partial(make_session, provider=provider, threads=threads, memory=mem,
+                                                   disabled_optimizers=_disabled(comps["vae_decoder"])))()
         # every family's components keep fixed I/O names: a swapped or foreign component fails here
         for slot in self.slots:
             guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))

@@ -2,9 +2,9 @@
 
 OpenVINO compiles a graph with symbolic dimensions into kernels that re-plan on every call; the same
 graph reshaped to the call's shapes runs faster (the full-size SD1.5 UNet step on an AMX Xeon, 1 thread,
-int8 with bf16 float parts: 0.53-0.56 -> 0.46-0.48 s, interleaved runs). ONNX Runtime's OpenVINO provider takes the shapes as its
-`reshape_input` option, fixed for the session's life, so a new shape (another size, another batch) gets a
-session of its own, compiled on its first call: the last few are kept. The pipeline keys its backbone this
+int8 with bf16 float parts: 0.53-0.56 -> 0.46-0.48 s, interleaved runs). ONNX Runtime's OpenVINO provider
+takes the shapes as its `reshape_input` option, fixed for the session's life, so a new shape (another size,
+another batch) gets a session of its own, compiled on its first call: the last few are kept. The pipeline keys its backbone this
 way; components that run once an image would pay a compile per new shape for little (runtime/pipeline.py).
 """
 
@@ -68,7 +68,8 @@ class ShapeKeyedSession:
         return self._io.get_outputs()
 
 
-def session_factory(static: bool, chain: list | None, path, make: Callable[..., object], io=None) -> Callable[[], object]:
+def session_factory(static: bool, chain: list | None, path, make: Callable[..., object],
+                    io=None) -> Callable[[], object]:
     """A factory of `path`'s session: `make(path, providers=..., [model=...])` under `chain`, or with `static`
     a ShapeKeyedSession making one that way per shape (`io`: the graph's inputs, read from the file if None).
     On ONNX Runtime's OpenVINO provider the plain fused attention is written out first (onnxio.attention): a graph
