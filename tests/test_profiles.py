@@ -208,7 +208,7 @@ def test_openvino_is_told_about_operators_it_cannot_run(tiny_onnx, tmp_path):
     import onnx
 
     from onnxdiffusion.onnxio.session import check_external_data
-    from onnxdiffusion.quantize.opgroups import decompose_attention
+    from onnxdiffusion.onnxio.attention import decompose_attention
     from onnxdiffusion.runtime.profiled import foreign_ops_note
 
     fused = tiny_onnx / "unet" / "model.onnx"

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxdiffusion.quantize import Int4WeightsRecipe, Int8StaticRecipe, recipe_from_dict
 from onnxdiffusion.quantize.calibration import CalibrationSet
-from onnxdiffusion.quantize.opgroups import (apply_smoothing, attention_matmuls, decompose_attention, gemms_as_matmuls,
+from onnxdiffusion.onnxio.attention import decompose_attention
+from onnxdiffusion.quantize.opgroups import (apply_smoothing, attention_matmuls, gemms_as_matmuls,
                                              modulation_nodes, smoothable, smoothing_scales)
 from onnxdiffusion.quantize.recipes import prepare_unet
 from onnxdiffusion.quantize.static_plan import channel_absmax, plan_static

@@ -128,3 +128,18 @@ def test_the_openvino_provider_gets_the_attention_written_out(tiny_onnx):
     assert made[-1][1] == model and "reshape_input" not in made[-1][0][0][1]
     session_factory(True, ["CPUExecutionProvider"], path, make)().for_shapes({"sample": (1, 4, 8, 8)})
     assert made[-1] == (["CPUExecutionProvider"], None)  # ORT's CPU provider runs the fused kernel as stored
+
+
+def test_only_the_plain_fused_attention_is_written_out():
+    from onnxdiffusion.onnxio.attention import plain_attention
+
+    def mha(outputs=("o",), inputs=("q", "k", "v"), **attrs):
+        return helper.make_node("MultiHeadAttention", list(inputs), list(outputs), domain="com.microsoft",
+                                **{"num_heads": 2, "scale": 0.5, **attrs})
+
+    assert plain_attention(mha())
+    assert not plain_attention(mha(unidirectional=1))  # causal: the written-out form has no mask
+    assert not plain_attention(mha(outputs=("o", "present_k", "present_v")))  # a cache the rewrite would drop
+    assert not plain_attention(mha(inputs=("q", "k", "v", "bias")))
+    assert not plain_attention(helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain="com.microsoft",
+                                                num_heads=2))  # no scale attribute

@@ -15,10 +15,13 @@ MHA = "MultiHeadAttention"
 
 
 def plain_attention(n: onnx.NodeProto) -> bool:
-    """A fused attention of query, key and value alone (no bias, mask or cache), with its scale: what
-    decompose_attention writes out."""
-    return (n.op_type == MHA and n.domain == "com.microsoft" and len(n.input) == 3 and all(n.input)
-            and any(a.name == "scale" for a in n.attribute))
+    """A fused attention of query, key and value alone (no bias, mask, cache or causal masking, one output),
+    with its scale: what decompose_attention writes out (and portable rounding computes in float64)."""
+    if n.op_type != MHA or n.domain != "com.microsoft":
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    return (len(n.input) == 3 and all(n.input) and "scale" in attrs and not attrs.get("unidirectional", 0)
+            and not any(n.output[1:]))
 
 
 def decompose_attention(model: onnx.ModelProto) -> onnx.ModelProto:

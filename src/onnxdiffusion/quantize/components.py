@@ -76,7 +76,7 @@ def stored_graph(model: onnx.ModelProto, stored: str, threads: int) -> tuple[onn
     """A QDQ graph (compact names) as an int8 recipe stores it (backbone or component), and the manifest's words."""
     if stored == "qdq":  # standard ops only: OpenVINO / TensorRT cannot run ORT's fused attention (it splits
         # their graph around each one: 4x slower measured on OpenVINO's provider at SD1.5 size)
-        from .opgroups import decompose_attention
+        from ..onnxio.attention import decompose_attention
 
         return decompose_attention(model), QDQ_STORED_AS
     from .runner import ort_optimized

@@ -6,7 +6,7 @@ and the graph rewrites that make them quantizable.
   reaches them except through Shape. On an MMDiT these are the adaLN linears and the
   time/text embedders; on a UNet the time embedding and its per-resnet projections.
 - attention: the score (Q K^T) and value (P V) matmuls, i.e. MatMuls of two activations. ORT's
-  fused `com.microsoft.MultiHeadAttention` hides them; `decompose_attention` rewrites each fused
+  fused `com.microsoft.MultiHeadAttention` hides them; onnxio.attention.decompose_attention rewrites each fused
   node as Reshape/Transpose -> MatMul -> Mul(scale) -> Softmax -> MatMul -> Transpose/Reshape.
 - softmax: Softmax nodes (exist once attention is decomposed).
 - norms: Layer / Instance / Group normalization.
@@ -22,14 +22,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..onnxio.attention import decompose_attention  # noqa: F401 - the quantize side's name for it
+from ..onnxio.attention import MHA
 from . import files
 from .graphs import constant_outputs, initializer_map, quantizable_nodes, remove_dead_nodes
 
 TOKEN_INPUTS = ("sample", "encoder_hidden_states")
 NORM_OPS = ("LayerNormalization", "InstanceNormalization", "GroupNormalization")
 GROUP_OP_TYPES = {"attention": ("MatMul",), "softmax": ("Softmax",), "norms": NORM_OPS, "modulation": ("MatMul", "Gemm")}
-MHA = "MultiHeadAttention"
 
 
 def token_dependent(model: onnx.ModelProto, inputs: Iterable[str] = TOKEN_INPUTS) -> set[str]:

@@ -22,6 +22,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..onnxio.attention import plain_attention
+
 LOWERED = ("InstanceNormalization", "LayerNormalization", "QuickGelu", "Gelu", "Sigmoid", "Softmax", "QLinearSoftmax",
            "QLinearAdd", "Sin", "Cos", "Tanh", "MatMul", "MultiHeadAttention")
 # float ops that also round differently across builds, left as they are when met (reported)
@@ -145,8 +147,7 @@ class _Rewriter:
             xa, sa, za, xb, sb, zb, sc, zc = n.input
             total = self.op("Sum", [self.op("DequantizeLinear", [xa, sa, za]), self.op("DequantizeLinear", [xb, sb, zb])])
             self.nodes.append(helper.make_node("QuantizeLinear", [total, sc, zc], [n.output[0]]))
-        elif t == "MultiHeadAttention" and len([x for x in n.input if x]) == 3 and len(n.input) == 3 and "scale" in a \
-                and not a.get("unidirectional", 0) and not any(n.output[1:]):
+        elif plain_attention(n):
             self.attention(n, int(a["num_heads"]), float(a["scale"]))
         elif t == "Tanh" and n.domain in ("", "ai.onnx"):  # 1 - 2 / (exp(2x) + 1)
             e = self.op("Exp", [self.op("Mul", [self.double(n.input[0]), self.const(2.0)])])

@@ -24,8 +24,9 @@ from ..onnxio.files import copy as copy_model
 from . import _ort, files
 from .calibration import CalibrationSet, StepRanges, step_ranges
 from .configs import Int8StaticRecipe
+from ..onnxio.attention import decompose_attention
 from .graphs import activation_tensors, quantizable_nodes, with_outputs
-from .opgroups import (GROUP_OP_TYPES, NORM_OPS, apply_smoothing, attention_matmuls, decompose_attention,
+from .opgroups import (GROUP_OP_TYPES, NORM_OPS, apply_smoothing, attention_matmuls,
                        fused_attention_count, modulation_nodes, nodes_of, norm_constants_as_initializers, smoothable, smoothing_scales)
 
 SENSITIVITY_STEPS = 4

@@ -22,14 +22,13 @@ def reshape_input(shapes: Shapes) -> str:
     return ",".join(f"{name}[{','.join(str(int(d)) for d in dims)}]" for name, dims in shapes.items())
 
 
+def _openvino(entry) -> bool:
+    return isinstance(entry, tuple) and entry[0] == "OpenVINOExecutionProvider"
+
+
 def with_shapes(chain: list, shapes: Shapes) -> list:
     """A provider list whose OpenVINO entry is fixed to `shapes` (other entries as they are)."""
-    out = []
-    for entry in chain:
-        if isinstance(entry, tuple) and entry[0] == "OpenVINOExecutionProvider":
-            entry = (entry[0], {**entry[1], "reshape_input": reshape_input(shapes)})
-        out.append(entry)
-    return out
+    return [(e[0], {**e[1], "reshape_input": reshape_input(shapes)}) if _openvino(e) else e for e in chain]
 
 
 class ShapeKeyedSession:
@@ -74,7 +73,7 @@ def session_factory(static: bool, chain: list | None, path, make: Callable[..., 
     a ShapeKeyedSession making one that way per shape (`io`: the graph's inputs, read from the file if None).
     On ONNX Runtime's OpenVINO provider the plain fused attention is written out first (onnxio.attention): a graph
     still holding ORT-only operators runs in provider pieces, whose inputs are not the graph's (no static shapes)."""
-    openvino = any(isinstance(e, tuple) and e[0] == "OpenVINOExecutionProvider" for e in chain or [])
+    openvino = any(map(_openvino, chain or []))
 
     def build():
         if not (openvino or static):  # the file as it is, parsed once (by make_session's own check)
