@@ -41,7 +41,8 @@ class Service:
         self.metrics = ServeMetrics()
         self.manager = manager or ModelManager(parse_buckets(config.buckets), config.golden_threshold_db,
                                                threads=config.threads, provider=config.provider,
-                                               profile=config.profile, memory=config.memory)
+                                               profile=config.profile, memory=config.memory,
+                                               explicit=config.buckets is not None)
         self.queue = JobQueue(self.manager, max_queue=config.max_queue, timeout=config.timeout,
                               workers=config.workers, max_batch=config.max_batch, retention=config.retention,
                               max_finished=config.max_finished, metrics=self.metrics,
