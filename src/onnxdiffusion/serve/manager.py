@@ -189,6 +189,12 @@ class ModelManager:
         from ..runtime.guards import size_limits
 
         t0 = time.perf_counter()
+        if self.loras is not None and self.loras.files:  # adapters served: a plain export gets its points copy
+            import sys
+
+            from ..adapters.folder import with_points
+
+            folder = with_points(folder, log=lambda m: print(m, file=sys.stderr, flush=True))
         pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads, profile=self.profile,
                                     memory=self.memory)
         limits = size_limits(pipe.manifest)
