@@ -186,7 +186,11 @@ def add_a1111_routes(app: FastAPI, config, manager, queue, submit_built, caller)
 
     @app.get("/sdapi/v1/progress", summary="A1111: progress of this caller's A1111 requests, with the current preview")
     async def progress(request: Request, skip_current_image: bool = False):
-        return progress_of(state.mine(caller(request)), skip_current_image)
+        jobs = state.mine(caller(request))
+        if not skip_current_image:  # someone watches: decode previews from the next step on (not before: cost)
+            for job in jobs:
+                job.watched = True
+        return progress_of(jobs, skip_current_image)
 
     @app.post("/sdapi/v1/interrupt", summary="A1111: stop this caller's A1111 requests (finished images are kept)")
     async def interrupt(request: Request):
@@ -240,7 +244,7 @@ def make_requests(body, picture, state: A1111State, config, manager):
     try:
         ask = ImageRequest(prompt=prompt or "-", negative_prompt=body.negative_prompt, size=size, model=model_id,
                            steps=body.steps, sampler=sampler, guidance=body.cfg_scale, seed=seed,
-                           preview=True, lora=[f"{n}:{w}" for n, w in tagged] or None)
+                           lora=[f"{n}:{w}" for n, w in tagged] or None)
     except ValidationError as e:
         first = e.errors()[0]
         param = ".".join(str(x) for x in first.get("loc", ())) or None
