@@ -291,3 +291,37 @@ def test_info_is_json_text():
                      seed=7, model="sd", model_requested="sd", fallback=False, requested_size="64x64")
     info = json.loads(info_text([req], Txt2ImgBody(), None, "sd", {}))
     assert info["sampler_name"] == "Euler a" and info["all_seeds"] == [7] and "Seed: 7" in info["infotexts"][0]
+
+
+def test_tags_are_split_and_tidied():
+    from onnxdiffusion.adapters.tags import LoraTagError, split_tags
+
+    assert split_tags("a red circle <lora:style:0.8>") == ("a red circle", [("style", 0.8)])
+    assert split_tags("<lora:a> a, <lora:b:-1>, star") == ("a, star", [("a", 1.0), ("b", -1.0)])
+    assert split_tags("no  tag, kept as is ") == ("no  tag, kept as is ", [])
+    for bad in ("x <lora::1>", "x <lora:a:1:2>", "x <lora:a:zz>", "x <lora:a:4.5>", "<lora:a><lora:a:2>",
+                "<lora:a:nan>"):
+        with pytest.raises(LoraTagError):
+            split_tags(bad)
+
+
+@pytest.mark.slow
+def test_generate_reads_tags_and_derives_points_once(tmp_path, monkeypatch):
+    """`generate PLAIN "... <lora:NAME:W>"` equals `--lora FILE:W`; the points copy is derived once and said once."""
+    from cli_helpers import assert_one_line_error, invoke
+    from PIL import Image
+
+    from onnxdiffusion.adapters.folder import with_points
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ONNXDIFFUSION_CACHE", str(cache))
+    common = ["--steps", "4", "--seed", "2", "--sampler", "ddim"]
+    first = invoke("generate", EMBEDDED, "a violet star <lora:shapes-sd-violet:0.7>", *common, "-o", tmp_path / "tag.png")
+    assert first.returncode == 0 and "deriving a copy" in first.stderr, first.stderr
+    second = invoke("generate", EMBEDDED, "a violet star", "--lora", f"{VIOLET}:0.7", *common, "-o", tmp_path / "f.png")
+    assert second.returncode == 0 and "deriving" not in second.stderr, second.stderr
+    said: list = []
+    assert with_points(EMBEDDED, log=said.append).parent.parent == cache and said == []
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "tag.png")), np.asarray(Image.open(tmp_path / "f.png")))
+    assert_one_line_error(invoke("generate", EMBEDDED, "x <lora:nope>", "-o", tmp_path / "bad.png"), "<lora:nope>")
+    assert_one_line_error(invoke("generate", EMBEDDED, "x <lora:a:1:2>", "-o", tmp_path / "bad.png"), "one weight")
