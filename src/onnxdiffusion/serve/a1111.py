@@ -61,21 +61,6 @@ class A1111State:
 def add_a1111_routes(app: FastAPI, config, manager, queue, submit_built, caller) -> None:
     state = A1111State(manager)
 
-    def answer(handler):
-        """The route's own errors, the shared checks' (RequestError) and the queue's (RetryLater) in A1111's shape."""
-        async def run(request: Request):
-            try:
-                return await handler(request)
-            except A1111Error as e:
-                return e.response()
-            except RequestError as e:
-                status = 422 if e.status == 400 else e.status
-                return A1111Error(e.message, status, e.code, e.param).response()
-            except RetryLater as e:
-                return A1111Error(e.message, e.status, e.code, headers={"Retry-After": str(e.retry_after)}).response()
-        run.__name__ = handler.__name__
-        return run
-
     async def read_body(request: Request, model):
         from pydantic import ValidationError
 
@@ -139,6 +124,55 @@ def add_a1111_routes(app: FastAPI, config, manager, queue, submit_built, caller)
         body = await read_body(request, Img2ImgBody)
         return await generate(request, body, await asyncio.to_thread(read_pictures, body))
 
+    _model_routes(app, state, manager)
+
+    @app.get("/sdapi/v1/progress", summary="A1111: progress of this caller's A1111 requests, with the current preview")
+    async def progress(request: Request, skip_current_image: bool = False):
+        jobs = state.mine(caller(request))
+        if not skip_current_image:  # someone watches: decode previews from the next step on (not before: cost)
+            for job in jobs:
+                job.watched = True
+        return progress_of(jobs, skip_current_image)
+
+    @app.post("/sdapi/v1/interrupt", summary="A1111: stop this caller's A1111 requests (finished images are kept)")
+    async def interrupt(request: Request):
+        for job in state.mine(caller(request)):
+            _cancel(queue, job)
+        return None
+
+    @app.post("/sdapi/v1/skip", summary="A1111: stop the running image of this caller's requests")
+    async def skip(request: Request):
+        for job in state.mine(caller(request)):
+            if job.status == "running":
+                _cancel(queue, job)
+        return None
+
+    for path, value in (("upscalers", []), ("latent-upscale-modes", []), ("hypernetworks", []), ("sd-vae", []),
+                        ("face-restorers", []), ("realesrgan-models", []), ("prompt-styles", []),
+                        ("embeddings", {"loaded": {}, "skipped": {}}), ("scripts", {"txt2img": [], "img2img": []})):
+        app.add_api_route(f"/sdapi/v1/{path}", _constant(value), methods=["GET"], summary="A1111: none here")
+    for path in ("refresh-checkpoints", "refresh-loras"):
+        app.add_api_route(f"/sdapi/v1/{path}", _constant(None), methods=["POST"], summary="A1111: nothing to refresh")
+
+
+def answer(handler):
+    """The route's own errors, the shared checks' (RequestError) and the queue's (RetryLater) in A1111's shape."""
+    async def run(request: Request):
+        try:
+            return await handler(request)
+        except A1111Error as e:
+            return e.response()
+        except RequestError as e:
+            status = 422 if e.status == 400 else e.status
+            return A1111Error(e.message, status, e.code, e.param).response()
+        except RetryLater as e:
+            return A1111Error(e.message, e.status, e.code, headers={"Retry-After": str(e.retry_after)}).response()
+    run.__name__ = handler.__name__
+    return run
+
+
+def _model_routes(app: FastAPI, state: A1111State, manager) -> None:
+    """sd-models, options (the current model), samplers, schedulers, loras."""
     @app.get("/sdapi/v1/sd-models", summary="A1111: the served models (title = model id)")
     async def sd_models():
         return [{"title": e.id, "model_name": e.id, "hash": (e.unet_sha256 or "")[:10] or None,
@@ -183,34 +217,6 @@ def add_a1111_routes(app: FastAPI, config, manager, queue, submit_built, caller)
         catalog = getattr(manager, "loras", None)
         names = sorted(catalog.files) if catalog is not None else []
         return [{"name": n, "alias": n, "path": f"{n}.safetensors", "metadata": {}} for n in names]
-
-    @app.get("/sdapi/v1/progress", summary="A1111: progress of this caller's A1111 requests, with the current preview")
-    async def progress(request: Request, skip_current_image: bool = False):
-        jobs = state.mine(caller(request))
-        if not skip_current_image:  # someone watches: decode previews from the next step on (not before: cost)
-            for job in jobs:
-                job.watched = True
-        return progress_of(jobs, skip_current_image)
-
-    @app.post("/sdapi/v1/interrupt", summary="A1111: stop this caller's A1111 requests (finished images are kept)")
-    async def interrupt(request: Request):
-        for job in state.mine(caller(request)):
-            _cancel(queue, job)
-        return None
-
-    @app.post("/sdapi/v1/skip", summary="A1111: stop the running image of this caller's requests")
-    async def skip(request: Request):
-        for job in state.mine(caller(request)):
-            if job.status == "running":
-                _cancel(queue, job)
-        return None
-
-    for path, value in (("upscalers", []), ("latent-upscale-modes", []), ("hypernetworks", []), ("sd-vae", []),
-                        ("face-restorers", []), ("realesrgan-models", []), ("prompt-styles", []),
-                        ("embeddings", {"loaded": {}, "skipped": {}}), ("scripts", {"txt2img": [], "img2img": []})):
-        app.add_api_route(f"/sdapi/v1/{path}", _constant(value), methods=["GET"], summary="A1111: none here")
-    for path in ("refresh-checkpoints", "refresh-loras"):
-        app.add_api_route(f"/sdapi/v1/{path}", _constant(None), methods=["POST"], summary="A1111: nothing to refresh")
 
 
 def _constant(value):
