@@ -118,6 +118,11 @@ def test_img2img_and_inpainting_equal_the_library(api, pipes):
                 sampler="ddim").images[0]
     np.testing.assert_array_equal(arr(r.image), want)
     assert r.info["denoising_strength"] == 0.6
+    r = api.img2img(images=[picture], prompt="a blue circle on the left", seed=4, steps=10, denoising_strength=0.6,
+                    cfg_scale=4.0, width=64, height=64, sampler_name="DDIM", batch_size=2)
+    np.testing.assert_array_equal(arr(r.images[0]), want)  # each image renders alone, seed + i
+    np.testing.assert_array_equal(arr(r.images[1]), pipe("a blue circle on the left", image=start, strength=0.6,
+                                                         seed=5, steps=10, guidance=4.0, sampler="ddim").images[0])
     mask = np.zeros((64, 64), np.uint8)
     mask[8:40, 24:56] = 255  # white: repaint (A1111's convention, the library's too)
     # webuiapi's default mask_blur (4) is the library's mask_blur

@@ -265,7 +265,9 @@ def make_requests(body, picture, state: A1111State, config, manager):
     count = body.batch_size * body.n_iter
     if first.seed + count >= 2**63:
         raise A1111Error("seed is too large", param="seed")
-    reqs = [replace(first, seed=first.seed + i) for i in range(count)]
+    # each image its own EditInput: an edit renders alone (its identity is its batch key), never batched with its twin
+    reqs = [replace(first, seed=first.seed + i, edit=None if first.edit is None else replace(first.edit))
+            for i in range(count)]
     return reqs, serving.id, a_name, extra
 
 
