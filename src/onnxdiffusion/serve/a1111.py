@@ -14,18 +14,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import io
 import threading
-import time
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
 
 from ..errors import UserError
 from .a1111_schemas import (SCHEDULERS, A1111Error, Img2ImgBody, Txt2ImgBody, info_text, our_sampler, parameters,
-                            refuse_unsupported, usable_names)
+                            progress_of, refuse_unsupported, usable_names)
 from .responses import RetryLater
 from .schemas import ImageRequest, RequestError, build_request
+
+
+MAX_OPTIONS = 64  # option keys other than sd_model_checkpoint a client may set (echoed by GET, not used)
 
 
 class A1111State:
@@ -187,9 +188,14 @@ def _model_routes(app: FastAPI, state: A1111State, manager) -> None:
     @app.post("/sdapi/v1/options", summary="A1111: set options; sd_model_checkpoint switches among served models")
     @answer
     async def set_options(request: Request):
-        raw = await request.json() if await request.body() else {}
+        try:
+            raw = await request.json() if await request.body() else {}
+        except ValueError:
+            raise A1111Error("the body must be JSON (Content-Type: application/json)", code="invalid_json") from None
         if not isinstance(raw, dict):
             raise A1111Error("the body must be a JSON object of options", code="invalid_body")
+        if len(state.options.keys() | raw.keys()) > MAX_OPTIONS:  # kept only to be echoed: bounded
+            raise A1111Error(f"at most {MAX_OPTIONS} options are kept", code="too_many_options")
         if "sd_model_checkpoint" in raw:
             model_id = state.model_id(raw["sd_model_checkpoint"])
             if not manager.models[model_id].serving:
@@ -242,6 +248,8 @@ def make_requests(body, picture, state: A1111State, config, manager):
     sampler, a_name = our_sampler(body, serving.pipeline, body.steps)
     size = None if body.width is None and body.height is None else (
         f"{body.width or serving.buckets[0][0]}x{body.height or serving.buckets[0][1]}")
+    if size is None and picture is not None:  # no size asked: the bucket nearest the picture's, as on /v1/images/edits
+        size = "{}x{}".format(*manager.snap(serving, *picture[0].size))
     if body.width is not None and body.width < 1 or body.height is not None and body.height < 1:
         raise A1111Error("width and height must be positive", param="width")
     seed = body.seed if body.seed is not None and body.seed >= 0 else None
@@ -333,7 +341,7 @@ def _decode(data, what: str):
         raise A1111Error(f"{what}: a base64 picture (raw or data:image/png;base64,...) is needed", param=what)
     text = data.split(",", 1)[1] if data.startswith("data:") and "," in data else data
     try:
-        raw = base64.b64decode(text, validate=True)
+        raw = base64.b64decode("".join(text.split()), validate=True)  # line-wrapped base64 is still base64
     except (binascii.Error, ValueError):
         raise A1111Error(f"{what}: not valid base64", 422, "invalid_base64", what) from None
     try:
@@ -366,27 +374,3 @@ def _cancel(queue, job) -> None:
         queue.cancel(job.id)
     except (KeyError, JobConflict):
         pass
-
-
-def progress_of(jobs: list, skip_image: bool) -> dict:
-    """A1111's progress object over the caller's jobs in flight: share of steps done, the running job's step and
-    the latest step preview (the x0 estimate, decoded small)."""
-    total = sum(j.request.steps for j in jobs)
-    done = sum(j.request.steps if j.status in ("succeeded", "failed", "cancelled", "timeout") else j.step for j in jobs)
-    running = [j for j in jobs if j.status == "running"]
-    current = running[0] if running else None
-    fraction = done / total if total else 0.0
-    started = min((j.started for j in jobs if j.started), default=None)
-    elapsed = time.time() - started if started else 0.0
-    eta = elapsed / fraction - elapsed if fraction > 0 else None
-    image = None
-    if not skip_image:
-        shown = next((j for j in running if j.preview_png is not None), None)
-        image = base64.b64encode(shown.preview_png).decode() if shown is not None else None
-    return {"progress": round(fraction, 4), "eta_relative": round(eta, 3) if eta is not None else 0.0,
-            "state": {"skipped": False, "interrupted": any(j.cancel_requested for j in jobs),
-                      "job": f"task({current.id})" if current else "", "job_count": len(jobs),
-                      "job_timestamp": time.strftime("%Y%m%d%H%M%S"), "job_no": sum(j.status == "succeeded" for j in jobs),
-                      "sampling_step": current.step if current else 0,
-                      "sampling_steps": current.request.steps if current else 0},
-            "current_image": image, "textinfo": None}

@@ -189,3 +189,29 @@ def parameters(body: BaseModel) -> dict[str, Any]:
         if out.get(name):
             out[name] = None
     return out
+
+
+def progress_of(jobs: list, skip_image: bool) -> dict:
+    """A1111's progress object over the caller's jobs in flight: share of steps done, the running job's step and
+    the latest step preview (the x0 estimate, decoded small)."""
+    total = sum(j.request.steps for j in jobs)
+    done = sum(j.request.steps if j.status in ("succeeded", "failed", "cancelled", "timeout") else j.step for j in jobs)
+    running = [j for j in jobs if j.status == "running"]
+    current = running[0] if running else None
+    fraction = done / total if total else 0.0
+    started = min((j.started for j in jobs if j.started), default=None)
+    elapsed = time.time() - started if started else 0.0
+    eta = elapsed / fraction - elapsed if fraction > 0 else None
+    image = None
+    if not skip_image:
+        import base64
+
+        shown = next((j for j in running if j.preview_png is not None), None)
+        image = base64.b64encode(shown.preview_png).decode() if shown is not None else None
+    return {"progress": round(fraction, 4), "eta_relative": round(eta, 3) if eta is not None else 0.0,
+            "state": {"skipped": False, "interrupted": any(j.cancel_requested for j in jobs),
+                      "job": f"task({current.id})" if current else "", "job_count": len(jobs),
+                      "job_timestamp": time.strftime("%Y%m%d%H%M%S"), "job_no": sum(j.status == "succeeded" for j in jobs),
+                      "sampling_step": current.step if current else 0,
+                      "sampling_steps": current.request.steps if current else 0},
+            "current_image": image, "textinfo": None}
