@@ -330,3 +330,17 @@ def test_generate_reads_tags_and_derives_points_once(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "tag.png")), np.asarray(Image.open(tmp_path / "f.png")))
     assert_one_line_error(invoke("generate", EMBEDDED, "x <lora:nope>", "-o", tmp_path / "bad.png"), "<lora:nope>")
     assert_one_line_error(invoke("generate", EMBEDDED, "x <lora:a:1:2>", "-o", tmp_path / "bad.png"), "one weight")
+
+
+def test_not_ready_is_a_503_with_retry_after_on_both_apis(monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from onnxdiffusion.serve.app import Service, create_app
+    from onnxdiffusion.serve.config import ServeConfig
+
+    monkeypatch.setattr(Service, "start", lambda self: None)  # warm-up never ends
+    with TestClient(create_app(ServeConfig(models=(str(EMBEDDED),), workers=1))) as c:
+        r = c.post("/v1/images/generations", json={"prompt": "a red circle"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "2" and r.json()["error"]["code"] == "not_ready"
+        r = c.post("/sdapi/v1/txt2img", json={"prompt": "a red circle"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "2" and r.json()["code"] == "not_ready"
