@@ -110,6 +110,13 @@ def shared_folder(tmp_path_factory, name: str, build) -> Path:
         return root / done.read_text()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _derived_folder_cache(tmp_path_factory):
+    """Folders the library derives and caches (adapters/folder.with_points) go under the run's temporary root,
+    never the user's cache; CLI subprocesses and served models inherit it."""
+    os.environ.setdefault("ONNXDIFFUSION_CACHE", str(tmp_path_factory.getbasetemp() / "derived-cache"))
+
+
 def export_plain(src: Path, out: Path) -> Path:
     from onnxdiffusion.export import export_pipeline
 

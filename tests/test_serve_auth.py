@@ -7,6 +7,7 @@ one key's backlog is bounded (429) and cannot starve another key; the web page s
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 import time
@@ -72,7 +73,10 @@ ROUTES = [("GET", "/v1/models"), ("GET", "/v1/models/fp32"), ("POST", "/v1/image
           ("GET", "/v1/jobs/abc/events"), ("DELETE", "/v1/jobs/abc"), ("POST", "/v1/models/fp32/check"),
           ("GET", "/metrics")]
 BAD = {"missing": ({}, "missing_api_key"), "wrong": (auth("wrong-key-0123456789"), "invalid_api_key"),
-       "basic": ({"Authorization": f"Basic {KEY_FLAG}"}, "invalid_authorization_scheme"),
+       # basic auth (A1111's clients) takes a key as its password: a wrong one is refused as a wrong key
+       "basic": ({"Authorization": "Basic " + base64.b64encode(b"user:wrong-key-0123456789").decode()},
+                 "invalid_api_key"),
+       "digest": ({"Authorization": f"Digest {KEY_FLAG}"}, "invalid_authorization_scheme"),
        "bare": ({"Authorization": KEY_FLAG}, "invalid_authorization_scheme"),
        "empty-bearer": ({"Authorization": "Bearer"}, "invalid_authorization_scheme"),
        "prefix": (auth(KEY_FLAG[:-1]), "invalid_api_key"), "longer": (auth(KEY_FLAG + "0"), "invalid_api_key")}

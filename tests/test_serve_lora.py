@@ -1,6 +1,7 @@
 """`serve` with named LoRA adapters (the request field `lora`), in process (FastAPI's TestClient runs the lifespan).
 
-The embedded SD model with insertion points (`lora points`, made here) and the plain embedded model are served;
+The embedded SD model with insertion points (`lora points`, made here) and the plain embedded model (its points
+copy derived at start-up, adapters/folder.with_points) are served;
 the adapters are random LoRA files written here with numpy. A served image with adapters equals the library's
 `pipe(..., loras=[(path, scale)])` bit for bit, alone or micro-batched; one without `lora` is unchanged; micro-
 batches never mix adapter sets; converted sets live in a bounded LRU; bad `lora` input is a 400 in OpenAI's shape.
@@ -91,7 +92,7 @@ def catalog(client):
 def test_models_list_the_adapters_of_models_with_insertion_points(client):
     models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
     assert models["sd"]["loras"] == ["detail", "style"]  # `wrong` fits no layer of it: not listed
-    assert "loras" not in models["plain"]  # no insertion points: no adapters, and no key
+    assert models["plain"]["loras"] == ["detail", "style"]  # a plain export: served from its derived points copy
     assert client.get("/v1/models/sd").json()["loras"] == ["detail", "style"]
 
 
@@ -210,9 +211,13 @@ def test_bad_lora_is_a_clean_400(client, lora_setup, route):
         assert err["param"] == "lora" and err["code"] == code and fragment in err["message"], (lora, err)
         assert err["type"] == "invalid_request_error" and "Traceback" not in r.text
         assert str(lora_setup["wrong"].parent) not in r.text and str(lora_setup["dir"]) not in r.text  # no paths
-    r = client.post(route, json={"prompt": "x", "model": "plain", "lora": ["style"]})
-    err = r.json()["error"]
-    assert r.status_code == 400 and err["code"] == "model_without_lora_points" and "lora points" in err["message"]
+    # a plain export takes adapters too (its insertion points are derived once at start-up): the same image
+    same = {"prompt": "x", "steps": 2, "seed": 1, "lora": ["style:0.5"]}
+    r = client.post(route, json={**same, "model": "plain"})
+    if route == GEN:
+        assert r.status_code == 200, r.text
+        np.testing.assert_array_equal(image(r.json()["data"][0]),
+                                      image(client.post(route, json={**same, "model": "sd"}).json()["data"][0]))
     nan = client.post(route, content=b'{"prompt": "x", "model": "sd", "lora": [{"name": "style", "scale": NaN}]}',
                       headers={"content-type": "application/json"})
     assert nan.status_code == 400 and nan.json()["error"]["code"] == "invalid_lora_scale", nan.text

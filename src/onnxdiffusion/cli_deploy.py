@@ -66,7 +66,7 @@ def serve(
     models: Annotated[Optional[list[str]], typer.Argument(help="model folders, FOLDER or NAME=FOLDER (default: the embedded model)")] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on")] = 8000,
-    buckets: Annotated[str, typer.Option(help="sizes WIDTHxHEIGHT, comma-separated; requests snap to the nearest; the first is the default")] = "64x64,128x128,96x96,64x128,128x64",
+    buckets: Annotated[Optional[str], typer.Option(help="sizes WIDTHxHEIGHT, comma-separated; requests snap to the nearest; the first is the default (default: each model's trained size and those of 64x64,128x128,96x96,64x128,128x64 it can run)")] = None,
     max_queue: Annotated[int, typer.Option(help="queued jobs before new ones get 503 + Retry-After")] = 64,
     timeout: Annotated[float, typer.Option(help="per-request timeout in seconds (0: none)")] = 120.0,
     workers: Annotated[Optional[int], typer.Option(help="concurrent backbone batches (default: one per usable core)")] = None,

@@ -96,7 +96,8 @@ def generate(
     mask_blur: Annotated[float, typer.Option(help="with --mask: Gaussian blur radius in pixels before the mask is binarized")] = 0.0,
     mask_overlay: Annotated[bool, typer.Option(help="with --mask: paste the picture's own pixels back outside the mask (the VAE round trip then leaves them unchanged)")] = False,
     lora: Annotated[Optional[list[str]], typer.Option(
-        "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; the folder needs insertion points: `lora points`)")] = None,
+        "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; a folder without insertion points gets a copy with them, derived once and cached)")] = None,
+    lora_dir: Annotated[Optional[Path], typer.Option(help="where a prompt's <lora:NAME:WEIGHT> tags find NAME.safetensors (default: the shipped models/loras)")] = None,
     decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae)")] = "full",
     control: Annotated[Optional[list[Path]], typer.Option("--control", help="a control image (repeatable; paired in order with --controlnet; resized to the generation size with a notice)")] = None,
     controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME[:SCALE[:START:END]]: a ControlNet of the folder (add-controlnet) steering by the matching --control image; SCALE default 1, START/END the share of the steps it acts in (default 0:1)")] = None,
@@ -170,10 +171,16 @@ def generate(
 
         check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
     guards.check_request(folder, manifest, options)
-    loras = _loras(lora)
+    from .adapters.tags import split_tags, tagged_files
+
+    prompt, tagged = split_tags(prompt)  # <lora:NAME:WEIGHT> as A1111 clients write it; the encoder sees no tag
+    loras = _loras(lora) + tagged_files(tagged, lora_dir)
     if loras:
         from .adapters.feeds import build_feeds
+        from .adapters.folder import with_points
 
+        folder = with_points(folder, log=lambda m: print(m, file=sys.stderr))  # a plain export: its points copy
+        manifest = read_manifest(folder)
         build_feeds(manifest, loras)  # a bad file, key, shape or scale fails before any model loads
 
     from tqdm import tqdm

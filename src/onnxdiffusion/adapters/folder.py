@@ -72,3 +72,45 @@ def add_points(model: Path | str, out: Path | str, scope: str = "linear", overwr
         manifest["files"] = hash_tree(tmp)
         write_json(tmp / MANIFEST, manifest)
     return manifest
+
+
+def has_points(manifest: dict) -> bool:
+    return any(info.get("lora") for info in manifest["components"].values())
+
+
+def cache_root() -> Path:
+    """Where derived folders live: $ONNXDIFFUSION_CACHE, else $XDG_CACHE_HOME/onnxdiffusion, else ~/.cache/onnxdiffusion."""
+    import os
+
+    env = os.environ.get("ONNXDIFFUSION_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxdiffusion"
+
+
+def with_points(model: Path | str, log=print, scope: str = "all") -> Path:
+    """`model` if it has LoRA insertion points, else its copy with them (`lora points --scope all`, so an adapter
+    reaching k x k convs fits too), derived once and kept under cache_root() by the folder's content: its
+    manifest's file hashes, which loading verifies. A plain export then takes a LoRA without a `lora points` step;
+    the points add exact zeros without an adapter, so its plain image is unchanged."""
+    import hashlib
+    import json
+
+    model = Path(model)
+    manifest = read_manifest(model)
+    if has_points(manifest):
+        return model
+    digest = hashlib.sha256(json.dumps({"files": manifest["files"], "scope": scope, "version": LORA_VERSION},
+                                       sort_keys=True).encode()).hexdigest()[:20]
+    out = cache_root() / "lora-points" / digest
+    if (out / MANIFEST).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log(f"{model}: no LoRA insertion points; deriving a copy with them once (cached by content in {out})")
+    try:
+        add_points(model, out, scope=scope)
+    except UserError:
+        if (out / MANIFEST).is_file():  # another process derived the same copy meanwhile
+            return out
+        raise
+    return out

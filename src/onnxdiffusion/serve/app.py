@@ -24,7 +24,7 @@ from ..errors import UserError
 from .config import ServeConfig
 from .auth import ApiKeyAuth, KeyRing
 from .body import BodyLimit
-from .responses import error_response, image_response, wait_and_answer
+from .responses import RetryLater, error_response, image_response, wait_and_answer
 from .jobs import FINAL, JobConflict, JobQueue, KeyBusy, NotAccepting, QueueFull, png_bytes
 from .manager import ModelManager, parse_buckets
 from .metrics import ServeMetrics
@@ -41,7 +41,8 @@ class Service:
         self.metrics = ServeMetrics()
         self.manager = manager or ModelManager(parse_buckets(config.buckets), config.golden_threshold_db,
                                                threads=config.threads, provider=config.provider,
-                                               profile=config.profile, memory=config.memory)
+                                               profile=config.profile, memory=config.memory,
+                                               explicit=config.buckets is not None)
         self.queue = JobQueue(self.manager, max_queue=config.max_queue, timeout=config.timeout,
                               workers=config.workers, max_batch=config.max_batch, retention=config.retention,
                               max_finished=config.max_finished, metrics=self.metrics,
@@ -108,7 +109,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
                   description="Text-to-image with ONNX Runtime: OpenAI-compatible images API, jobs with progress, "
                               "resolution buckets and golden-sample fallback.")
     app.state.service = service
-    app.add_middleware(BodyLimit, limit=config.max_body, per_path={"/v1/images/edits": config.max_edit_body})
+    app.add_middleware(BodyLimit, limit=config.max_body, per_path={"/v1/images/edits": config.max_edit_body,
+                                                                        "/sdapi/v1/img2img": config.max_edit_body})
     # outermost: a caller without a key is refused before its body is read
     app.add_middleware(ApiKeyAuth, ring=KeyRing(config.api_keys), protect_metrics=config.protect_metrics)
     svc, queue, manager, metrics = service, service.queue, service.manager, service.metrics
@@ -162,7 +164,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         if svc.load_error:
             raise RequestError(f"models failed to load: {svc.load_error}", status=503)
         if not svc.ready:
-            raise RequestError("models are still loading; see GET /ready", status=503, code="not_ready")
+            # Retry-After: the openai client (and A1111's) wait and retry a 503 that says when
+            raise RetryLater("models are still loading; see GET /ready", 2, code="not_ready")
         try:
             req = build()
         except UserError as e:
@@ -171,18 +174,18 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
             job = queue.submit(req, owner=caller(request))
         except QueueFull as e:
             metrics.request("queue", "full")
-            raise _Retry(str(e), e.retry_after) from None
+            raise RetryLater(str(e), e.retry_after) from None
         except KeyBusy as e:
             metrics.request("queue", "key_limit")
-            raise _Retry(str(e), e.retry_after, 429, "rate_limit_exceeded") from None
+            raise RetryLater(str(e), e.retry_after, 429, "rate_limit_exceeded") from None
         except NotAccepting as e:
             raise RequestError(str(e), status=503) from None
         if req.fallback:
             metrics.fallback(req.model_requested)
         return job
 
-    @app.exception_handler(_Retry)
-    async def on_retry(request: Request, exc: _Retry):
+    @app.exception_handler(RetryLater)
+    async def on_retry(request: Request, exc: RetryLater):
         return error_response(exc.status, exc.message, code=exc.code, headers={"Retry-After": str(exc.retry_after)})
 
     def get_job(job_id: str, request: Request):
@@ -200,6 +203,9 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
     from .edits import add_edit_route
 
     add_edit_route(app, config, manager, queue, submit_built)
+    from .a1111 import add_a1111_routes
+
+    add_a1111_routes(app, config, manager, queue, submit_built, caller)
 
     if config.web:  # the browser page (export-web) at /web
         from ..web.serve import mount_web
@@ -327,12 +333,6 @@ def _image_and_job_routes(app: FastAPI, config: ServeConfig, queue, submit, get_
         snap["cancel_requested"] = True
         return snap
 
-
-
-class _Retry(Exception):
-    def __init__(self, message: str, retry_after: int, status: int = 503, code: str = "queue_full"):
-        super().__init__(message)
-        self.message, self.retry_after, self.status, self.code = message, retry_after, status, code
 
 
 def run_server(config: ServeConfig) -> None:

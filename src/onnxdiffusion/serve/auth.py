@@ -1,4 +1,5 @@
-"""API keys: `Authorization: Bearer KEY` on the API and job routes, compared in constant time.
+"""API keys: `Authorization: Bearer KEY` (or HTTP basic auth, A1111's way) on the API and job routes, compared in
+constant time.
 
 Keys come from `--api-key` (repeatable), `--api-key-file` (one a line, `#` comments) and the
 environment variable ONNXDIFFUSION_API_KEYS (comma or whitespace separated), as vLLM's and
@@ -74,6 +75,20 @@ class KeyRing:
         return found
 
 
+def basic_caller(ring: KeyRing, token: str) -> tuple[str, str | None]:
+    """HTTP basic auth: the password is a key (any user name), or `USER:PASS` as a whole is one (A1111's --api-auth
+    form). Returns (what to show masked in a refusal, the caller or None)."""
+    import base64
+    import binascii
+
+    try:
+        user, _, password = base64.b64decode(token, validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, ValueError):
+        return token, None
+    found = [ring.caller(password), ring.caller(f"{user}:{password}")]  # both compared: no early exit
+    return password, found[0] or found[1]
+
+
 def _unauthorized(message: str, code: str):
     from .responses import error_response
 
@@ -105,12 +120,15 @@ class ApiKeyAuth:
                                  "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).", "missing_api_key")
             return await resp(scope, receive, send)
         scheme, _, token = header.strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        if scheme.lower() not in ("bearer", "basic") or not token.strip():
             resp = _unauthorized("The Authorization header must use Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
                                  "invalid_authorization_scheme")
             return await resp(scope, receive, send)
         token = token.strip()
-        caller = self.ring.caller(token)
+        if scheme.lower() == "basic":  # A1111's --api-auth USER:PASS, as its clients send it
+            token, caller = basic_caller(self.ring, token)
+        else:
+            caller = self.ring.caller(token)
         if caller is None:
             resp = _unauthorized(f"Incorrect API key provided: {masked(token)}.", "invalid_api_key")
             return await resp(scope, receive, send)

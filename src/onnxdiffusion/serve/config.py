@@ -20,7 +20,9 @@ class ServeConfig:
     models: tuple[str, ...] = ()  # FOLDER or NAME=FOLDER; empty: the embedded model
     host: str = "127.0.0.1"
     port: int = 8000
-    buckets: str = "64x64,128x128,96x96,64x128,128x64"  # the first is the default size and the golden-check size
+    # WIDTHxHEIGHT list, the first the default size and the golden-check size; None: each model's own sizes
+    # (its trained size first, then manager.DEFAULT_BUCKETS it can run)
+    buckets: str | None = None
     max_queue: int = 64
     timeout: float = 120.0  # per request, seconds from submission (0: none)
     workers: int = field(default_factory=usable_cores)  # concurrent backbone batches: one per core

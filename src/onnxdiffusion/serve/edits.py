@@ -36,10 +36,13 @@ class EditInput:
     image_size: str  # the upload's WIDTHxHEIGHT
     mask_from: str | None  # "mask", "image alpha" or None (img2img)
     control: tuple | None = None  # (name, control picture (H, W, 3) uint8, scale, start, end): a ControlNet
+    mask_blur: float = 0.0  # A1111's img2img: Gaussian blur (pixels) of the mask before it is binarized
 
     def feeds(self) -> dict:
         """Keyword arguments of `Pipeline.iter_generate` for this edit."""
         more = {"controlnets": [self.control]} if self.control is not None else {}
+        if self.mask_blur:
+            more["mask_blur"] = self.mask_blur
         return {"image": self.image, "mask": self.mask, "strength": self.strength, **more}
 
     def settings(self) -> dict:

@@ -60,6 +60,8 @@ class Job:
     error: str | None = None
     images: np.ndarray | None = None
     preview_png: bytes | None = None
+    # previews asked for while it runs (A1111's /progress): decoded from the next step on, not for unwatched jobs
+    watched: bool = False
     batch_size: int = 0  # images in the backbone batch this job ran in
     owner: str | None = None  # the caller (`key-N`) when the server has API keys; None: open server
     cancel_requested: bool = False
@@ -361,7 +363,7 @@ class JobQueue:
                     self._end(job, "timeout", f"timed out after {self.timeout:g} s at step {event.step + 1}")
                 else:
                     job.step = event.step + 1
-                    if job.request.preview and (job.step % self.preview_every == 0 or job.step == r0.steps):
+                    if (job.request.preview or job.watched) and (job.step % self.preview_every == 0 or job.step == r0.steps):
                         job.preview_png = self._preview(pipe, event.denoised[a : a + 1])
                     job.version += 1
             if all(j.status in FINAL for j in live):

@@ -178,6 +178,9 @@ class LoraCatalog:
         items = parse_field(raw)
         if not items:
             return None
+        if not self.files:
+            raise LoraRequestError("this server serves no LoRA adapters (its operator names them with --lora-dir or "
+                                   "--lora)", "lora_not_found")
         if getattr(entry, "loras", None) is None:
             raise LoraRequestError(f"model {entry.id} has no LoRA insertion points, so it takes no `lora` (make a "
                                    f"copy with them: onnxdiffusion lora points MODEL OUT)", "model_without_lora_points")

@@ -34,8 +34,15 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(w), int(h)
 
 
-def parse_buckets(text: str) -> tuple[tuple[int, int], ...]:
-    """'64x64,128x128' -> ((64, 64), (128, 128)); order kept, duplicates dropped."""
+# Sizes tried when `--buckets` is not given: each model keeps its trained size (first) and those of these its
+# family's limits allow, so any model serves with no flag.
+DEFAULT_BUCKETS = "64x64,128x128,96x96,64x128,128x64"
+
+
+def parse_buckets(text: str | None) -> tuple[tuple[int, int], ...]:
+    """'64x64,128x128' -> ((64, 64), (128, 128)); order kept, duplicates dropped; None: the default candidates."""
+    if text is None:
+        text = DEFAULT_BUCKETS
     out: list[tuple[int, int]] = []
     for item in str(text).split(","):
         if item.strip():
@@ -121,8 +128,12 @@ def model_spec(text: str) -> tuple[str | None, Path]:
 
 class ModelManager:
     def __init__(self, buckets: tuple[tuple[int, int], ...], threshold_db: float = 30.0,
-                 threads: int | None = 1, provider: str = "cpu", profile: str | None = None, memory: str | None = None):
+                 threads: int | None = 1, provider: str = "cpu", profile: str | None = None, memory: str | None = None,
+                 explicit: bool = True):
         self.buckets = buckets
+        # False: `buckets` are candidates (no --buckets): each model takes its trained size and the candidates
+        # it can run, and a candidate no model runs is dropped quietly; True: the operator's list, all of it served
+        self.explicit = explicit
         self.threshold_db = threshold_db
         self.threads = threads
         self.provider = provider
@@ -165,7 +176,9 @@ class ModelManager:
         if not any(e.serving for e in self.models.values()):
             raise first_error or UserError("no model could be loaded")
         unused = [b for b in self.buckets if not any(b in e.buckets for e in self.models.values())]
-        if unused:
+        if not self.explicit:  # the served sizes: every model's own, in the order first seen
+            self.buckets = tuple(dict.fromkeys(b for e in self.models.values() for b in e.buckets))
+        elif unused:
             why = "; ".join(d for e in self.models.values() for d in e.dropped if d.split(":")[0] in
                             {f"{w}x{h}" for w, h in unused})
             raise UserError(f"bucket(s) {', '.join(f'{w}x{h}' for w, h in unused)} fit no served model ({why})")
@@ -176,11 +189,18 @@ class ModelManager:
         from ..runtime.guards import size_limits
 
         t0 = time.perf_counter()
+        if self.loras is not None and self.loras.files:  # adapters served: a plain export gets its points copy
+            import sys
+
+            from ..adapters.folder import with_points
+
+            folder = with_points(folder, log=lambda m: print(m, file=sys.stderr, flush=True))
         pipe = Pipeline.from_folder(folder, provider=self.provider, threads=self.threads, profile=self.profile,
                                     memory=self.memory)
         limits = size_limits(pipe.manifest)
         kept, dropped = [], []
-        for w, h in self.buckets:
+        trained = (pipe.info["default_width"], pipe.info["default_height"])
+        for w, h in self.buckets if self.explicit else dict.fromkeys((trained, *self.buckets)):
             problem = limits.problem(h, w)
             (dropped.append(f"{w}x{h}: {problem}") if problem else kept.append((w, h)))
         if not kept:

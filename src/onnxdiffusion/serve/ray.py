@@ -102,7 +102,7 @@ def run_ray_serve(config, replicas: int = 1, max_replicas: int | None = None, bl
             from .manager import ModelManager, parse_buckets
 
             self.manager = ModelManager(parse_buckets(cfg.buckets), cfg.golden_threshold_db, threads=cfg.threads,
-                                        profile=cfg.profile, memory=cfg.memory)
+                                        profile=cfg.profile, memory=cfg.memory, explicit=cfg.buckets is not None)
             self.manager.load(list(cfg.models), log=lambda m: None)
             self.manager.prepare(warmup=cfg.warmup and True, log=lambda m: None)
             self.ns = SimpleNamespace

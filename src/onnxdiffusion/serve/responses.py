@@ -9,6 +9,14 @@ import base64
 from fastapi.responses import JSONResponse
 
 
+class RetryLater(Exception):
+    """A 503 (or 429) the client should retry: answered with `Retry-After` seconds."""
+
+    def __init__(self, message: str, retry_after: int, status: int = 503, code: str = "queue_full"):
+        super().__init__(message)
+        self.message, self.retry_after, self.status, self.code = message, retry_after, status, code
+
+
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"

@@ -100,13 +100,31 @@ def build_request(body: ImageRequest, config: ServeConfig, manager: ModelManager
                                f"{bw}x{bh}), over the server's --max-memory {config.max_memory / 2**30:.2f} GiB; "
                                f"ask for fewer images or a smaller size", "n" if body.n > 1 else "size",
                                code="over_memory_budget")
-    lora = None if body.lora is None else resolve_lora(body.lora, manager, serving)  # converts last: the costly check
+    prompt, raw_lora = prompt_tags(body.prompt, body.lora)
+    lora = None if raw_lora is None else resolve_lora(raw_lora, manager, serving)  # converts last: the costly check
     return JobRequest(
-        prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n, width=bw, height=bh, steps=steps,
+        prompt=prompt, negative_prompt=body.negative_prompt, n=body.n, width=bw, height=bh, steps=steps,
         sampler=sampler, guidance=float(guidance), seed=int(seed), model=serving.id,
         model_requested=requested.id, fallback=serving.id != requested.id, requested_size=f"{width}x{height}",
         preview=body.preview, lora=lora,
     )
+
+
+def prompt_tags(prompt: str, lora):
+    """(the prompt without `<lora:NAME:WEIGHT>` tags, the `lora` field with the tagged adapters after its own)."""
+    from ..adapters.tags import split_tags
+
+    try:
+        text, tagged = split_tags(prompt)
+    except UserError as e:
+        raise RequestError(str(e), "prompt", code="invalid_lora_tag") from None
+    if not tagged:
+        return prompt, lora
+    if not text.strip():
+        raise RequestError("prompt must not be empty (it holds only <lora:...> tags)", "prompt")
+    if lora is not None and not isinstance(lora, list):
+        return text, lora  # parse_field says what is wrong with it
+    return text, [*(lora or []), *(f"{name}:{weight}" for name, weight in tagged)]
 
 
 def resolve_lora(raw, manager: ModelManager, serving):
