@@ -20,6 +20,7 @@ const Picture = {
   clear() {
     this.blob = null; this.width = this.height = 0;
     document.getElementById("image").value = "";
+    document.getElementById("paint").checked = false;
     document.getElementById("pictureview").hidden = true;
     document.getElementById("picture").removeAttribute("src");
     document.dispatchEvent(new Event("picturechange"));
