@@ -122,7 +122,7 @@ class Page:
         img = Image.open(io.BytesIO(self.d.get_screenshot_as_png())).convert("RGB")
         img = img.resize((int(img.width * 0.6), int(img.height * 0.6)), Image.Resampling.LANCZOS)
         path = self.shots / f"{name}.png"
-        img.quantize(colors=96, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        img.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
         return path
 
 
