@@ -122,7 +122,7 @@ class Page:
         img = Image.open(io.BytesIO(self.d.get_screenshot_as_png())).convert("RGB")
         img = img.resize((int(img.width * 0.6), int(img.height * 0.6)), Image.Resampling.LANCZOS)
         path = self.shots / f"{name}.png"
-        img.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        img.quantize(colors=64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)
         return path
 
 
@@ -284,3 +284,28 @@ def test_cancel_mid_run_with_live_previews(page):
     assert job["status"] == "cancelled" and step_seen <= job["step"] < 100, job
     assert page.el("cancel").get_attribute("disabled")
     page.shot("serve-page-cancelled")
+
+
+def test_bad_input_is_said_on_the_page(page):
+    """The service's 400 message is shown (no alert box, no card); the next good job runs."""
+    before = len(page.d.find_elements(page.By.CSS_SELECTOR, ".job"))
+    page.d.execute_script("document.getElementById('steps').value = '0'")
+    page.el("submit").click()
+    page.wait.until(lambda d: page.el("message").text)
+    assert "steps must be between 1 and 100" in page.el("message").text
+    assert len(page.d.find_elements(page.By.CSS_SELECTOR, ".job")) == before
+
+
+def test_history_survives_a_reload(page):
+    done = [c.get_attribute("id") for c in page.d.find_elements(page.By.CSS_SELECTOR, ".job")
+            if c.get_attribute("data-status") == "succeeded"]
+    assert len(done) >= 5
+    page.d.refresh()
+    page.wait.until(lambda d: "ready" == d.find_element(page.By.ID, "ready").text)
+    cards = page.d.find_elements(page.By.CSS_SELECTOR, ".job")
+    assert [c.get_attribute("id") for c in cards] == done  # the newest first, the cancelled job not kept
+    assert all(c.get_attribute("data-restored") == "1" for c in cards)
+    lora = [c for c in cards if "violet" in c.text][0]
+    lora.find_element(page.By.CLASS_NAME, "reuse").click()
+    assert page.el("lora-violet").is_selected() and page.el("lora-w-violet").get_attribute("value") == "0.8"
+    assert page.el("seed").get_attribute("value") == "3"

@@ -275,7 +275,9 @@ function show(card, s) {
   card.dataset.status = s.status;
   if (card.id !== "job-" + CURRENT) return;
   $("progress").value = s.progress;
-  $("info").textContent = s.status + " · step " + s.step + "/" + s.steps + " · " + describe(s.settings);
+  const m = MODELS.find((x) => x.id === s.settings.model);
+  const how = s.status === "running" && s.preview && m ? " · preview: " + m.preview_decoder + " decoder" : "";
+  $("info").textContent = s.status + " · step " + s.step + "/" + s.steps + how + " · " + describe(s.settings);
   if (s.preview && s.status !== "succeeded") $("current").src = "data:image/png;base64," + s.preview;
 }
 
