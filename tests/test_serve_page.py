@@ -289,10 +289,10 @@ def test_cancel_mid_run_with_live_previews(page):
 def test_bad_input_is_said_on_the_page(page):
     """The service's 400 message is shown (no alert box, no card); the next good job runs."""
     before = len(page.d.find_elements(page.By.CSS_SELECTOR, ".job"))
-    page.d.execute_script("document.getElementById('steps').value = '0'")
+    page.fill(prompt="   ", steps=10)  # the browser's own checks (required, min/max) pass it; the service's do not
     page.el("submit").click()
     page.wait.until(lambda d: page.el("message").text)
-    assert "steps must be between 1 and 100" in page.el("message").text
+    assert "prompt must not be empty" in page.el("message").text
     assert len(page.d.find_elements(page.By.CSS_SELECTOR, ".job")) == before
 
 

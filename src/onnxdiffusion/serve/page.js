@@ -88,6 +88,9 @@ $("keyform").onsubmit = (ev) => {
   sessionStorage.setItem("onnxdiffusion-api-key", $("apikey").value.trim());
   init();
 };
+// Ctrl+Enter (or Cmd+Enter) in a prompt generates, as in most chat and image tools
+for (const id of ["prompt", "negative"])
+  $(id).addEventListener("keydown", (ev) => { if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) $("submit").click(); });
 $("randomseed").onclick = () => { $("seed").value = ""; };
 $("image").onchange = async () => {
   const file = $("image").files[0];
