@@ -3,6 +3,7 @@ txt2img, img2img from an upload, inpainting with a mask painted by pointer strok
 the picker, a ControlNet, cancel mid-run. Each image the page shows is compared with the API's image for the same
 settings (bit for bit: one pipeline behind both), so a page that drops or mangles a setting fails.
 
+Tests do not lean on each other's jobs (under `--dist worksteal` each xdist worker has its own server and browser).
 Screenshots go to $ONNXDIFFUSION_PAGE_SHOTS when set (docs/images holds the ones docs/verbs/serve.md shows), else
 to a temporary folder.
 """
@@ -150,18 +151,34 @@ def test_models_route_says_what_the_page_offers(server):
     assert m["preview_decoder"] == "tiny"
 
 
+BLUE = dict(prompt="a blue star above a yellow square", negative_prompt="red", size="128x128", steps=12, guidance=5,
+            sampler="euler_a")
+
+
+def blue_star(page):
+    """A txt2img job through the form (seed left empty, no adapter ticked): its card and image."""
+    page.d.execute_script("for (const box of document.querySelectorAll('.lora-on')) box.checked = false")
+    page.fill(prompt=BLUE["prompt"], negative=BLUE["negative_prompt"], size=BLUE["size"], steps=BLUE["steps"],
+              guidance=BLUE["guidance"], sampler=BLUE["sampler"], seed="")
+    card = page.submit()
+    return card, page.finish(card)
+
+
+def blue_star_card(page):
+    """The history's blue-star card (test_txt2img's), made here when this worker has not run that test (xdist)."""
+    found = [c for c in page.d.find_elements(page.By.CSS_SELECTOR, ".job")
+             if "blue star" in c.text and c.get_attribute("data-status") == "succeeded"]
+    return found[0] if found else blue_star(page)[0]
+
+
 def test_txt2img_random_seed_shown_after(page):
     """Seed left empty: the server draws one, the card shows it; the page's image is the API's at that seed, with
     the page's negative prompt, sampler, guidance and size (a setting dropped on the way would change it)."""
-    page.fill(prompt="a blue star above a yellow square", negative="red", size="128x128", steps=12, guidance=5,
-              sampler="euler_a", seed="")
-    card = page.submit()
-    got = page.finish(card)
+    card, got = blue_star(page)
     seed = int(card.get_attribute("data-seed"))
     assert f"seed {seed}" in page.el("info").text
     assert int(card.get_attribute("data-events")) >= 3  # progress (with previews) before the end
-    want = api_image(page.server, prompt="a blue star above a yellow square", negative_prompt="red", size="128x128",
-                     steps=12, guidance=5, sampler="euler_a", seed=seed)
+    want = api_image(page.server, seed=seed, **BLUE)
     assert got.shape == (128, 128, 3)
     np.testing.assert_array_equal(got, want)
     page.shot("serve-page-txt2img")
@@ -194,7 +211,7 @@ def test_inpainting_with_a_painted_mask_on_a_history_image(page):
     picture and mask, and the unmasked left part stays the picture's."""
     from selenium.webdriver.common.action_chains import ActionChains
 
-    source = [c for c in page.d.find_elements(page.By.CSS_SELECTOR, ".job") if "blue star" in c.text][0]
+    source = blue_star_card(page)
     picture = from_data_url(source.find_element(page.By.CSS_SELECTOR, "img.result").get_attribute("src"))
     source.find_element(page.By.CLASS_NAME, "use-input").click()
     page.wait.until(lambda d: "128x128" in page.el("picturenote").text)
@@ -240,13 +257,18 @@ def test_lora_from_the_picker(page):
     np.testing.assert_array_equal(got, api_image(page.server, lora=[{"name": "violet", "scale": 0.8}], **body))
     assert not np.array_equal(got, api_image(page.server, **body))  # the adapter counted
     page.shot("serve-page-lora")
+    # history: "Reuse" fills the form with a job's settings (adapters and weights, the seed it used)
     page.el("lora-violet").click()
-    # history: "Reuse" fills the form with that job's settings, the seed it used included
-    old = [c for c in page.d.find_elements(page.By.CSS_SELECTOR, ".job") if "blue star" in c.text][0]
+    page.fill(prompt="something else", seed="", steps=30)
+    card.find_element(page.By.CLASS_NAME, "reuse").click()
+    assert page.el("lora-violet").is_selected() and page.el("lora-w-violet").get_attribute("value") == "0.8"
+    assert page.el("seed").get_attribute("value") == "3" and page.el("steps").get_attribute("value") == "10"
+    assert page.el("prompt").get_attribute("value") == "a violet star left of a red star"
+    old = blue_star_card(page)
     old.find_element(page.By.CLASS_NAME, "reuse").click()
     assert page.el("seed").get_attribute("value") == old.get_attribute("data-seed")
     assert page.el("sampler").get_attribute("value") == "euler_a" and page.el("size").get_attribute("value") == "128x128"
-    assert page.el("prompt").get_attribute("value") == "a blue star above a yellow square"
+    assert not page.el("lora-violet").is_selected()
 
 
 def test_controlnet_without_a_picture(page, tmp_path):
@@ -297,15 +319,15 @@ def test_bad_input_is_said_on_the_page(page):
 
 
 def test_history_survives_a_reload(page):
+    blue_star_card(page)
     done = [c.get_attribute("id") for c in page.d.find_elements(page.By.CSS_SELECTOR, ".job")
             if c.get_attribute("data-status") == "succeeded"]
-    assert len(done) >= 5
     page.d.refresh()
     page.wait.until(lambda d: "ready" == d.find_element(page.By.ID, "ready").text)
     cards = page.d.find_elements(page.By.CSS_SELECTOR, ".job")
     assert [c.get_attribute("id") for c in cards] == done  # the newest first, the cancelled job not kept
     assert all(c.get_attribute("data-restored") == "1" for c in cards)
-    lora = [c for c in cards if "violet" in c.text][0]
-    lora.find_element(page.By.CLASS_NAME, "reuse").click()
-    assert page.el("lora-violet").is_selected() and page.el("lora-w-violet").get_attribute("value") == "0.8"
-    assert page.el("seed").get_attribute("value") == "3"
+    blue = [c for c in cards if "blue star" in c.text][0]
+    blue.find_element(page.By.CLASS_NAME, "reuse").click()
+    assert page.el("seed").get_attribute("value") == blue.get_attribute("data-seed")
+    assert page.el("prompt").get_attribute("value") == BLUE["prompt"]
