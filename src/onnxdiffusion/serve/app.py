@@ -13,7 +13,6 @@ import logging
 import sys
 import threading
 from contextlib import asynccontextmanager
-from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -110,7 +109,8 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
                               "resolution buckets and golden-sample fallback.")
     app.state.service = service
     app.add_middleware(BodyLimit, limit=config.max_body, per_path={"/v1/images/edits": config.max_edit_body,
-                                                                        "/sdapi/v1/img2img": config.max_edit_body})
+                                                                        "/sdapi/v1/img2img": config.max_edit_body,
+                                                                        "/v1/jobs/edits": config.max_edit_body})
     # outermost: a caller without a key is refused before its body is read
     app.add_middleware(ApiKeyAuth, ring=KeyRing(config.api_keys), protect_metrics=config.protect_metrics)
     svc, queue, manager, metrics = service, service.queue, service.manager, service.metrics
@@ -206,6 +206,9 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
     from .a1111 import add_a1111_routes
 
     add_a1111_routes(app, config, manager, queue, submit_built, caller)
+    from .page_routes import add_page_routes
+
+    add_page_routes(app, config, manager, queue, submit_built)  # what the page at / needs beyond the OpenAI routes
 
     if config.web:  # the browser page (export-web) at /web
         from ..web.serve import mount_web
@@ -219,7 +222,9 @@ def _probe_and_model_routes(app: FastAPI, svc: Service, manager, queue, metrics)
     # -- pages and probes ---------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
-        return resources.files(__package__).joinpath("page.html").read_text()
+        from .page_routes import page_html
+
+        return page_html()
 
     @app.get("/health", summary="Liveness: the process answers")
     async def health():
