@@ -117,8 +117,8 @@ def test_int8_backbone_points_and_lora(tiny_onnx, sd_loras, tmp_path):
     loras = [(sd_loras["plain"], 0.7)]
     ours = pipe(PROMPT, loras=loras, **KW)
     # merged at switch (adapters/fused.py) on the integer kernels; the time embedding's QGemms keep their branch
-    assert {layer.kind for layer in pipe.lora_backbone.layers.values()} == {"matmul_int8", "conv_int8"}
-    assert len(pipe.lora_backbone.layers) < len(manifest["components"]["unet"]["lora"]["targets"])
+    assert {layer.kind for layer in pipe.lora.fused.layers.values()} == {"matmul_int8", "conv_int8"}
+    assert len(pipe.lora.fused.layers) < len(manifest["components"]["unet"]["lora"]["targets"])
     ref = Pipeline.from_folder(tmp_path / "fp32_points")(PROMPT, loras=loras, **KW)
     assert psnr(ours.images, ref.images) >= 30.0
     assert psnr(ours.images, a.images) < psnr(ours.images, ref.images)  # nearer fp32+LoRA than plain int8

@@ -48,34 +48,40 @@ class FedBackbone(GuidedBackbone):
             self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
 
 
-def backbone_step_inputs(pipe, session, adapter):
-    """(session, arrays to bind) for the backbone's step with `adapter`: the fused session and the set's merged
-    weights when the pipeline derived one (adapters/fused.py), else `session` and the insertion points' A/B."""
-    fused = getattr(pipe, "lora_backbone", None)
-    if session is not None or fused is None:  # a caller's session (a precision schedule's second backbone)
-        return session or pipe.backbone, adapter.for_component(pipe.family.backbone)
-    return fused.fused(), fused.feeds(adapter)
+class RuntimeLora:
+    """One pipeline's run-time LoRA state (Pipeline.lora): the backbone with its points' branches taken out and
+    the set's merged weights (adapters/fused.py; None: the points graph runs as it is), and the LoRA files read
+    so far (LRU). The pipeline calls into it with what it needs; nothing here reads the pipeline."""
 
+    def __init__(self, manifest: dict, backbone: str, fused=None):
+        self.manifest, self.backbone, self.fused = manifest, backbone, fused
+        self.files = None  # a LoraCache, made with the first LoRA (its module loads onnx)
 
-def pipeline_feeds(pipe, loras, loop: str = "host"):
-    """Pipeline.lora_feeds: checked before any model runs; None without LoRAs. `loras` may also be feeds
-    build_feeds made already for this folder's manifest (serve converts each adapter set once)."""
-    from ..errors import UserError
-    from .feeds import AdapterFeeds, LoraCache, build_feeds
+    def feeds(self, loras, loop: str = "host"):
+        """Pipeline.lora_feeds: checked before any model runs; None without LoRAs. `loras` may also be feeds
+        build_feeds made already for this folder's manifest (serve converts each adapter set once)."""
+        from ..errors import UserError
+        from .feeds import AdapterFeeds, LoraCache, build_feeds
 
-    if not loras:
-        return None
-    info = pipe.manifest["components"].get(f"sampler_{loop}", {})
-    if loop != "host" and not info.get("lora"):
-        raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with insertion "
-                        f"points: `lora points`, then `compile-loop`), or use the host loop")
-    if isinstance(loras, AdapterFeeds):
-        adapter = loras
-    else:
-        if getattr(pipe, "_lora_cache", None) is None:
-            pipe._lora_cache = LoraCache()
-        adapter = build_feeds(pipe.manifest, loras, pipe._lora_cache)
-    return adapter
+        if not loras:
+            return None
+        info = self.manifest["components"].get(f"sampler_{loop}", {})
+        if loop != "host" and not info.get("lora"):
+            raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with "
+                            f"insertion points: `lora points`, then `compile-loop`), or use the host loop")
+        if isinstance(loras, AdapterFeeds):
+            return loras
+        if self.files is None:
+            self.files = LoraCache()
+        return build_feeds(self.manifest, loras, self.files)
+
+    def step_inputs(self, session, adapter) -> tuple:
+        """(the fused session or None: run `session` or the pipeline's backbone, arrays to bind) for the
+        backbone's step with `adapter`: the set's merged weights when there is a fused backbone and no caller's
+        session (a precision schedule's second backbone), else the insertion points' A/B."""
+        if session is not None or self.fused is None:
+            return None, adapter.for_component(self.backbone)
+        return self.fused.fused(), self.fused.feeds(adapter)
 
 
 def graph_feeds(pipe, graph, adapter) -> dict | None:
@@ -97,7 +103,7 @@ def sampling_graph_inputs(pipe, loras, component: str = "sampler_loop_whole") ->
     info = pipe.manifest["components"].get(component)
     if info is None or info.get("kind") != "sampling_graph":
         raise UserError(f"{pipe.folder} has no sampling graph {component!r} (run `onnxdiffusion compile-loop`)")
-    adapter = pipeline_feeds(pipe, loras)
+    adapter = pipe.lora_feeds(loras)
     if not adapter:
         return {}
     if not info.get("lora"):
