@@ -77,11 +77,6 @@ class TextEncoderSlot:
     required: bool = True
     max_length: int | None = None  # fixed token length; None: the tokenizer's model_max_length
 
-    @property
-    def ids_suffix(self) -> str:
-        """'' for text_encoder, '_2' for text_encoder_2, ...: names the whole graph's id inputs."""
-        return self.name[len("text_encoder"):]
-
 
 class Ops(Protocol):
     """The few array operations `combine` needs; numpy here, ONNX nodes in the whole graph."""
