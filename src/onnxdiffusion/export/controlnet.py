@@ -60,7 +60,7 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     import torch
 
     from ..onnxio import fp16_storage
-    from . import hooks
+    from . import family_export
     from .validate import export_component, free_memory
 
     cn_dir = Path(cn_dir)
@@ -76,7 +76,7 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     gen = torch.Generator().manual_seed(0)
     feeds = []
     for d in dims:
-        f = hooks.export_feeds(family, spec, d, gen, 0)
+        f = family_export.export_feeds(family, spec, d, gen, 0)
         f["controlnet_cond"] = torch.rand(*f["controlnet_cond"].shape, generator=gen)
         f["conditioning_scale"] = torch.tensor([0.7])
         feeds.append(f)
