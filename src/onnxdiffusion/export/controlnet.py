@@ -60,6 +60,7 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     import torch
 
     from ..onnxio import fp16_storage
+    from ..onnxio.files import write
     from . import family_export
     from .validate import export_component, free_memory
 
@@ -88,7 +89,7 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     if not entry["external_data"]:
         model = onnx.load(str(path))
         if stored := fp16_storage.store(model):
-            onnx.save_model(model, str(path))
+            write(model, path)
             entry["storage"] = {"fp16_tensors": stored}
         entry["bytes"] = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     shutil.copy2(cn_dir / "config.json", folder / "config.json")
