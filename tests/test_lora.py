@@ -60,11 +60,11 @@ def test_runtime_lora_matches_diffusers(tiny_diffusers, sd_points, sd_loras, cas
 
 def test_adapter_step_is_bound_and_equals_fed_run(sd_points, sd_loras):
     """The backbone step binds the adapter's arrays (the set's merged weights, adapters/fused.py) on its IO binding
-    (adapters/runtime.FedBackbone): the same output as feeding them to run(); in the points graph (compiled
+    (runtime/backbone.FedBackbone): the same output as feeding them to run(); in the points graph (compiled
     sampling graphs) a 1x1 conv's branch is MatMuls (no Conv with a fed weight)."""
     import onnx
 
-    from onnxdiffusion.adapters.runtime import FedBackbone
+    from onnxdiffusion.runtime.backbone import FedBackbone
     from onnxdiffusion.families.base import OUT, SAMPLE, TIMESTEP
     from onnxdiffusion.samplers import cfg_combine
 

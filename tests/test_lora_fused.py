@@ -57,7 +57,7 @@ def test_sessions_made_on_use(points, lora):
 def test_merged_step_equals_the_branch_step(points, lora):
     """One guided backbone call: merged weights (fused session) against the insertion points' branch (the points
     graph, A/B bound); and the no-adapter step of the plain session against the points graph's."""
-    from onnxdiffusion.adapters.runtime import FedBackbone
+    from onnxdiffusion.runtime.backbone import FedBackbone
 
     pipe = Pipeline.from_folder(points)
     adapter = pipe.lora_feeds([(lora, 0.7)])

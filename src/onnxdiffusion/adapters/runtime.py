@@ -5,16 +5,14 @@ folder with points runs the graph derived from them (adapters/fused.py): without
 with one the merged weights of the set, bound once as OrtValues beside the sample on the same IO binding as a
 plain step (FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
 `bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter` is
-silently ignored by `run_with_iobinding`. A caller's own backbone session (a precision schedule's second
-backbone) and the compiled sampling graphs take the insertion points' A/B feeds.
+silently ignored by `run_with_iobinding` (runtime/backbone.py's FedBackbone binds them). A caller's own
+backbone session (a precision schedule's second backbone) and the compiled sampling graphs take the insertion
+points' A/B feeds. Nothing here imports the run time: the pipeline calls in (Pipeline.lora), never the reverse.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
-
-from ..runtime.backbone import GuidedBackbone
 
 
 class FeedingSession:
@@ -33,19 +31,6 @@ class FeedingSession:
 
 def with_feeds(session, extra: dict[str, np.ndarray] | None):
     return FeedingSession(session, extra) if extra else session
-
-
-class FedBackbone(GuidedBackbone):
-    """GuidedBackbone whose IO binding also holds the adapter's tensors (bound once, as OrtValues over the
-    adapter's own arrays: nothing is converted or copied per step)."""
-
-    def __init__(self, session, latents_shape, cond, uncond, guidance: float, rescale: bool = False,
-                 extra: dict[str, np.ndarray] | None = None):
-        super().__init__(session, latents_shape, cond, uncond, guidance, rescale)
-        # float32 A/B, or a fused backbone's merged weights in their own types (int8, int32 bias)
-        self.adapter = {name: np.ascontiguousarray(arr) for name, arr in (extra or {}).items()}
-        for name, arr in self.adapter.items():
-            self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
 
 
 class RuntimeLora:

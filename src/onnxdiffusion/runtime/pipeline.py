@@ -25,10 +25,10 @@ from . import guards
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, table_from_config
 from ..schedules import FlowSchedule
-from ..adapters.runtime import FedBackbone, RuntimeLora, with_feeds
+from ..adapters.runtime import RuntimeLora, with_feeds
 from .generation import (  # noqa: F401  (re-exported: the public names live here too)
     GenerateOptions, GenerationResult, StepEvent, resolve_options)
-from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
+from .backbone import Conditioning, DeviceBackbone, DevicePool, FedBackbone, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph, open_sampling_graph
 from .static_shapes import session_factory
