@@ -1,6 +1,7 @@
 """The house rules of src/ that a reviewer would otherwise check by hand (issue 22's acceptance 1):
 no import circle (module- or function-level imports alike), no function over 150 lines, no backbone
-name as a string literal outside families/, and `quantize()` read as its stages (<= 80 lines)."""
+name as a string literal outside families/, `quantize()` read as its stages (<= 80 lines), and (issue 41)
+no module but runtime/pipeline.py reaching into a Pipeline's private attributes or an object's __dict__."""
 
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ PIPELINE_PRIVACY_ALLOWED = {
     "onnxdiffusion/runtime/controlnet.py",  # the same three, pipe.__dict__["_control_cuts" / "_control_sessions"]
 }
 PIPE_NAMES = {"pipe", "pipeline"}  # the names src/ binds a Pipeline to (pipe = Pipeline.from_folder(...), ...)
-PIPE_ATTRS = {"pipe", "pipeline", "_pipe"}  # attributes that hold one: self.pipe, entry.pipeline
+PIPE_ATTRS = {"pipe", "pipeline"}  # attributes that hold one: self.pipe (serve/ray, bench), entry.pipeline (serve)
 DICT_WRITES = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
 
 
