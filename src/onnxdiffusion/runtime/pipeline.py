@@ -89,10 +89,9 @@ class Pipeline:
                                                              threads=threads, memory=mem, checked=True),
                                                      io=backbone_io), release=False)
         # the run-time LoRA state (adapters/runtime.py): the pipeline calls into it, it never reads the pipeline
-        self.lora = RuntimeLora(manifest, family.backbone, lora_backbone(
-            backbone_path, bb, family.backbone, provider, profile,
-            partial(_backbone_session, info=bb, provider=provider, threads=threads, providers=chain["backbone"],
-                    memory=mem, checked=True)))
+        self.lora = RuntimeLora(manifest, family.backbone, lora_backbone(backbone_path, bb, family.backbone, provider,
+            profile, partial(_backbone_session, info=bb, provider=provider, threads=threads,
+                             providers=chain["backbone"], memory=mem, checked=True)))
         if self.lora.fused is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora.fused.plain, release=False)
         self.vae_decoder = session_factory(False, chain["other"], component_path(folder, manifest, "vae_decoder"),
@@ -177,9 +176,7 @@ class Pipeline:
     def providers_for(self, role: str) -> list | None:  # "backbone" | "other"; None: make_session's default
         return self._chain.get(role)
 
-    def component_session(self, name: str, **options):
-        """A session of the folder's component `name` as this pipeline makes its non-backbone ones (provider,
-        threads, memory, the "other" chain); `options`: make_session's (disabled_optimizers, level)."""
+    def component_session(self, name: str, **options):  # a non-backbone component's; options: make_session's
         return make_session(component_path(self.folder, self.manifest, name), self.provider, self._threads,
                             providers=self._chain["other"], memory=self.memory, **options)
 
