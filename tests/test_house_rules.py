@@ -1,6 +1,7 @@
 """The house rules of src/ that a reviewer would otherwise check by hand (issue 22's acceptance 1):
 no import circle (module- or function-level imports alike), no function over 150 lines, no backbone
-name as a string literal outside families/, and `quantize()` read as its stages (<= 80 lines)."""
+name as a string literal outside families/, `quantize()` read as its stages (<= 80 lines), and (issue 41)
+no module but runtime/pipeline.py reaching into a Pipeline's private attributes or an object's __dict__."""
 
 from __future__ import annotations
 
@@ -150,3 +151,95 @@ def test_no_backbone_name_literal_outside_families():
             if BACKBONE_LITERAL.search(line):
                 hits.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
     assert not hits, f"{len(hits)} \"unet\" literals outside families/:\n" + "\n".join(hits)
+
+
+# -- Pipeline's privacy (issue 41) --------------------------------------------------------------------
+# Only runtime/pipeline.py touches a Pipeline's private attributes, and nobody stores state in an object's
+# __dict__ from outside: a technique's state lives in its own object, read through Pipeline's public names.
+PIPELINE_MODULE = "onnxdiffusion/runtime/pipeline.py"
+# Files that still reach into a Pipeline: another change is moving their state into the techniques' own
+# objects (issue 41). This list only shrinks: a file that no longer reaches in must leave it (checked below).
+PIPELINE_PRIVACY_ALLOWED = {
+    "onnxdiffusion/runtime/cache.py",       # pipe._backbone_info/_threads/_chain, pipe.__dict__["_cache_splits"]
+    "onnxdiffusion/runtime/controlnet.py",  # the same three, pipe.__dict__["_control_cuts" / "_control_sessions"]
+}
+PIPE_NAMES = {"pipe", "pipeline"}  # the names src/ binds a Pipeline to (pipe = Pipeline.from_folder(...), ...)
+PIPE_ATTRS = {"pipe", "pipeline"}  # attributes that hold one: self.pipe (serve/ray, bench), entry.pipeline (serve)
+DICT_WRITES = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+
+
+def _pipeline_privates() -> set[str]:
+    """The private attributes Pipeline sets on itself (self._x = ... anywhere in class Pipeline)."""
+    tree = ast.parse((SRC / PIPELINE_MODULE).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Pipeline")
+    return {t.attr for n in ast.walk(cls) for t in getattr(n, "targets", [getattr(n, "target", None)])
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+            and t.attr.startswith("_") and not t.attr.startswith("__")}
+
+
+def _is_pipe(node: ast.AST) -> bool:
+    return ((isinstance(node, ast.Name) and node.id in PIPE_NAMES)
+            or (isinstance(node, ast.Attribute) and node.attr in PIPE_ATTRS))
+
+
+def _is_dict(node: ast.AST) -> bool:  # x.__dict__ or vars(x)
+    return ((isinstance(node, ast.Attribute) and node.attr == "__dict__")
+            or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars"))
+
+
+def pipeline_reaches(source: str, privates: set[str]) -> list[str]:
+    """Where `source` reads or writes a Pipeline's private attribute, or writes into an object's __dict__:
+    `pipe._x` on a name or attribute that holds a pipeline, `X._x` for any X but self/cls where _x is one of
+    Pipeline's own private names (an alias the names above miss), get/set/has/delattr(pipe, "_x"), and
+    `X.__dict__[k] = v` / `X.__dict__.setdefault(...)` (vars(X) alike)."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if _is_pipe(node.value) or (node.attr in privates and not own):
+                hits.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2 and \
+                node.func.id in ("getattr", "setattr", "hasattr", "delattr") and _is_pipe(node.args[0]) and \
+                isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_"):
+            hits.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DICT_WRITES \
+                and _is_dict(node.func.value):
+            hits.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for t in getattr(node, "targets", [getattr(node, "target", None)]):
+                if (isinstance(t, ast.Subscript) and _is_dict(t.value)) or (isinstance(t, ast.Attribute)
+                                                                           and t.attr == "__dict__"):
+                    hits.append(f"{node.lineno}: {ast.unparse(t)}")
+    return hits
+
+
+def test_pipeline_privates_stay_in_its_module():
+    privates = _pipeline_privates()
+    assert {"_backbone", "_threads", "_chain"} <= privates  # the collector still finds them
+    found, clean_allowed = [], []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel == PIPELINE_MODULE:
+            continue
+        hits = pipeline_reaches(path.read_text(), privates)
+        if rel in PIPELINE_PRIVACY_ALLOWED:
+            if not hits:
+                clean_allowed.append(rel)
+            continue
+        found += [f"{rel}:{h}" for h in hits]
+    assert not found, ("a Pipeline's private attribute or an object's __dict__ used outside runtime/pipeline.py "
+                       "(give Pipeline a public name for it, or keep the state in its own object):\n" + "\n".join(found))
+    assert not clean_allowed, f"no longer reaching into a Pipeline: take them off PIPELINE_PRIVACY_ALLOWED: {clean_allowed}"
+
+
+def test_the_privacy_check_finds_reaches():
+    privates = {"_backbone", "_chain"}
+    bad = ["pipe._threads", "self.pipe._graphs", "entry.pipeline._chain", "p._backbone.get()",
+           "pipe.__dict__.setdefault('_k', {})", "x.__dict__['k'] = 1", "vars(pipe)['k'] = 1",
+           "getattr(pipe, '_lora_cache', None)", "pipeline._x = 1"]
+    for src in bad:
+        assert pipeline_reaches(src, privates), src
+    good = ["pipe.folder", "self._backbone", "self._threads", "options.__dict__", "{**opts.__dict__}",
+            "getattr(pipe, 'lora', None)", "session._extra"]
+    for src in good:
+        assert not pipeline_reaches(src, privates), src

@@ -60,11 +60,11 @@ def test_runtime_lora_matches_diffusers(tiny_diffusers, sd_points, sd_loras, cas
 
 def test_adapter_step_is_bound_and_equals_fed_run(sd_points, sd_loras):
     """The backbone step binds the adapter's arrays (the set's merged weights, adapters/fused.py) on its IO binding
-    (adapters/runtime.FedBackbone): the same output as feeding them to run(); in the points graph (compiled
+    (runtime/backbone.FedBackbone): the same output as feeding them to run(); in the points graph (compiled
     sampling graphs) a 1x1 conv's branch is MatMuls (no Conv with a fed weight)."""
     import onnx
 
-    from onnxdiffusion.adapters.runtime import FedBackbone
+    from onnxdiffusion.runtime.backbone import FedBackbone
     from onnxdiffusion.families.base import OUT, SAMPLE, TIMESTEP
     from onnxdiffusion.samplers import cfg_combine
 
@@ -117,8 +117,8 @@ def test_int8_backbone_points_and_lora(tiny_onnx, sd_loras, tmp_path):
     loras = [(sd_loras["plain"], 0.7)]
     ours = pipe(PROMPT, loras=loras, **KW)
     # merged at switch (adapters/fused.py) on the integer kernels; the time embedding's QGemms keep their branch
-    assert {layer.kind for layer in pipe.lora_backbone.layers.values()} == {"matmul_int8", "conv_int8"}
-    assert len(pipe.lora_backbone.layers) < len(manifest["components"]["unet"]["lora"]["targets"])
+    assert {layer.kind for layer in pipe.lora.fused.layers.values()} == {"matmul_int8", "conv_int8"}
+    assert len(pipe.lora.fused.layers) < len(manifest["components"]["unet"]["lora"]["targets"])
     ref = Pipeline.from_folder(tmp_path / "fp32_points")(PROMPT, loras=loras, **KW)
     assert psnr(ours.images, ref.images) >= 30.0
     assert psnr(ours.images, a.images) < psnr(ours.images, ref.images)  # nearer fp32+LoRA than plain int8

@@ -48,22 +48,22 @@ def test_sessions_made_on_use(points, lora):
     """Without an adapter only the plain session is made, and an adapter-only pipeline never makes it."""
     pipe = Pipeline.from_folder(points)
     pipe(PROMPT, **KW)
-    assert pipe._backbone.loaded and pipe.lora_backbone._fused is None
+    assert pipe.backbone_loaded and pipe.lora.fused._fused is None
     other = Pipeline.from_folder(points)
     other(PROMPT, loras=[(lora, 0.7)], **KW)
-    assert not other._backbone.loaded and other.lora_backbone._fused is not None
+    assert not other.backbone_loaded and other.lora.fused._fused is not None
 
 
 def test_merged_step_equals_the_branch_step(points, lora):
     """One guided backbone call: merged weights (fused session) against the insertion points' branch (the points
     graph, A/B bound); and the no-adapter step of the plain session against the points graph's."""
-    from onnxdiffusion.adapters.runtime import FedBackbone
+    from onnxdiffusion.runtime.backbone import FedBackbone
 
     pipe = Pipeline.from_folder(points)
     adapter = pipe.lora_feeds([(lora, 0.7)])
     shape = pipe.latent_shape_for(1)
     merged = pipe.guided_backbone([PROMPT], None, KW["guidance"], 32, 32, shape, adapter=adapter)
-    assert merged.session is pipe.lora_backbone.fused()
+    assert merged.session is pipe.lora.fused.fused()
     from onnxdiffusion.runtime.session import make_session
 
     graph = make_session(points / "unet" / "model.onnx", threads=1)
@@ -90,8 +90,8 @@ def test_switching_sets_and_scales(points, lora, tiny_diffusers, tmp_path):
         fresh = Pipeline.from_folder(points)(PROMPT, loras=loras, **KW).images
         np.testing.assert_array_equal(pipe(PROMPT, loras=loras, **KW).images, fresh)
     adapter = pipe.lora_feeds(sets[0])
-    first = pipe.lora_backbone.feeds(adapter)
-    assert pipe.lora_backbone.feeds(adapter) is first
+    first = pipe.lora.fused.feeds(adapter)
+    assert pipe.lora.fused.feeds(adapter) is first
     assert psnr(pipe(PROMPT, loras=adapter, **KW).images, pipe(PROMPT, **KW).images) < 37.0
 
 

@@ -81,12 +81,12 @@ def test_pipeline_with_keyed_sessions_makes_the_same_images():
     plain = Pipeline.from_folder(profile=Profile(name="cpu-plain", provider="cpu"))
     keyed = Pipeline.from_folder(profile=keyed_profile)
     # the backbone only: the text encoders and the VAE decoder run once an image and stay one dynamic session
-    assert isinstance(keyed._backbone.get(), ShapeKeyedSession) and isinstance(keyed.vae_decoder, ort.InferenceSession)
+    assert isinstance(keyed.backbone, ShapeKeyedSession) and isinstance(keyed.vae_decoder, ort.InferenceSession)
     assert all(isinstance(h.get(), ort.InferenceSession) for h in keyed.text_sessions.values())
     gen = dict(steps=3, guidance=4.0, seed=5, height=64, width=64)
     a, b = plain(["a red circle"], **gen), keyed(["a red circle"], **gen)
     np.testing.assert_array_equal(a.images, b.images)
-    backbone = keyed._backbone.get()
+    backbone = keyed.backbone
     assert backbone.compiled == 1
     keyed(["a blue square"], **gen)  # same shapes: nothing compiled again
     assert backbone.compiled == 1

@@ -34,7 +34,7 @@ def main() -> None:
     from diffusers import SD3Transformer2DModel
 
     from onnxdiffusion.export.attention import fuse_attention
-    from onnxdiffusion.export import hooks
+    from onnxdiffusion.export import family_export
     from onnxdiffusion.export.dummies import dummy_feeds
     from onnxdiffusion.export.pipeline import ExportOptions
     from onnxdiffusion.export.validate import export_component
@@ -60,7 +60,7 @@ def main() -> None:
             n = fuse_attention(model) if fused else 0
             name = "fused" if fused else "plain"
             t0 = time.time()
-            entry = export_component(spec, hooks.wrap(family, spec, model), [feeds], Path(tmp) / name, ExportOptions())
+            entry = export_component(spec, family_export.wrap(family, spec, model), [feeds], Path(tmp) / name, ExportOptions())
             result["variants"][name] = {"fused_blocks": n, "export_s": round(time.time() - t0, 1),
                                         "max_abs_error_vs_torch": entry["validation"]["max_abs_error"]}
             opts = ort.SessionOptions()

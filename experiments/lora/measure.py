@@ -104,19 +104,19 @@ def switch_costs(paths: dict, repeats: int = 10) -> dict:
     for key in ("fp32_points", "int8_points"):
         pipe = Pipeline.from_folder(paths[key], threads=1)
         t = time.process_time()
-        pipe.lora_backbone.fused()
+        pipe.lora.fused.fused()
         first = time.process_time() - t
         lora = [(paths["lora"], 1.0)]
-        pipe.lora_backbone.feeds(pipe.lora_feeds(lora))  # the file read once (LoraCache)
+        pipe.lora.fused.feeds(pipe.lora_feeds(lora))  # the file read once (LoraCache)
         times = []
         for _ in range(repeats):
             t = time.process_time()
-            pipe.lora_backbone.feeds(pipe.lora_feeds(lora))
+            pipe.lora.fused.feeds(pipe.lora_feeds(lora))
             times.append(time.process_time() - t)
         targets = pipe.manifest["components"]["unet"]["lora"]["targets"]
         out[key] = {"switch_ms": statistics.median(times) * 1e3, "fused_session_ms": first * 1e3,
-                    "merged_layers": len(pipe.lora_backbone.layers),
-                    "branch_layers": len(targets) - len(pipe.lora_backbone.layers)}
+                    "merged_layers": len(pipe.lora.fused.layers),
+                    "branch_layers": len(targets) - len(pipe.lora.fused.layers)}
     return out
 
 

@@ -103,10 +103,10 @@ def main() -> None:
         switch = []
         for _ in range(3):  # another adapter set (same file, files parsed): its A/B feeds and merged weights
             t = time.process_time()
-            with_points.lora_backbone.feeds(with_points.lora_feeds([(lora_file, 1.0)]))
+            with_points.lora.fused.feeds(with_points.lora_feeds([(lora_file, 1.0)]))
             switch.append(time.process_time() - t)
         rows[f"{name} adapter layers"] = {"modules": len(adapter.for_component("unet")) // 2, "shape": list(shape),
-                                          "merged_layers": len(with_points.lora_backbone.layers),
+                                          "merged_layers": len(with_points.lora.fused.layers),
                                           "first_adapter_s": first_adapter, "switch_s": statistics.median(switch)}
         print(rows[f"{name} adapter layers"], flush=True)
         del fns, plain, with_points, adapter

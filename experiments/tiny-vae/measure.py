@@ -89,12 +89,12 @@ def torch_tiny_decode(pipe, tiny_folder: Path, z: np.ndarray, batch: int) -> np.
     from diffusers import AutoencoderTiny
 
     from onnxdiffusion.runtime.generation import GenerateOptions
-    from onnxdiffusion.runtime.tiny_decoder import tiny_decoder
+    from onnxdiffusion.runtime.tiny_decoder import TinyDecoder
 
     torch.set_num_threads(1)
     model = AutoencoderTiny.from_pretrained(tiny_folder).float().eval()
     h, w = pipe.image_size(pipe.resolve(GenerateOptions()))
-    feed, _ = tiny_decoder(pipe).prepare(z, h, w)  # the folder's scaling / shift, as the run time feeds it
+    feed, _ = TinyDecoder(pipe).prepare(z, h, w)  # the folder's scaling / shift, as the run time feeds it
     out = []
     with torch.no_grad():
         for i in range(0, len(feed), batch):
@@ -113,7 +113,7 @@ def measure_model(folder: Path, count: int, batch: int, cache: Path | None = Non
     from onnxdiffusion.evaluate.run import EvaluateOptions
     from onnxdiffusion.runtime import Pipeline
     from onnxdiffusion.runtime.generation import GenerateOptions
-    from onnxdiffusion.runtime.tiny_decoder import tiny_decoder
+    from onnxdiffusion.runtime.tiny_decoder import TinyDecoder
 
     pipe = Pipeline.from_folder(folder, threads=1)
     rec = pipe.resolve(GenerateOptions())  # the model's recommended settings, as evaluate uses them
@@ -136,7 +136,7 @@ def measure_model(folder: Path, count: int, batch: int, cache: Path | None = Non
                 "judge": acc, "seconds": round(time.time() - t0, 1)}
     h, w = pipe.image_size(rec)
     full_feed = pipe.family.decoder_feed(pipe.info, z[:1], h, w)
-    tiny_feed, _ = tiny_decoder(pipe).prepare(z[:1], h, w)
+    tiny_feed, _ = TinyDecoder(pipe).prepare(z[:1], h, w)
     timed = {}
     for name, feed in (("vae_decoder", full_feed), ("vae_decoder_tiny", tiny_feed)):
         sess = session(component_path(folder, pipe.manifest, name))

@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .artifacts import read_manifest, sha256_file, verify_folder
 from .errors import UserError
+from .onnxio.files import write_external
 
 TARGET_OPSET = 23
 TRT_DOMAIN = "trt"
@@ -187,8 +188,7 @@ def fix(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
 
 
 def _save_and_check(model: onnx.ModelProto, path: Path) -> None:
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME,
-                    size_threshold=1024)
+    write_external(model, path, DATA_NAME)
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as e:  # noqa: BLE001 - ValidationError and inference errors alike

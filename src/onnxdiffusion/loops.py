@@ -16,10 +16,10 @@ from .errors import UserError
 from .families import get_family
 from . import loops_control
 from .runtime.cache import compiled_record
+from .onnxio.files import INLINE_MAX, write, write_external
 from .samplers.graph import FORMS, build_sampling_graph
 
-TWO_GB = 2**31
-LARGE = TWO_GB - (64 << 20)  # a backbone stored with at least this many bytes is optimized file to file
+LARGE = INLINE_MAX  # a backbone stored with at least this many bytes is optimized file to file
 
 
 def component_name(form: str, whole: bool) -> str:
@@ -32,13 +32,10 @@ def _tensor_bytes(model: onnx.ModelProto) -> int:
 
 def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
     """Save inline below 2 GB, else with every weight in one external file beside the model."""
-    if _tensor_bytes(model) < TWO_GB - (64 << 20):
-        onnx.save_model(model, str(path))
+    if _tensor_bytes(model) < INLINE_MAX:
+        write(model, path)
         return []
-    data = path.name + "_data"
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data, size_threshold=1024)
-    return [data]
+    return [write_external(model, path)]
 
 
 def _stored_bytes(folder: Path, info: dict) -> int:
@@ -91,7 +88,7 @@ def save_with_weights(model: onnx.ModelProto, path: Path, weights: Path) -> list
                     end += len(t.raw_data)
                     t.ClearField("raw_data")
                     t.data_location = onnx.TensorProto.EXTERNAL
-    onnx.save_model(model, str(path))
+    write(model, path)
     return [data]
 
 
@@ -309,8 +306,8 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     info = manifest["components"][schedule.component]
     high = load_component(model, manifest, schedule.component)
     disabled = (info.get("session_options") or {}).get("disabled_optimizers")
-    tuned = (cpu_tuned is not False) and not disabled and not _has_qdq(high) and _tensor_bytes(high) < TWO_GB - (64 << 20)
+    tuned = (cpu_tuned is not False) and not disabled and not _has_qdq(high) and _tensor_bytes(high) < INLINE_MAX
     level = onnxruntime.GraphOptimizationLevel
-    if tuned or _tensor_bytes(high) < TWO_GB - (64 << 20):
+    if tuned or _tensor_bytes(high) < INLINE_MAX:
         high = ort_optimized(high, level=level.ORT_ENABLE_ALL if tuned else level.ORT_ENABLE_EXTENDED)
     return schedule, high, tuned

@@ -112,11 +112,6 @@ def cleanup_all(reraise: bool = False) -> None:
             _remove(p)
 
 
-def outer_tempdir() -> str:
-    """The temporary folder outside any session (for files meant to outlive the run: a traceback)."""
-    return _outer[0][1] if _outer else tempfile.gettempdir()
-
-
 def _sweep(base: str) -> None:
     """Remove roots of sessions whose process is gone (a SIGKILL leaves its root behind)."""
     try:

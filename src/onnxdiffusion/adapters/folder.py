@@ -34,6 +34,7 @@ def rewrite_component(folder: Path, entry: dict, out_path: Path, scope: str) -> 
     import onnx
 
     from ..onnxio import fp16_storage
+    from ..onnxio.files import write
 
     src = confined(folder, entry["path"], "component")
     try:
@@ -46,7 +47,7 @@ def rewrite_component(folder: Path, entry: dict, out_path: Path, scope: str) -> 
     except ValueError as e:
         raise UserError(f"{src}: {e}") from None
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(out_path))
+    write(model, out_path)
     return {"version": LORA_VERSION, "scope": scope, "targets": {m: t.to_dict() for m, t in targets.items()}}
 
 

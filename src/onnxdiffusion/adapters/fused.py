@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..onnxio.files import write
 from .points import A_SUFFIX, B_SUFFIX, module_path
 
 QMAX = 127  # ORT's symmetric int8 weights: [-127, 127]
@@ -242,7 +243,7 @@ def session_of(model: onnx.ModelProto, folder: Path, make):
     files = {location: np.memmap(folder / location, dtype=np.uint8, mode="r") for location in _external_files(model)}
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-lora-") as tmp:
         path = Path(tmp) / "model.onnx"
-        onnx.save_model(model, str(path))
+        write(model, path)
         return make(path, external_files=files)
 
 

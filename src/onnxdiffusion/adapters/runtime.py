@@ -5,16 +5,14 @@ folder with points runs the graph derived from them (adapters/fused.py): without
 with one the merged weights of the set, bound once as OrtValues beside the sample on the same IO binding as a
 plain step (FedBackbone): ORT 1.32 accepts `bind_ortvalue_input` for an input that has an initializer, while
 `bind_cpu_input` refuses it ("Failed to find NodeArg ... in the def list"), and ORT's own `LoraAdapter` is
-silently ignored by `run_with_iobinding`. A caller's own backbone session (a precision schedule's second
-backbone) and the compiled sampling graphs take the insertion points' A/B feeds.
+silently ignored by `run_with_iobinding` (runtime/backbone.py's FedBackbone binds them). A caller's own
+backbone session (a precision schedule's second backbone) and the compiled sampling graphs take the insertion
+points' A/B feeds. Nothing here imports the run time: the pipeline calls in (Pipeline.lora), never the reverse.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
-
-from ..runtime.backbone import GuidedBackbone
 
 
 class FeedingSession:
@@ -35,47 +33,40 @@ def with_feeds(session, extra: dict[str, np.ndarray] | None):
     return FeedingSession(session, extra) if extra else session
 
 
-class FedBackbone(GuidedBackbone):
-    """GuidedBackbone whose IO binding also holds the adapter's tensors (bound once, as OrtValues over the
-    adapter's own arrays: nothing is converted or copied per step)."""
+class RuntimeLora:
+    """One pipeline's run-time LoRA state (Pipeline.lora): the backbone with its points' branches taken out and
+    the set's merged weights (adapters/fused.py; None: the points graph runs as it is), and the LoRA files read
+    so far (LRU). The pipeline calls into it with what it needs; nothing here reads the pipeline."""
 
-    def __init__(self, session, latents_shape, cond, uncond, guidance: float, rescale: bool = False,
-                 extra: dict[str, np.ndarray] | None = None):
-        super().__init__(session, latents_shape, cond, uncond, guidance, rescale)
-        # float32 A/B, or a fused backbone's merged weights in their own types (int8, int32 bias)
-        self.adapter = {name: np.ascontiguousarray(arr) for name, arr in (extra or {}).items()}
-        for name, arr in self.adapter.items():
-            self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+    def __init__(self, manifest: dict, backbone: str, fused=None):
+        self.manifest, self.backbone, self.fused = manifest, backbone, fused
+        self.files = None  # a LoraCache, made with the first LoRA (its module loads onnx)
 
+    def feeds(self, loras, loop: str = "host"):
+        """Pipeline.lora_feeds: checked before any model runs; None without LoRAs. `loras` may also be feeds
+        build_feeds made already for this folder's manifest (serve converts each adapter set once)."""
+        from ..errors import UserError
+        from .feeds import AdapterFeeds, LoraCache, build_feeds
 
-def backbone_step_inputs(pipe, session, adapter):
-    """(session, arrays to bind) for the backbone's step with `adapter`: the fused session and the set's merged
-    weights when the pipeline derived one (adapters/fused.py), else `session` and the insertion points' A/B."""
-    fused = getattr(pipe, "lora_backbone", None)
-    if session is not None or fused is None:  # a caller's session (a precision schedule's second backbone)
-        return session or pipe.backbone, adapter.for_component(pipe.family.backbone)
-    return fused.fused(), fused.feeds(adapter)
+        if not loras:
+            return None
+        info = self.manifest["components"].get(f"sampler_{loop}", {})
+        if loop != "host" and not info.get("lora"):
+            raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with "
+                            f"insertion points: `lora points`, then `compile-loop`), or use the host loop")
+        if isinstance(loras, AdapterFeeds):
+            return loras
+        if self.files is None:
+            self.files = LoraCache()
+        return build_feeds(self.manifest, loras, self.files)
 
-
-def pipeline_feeds(pipe, loras, loop: str = "host"):
-    """Pipeline.lora_feeds: checked before any model runs; None without LoRAs. `loras` may also be feeds
-    build_feeds made already for this folder's manifest (serve converts each adapter set once)."""
-    from ..errors import UserError
-    from .feeds import AdapterFeeds, LoraCache, build_feeds
-
-    if not loras:
-        return None
-    info = pipe.manifest["components"].get(f"sampler_{loop}", {})
-    if loop != "host" and not info.get("lora"):
-        raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with insertion "
-                        f"points: `lora points`, then `compile-loop`), or use the host loop")
-    if isinstance(loras, AdapterFeeds):
-        adapter = loras
-    else:
-        if getattr(pipe, "_lora_cache", None) is None:
-            pipe._lora_cache = LoraCache()
-        adapter = build_feeds(pipe.manifest, loras, pipe._lora_cache)
-    return adapter
+    def step_inputs(self, session, adapter) -> tuple:
+        """(the fused session or None: run `session` or the pipeline's backbone, arrays to bind) for the
+        backbone's step with `adapter`: the set's merged weights when there is a fused backbone and no caller's
+        session (a precision schedule's second backbone), else the insertion points' A/B."""
+        if session is not None or self.fused is None:
+            return None, adapter.for_component(self.backbone)
+        return self.fused.fused(), self.fused.feeds(adapter)
 
 
 def graph_feeds(pipe, graph, adapter) -> dict | None:
@@ -97,7 +88,7 @@ def sampling_graph_inputs(pipe, loras, component: str = "sampler_loop_whole") ->
     info = pipe.manifest["components"].get(component)
     if info is None or info.get("kind") != "sampling_graph":
         raise UserError(f"{pipe.folder} has no sampling graph {component!r} (run `onnxdiffusion compile-loop`)")
-    adapter = pipeline_feeds(pipe, loras)
+    adapter = pipe.lora_feeds(loras)
     if not adapter:
         return {}
     if not info.get("lora"):

@@ -26,10 +26,6 @@ class Generation:
     cpu_s: float | None = None
     step_cpu_s: list[float] | None = None  # CPU seconds per step, where step_s is measured in this process
 
-    @property
-    def steps_measured(self) -> bool:
-        return self.step_s is not None
-
 
 @dataclass
 class Job:

@@ -60,7 +60,8 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     import torch
 
     from ..onnxio import fp16_storage
-    from . import hooks
+    from ..onnxio.files import write
+    from . import family_export
     from .validate import export_component, free_memory
 
     cn_dir = Path(cn_dir)
@@ -76,7 +77,7 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     gen = torch.Generator().manual_seed(0)
     feeds = []
     for d in dims:
-        f = hooks.export_feeds(family, spec, d, gen, 0)
+        f = family_export.export_feeds(family, spec, d, gen, 0)
         f["controlnet_cond"] = torch.rand(*f["controlnet_cond"].shape, generator=gen)
         f["conditioning_scale"] = torch.tensor([0.7])
         feeds.append(f)
@@ -88,7 +89,7 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     if not entry["external_data"]:
         model = onnx.load(str(path))
         if stored := fp16_storage.store(model):
-            onnx.save_model(model, str(path))
+            write(model, path)
             entry["storage"] = {"fp16_tensors": stored}
         entry["bytes"] = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     shutil.copy2(cn_dir / "config.json", folder / "config.json")

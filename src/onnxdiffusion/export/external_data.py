@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-TWO_GB = 2**31
+from ..onnxio.files import write
 
 
 def _external_tensors(model: onnx.ModelProto):
@@ -71,7 +71,7 @@ def consolidate(model_path: Path, data_name: str = "model.onnx_data") -> None:
             _point_to(t, data_name, offset, len(data))
             offset += len(data)
     model_tmp = folder / (model_path.name + ".tmp")
-    onnx.save(model, str(model_tmp))
+    write(model, model_tmp)
     for f in old_files:
         if f != target.resolve() and f.exists():
             f.unlink()

@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
 from ..onnxio import HeapFrozen
-from . import hooks
+from . import family_export
 from .options import ExportOptions
 
 OPSET_RANGE = (14, 20)  # attention export needs 14; torch's TorchScript exporter stops at 20
@@ -171,9 +171,9 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     family, model_index, configs = _check_source(src)
     tiny_names, tiny_cfg = _check_tiny(family, configs, options)
     check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
-    from ..adapters import hooks as lora_hooks
+    from ..adapters import export_lora
 
-    lora_records = lora_hooks.before_export(options, configs)
+    lora_records = export_lora.before_export(options, configs)
     controlnets = _check_controlnets(options, family, configs)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -231,7 +231,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     loaded = module = None  # release the previous source's weights before loading the next
                     heap.settle()
                     module = _load(src, spec.source, class_of(model_index, spec.source))
-                    lora_hooks.fuse(module, spec.source, lora_records)
+                    export_lora.fuse(module, spec.source, lora_records)
                     if options.fuse_attention and spec.kind != "text_encoder":
                         fused[spec.source] = fuse_attention(module)
                     loaded = (spec.source, module)
@@ -239,7 +239,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 vocab = int(getattr(module.config, "vocab_size", 0) or 0)
                 dims = family.export_dims(spec, info)
                 gen = torch.Generator().manual_seed(0)
-                feed_list = [hooks.export_feeds(family, spec, d, gen, vocab) for d in dims]
+                feed_list = [family_export.export_feeds(family, spec, d, gen, vocab) for d in dims]
                 last_of_source = i + 1 == len(order) or order[i + 1].source != spec.source
 
                 def release() -> None:
@@ -247,7 +247,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     nonlocal loaded, module, wrapped
                     loaded = module = wrapped = None
 
-                wrapped = hooks.wrap(family, spec, module).eval()
+                wrapped = family_export.wrap(family, spec, module).eval()
                 entry = export_component(spec, wrapped, feed_list, tmp / name, options,
                                          release=release if last_of_source else None)
                 wrapped = None
@@ -277,7 +277,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         (tmp / "scheduler").mkdir()
         shutil.copy2(src / "scheduler" / "scheduler_config.json", tmp / "scheduler" / "scheduler_config.json")
         write_json(tmp / "model_index.json", model_index)
-        lora_hooks.after_export(tmp, manifest, options, lora_records)
+        export_lora.after_export(tmp, manifest, options, lora_records)
         manifest["export_seconds"] = round(time.time() - t_start, 2)
         manifest["files"] = hash_tree(tmp)
         write_json(tmp / MANIFEST, manifest)

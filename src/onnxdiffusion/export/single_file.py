@@ -25,10 +25,6 @@ from ..families import family_for_pipeline, get_family
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 
 
-def is_checkpoint_file(src: Path) -> bool:
-    return Path(src).is_file()
-
-
 def check_checkpoint(src: Path) -> None:
     """Refuse pickles and anything that is not a safetensors file, reading only its first bytes."""
     if src.suffix.lower() in PICKLE_SUFFIXES:

@@ -75,7 +75,7 @@ def export_tiny(tiny: Path | str, cfg: dict, family: Family, info: dict, dest: P
     import torch
     from diffusers import AutoencoderTiny
 
-    from . import hooks
+    from . import family_export
     from .validate import export_component, free_memory
 
     tiny = Path(tiny)
@@ -92,8 +92,8 @@ def export_tiny(tiny: Path | str, cfg: dict, family: Family, info: dict, dest: P
             continue
         dims = family.export_dims(spec, info)
         gen = torch.Generator().manual_seed(0)
-        feeds = [hooks.export_feeds(family, spec, d, gen, 0) for d in dims]
-        entry = export_component(spec, hooks.wrap(family, spec, module), feeds, dest / name, options)
+        feeds = [family_export.export_feeds(family, spec, d, gen, 0) for d in dims]
+        entry = export_component(spec, family_export.wrap(family, spec, module), feeds, dest / name, options)
         entry.update(family=family.name, shapes_validated=dims, scaling_factor=scaling, shift_factor=shift)
         shutil.copy2(tiny / "config.json", dest / name / "config.json")
         entries[name] = entry

@@ -12,7 +12,7 @@ A family (one small module per model kind, like optimum's `OnnxConfig` classes) 
     parameterization handed to the sampler tables, default and allowed sizes.
 
 This module is run-time code: numpy only, and nothing from export/. The torch side of each
-family (wrapping its modules for export, the feeds export validates with) is export/hooks.py.
+family (wrapping its modules for export, the feeds export validates with) is export/family_export.py.
 
 Every backbone, whatever its family, exports with inputs `sample`, `timestep`, the family's
 conditioning inputs, and output `out_sample`; every text encoder takes `input_ids`. So the
@@ -76,11 +76,6 @@ class TextEncoderSlot:
     outputs: tuple[str, ...]  # ONNX outputs the family's combine() reads
     required: bool = True
     max_length: int | None = None  # fixed token length; None: the tokenizer's model_max_length
-
-    @property
-    def ids_suffix(self) -> str:
-        """'' for text_encoder, '_2' for text_encoder_2, ...: names the whole graph's id inputs."""
-        return self.name[len("text_encoder"):]
 
 
 class Ops(Protocol):
@@ -236,7 +231,7 @@ class Family:
         """(scale, shift) with decoder input = latents * scale + shift (diffusers: x / scaling + shift)."""
         return 1.0 / float(info["vae_scaling_factor"]), float(info.get("vae_shift_factor") or 0.0)
 
-    # -- hooks the transformer families override (the defaults are Stable Diffusion's behaviour) ---
+    # -- methods the transformer families override (the defaults are Stable Diffusion's behaviour) ---
     # backbone input fed the guidance scale itself (guidance-distilled Flux): no [uncond; cond] batch
     guidance_input: ClassVar[str | None] = None
 
@@ -262,8 +257,8 @@ class Family:
         return self.guidance_input
 
     # -- ControlNet (families/control.py: the shared names and record) -------------------------------
-    # the family's ControlNet support, a control.ControlNetSupport table the hooks below delegate to;
-    # None: the backbone takes none, unless the family overrides the hooks (the UNet families do)
+    # the family's ControlNet support, a control.ControlNetSupport table the methods below delegate to;
+    # None: the backbone takes none, unless the family overrides the methods (the UNet families do)
     controlnet: ClassVar[Any] = None
 
     def _control(self, what: str) -> Any:

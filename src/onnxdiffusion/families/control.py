@@ -24,7 +24,7 @@ MID = "mid_block_res_sample"
 
 @dataclass(frozen=True)
 class ControlNetSupport:
-    """A family's ControlNet support: the functions `Family`'s ControlNet hooks delegate to, one table per
+    """A family's ControlNet support: the functions `Family`'s ControlNet methods delegate to, one table per
     control module, so a family declares its support in one line (`controlnet = control_x.SUPPORT`)."""
 
     record: Callable[[dict, dict, dict, str], dict]  # (net config, backbone config, folder info, family name)

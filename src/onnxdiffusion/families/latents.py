@@ -37,14 +37,6 @@ def image_ids(rows: int, cols: int, centred: bool = False, frame: int = 0) -> np
     return ids.astype(np.float32)
 
 
-def text_ids(length: int, start: int | None) -> np.ndarray:
-    """[length, 3] float32: zeros (Flux: `start=None`) or (p, p, p) for p = start, start+1, ... (Qwen-Image)."""
-    if start is None:
-        return np.zeros((length, 3), np.float32)
-    p = np.arange(start, start + length, dtype=np.float32)
-    return np.repeat(p[:, None], 3, axis=1)
-
-
 def channel_axis(rank: int) -> int:
     """Where a backbone sample's channels are: axis 1 of NCHW latents, the last of packed tokens (B, L, D)."""
     return 1 if rank == 4 else rank - 1

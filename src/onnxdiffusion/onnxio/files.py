@@ -29,7 +29,11 @@ from . import fp16_storage
 from .graph_order import subgraphs
 
 DATA_DIR_KEY = "onnxdiffusion.external_data_dir"
+# protobuf serializes no message of 2 GiB or more (onnx.save_model, SerializeToString, ByteSize all refuse):
+# the one definition of that limit; a model is stored inline only below INLINE_MAX tensor bytes, leaving the
+# graph's own bytes (names, shapes, attributes) room under it
 TWO_GB = 1 << 31
+INLINE_MAX = TWO_GB - (64 << 20)
 INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
 
 
@@ -263,6 +267,21 @@ def as_file(model: onnx.ModelProto, name: str = "model.onnx"):
         yield path
 
 
+def write(model: onnx.ModelProto, path: Path | str) -> None:
+    """Write `model` to one file as it stands: tensors in memory inline, external references kept (their data
+    is where the caller put it). Every ONNX file the package writes goes through here or write_external."""
+    onnx.save_model(model, str(path))
+
+
+def write_external(model: onnx.ModelProto, path: Path | str, location: str | None = None) -> str:
+    """Write `model` with every tensor over 1 KB in one file beside it (default <file name>_data), moving those
+    tensors out of `model` in place (onnx's way); returns the data file's name."""
+    location = location or Path(path).name + "_data"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location,
+                    size_threshold=1024, convert_attribute=False)
+    return location
+
+
 def save(model: onnx.ModelProto, path: Path, keep: bool = True, external_from: int | None = None) -> list[str]:
     """Save inline below the limit (and below `external_from` bytes of tensors when given: a model folder's
     component, relayout.RUNTIME_EXTERNAL_BYTES), else every tensor over 1 KB in one external file beside it.
@@ -270,13 +289,11 @@ def save(model: onnx.ModelProto, path: Path, keep: bool = True, external_from: i
     the written file (not read back): for a model the caller is done with."""
     if data_dir(model) is not None:
         raise ValueError("save(): a skeleton has no weights in memory; use with_weights() first")
-    inline_below = min(limit(), TWO_GB - (64 << 20), TWO_GB if external_from is None else external_from)
+    inline_below = min(limit(), INLINE_MAX, TWO_GB if external_from is None else external_from)
     if tensor_bytes(model) < inline_below:
-        onnx.save_model(model, str(path))
+        write(model, path)
         return []
-    data = Path(path).name + "_data"
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data,
-                    size_threshold=1024, convert_attribute=False)
+    data = write_external(model, path)
     if keep:  # onnx.save_model moved the tensors out in place: read them back
         read_external_data(model, Path(path).parent)
     return [data]

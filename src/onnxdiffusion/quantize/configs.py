@@ -80,10 +80,6 @@ class QuantizeConfig:
         _check(isinstance(self.threads, int) and self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         _check(isinstance(self.latency_runs, int) and self.latency_runs >= 1, f"latency_runs must be >= 1, got {self.latency_runs}")
 
-    @property
-    def needs_trajectories(self) -> bool:
-        return self.recipe.calibrated or self.correct
-
     def to_dict(self) -> dict:
         return {
             "version": CONFIG_VERSION,

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from ..errors import UserError
 from ..families.recipe_names import backbone_key
+from ..samplers.tables import SAMPLERS
 
 # ONNX Runtime has no INT8 convolution kernels on CUDA and TensorRT wants its own calibration
 # table, so the int8 recipes are CPU-only; MatMulNBits and fp16 also run on CUDA.
@@ -24,7 +25,7 @@ BACKBONE = backbone_key("backbone")
 FP16_COMPONENTS = (BACKBONE, "text_encoder", "vae_decoder", "vae_encoder")
 MIN_CALIBRATION_PROMPTS = 4
 INT4_ALGORITHMS = ("default", "hqq", "gptq")  # int4-weights `algorithm` (quantize/_ort.py runs them)
-SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler", "flow_heun")  # == samplers.SAMPLERS (no import cycle)
+SAMPLER_NAMES = SAMPLERS  # calibration samples as `generate` does: every sampler the run time has
 # The layers NVIDIA Model Optimizer's diffusers examples leave unquantized (its `filter_func`),
 # as node-name patterns; the fp8 / nvfp4 recipes keep them float by default. Measured on the
 # embedded UNet (16 held-out pairs): fp8 W8A8 41.7 dB with everything quantized, 43.7 dB without these.

@@ -41,12 +41,6 @@ def backbone_outputs(model, calib: CalibrationSet, steps: Sequence[int], threads
     return out
 
 
-def backbone_sqnr(model, calib: CalibrationSet, steps: Sequence[int], threads: int = 1) -> float:
-    """Signal-to-quantization-noise of the backbone output vs the recorded fp32 output, in dB."""
-    got = backbone_outputs(model, calib, steps, threads)
-    return sqnr_db(calib.outputs[list(steps)], got)
-
-
 class ImageProbe:
     """fp32 reference images for a few prompt-seed pairs; PSNR of any candidate backbone against them."""
 

@@ -83,6 +83,19 @@ class GuidedBackbone:
         return cfg_combine(self.out[:b], self.out[b:], self.guidance, rescale=self.rescale)
 
 
+class FedBackbone(GuidedBackbone):
+    """GuidedBackbone whose IO binding also holds a LoRA adapter's tensors (adapters/runtime.py), bound once as
+    OrtValues over the adapter's own arrays: nothing is converted or copied per step."""
+
+    def __init__(self, session, latents_shape, cond, uncond, guidance: float, rescale: bool = False,
+                 extra: dict[str, np.ndarray] | None = None):
+        super().__init__(session, latents_shape, cond, uncond, guidance, rescale)
+        # float32 A/B, or a fused backbone's merged weights in their own types (int8, int32 bias)
+        self.adapter = {name: np.ascontiguousarray(arr) for name, arr in (extra or {}).items()}
+        for name, arr in self.adapter.items():
+            self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+
+
 class DeviceBuffers:
     """The backbone's inputs and output as OrtValues in device memory, bound once to one IO binding.
 

@@ -71,6 +71,17 @@ def image_pixels(image, height: int, width: int) -> np.ndarray:
     return np.ascontiguousarray((x * 2.0 - 1.0).transpose(2, 0, 1)[None])
 
 
+def sized_pixels(rgb, multiple: int, height: int | None = None, width: int | None = None) -> np.ndarray:
+    """Pipeline.encode_image's pixels: `rgb` resized to height x width (default: its own size rounded down to
+    the model's size `multiple`)."""
+    img = to_pil(rgb)
+    h = height or img.size[1] // multiple * multiple
+    w = width or img.size[0] // multiple * multiple
+    if h < 1 or w < 1:
+        raise UserError(f"the image is {img.size[1]}x{img.size[0]}, smaller than the model's size multiple {multiple}")
+    return image_pixels(img, h, w)
+
+
 def mask_pixels(mask, height: int, width: int, blur: float = 0.0) -> np.ndarray:
     """(1, 1, H, W) float32 in {0, 1}, 1 = repaint (the mask processor: grayscale, blur, resize, >= 0.5)."""
     from PIL import ImageFilter

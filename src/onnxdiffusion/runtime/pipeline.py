@@ -25,9 +25,10 @@ from . import guards
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, table_from_config
 from ..schedules import FlowSchedule
+from ..adapters.runtime import RuntimeLora, with_feeds
 from .generation import (  # noqa: F401  (re-exported: the public names live here too)
     GenerateOptions, GenerationResult, StepEvent, resolve_options)
-from .backbone import Conditioning, DeviceBackbone, DevicePool, GuidedBackbone
+from .backbone import Conditioning, DeviceBackbone, DevicePool, FedBackbone, GuidedBackbone
 from .memory import LazySession, memory_options
 from .sampling_graph import SamplingGraph, open_sampling_graph
 from .static_shapes import session_factory
@@ -87,11 +88,12 @@ class Pipeline:
                                                      partial(_backbone_session, info=bb, provider=provider,
                                                              threads=threads, memory=mem, checked=True),
                                                      io=backbone_io), release=False)
-        self.lora_backbone = lora_backbone(backbone_path, bb, family.backbone, provider, profile,
-                                           partial(_backbone_session, info=bb, provider=provider, threads=threads,
-                                                   providers=chain["backbone"], memory=mem, checked=True))
-        if self.lora_backbone is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
-            self._backbone = LazySession(self.lora_backbone.plain, release=False)
+        # the run-time LoRA state (adapters/runtime.py): the pipeline calls into it, it never reads the pipeline
+        self.lora = RuntimeLora(manifest, family.backbone, lora_backbone(backbone_path, bb, family.backbone, provider,
+            profile, partial(_backbone_session, info=bb, provider=provider, threads=threads,
+                             providers=chain["backbone"], memory=mem, checked=True)))
+        if self.lora.fused is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
+            self._backbone = LazySession(self.lora.fused.plain, release=False)
         self.vae_decoder = session_factory(False, chain["other"], component_path(folder, manifest, "vae_decoder"),
                                            partial(make_session, provider=provider, threads=threads, memory=mem,
                                                    disabled_optimizers=_disabled(comps["vae_decoder"])))()
@@ -159,6 +161,25 @@ class Pipeline:
     def backbone(self, session) -> None:  # a caller's own session (quantize); None: let it go, remade on use
         self._backbone.set(session)
 
+    @property
+    def backbone_loaded(self) -> bool:  # False until a host step (or a caller) needs the backbone's session
+        return self._backbone.loaded
+
+    @property
+    def backbone_info(self) -> dict:  # the backbone's manifest entry as run here (a profile may pick another file)
+        return self._backbone_info
+
+    @property
+    def threads(self) -> int | None:  # intra-op threads of every session this pipeline makes (None: ORT's)
+        return self._threads
+
+    def providers_for(self, role: str) -> list | None:  # "backbone" | "other"; None: make_session's default
+        return self._chain.get(role)
+
+    def component_session(self, name: str, **options):  # a non-backbone component's; options: make_session's
+        return make_session(component_path(self.folder, self.manifest, name), self.provider, self._threads,
+                            providers=self._chain["other"], memory=self.memory, **options)
+
     # the first (SD: only) text encoder and tokenizer, for callers that time or hook them
     @property
     def tokenizer(self) -> PromptTokenizer:
@@ -184,7 +205,8 @@ class Pipeline:
         `adapter`: LoRA feeds (adapters.AdapterFeeds) for the text encoders that have some."""
         with self.holding_text_encoders():
             encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name],
-                                                          _lora_session(self.text_sessions[slot.name].get(), adapter, slot.name),
+                                                          with_feeds(self.text_sessions[slot.name].get(),
+                                                                     adapter and adapter.for_component(slot.name)),
                                                           prompts, self.info)
                        for slot in self.slots}
         cond = self.family.combine(NumpyOps(), encoded, self.info)
@@ -221,12 +243,11 @@ class Pipeline:
             return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra,
                                   inputs=inputs)
         if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors bound beside the sample (runtime.py)
-            from ..adapters.runtime import FedBackbone, backbone_step_inputs
-
             if extra is not None:
                 raise UserError("a run-time LoRA on an inpainting backbone (extra input channels) is not supported yet")
-            session, bound = backbone_step_inputs(self, session, adapter)
-            return FedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=bound)
+            fused, bound = self.lora.step_inputs(session, adapter)
+            return FedBackbone(session or fused or self.backbone, shape, cond, uncond, guidance,
+                               rescale=self.family.cfg_rescale, extra=bound)
         session = session or self.backbone
         if self.profile is not None and self.profile.profile.io_binding == "device":
             if extra is not None:
@@ -245,9 +266,11 @@ class Pipeline:
             feed = self.family.decoder_feed(self.info, latents, h, w)
             run = lambda x: self.vae_decoder.run(["sample"], {"latent_sample": x})[0]  # noqa: E731
         else:  # runtime/tiny_decoder.py
-            from .tiny_decoder import tiny_decoder
+            from .tiny_decoder import TinyDecoder
 
-            feed, run = tiny_decoder(self, decoder).prepare(latents, h, w)
+            guards.check_decoder(self.folder, self.manifest, decoder)
+            self._tiny = self._tiny or TinyDecoder(self)  # made once, on first use
+            feed, run = self._tiny.prepare(latents, h, w)
         if self.memory.vae_tile:  # memory vae_tile=N: overlapping tiles of N pixels (runtime/vae_tiling.py)
             decoded = tiled_decode(run, feed, self.memory.vae_tile, self.memory.vae_tile_overlap, self.info["vae_scale_factor"])
         else:
@@ -343,15 +366,9 @@ class Pipeline:
         """An RGB picture ((H, W, 3) uint8 or PIL) -> scaled latents (1, C, h, w): the VAE encoder's
         posterior mean, scaled (and shifted) as the family's pipeline does; resized to height x width
         (default: the picture's own size, rounded down to the model's size multiple) with a notice."""
-        from .image_input import image_pixels, to_pil
+        from .image_input import sized_pixels
 
-        img = to_pil(rgb)
-        m = int(self.info["size_multiple"])
-        h = height or img.size[1] // m * m
-        w = width or img.size[0] // m * m
-        if h < 1 or w < 1:
-            raise UserError(f"the image is {img.size[1]}x{img.size[0]}, smaller than the model's size multiple {m}")
-        return self.encode_pixels(image_pixels(img, h, w))
+        return self.encode_pixels(sized_pixels(rgb, int(self.info["size_multiple"]), height, width))
 
     def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
         """(B, 3, H, W) float32 in [-1, 1] -> scaled latents (B, C, h, w) (posterior mean)."""
@@ -359,9 +376,8 @@ class Pipeline:
             raise UserError(f"{self.folder} has no vae_encoder: export it (without `--skip vae_encoder`) to "
                             "take a picture, or pass image latents")
         if self._vae_encoder is None:
-            self._vae_encoder = make_session(component_path(self.folder, self.manifest, "vae_encoder"), self.provider,
-                                             self._threads, providers=self._chain["other"], memory=self.memory,
-                                             disabled_optimizers=_disabled(self.manifest["components"]["vae_encoder"]))
+            self._vae_encoder = self.component_session(
+                "vae_encoder", disabled_optimizers=_disabled(self.manifest["components"]["vae_encoder"]))
         params = self._vae_encoder.run(None, {"sample": np.ascontiguousarray(pixels, np.float32)})[0]
         mean = params[:, : params.shape[1] // 2]
         return self.family.encoder_latents(self.info, mean)
@@ -377,9 +393,7 @@ class Pipeline:
 
     def lora_feeds(self, loras, loop: str = "host"):
         """The adapter feeds of `loras` (adapters/feeds.py), files read once per pipeline (LRU)."""
-        from ..adapters.runtime import pipeline_feeds
-
-        return pipeline_feeds(self, loras, loop)
+        return self.lora.feeds(loras, loop)
 
     def __call__(self, prompt: str | list[str], **kwargs) -> GenerationResult:
         result = None
@@ -387,11 +401,4 @@ class Pipeline:
             result = event
         assert isinstance(result, GenerationResult)
         return result
-
-
-def _lora_session(session, adapter, name: str):
-    """`session` feeding the adapter's tensors of component `name` on every run (itself without an adapter)."""
-    from ..adapters.runtime import with_feeds
-
-    return with_feeds(session, adapter.for_component(name)) if adapter else session
 

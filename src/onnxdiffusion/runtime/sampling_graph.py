@@ -135,10 +135,8 @@ class SamplingGraph:
 
 def open_sampling_graph(pipe, form: str) -> SamplingGraph:
     """The folder's compiled sampling graph of this form, checked against this machine's CPU target."""
-    from ..artifacts import component_path
     from .cpu_target import target_mismatch
     from .loading import disabled
-    from .session import make_session
 
     forms = ("loop", "unrolled")
     if form not in forms:
@@ -152,7 +150,6 @@ def open_sampling_graph(pipe, form: str) -> SamplingGraph:
     # ORT's disabled_optimizers do not reach subgraphs: with a backbone that runs without the NCHWc
     # rewrite, the sampling graph stops below the layout rewrites, or a float Conv inside the
     # schedule's If rounds differently from the host's sessions (Loop vs host 56 dB -> identical)
-    level = "extended" if "NchwcTransformer" in (disabled(pipe._backbone_info) or []) else None
-    session = make_session(component_path(pipe.folder, pipe.manifest, f"sampler_{form}"), pipe.provider,
-                           pipe._threads, providers=pipe._chain["other"], memory=pipe.memory, level=level)
+    level = "extended" if "NchwcTransformer" in (disabled(pipe.backbone_info) or []) else None
+    session = pipe.component_session(f"sampler_{form}", level=level)
     return SamplingGraph(session, info)

@@ -13,15 +13,14 @@ from ..families.tiny_vae import DECODER, scaled_info
 
 
 class TinyDecoder:
+    """Pipeline.decode's tiny decoder (the pipeline makes one, on first use)."""
+
     def __init__(self, pipe):
-        from ..artifacts import component_path
         from . import guards
         from .loading import disabled
-        from .session import make_session
 
         entry = pipe.manifest["components"][DECODER]
-        self.session = make_session(component_path(pipe.folder, pipe.manifest, DECODER), pipe.provider, pipe._threads,
-                                    providers=pipe._chain["other"], memory=pipe.memory, disabled_optimizers=disabled(entry))
+        self.session = pipe.component_session(DECODER, disabled_optimizers=disabled(entry))
         guards.check_io(pipe.folder, DECODER, self.session, ("latent_sample",), ("sample",))
         self.family, self.info = pipe.family, scaled_info(pipe.info, entry)
 
@@ -31,13 +30,3 @@ class TinyDecoder:
 
     def run(self, x: np.ndarray) -> np.ndarray:
         return self.session.run(["sample"], {"latent_sample": x})[0]
-
-
-def tiny_decoder(pipe, decoder: str = "tiny") -> TinyDecoder:
-    """The pipeline's tiny decoder (made once); a bad `decoder` or a folder without one: one line."""
-    from . import guards
-
-    guards.check_decoder(pipe.folder, pipe.manifest, decoder)
-    if pipe._tiny is None:
-        pipe._tiny = TinyDecoder(pipe)
-    return pipe._tiny

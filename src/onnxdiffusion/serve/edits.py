@@ -266,7 +266,7 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     inpainting = pipe.backbone_extra_channels() > 0
     if inpainting and not masked:
         raise RequestError(f"model {entry.id} is an inpainting model: it needs a mask", "mask", code="missing_field")
-    if inpainting and req.lora is not None:  # the pipeline refuses it (adapters/runtime.FedBackbone has no extra channels)
+    if inpainting and req.lora is not None:  # the pipeline refuses it (runtime/backbone.FedBackbone has no extra channels)
         raise RequestError(f"model {entry.id} is an inpainting model: run-time LoRA adapters are not supported on it "
                            "yet", "lora", code="model_cannot_take_lora")
     table = pipe.table(GenerateOptions(steps=req.steps, sampler=req.sampler))

@@ -28,7 +28,7 @@ class ServeMetrics:
         self.golden_psnr = Gauge(p + "model_golden_psnr_db", "Worst golden-sample PSNR vs the full-precision sibling",
                                  ["model"], registry=r)
 
-    # hooks the job queue calls
+    # what the job queue calls
     def queue_depth(self, n: int) -> None:
         self.depth.set(n)
 
@@ -43,7 +43,7 @@ class ServeMetrics:
         if outcome == "succeeded":
             self.latency.labels(model).observe(seconds)
 
-    # hooks the app calls
+    # what the app calls
     def request(self, route: str, outcome: str) -> None:
         self.requests.labels(route, outcome).inc()
 

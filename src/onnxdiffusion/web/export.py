@@ -20,6 +20,7 @@ import onnx
 
 from ..artifacts import check_output_folder, confined, read_manifest
 from ..errors import UserError
+from ..onnxio.files import write
 from .npm import ensure_installed, pinned
 from .parts import PARTS, split_whole_graph
 from .settings import sampler_tables, text_inputs
@@ -182,7 +183,7 @@ def _write_page(tmp: Path, model: Path, node_modules: Path, parts: dict, rows, s
     (tmp / "model").mkdir()
     for name, part in parts.items():
         entry = settings["graph"]["parts"][name]
-        onnx.save_model(part, str(tmp / entry["file"]))
+        write(part, tmp / entry["file"])
         entry["bytes"] = (tmp / entry["file"]).stat().st_size
     settings["graph"]["bytes"] = sum(e["bytes"] for e in settings["graph"]["parts"].values())
     rows.astype("<f4").tofile(tmp / "tables.bin")
