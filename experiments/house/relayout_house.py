@@ -200,6 +200,27 @@ def _offsets(text: str, node: ast.AST) -> tuple[int, int]:
     return starts[l0] + c0, starts[l1] + c1
 
 
+MAX_LINE = 120
+
+
+def _format_from(indent: int, spec: str, names: list[str], tail: int) -> str:
+    """`from spec import names` within MAX_LINE where it fits; else in parentheses, the names aligned after them."""
+    one = f"from {spec} import {', '.join(names)}"
+    if indent + len(one) + tail <= MAX_LINE:
+        return one
+    first = f"from {spec} import ("
+    pad = indent + len(first)
+    lines, line = [], first
+    for i, n in enumerate(names):
+        item = n + (", " if i < len(names) - 1 else ")")
+        if len(line) > len(first) and indent + len(line) + len(item.rstrip()) > MAX_LINE:
+            lines.append(line.rstrip())
+            line = " " * pad
+        line += item
+    lines.append(line)
+    return ("\n" + " " * indent).join([lines[0]] + [ln[indent:] for ln in lines[1:]])
+
+
 def rewrite_imports(text: str, old_mod: str, new_mod: str, is_pkg: bool, mapper: Mapper, known: set[str],
                     where: str) -> str:
     """Every import of an onnxdiffusion module in `text` (a file whose module was old_mod and is new_mod) mapped
@@ -212,6 +233,7 @@ def rewrite_imports(text: str, old_mod: str, new_mod: str, is_pkg: bool, mapper:
     old_pkg = old_mod if is_pkg else old_mod.rpartition(".")[0]
     new_pkg = new_mod if is_pkg else new_mod.rpartition(".")[0]
     edits = []
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = []
@@ -240,7 +262,10 @@ def rewrite_imports(text: str, old_mod: str, new_mod: str, is_pkg: bool, mapper:
                     parent, _, leaf = new_full.rpartition(".")
                     bound = a.asname or a.name
                     renamed |= leaf != a.name
-                    groups.setdefault(parent, []).append(leaf if leaf == bound else f"{leaf} as {bound}")
+                    # a module imported for its side effects only (cli's verbs) needs no alias of its old name
+                    unused = bound not in used
+                    groups.setdefault(parent, []).append(leaf if leaf == bound or (unused and not a.asname)
+                                                         else f"{leaf} as {bound}")
                 else:
                     groups.setdefault(mapper(src_mod), []).append(a.name + (f" as {a.asname}" if a.asname else ""))
             specs = {parent: (_relative(parent, new_pkg) if node.level else parent) for parent in groups}
@@ -248,21 +273,25 @@ def rewrite_imports(text: str, old_mod: str, new_mod: str, is_pkg: bool, mapper:
             if len(groups) == 1 and not renamed:
                 (spec,) = specs.values()
                 if spec != old_spec:
-                    edits.append((node, ("respec", spec)))
+                    edits.append((node, ("respec", spec, groups[next(iter(groups))])))
             else:
-                edits.append((node, [f"from {specs[p]} import {', '.join(names)}" for p, names in groups.items()]))
+                edits.append((node, [(specs[p], names) for p, names in groups.items()]))
     for node, new in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
         a, b = _offsets(text, node)
         seg = text[a:b]
         head = text[text.rfind("\n", 0, a) + 1:a]
+        tail = len(text[b:].split("\n", 1)[0])
         if isinstance(new, tuple):
             body = re.sub(r"^from\s+[.\w]*\s+import", f"from {new[1]} import", seg, count=1)
+            if "#" not in seg and len(head) + max(map(len, body.splitlines())) + tail > MAX_LINE:
+                body = _format_from(len(head), new[1], new[2], tail)
         elif isinstance(new, list):
             if head.strip() and len(new) > 1:
                 warn(f"{where}:{node.lineno}: an import split in two after `;`: check it by hand")
-                body = "; ".join(new)
+                body = "; ".join(f"from {spec} import {', '.join(names)}" for spec, names in new)
             else:
-                body = ("\n" + head).join(new)
+                body = ("\n" + head).join(_format_from(len(head), spec, names, tail if i == len(new) - 1 else 0)
+                                          for i, (spec, names) in enumerate(new))
         else:
             body = new
         text = text[:a] + body + text[b:]
@@ -577,7 +606,8 @@ main()
 _STARTED = re.compile(r'^    return os\.path\.basename\(sys\.argv\[0\] if sys\.argv else ""\) in \(([^)]*)\)\n', re.M)
 _STARTED_NEW = '''    argv0 = os.path.basename(sys.argv[0] if sys.argv else "")
     # `python -m onnxdiffusion.cli` imports this package while argv[0] is still "-m" (then .../cli/__main__.py)
-    return argv0 in ({names}) or (argv0 == "-m" and __name__ in getattr(sys, "orig_argv", ()))
+    by_module = argv0 == "-m" and __name__ in getattr(sys, "orig_argv", ())
+    return by_module or argv0 in ({names})
 '''
 
 
