@@ -360,7 +360,9 @@ def test_home(path: Path, mapper: Mapper) -> str | None:
                 best = (home, s)
     if best:
         return best[0]
-    return ranked[0][0] if ranked else None
+    if ranked and (path.parents[1] / "src" / PKG_NAME / ranked[0][0]).is_dir():
+        return ranked[0][0]
+    return None
 
 
 def plan_tests(root: Path, mapper: Mapper) -> dict[str, str]:
