@@ -316,12 +316,17 @@ def text_pass_patterns(moves: dict[str, str], mapper: Mapper, test_moves: dict[s
     return dotted, dotted_re, paths, paths_re
 
 
+_RULER = re.compile(r"^(\s*#.*?) (-{4,})$", re.M)
+
+
 def text_pass(text: str, dotted, dotted_re, paths, paths_re) -> str:
     if dotted_re:
         text = dotted_re.sub(lambda m: dotted[m.group(1)], text)
     if paths_re:
         text = paths_re.sub(lambda m: paths[m.group(1)], text)
-    return text
+    # a section ruler (`# -- title ----`) that a longer path pushed past the margin is cut back to it
+    return _RULER.sub(lambda m: m.group(0) if len(m.group(0)) <= MAX_LINE else
+                      f"{m.group(1)} {'-' * max(4, MAX_LINE - len(m.group(1)) - 1)}", text)
 
 
 # -- tests --------------------------------------------------------------------------------------------------------
