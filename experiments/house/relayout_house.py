@@ -319,6 +319,33 @@ def text_pass_patterns(moves: dict[str, str], mapper: Mapper, test_moves: dict[s
 _RULER = re.compile(r"^(\s*#.*?) (-{4,})$", re.M)
 
 
+def bare_names(moves: dict[str, str]) -> dict[str, str]:
+    """A moved module's file name as prose names it ("(graph_cache.py)", "`loops.py`") -> its new path in the
+    package; only names that no other file of the package bears (cli.py is also a word of cli's own code)."""
+    out = {}
+    for old, new in moves.items():
+        name = Path(old).name
+        if "/" in old and not old.startswith("samplers/graph") or name in ("__init__.py", "cli.py"):
+            continue
+        out[name] = new
+    return out
+
+
+def bare_pass(text: str, bare: dict[str, str], home: str | None) -> str:
+    """`home`: the package folder (relative to src/onnxdiffusion) of the file being rewritten, None outside it;
+    a name of the same package stays bare, another gets its package."""
+    if not bare:
+        return text
+    pattern = re.compile(r"(?<=[\s`(\"'\[])(" + "|".join(re.escape(k) for k in sorted(bare, key=len, reverse=True))
+                         + r")(?![\w/])")
+
+    def sub(m):
+        new = bare[m.group(1)]
+        folder, _, name = new.rpartition("/")
+        return name if home and folder == home else new
+    return pattern.sub(sub, text)
+
+
 def text_pass(text: str, dotted, dotted_re, paths, paths_re) -> str:
     if dotted_re:
         text = dotted_re.sub(lambda m: dotted[m.group(1)], text)
@@ -657,6 +684,10 @@ def fix_cli_package(pkg: Path) -> None:
         warn("cli/__init__.py: _started_as_cli() not in the form expected: `python -m onnxdiffusion.cli` imports "
              "the package while argv[0] is '-m' -- make it install its early signal handlers then too")
     new = re.sub(r'\n\nif __name__ == "__main__":\n    main\(\)\n$', "\n", new)
+    new = new.replace("(the verbs: cli_pipeline.py and the other cli_*.py\nmodules;",
+                      "(the verbs: pipeline.py and the other\nmodules of this package;")
+    new = new.replace("(the verbs: pipeline.py and the other cli_*.py\nmodules;",
+                      "(the verbs: pipeline.py and the other\nmodules of this package;")
     if new != text:
         init.write_text(new)
         say("cli/__init__.py: early signal handlers also under `python -m onnxdiffusion.cli`")
@@ -758,12 +789,18 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. dotted module names and paths in strings, comments and docs
     dotted, dotted_re, paths, paths_re = text_pass_patterns(moves, mapper, test_moves)
+    bare = bare_names(moves)
     for path in in_scope(root):
         try:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
         new = text_pass(text, dotted, dotted_re, paths, paths_re)
+        rel = path.relative_to(root).as_posix()
+        if rel != "docs/layout.md":  # names its packages' files bare on purpose
+            r = rel[len(f"src/{PKG_NAME}/"):] if rel.startswith(f"src/{PKG_NAME}/") else None
+            home = str(Path(moves.get(r, r)).parent) if r is not None else None
+            new = bare_pass(new, bare, "" if home == "." else home)
         for a, b in LITERAL_MOVES.items():
             new = new.replace(a, b)
         if path.suffix == ".py" and path.relative_to(root).parts[0] in ("experiments", "bench"):
