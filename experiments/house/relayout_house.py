@@ -319,13 +319,15 @@ def text_pass_patterns(moves: dict[str, str], mapper: Mapper, test_moves: dict[s
 _RULER = re.compile(r"^(\s*#.*?) (-{4,})$", re.M)
 
 
-def bare_names(moves: dict[str, str]) -> dict[str, str]:
+def bare_names(moves: dict[str, str], pkg: Path) -> dict[str, str]:
     """A moved module's file name as prose names it ("(graph_cache.py)", "`loops.py`") -> its new path in the
-    package; only names that no other file of the package bears (cli.py is also a word of cli's own code)."""
+    package; only names that no file staying where it is bears (adapters/graph.py: "graph.py" stays), and not
+    cli.py (a word of cli's own code)."""
+    staying = {p.name for p in pkg.rglob("*.py") if p.relative_to(pkg).as_posix() not in moves}
     out = {}
     for old, new in moves.items():
         name = Path(old).name
-        if "/" in old and not old.startswith("samplers/graph") or name in ("__init__.py", "cli.py"):
+        if "/" in old and not old.startswith("samplers/graph") or name in ("__init__.py", "cli.py") or name in staying:
             continue
         out[name] = new
     return out
@@ -684,10 +686,9 @@ def fix_cli_package(pkg: Path) -> None:
         warn("cli/__init__.py: _started_as_cli() not in the form expected: `python -m onnxdiffusion.cli` imports "
              "the package while argv[0] is '-m' -- make it install its early signal handlers then too")
     new = re.sub(r'\n\nif __name__ == "__main__":\n    main\(\)\n$', "\n", new)
-    new = new.replace("(the verbs: cli_pipeline.py and the other cli_*.py\nmodules;",
-                      "(the verbs: pipeline.py and the other\nmodules of this package;")
-    new = new.replace("(the verbs: pipeline.py and the other cli_*.py\nmodules;",
-                      "(the verbs: pipeline.py and the other\nmodules of this package;")
+    for old in ("cli_pipeline.py", "pipeline.py"):
+        new = new.replace(f"(the verbs: {old} and the other cli_*.py\nmodules;",
+                          "(the verbs: pipeline.py and the other modules\nhere;")
     if new != text:
         init.write_text(new)
         say("cli/__init__.py: early signal handlers also under `python -m onnxdiffusion.cli`")
@@ -789,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. dotted module names and paths in strings, comments and docs
     dotted, dotted_re, paths, paths_re = text_pass_patterns(moves, mapper, test_moves)
-    bare = bare_names(moves)
+    bare = bare_names(moves, pkg)
     for path in in_scope(root):
         try:
             text = path.read_text()
