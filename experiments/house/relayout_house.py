@@ -31,6 +31,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -837,6 +838,12 @@ def main(argv: list[str] | None = None) -> int:
             p = root / new
             p.write_text(p.read_text().replace("Path(__file__).resolve().parents[2]",
                                                "Path(__file__).resolve().parents[1]"))
+    # a moved package's old folder keeps only __pycache__: gone, or Python would find a namespace package there
+    for old in {str(Path(o).parent) for o in moves if "/" in o}:
+        d = pkg / old
+        if d.is_dir() and not any(p.is_file() and "__pycache__" not in p.parts for p in d.rglob("*")):
+            shutil.rmtree(d)
+            say(f"removed the empty src/{PKG_NAME}/{old}/")
     for name, doc in PACKAGE_DOCS.items():
         init = pkg / name / "__init__.py"
         if (pkg / name).is_dir() and not init.exists():
