@@ -7,13 +7,13 @@ from pathlib import Path
 from .errors import UserError
 
 
-def check_names(manifest: dict, names, form: str, whole: bool, cache_spec, family) -> list[dict]:
+def check_names(manifest: dict, names, form: str, whole: bool, family) -> list[dict]:
     """The records of the ControlNets to compile (one line on an unknown name or a combination not built)."""
     names = list(names or ())
     if not names:
         return []
-    if whole or cache_spec is not None:
-        raise UserError("--controlnet is built into the plain Loop / unrolled graph (not --whole, not with --cache)")
+    if whole:  # (what ControlNet does not combine with: techniques/registry.py, checked by compile_loop)
+        raise UserError("--controlnet is built into the plain Loop / unrolled graph (not --whole)")
     if len(set(names)) != len(names):
         raise UserError(f"--controlnet names must be distinct, got {names}")
     nets = manifest.get("controlnets") or {}

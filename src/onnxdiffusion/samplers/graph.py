@@ -23,7 +23,7 @@ for a guidance-distilled backbone). Packed-token backbones take latents (B,S,D) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -134,10 +134,10 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
 
         step_io = {"sample": doubled, "timestep": t_vec, "control:sample": x_in, "control:t": c["t"], **pre["context"]}
         remap.update({bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, pre, step_io, i, tag, n).items()})
-    if "cache" in pre:  # step caching: first -> If(rest | carried) -> tail (graph_cache.py)
-        from .graph_cache import cached_call
-
-        out = cached_call(b, pre, bb, remap, i)
+    # a technique may make the backbone call itself (step caching: first -> If(rest | carried) -> tail)
+    out = next((o for t in pre["techniques"] if (o := t.call_backbone(b, bb, remap, i)) is not None), None)
+    if out is not None:
+        pass
     elif "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
         from .graph_schedule import switch_backbones
 
@@ -200,14 +200,13 @@ def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], wi
 
 
 def _loop(b: _Builder, bb: Backbone, pre: dict, carried: dict[str, list]) -> str:
-    """The Loop node over one step (plus the cache's carried state, graph_cache.loop_state); its final x."""
+    """The Loop node over one step (plus the techniques' carried state); its final x."""
     body = _Builder()
     x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
     cond = "cond_in"
-    if pre.get("stop"):  # adaptive stopping: the cond output is the test (graph_stop.py)
-        from .graph_stop import stop_test
-
-        cond, x_new = stop_test(body, "iter", x_new, den, "d_carried")
+    for t in pre["techniques"]:  # adaptive stopping: the cond output is its test
+        if (ended := t.end_of_step(body, "iter", x_new, den, "d_carried")) is not None:
+            cond, x_new = ended
     body.op("Identity", [cond], "cond_out")
     body.op("Identity", [x_new], "x_out")
     body.op("Identity", [den], "d_out")
@@ -248,8 +247,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
                          correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
                          vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
                          latent_patch: int | None = None, schedule=None,
-                         high_backbone: onnx.ModelProto | None = None, cache=None, control=None,
-                         stop: bool = False) -> onnx.ModelProto:
+                         high_backbone: onnx.ModelProto | None = None, control=None,
+                         techniques: Sequence = ()) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -264,11 +263,11 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
     `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
-    instead (an ``If`` on the step's timestep; graph_schedule.py). `cache`: (CacheSpec, SplitGraphs of
-    `backbone`), step caching in the Loop form (graph_cache.py). `control`: (ControlNet models, the backbone's
-    residual input names[, per net: runs on the cond half only]): the nets inlined beside a residual-taking backbone (graph_control.py). `stop`:
-    adaptive stopping in the Loop form, the Loop's cond output a test on the denoised estimate's change
-    (graph_stop.py).
+    instead (an ``If`` on the step's timestep; graph_schedule.py). `control`: (ControlNet models, the backbone's
+    residual input names[, per net: runs on the cond half only]): the nets inlined beside a residual-taking
+    backbone (graph_control.py). `techniques`: the Loop twins of further per-step techniques (step caching,
+    adaptive stopping: techniques/loop_base.LoopTechnique), in the registry's order; what cannot combine is
+    refused from techniques/registry.py's table.
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
@@ -317,15 +316,12 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     if correction is not None:
         correction_prologue(b, pre, correction)
     nets, high, inits, funcs = technique_prologues(b, pre, bb, form, whole, control, residuals, schedule,
-                                                   high_backbone, cache, stop,
+                                                   high_backbone, techniques,
                                                    {k: cond_input_names(k)[0] for k in pre["context"]})
     extra_inits += inits
     functions += funcs
-    from .graph_cache import cache_inputs, loop_state
-    from .graph_stop import stop_inputs, stop_state
-
-    # the stop counter before the cache's state: a cached graph's last output stays cache_computed
-    carried = {k: v + loop_state(pre)[k] for k, v in stop_state(pre).items()}
+    carried = {k: [v for t in techniques for v in getattr(t.carried(), k)]
+               for k in ("body_in", "body_out", "loop_in", "loop_out", "graph_out")}
     if form == "loop":
         final = _loop(b, bb, pre, carried)
     else:
@@ -334,6 +330,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
             i = b.const(f"step_{k}", np.array(k, np.int64))
             x, d = _step(b, bb, pre, i, x, d, tag=f"s{k}/")
         final = x
+    # a technique's weights standing in for the backbone's (step caching: the first and tail pieces')
+    stand_in = next((w for t in techniques if (w := t.backbone_initializers()) is not None), None)
     f = TensorProto.FLOAT
     if whole:
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
@@ -351,11 +349,10 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
-        + (cache_inputs() if cache is not None else [])
-        + (control_inputs([_cond_rank(m) for m in control[0]]) if nets else []) + (stop_inputs() if stop else []),
+        + (control_inputs([_cond_rank(m) for m in control[0]]) if nets else []) + [i for t in techniques for i in t.inputs()],
         outputs,
-        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
-                               if cache is not None else bb.initializers + (high.initializers if high else []))
+        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else stand_in
+                               if stand_in is not None else bb.initializers + (high.initializers if high else []))
         + extra_inits,
     )
     models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values()),

@@ -1,5 +1,6 @@
 """The per-step techniques' set-up before the sampling graph's loop: ControlNets (graph_control.py), the
-precision schedule (graph_schedule.py), step caching (graph_cache.py) and adaptive stopping (graph_stop.py)."""
+precision schedule (graph_schedule.py), then the techniques package's Loop twins (step caching, adaptive
+stopping), after the registry's table refuses what cannot combine."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ from .graph_backbone import Backbone, load_backbone
 
 
 def technique_prologues(b, pre: dict, bb: Backbone, form: str, whole: bool, control, residuals: list[str],
-                         schedule, high_backbone, cache, stop: bool,
+                         schedule, high_backbone, techniques,
                          cond_names: dict[str, str]) -> tuple[list, Backbone | None, list, list]:
     """The per-step techniques' set-up before the loop (ControlNets, precision schedule, caching, stopping):
     their nets, the high-precision backbone, and the initializers and functions they add. `cond_names`: each
     conditioning input's cond-half name (a cond-only net reads those)."""
+    from ..techniques.registry import conflict
+
+    on = [t.name for t in techniques] + ["controlnet"] * bool(control) + ["precision_schedule"] * (schedule is not None)
+    for k, a in enumerate(on):
+        for other in on[k + 1:]:
+            if (c := conflict(a, other, form, compiled=True)) is not None:
+                raise ValueError(f"{a} with {other} is not built into a sampling graph: {c.reason}")
     extra_inits: list[onnx.TensorProto] = []
     functions: list = []
     nets = []
@@ -36,17 +44,10 @@ def technique_prologues(b, pre: dict, bb: Backbone, form: str, whole: bool, cont
         # scopes out, ONNX Runtime did not pre-pack them and its MatMuls rounded differently from the host's
         schedule_prologue(b, pre, schedule, high, bb, local_weights=form == "loop")
         functions += high.functions
-    if cache is not None:
-        if form != "loop" or schedule is not None:
-            raise ValueError("step caching is built for the Loop form without a precision schedule")
-        from .graph_cache import cache_prologue
-
-        cache_prologue(b, pre, *cache)
-        functions += pre["cache"]["functions"]
-    if stop:
-        if form != "loop" or whole:
-            raise ValueError("adaptive stopping is built for the Loop form (not unrolled, not whole)")
-        from .graph_stop import stop_prologue
-
-        stop_prologue(b, pre)
+    for t in techniques:
+        if t.loop_only and (form != "loop" or whole):
+            raise ValueError(f"{t.name} is built for the Loop form (not unrolled, not whole)")
+        t.prologue(b, bb)
+        functions += t.functions()
+    pre["techniques"] = list(techniques)
     return nets, high, extra_inits, functions

@@ -1,0 +1,49 @@
+"""What a per-step technique's Loop-graph twin offers the graph builder (samplers/graph.py), which calls these
+hooks on each active technique in the registry's order and names none of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Carried:
+    """What the sampler's Loop carries for a technique: body inputs/outputs, Loop inputs/outputs, graph outputs."""
+
+    body_in: list = field(default_factory=list)
+    body_out: list = field(default_factory=list)
+    loop_in: list = field(default_factory=list)
+    loop_out: list = field(default_factory=list)
+    graph_out: list = field(default_factory=list)
+
+
+class LoopTechnique:
+    """A technique's Loop-graph twin; every hook's default does nothing."""
+
+    name = ""
+    loop_only = True  # built for the Loop form only (not unrolled, not a whole-pipeline graph)
+
+    def inputs(self) -> list:
+        """Graph inputs it adds (each with a default initializer that leaves the plain Loop's image)."""
+        return []
+
+    def prologue(self, b, bb) -> None:
+        """Constants and loaded pieces, before the loop; `bb` the loaded backbone."""
+
+    def functions(self) -> list:
+        return []
+
+    def backbone_initializers(self) -> list | None:
+        """The outer-scope weights that stand in for the backbone's (None: the backbone's own)."""
+        return None
+
+    def carried(self) -> Carried:
+        return Carried()
+
+    def call_backbone(self, b, bb, remap: dict[str, str], i: str) -> str | None:
+        """Appends this step's backbone call in its place (None: the plain call); returns its output."""
+        return None
+
+    def end_of_step(self, b, i: str, x_new: str, den: str, d_prev: str) -> tuple[str, str] | None:
+        """After the step in the Loop body: (the Loop's cond output, the x to carry), or None."""
+        return None
