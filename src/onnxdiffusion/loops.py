@@ -210,7 +210,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             from .runtime.cpu_target import cpu_target
 
             tuned_for = cpu_target()
-    techniques = _loop_techniques(cache_spec, stop_early, family, unet, comps[backbone], schedule, large, control)
+    techniques = _loop_techniques(cache_spec, stop_early, family, unet, comps[backbone], (schedule, high), large,
+                                  control, correction)
     extra = _whole_parts(model, manifest, family) if whole else {}
     mode = "none" if family.guidance_input_for(manifest["pipeline"]) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
@@ -219,9 +220,9 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     inlined = tuple(extra.get("text_encoders", ()))
     extra.update(loops_control.graph_control(model, control, net_level, family))
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
-                                 correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
-                                 schedule=schedule, high_backbone=high, techniques=techniques, **extra)
-    del unet, extra, high
+                                 guidance_mode=mode, latent_patch=family.latent_patch, techniques=techniques,
+                                 **extra)
+    del unet, extra, high, techniques
     from .adapters.graph import expose_lora_inputs
 
     # run-time LoRA: the insertion points of the backbone (and a whole graph's text encoders) as graph inputs
@@ -283,13 +284,18 @@ def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = Fal
     return spec
 
 
-def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, entry: dict, schedule, large: bool,
-                     control) -> list:
-    """The Loop twins compile-loop builds in, in the registry's order, after its table refuses what cannot be
-    built into one graph; step caching's cut is of the graph the Loop inlines (ORT's optimized one when tuned),
-    so with nothing cached it runs the same kernels."""
+def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, entry: dict, scheduled, large: bool,
+                     control, correction) -> list:
+    """The Loop twins compile-loop builds in, after the registry's table refuses what cannot be built into one
+    graph (the builder calls them in the registry's order); step caching's cut is of the graph the Loop inlines
+    (ORT's optimized one when tuned), so with nothing cached it runs the same kernels. `scheduled`: (the
+    precision schedule, its high-precision backbone) or (None, None)."""
+    from .techniques.correction import CorrectionLoop
+    from .techniques.precision import ScheduleLoop
     from .techniques.registry import check_combination
     from .techniques.stop import StopLoop
+
+    schedule, high = scheduled
 
     check_combination({"cache": spec, "controlnet": bool(control), "precision_schedule": schedule is not None,
                        "lora": bool((entry.get("lora") or {}).get("targets"))}, "loop", compiled=True)
@@ -304,6 +310,10 @@ def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, 
         techniques.append(CacheLoop(spec, cut(backbone, family, spec, f"--cache {spec.method}")))
     if stop_early:
         techniques.append(StopLoop())
+    if correction is not None:
+        techniques.append(CorrectionLoop(correction))
+    if schedule is not None:
+        techniques.append(ScheduleLoop(schedule, high))
     return techniques
 
 

@@ -30,11 +30,13 @@ from onnx import TensorProto, helper
 
 from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
-from .graph_correct import correct, correction_prologue, rescale
+from .graph_correct import rescale
 from .graph_control import control_inputs
 from .graph_techniques import technique_prologues
 from .graph_image import blend_step, image_defaults, image_inputs
 from .tables import COLUMNS
+from ..techniques.loop_base import StepIO
+from ..techniques.registry import ORDER
 
 FORMS = ("loop", "unrolled")
 GUIDANCE_MODES = ("cfg", "cfg_rescale", "none")
@@ -134,15 +136,11 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
 
         step_io = {"sample": doubled, "timestep": t_vec, "control:sample": x_in, "control:t": c["t"], **pre["context"]}
         remap.update({bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, pre, step_io, i, tag, n).items()})
-    # a technique may make the backbone call itself (step caching: first -> If(rest | carried) -> tail)
-    out = next((o for t in pre["techniques"] if (o := t.call_backbone(b, bb, remap, i)) is not None), None)
-    if out is not None:
-        pass
-    elif "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
-        from .graph_schedule import switch_backbones
-
-        out = switch_backbones(b, pre, bb, remap, c["t"], tag, n)
-    else:
+    # a technique may make the backbone call itself (step caching: first -> If(rest | carried) -> tail; a
+    # precision schedule: an If on t picks the high-precision backbone or this one)
+    step = StepIO(i, c["t"], tag, n)
+    out = next((o for t in pre["techniques"] if (o := t.call_backbone(b, bb, remap, step)) is not None), None)
+    if out is None:
         out = inline_backbone(b.nodes, bb, remap, tag)
     if guided_batch:
         u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
@@ -152,8 +150,8 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
             guided = rescale(b, guided, cnd, n)
     else:  # guidance-distilled: the scale went in as a backbone input
         guided = out
-    if "corr_table" in pre:
-        guided = correct(b, pre, c["t"], guided, n)
+    for t in pre["techniques"]:  # output correction
+        guided = t.after_guidance(b, guided, step)
     den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
     noise_idx = b.op("Min", [i, pre["noise_last"]], n("noise_idx"))
     noise_i = b.op("Gather", ["noise", noise_idx], n("noise_i"), axis=0)
@@ -244,10 +242,9 @@ def _sd_combine(ops, encoded: dict) -> dict:
 def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: int | None = None,
                          latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
                          vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
-                         correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
+                         text_encoders: dict | None = None, combine: Callable | None = None,
                          vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
-                         latent_patch: int | None = None, schedule=None,
-                         high_backbone: onnx.ModelProto | None = None, control=None,
+                         latent_patch: int | None = None, control=None,
                          techniques: Sequence = ()) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
@@ -255,19 +252,16 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     (`input_ids`, `uncond_input_ids`, and `input_ids_2`, ... for further encoders), a uint8 NHWC
     `image` out. `text_encoders` maps component name -> (model, outputs read) and `combine` is
     the family's `combine(ops, encoded)`; `text_encoder` alone is the one-CLIP (SD) case.
-    `correction` (an ``OutputCorrection``) scales and shifts the guided backbone output per
-    timestep, as the host loop does for quantized backbones fitted with ``quantize --correct``.
     `guidance_mode`: "cfg" ([uncond; cond] batch, u + g (c - u)), "cfg_rescale" (then rescaled to
     the conditional output's norm over the last axis) or "none" (cond only: a guidance-distilled
     backbone takes the scale as one of its conditioning inputs). The latents take the backbone
     sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
-    `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
-    instead (an ``If`` on the step's timestep; graph_schedule.py). `control`: (ControlNet models, the backbone's
+    `control`: (ControlNet models, the backbone's
     residual input names[, per net: runs on the cond half only]): the nets inlined beside a residual-taking
-    backbone (graph_control.py). `techniques`: the Loop twins of further per-step techniques (step caching,
-    adaptive stopping: techniques/loop_base.LoopTechnique), in the registry's order; what cannot combine is
-    refused from techniques/registry.py's table.
+    backbone (graph_control.py). `techniques`: the Loop twins of further per-step techniques
+    (techniques/loop_base.LoopTechnique: step caching, output correction, a precision schedule, adaptive
+    stopping), called in the registry's order; what cannot combine is refused from techniques/registry.py's table.
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
@@ -313,15 +307,16 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         raise ValueError(f"the backbone's sample has fewer channels than the latents ({width})")
     pre["extra"], pre["extra_axis"] = extra_channels > 0, (1 if len(dims) == 3 else 2)
     image_defaults(b, len(dims))
-    if correction is not None:
-        correction_prologue(b, pre, correction)
-    nets, high, inits, funcs = technique_prologues(b, pre, bb, form, whole, control, residuals, schedule,
-                                                   high_backbone, techniques,
+    techniques = sorted(techniques, key=lambda t: ORDER.index(t.name))
+    nets, inits, funcs = technique_prologues(b, pre, bb, form, whole, control, residuals, techniques,
                                                    {k: cond_input_names(k)[0] for k in pre["context"]})
     extra_inits += inits
     functions += funcs
-    carried = {k: [v for t in techniques for v in getattr(t.carried(), k)]
-               for k in ("body_in", "body_out", "loop_in", "loop_out", "graph_out")}
+    parts = [t.carried() for t in techniques]
+    carried = {k: [v for p in parts for v in getattr(p, k)] for k in ("body_in", "loop_in", "graph_out")}
+    # a Loop's body gives its carried state first, then its scan outputs
+    carried["body_out"] = [v for p in parts for v in p.body_out] + [v for p in parts for v in p.scan_body]
+    carried["loop_out"] = [v for p in parts for v in p.loop_out] + [v for p in parts for v in p.scan_out]
     if form == "loop":
         final = _loop(b, bb, pre, carried)
     else:
@@ -330,7 +325,8 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
             i = b.const(f"step_{k}", np.array(k, np.int64))
             x, d = _step(b, bb, pre, i, x, d, tag=f"s{k}/")
         final = x
-    # a technique's weights standing in for the backbone's (step caching: the first and tail pieces')
+    # a technique's weights standing in for the backbone's (step caching: the first and tail pieces'; a
+    # precision schedule: both backbones', or none outside its If branches)
     stand_in = next((w for t in techniques if (w := t.backbone_initializers()) is not None), None)
     f = TensorProto.FLOAT
     if whole:
@@ -351,11 +347,9 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
         + (control_inputs([_cond_rank(m) for m in control[0]]) if nets else []) + [i for t in techniques for i in t.inputs()],
         outputs,
-        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else stand_in
-                               if stand_in is not None else bb.initializers + (high.initializers if high else []))
-        + extra_inits,
+        initializer=b.inits + (stand_in if stand_in is not None else bb.initializers) + extra_inits,
     )
-    models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values()),
+    models = [backbone, *(m for t in techniques for m in t.models()), vae_decoder, *(m for m, _ in (text_encoders or {}).values()),
               *(control[0] if control else [])]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
     model.ir_version = max(m.ir_version for m in models if m is not None)

@@ -19,7 +19,7 @@ from ..samplers.graph_backbone import BACKBONE_IO, inline_backbone, load_compone
 from .cache_base import CacheSpec, GraphStep
 from .caching import NAME
 from .graph_fold import fold_constants
-from .loop_base import Carried, LoopTechnique
+from .loop_base import Carried, LoopTechnique, StepIO
 
 PIECES = ("cache_first/", "cache_rest/", "cache_tail/")
 F, I64, F64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.DOUBLE, TensorProto.BOOL
@@ -47,7 +47,7 @@ class CacheLoop(LoopTechnique):
         return [helper.make_tensor_value_info("cache_interval", I64, []),
                 helper.make_tensor_value_info("cache_threshold", F64, [])]
 
-    def prologue(self, b, bb) -> None:
+    def prologue(self, b, bb, form: str) -> None:
         b.const("cache_interval", np.array(1, np.int64))
         b.const("cache_threshold", np.array(0.0, np.float64))
         fold_constants(b)
@@ -67,15 +67,17 @@ class CacheLoop(LoopTechnique):
     def carried(self) -> Carried:
         st = self.state
         return Carried(body_in=[helper.make_tensor_value_info(f"{s}_in", t, None) for _, t, s in st],
-                       body_out=[helper.make_tensor_value_info(f"{s}_out", t, None) for _, t, s in st]
-                       + [helper.make_tensor_value_info("cache_computed_step", BOOL, [])],
+                       body_out=[helper.make_tensor_value_info(f"{s}_out", t, None) for _, t, s in st],
                        loop_in=[init for init, _, _ in st],
-                       loop_out=[f"{s}_final" for _, _, s in st] + ["cache_computed"],
+                       loop_out=[f"{s}_final" for _, _, s in st],
+                       scan_body=[helper.make_tensor_value_info("cache_computed_step", BOOL, [])],
+                       scan_out=["cache_computed"],
                        graph_out=[helper.make_tensor_value_info("cache_computed", BOOL, ["steps_run"])])
 
-    def call_backbone(self, b, bb, remap: dict[str, str], i: str) -> str:
+    def call_backbone(self, b, bb, remap: dict[str, str], step: StepIO) -> str:
         """first -> If(full: rest | carried stand-in) -> tail inlined in a Loop body; returns the backbone output."""
         (first, f_in, f_out), (rest, r_in, _), (tail, t_in, _) = self.pieces
+        i = step.i
         feed = {BACKBONE_IO[role] if role in ("sample", "timestep") else role.split(":", 1)[1]: remap[name]
                 for role, name in bb.io.items() if name in remap}
         inline_backbone(b.nodes, first, {PIECES[0] + n: feed[n] for n in f_in}, "")

@@ -4,17 +4,33 @@ hooks on each active technique in the registry's order and names none of them.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
 class Carried:
-    """What the sampler's Loop carries for a technique: body inputs/outputs, Loop inputs/outputs, graph outputs."""
+    """What the sampler's Loop carries for a technique: loop-carried state (body inputs/outputs, Loop inputs and
+    final outputs), per-step scan outputs (body outputs, Loop outputs), and the graph outputs among those. The
+    builder lists every technique's carried state before any scan output, as ONNX's Loop wants."""
 
     body_in: list = field(default_factory=list)
     body_out: list = field(default_factory=list)
     loop_in: list = field(default_factory=list)
     loop_out: list = field(default_factory=list)
+    scan_body: list = field(default_factory=list)
+    scan_out: list = field(default_factory=list)
     graph_out: list = field(default_factory=list)
+
+
+@dataclass
+class StepIO:
+    """One step being built: its index tensor, its timestep (the table's t), and `n(hint)`, the step's name for a
+    new tensor (unrolled: tagged per copy)."""
+
+    i: str
+    t: str
+    tag: str
+    n: Callable[[str], str]
 
 
 class LoopTechnique:
@@ -27,10 +43,14 @@ class LoopTechnique:
         """Graph inputs it adds (each with a default initializer that leaves the plain Loop's image)."""
         return []
 
-    def prologue(self, b, bb) -> None:
-        """Constants and loaded pieces, before the loop; `bb` the loaded backbone."""
+    def prologue(self, b, bb, form: str) -> None:
+        """Constants and loaded pieces, before the loop; `bb` the loaded backbone, `form` loop | unrolled."""
 
     def functions(self) -> list:
+        return []
+
+    def models(self) -> list:
+        """The ONNX models it inlines beyond the backbone (their opsets count)."""
         return []
 
     def backbone_initializers(self) -> list | None:
@@ -40,9 +60,13 @@ class LoopTechnique:
     def carried(self) -> Carried:
         return Carried()
 
-    def call_backbone(self, b, bb, remap: dict[str, str], i: str) -> str | None:
+    def call_backbone(self, b, bb, remap: dict[str, str], step: StepIO) -> str | None:
         """Appends this step's backbone call in its place (None: the plain call); returns its output."""
         return None
+
+    def after_guidance(self, b, guided: str, step: StepIO) -> str:
+        """The guided model output, changed (output correction) or as it is."""
+        return guided
 
     def end_of_step(self, b, i: str, x_new: str, den: str, d_prev: str) -> tuple[str, str] | None:
         """After the step in the Loop body: (the Loop's cond output, the x to carry), or None."""
