@@ -23,7 +23,6 @@ for a guidance-distilled backbone). Packed-token backbones take latents (B,S,D) 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -34,6 +33,7 @@ from .graph_correct import rescale
 from .graph_control import control_inputs
 from .graph_techniques import technique_prologues
 from .graph_image import blend_step, image_defaults, image_inputs
+from .graph_state import GraphRequest, GraphState
 from .tables import COLUMNS
 from ..techniques.loop_base import StepIO
 from ..techniques.registry import ORDER
@@ -77,7 +77,7 @@ def _constants(b: _Builder) -> None:
         b.const(f"col_{col}", np.array(k, np.int64))
 
 
-def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guidance_mode: str = "cfg") -> dict:
+def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guidance_mode: str = "cfg") -> GraphState:
     """Values computed once, before the loop: guided conditioning, batch sizes, starting state.
 
     `given`: conditioning already in [uncond; cond] form (the whole graph's text side); the
@@ -109,11 +109,11 @@ def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guida
                                   "axes0"], "blend_rows")
     if guidance_mode == "cfg_rescale":
         b.const("last_axis", np.array([-1], np.int64))
-    return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0, "mode": guidance_mode,
-            "inv_keep": inv_keep, "blend_last": b.op("Sub", [blend_rows, "one_i64"], "blend_last")}
+    return GraphState(context=ctx, batch2=batch2, noise_last=last_noise, x0=x0, d0=d0, mode=guidance_mode,
+                      inv_keep=inv_keep, blend_last=b.op("Sub", [blend_rows, "one_i64"], "blend_last"))
 
 
-def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
+def _step(b: _Builder, bb: Backbone, pre: GraphState, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
     """One sampler step: nodes appended to `b`; returns the names of the new x and D."""
 
     def n(hint: str) -> str:
@@ -123,37 +123,37 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     row = b.op("Gather", ["table", j], n("row"), axis=0)
     c = {col: b.op("Gather", [row, f"col_{col}"], n(col), axis=0) for col in COLUMNS}
     x_in = b.op("Mul", [x, c["c_in"]], n("x_in"))
-    if pre.get("extra"):  # an inpainting backbone: mask + masked-image latents after the scaled latents
-        x_in = b.op("Concat", [x_in, "sample_extra"], n("x_in_extra"), axis=pre["extra_axis"])
-    guided_batch = pre["mode"] != "none"
+    if pre.extra:  # an inpainting backbone: mask + masked-image latents after the scaled latents
+        x_in = b.op("Concat", [x_in, "sample_extra"], n("x_in_extra"), axis=pre.extra_axis)
+    guided_batch = pre.mode != "none"
     doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0) if guided_batch else x_in
-    t_vec = b.op("Expand", [c["t"], pre["batch2"]], n("t_vec"))
+    t_vec = b.op("Expand", [c["t"], pre.batch2], n("t_vec"))
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
-             **{bb.io[f"cond:{k}"]: v for k, v in pre["context"].items()}}
-    if "control" in pre:  # ControlNets inlined beside the backbone, their residuals into it (graph_control.py)
+             **{bb.io[f"cond:{k}"]: v for k, v in pre.context.items()}}
+    if pre.control is not None:  # ControlNets inlined beside the backbone, their residuals into it (graph_control.py)
         from .graph_control import control_residuals
 
-        step_io = {"sample": doubled, "timestep": t_vec, "control:sample": x_in, "control:t": c["t"], **pre["context"]}
+        step_io = {"sample": doubled, "timestep": t_vec, "control:sample": x_in, "control:t": c["t"], **pre.context}
         remap.update({bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, pre, step_io, i, tag, n).items()})
     # a technique may make the backbone call itself (step caching: first -> If(rest | carried) -> tail; a
     # precision schedule: an If on t picks the high-precision backbone or this one)
     step = StepIO(i, c["t"], tag, n)
-    out = next((o for t in pre["techniques"] if (o := t.call_backbone(b, bb, remap, step)) is not None), None)
+    out = next((o for t in pre.techniques if (o := t.call_backbone(b, bb, remap, step)) is not None), None)
     if out is None:
         out = inline_backbone(b.nodes, bb, remap, tag)
     if guided_batch:
         u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
         diff = b.op("Sub", [cnd, u], n("cfg_diff"))
         guided = b.op("Add", [u, b.op("Mul", [diff, "guidance"], n("cfg_scaled"))], n("guided"))
-        if pre["mode"] == "cfg_rescale":
+        if pre.mode == "cfg_rescale":
             guided = rescale(b, guided, cnd, n)
     else:  # guidance-distilled: the scale went in as a backbone input
         guided = out
-    for t in pre["techniques"]:  # output correction
+    for t in pre.techniques:  # output correction
         guided = t.after_guidance(b, guided, step)
     den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
-    noise_idx = b.op("Min", [i, pre["noise_last"]], n("noise_idx"))
+    noise_idx = b.op("Min", [i, pre.noise_last], n("noise_idx"))
     noise_i = b.op("Gather", ["noise", noise_idx], n("noise_i"), axis=0)
     # clip(D, -r, r): only DDIM's clip_sample has k != 0; elsewhere r = k = 0 and the term is 0
     clipped = b.op("Clip", [den, b.op("Neg", [c["r"]], n("neg_r")), c["r"]], n("D_clipped"))
@@ -197,12 +197,12 @@ def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], wi
     return ins + image_inputs(len(latent_dims))
 
 
-def _loop(b: _Builder, bb: Backbone, pre: dict, carried: dict[str, list]) -> str:
+def _loop(b: _Builder, bb: Backbone, pre: GraphState, carried: dict[str, list]) -> str:
     """The Loop node over one step (plus the techniques' carried state); its final x."""
     body = _Builder()
     x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
     cond = "cond_in"
-    for t in pre["techniques"]:  # adaptive stopping: the cond output is its test
+    for t in pre.techniques:  # adaptive stopping: the cond output is its test
         if (ended := t.end_of_step(body, "iter", x_new, den, "d_carried")) is not None:
             cond, x_new = ended
     body.op("Identity", [cond], "cond_out")
@@ -229,7 +229,7 @@ def _loop(b: _Builder, bb: Backbone, pre: dict, carried: dict[str, list]) -> str
     # an explicit true condition: same meaning as none, and onnx's reference Loop needs it
     b.const("loop_true", np.array(True))
     b.nodes.append(
-        helper.make_node("Loop", ["steps", "loop_true", pre["x0"], pre["d0"], *carried["loop_in"]],
+        helper.make_node("Loop", ["steps", "loop_true", pre.x0, pre.d0, *carried["loop_in"]],
                          ["latents_out", "denoised_out", *carried["loop_out"]], name="sampler_loop", body=graph)
     )
     return "latents_out"
@@ -240,12 +240,12 @@ def _sd_combine(ops, encoded: dict) -> dict:
 
 
 def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: int | None = None,
-                         latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
-                         vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
-                         text_encoders: dict | None = None, combine: Callable | None = None,
-                         vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
-                         latent_patch: int | None = None, control=None,
-                         techniques: Sequence = ()) -> onnx.ModelProto:
+                         **options) -> onnx.ModelProto:
+    """build(GraphRequest(backbone, form, steps, **options)): the options are GraphRequest's fields."""
+    return build(GraphRequest(backbone, form, steps, **options))
+
+
+def build(request: GraphRequest) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
@@ -265,14 +265,18 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
+    r = request
+    backbone, form, steps, latent_channels, text_encoders, combine = (r.backbone, r.form, r.steps, r.latent_channels,
+                                                                       r.text_encoders, r.combine)
+    vae_decoder, guidance_mode, latent_patch, control = r.vae_decoder, r.guidance_mode, r.latent_patch, r.control
     if form not in FORMS:
         raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
     if guidance_mode not in GUIDANCE_MODES:
         raise ValueError(f"unknown guidance mode {guidance_mode!r}; choose from {', '.join(GUIDANCE_MODES)}")
     if form == "unrolled" and (steps is None or steps < 1):
         raise ValueError("the unrolled form needs steps >= 1")
-    if text_encoder is not None:
-        text_encoders = {"text_encoder": (text_encoder, ("last_hidden_state",))}
+    if r.text_encoder is not None:
+        text_encoders = {"text_encoder": (r.text_encoder, ("last_hidden_state",))}
         combine = combine or _sd_combine
     whole = bool(text_encoders) or vae_decoder is not None
     if whole and (not text_encoders or vae_decoder is None or combine is None):
@@ -305,11 +309,11 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     extra_channels = channels - width if channels and isinstance(width, int) else 0
     if extra_channels < 0:
         raise ValueError(f"the backbone's sample has fewer channels than the latents ({width})")
-    pre["extra"], pre["extra_axis"] = extra_channels > 0, (1 if len(dims) == 3 else 2)
+    pre.extra, pre.extra_axis = extra_channels > 0, (1 if len(dims) == 3 else 2)
     image_defaults(b, len(dims))
-    techniques = sorted(techniques, key=lambda t: ORDER.index(t.name))
+    techniques = sorted(r.techniques, key=lambda t: ORDER.index(t.name))
     nets, inits, funcs = technique_prologues(b, pre, bb, form, whole, control, residuals, techniques,
-                                                   {k: cond_input_names(k)[0] for k in pre["context"]})
+                                                   {k: cond_input_names(k)[0] for k in pre.context})
     extra_inits += inits
     functions += funcs
     parts = [t.carried() for t in techniques]
@@ -320,7 +324,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     if form == "loop":
         final = _loop(b, bb, pre, carried)
     else:
-        x, d = pre["x0"], pre["d0"]
+        x, d = pre.x0, pre.d0
         for k in range(steps):
             i = b.const(f"step_{k}", np.array(k, np.int64))
             x, d = _step(b, bb, pre, i, x, d, tag=f"s{k}/")
@@ -333,7 +337,7 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
         if len(dims) == 2:
             final = unpack_patches(b, final, int(dims[1]) // (latent_patch * latent_patch), latent_patch)
-        image_epilogue(b, vae, final, 1.0 / vae_scaling_factor, vae_shift_factor)
+        image_epilogue(b, vae, final, 1.0 / r.vae_scaling_factor, r.vae_shift_factor)
         extra_inits += vae.initializers
         functions += vae.functions
         outputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "image_height", "image_width", 3])]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import onnx
 
 from .graph_backbone import Backbone
+from .graph_state import GraphState
 
 
-def technique_prologues(b, pre: dict, bb: Backbone, form: str, whole: bool, control, residuals: list[str],
+def technique_prologues(b, pre: GraphState, bb: Backbone, form: str, whole: bool, control, residuals: list[str],
                          techniques, cond_names: dict[str, str]) -> tuple[list, list, list]:
     """The per-step techniques' set-up before the loop (ControlNets, then `techniques` in order): the nets, and
     the initializers and functions they add. `cond_names`: each conditioning input's cond-half name (a cond-only
@@ -36,5 +37,5 @@ def technique_prologues(b, pre: dict, bb: Backbone, form: str, whole: bool, cont
             raise ValueError(f"{t.name} is built for the Loop form (not unrolled, not whole)")
         t.prologue(b, bb, form)
         functions += t.functions()
-    pre["techniques"] = list(techniques)
+    pre.techniques = list(techniques)
     return nets, extra_inits, functions
