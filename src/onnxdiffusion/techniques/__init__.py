@@ -10,10 +10,11 @@
                        Loop twin; cache_base.py what a method is; cache_methods.py the methods by name;
                        cache_first_block.py, cache_taylorseer.py, cache_deepcache.py, cache_residual.py one each
   stop.py              adaptive stopping: spec, host test, Loop twin, manifest record
-  controlnet.py, correction.py, precision.py, lora.py, inpaint.py
-                       the host side of ControlNet, output correction, the precision schedule, run-time LoRA and
-                       inpainting's blend (their Loop twins are still samplers/graph_control.py, graph_correct.py,
-                       graph_schedule.py, graph_image.py; the LoRA inputs adapters/graph.py)
+  correction.py, precision.py
+                       output correction and the precision schedule: host wrapper and Loop twin each
+  controlnet.py, lora.py, inpaint.py
+                       the host side of ControlNet, run-time LoRA and inpainting's blend (their graph sides are
+                       still samplers/graph_control.py, adapters/graph.py and samplers/graph_image.py)
   state.py             TechniqueState: what techniques keep across a Pipeline's generations (pipe.technique_state)
 
 Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
