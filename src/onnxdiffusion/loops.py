@@ -204,8 +204,6 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     schedule = high = None
     if comps[backbone].get("precision_schedule"):
         schedule, high, high_tuned = _high_backbone(model, manifest, backbone, cpu_tuned)
-        if correction is not None:
-            raise UserError(f"{model}: a backbone with both a correction and a precision schedule is not supported")
         if high_tuned:
             from .runtime.cpu_target import cpu_target
 
@@ -218,7 +216,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
-    extra.update(loops_control.graph_control(model, control, net_level, family))
+    techniques += loops_control.graph_control(model, control, net_level, family)
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
                                  guidance_mode=mode, latent_patch=family.latent_patch, techniques=techniques,
                                  **extra)
@@ -298,7 +296,8 @@ def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, 
     schedule, high = scheduled
 
     check_combination({"cache": spec, "controlnet": bool(control), "precision_schedule": schedule is not None,
-                       "lora": bool((entry.get("lora") or {}).get("targets"))}, "loop", compiled=True)
+                       "lora": bool((entry.get("lora") or {}).get("targets")), "correction": correction is not None},
+                      "loop", compiled=True)
     techniques = []
     if spec is not None:
         if large:

@@ -66,11 +66,12 @@ def load_nets(folder: Path, records: list[dict], level=None) -> list:
     return models
 
 
-def graph_control(folder: Path, records: list[dict], level, family) -> dict:
-    """build_sampling_graph's `control` argument ({} without nets)."""
+def graph_control(folder: Path, records: list[dict], level, family) -> list:
+    """The ControlNets' Loop twin for build_sampling_graph's techniques ([] without nets)."""
     from .runtime.control_graph import residual_names
+    from .techniques.controlnet import ControlLoop
 
     if not records:
-        return {}
-    return {"control": (load_nets(folder, records, level), residual_names(family, records[0]),
-                        [bool(r.get("cond_only")) for r in records])}
+        return []
+    return [ControlLoop(load_nets(folder, records, level), residual_names(family, records[0]),
+                        [bool(r.get("cond_only")) for r in records])]

@@ -30,7 +30,6 @@ from onnx import TensorProto, helper
 from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
 from .graph_correct import rescale
-from .graph_control import control_inputs
 from .graph_techniques import technique_prologues
 from .graph_image import blend_step, image_defaults, image_inputs
 from .graph_state import GraphRequest, GraphState
@@ -131,14 +130,11 @@ def _step(b: _Builder, bb: Backbone, pre: GraphState, i: str, x: str, d_prev: st
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
              **{bb.io[f"cond:{k}"]: v for k, v in pre.context.items()}}
-    if pre.control is not None:  # ControlNets inlined beside the backbone, their residuals into it (graph_control.py)
-        from .graph_control import control_residuals
-
-        step_io = {"sample": doubled, "timestep": t_vec, "control:sample": x_in, "control:t": c["t"], **pre.context}
-        remap.update({bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, pre, step_io, i, tag, n).items()})
+    step = StepIO(i, c["t"], tag, n, sample=doubled, timestep=t_vec, single_sample=x_in)
+    for t in pre.techniques:  # ControlNets inlined beside the backbone, their residuals into it
+        remap.update(t.backbone_inputs(b, pre, bb, step))
     # a technique may make the backbone call itself (step caching: first -> If(rest | carried) -> tail; a
     # precision schedule: an If on t picks the high-precision backbone or this one)
-    step = StepIO(i, c["t"], tag, n)
     out = next((o for t in pre.techniques if (o := t.call_backbone(b, bb, remap, step)) is not None), None)
     if out is None:
         out = inline_backbone(b.nodes, bb, remap, tag)
@@ -257,18 +253,17 @@ def build(request: GraphRequest) -> onnx.ModelProto:
     backbone takes the scale as one of its conditioning inputs). The latents take the backbone
     sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
-    `control`: (ControlNet models, the backbone's
-    residual input names[, per net: runs on the cond half only]): the nets inlined beside a residual-taking
-    backbone (graph_control.py). `techniques`: the Loop twins of further per-step techniques
-    (techniques/loop_base.LoopTechnique: step caching, output correction, a precision schedule, adaptive
-    stopping), called in the registry's order; what cannot combine is refused from techniques/registry.py's table.
+    `techniques`: the per-step techniques' Loop twins (techniques/loop_base.LoopTechnique: ControlNets, step
+    caching, output correction, a precision schedule, adaptive stopping), called in the registry's order; what
+    cannot combine is refused from techniques/registry.py's table.
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
     r = request
     backbone, form, steps, latent_channels, text_encoders, combine = (r.backbone, r.form, r.steps, r.latent_channels,
                                                                        r.text_encoders, r.combine)
-    vae_decoder, guidance_mode, latent_patch, control = r.vae_decoder, r.guidance_mode, r.latent_patch, r.control
+    vae_decoder, guidance_mode, latent_patch = r.vae_decoder, r.guidance_mode, r.latent_patch
+    techniques = sorted(r.techniques, key=lambda t: ORDER.index(t.name))
     if form not in FORMS:
         raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
     if guidance_mode not in GUIDANCE_MODES:
@@ -283,7 +278,7 @@ def build(request: GraphRequest) -> onnx.ModelProto:
         raise ValueError("the whole-pipeline graph needs the text encoders, their combine and the VAE decoder")
     bb = load_backbone(backbone)
     dims = latent_dims(backbone, latent_channels)
-    residuals = list(control[1]) if control else []
+    residuals = [name for t in techniques for name in t.residual_inputs()]  # fed by a technique (ControlNet)
     conditioning = [c for c in conditioning_inputs(backbone) if c.name not in residuals]
     if CONTEXT not in [c.name for c in conditioning]:
         raise ValueError(f"the backbone has no {CONTEXT} input")
@@ -311,9 +306,7 @@ def build(request: GraphRequest) -> onnx.ModelProto:
         raise ValueError(f"the backbone's sample has fewer channels than the latents ({width})")
     pre.extra, pre.extra_axis = extra_channels > 0, (1 if len(dims) == 3 else 2)
     image_defaults(b, len(dims))
-    techniques = sorted(r.techniques, key=lambda t: ORDER.index(t.name))
-    nets, inits, funcs = technique_prologues(b, pre, bb, form, whole, control, residuals, techniques,
-                                                   {k: cond_input_names(k)[0] for k in pre.context})
+    inits, funcs = technique_prologues(b, pre, bb, form, whole, techniques)
     extra_inits += inits
     functions += funcs
     parts = [t.carried() for t in techniques]
@@ -349,22 +342,16 @@ def build(request: GraphRequest) -> onnx.ModelProto:
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
-        + (control_inputs([_cond_rank(m) for m in control[0]]) if nets else []) + [i for t in techniques for i in t.inputs()],
+        + [i for t in techniques for i in t.inputs()],
         outputs,
         initializer=b.inits + (stand_in if stand_in is not None else bb.initializers) + extra_inits,
     )
-    models = [backbone, *(m for t in techniques for m in t.models()), vae_decoder, *(m for m, _ in (text_encoders or {}).values()),
-              *(control[0] if control else [])]
+    models = [backbone, *(m for t in techniques for m in t.models()), vae_decoder,
+              *(m for m, _ in (text_encoders or {}).values())]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
     model.ir_version = max(m.ir_version for m in models if m is not None)
     model.functions.extend(functions)
     return model
-
-
-def _cond_rank(model: onnx.ModelProto) -> int:
-    from .graph_control import COND
-
-    return next(len(i.type.tensor_type.shape.dim) for i in model.graph.input if i.name == COND)
 
 
 def _merge_opsets(*models: onnx.ModelProto | None) -> list[onnx.OperatorSetIdProto]:

@@ -40,5 +40,4 @@ class GraphRequest:
     vae_shift_factor: float = 0.0
     guidance_mode: str = "cfg"
     latent_patch: int | None = None
-    control: tuple | None = None
     techniques: Sequence = ()

@@ -47,7 +47,7 @@ class CacheLoop(LoopTechnique):
         return [helper.make_tensor_value_info("cache_interval", I64, []),
                 helper.make_tensor_value_info("cache_threshold", F64, [])]
 
-    def prologue(self, b, bb, form: str) -> None:
+    def prologue(self, b, bb, form: str, state) -> None:
         b.const("cache_interval", np.array(1, np.int64))
         b.const("cache_threshold", np.array(0.0, np.float64))
         fold_constants(b)

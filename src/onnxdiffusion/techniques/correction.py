@@ -29,7 +29,7 @@ class CorrectionLoop(LoopTechnique):
     def __init__(self, correction):
         self.correction = correction
 
-    def prologue(self, b, bb, form: str) -> None:
+    def prologue(self, b, bb, form: str, state) -> None:
         import numpy as np
 
         il, cl, ir, cr = self.correction.hat_coefficients()

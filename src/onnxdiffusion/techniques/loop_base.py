@@ -31,6 +31,9 @@ class StepIO:
     t: str
     tag: str
     n: Callable[[str], str]
+    sample: str = ""  # the backbone's sample this step (the guidance batch)
+    timestep: str = ""  # its timestep vector
+    single_sample: str = ""  # the sample before the guidance batch is doubled
 
 
 class LoopTechnique:
@@ -43,8 +46,17 @@ class LoopTechnique:
         """Graph inputs it adds (each with a default initializer that leaves the plain Loop's image)."""
         return []
 
-    def prologue(self, b, bb, form: str) -> None:
-        """Constants and loaded pieces, before the loop; `bb` the loaded backbone, `form` loop | unrolled."""
+    def prologue(self, b, bb, form: str, state) -> None:
+        """Constants and loaded pieces, before the loop; `bb` the loaded backbone, `form` loop | unrolled, `state`
+        the builder's GraphState (samplers/graph_state.py)."""
+
+    def residual_inputs(self) -> list[str]:
+        """Backbone inputs the technique feeds itself (not graph inputs)."""
+        return []
+
+    def initializers(self) -> list:
+        """Outer-scope weights it adds."""
+        return []
 
     def functions(self) -> list:
         return []
@@ -59,6 +71,10 @@ class LoopTechnique:
 
     def carried(self) -> Carried:
         return Carried()
+
+    def backbone_inputs(self, b, state, bb, step: StepIO) -> dict[str, str]:
+        """More of the backbone's inputs bound for this step (ControlNet residuals), by backbone input name."""
+        return {}
 
     def call_backbone(self, b, bb, remap: dict[str, str], step: StepIO) -> str | None:
         """Appends this step's backbone call in its place (None: the plain call); returns its output."""

@@ -36,7 +36,7 @@ class ScheduleLoop(LoopTechnique):
             raise ValueError("a precision schedule needs its high-precision backbone, and the other way round")
         self.schedule, self.high_model = schedule, high_model
 
-    def prologue(self, b, bb, form: str) -> None:
+    def prologue(self, b, bb, form: str, state) -> None:
         import numpy as np
 
         from ..samplers.graph_backbone import load_backbone

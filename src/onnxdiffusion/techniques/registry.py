@@ -68,6 +68,9 @@ CONFLICTS = (
              "the cut backbone pieces in the Loop graph take no run-time LoRA tensors yet",
              "--cache {cache_method}: step caching in the Loop graph does not support run-time LoRA yet "
              "(use --loop host)"),
+    Conflict("correction", "precision_schedule", ("loop", "unrolled"), True,
+             "compile-loop builds one of the two backbone remedies into a graph, not both",
+             "a backbone with both a correction and a precision schedule is not supported"),
 )
 
 

@@ -142,7 +142,7 @@ class StopLoop(LoopTechnique):
         return [helper.make_tensor_value_info("stop_threshold", TensorProto.DOUBLE, []),
                 helper.make_tensor_value_info("stop_min_steps", TensorProto.INT64, [])]
 
-    def prologue(self, b, bb, form: str) -> None:
+    def prologue(self, b, bb, form: str, state) -> None:
         from .graph_fold import fold_constants
 
         b.const("stop_threshold", np.array(0.0, np.float64))
