@@ -1,5 +1,5 @@
 """The sampling graph's image inputs (img2img, inpainting; see graph.py's docstring) and the inpainting
-blend after each step: the twin of runtime/run_loop.blend_step (tests/test_inpaint.py runs both)."""
+blend after each step: the twin of techniques/inpaint.blend_step (tests/test_inpaint.py runs both)."""
 
 from __future__ import annotations
 
