@@ -25,7 +25,8 @@ Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
    ``finite_threshold`` for one-line errors), ``check(spec)`` (ranges; the dict form
    ``cache={"method": "mymethod", ...}`` runs it), ``noop`` (True when it never skips: the uncut backbone
    runs), ``__str__`` (the text form, round-tripping), ``loop_feeds()`` (its run-time Loop inputs:
-   ``cache_interval`` int64 and/or ``cache_threshold`` double, or graph inputs of its own) and ``record()``
+   ``cache_interval`` int64 and/or ``cache_threshold`` double, and any inputs of its own declared by ``graph_inputs()`` with defaults that
+   cache nothing) and ``record()``
    if compile-loop must record more than the method (a structure compiled in, like TaylorSeer's ORDER).
    Host loop: ``policy()`` returns a ``cache_base.Policy`` whose ``reuse(step, f, sg)`` gives the span's
    stand-in (None: run it) and ``update(step, f, out, sg)`` sees the span's output (`f`: the first piece's

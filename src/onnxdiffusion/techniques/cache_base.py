@@ -80,6 +80,11 @@ class CacheSpec:
         """The Loop graph's run-time inputs for this spec."""
         raise NotImplementedError
 
+    def graph_inputs(self) -> list[tuple[str, int, list, np.ndarray]]:
+        """Run-time Loop-graph inputs of its own beyond ``cache_interval`` / ``cache_threshold``: (name, element
+        type, dims, the default that caches nothing), fed by ``loop_feeds``. The compiled spec's are built in."""
+        return []
+
     # --- host loop and Loop graph ----------------------------------------------------------------
     def policy(self) -> "Policy":
         raise NotImplementedError

@@ -45,7 +45,8 @@ class CacheLoop(LoopTechnique):
 
     def inputs(self) -> list:
         return [helper.make_tensor_value_info("cache_interval", I64, []),
-                helper.make_tensor_value_info("cache_threshold", F64, [])]
+                helper.make_tensor_value_info("cache_threshold", F64, []),
+                *(helper.make_tensor_value_info(n, t, dims) for n, t, dims, _ in self.spec.graph_inputs())]
 
     def prologue(self, b, bb, form: str, state) -> None:
         b.const("cache_interval", np.array(1, np.int64))
@@ -55,6 +56,8 @@ class CacheLoop(LoopTechnique):
         b.const("cache_minus_one_i64", np.array(-1, np.int64))
         b.const("cache_zero_f", np.array(0.0, np.float32))  # every float state starts as this broadcast zero
         b.const("cache_zero_d", np.array(0.0, np.float64))
+        for name, _, _, default in self.spec.graph_inputs():  # a method's own inputs, defaults caching nothing
+            b.const(name, default)
         self.state = self.spec.graph_state(b, self.span_type)
 
     def functions(self) -> list:
