@@ -42,7 +42,7 @@ from cache_pareto import cpu_info, log  # noqa: E402
 from onnxdiffusion.artifacts import write_json  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 from onnxdiffusion.runtime import backbone as backbone_mod  # noqa: E402
-from onnxdiffusion.runtime import cache as cache_mod  # noqa: E402
+from onnxdiffusion.techniques import caching as cache_mod  # noqa: E402
 
 PROMPT = "a red circle on the left and a blue square on the right"
 

@@ -43,7 +43,7 @@ from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, heldout_scenes, item_latents  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
-from onnxdiffusion.runtime import cache as cache_mod  # noqa: E402
+from onnxdiffusion.techniques import caching as cache_mod  # noqa: E402
 
 MODELS = {
     "sd": ("models/shapes-sd-onnx", "ddim", 20, 4.0,

@@ -14,18 +14,21 @@ from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.families import get_family
 from onnxdiffusion.runtime import Pipeline
 from onnxdiffusion.runtime.backbone_split import run_whole, split
-from onnxdiffusion.runtime.cache import CacheSpec, parse_cache
+from onnxdiffusion.techniques.cache_deepcache import DeepCache
+from onnxdiffusion.techniques.cache_first_block import FirstBlock
+from onnxdiffusion.techniques.cache_taylorseer import TaylorSeer
+from onnxdiffusion.techniques.caching import parse_cache
 
 PROMPT = "a red circle on the left"
 SD3_SIZE = (32, 32)
 
 
 @pytest.mark.parametrize("text,want", [
-    ("first_block:0.2", CacheSpec("first_block", threshold=0.2)), ("taylorseer:3", CacheSpec("taylorseer", interval=3)),
-    ("taylorseer:4:2", CacheSpec("taylorseer", interval=4, order=2)),
-    ("deepcache:3", CacheSpec("deepcache", interval=3)), ("deepcache:2:2", CacheSpec("deepcache", interval=2, branch=2)),
-    ("deepcache:4:L1", CacheSpec("deepcache", interval=4, layers=1)),
-    ("deepcache:3:l2", CacheSpec("deepcache", interval=3, layers=2)), ("none", None), (None, None)])
+    ("first_block:0.2", FirstBlock(threshold=0.2)), ("taylorseer:3", TaylorSeer(interval=3)),
+    ("taylorseer:4:2", TaylorSeer(interval=4, order=2)),
+    ("deepcache:3", DeepCache(interval=3)), ("deepcache:2:2", DeepCache(interval=2, branch=2)),
+    ("deepcache:4:L1", DeepCache(interval=4, layers=1)),
+    ("deepcache:3:l2", DeepCache(interval=3, layers=2)), ("none", None), (None, None)])
 def test_spec_parses(text, want):
     assert parse_cache(text) == want
     if want is not None:

@@ -62,7 +62,7 @@ def _toy_cut():
 def test_a_piece_over_the_inline_limit_goes_through_a_file(monkeypatch):
     """A full-size UNet's span is over protobuf's 2 GiB: its session is made from a temporary file with external
     data (the limit lowered here so a tiny piece takes that path); the pieces compute the same."""
-    from onnxdiffusion.runtime import cache
+    from onnxdiffusion.techniques import caching as cache
 
     model, sg, feeds, want = _toy_cut()
     monkeypatch.setattr(cache, "INLINE_LIMIT", 0)
@@ -72,7 +72,7 @@ def test_a_piece_over_the_inline_limit_goes_through_a_file(monkeypatch):
         made.append(type(b))
         return ort.InferenceSession(b, providers=["CPUExecutionProvider"])
 
-    first, rest, tail = (cache._piece_session(m, make) for m in (sg.first, sg.rest, sg.tail))
+    first, rest, tail = (cache.piece_session(m, make) for m in (sg.first, sg.rest, sg.tail))
     assert made == [str, str, str]
     assert np.array_equal(run_whole(first, rest, tail, sg, feeds), want)
 

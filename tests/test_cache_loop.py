@@ -1,5 +1,5 @@
-"""Step caching in the Loop graph (samplers/graph_cache.py) against its twin, the host loop's
-(runtime/cache.py), on both embedded models: the same steps computed, the same latents; the defaults
+"""Step caching in the Loop graph (techniques/caching_graph.py) against its twin, the host loop's
+(techniques/caching.py), on both embedded models: the same steps computed, the same latents; the defaults
 (interval 1, threshold 0, no --cache) give the plain Loop graph's image bit for bit; refusals in one line."""
 
 from pathlib import Path
@@ -14,10 +14,10 @@ from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.loops import compile_loop
 from onnxdiffusion.runtime import Pipeline
-from onnxdiffusion.runtime import run_loop
+from onnxdiffusion.techniques import caching
 from onnxdiffusion.samplers.cache_math import fold_sum, relative_change
 from onnxdiffusion.samplers.graph import _Builder
-from onnxdiffusion.samplers.graph_cache import fold_sum as fold_sum_graph
+from onnxdiffusion.techniques.graph_fold import fold_sum as fold_sum_graph
 
 pytestmark = pytest.mark.slow
 
@@ -81,13 +81,13 @@ def compiled(tmp_path_factory):
 def _host_full_steps(monkeypatch) -> list:
     """The host loop's CachedBackbones of the next generations, to read which steps ran the span."""
     made = []
-    real = run_loop.cached_backbone
+    real = caching.cached_backbone
 
     def spy(*a):
         made.append(real(*a))
         return made[-1]
 
-    monkeypatch.setattr(run_loop, "cached_backbone", spy)
+    monkeypatch.setattr(caching, "cached_backbone", spy)
     return made
 
 
@@ -99,7 +99,7 @@ def _loop_full_steps(pipe) -> list:
     class Spy:
         def run(self, names, feeds):
             outs = real.run(None, feeds)
-            runs.append([int(k) for k in np.flatnonzero(outs[-1])])
+            runs.append([int(k) for k in np.flatnonzero(outs[graph.output_names.index("cache_computed")])])
             return outs
 
     graph.session = Spy()

@@ -10,17 +10,19 @@ import pytest
 
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
-from onnxdiffusion.runtime import Pipeline, run_loop
+from onnxdiffusion.runtime import Pipeline
+from onnxdiffusion.techniques import caching
 from onnxdiffusion.runtime.backbone_split import pruned
-from onnxdiffusion.runtime.cache import CacheSpec, parse_cache
+from onnxdiffusion.techniques.cache_residual import Residual
+from onnxdiffusion.techniques.caching import parse_cache
 
 PROMPT = "a red circle on the left"
 SIZE = (32, 32)
 
 
-@pytest.mark.parametrize("text,want", [("residual:5", CacheSpec("residual", interval=5)),
-                                       ("residual:4:2", CacheSpec("residual", interval=4, order=2)),
-                                       ("residual:3:0", CacheSpec("residual", interval=3, order=0))])
+@pytest.mark.parametrize("text,want", [("residual:5", Residual(interval=5)),
+                                       ("residual:4:2", Residual(interval=4, order=2)),
+                                       ("residual:3:0", Residual(interval=3, order=0))])
 def test_spec_parses_and_reads_back(text, want):
     assert parse_cache(text) == want and parse_cache(str(want)) == want
     assert str(parse_cache("residual:5")) == "residual:5:1"
@@ -35,13 +37,13 @@ def test_bad_spec_is_one_line_error(text):
 
 
 def _spy(monkeypatch) -> list:
-    made, real = [], run_loop.cached_backbone
+    made, real = [], caching.cached_backbone
 
     def spy(*a):
         made.append(real(*a))
         return made[-1]
 
-    monkeypatch.setattr(run_loop, "cached_backbone", spy)
+    monkeypatch.setattr(caching, "cached_backbone", spy)
     return made
 
 
@@ -64,7 +66,7 @@ def test_cached_steps_run_the_first_piece_cut_to_the_image_stream(tiny_sd3_onnx,
     pipe(PROMPT, steps=8, seed=2, cache="residual:3")
     cb = made[-1]
     (first, f_in, f_out), (lite, l_in, l_out) = cb.pieces
-    (_, _, _, lite_session), sg = pipe._cache_splits[("residual", 0)]
+    (_, _, _, lite_session), sg = pipe.technique_state.get("cache", dict)[("residual", 0)]
     assert lite is lite_session and set(l_out) < set(f_out) and set(sg.hidden_in) <= set(l_out)
     made_by = {o.name for o in sg.first.graph.output}
     cut = pruned(sg.first, [t for t in l_out if t in made_by], "lite")

@@ -23,6 +23,7 @@ from onnxdiffusion.quantize.schedule_select import latency_budget, select
 from onnxdiffusion.runtime import Pipeline
 from onnxdiffusion.samplers import build_table, guided, sample
 from onnxdiffusion.samplers.graph import build_sampling_graph
+from onnxdiffusion.techniques.precision import ScheduleLoop
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_helpers import assert_one_line_error, run_cli_here  # noqa: E402
@@ -201,7 +202,7 @@ def test_graph_schedule_is_the_host_loops_twin(form):
     low_fn, high_fn = guided(toy_eager(low)(ctx), 3.0), guided(toy_eager(high)(ctx), 3.0)
     host = sample(sched.wrap(low_fn, high_fn), lat, table)
     assert np.abs(host - sample(low_fn, lat, table)).max() > 0.1
-    graph = build_sampling_graph(low, form, steps if form == "unrolled" else None, schedule=sched, high_backbone=high)
+    graph = build_sampling_graph(low, form, steps if form == "unrolled" else None, techniques=[ScheduleLoop(sched, high)])
     onnx.checker.check_model(graph, full_check=True)
     feeds = {"latents": lat, "cond": cond, "uncond": uncond, "table": table.rows, "noise": np.zeros((1, *lat.shape), np.float32),
              "init_scale": np.array(table.init_scale, np.float32), "guidance": np.array(3.0, np.float32)}
@@ -211,7 +212,7 @@ def test_graph_schedule_is_the_host_loops_twin(form):
     np.testing.assert_allclose(got, host, atol=1e-5)
     np.testing.assert_allclose(ReferenceEvaluator(graph).run(None, feeds)[0], host, atol=1e-4)
     with pytest.raises(ValueError, match="high-precision backbone"):
-        build_sampling_graph(low, form, steps, schedule=sched)
+        ScheduleLoop(sched, None)
 
 
 def test_mmdit_family_schedule_host_vs_loop(tiny_sd3_onnx, tmp_path):

@@ -111,6 +111,7 @@ def test_correction_graph_twin_matches_host(form):
 
     from onnxdiffusion.samplers import build_table, guided, sample
     from onnxdiffusion.samplers.graph import build_sampling_graph
+    from onnxdiffusion.techniques.correction import CorrectionLoop
 
     rng = np.random.default_rng(0)
     table = build_table("dpmpp_2m", SD, 5)
@@ -122,7 +123,8 @@ def test_correction_graph_twin_matches_host(form):
     fn = corr.wrap(guided(toy_eager(toy_backbone())(np.concatenate([uncond, cond])), 3.0))
     host = sample(fn, latents, table)
     plain = sample(guided(toy_eager(toy_backbone())(np.concatenate([uncond, cond])), 3.0), latents, table)
-    graph = build_sampling_graph(toy_backbone(), form, 5 if form == "unrolled" else None, correction=corr)
+    graph = build_sampling_graph(toy_backbone(), form, 5 if form == "unrolled" else None,
+                                 techniques=[CorrectionLoop(corr)])
     feeds = {"latents": latents, "cond": cond, "uncond": uncond, "table": table.rows,
              "init_scale": np.array(table.init_scale, np.float32), "guidance": np.array(3.0, np.float32),
              "noise": np.zeros((1, *latents.shape), np.float32)}

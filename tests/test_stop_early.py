@@ -1,4 +1,4 @@
-"""Adaptive stopping in the host loop (runtime/stop.py): the spec, the test on the denoised estimate, the
+"""Adaptive stopping in the host loop (techniques/stop.py): the spec, the test on the denoised estimate, the
 picture decoded from it, the refusals; the CLI's flag and its report line."""
 
 from pathlib import Path
@@ -10,7 +10,7 @@ from cli_helpers import assert_one_line_error, invoke
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.runtime import GenerationResult, Pipeline
-from onnxdiffusion.runtime.stop import StopSpec, parse_stop
+from onnxdiffusion.techniques.stop import StopLoop, StopSpec, parse_stop
 from onnxdiffusion.samplers.cache_math import relative_change
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_cli_bad_specs(tmp_path, spec, fragment):
 @pytest.mark.filterwarnings("ignore:divide by zero")  # step 0: no previous estimate, 0 in the denominator
 @pytest.mark.parametrize("sampler", ["ddim", "euler", "dpmpp_2m"])
 def test_toy_graph_is_the_host_tests_twin(sampler):
-    """build_sampling_graph(stop=True) on a toy backbone: ONNX Runtime and ONNX's reference evaluator end the
+    """build_sampling_graph(techniques=[StopLoop()]) on a toy backbone: ONNX Runtime and ONNX's reference evaluator end the
     Loop at the step the host loop's StopSpec picks, and return that step's denoised estimate."""
     import onnx
     import onnxruntime as ort
@@ -145,7 +145,7 @@ def test_toy_graph_is_the_host_tests_twin(sampler):
     fn = guided(toy_eager(backbone)(np.concatenate([uncond, cond])), 3.0)
     den = [d for _, _, d in iter_sample(fn, latents, table)]
     change = [float(relative_change(den[i], den[i - 1])) for i in range(1, steps - 1)]
-    graph = build_sampling_graph(backbone, "loop", stop=True)
+    graph = build_sampling_graph(backbone, "loop", techniques=[StopLoop()])
     onnx.checker.check_model(graph, full_check=True)
     sessions = [ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]),
                 ReferenceEvaluator(graph)]

@@ -1,6 +1,5 @@
-"""Adaptive stopping in the Loop graph (samplers/graph_stop.py) against its twin, the host loop's
-(runtime/stop.py): the same step ends both, the same latents come out, on both embedded models and the tiny
-families; threshold 0 is the plain Loop's image bit for bit; refusals in one line."""
+"""Adaptive stopping in the Loop graph against its twin, the host loop's (both techniques/stop.py): the same
+step ends both, the same latents come out, on both embedded models and the tiny families; threshold 0 is the plain Loop's image bit for bit; refusals in one line."""
 
 import shutil
 from pathlib import Path

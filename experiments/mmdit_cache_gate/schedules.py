@@ -32,7 +32,8 @@ from onnxdiffusion.evaluate.judge import Judge, score_scenes  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, heldout_scenes, item_latents  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
-from onnxdiffusion.runtime import cache as cm  # noqa: E402
+from onnxdiffusion.techniques.cache_base import CacheSpec, Policy, same_shape  # noqa: E402
+from onnxdiffusion.techniques.cache_taylorseer import Taylor, TaylorSeer  # noqa: E402
 
 STEPS = 20
 
@@ -60,11 +61,28 @@ SCHEDULES = {
 STAND_INS = [("res", 0), ("res", 1), ("out", 1), ("res", 2)]
 
 
-class Listed(cm._Policy):
-    """Full steps from a list; cached steps: the residual or the output, Taylor-extrapolated (runtime.cache._Taylor).
-    Like `residual`, a cached step runs the first piece cut to what it reads."""
+class ListedSpec(CacheSpec):
+    """This script's own cache method, by name "listed": its policy is `Listed` below. Like `residual`, a cached
+    step runs the first piece cut to what it reads."""
 
+    method = "listed"
     prunes_first = True
+
+    @property
+    def noop(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return "listed"
+
+    def policy(self) -> Policy:
+        return Listed()
+
+
+class Listed(Policy):
+    """Full steps from a list; cached steps: the residual or the output, Taylor-extrapolated (cache_taylorseer's
+    Taylor)."""
+
     current: dict = {}  # the candidate the next generation runs (set by the caller; the cache builds the policy)
 
     def __init__(self, spec=None, full: list[int] | None = None, mode: str = "", order: int = 1, damp: float = 1.0):
@@ -72,7 +90,7 @@ class Listed(cm._Policy):
             full, mode, order = self.current["full"], self.current["mode"], self.current["order"]
             damp = self.current.get("damp", 1.0)
         self.full, self.mode, self.hidden, self.damp = set(full), mode, None, np.float32(damp)
-        self.taylor = cm._Taylor(cm.CacheSpec("taylorseer", order=order))
+        self.taylor = Taylor(TaylorSeer(order=order))
 
     def skips(self, step: int) -> bool:
         return self.hidden is not None and step not in self.full
@@ -90,7 +108,7 @@ class Listed(cm._Policy):
 
     def update(self, step, f, out, sg):
         if self.hidden is None:
-            self.hidden = cm._same_shape(sg.hidden_in, f, out.shape)
+            self.hidden = same_shape(sg.hidden_in, f, out.shape)
         self.taylor.update(step, f, out - f[self.hidden] if self.mode == "res" else out, sg)
 
 
@@ -107,7 +125,6 @@ def main() -> None:
     judge = Judge.from_file(threads=1)
     shape = pipe.latent_shape_for(1)[1:]
     current = Listed.current
-    cm._POLICIES["listed"] = Listed  # this script's own stand-in, by method name
 
     def images(spec):
         return np.stack([pipe(sc.caption, steps=STEPS, sampler=sampler, guidance=guidance, seed=i, cache=spec,
@@ -122,7 +139,7 @@ def main() -> None:
     for name, full in SCHEDULES.items():
         for mode, order in STAND_INS:
             current.update(full=full, mode=mode, order=order)
-            ims = images(cm.CacheSpec("listed", interval=2))
+            ims = images(ListedSpec())
             ps = [psnr(a[None], b[None]) for a, b in zip(ims, ref)]
             rows.append({"schedule": name, "full_steps": full, "stand_in": f"{mode} order {order}",
                          "psnr_mean": float(np.mean(ps)), "psnr_worst": float(min(ps)),

@@ -27,7 +27,8 @@ sys.path.insert(0, str(HERE))
 
 import schedules as sch  # noqa: E402  (puts src/ and bench/ on the path)
 
-cp, cm = sch.cp, sch.cm
+cp = sch.cp
+from onnxdiffusion.techniques import caching as cm  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge, score_scenes  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, heldout_scenes, item_latents  # noqa: E402
@@ -108,7 +109,6 @@ def main() -> None:
     folder = cp.MODELS["mmdit"][0]
     pipe = Pipeline.from_folder(cp.int8_folder(folder, args.int8), threads=1)
     judge = Judge.from_file(threads=1)
-    cm._POLICIES["listed"] = sch.Listed
     path = args.out.with_suffix(".json")
     state = json.loads(path.read_text()) if path.exists() else {"candidates": {}}
     cands = state["candidates"]
@@ -132,7 +132,7 @@ def main() -> None:
             if tag in c["stages"]:
                 continue
             sch.Listed.current.update(full=c["full"], mode=c["mode"], order=c["order"], damp=c.get("damp", 1.0))
-            ims = images(c.get("spec") or cm.CacheSpec("listed", interval=2))
+            ims = images(c.get("spec") or sch.ListedSpec())
             got = verdicts(ims)
             ps = [psnr(a[None], b[None]) for a, b in zip(ims, ref)]
             c["stages"][tag] = {"psnr_mean": float(np.mean([p for p in ps if np.isfinite(p)])), "psnr_worst": float(min(ps)),

@@ -131,14 +131,11 @@ def generate(
         from .runtime.memory import memory_options
 
         memory_options(memory)  # a bad setting fails before any model loads
-    if cache is not None:
-        from .runtime.cache import parse_cache
+    from .techniques.caching import parse_cache
+    from .techniques.stop import parse_stop
 
-        parse_cache(cache)  # a bad spec: one line before any model loads
-    if stop_early is not None:
-        from .runtime.stop import parse_stop
-
-        parse_stop(stop_early)
+    # parsed once, before any model loads (a bad spec: one line), and passed down typed
+    cache_spec, stop_spec = parse_cache(cache), parse_stop(stop_early)
     picture = picture_mask = None
     if image is not None or mask is not None or strength is not None:
         from .runtime.image_input import check_mask_matches, check_strength, read_picture
@@ -159,8 +156,8 @@ def generate(
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
-                                              mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache,
-                                              stop_early=stop_early, decoder=decoder),
+                                              mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache_spec,
+                                              stop_early=stop_spec, decoder=decoder),
                               manifest["recommended"])
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile
@@ -170,6 +167,11 @@ def generate(
         from .runtime.controlnet import check_request
 
         check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
+    from .techniques.active import Specs, check as check_techniques
+
+    # what does not combine (techniques/registry.py), as far as the options say; generate checks it all again
+    # with the folder's precision schedule and the picture's mask
+    check_techniques(Specs(cache_spec, stop_spec), options.loop, lora=bool(lora), controlnet=bool(controls))
     guards.check_request(folder, manifest, options)
     from .adapters.tags import split_tags, tagged_files
 

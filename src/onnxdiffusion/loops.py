@@ -15,7 +15,6 @@ from .artifacts import (check_external_paths, check_output_folder, component_pat
 from .errors import UserError
 from .families import get_family
 from . import loops_control
-from .runtime.cache import compiled_record
 from .onnxio.files import INLINE_MAX, write, write_external
 from .samplers.graph import FORMS, build_sampling_graph
 
@@ -137,7 +136,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     `cache`: a step-caching spec (or a bare method): the Loop graph can then cache with that method, at an
     interval or threshold chosen per run (generate --cache). `controlnets`: the folder's ControlNets built in.
     `stop_early`: the Loop's cond output tests the denoised estimate's change, so generate --stop-early
-    THRESHOLD[:MIN_STEPS] ends it early (graph_stop.py).
+    THRESHOLD[:MIN_STEPS] ends it early (techniques/stop.py).
     """
     model, out = Path(model), Path(out)
     _check_form(form, steps)
@@ -150,7 +149,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
     family = get_family(manifest.get("family"))
-    control = loops_control.check_names(manifest, controlnets, form, whole, cache_spec, family)
+    control = loops_control.check_names(manifest, controlnets, form, whole, family)
     backbone = backbone or family.backbone
     comps = manifest["components"]
     if backbone not in comps:
@@ -202,24 +201,23 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     schedule = high = None
     if comps[backbone].get("precision_schedule"):
         schedule, high, high_tuned = _high_backbone(model, manifest, backbone, cpu_tuned)
-        if correction is not None:
-            raise UserError(f"{model}: a backbone with both a correction and a precision schedule is not supported")
         if high_tuned:
             from .runtime.cpu_target import cpu_target
 
             tuned_for = cpu_target()
-    split = _cache_split(cache_spec, family, unet, comps[backbone], schedule, large)
+    techniques = _loop_techniques(cache_spec, stop_early, family, unet, comps[backbone], (schedule, high), large,
+                                  control, correction)
     extra = _whole_parts(model, manifest, family) if whole else {}
     mode = "none" if family.guidance_input_for(manifest["pipeline"]) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
-    extra.update(loops_control.graph_control(model, control, net_level, family))
+    techniques += loops_control.graph_control(model, control, net_level, family)
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
-                                 correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
-                                 schedule=schedule, high_backbone=high, cache=split, stop=stop_early, **extra)
-    del unet, extra, high
+                                 guidance_mode=mode, latent_patch=family.latent_patch, techniques=techniques,
+                                 **extra)
+    del unet, extra, high, techniques
     from .adapters.graph import expose_lora_inputs
 
     # run-time LoRA: the insertion points of the backbone (and a whole graph's text encoders) as graph inputs
@@ -252,10 +250,12 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         if lora:
             info["lora"] = lora
         if cache_spec is not None:
-            info["cache"] = compiled_record(cache_spec)
+            info["cache"] = cache_spec.record()
         info.update({"controlnets": list(controlnets)} if control else {})
         if stop_early:
-            info["stop_early"] = True
+            from .techniques.stop import compiled_record as stop_record
+
+            info.update(stop_record())
         return info
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
@@ -268,7 +268,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
 
 def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = False):
     """The compiled cache's spec (or None), after both per-step options are checked against the form."""
-    from .runtime.cache import parse_compiled_cache
+    from .techniques.caching import parse_compiled_cache
 
     if stop_early and (form != "loop" or whole):
         raise UserError("--stop-early builds adaptive stopping into the Loop graph the pipeline runs "
@@ -279,18 +279,38 @@ def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = Fal
     return spec
 
 
-def _cache_split(spec, family, backbone: onnx.ModelProto, entry: dict, schedule, large: bool):
-    """(spec, the backbone cut for it) for the Loop graph, or None without a spec; the cut is of the graph
-    the Loop inlines (ORT's optimized one when tuned), so with nothing cached it runs the same kernels."""
-    if spec is None:
-        return None
-    if large or schedule is not None or (entry.get("lora") or {}).get("targets"):
-        what = "a backbone over 2 GB" if large else "a precision schedule" if schedule is not None else "run-time LoRA"
-        raise UserError(f"--cache {spec.method}: step caching in the Loop graph does not support {what} yet "
-                        "(use --loop host)")
-    from .runtime.cache import cut
+def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, entry: dict, scheduled, large: bool,
+                     control, correction) -> list:
+    """The Loop twins compile-loop builds in, after the registry's table refuses what cannot be built into one
+    graph (the builder calls them in the registry's order); step caching's cut is of the graph the Loop inlines
+    (ORT's optimized one when tuned), so with nothing cached it runs the same kernels. `scheduled`: (the
+    precision schedule, its high-precision backbone) or (None, None)."""
+    from .techniques.correction import CorrectionLoop
+    from .techniques.precision import ScheduleLoop
+    from .techniques.registry import check_combination
+    from .techniques.stop import StopLoop
 
-    return spec, cut(backbone, family, spec, f"--cache {spec.method}")
+    schedule, high = scheduled
+
+    check_combination({"cache": spec, "controlnet": bool(control), "precision_schedule": schedule is not None,
+                       "lora": bool((entry.get("lora") or {}).get("targets")), "correction": correction is not None},
+                      "loop", compiled=True)
+    techniques = []
+    if spec is not None:
+        if large:
+            raise UserError(f"--cache {spec.method}: step caching in the Loop graph does not support a backbone over "
+                            "2 GB yet (use --loop host)")
+        from .techniques.caching import cut
+        from .techniques.caching_graph import CacheLoop
+
+        techniques.append(CacheLoop(spec, cut(backbone, family, spec, f"--cache {spec.method}")))
+    if stop_early:
+        techniques.append(StopLoop())
+    if correction is not None:
+        techniques.append(CorrectionLoop(correction))
+    if schedule is not None:
+        techniques.append(ScheduleLoop(schedule, high))
+    return techniques
 
 
 def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool | None):

@@ -7,13 +7,13 @@ from pathlib import Path
 from .errors import UserError
 
 
-def check_names(manifest: dict, names, form: str, whole: bool, cache_spec, family) -> list[dict]:
+def check_names(manifest: dict, names, form: str, whole: bool, family) -> list[dict]:
     """The records of the ControlNets to compile (one line on an unknown name or a combination not built)."""
     names = list(names or ())
     if not names:
         return []
-    if whole or cache_spec is not None:
-        raise UserError("--controlnet is built into the plain Loop / unrolled graph (not --whole, not with --cache)")
+    if whole:  # (what ControlNet does not combine with: techniques/registry.py, checked by compile_loop)
+        raise UserError("--controlnet is built into the plain Loop / unrolled graph (not --whole)")
     if len(set(names)) != len(names):
         raise UserError(f"--controlnet names must be distinct, got {names}")
     nets = manifest.get("controlnets") or {}
@@ -66,11 +66,12 @@ def load_nets(folder: Path, records: list[dict], level=None) -> list:
     return models
 
 
-def graph_control(folder: Path, records: list[dict], level, family) -> dict:
-    """build_sampling_graph's `control` argument ({} without nets)."""
+def graph_control(folder: Path, records: list[dict], level, family) -> list:
+    """The ControlNets' Loop twin for build_sampling_graph's techniques ([] without nets)."""
     from .runtime.control_graph import residual_names
+    from .techniques.controlnet import ControlLoop
 
     if not records:
-        return {}
-    return {"control": (load_nets(folder, records, level), residual_names(family, records[0]),
-                        [bool(r.get("cond_only")) for r in records])}
+        return []
+    return [ControlLoop(load_nets(folder, records, level), residual_names(family, records[0]),
+                        [bool(r.get("cond_only")) for r in records])]

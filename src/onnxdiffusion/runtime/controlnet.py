@@ -150,16 +150,12 @@ class Prepared:
 
 def check_request(folder, manifest: dict, options, names: list[str]) -> None:
     """What can be refused from the manifest and options alone (the CLI asks before loading any model)."""
-    from .cache import parse_cache
-
     if options.loop != "host":
         compiled = (manifest["components"].get(f"sampler_{options.loop}") or {}).get("controlnets") or []
         missing = [n for n in names if n not in compiled]
         if missing:
             raise UserError(f"ControlNet {missing[0]!r} is not built into this folder's {options.loop} graph: recompile "
                             f"it with `onnxdiffusion compile-loop --controlnet {missing[0]}` or use --loop host")
-    if (cache := parse_cache(options.cache)) is not None and not cache.noop:
-        raise UserError("step caching with ControlNet is not supported yet (drop --cache)")
     nets = manifest.get("controlnets") or {}
     for name in names:
         if name not in nets:
@@ -173,10 +169,8 @@ def prepare(pipe, controlnets, options, loras=None) -> list[Prepared]:
     if not specs:
         return []
     check_request(pipe.folder, pipe.manifest, options, [s.name for s in specs])
-    if loras:
-        raise UserError("run-time LoRAs with ControlNet are not supported yet (merge the LoRA at export: export --lora)")
-    if pipe.precision_schedule is not None:
-        raise UserError("a backbone with a precision schedule does not take ControlNet residuals yet")
+    # what ControlNet does not combine with (LoRA, caching, a precision schedule): techniques/registry.py,
+    # checked by run_loop.prepare_run before this runs
     if pipe.profile is not None and pipe.profile.profile.io_binding == "device":
         raise UserError("ControlNet runs with host buffers; this profile binds device buffers (io_binding=device)")
     h, w = pipe.image_size(options)
@@ -238,25 +232,17 @@ class ControlledBackbone:
 def residual_session(pipe, record: dict):
     """The pipeline's backbone cut to take residuals (cut once per pipeline)."""
     import onnx
-    import onnxruntime as ort
 
-    from ..manifest import confined
     from ..onnxio import fp16_storage
-    from .cache import _piece_session
+    from ..techniques.caching import piece_session
     from .control_graph import add_residual_inputs  # noqa: F401 (onnx is loaded only here)
-    from .loading import disabled
-    from .session import resolve_provider, session_options
 
     key = tuple(residuals_of(pipe.family, record))
-    cuts = pipe.__dict__.setdefault("_control_cuts", {})
+    cuts = pipe.technique_state.get("controlnet_cuts", dict)
     if key not in cuts:
-        bb = pipe._backbone_info
-        path = confined(pipe.folder, bb["path"], "backbone")
+        path = pipe.backbone_path
         model = add_residual_inputs(fp16_storage.expand(onnx.load(str(path)), str(path)), pipe.family, record)
-        opts = session_options(pipe._threads, pipe.memory)
-        chain = pipe._chain.get("backbone") or resolve_provider(pipe.provider)
-        extra = {"disabled_optimizers": off} if (off := disabled(bb)) else {}
-        cuts[key] = _piece_session(model, lambda b: ort.InferenceSession(b, sess_options=opts, providers=chain, **extra))
+        cuts[key] = piece_session(model, pipe.backbone_session_maker(disabled_optimizers=True))
     return cuts[key]
 
 
@@ -265,10 +251,10 @@ def net_session(pipe, name: str, record: dict):
     from ..onnxio.session import make_session
     from . import guards
 
-    sessions = pipe.__dict__.setdefault("_control_sessions", {})
+    sessions = pipe.technique_state.get("controlnet_sessions", dict)
     if name not in sessions:
         path = confined(pipe.folder, record.get("path"), f"ControlNet {name!r}")
-        s = make_session(path, pipe.provider, pipe._threads, providers=pipe._chain.get("backbone"), memory=pipe.memory)
+        s = make_session(path, pipe.provider, pipe.threads, providers=pipe.backbone_providers, memory=pipe.memory)
         guards.check_io(pipe.folder, f"controlnets/{name}", s, (SAMPLE, TIMESTEP, COND, SCALE),
                         tuple(residual_names(pipe.family, record)))
         sessions[name] = s

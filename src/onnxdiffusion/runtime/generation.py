@@ -54,8 +54,10 @@ class GenerateOptions:
     # inpainting from a picture: paste its pixels back outside the mask (diffusers' apply_overlay), so the
     # VAE's round trip does not touch them; off: the decoded image as is (diffusers' default)
     mask_overlay: bool = False
-    cache: str | None = None  # step caching SPEC (runtime/cache.py), e.g. "first_block:0.2"; host loop
-    # adaptive stopping (runtime/stop.py): "THRESHOLD[:MIN_STEPS]" or a number; host loop or a Loop graph
+    # step caching (techniques/caching.py): a SPEC like "first_block:0.2", a dict {"method": ..., setting: value}
+    # or a method's spec object; host loop or a Loop graph compiled with compile-loop --cache
+    cache: str | dict | None = None
+    # adaptive stopping (techniques/stop.py): "THRESHOLD[:MIN_STEPS]" or a number; host loop or a Loop graph
     # compiled with compile-loop --stop-early; the result's settings["steps_run"] says how many steps ran
     stop_early: str | float | None = None
     decoder: str = "full"  # full (the VAE) | tiny (the folder's vae_decoder_tiny: runtime/tiny_decoder.py)

@@ -26,6 +26,7 @@ from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, table_from_config
 from ..schedules import FlowSchedule
 from ..adapters.runtime import RuntimeLora, with_feeds
+from ..techniques.state import TechniqueState
 from .generation import (  # noqa: F401  (re-exported: the public names live here too)
     GenerateOptions, GenerationResult, StepEvent, resolve_options)
 from .backbone import Conditioning, DeviceBackbone, DevicePool, FedBackbone, GuidedBackbone
@@ -114,6 +115,7 @@ class Pipeline:
         self._tiny = None  # the tiny decoder, made on first use (decoder="tiny")
         self._backbone_io_shapes = {i.name: i.shape for i in backbone_io.get_inputs()}
         self.device_pool = DevicePool()  # io_binding device: bound buffers reused across generations
+        self.technique_state = TechniqueState()  # per-step techniques' own caches (a cut backbone, loaded nets)
         self.correction, self.precision_schedule, self.backbone_high = backbone_remedies(
             folder, comps, bb, provider, threads, profile, chain["backbone"], mem)
         self.scheduler_config, self.schedule = load_scheduler(folder)
@@ -316,6 +318,33 @@ class Pipeline:
     def latent_shape_for(self, batch: int, height: int | None = None, width: int | None = None) -> tuple[int, ...]:
         return self.latent_shape(GenerateOptions(batch=batch, height=height, width=width))
 
+    @property
+    def backbone_path(self) -> Path:
+        """The backbone's ONNX file (inside the folder)."""
+        return confined(self.folder, self._backbone_info["path"], "backbone")
+
+    @property
+    def threads(self) -> int | None:
+        return self._threads
+
+    @property
+    def backbone_providers(self) -> list | None:
+        """The execution providers the backbone's sessions run on (the profile's chain), or None: the provider's."""
+        return self._chain.get("backbone")
+
+    def backbone_session_maker(self, disabled_optimizers: bool = False):
+        """make(bytes | path) -> a session of a backbone piece (a cut, a residual-taking copy) with the backbone's
+        threads, memory options and providers; `disabled_optimizers`: also the passes its component turns off."""
+        import onnxruntime as ort
+
+        from .loading import disabled
+        from .session import resolve_provider, session_options
+
+        opts = session_options(self._threads, self.memory)
+        chain = self._chain.get("backbone") or resolve_provider(self.provider)
+        extra = {"disabled_optimizers": off} if disabled_optimizers and (off := disabled(self._backbone_info)) else {}
+        return lambda model: ort.InferenceSession(model, sess_options=opts, providers=chain, **extra)
+
     def sampling_graph(self, form: str) -> SamplingGraph:
         if form not in self._graphs:
             self._graphs[form] = open_sampling_graph(self, form)
@@ -342,14 +371,15 @@ class Pipeline:
         `controlnets`: [ControlNetSpec | (name, image[, scale[, start, end]]), ...] (runtime/controlnet.py).
         `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`), or the
         AdapterFeeds `lora_feeds` returned for them (converted once, reused)."""
-        from .run_loop import run
+        from .run_loop import prepare_run, run
 
         try:
             options = GenerateOptions(**kwargs)
         except TypeError as e:
             raise UserError(str(e)) from None
         options = self.resolve(options)
-        prepared = self.prepare(options, latents, noise, image, mask)
+        specs, prepared = prepare_run(self, options, latents, noise, image, mask, lora=bool(loras),
+                                      controlnet=bool(controlnets))
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
@@ -359,7 +389,7 @@ class Pipeline:
         adapter = self.lora_feeds(loras, options.loop)
         start = prepared[3] if len(prepared) > 3 else None
         return guards.model_errors(self.folder, run(self, options, *prepared[:3], prompts, negatives, start, adapter,
-                                                    controls))
+                                                    controls, specs))
 
     # -- image input ----------------------------------------------------------------------------
     def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:

@@ -7,25 +7,32 @@ import numpy as np
 
 from ..errors import UserError
 from ..samplers import iter_sample
+from ..techniques.active import check as check_techniques, host_techniques, parse_specs
+from ..techniques.caching import loop_feeds
+from ..techniques.host_base import HostContext
+from ..techniques.stop import check_form as check_stop_form, check_steps
 from . import guards
-from ..adapters.runtime import graph_feeds as graph_lora_feeds
-from .cache import cached_backbone, loop_feeds, parse_cache
 from .generation import GenerationResult, StepEvent
-from . import stop as stopping
 
 
 def prepare(pipe, options, latents, noise, image=None, mask=None):
     """Validate everything before any model runs; (table, latents, noise[, ImageStart])."""
+    return prepare_run(pipe, options, latents, noise, image, mask)[1]
+
+
+def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False, controlnet=False):
+    """(the options' technique specs, parsed once; prepare's tuple). `lora` / `controlnet`: whether the
+    generation has run-time LoRAs / ControlNets (the registry's table refuses what does not combine)."""
     from .image_input import check_strength, plan_start
 
     options = pipe.resolve(options)
-    cache = parse_cache(options.cache)
-    stop = stopping.parse_stop(options.stop_early)
-    stopping.check_form(stop, options.loop, lambda: pipe.sampling_graph("loop").stop, cache)
-    if cache is not None and not cache.noop and options.loop != "host":
-        if options.loop != "loop":
-            raise UserError(f"cache {cache} runs in the host loop and the Loop graph (--loop host | loop)")
-        loop_feeds(pipe.sampling_graph("loop").cache, cache)  # a graph compiled without it refuses here
+    specs = parse_specs(options)
+    inpaint = image is not None and mask is not None and not pipe.backbone_extra_channels()
+    check_techniques(specs, options.loop, lora=lora, controlnet=controlnet,
+                     schedule=pipe.precision_schedule is not None, inpaint=inpaint)
+    check_stop_form(specs.stop, options.loop, lambda: pipe.sampling_graph("loop").stop)
+    if specs.cache_on is not None and options.loop == "loop":
+        loop_feeds(pipe.sampling_graph("loop").cache, specs.cache)  # a graph compiled without it refuses here
     guards.check_request(pipe.folder, pipe.manifest, options)
     shape = pipe.latent_shape(options)  # the family's (may be packed)
     h, w = pipe.image_size(options)
@@ -60,22 +67,25 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
                             f"this sampler needs {run_table.num_steps}" + (" at this strength" if start else ""))
         if start is not None:
             graph.check_image_inputs(start)
-    stopping.check_inpainting(stop, start is not None and start.keep is not None)
-    stopping.check_steps(stop, run_table.num_steps)
+    check_steps(specs.stop, run_table.num_steps)
     if run_table.needs_noise and noise is None:
         noise = rng.standard_normal((run_table.num_steps, *shape), dtype=np.float32)
     if noise is not None:
         noise = guards.float_array(noise, "noise", (run_table.num_steps, *shape))
-    return (table, latents, noise) if start is None else (table, latents, noise, start)
+    return specs, ((table, latents, noise) if start is None else (table, latents, noise, start))
 
 
-def run(pipe, options, table, latents, noise, prompts, negatives, start=None, adapter=None, controls=None):
-    stop = stopping.parse_stop(options.stop_early)
-    stop = None if stop is None or stop.noop else stop  # threshold 0 never stops: no test to compute
+def run(pipe, options, table, latents, noise, prompts, negatives, start=None, adapter=None, controls=None,
+        specs=None):
+    """The per-step generator; `specs`: prepare_run's parsed technique specs (parsed here when not given)."""
+    specs = parse_specs(options) if specs is None else specs
     run_table = table if start is None else start.cut
     embedded = pipe.family.guidance_input_for(pipe.info)  # guidance-distilled: the scale is a backbone input, no CFG
     h, w = pipe.image_size(options)
     offset = 0 if start is None else start.start
+    ctx = HostContext(pipe, prompts, negatives, options.guidance, h, w, latents.shape, run_table.num_steps,
+                      extra=None if start is None else start.extra, adapter=adapter)
+    techniques = host_techniques(pipe, specs, options.loop, adapter, controls, start, latents)
     if options.loop != "host":
         # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
         # except for a guidance-distilled backbone, which takes the scale as an input
@@ -83,53 +93,37 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
         graph = pipe.sampling_graph(options.loop)
-        lora = None if adapter is None else graph_lora_feeds(pipe, graph, adapter)
-        cache = loop_feeds(graph.cache, parse_cache(options.cache)) if graph.form == "loop" else {}
-        # a run-time LoRA's tensors, the compiled cache's interval / threshold, the stopping test's settings
-        extra = {**(lora or {}), **cache, **stopping.loop_feeds(stop)}
-        if graph.controlnets:  # ControlNets built into the graph: every one is fed (scale 0 when unused)
-            from .controlnet import graph_feeds
-
-            extra.update(graph_feeds(pipe, graph.controlnets, controls or [], run_table.num_steps, latents.shape[0], h, w))
+        extra = {}  # each technique's run-time inputs (LoRA tensors, cache interval, stop threshold, ControlNets)
+        for t in techniques:
+            extra.update(t.graph_feeds(graph, ctx))
         outs = graph.run_outputs(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
         x = next(iter(outs.values()))
         steps_run = int(outs["steps_run"]) if "steps_run" in outs else run_table.num_steps
         guards.check_finite(x, "the sampling graph's output latents")
     else:
-        extra = None if start is None else start.extra
-        run_table, x = (table, latents) if start is None else (start.cut, start.x_init)
-        if controls:  # ControlNets: their residuals into the backbone cut to take them (runtime/controlnet.py)
-            from .controlnet import controlled_backbone
-
-            model_fn = controlled_backbone(pipe, controls, prompts, negatives, options.guidance, h, w, latents.shape,
-                                           run_table.num_steps, extra=extra)
-            backbone = model_fn.g
-        else:
-            model_fn = backbone = pipe.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
-                                                       extra=extra, adapter=adapter)
-        backbones = [backbone]
-        if (cache := parse_cache(options.cache)) is not None and not cache.noop:
-            model_fn = cached_backbone(pipe, backbone, cache)  # first -> (rest | cached) -> tail
-        if pipe.correction is not None:
-            model_fn = pipe.correction.wrap(model_fn)
-        if pipe.precision_schedule is not None:
-            high_fn = pipe.guided_backbone(prompts, negatives, options.guidance, h, w, latents.shape,
-                                           pipe.backbone_high, extra=extra, adapter=adapter)
-            backbones.append(high_fn)
-            model_fn = pipe.precision_schedule.wrap(model_fn, high_fn)
-        after = None if start is None or start.keep is None else blend_step(start, latents)
+        x = latents if start is None else start.x_init
+        model_fn = None
+        for t in techniques:  # a technique may stand in for the guided backbone (ControlNet)
+            if (made := t.backbone(ctx)) is not None:
+                model_fn, ctx.backbone = made
+        if model_fn is None:
+            model_fn = ctx.backbone = ctx.guided()
+        ctx.backbones.insert(0, ctx.backbone)
+        for t in techniques:  # the registry's order: cache, correction, precision schedule around it
+            model_fn = t.wrap(model_fn, ctx)
+        after = next((a for t in techniques if (a := t.after_step()) is not None), None)
         steps_run, prev = 0, None
         try:
             for i, x, den in iter_sample(model_fn, x, run_table, noise, after_step=after):
                 steps_run = i + 1
-                if stop is not None and stop.stops(i, run_table.num_steps, den, prev):
+                if any(t.stops(i, run_table.num_steps, den, prev) for t in techniques):
                     x = den  # the x0 estimate: a finished picture, not a half-noised latent
                     yield StepEvent(offset + i, table.num_steps, float(run_table.timesteps[i]), x, den, stopped=True)
                     break
                 prev = den
                 yield StepEvent(offset + i, table.num_steps, float(run_table.timesteps[i]), x, den)
         finally:  # device buffers go back to the pipeline's pool (also when the generator is dropped)
-            for b in backbones:
+            for b in ctx.backbones:
                 if hasattr(b, "close"):
                     b.close()
         # one reduction over the final latents: NaN/inf anywhere in the loop propagates to them
@@ -138,9 +132,8 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
                 **options.__dict__, "sampler": table.sampler, "steps_run": steps_run}
     if start is not None:
         settings.update(start_row=start.start, inpaint=start.keep is not None or start.extra is not None)
-    if controls:
-        settings["controlnets"] = [{"name": c.spec.name, "scale": c.spec.scale, "start": c.spec.start, "end": c.spec.end}
-                                   for c in controls]
+    for t in techniques:
+        settings.update(t.settings())
     images = pipe.decode(x, h, w, options.decoder)
     if start is not None and start.overlay is not None:
         from .image_input import apply_overlay
@@ -148,18 +141,3 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         images = apply_overlay(images, start.overlay)
     yield GenerationResult(images=images, latents=x, init_latents=latents, noise=noise, settings=settings)
 
-
-def blend_step(start, noise0: np.ndarray):
-    """after_step for inpainting with a regular backbone: x = keep * target_i + (1 - keep) * x, target_i
-    the image latents noised to the next row's level (diffusers: (1 - mask) * proper + mask * latents)."""
-    keep = start.keep
-    inv = (np.float32(1.0) - keep).astype(np.float32)
-    lv = start.cut.levels
-    lat = start.image_latents
-
-    def after(i: int, x: np.ndarray) -> np.ndarray:
-        s, n = lv[i + 1]
-        target = np.float32(s) * lat + np.float32(n) * noise0
-        return (keep * target + inv * x).astype(np.float32)
-
-    return after

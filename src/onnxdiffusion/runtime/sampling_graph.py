@@ -6,6 +6,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..samplers import COLUMNS, SamplerTable
+from ..techniques.stop import read_record as read_stop_record
 
 
 class SamplingGraph:
@@ -14,9 +15,9 @@ class SamplingGraph:
         self.form = info["form"]
         self.steps = info.get("steps")
         self.whole = bool(info.get("whole"))
-        self.cache = info.get("cache")  # the step-caching method compiled in (graph_cache.py), or None
+        self.cache = info.get("cache")  # the step-caching method compiled in (techniques/caching_graph.py), or None
         self.controlnets = list(info.get("controlnets") or [])  # ControlNets built in (graph_control.py)
-        self.stop = bool(info.get("stop_early"))  # adaptive stopping compiled in (graph_stop.py)
+        self.stop = read_stop_record(info)  # adaptive stopping compiled in (techniques/stop.py)
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
         self.input_names = {i.name for i in session.get_inputs()}

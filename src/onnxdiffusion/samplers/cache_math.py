@@ -1,5 +1,5 @@
-"""The float arithmetic step caching decides with, written once for the host loop (runtime/cache.py) and
-twinned op for op by the Loop graph (graph_cache.py), so both decide the same steps.
+"""The float arithmetic step caching decides with, written once for the host loop (techniques/) and
+twinned op for op by the Loop graph (techniques/graph_fold.py and each method's graph_step), so both decide the same steps.
 
 A reduction's order is the implementation's: numpy sums pairwise in blocks, ONNX Runtime's ReduceSum
 in its own vector order, and two orders can round the same tensor's sum to different floats, which can

@@ -23,18 +23,19 @@ for a guidance-distilled backbone). Packed-token backbones take latents (B,S,D) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from .graph_backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, latent_dims,  # noqa: F401
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
-from .graph_correct import correct, correction_prologue, rescale
-from .graph_control import control_inputs
+from .graph_correct import rescale
 from .graph_techniques import technique_prologues
 from .graph_image import blend_step, image_defaults, image_inputs
+from .graph_state import GraphRequest, GraphState
 from .tables import COLUMNS
+from ..techniques.loop_base import StepIO
+from ..techniques.registry import ORDER
 
 FORMS = ("loop", "unrolled")
 GUIDANCE_MODES = ("cfg", "cfg_rescale", "none")
@@ -75,7 +76,7 @@ def _constants(b: _Builder) -> None:
         b.const(f"col_{col}", np.array(k, np.int64))
 
 
-def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guidance_mode: str = "cfg") -> dict:
+def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guidance_mode: str = "cfg") -> GraphState:
     """Values computed once, before the loop: guided conditioning, batch sizes, starting state.
 
     `given`: conditioning already in [uncond; cond] form (the whole graph's text side); the
@@ -107,11 +108,11 @@ def _prologue(b: _Builder, conditioning: list[str], given: dict[str, str], guida
                                   "axes0"], "blend_rows")
     if guidance_mode == "cfg_rescale":
         b.const("last_axis", np.array([-1], np.int64))
-    return {"context": ctx, "batch2": batch2, "noise_last": last_noise, "x0": x0, "d0": d0, "mode": guidance_mode,
-            "inv_keep": inv_keep, "blend_last": b.op("Sub", [blend_rows, "one_i64"], "blend_last")}
+    return GraphState(context=ctx, batch2=batch2, noise_last=last_noise, x0=x0, d0=d0, mode=guidance_mode,
+                      inv_keep=inv_keep, blend_last=b.op("Sub", [blend_rows, "one_i64"], "blend_last"))
 
 
-def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
+def _step(b: _Builder, bb: Backbone, pre: GraphState, i: str, x: str, d_prev: str, tag: str) -> tuple[str, str]:
     """One sampler step: nodes appended to `b`; returns the names of the new x and D."""
 
     def n(hint: str) -> str:
@@ -121,41 +122,34 @@ def _step(b: _Builder, bb: Backbone, pre: dict, i: str, x: str, d_prev: str, tag
     row = b.op("Gather", ["table", j], n("row"), axis=0)
     c = {col: b.op("Gather", [row, f"col_{col}"], n(col), axis=0) for col in COLUMNS}
     x_in = b.op("Mul", [x, c["c_in"]], n("x_in"))
-    if pre.get("extra"):  # an inpainting backbone: mask + masked-image latents after the scaled latents
-        x_in = b.op("Concat", [x_in, "sample_extra"], n("x_in_extra"), axis=pre["extra_axis"])
-    guided_batch = pre["mode"] != "none"
+    if pre.extra:  # an inpainting backbone: mask + masked-image latents after the scaled latents
+        x_in = b.op("Concat", [x_in, "sample_extra"], n("x_in_extra"), axis=pre.extra_axis)
+    guided_batch = pre.mode != "none"
     doubled = b.op("Concat", [x_in, x_in], n("x_in2"), axis=0) if guided_batch else x_in
-    t_vec = b.op("Expand", [c["t"], pre["batch2"]], n("t_vec"))
+    t_vec = b.op("Expand", [c["t"], pre.batch2], n("t_vec"))
     # inline the backbone, its inputs/outputs bound to this step's tensors
     remap = {bb.io["sample"]: doubled, bb.io["timestep"]: t_vec,
-             **{bb.io[f"cond:{k}"]: v for k, v in pre["context"].items()}}
-    if "control" in pre:  # ControlNets inlined beside the backbone, their residuals into it (graph_control.py)
-        from .graph_control import control_residuals
-
-        step_io = {"sample": doubled, "timestep": t_vec, "control:sample": x_in, "control:t": c["t"], **pre["context"]}
-        remap.update({bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, pre, step_io, i, tag, n).items()})
-    if "cache" in pre:  # step caching: first -> If(rest | carried) -> tail (graph_cache.py)
-        from .graph_cache import cached_call
-
-        out = cached_call(b, pre, bb, remap, i)
-    elif "schedule" in pre:  # a precision schedule: an If on t picks the high-precision backbone or this one
-        from .graph_schedule import switch_backbones
-
-        out = switch_backbones(b, pre, bb, remap, c["t"], tag, n)
-    else:
+             **{bb.io[f"cond:{k}"]: v for k, v in pre.context.items()}}
+    step = StepIO(i, c["t"], tag, n, sample=doubled, timestep=t_vec, single_sample=x_in)
+    for t in pre.techniques:  # ControlNets inlined beside the backbone, their residuals into it
+        remap.update(t.backbone_inputs(b, pre, bb, step))
+    # a technique may make the backbone call itself (step caching: first -> If(rest | carried) -> tail; a
+    # precision schedule: an If on t picks the high-precision backbone or this one)
+    out = next((o for t in pre.techniques if (o := t.call_backbone(b, bb, remap, step)) is not None), None)
+    if out is None:
         out = inline_backbone(b.nodes, bb, remap, tag)
     if guided_batch:
         u, cnd = b.ops("Split", [out], [n("out_u"), n("out_c")], axis=0)
         diff = b.op("Sub", [cnd, u], n("cfg_diff"))
         guided = b.op("Add", [u, b.op("Mul", [diff, "guidance"], n("cfg_scaled"))], n("guided"))
-        if pre["mode"] == "cfg_rescale":
+        if pre.mode == "cfg_rescale":
             guided = rescale(b, guided, cnd, n)
     else:  # guidance-distilled: the scale went in as a backbone input
         guided = out
-    if "corr_table" in pre:
-        guided = correct(b, pre, c["t"], guided, n)
+    for t in pre.techniques:  # output correction
+        guided = t.after_guidance(b, guided, step)
     den = b.op("Add", [b.op("Mul", [x, c["p"]], n("px")), b.op("Mul", [guided, c["q"]], n("qout"))], n("denoised"))
-    noise_idx = b.op("Min", [i, pre["noise_last"]], n("noise_idx"))
+    noise_idx = b.op("Min", [i, pre.noise_last], n("noise_idx"))
     noise_i = b.op("Gather", ["noise", noise_idx], n("noise_i"), axis=0)
     # clip(D, -r, r): only DDIM's clip_sample has k != 0; elsewhere r = k = 0 and the term is 0
     clipped = b.op("Clip", [den, b.op("Neg", [c["r"]], n("neg_r")), c["r"]], n("D_clipped"))
@@ -199,15 +193,14 @@ def _graph_inputs(latent_dims: list, conditioning: list[onnx.ValueInfoProto], wi
     return ins + image_inputs(len(latent_dims))
 
 
-def _loop(b: _Builder, bb: Backbone, pre: dict, carried: dict[str, list]) -> str:
-    """The Loop node over one step (plus the cache's carried state, graph_cache.loop_state); its final x."""
+def _loop(b: _Builder, bb: Backbone, pre: GraphState, carried: dict[str, list]) -> str:
+    """The Loop node over one step (plus the techniques' carried state); its final x."""
     body = _Builder()
     x_new, den = _step(body, bb, pre, "iter", "x_carried", "d_carried", tag="")
     cond = "cond_in"
-    if pre.get("stop"):  # adaptive stopping: the cond output is the test (graph_stop.py)
-        from .graph_stop import stop_test
-
-        cond, x_new = stop_test(body, "iter", x_new, den, "d_carried")
+    for t in pre.techniques:  # adaptive stopping: the cond output is its test
+        if (ended := t.end_of_step(body, "iter", x_new, den, "d_carried")) is not None:
+            cond, x_new = ended
     body.op("Identity", [cond], "cond_out")
     body.op("Identity", [x_new], "x_out")
     body.op("Identity", [den], "d_out")
@@ -232,7 +225,7 @@ def _loop(b: _Builder, bb: Backbone, pre: dict, carried: dict[str, list]) -> str
     # an explicit true condition: same meaning as none, and onnx's reference Loop needs it
     b.const("loop_true", np.array(True))
     b.nodes.append(
-        helper.make_node("Loop", ["steps", "loop_true", pre["x0"], pre["d0"], *carried["loop_in"]],
+        helper.make_node("Loop", ["steps", "loop_true", pre.x0, pre.d0, *carried["loop_in"]],
                          ["latents_out", "denoised_out", *carried["loop_out"]], name="sampler_loop", body=graph)
     )
     return "latents_out"
@@ -243,50 +236,49 @@ def _sd_combine(ops, encoded: dict) -> dict:
 
 
 def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: int | None = None,
-                         latent_channels: int = 4, text_encoder: onnx.ModelProto | None = None,
-                         vae_decoder: onnx.ModelProto | None = None, vae_scaling_factor: float = 1.0,
-                         correction=None, text_encoders: dict | None = None, combine: Callable | None = None,
-                         vae_shift_factor: float = 0.0, guidance_mode: str = "cfg",
-                         latent_patch: int | None = None, schedule=None,
-                         high_backbone: onnx.ModelProto | None = None, cache=None, control=None,
-                         stop: bool = False) -> onnx.ModelProto:
+                         **options) -> onnx.ModelProto:
+    """build(GraphRequest(backbone, form, steps, **options)): the options are GraphRequest's fields."""
+    return build(GraphRequest(backbone, form, steps, **options))
+
+
+def build(request: GraphRequest) -> onnx.ModelProto:
     """The whole N-step sampler (guidance, update, multistep state) as one ONNX model.
 
     With text encoders and `vae_decoder` the graph is the whole pipeline: token ids in
     (`input_ids`, `uncond_input_ids`, and `input_ids_2`, ... for further encoders), a uint8 NHWC
     `image` out. `text_encoders` maps component name -> (model, outputs read) and `combine` is
     the family's `combine(ops, encoded)`; `text_encoder` alone is the one-CLIP (SD) case.
-    `correction` (an ``OutputCorrection``) scales and shifts the guided backbone output per
-    timestep, as the host loop does for quantized backbones fitted with ``quantize --correct``.
     `guidance_mode`: "cfg" ([uncond; cond] batch, u + g (c - u)), "cfg_rescale" (then rescaled to
     the conditional output's norm over the last axis) or "none" (cond only: a guidance-distilled
     backbone takes the scale as one of its conditioning inputs). The latents take the backbone
     sample's layout (NCHW, or packed tokens [B, S, D]); a whole graph over packed tokens unpacks
     `latent_patch` x `latent_patch` patches for the VAE on int64 inputs grid_rows and grid_cols.
-    `schedule` (a ``PrecisionSchedule``) with `high_backbone`: the steps it names run that backbone
-    instead (an ``If`` on the step's timestep; graph_schedule.py). `cache`: (CacheSpec, SplitGraphs of
-    `backbone`), step caching in the Loop form (graph_cache.py). `control`: (ControlNet models, the backbone's
-    residual input names[, per net: runs on the cond half only]): the nets inlined beside a residual-taking backbone (graph_control.py). `stop`:
-    adaptive stopping in the Loop form, the Loop's cond output a test on the denoised estimate's change
-    (graph_stop.py).
+    `techniques`: the per-step techniques' Loop twins (techniques/loop_base.LoopTechnique: ControlNets, step
+    caching, output correction, a precision schedule, adaptive stopping), called in the registry's order; what
+    cannot combine is refused from techniques/registry.py's table.
     """
     from .graph_whole import image_epilogue, text_prologue, unpack_patches
 
+    r = request
+    backbone, form, steps, latent_channels, text_encoders, combine = (r.backbone, r.form, r.steps, r.latent_channels,
+                                                                       r.text_encoders, r.combine)
+    vae_decoder, guidance_mode, latent_patch = r.vae_decoder, r.guidance_mode, r.latent_patch
+    techniques = sorted(r.techniques, key=lambda t: ORDER.index(t.name))
     if form not in FORMS:
         raise ValueError(f"unknown loop form {form!r}; choose from {', '.join(FORMS)}")
     if guidance_mode not in GUIDANCE_MODES:
         raise ValueError(f"unknown guidance mode {guidance_mode!r}; choose from {', '.join(GUIDANCE_MODES)}")
     if form == "unrolled" and (steps is None or steps < 1):
         raise ValueError("the unrolled form needs steps >= 1")
-    if text_encoder is not None:
-        text_encoders = {"text_encoder": (text_encoder, ("last_hidden_state",))}
+    if r.text_encoder is not None:
+        text_encoders = {"text_encoder": (r.text_encoder, ("last_hidden_state",))}
         combine = combine or _sd_combine
     whole = bool(text_encoders) or vae_decoder is not None
     if whole and (not text_encoders or vae_decoder is None or combine is None):
         raise ValueError("the whole-pipeline graph needs the text encoders, their combine and the VAE decoder")
     bb = load_backbone(backbone)
     dims = latent_dims(backbone, latent_channels)
-    residuals = list(control[1]) if control else []
+    residuals = [name for t in techniques for name in t.residual_inputs()]  # fed by a technique (ControlNet)
     conditioning = [c for c in conditioning_inputs(backbone) if c.name not in residuals]
     if CONTEXT not in [c.name for c in conditioning]:
         raise ValueError(f"the backbone has no {CONTEXT} input")
@@ -312,34 +304,33 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
     extra_channels = channels - width if channels and isinstance(width, int) else 0
     if extra_channels < 0:
         raise ValueError(f"the backbone's sample has fewer channels than the latents ({width})")
-    pre["extra"], pre["extra_axis"] = extra_channels > 0, (1 if len(dims) == 3 else 2)
+    pre.extra, pre.extra_axis = extra_channels > 0, (1 if len(dims) == 3 else 2)
     image_defaults(b, len(dims))
-    if correction is not None:
-        correction_prologue(b, pre, correction)
-    nets, high, inits, funcs = technique_prologues(b, pre, bb, form, whole, control, residuals, schedule,
-                                                   high_backbone, cache, stop,
-                                                   {k: cond_input_names(k)[0] for k in pre["context"]})
+    inits, funcs = technique_prologues(b, pre, bb, form, whole, techniques)
     extra_inits += inits
     functions += funcs
-    from .graph_cache import cache_inputs, loop_state
-    from .graph_stop import stop_inputs, stop_state
-
-    # the stop counter before the cache's state: a cached graph's last output stays cache_computed
-    carried = {k: v + loop_state(pre)[k] for k, v in stop_state(pre).items()}
+    parts = [t.carried() for t in techniques]
+    carried = {k: [v for p in parts for v in getattr(p, k)] for k in ("body_in", "loop_in", "graph_out")}
+    # a Loop's body gives its carried state first, then its scan outputs
+    carried["body_out"] = [v for p in parts for v in p.body_out] + [v for p in parts for v in p.scan_body]
+    carried["loop_out"] = [v for p in parts for v in p.loop_out] + [v for p in parts for v in p.scan_out]
     if form == "loop":
         final = _loop(b, bb, pre, carried)
     else:
-        x, d = pre["x0"], pre["d0"]
+        x, d = pre.x0, pre.d0
         for k in range(steps):
             i = b.const(f"step_{k}", np.array(k, np.int64))
             x, d = _step(b, bb, pre, i, x, d, tag=f"s{k}/")
         final = x
+    # a technique's weights standing in for the backbone's (step caching: the first and tail pieces'; a
+    # precision schedule: both backbones', or none outside its If branches)
+    stand_in = next((w for t in techniques if (w := t.backbone_initializers()) is not None), None)
     f = TensorProto.FLOAT
     if whole:
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
         if len(dims) == 2:
             final = unpack_patches(b, final, int(dims[1]) // (latent_patch * latent_patch), latent_patch)
-        image_epilogue(b, vae, final, 1.0 / vae_scaling_factor, vae_shift_factor)
+        image_epilogue(b, vae, final, 1.0 / r.vae_scaling_factor, r.vae_shift_factor)
         extra_inits += vae.initializers
         functions += vae.functions
         outputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "image_height", "image_width", 3])]
@@ -351,25 +342,16 @@ def build_sampling_graph(backbone: onnx.ModelProto, form: str = "loop", steps: i
         b.nodes,
         f"sampler_{form}" + ("_whole" if whole else ""),
         _graph_inputs(dims, conditioning, form == "loop", set(given), id_inputs, guidance_mode, extra_channels)
-        + (cache_inputs() if cache is not None else [])
-        + (control_inputs([_cond_rank(m) for m in control[0]]) if nets else []) + (stop_inputs() if stop else []),
+        + [i for t in techniques for i in t.inputs()],
         outputs,
-        initializer=b.inits + ([] if pre.get("schedule", {}).get("local_weights") else pre["cache"]["inits"]
-                               if cache is not None else bb.initializers + (high.initializers if high else []))
-        + extra_inits,
+        initializer=b.inits + (stand_in if stand_in is not None else bb.initializers) + extra_inits,
     )
-    models = [backbone, high_backbone, vae_decoder, *(m for m, _ in (text_encoders or {}).values()),
-              *(control[0] if control else [])]
+    models = [backbone, *(m for t in techniques for m in t.models()), vae_decoder,
+              *(m for m, _ in (text_encoders or {}).values())]
     model = helper.make_model(graph, opset_imports=_merge_opsets(*models), producer_name="onnxdiffusion")
     model.ir_version = max(m.ir_version for m in models if m is not None)
     model.functions.extend(functions)
     return model
-
-
-def _cond_rank(model: onnx.ModelProto) -> int:
-    from .graph_control import COND
-
-    return next(len(i.type.tensor_type.shape.dim) for i in model.graph.input if i.name == COND)
 
 
 def _merge_opsets(*models: onnx.ModelProto | None) -> list[onnx.OperatorSetIdProto]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper
+from .graph_state import GraphState
 
 COND, SCALE = "controlnet_cond", "conditioning_scale"
 
@@ -30,12 +31,12 @@ def control_inputs(ranks: list[int]) -> list:
     return ins
 
 
-def control_prologue(b, pre: dict, nets: list, residuals: list[str], cond_only=None, cond_names=None) -> None:
+def control_prologue(b, pre: GraphState, nets: list, residuals: list[str], cond_only=None, cond_names=None) -> None:
     """`nets`: Backbone-like inlinable ControlNets (io "out:NAME" per residual); once-per-run values.
     `cond_only[k]`: net k runs on the conditional half of the guidance batch and both halves take its
     samples (QwenImageControlNetPipeline); `cond_names`: conditioning name -> its cond-only graph input."""
     b.const("control_scale_shape", np.array([1], np.int64))
-    guided = pre["mode"] != "none"
+    guided = pre.mode != "none"
     cond_only = list(cond_only or [False] * len(nets))
     state = []
     for k, net in enumerate(nets):
@@ -47,21 +48,21 @@ def control_prologue(b, pre: dict, nets: list, residuals: list[str], cond_only=N
                     f"control_keep_len_{k}")
         state.append({"net": net, "pixels": pixels, "half": half,
                       "last": b.op("Sub", [rows, "one_i64"], f"control_keep_last_{k}")})
-    pre["control"] = {"nets": state, "residuals": residuals}
+    pre.control = {"nets": state, "residuals": residuals}
     if any(s["half"] for s in state):
-        first = cond_names[next(iter(pre["context"]))]
+        first = cond_names[next(iter(pre.context))]
         batch = b.op("Slice", [b.op("Shape", [first], "control_cond_shape"), "slice0_start", "slice0_end"],
                      "control_cond_batch")
-        pre["control"]["half"] = {"context": {k: cond_names[k] for k in pre["context"]}, "batch": batch}
+        pre.control["half"] = {"context": {k: cond_names[k] for k in pre.context}, "batch": batch}
 
 
-def control_residuals(b, pre: dict, remap: dict, i: str, tag: str, n) -> dict[str, str]:
+def control_residuals(b, pre: GraphState, remap: dict, i: str, tag: str, n) -> dict[str, str]:
     """Inline every net for this step; backbone residual input name -> the summed residual tensor.
     `remap`: the step's sample and timestep (guidance batch), its single-batch sample "control:sample" and
     scalar timestep "control:t", and the conditioning by name."""
     from .graph_backbone import inline_backbone
 
-    ctl = pre["control"]
+    ctl = pre.control
     sums: dict[str, str] = {}
     for k, s in enumerate(ctl["nets"]):
         net = s["net"]

@@ -1,5 +1,5 @@
 """The sampling graph's image inputs (img2img, inpainting; see graph.py's docstring) and the inpainting
-blend after each step: the twin of runtime/run_loop.blend_step (tests/test_inpaint.py runs both)."""
+blend after each step: the twin of techniques/inpaint.blend_step (tests/test_inpaint.py runs both)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 from onnx import TensorProto, helper
+from .graph_state import GraphState
 
 # image inputs (module docstring): name -> default; a default makes the input optional to feed
 LATENT_SHAPED = ("image_latents", "keep")
@@ -31,12 +32,12 @@ def image_inputs(latent_rank: int) -> list:
             helper.make_tensor_value_info("blend", f, ["blend_rows", 2])]
 
 
-def blend_step(b, pre: dict, j: str, x_new: str, n: Callable[[str], str]) -> str:
+def blend_step(b, pre: GraphState, j: str, x_new: str, n: Callable[[str], str]) -> str:
     """x = keep * (blend[j, 0] * image_latents + blend[j, 1] * latents) + (1 - keep) * x (keep = 0: x as is)."""
-    bl = b.op("Gather", ["blend", b.op("Min", [j, pre["blend_last"]], n("blend_idx"))], n("blend_row"), axis=0)
+    bl = b.op("Gather", ["blend", b.op("Min", [j, pre.blend_last], n("blend_idx"))], n("blend_row"), axis=0)
     target = b.op("Add", [b.op("Mul", ["image_latents", b.op("Gather", [bl, "blend_col0"], n("blend_s"), axis=0)],
                                 n("blend_img")),
                           b.op("Mul", ["latents", b.op("Gather", [bl, "blend_col1"], n("blend_n"), axis=0)],
                                n("blend_noise"))], n("blend_target"))
-    return b.op("Add", [b.op("Mul", ["keep", target], n("kept")), b.op("Mul", [pre["inv_keep"], x_new], n("free"))],
+    return b.op("Add", [b.op("Mul", ["keep", target], n("kept")), b.op("Mul", [pre.inv_keep, x_new], n("free"))],
                 n("x_blended"))
