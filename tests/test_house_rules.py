@@ -159,10 +159,7 @@ def test_no_backbone_name_literal_outside_families():
 PIPELINE_MODULE = "onnxdiffusion/runtime/pipeline.py"
 # Files that still reach into a Pipeline: another change is moving their state into the techniques' own
 # objects (issue 41). This list only shrinks: a file that no longer reaches in must leave it (checked below).
-PIPELINE_PRIVACY_ALLOWED = {
-    "onnxdiffusion/runtime/cache.py",       # pipe._backbone_info/_threads/_chain, pipe.__dict__["_cache_splits"]
-    "onnxdiffusion/runtime/controlnet.py",  # the same three, pipe.__dict__["_control_cuts" / "_control_sessions"]
-}
+PIPELINE_PRIVACY_ALLOWED: set[str] = set()  # empty since the techniques moved their state into pipe.technique_state
 PIPE_NAMES = {"pipe", "pipeline"}  # the names src/ binds a Pipeline to (pipe = Pipeline.from_folder(...), ...)
 PIPE_ATTRS = {"pipe", "pipeline"}  # attributes that hold one: self.pipe (serve/ray, bench), entry.pipeline (serve)
 DICT_WRITES = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}

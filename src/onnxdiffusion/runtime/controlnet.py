@@ -254,7 +254,7 @@ def net_session(pipe, name: str, record: dict):
     sessions = pipe.technique_state.get("controlnet_sessions", dict)
     if name not in sessions:
         path = confined(pipe.folder, record.get("path"), f"ControlNet {name!r}")
-        s = make_session(path, pipe.provider, pipe.threads, providers=pipe.backbone_providers, memory=pipe.memory)
+        s = make_session(path, pipe.provider, pipe.threads, providers=pipe.providers_for("backbone"), memory=pipe.memory)
         guards.check_io(pipe.folder, f"controlnets/{name}", s, (SAMPLE, TIMESTEP, COND, SCALE),
                         tuple(residual_names(pipe.family, record)))
         sessions[name] = s

@@ -323,15 +323,6 @@ class Pipeline:
         """The backbone's ONNX file (inside the folder)."""
         return confined(self.folder, self._backbone_info["path"], "backbone")
 
-    @property
-    def threads(self) -> int | None:
-        return self._threads
-
-    @property
-    def backbone_providers(self) -> list | None:
-        """The execution providers the backbone's sessions run on (the profile's chain), or None: the provider's."""
-        return self._chain.get("backbone")
-
     def backbone_session_maker(self, disabled_optimizers: bool = False):
         """make(bytes | path) -> a session of a backbone piece (a cut, a residual-taking copy) with the backbone's
         threads, memory options and providers; `disabled_optimizers`: also the passes its component turns off."""
