@@ -36,7 +36,9 @@ def _stderr_has(path: Path, text: str):
 # None: seconds after the process starts (imports, loading). Delays stay well inside each stage.
 POINTS = {
     "generate": [(None, 1.0), ("sampling", 0.1), ("sampling", 2.0)],
-    "export": [(None, 1.0), ("export", 0.3), ("export", 1.5)],
+    # early (imports), mid-build (the text encoder loading: transformers' imports, issue 41's point), late (the
+    # UNet's export, the text encoder already written into the staging folder)
+    "export": [(None, 1.0), ("export", 0.3), (", unet]", 0.5)],
     "quantize": [(None, 1.5), ("capturing", 0.3), ("building", 0.05)],
     # int8-dynamic on the embedded UNet: ORT's quantize_dynamic runs in its own temporary folders (the
     # onnxdiffusion-dyn-* leak of issue 27 was a signal in this stage; 1.5 s on an AMX Xeon, was ~15 s: 3.0 s after
