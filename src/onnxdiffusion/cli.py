@@ -197,7 +197,7 @@ def main() -> None:
 
 
 def _exit_now(rv: int) -> None:
-    """End a verb that a signal stopped without the interpreter's shutdown, whose status is not ours to give:
+    """End a process whose verb a signal stopped without the interpreter's shutdown, which can change the status:
     CPython remembers a KeyboardInterrupt that left any exec() or eval() of a string (a dataclass or namedtuple
     being made while a module imports, say) even when the caller caught it, and under `python -m` then ends the
     process by re-raising SIGINT at exit: status -2, not 130, after the one error line (issue 41). The shutdown
