@@ -52,8 +52,17 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so every `finally` and temporary-folder cleanup runs."""
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated()
+_received: list[int] = []  # the signals the current verb got (run() starts it empty; main() reads it)
+
+
+def _on_signal(signum, frame):
+    """The first SIGINT/SIGTERM of a verb raises (KeyboardInterrupt / Terminated) and starts the unwind; a repeat
+    is only noted: raised again it would land in a `finally` or in run()'s own handler and cut short the cleanup
+    the first one started (a staging folder half removed, a second error line, a traceback)."""
+    _received.append(signum)
+    if len(_received) > 1:
+        return
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
 def _usage_error(e: BaseException) -> bool:
@@ -97,10 +106,11 @@ def run(argv: list[str] | None = None) -> int:
     old_show = warnings.showwarning
     warnings.showwarning = _one_line_warning
     old_term = None
+    _received.clear()
     if signal.getsignal(signal.SIGINT) is _exit_early:  # from here on Ctrl-C is a KeyboardInterrupt that cleans up
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _on_signal)
     try:
-        old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+        old_term = signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:  # not the main thread: leave SIGTERM alone
         pass
     try:
@@ -169,7 +179,11 @@ def _one_line(text: str) -> str:
 
 
 def main() -> None:
-    rv = run()
+    try:
+        rv = run()
+    except (KeyboardInterrupt, Terminated) as e:  # a first signal that landed as run() returned, past its handlers
+        rv = 143 if isinstance(e, Terminated) else 130
+        _say(f"error: {'terminated' if rv == 143 else 'interrupted'}", file=sys.stderr)
     # the verb is over (its output renamed into place, its temporary root gone): a signal arriving now must not
     # turn the status into a death by that signal during the interpreter's shutdown
     for s in (signal.SIGINT, signal.SIGTERM):
@@ -177,7 +191,26 @@ def main() -> None:
             signal.signal(s, signal.SIG_IGN)
         except ValueError:  # not the main thread
             break
+    if _received or rv in (130, 143):
+        _exit_now(rv)
     sys.exit(rv)
+
+
+def _exit_now(rv: int) -> None:
+    """End a process whose verb a signal stopped without the interpreter's shutdown, which can change the status:
+    CPython remembers a KeyboardInterrupt that left any exec() or eval() of a string (a dataclass or namedtuple
+    being made while a module imports, say) even when the caller caught it, and under `python -m` then ends the
+    process by re-raising SIGINT at exit: status -2, not 130, after the one error line (issue 41). The shutdown
+    would also finalize what the signal left half-built (torch's tracer, an ONNX Runtime session) while the
+    libraries' native worker threads still run. The verb's own cleanup is done (the temporary root, the tracked
+    staging paths); what remains is flushing the standard streams."""
+    tempfiles.cleanup_all()  # normally a no-op: the session removed everything; the atexit hook will not run
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or replaced (a broken pipe, a test harness)
+            pass
+    os._exit(rv)
 
 
 if __name__ == "__main__":
