@@ -150,3 +150,79 @@ def test_no_backbone_name_literal_outside_families():
             if BACKBONE_LITERAL.search(line):
                 hits.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
     assert not hits, f"{len(hits)} \"unet\" literals outside families/:\n" + "\n".join(hits)
+
+
+# --- the manifest is read through its typed records (issue 41) ------------------------------------------------
+def _manifest_keys() -> frozenset[str]:
+    """Every key the typed manifest gives an attribute for (so a string read of one has a typed twin)."""
+    import dataclasses
+
+    from onnxdiffusion.manifest import model
+
+    records = (model.Manifest, model.PipelineInfo, model.Component, model.Recommended, model.PrecisionScheduleRecord)
+    return frozenset(f.name for r in records for f in dataclasses.fields(r)) - {"raw", "name"}
+
+
+# names that hold a manifest or a piece of one in this code base (a writer's own dict is called `draft`)
+MANIFEST_HOLDER = re.compile(r"^(manifest|m|man|qman|qmanifest|src_manifest|info|pipe_info|pipeline_info|entry|"
+                             r"comp|comps|components|component|rec|recommended|backbone_entry|sg|spec_entry)$")
+# files still reading string keys, converted one by one; this list only shrinks. Owned by the restructuring of
+# the per-step techniques (issue 41), swept after it merges: runtime/{cache,controlnet,stop,run_loop}.py,
+# runtime/hooks/, samplers/graph*.py, and loops.py's cache/stop/control parts.
+MANIFEST_STRING_READS_ALLOWED = {
+    "runtime/cache.py", "runtime/controlnet.py", "runtime/stop.py", "runtime/run_loop.py",
+}
+
+
+def _holder(node: ast.AST) -> str:
+    """The name a subscript or .get() reads from: `manifest` in manifest["x"], `pipeline` in m.pipeline["x"]."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Subscript):  # manifest["components"]["unet"]["path"]: the chain's root
+        return _holder(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        return _holder(node.func.value)
+    return ""
+
+
+def manifest_string_reads(source: str, keys: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, key) of every `holder["key"]` / `holder.get("key")` / `.setdefault` / `.pop` load of a manifest key."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        key = base = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):
+            key, base = node.slice.value, node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "setdefault", "pop", "setting") and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            key, base = node.args[0].value, node.func.value
+        if isinstance(key, str) and key in keys and MANIFEST_HOLDER.match(_holder(base)):
+            hits.append((node.lineno, key))
+    return hits
+
+
+def _allowed(rel: str) -> bool:
+    return (rel in MANIFEST_STRING_READS_ALLOWED or rel.startswith("manifest/") or rel.startswith("runtime/hooks/")
+            or (rel.startswith("samplers/graph") and rel.endswith(".py")))
+
+
+def test_no_string_keyed_manifest_reads_outside_the_manifest_module():
+    keys = _manifest_keys()
+    hits = [f"{path.relative_to(PKG)}:{line}: [{key!r}]" for path in sorted(PKG.rglob("*.py"))
+            if not _allowed(path.relative_to(PKG).as_posix())
+            for line, key in manifest_string_reads(path.read_text(), keys)]
+    assert not hits, (f"{len(hits)} string-keyed manifest reads (read the typed record's attribute, "
+                      "onnxdiffusion.manifest):\n" + "\n".join(hits))
+
+
+def test_the_manifest_read_finder_finds_reads():
+    keys = _manifest_keys()
+    src = ('a = manifest["pipeline"]["vae_scale_factor"]\nb = info.get("latent_channels")\n'
+           'c = pipe.manifest["components"]\nd = entry["path"]\ndraft["path"] = 1\ne = results["steps"]\n'
+           'f = m.pipeline.vae_scale_factor\n')
+    assert [line for line, _ in manifest_string_reads(src, keys)] == [1, 1, 2, 3, 4]
+    stale = [r for r in MANIFEST_STRING_READS_ALLOWED
+             if not manifest_string_reads((PKG / r).read_text(), keys)]
+    assert not stale, f"allow-listed but clean (drop them from the list): {stale}"

@@ -181,12 +181,12 @@ def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path 
     in_place = out is None or Path(out).resolve() == folder.resolve()
     target = folder if in_place else Path(out)
     with derive(folder, target, manifest, overwrite=overwrite, in_place=in_place) as d:
-        old = (d.manifest.get("controlnets") or {}).get(name)
+        old = (d.draft.get("controlnets") or {}).get(name)
         if old is not None:  # the replaced net's files are not carried over
             for rel in [old["path"], *old.get("external_data", []), f"controlnets/{name}/config.json"]:
                 d.path(rel).unlink(missing_ok=True)
         entry = export_controlnet(name, cn_dir, record, family, info, d.tmp, options or ExportOptions())
-        d.manifest.setdefault("controlnets", {})[name] = entry
+        d.draft.setdefault("controlnets", {})[name] = entry
     return read_manifest(target)
 
 

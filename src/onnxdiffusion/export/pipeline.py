@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, check_output_folder, hash_tree, write_json
+from ..artifacts import FORMAT_VERSION, atomic_dir, check_output_folder, hash_tree, write_json, write_manifest
 from ..artifacts import read_json_object as _read_json
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
@@ -280,5 +280,5 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         lora_hooks.after_export(tmp, manifest, options, lora_records)
         manifest["export_seconds"] = round(time.time() - t_start, 2)
         manifest["files"] = hash_tree(tmp)
-        write_json(tmp / MANIFEST, manifest)
+        write_manifest(tmp, manifest)
     return manifest

@@ -160,7 +160,7 @@ def save(source, out: Path, config: QuantizeConfig, built, measured, provenance:
         if quality.correction is not None:
             provenance["correction_fitted_on"] = {k: quality.trajectories.provenance[k]
                                                   for k in ("kind", "prompts", "seeds", "sampler", "steps", "guidance")}
-        d.manifest["quantization"] = {
+        d.draft["quantization"] = {
             "config": config.to_dict(),
             "calibration": provenance,
             "float_nodes": built.float_nodes,

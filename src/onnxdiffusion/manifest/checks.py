@@ -26,7 +26,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
