@@ -91,28 +91,49 @@ class Component(_Record):
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     kind: str | None
+    family: str | None
     precision: str | None
     bytes: int | None
     session_options: Mapping | None
     correction: Mapping | None
     precision_schedule: PrecisionScheduleRecord | None
     lora: Mapping | None
+    requires_provider: str | None  # fixup-trt: a backbone only that provider runs ...
+    fallback: Component | None  # ... and the one to run elsewhere
+    int8_kernels: Any
+    steps: int | None  # a sampling graph: the unrolled form's fixed step count
     raw: Mapping = field(repr=False, default_factory=dict)
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> Component:
-        sched = d.get("precision_schedule")
+        sched, fallback = d.get("precision_schedule"), d.get("fallback")
         return cls(name, d["path"], tuple(d.get("external_data", [])),
                    tuple(TensorSpec.from_dict(t) for t in d.get("inputs", [])),
                    tuple(TensorSpec.from_dict(t) for t in d.get("outputs", [])),
-                   d.get("kind"), d.get("precision"), d.get("bytes"), _view(d.get("session_options")),
+                   d.get("kind"), d.get("family"), d.get("precision"), d.get("bytes"), _view(d.get("session_options")),
                    _view(d.get("correction")), None if sched is None else PrecisionScheduleRecord.from_dict(sched),
-                   _view(d.get("lora")), d)
+                   _view(d.get("lora")), d.get("requires_provider"),
+                   Component.from_dict(name, fallback) if isinstance(fallback, dict) else None, d.get("int8_kernels"),
+                   d.get("steps"), d)
 
     @property
     def files(self) -> list[str]:
         """The graph and its weight files, manifest-relative."""
         return [self.path, *self.external_data]
+
+    @property
+    def disabled_optimizers(self) -> list | None:
+        """ORT optimizers a (quantized) component asks to leave off; None: none."""
+        return list((self.session_options or {}).get("disabled_optimizers") or []) or None
+
+    def with_session_options(self, options: dict) -> Component:
+        """This entry with other session options (a fallback or a schedule's second backbone run as the first)."""
+        return Component.from_dict(self.name, {**self.raw, "session_options": options})
+
+    @property
+    def lora_targets(self) -> Mapping | None:
+        """The LoRA insertion points' targets (adapters/), or None for a folder without points."""
+        return (self.lora or {}).get("targets") or None
 
     @property
     def is_sampling_graph(self) -> bool:
@@ -141,7 +162,7 @@ class PipelineInfo(_Record):
     default_width: int
     model_max_length: int
     num_train_timesteps: int
-    prediction_type: str = "epsilon"
+    prediction_type: str | None = None  # as recorded (flow families record none)
     vae_shift_factor: float | None = None
     context_dim: int | None = None
     pooled_dim: int | None = None
@@ -169,7 +190,7 @@ class PipelineInfo(_Record):
         kw = {k: d[k] for k in cls._REQUIRED}
         kw.update({k: d.get(k) for k in cls._OPTIONAL})
         kw.update({k: _tuple(d.get(k)) for k in cls._LISTS})
-        return cls(prediction_type=d.get("prediction_type", "epsilon"), raw=d, **kw)
+        return cls(prediction_type=d.get("prediction_type"), raw=d, **kw)
 
     def setting(self, key: str, default: Any = None) -> Any:
         """A family-specific setting (families/ write and read their own)."""
