@@ -14,6 +14,7 @@ from .artifacts import (check_external_paths, check_output_folder, component_pat
                         read_manifest, verify_folder)
 from .errors import UserError
 from .families import get_family
+from .manifest import Component, Manifest
 from . import loops_control
 from .runtime.cache import compiled_record
 from .samplers.graph import FORMS, build_sampling_graph
@@ -41,8 +42,8 @@ def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
     return [data]
 
 
-def _stored_bytes(folder: Path, info: dict) -> int:
-    return sum(confined(folder, rel, "file").stat().st_size for rel in [info["path"], *info.get("external_data", [])])
+def _stored_bytes(folder: Path, entry: Component) -> int:
+    return sum(confined(folder, rel, "file").stat().st_size for rel in entry.files)
 
 
 def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelProto, Path]:
@@ -112,9 +113,9 @@ def _check_form(form: str, steps: int | None) -> None:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
 
 
-def _whole_parts(model: Path, manifest: dict, family) -> dict:
+def _whole_parts(model: Path, manifest: Manifest, family) -> dict:
     """A whole graph's other parts: the text encoders, the family's combine, the VAE decoder and its scaling."""
-    info, comps = manifest["pipeline"], manifest["components"]
+    info, comps = manifest.pipeline, manifest.components
     scale, shift = family.decode_scale_shift(info)
     return dict(
         text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
@@ -152,10 +153,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     manifest = read_manifest(model)
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
-    family = get_family(manifest.get("family"))
+    family = get_family(manifest.family)
     control = loops_control.check_names(manifest, controlnets, form, whole, cache_spec, family)
     backbone = backbone or family.backbone
-    comps = manifest["components"]
+    comps = manifest.components
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")
     t0 = time.time()
@@ -172,7 +173,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
 
         without_dead_queries(unet)
     if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
-        cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
+        cpu_tuned = not qdq and not comps[backbone].disabled_optimizers
     weights = net_level = None  # a large backbone's optimized weights (one file), the ControlNets' ORT level
     scratch = tempfile.TemporaryDirectory(prefix="onnxdiffusion-loop-")
     if cpu_tuned or qdq:
@@ -198,12 +199,12 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     elif large:  # portable float: the graph as exported, weights and all
         unet = load_component(model, manifest, backbone)
     correction = None
-    if comps[backbone].get("correction"):
+    if comps[backbone].correction:
         from .runtime.hooks.correction import OutputCorrection
 
-        correction = OutputCorrection.from_dict(comps[backbone]["correction"])
+        correction = OutputCorrection.from_dict(comps[backbone].correction)
     schedule = high = None
-    if comps[backbone].get("precision_schedule"):
+    if comps[backbone].precision_schedule:
         schedule, high, high_tuned = _high_backbone(model, manifest, backbone, cpu_tuned)
         if correction is not None:
             raise UserError(f"{model}: a backbone with both a correction and a precision schedule is not supported")
@@ -213,13 +214,13 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             tuned_for = cpu_target()
     split = _cache_split(cache_spec, family, unet, comps[backbone], schedule, large)
     extra = _whole_parts(model, manifest, family) if whole else {}
-    mode = "none" if family.guidance_input_for(manifest["pipeline"]) else ("cfg_rescale" if family.cfg_rescale else "cfg")
+    mode = "none" if family.guidance_input_for(manifest.pipeline) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
     extra.update(loops_control.graph_control(model, control, net_level, family))
-    graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
+    graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest.pipeline.latent_channels),
                                  correction=correction, guidance_mode=mode, latent_patch=family.latent_patch,
                                  schedule=schedule, high_backbone=high, cache=split, stop=stop_early, **extra)
     del unet, extra, high
@@ -236,7 +237,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         folder.mkdir()
         files = save_model(graph, folder / "model.onnx") if weights is None else save_with_weights(
             graph, folder / "model.onnx", weights)
-        info = {
+        draft = {
             "path": f"{name}/model.onnx",
             "external_data": [f"{name}/{f}" for f in files],
             "kind": "sampling_graph",
@@ -244,7 +245,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "steps": steps,
             "whole": whole,
             "backbone": backbone,
-            "precision": comps[backbone].get("precision", "fp32"),
+            "precision": comps[backbone].precision or "fp32",
             "prefused": prefused,
             "tuned_for": tuned_for,
             "corrected": correction is not None,
@@ -253,20 +254,20 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "compile_seconds": round(time.time() - t0, 2),
         }
         if lora:
-            info["lora"] = lora
+            draft["lora"] = lora
         if cache_spec is not None:
-            info["cache"] = compiled_record(cache_spec)
-        info.update({"controlnets": list(controlnets)} if control else {})
+            draft["cache"] = compiled_record(cache_spec)
+        draft.update({"controlnets": list(controlnets)} if control else {})
         if stop_early:
-            info["stop_early"] = True
-        return info
+            draft["stop_early"] = True
+        return draft
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
     with derive(model, out, manifest, drop=(name,), overwrite=overwrite, in_place=in_place) as d:
-        info = write_component(d.tmp)
-        d.components[name] = info
+        draft = write_component(d.tmp)
+        d.components[name] = draft
     scratch.cleanup()
-    return info
+    return Component.from_dict(name, draft)
 
 
 def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = False):
@@ -296,7 +297,7 @@ def _cache_split(spec, family, backbone: onnx.ModelProto, entry: dict, schedule,
     return spec, cut(backbone, family, spec, f"--cache {spec.method}")
 
 
-def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool | None):
+def _high_backbone(model: Path, manifest: Manifest, backbone: str, cpu_tuned: bool | None):
     """The precision schedule of `backbone` and its high-precision backbone as the host loop runs it
     (ORT's optimized CPU graph: fully, tuned to this CPU, unless `cpu_tuned` is False or the component
     disables passes); returns (schedule, model, tuned)."""
@@ -305,10 +306,9 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     from .onnxio.session import ort_optimized
     from .runtime.hooks.schedule import PrecisionSchedule
 
-    schedule = PrecisionSchedule.from_dict(manifest["components"][backbone]["precision_schedule"])
-    info = manifest["components"][schedule.component]
+    schedule = PrecisionSchedule.from_dict(manifest.components[backbone].precision_schedule)
     high = load_component(model, manifest, schedule.component)
-    disabled = (info.get("session_options") or {}).get("disabled_optimizers")
+    disabled = manifest.components[schedule.component].disabled_optimizers
     tuned = (cpu_tuned is not False) and not disabled and not _has_qdq(high) and _tensor_bytes(high) < TWO_GB - (64 << 20)
     level = onnxruntime.GraphOptimizationLevel
     if tuned or _tensor_bytes(high) < TWO_GB - (64 << 20):

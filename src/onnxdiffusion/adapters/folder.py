@@ -13,7 +13,7 @@ from pathlib import Path
 from ..artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, verify_folder, write_manifest
 from ..errors import UserError
 from ..families import get_family
-from ..manifest import Component, confined
+from ..manifest import Component, Manifest, confined, typed
 from .points import SCOPES, insert_points
 
 LORA_VERSION = 1
@@ -52,7 +52,7 @@ def rewrite_component(folder: Path, entry: Component, out_path: Path, scope: str
 
 
 def add_points(model: Path | str, out: Path | str, scope: str = "linear", overwrite: bool = False,
-               verify: bool = True) -> dict:
+               verify: bool = True) -> Manifest:
     """A copy of `model` with LoRA insertion points; returns the new manifest."""
     model, out = Path(model), Path(out)
     if scope not in SCOPES:
@@ -74,4 +74,4 @@ def add_points(model: Path | str, out: Path | str, scope: str = "linear", overwr
             draft["components"][name]["bytes"] = dest.stat().st_size
         draft["files"] = hash_tree(tmp)
         write_manifest(tmp, draft)
-    return draft
+    return typed(draft, str(out))

@@ -15,7 +15,7 @@ from ..artifacts import read_json_object as _read_json
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
-from ..manifest import PipelineInfo
+from ..manifest import Manifest, PipelineInfo, typed
 from ..onnxio import HeapFrozen
 from . import hooks
 from .options import ExportOptions
@@ -158,10 +158,11 @@ def _check_controlnets(options: ExportOptions, family: Family, configs: dict) ->
             for name, path in parse_pairs(options.controlnets)]
 
 
-def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None, progress: bool = True) -> dict:
+def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None,
+                    progress: bool = True) -> Manifest:
     """Export every component of a local diffusers pipeline to ONNX, validate it, write a draft.
 
-    Returns the manifest written (a dict). Raises UserError on bad input or a component over its tolerance;
+    Returns the manifest written. Raises UserError on bad input or a component over its tolerance;
     nothing is left at `out` unless the whole export succeeds. Components are loaded one source
     folder at a time and released after export, so peak memory follows the largest component.
     """
@@ -284,4 +285,4 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         draft["export_seconds"] = round(time.time() - t_start, 2)
         draft["files"] = hash_tree(tmp)
         write_manifest(tmp, draft)
-    return draft
+    return typed(draft, str(out))

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from ..artifacts import check_output_folder, write_manifest
+from ..manifest import Manifest, typed
 from ..errors import UserError
 from ..families import family_for_pipeline, get_family
 
@@ -124,7 +125,7 @@ def _component_from_config(config: Path, name: str, class_name: str, src: Path):
 
 
 def export_checkpoint(src: Path | str, out: Path | str, options=None, config: Path | str | None = None,
-                      family: str | None = None, progress: bool = True) -> dict:
+                      family: str | None = None, progress: bool = True) -> Manifest:
     """Export a single-file checkpoint; returns the manifest (its source: the checkpoint file)."""
     from .pipeline import ExportOptions, export_pipeline
 
@@ -137,7 +138,7 @@ def export_checkpoint(src: Path | str, out: Path | str, options=None, config: Pa
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".ckpt", dir=out.parent))
     try:
         folder, from_config = materialize(src, Path(config) if config else None, family, work)
-        draft = export_pipeline(folder, out, options, progress=progress)  # the dict export wrote
+        draft = export_pipeline(folder, out, options, progress=progress).to_dict()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     source = {**draft["source"], "path": src.name, "single_file": True}
@@ -145,4 +146,4 @@ def export_checkpoint(src: Path | str, out: Path | str, options=None, config: Pa
         source["from_config"] = from_config
     draft["source"] = source
     write_manifest(out, draft)  # the manifest is not among the hashed files
-    return draft
+    return typed(draft, str(out))

@@ -102,6 +102,7 @@ class Component(_Record):
     fallback: Component | None  # ... and the one to run elsewhere
     int8_kernels: Any
     steps: int | None  # a sampling graph: the unrolled form's fixed step count
+    validation: Mapping | None  # export: the comparison with PyTorch
     raw: Mapping = field(repr=False, default_factory=dict)
 
     @classmethod
@@ -114,7 +115,7 @@ class Component(_Record):
                    _view(d.get("correction")), None if sched is None else PrecisionScheduleRecord.from_dict(sched),
                    _view(d.get("lora")), d.get("requires_provider"),
                    Component.from_dict(name, fallback) if isinstance(fallback, dict) else None, d.get("int8_kernels"),
-                   d.get("steps"), d)
+                   d.get("steps"), _view(d.get("validation")), d)
 
     @property
     def files(self) -> list[str]:
@@ -227,6 +228,7 @@ class Manifest(_Record):
     attention: Mapping | str | None = None
     source: Mapping | str | None = None
     controlnets: Mapping | None = None
+    export_seconds: float | None = None
     raw: Mapping = field(repr=False, default_factory=dict)
 
     @classmethod
@@ -239,7 +241,7 @@ class Manifest(_Record):
                    PipelineInfo.from_dict(d["pipeline"]), comps, MappingProxyType(d["files"]),
                    Recommended.from_dict(d["recommended"]),
                    _view(q) if isinstance(q, dict) else q, _view(a) if isinstance(a, dict) else a,
-                   _view(s) if isinstance(s, dict) else s, _view(d.get("controlnets")), d)
+                   _view(s) if isinstance(s, dict) else s, _view(d.get("controlnets")), d.get("export_seconds"), d)
 
     @classmethod
     def parse(cls, obj: Any, where: str, required: tuple[str, ...] = ()) -> Manifest:
@@ -248,6 +250,17 @@ class Manifest(_Record):
 
     def component(self, name: str) -> Component | None:
         return self.components.get(name)
+
+    @property
+    def quantization_recipe(self) -> Mapping:
+        """The recipe quantize recorded ({} for a float folder or an old string record)."""
+        q = self.quantization if isinstance(self.quantization, Mapping) else {}
+        return (q.get("config") or {}).get("recipe") or {}
+
+    @property
+    def source_path(self) -> str | None:
+        """Where export read the model from (a folder or a checkpoint file), as it recorded it."""
+        return self.source.get("path") if isinstance(self.source, Mapping) else None
 
     def setting(self, key: str, default: Any = None) -> Any:
         """A top-level field this schema does not type (a writer's own record: export_seconds ...)."""
