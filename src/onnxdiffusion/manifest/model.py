@@ -101,21 +101,33 @@ class Component(_Record):
     requires_provider: str | None  # fixup-trt: a backbone only that provider runs ...
     fallback: Component | None  # ... and the one to run elsewhere
     int8_kernels: Any
-    steps: int | None  # a sampling graph: the unrolled form's fixed step count
     validation: Mapping | None  # export: the comparison with PyTorch
+    # a sampling graph's (kind "sampling_graph", compile-loop) record: what is compiled in
+    form: str | None
+    steps: int | None  # the unrolled form's fixed step count
+    whole: bool
+    cache: Any  # the step-caching method
+    controlnets: tuple[str, ...]  # the ControlNets built in
+    stop_early: bool
+    tuned_for: Any  # the CPU target an ORT_ENABLE_ALL graph was optimized for
     raw: Mapping = field(repr=False, default_factory=dict)
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> Component:
         sched, fallback = d.get("precision_schedule"), d.get("fallback")
-        return cls(name, d["path"], tuple(d.get("external_data", [])),
-                   tuple(TensorSpec.from_dict(t) for t in d.get("inputs", [])),
-                   tuple(TensorSpec.from_dict(t) for t in d.get("outputs", [])),
-                   d.get("kind"), d.get("family"), d.get("precision"), d.get("bytes"), _view(d.get("session_options")),
-                   _view(d.get("correction")), None if sched is None else PrecisionScheduleRecord.from_dict(sched),
-                   _view(d.get("lora")), d.get("requires_provider"),
-                   Component.from_dict(name, fallback) if isinstance(fallback, dict) else None, d.get("int8_kernels"),
-                   d.get("steps"), _view(d.get("validation")), d)
+        return cls(
+            name, d["path"], tuple(d.get("external_data", [])),
+            inputs=tuple(TensorSpec.from_dict(t) for t in d.get("inputs", [])),
+            outputs=tuple(TensorSpec.from_dict(t) for t in d.get("outputs", [])),
+            kind=d.get("kind"), family=d.get("family"), precision=d.get("precision"), bytes=d.get("bytes"),
+            session_options=_view(d.get("session_options")), correction=_view(d.get("correction")),
+            precision_schedule=None if sched is None else PrecisionScheduleRecord.from_dict(sched),
+            lora=_view(d.get("lora")), requires_provider=d.get("requires_provider"),
+            fallback=Component.from_dict(name, fallback) if isinstance(fallback, dict) else None,
+            int8_kernels=d.get("int8_kernels"), validation=_view(d.get("validation")),
+            form=d.get("form"), steps=d.get("steps"), whole=bool(d.get("whole")), cache=d.get("cache"),
+            controlnets=tuple(d.get("controlnets") or ()), stop_early=bool(d.get("stop_early")),
+            tuned_for=d.get("tuned_for"), raw=d)
 
     @property
     def files(self) -> list[str]:
@@ -251,11 +263,21 @@ class Manifest(_Record):
     def component(self, name: str) -> Component | None:
         return self.components.get(name)
 
+    def controlnet(self, name: str) -> Component | None:
+        """ControlNet `name`'s record as a component entry (its graph, weights, residuals ...), or None."""
+        rec = (self.controlnets or {}).get(name)
+        return None if rec is None else Component.from_dict(name, dict(rec))
+
     @property
     def quantization_recipe(self) -> Mapping:
         """The recipe quantize recorded ({} for a float folder or an old string record)."""
         q = self.quantization if isinstance(self.quantization, Mapping) else {}
         return (q.get("config") or {}).get("recipe") or {}
+
+    @property
+    def source_class(self) -> str | None:
+        """The diffusers pipeline class export read (model_index.json's `_class_name`)."""
+        return self.source.get("class") if isinstance(self.source, Mapping) else None
 
     @property
     def source_path(self) -> str | None:

@@ -176,9 +176,10 @@ def write_high(d, src: Component, schedule, high_model) -> None:
     (linked) for fp32, the converted model for fp16."""
     name = schedule.component
     if isinstance(high_model, onnx.ModelProto):
-        d.components[name] = src.to_dict()
+        draft = src.to_dict()
+        draft.pop("validation", None)  # of the fp32 export, not of this conversion
+        d.components[name] = draft
         d.save_component(name, high_model, RUNTIME_EXTERNAL_BYTES, rel=f"{name}/{Path(src.path).name}")
-        d.components[name].pop("validation", None)
     else:
         d.link_component(name, src, name)
     draft = d.components[name]

@@ -19,7 +19,7 @@ class TinyDecoder:
         from .loading import disabled
         from .session import make_session
 
-        entry = pipe.manifest["components"][DECODER]
+        entry = pipe.manifest.components[DECODER]
         self.session = make_session(component_path(pipe.folder, pipe.manifest, DECODER), pipe.provider, pipe._threads,
                                     providers=pipe._chain["other"], memory=pipe.memory, disabled_optimizers=disabled(entry))
         guards.check_io(pipe.folder, DECODER, self.session, ("latent_sample",), ("sample",))
