@@ -102,6 +102,7 @@ class Component(_Record):
     fallback: Component | None  # ... and the one to run elsewhere
     int8_kernels: Any
     validation: Mapping | None  # export: the comparison with PyTorch
+    quantized_from: Mapping | None  # quantize: the sha256 of the file it converted
     # a sampling graph's (kind "sampling_graph", compile-loop) record: what is compiled in
     form: str | None
     steps: int | None  # the unrolled form's fixed step count
@@ -125,6 +126,7 @@ class Component(_Record):
             lora=_view(d.get("lora")), requires_provider=d.get("requires_provider"),
             fallback=Component.from_dict(name, fallback) if isinstance(fallback, dict) else None,
             int8_kernels=d.get("int8_kernels"), validation=_view(d.get("validation")),
+            quantized_from=_view(d.get("quantized_from")),
             form=d.get("form"), steps=d.get("steps"), whole=bool(d.get("whole")), cache=d.get("cache"),
             controlnets=tuple(d.get("controlnets") or ()), stop_early=bool(d.get("stop_early")),
             tuned_for=d.get("tuned_for"), raw=d)

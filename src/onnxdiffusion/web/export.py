@@ -64,7 +64,7 @@ def whole_graph(model: Path, scratch: Path) -> tuple[onnx.ModelProto, Component]
     from ..loops import compile_loop
 
     entry = compile_loop(model, scratch / "model", form="loop", whole=True, cpu_tuned=False)
-    if entry.setting("tuned_for"):
+    if entry.tuned_for:
         raise UserError(f"{model}: the whole graph came out tuned to this CPU; the page needs the portable form")
     if entry.external_data:
         raise UserError(f"{model}: the whole graph is over 2 GB ({entry.bytes / 1e9:.1f} GB); the page takes one "
