@@ -166,13 +166,13 @@ def _manifest_keys() -> frozenset[str]:
 
 # names that hold a manifest or a piece of one in this code base (a writer's own dict is called `draft`)
 MANIFEST_HOLDER = re.compile(r"^(manifest|man|qman|qmanifest|src_manifest|info|pipe_info|pipeline|pipeline_info|entry|"
-                             r"comp|comps|components|component|recommended|backbone_entry|sg|spec_entry)$")
+                             r"comp|comps|components|component|recommended|backbone_entry|_?backbone_info|bb|sg|spec_entry)$")
 # Files (or FILE::function) still reading string keys. This list only shrinks: each is converted to the typed
 # attributes, then dropped (the finder test below fails on an entry that no longer reads any).
 MANIFEST_STRING_READS_ALLOWED = {
     # the per-step techniques, restructured by another branch of issue 41 right now; swept after it merges
-    # (runtime/cache.py, stop.py, run_loop.py, runtime/hooks/ and samplers/graph*.py read none by name today)
-    "runtime/controlnet.py",
+    # (runtime/stop.py, run_loop.py, runtime/hooks/ and samplers/graph*.py read none by name today)
+    "runtime/controlnet.py", "runtime/cache.py",
     "loops.py::_cache_split", "loops_control.py",
     # edited by a third branch now (kept untouched here to ease the merge); the records they read are typed
     "runtime/sampling_graph.py", "adapters/runtime.py",

@@ -126,3 +126,19 @@ def test_mapping_view_for_not_yet_converted_readers(tiny_onnx):
     assert m["pipeline"]["vae_scale_factor"] == m.pipeline.vae_scale_factor
     assert m["components"]["unet"]["path"] == m.components["unet"].path
     assert m.get("controlnets") is None and "files" in m
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m["components"]["unet"].update(lora=5), "components.unet.lora"),
+    (lambda m: m["components"]["unet"].update(bytes="big"), "components.unet.bytes"),
+    (lambda m: m["components"]["unet"].update(fallback={"path": "../elsewhere.onnx"}), "components.unet.fallback.path"),
+    (lambda m: m["components"]["unet"].update(controlnets="edges"), "components.unet.controlnets"),
+    (lambda m: m.update(controlnets={"edges": {"path": "/etc/passwd"}}), "controlnets.edges.path"),
+    (lambda m: m.update(controlnets=[1]), "controlnets"),
+])
+def test_the_records_typed_on_read_are_checked_on_read(tiny_onnx, edit, field):
+    """Fields the records type (beyond the original schema) fail in one line naming them, never in a consumer."""
+    raw = json.loads((tiny_onnx / MANIFEST).read_text())
+    edit(raw)
+    with pytest.raises(UserError, match=f"manifest field '{field}'"):
+        typed(raw)
