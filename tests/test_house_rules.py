@@ -178,6 +178,7 @@ MANIFEST_STRING_READS_ALLOWED = {
     "runtime/sampling_graph.py", "adapters/runtime.py",
 }
 ALLOWED_PREFIXES = ("manifest/",)  # the schema itself
+MANIFEST_MAKERS = ("read_manifest", "typed")
 
 
 def _holder(node: ast.AST) -> str:
@@ -190,6 +191,8 @@ def _holder(node: ast.AST) -> str:
         return _holder(node.value)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
         return _holder(node.func.value)
+    if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in MANIFEST_MAKERS:
+        return "manifest"  # read_manifest(folder)["pipeline"]
     return ""
 
 
@@ -232,9 +235,10 @@ def test_the_manifest_read_finder_finds_reads():
     keys = _manifest_keys()
     src = ('a = manifest["pipeline"]["vae_scale_factor"]\nb = info.get("latent_channels")\n'
            'c = pipe.manifest["components"]\nd = entry["path"]\ndraft["path"] = 1\ne = results["steps"]\n'
-           'f = m.pipeline.vae_scale_factor\ndef g(entry):\n    return entry.setting("precision")\n')
+           'f = m.pipeline.vae_scale_factor\ndef g(entry):\n    return entry.setting("precision")\n'
+           'h = read_manifest(folder)["recommended"]\n')
     assert sorted((line, fn) for line, _, fn in manifest_string_reads(src, keys)) == [
-        (1, ""), (1, ""), (2, ""), (3, ""), (4, ""), (9, "g")]
+        (1, ""), (1, ""), (2, ""), (3, ""), (4, ""), (9, "g"), (10, "")]
     stale = []
     for entry in MANIFEST_STRING_READS_ALLOWED:
         rel, _, fn = entry.partition("::")
