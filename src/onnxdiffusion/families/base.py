@@ -215,7 +215,7 @@ class Family:
 
     def sequence_length(self, component: str, info: dict) -> int:
         """Token length a text encoder is fed, or (backbone) the conditioning sequence length."""
-        lengths = info.get("max_lengths") or {}
+        lengths = info.setting("max_lengths") or {}
         if component in lengths:
             return int(lengths[component])
         return int(info.context_length or info.model_max_length)

@@ -140,7 +140,7 @@ class Flux(PackedFlowFamily):
         specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info.context_dim))),
                  TensorSpec(POOLED, "float32", ("batch_size", int(info.pooled_dim))),
                  TensorSpec(IMG_IDS, "float32", (*TOKENS, 3)))
-        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info["guidance_embeds"] else specs
+        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.setting("guidance_embeds") else specs
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
         c = 4 * int(info.latent_channels)
@@ -150,7 +150,7 @@ class Flux(PackedFlowFamily):
             "text_encoder_2": text_encoder_spec(t5, {"last_hidden_state": int(info.context_dim)}),
             "transformer": ComponentSpec(
                 "transformer",
-                (TensorSpec(SAMPLE, "float32", (*TOKENS, int(info.get("backbone_in_channels", c)))),
+                (TensorSpec(SAMPLE, "float32", (*TOKENS, int(info.setting("backbone_in_channels", c)))),
                  TensorSpec(TIMESTEP, "float32", ("batch_size",)),
                  *self.conditioning(info)),
                 (TensorSpec(OUT, "float32", (*TOKENS, c)),), atol=1e-3, kind=self.backbone_kind, source="transformer"),

@@ -36,7 +36,7 @@ class _TemplateTokenizer:
     def __init__(self, folder, info: dict):
         from ..runtime.tokenizer import PaddedTokenizer
 
-        self._tok = PaddedTokenizer(folder, None, info["prompt_template"])
+        self._tok = PaddedTokenizer(folder, None, info.setting("prompt_template"))
         self.limit = int(info.max_prompt_tokens) + int(info.prompt_template_drop)
 
     def __call__(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:

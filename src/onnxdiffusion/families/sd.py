@@ -176,7 +176,7 @@ class StableDiffusion(Family):
                                                    {"last_hidden_state": hidden, "pooler_output": hidden})}
         specs["unet"] = ComponentSpec(
             "unet",
-            (TensorSpec(SAMPLE, "float32", latent_io(int(info.get("backbone_in_channels", c)))),
+            (TensorSpec(SAMPLE, "float32", latent_io(int(info.setting("backbone_in_channels", c)))),
              TensorSpec(TIMESTEP, "float32", ("batch_size",)),
              *self.conditioning(info)),
             (TensorSpec(OUT, "float32", latent_io(c)),),

@@ -86,7 +86,7 @@ class StableDiffusion3(Family):
     def required_components(self, info: dict) -> tuple[str, ...]:
         base = super().required_components(info)
         # a folder exported with T5 needs it at run time (dropping it would change the images)
-        return (*base, "text_encoder_3") if info.get("t5") else base
+        return (*base, "text_encoder_3") if info.setting("t5") else base
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
         return (

@@ -100,4 +100,4 @@ class StableDiffusionXL(StableDiffusion):
         return {"time_ids": np.tile(ids, (batch, 1))}
 
     def zero_negative(self, info: dict) -> bool:
-        return bool(info.get("force_zeros_for_empty_prompt", True))
+        return bool(info.setting("force_zeros_for_empty_prompt", True))
