@@ -166,7 +166,8 @@ def _manifest_keys() -> frozenset[str]:
 
 # names that hold a manifest or a piece of one in this code base (a writer's own dict is called `draft`)
 MANIFEST_HOLDER = re.compile(r"^(manifest|man|qman|qmanifest|src_manifest|info|pipe_info|pipeline|pipeline_info|entry|"
-                             r"comp|comps|components|component|recommended|backbone_entry|_?backbone_info|bb|sg|spec_entry)$")
+                             r"comp|comps|components|component|recommended|backbone_entry|_?backbone_info|bb|sg|"
+                             r"spec_entry)$")
 # Files (or FILE::function) still reading string keys. This list only shrinks: each is converted to the typed
 # attributes, then dropped (the finder test below fails on an entry that no longer reads any).
 MANIFEST_STRING_READS_ALLOWED = {

@@ -350,8 +350,8 @@ def _component_files(draft: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def derive(source: Path, out: Path, manifest: Manifest | dict, replace=(), drop=(), drop_kinds=(), overwrite: bool = False,
-           in_place: bool = False) -> Iterator[Derivation]:
+def derive(source: Path, out: Path, manifest: Manifest | dict, replace=(), drop=(), drop_kinds=(),
+           overwrite: bool = False, in_place: bool = False) -> Iterator[Derivation]:
     """Write `out` from `source` (whose verified manifest is `manifest`): every listed file linked (or
     copied) except those of the components in `replace` (the caller puts new ones) and `drop` or of a
     kind in `drop_kinds` (removed with their whole folder); the caller's new files hashed (linked ones

@@ -249,7 +249,8 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
     specs.append(VariantSpec("torch-bf16", "torch", f"PyTorch bf16 (diffusers), {ddim}", source, steps=opts.steps,
                              sampler=opts.sampler, precision="bf16", skip=torch_skip, hidden=True))
 
-    def ort_family(prefix: str, folder: Path, man: Manifest, precision: str, folder_skip: str | None) -> list[VariantSpec]:
+    def ort_family(prefix: str, folder: Path, man: Manifest, precision: str,
+                   folder_skip: str | None) -> list[VariantSpec]:
         what = "ORT fp32" if precision == "fp32" else f"ORT {precision}"
         fam = [VariantSpec(f"{prefix}", "ort", f"{what}, host loop, {ddim}", folder, steps=opts.steps,
                            sampler=opts.sampler, precision=precision, skip=folder_skip)]

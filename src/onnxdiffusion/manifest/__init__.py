@@ -10,6 +10,6 @@ from .model import (Component, Manifest, PipelineInfo, PrecisionScheduleRecord, 
                     manifest_bytes, typed)
 
 __all__ = ["DEFAULT_FAMILY", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "Component", "Manifest", "ManifestError",
-           "PipelineInfo", "PrecisionScheduleRecord", "Recommended", "TensorSpec", "as_dict", "check_precision_schedule",
-           "check_recommended", "check_relative", "check_scheduler_config", "confined", "manifest_bytes", "typed",
+           "PipelineInfo", "PrecisionScheduleRecord", "Recommended", "TensorSpec", "as_dict",
+           "check_precision_schedule", "check_recommended", "check_relative", "check_scheduler_config", "confined", "manifest_bytes", "typed",
            "validate_manifest"]

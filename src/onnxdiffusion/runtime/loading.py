@@ -50,8 +50,8 @@ def _without_dead_queries(path: Path) -> bytes | None:
     return model.SerializeToString() if without_dead_queries(model) else None
 
 
-def backbone_remedies(folder: Path, comps: Mapping[str, Component], bb: Component, provider: str, threads: int | None, profile,
-                      providers: list | None, memory) -> tuple:
+def backbone_remedies(folder: Path, comps: Mapping[str, Component], bb: Component, provider: str,
+                      threads: int | None, profile, providers: list | None, memory) -> tuple:
     """(output correction, precision schedule, its higher-precision backbone session) of the backbone entry `bb`
     (runtime/hooks/), each None unless the manifest has it."""
     from .profiled import backbone_entry
