@@ -170,6 +170,9 @@ def _check_entry_records(entry: dict, where: str, field: str) -> None:
         v = entry.get(key)
         if v is not None and (not _is_int(v) or v < 0):
             _fail(where, f"{field}.{key}", f"must be a non-negative integer, got {v!r}")
+    for key in ("scaling_factor", "shift_factor"):
+        if entry.get(key) is not None and not _is_num(entry[key]):
+            _fail(where, f"{field}.{key}", f"must be a finite number, got {entry[key]!r}")
     nets = entry.get("controlnets")
     if nets is not None and (not isinstance(nets, list) or not all(isinstance(n, str) for n in nets)):
         _fail(where, f"{field}.controlnets", "must be a list of names")

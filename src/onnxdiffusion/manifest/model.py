@@ -103,6 +103,8 @@ class Component(_Record):
     int8_kernels: Any
     validation: Mapping | None  # export: the comparison with PyTorch
     quantized_from: Mapping | None  # quantize: the sha256 of the file it converted
+    scaling_factor: float | None  # a tiny autoencoder's own latent scaling and shift (export --tiny-vae)
+    shift_factor: float | None
     # a sampling graph's (kind "sampling_graph", compile-loop) record: what is compiled in
     form: str | None
     steps: int | None  # the unrolled form's fixed step count
@@ -126,7 +128,8 @@ class Component(_Record):
             lora=_view(d.get("lora")), requires_provider=d.get("requires_provider"),
             fallback=Component.from_dict(name, fallback) if isinstance(fallback, dict) else None,
             int8_kernels=d.get("int8_kernels"), validation=_view(d.get("validation")),
-            quantized_from=_view(d.get("quantized_from")),
+            quantized_from=_view(d.get("quantized_from")), scaling_factor=d.get("scaling_factor"),
+            shift_factor=d.get("shift_factor"),
             form=d.get("form"), steps=d.get("steps"), whole=bool(d.get("whole")), cache=d.get("cache"),
             controlnets=tuple(d.get("controlnets") or ()), stop_early=bool(d.get("stop_early")),
             tuned_for=d.get("tuned_for"), raw=d)
@@ -210,6 +213,10 @@ class PipelineInfo(_Record):
     def setting(self, key: str, default: Any = None) -> Any:
         """A family-specific setting (families/ write and read their own)."""
         return self.raw.get(key, default)
+
+    def with_vae_scaling(self, scaling: float, shift: float) -> PipelineInfo:
+        """These settings with another latent scaling and shift (a tiny decoder's, decoded as diffusers does)."""
+        return PipelineInfo.from_dict({**self.to_dict(), "vae_scaling_factor": scaling, "vae_shift_factor": shift})
 
 
 @dataclass(frozen=True, eq=False)
