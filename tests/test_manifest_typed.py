@@ -142,3 +142,15 @@ def test_the_records_typed_on_read_are_checked_on_read(tiny_onnx, edit, field):
     edit(raw)
     with pytest.raises(UserError, match=f"manifest field '{field}'"):
         typed(raw)
+
+
+def test_records_pickle_and_deep_copy(tiny_onnx):
+    """Serve and bench hand pipelines to workers: the records rebuild from their JSON."""
+    import copy
+    import pickle
+
+    m = read_manifest(tiny_onnx)
+    for other in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
+        assert isinstance(other, Manifest) and manifest_bytes(other) == manifest_bytes(m)
+        assert other.components["unet"].path == m.components["unet"].path
+    assert pickle.loads(pickle.dumps(m.pipeline)).latent_channels == m.pipeline.latent_channels

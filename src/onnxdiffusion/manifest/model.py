@@ -42,6 +42,17 @@ class _Record(Mapping):
         """A fresh copy of the JSON object, for a writer to edit (the record itself never changes)."""
         return copy.deepcopy(dict(self.raw))
 
+    def _rebuild_args(self) -> tuple:
+        return (dict(self.raw),)
+
+    def __reduce__(self):
+        # rebuilt from its JSON object: the read-only views (MappingProxyType) neither pickle nor deep-copy
+        return type(self)._rebuild, self._rebuild_args()
+
+    @classmethod
+    def _rebuild(cls, *args):
+        return cls.from_dict(*args)
+
 
 def _tuple(v: Any) -> tuple | None:
     return None if v is None else tuple(v)
@@ -133,6 +144,9 @@ class Component(_Record):
             form=d.get("form"), steps=d.get("steps"), whole=bool(d.get("whole")), cache=d.get("cache"),
             controlnets=tuple(d.get("controlnets") or ()), stop_early=bool(d.get("stop_early")),
             tuned_for=d.get("tuned_for"), raw=d)
+
+    def _rebuild_args(self) -> tuple:
+        return (self.name, dict(self.raw))
 
     @property
     def files(self) -> list[str]:
@@ -263,6 +277,10 @@ class Manifest(_Record):
                    Recommended.from_dict(d["recommended"]),
                    _view(q) if isinstance(q, dict) else q, _view(a) if isinstance(a, dict) else a,
                    _view(s) if isinstance(s, dict) else s, _view(d.get("controlnets")), d.get("export_seconds"), d)
+
+    @classmethod
+    def _rebuild(cls, d: dict) -> Manifest:
+        return cls.from_validated(d)
 
     @classmethod
     def parse(cls, obj: Any, where: str, required: tuple[str, ...] = ()) -> Manifest:
