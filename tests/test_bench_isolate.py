@@ -28,7 +28,7 @@ def test_quantize_recipes_parse_and_unknown_fails():
 
 
 def test_content_key_follows_files_recipe_and_arguments(tiny_onnx, tmp_path):
-    from onnxdiffusion.artifacts import read_manifest, write_json
+    from onnxdiffusion.artifacts import read_manifest, write_manifest
     from onnxdiffusion.bench.quantized import content_key
 
     key = content_key(tiny_onnx, "int8-static", ())
@@ -38,10 +38,10 @@ def test_content_key_follows_files_recipe_and_arguments(tiny_onnx, tmp_path):
     other = tmp_path / "m"
     shutil.copytree(tiny_onnx, other)
     assert content_key(other, "int8-static", ()) == key  # the folder's content, not its path
-    manifest = read_manifest(other)
-    first = next(iter(manifest["files"]))
-    manifest["files"][first] = "0" * 64  # a different file
-    write_json(other / "manifest.json", manifest)
+    draft = read_manifest(other).to_dict()
+    first = next(iter(draft["files"]))
+    draft["files"][first] = "0" * 64  # a different file
+    write_manifest(other, draft)
     assert content_key(other, "int8-static", ()) != key
 
 

@@ -35,13 +35,13 @@ def test_shipped_set():
 
 
 def test_tensorrt_shape_profiles_come_from_the_buckets(tiny_onnx):
-    import json
+    from onnxdiffusion.artifacts import read_manifest
 
-    m = json.loads((tiny_onnx / "manifest.json").read_text())
+    m = read_manifest(tiny_onnx)
     p = Profile.from_dict({"version": 1, "name": "t", "provider": "tensorrt",
                            "shapes": {"batch": [1, 2, 4], "buckets": [[64, 64], [32, 48], [96, 64]]}}, "t.yaml")
-    shapes = shape_profiles(p, m["components"]["unet"], m["pipeline"])
-    f = m["pipeline"]["vae_scale_factor"]
+    shapes = shape_profiles(p, m.components["unet"], m.pipeline)
+    f = m.pipeline.vae_scale_factor
     assert shapes["trt_profile_min_shapes"].startswith(f"sample:2x4x{32 // f}x{48 // f},timestep:2,")
     assert shapes["trt_profile_opt_shapes"].startswith(f"sample:4x4x{64 // f}x{64 // f},")
     assert shapes["trt_profile_max_shapes"].startswith(f"sample:8x4x{96 // f}x{64 // f},")

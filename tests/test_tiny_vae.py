@@ -106,15 +106,22 @@ def test_export_option_and_skip(tiny_diffusers, tiny_taesd, tmp_path):
 def test_scaling_per_family():
     """The tiny decoder's feed is the family's decoder feed (unpacking included) with the tiny model's
     scaling and shift: TAESD (SD: 1.0, decodes scaled latents), TAESD3 (its VAE's pair, raw latents)."""
+    from onnxdiffusion.artifacts import read_manifest
     from onnxdiffusion.families import get_family
     from onnxdiffusion.families.tiny_vae import scaled_info
+    from onnxdiffusion.manifest import Component
+    from onnxdiffusion.paths import default_model_folder
+
+    def tiny(scaling, shift):
+        return Component.from_dict("vae_decoder_tiny", {"path": "t.onnx", "scaling_factor": scaling, "shift_factor": shift})
 
     z = np.random.default_rng(0).standard_normal((1, 4, 8, 8), dtype=np.float32)
-    sd = {"vae_scaling_factor": 0.18215, "vae_shift_factor": 0.0}
-    feed = get_family("sd").decoder_feed(scaled_info(sd, {"scaling_factor": 1.0, "shift_factor": 0.0}), z, 32, 32)
+    base = read_manifest(default_model_folder()).pipeline
+    sd = base.with_vae_scaling(0.18215, 0.0)
+    feed = get_family("sd").decoder_feed(scaled_info(sd, tiny(1.0, 0.0)), z, 32, 32)
     np.testing.assert_array_equal(feed, z)
-    sd3 = {"vae_scaling_factor": 1.5305, "vae_shift_factor": 0.0609}
-    feed = get_family("sd3").decoder_feed(scaled_info(sd3, {"scaling_factor": 1.5305, "shift_factor": 0.0609}), z, 32, 32)
+    sd3 = base.with_vae_scaling(1.5305, 0.0609)
+    feed = get_family("sd3").decoder_feed(scaled_info(sd3, tiny(1.5305, 0.0609)), z, 32, 32)
     np.testing.assert_allclose(feed, z / np.float32(1.5305) + np.float32(0.0609), atol=1e-6)
     assert not get_family("qwenimage").tiny_vae
 
@@ -134,7 +141,11 @@ def test_bad_tiny_source_is_one_line(tiny_taesd, tmp_path, change, fragment):
     shutil.copytree(tiny_taesd, bad)
     cfg = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**cfg, **change}))
-    info = {"latent_channels": 4, "vae_scale_factor": 4}
+    from onnxdiffusion.artifacts import read_manifest
+    from onnxdiffusion.paths import default_model_folder
+
+    info = read_manifest(default_model_folder()).pipeline  # latent_channels 4, vae_scale_factor 4
+    assert (info.latent_channels, info.vae_scale_factor) == (4, 4)
     with pytest.raises(UserError, match=fragment):
         check_tiny_source(bad, get_family("sd"), info)
     with pytest.raises(UserError, match="not a diffusers AutoencoderTiny folder"):

@@ -20,10 +20,10 @@ from typing import Any
 
 from . import tempfiles
 from .errors import UserError
-from .manifest import FORMAT_VERSION, check_relative, confined, validate_manifest
+from .manifest import FORMAT_VERSION, Component, Manifest, as_dict, check_relative, confined, manifest_bytes, typed
 
-__all__ = ["FORMAT_VERSION", "MANIFEST", "atomic_dir", "atomic_write_bytes",
-           "check_output_folder", "confined", "hash_tree", "read_manifest", "sha256_file", "verify_folder", "write_json"]
+__all__ = ["FORMAT_VERSION", "MANIFEST", "atomic_dir", "atomic_write_bytes", "check_output_folder", "confined",
+           "hash_tree", "read_manifest", "sha256_file", "verify_folder", "write_json", "write_manifest"]
 
 MANIFEST = "manifest.json"
 # files the run-time side opens besides the components; verified like them
@@ -179,6 +179,12 @@ def write_json(path: Path, obj: Any, work: str | Path | None = None) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def write_manifest(folder: Path, manifest: Manifest | dict) -> None:
+    """The one writer of manifest.json (every verb that makes or rewrites a folder): atomic (a temporary name,
+    then a rename) and in the one encoding (manifest.manifest_bytes), so the same content is the same bytes."""
+    atomic_write_bytes(Path(folder) / MANIFEST, manifest_bytes(manifest))
+
+
 def read_json_object(path: Path) -> dict:
     """A config file of an (untrusted) source folder: a JSON object, else a one-line UserError."""
     try:
@@ -192,8 +198,9 @@ def read_json_object(path: Path) -> dict:
     return obj
 
 
-def read_manifest(folder: Path, required: tuple[str, ...] = ()) -> dict:
-    """The folder's manifest, validated against the schema (manifest.py); one UserError naming the bad field."""
+def read_manifest(folder: Path, required: tuple[str, ...] = ()) -> Manifest:
+    """The folder's manifest, validated against the schema (manifest/checks.py) and typed (manifest/model.py);
+    one UserError naming the bad field."""
     folder = Path(folder)
     if not folder.exists():
         raise UserError(f"model folder not found: {folder}")
@@ -209,37 +216,36 @@ def read_manifest(folder: Path, required: tuple[str, ...] = ()) -> dict:
         raise UserError(f"{path} is not valid JSON: {str(e).splitlines()[0][:200]}") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
-    return validate_manifest(manifest, str(path), required)
+    return Manifest.parse(manifest, str(path), required)
 
 
-def component_path(folder: Path, manifest: dict, name: str) -> Path:
+def component_path(folder: Path, manifest: Manifest | dict, name: str) -> Path:
     """The resolved path of a component's ONNX file, confined to the folder."""
-    info = manifest["components"].get(name)
-    if info is None:
+    entry = typed(manifest, str(folder)).component(name)
+    if entry is None:
         raise UserError(f"{folder}: manifest has no '{name}' component")
-    return confined(folder, info["path"], f"component '{name}'")
+    return confined(folder, entry.path, f"component '{name}'")
 
 
-def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] | None = None) -> None:
+def verify_folder(folder: Path, manifest: Manifest | dict, components: tuple[str, ...] | None = None) -> None:
     """Fail loudly on a missing component or a file whose hash differs from the manifest.
 
     `components`: those that must be there; default: what the folder's model family requires."""
     folder = Path(folder)
+    manifest = typed(manifest, str(folder))
     if components is None:
         from .families import get_family
 
-        family = get_family(manifest.get("family"))
+        family = get_family(manifest.family)
         family.check_folder(str(folder), manifest)
-        components = family.required_components(manifest.get("pipeline", {}))
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise UserError(f"{folder}: {MANIFEST} has no 'files' hash list; refusing an unverifiable folder")
+        components = family.required_components(manifest.pipeline)
+    files = manifest.files
     for name in components:
         path = component_path(folder, manifest, name)
         if not path.is_file():
-            raise UserError(f"{folder}: component '{name}' is missing ({manifest['components'][name]['path']})")
-    for name, info in manifest["components"].items():
-        for rel in [info["path"], *info.get("external_data", [])]:
+            raise UserError(f"{folder}: component '{name}' is missing ({manifest.components[name].path})")
+    for name, entry in manifest.components.items():
+        for rel in entry.files:
             if rel not in files and (name in components or (folder / rel).exists()):
                 raise UserError(f"{folder}: {rel} (component '{name}') is not in the manifest's hash list")
     for rel in SIDE_FILES:
@@ -253,7 +259,7 @@ def verify_folder(folder: Path, manifest: dict, components: tuple[str, ...] | No
             raise UserError(f"{folder}: {rel} does not match its sha256 in {MANIFEST} (corrupt or modified)")
 
 
-def load_component(folder: Path, manifest: dict, name: str):
+def load_component(folder: Path, manifest: Manifest | dict, name: str):
     """onnx.load of a component after checking its path and its external data stay inside the folder."""
     import onnx
 
@@ -271,11 +277,11 @@ def load_component(folder: Path, manifest: dict, name: str):
     return fp16_storage.expand(model, str(path))
 
 
-def check_external_paths(folder: Path, manifest: dict) -> None:
+def check_external_paths(folder: Path, manifest: Manifest) -> None:
     """Every component's ONNX external-data locations stay inside the folder (reads graphs, not weights)."""
     from .runtime.session import check_external_data
 
-    for name in manifest["components"]:
+    for name in manifest.components:
         path = component_path(folder, manifest, name)
         if path.is_file():
             check_external_data(path)
@@ -284,16 +290,18 @@ def check_external_paths(folder: Path, manifest: dict) -> None:
 # --- deriving one folder from another -------------------------------------------------------
 
 class Derivation:
-    """The folder being derived: `tmp` (its files so far), `manifest` (a copy of the source's, edited).
+    """The folder being derived: `tmp` (its files so far), `draft` (a copy of the source's manifest as a dict:
+    the writer edits it, write_manifest writes it when the block ends).
 
     Components put here replace the source's; files not replaced or dropped were linked from it."""
 
-    def __init__(self, source: Path, manifest: dict, tmp: Path, linked=frozenset()):
-        self.source, self.tmp, self.manifest, self.linked = source, tmp, manifest, set(linked)
+    def __init__(self, source: Path, draft: dict, tmp: Path, linked=frozenset()):
+        self.source, self.tmp, self.draft, self.linked = source, tmp, draft, set(linked)
 
     @property
     def components(self) -> dict:
-        return self.manifest["components"]
+        """The draft's components (dicts the writer edits)."""
+        return self.draft["components"]
 
     def path(self, rel: str | Path) -> Path:
         """A path inside the new folder (confined), its folder created; a file linked there from the
@@ -306,8 +314,9 @@ class Derivation:
             p.unlink(missing_ok=True)
         return p
 
-    def stored_bytes(self, info: dict) -> int:
-        return sum(confined(self.tmp, rel, "file").stat().st_size for rel in [info["path"], *info.get("external_data", [])])
+    def stored_bytes(self, draft: dict) -> int:
+        """The bytes of a draft entry's files (its path and external data, as just written)."""
+        return sum(confined(self.tmp, rel, "file").stat().st_size for rel in _component_files(draft))
 
     def save_component(self, name: str, model, external_from: int | None, rel: str | None = None) -> dict:
         """`model` saved as component `name` (at `rel`, default its current path), weights in a file beside
@@ -315,61 +324,62 @@ class Derivation:
         model's large tensors are left pointing at the written file (not read back)."""
         from .onnxio.files import save
 
-        info = self.components.setdefault(name, {})
-        info["path"] = Path(rel or info["path"]).as_posix()
-        dest = self.path(info["path"])
-        data = save(model, dest, keep=False, external_from=external_from)
-        info["external_data"] = [(Path(info["path"]).parent / f).as_posix() for f in data]
-        info["bytes"] = self.stored_bytes(info)
-        return info
+        draft = self.components.setdefault(name, {})
+        rel = Path(rel or draft["path"]).as_posix()
+        draft["path"] = rel
+        data = save(model, self.path(rel), keep=False, external_from=external_from)
+        draft["external_data"] = [(Path(rel).parent / f).as_posix() for f in data]
+        draft["bytes"] = self.stored_bytes(draft)
+        return draft
 
-    def link_component(self, name: str, src_info: dict, folder: str) -> dict:
-        """The source's component files (`src_info`) linked into `folder` as component `name`."""
-        info = json.loads(json.dumps(src_info))
-        rels = [src_info["path"], *src_info.get("external_data", [])]
-        new = [f"{folder}/{Path(rel).name}" for rel in rels]
-        for a, b in zip(rels, new):
+    def link_component(self, name: str, src: Component, folder: str) -> dict:
+        """The source's component files (entry `src`) linked into `folder` as component `name`."""
+        draft = src.to_dict()
+        new = [f"{folder}/{Path(rel).name}" for rel in src.files]
+        for a, b in zip(src.files, new):
             link_or_copy(confined(self.source, a, "file"), self.path(b))
-        info["path"], info["external_data"] = new[0], new[1:]
-        info["bytes"] = self.stored_bytes(info)
-        self.components[name] = info
-        return info
+        draft["path"], draft["external_data"] = new[0], new[1:]
+        draft["bytes"] = self.stored_bytes(draft)
+        self.components[name] = draft
+        return draft
 
 
-def _component_files(info: dict) -> list[str]:
-    return [info["path"], *info.get("external_data", [])]
+def _component_files(draft: dict) -> list[str]:
+    """A draft entry's files: the writer set both keys (save_component, link_component)."""
+    return [draft["path"], *draft.get("external_data", [])]
 
 
 @contextlib.contextmanager
-def derive(source: Path, out: Path, manifest: dict, replace=(), drop=(), drop_kinds=(), overwrite: bool = False,
-           in_place: bool = False) -> Iterator[Derivation]:
+def derive(source: Path, out: Path, manifest: Manifest | dict, replace=(), drop=(), drop_kinds=(),
+           overwrite: bool = False, in_place: bool = False) -> Iterator[Derivation]:
     """Write `out` from `source` (whose verified manifest is `manifest`): every listed file linked (or
     copied) except those of the components in `replace` (the caller puts new ones) and `drop` or of a
     kind in `drop_kinds` (removed with their whole folder); the caller's new files hashed (linked ones
     keep their verified hashes) and the folder committed atomically when the block succeeds.
     `in_place`: out is source, replaced atomically; its unlisted files are kept (and stay unlisted)."""
     source, out = Path(source), Path(out)
-    comps = manifest["components"]
-    dropped = [n for n in comps if n in drop or comps[n].get("kind") in drop_kinds]
-    skip = {rel for n in [*replace, *dropped] if n in comps for rel in _component_files(comps[n])}
-    skip_dirs = {comps[n]["path"].split("/")[0] for n in dropped}
-    present = manifest["files"]
+    manifest = typed(manifest, str(source))
+    comps = manifest.components
+    dropped = [n for n in comps if n in drop or comps[n].kind in drop_kinds]
+    skip = {rel for n in [*replace, *dropped] if n in comps for rel in comps[n].files}
+    skip_dirs = {comps[n].path.split("/")[0] for n in dropped}
+    present = manifest.files
     if in_place:  # what a user put beside the listed files stays, but not beside a replaced component
         listed = set(present)
-        replaced_dirs = {comps[n]["path"].split("/")[0] for n in replace if n in comps}
+        replaced_dirs = {comps[n].path.split("/")[0] for n in replace if n in comps}
         present = [rel for rel in (p.relative_to(source).as_posix() for p in sorted(source.rglob("*"))
                                    if p.is_file() and p.name != MANIFEST)
                    if rel in listed or rel.split("/")[0] not in replaced_dirs]
     keep = [rel for rel in present if rel not in skip and rel.split("/")[0] not in skip_dirs]
     with atomic_dir(out, overwrite=overwrite or in_place, inputs=() if in_place else (source,)) as tmp:
         link_files(source, tmp, keep)
-        new = json.loads(json.dumps(manifest))
+        draft = manifest.to_dict()
         for n in dropped:
-            del new["components"][n]
-        d = Derivation(source, new, tmp, keep)
+            del draft["components"][n]
+        d = Derivation(source, draft, tmp, keep)
         yield d
         linked = {rel for rel in d.linked if (tmp / rel).is_file()}  # less any the caller unlinked
         written = hash_tree(tmp, skip=linked)
-        new["files"] = dict(sorted({**{rel: manifest["files"][rel] for rel in linked if rel in manifest["files"]},
+        draft["files"] = dict(sorted({**{rel: manifest.files[rel] for rel in linked if rel in manifest.files},
                                     **written}.items()))
-        write_json(tmp / MANIFEST, new)
+        write_manifest(tmp, draft)

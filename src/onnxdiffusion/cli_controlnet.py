@@ -24,10 +24,10 @@ def add_controlnet_cmd(
     from .export.controlnet import add_controlnet
 
     manifest = add_controlnet(model, controlnet, name, overwrite=overwrite)
-    entry = manifest["controlnets"][name]
-    v = entry.get("validation", {})
+    entry = manifest.controlnet(name)
+    v = entry.validation
     err = f"max abs err {v['max_abs_error']:.2e}" if v else "not validated"
-    print(f"controlnets/{name}  {entry['bytes'] / 1e6:.1f} MB  {len(entry['residuals'])} + 1 residuals  {err}")
+    print(f"controlnets/{name}  {entry.bytes / 1e6:.1f} MB  {len(entry.setting('residuals'))} + 1 residuals  {err}")
     print(f"wrote {model}")
 
 

@@ -34,10 +34,11 @@ def fixup_trt_cmd(
     from .quantize.api import stderr_log
 
     entry = fixup_trt(src, model, log=stderr_log)
-    up = entry["installed_by"]["opset"]
-    print(f"installed {entry['precision']} backbone in {model}: opset {up['from']} -> {up['to']} ({up['converter']}), "
-          f"{entry['installed_by']['trt_outputs_typed']} trt outputs typed, {entry['bytes'] / 1e6:.1f} MB; "
-          f"fallback {entry['fallback']['path']}")
+    installed = entry.setting("installed_by")
+    up = installed["opset"]
+    print(f"installed {entry.precision} backbone in {model}: opset {up['from']} -> {up['to']} ({up['converter']}), "
+          f"{installed['trt_outputs_typed']} trt outputs typed, {entry.bytes / 1e6:.1f} MB; "
+          f"fallback {entry.fallback.path}")
     for line in up.get("adapted", []):
         print(f"  adapted: {line}")
 

@@ -24,9 +24,9 @@ def points_cmd(
     from .adapters.folder import add_points
 
     manifest = add_points(model, out, scope=scope, overwrite=overwrite)
-    for name, info in manifest["components"].items():
-        if info.get("lora"):
-            print(f"{name:15s} {len(info['lora']['targets']):5d} insertion points")
+    for name, entry in manifest.components.items():
+        if entry.lora:
+            print(f"{name:15s} {len(entry.lora['targets']):5d} insertion points")
     print(f"wrote {out}")
 
 

@@ -43,7 +43,7 @@ def evaluate(
 
     # unset steps / sampler / guidance: the model's recommended settings, as generate resolves them
     rec = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance),
-                          read_manifest(model if model is not None else default_model_folder())["recommended"])
+                          read_manifest(model if model is not None else default_model_folder()).recommended)
     options = EvaluateOptions(count=count, steps=rec.steps, sampler=rec.sampler, guidance=rec.guidance,
                               batch=batch, decoder=decoder)
     check_evaluate_options(options, provider)

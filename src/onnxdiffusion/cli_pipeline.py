@@ -61,11 +61,11 @@ def export(
         raise UserError("--config and --family are for a single-file checkpoint SRC, not a diffusers folder")
     else:
         manifest = export_pipeline(src, out, options)
-    for name, info in manifest["components"].items():
-        v = info.get("validation", {})
+    for name, entry in manifest.components.items():
+        v = entry.validation
         err = f"max abs err {v['max_abs_error']:.2e}" if v else "not validated"
-        print(f"{name:13s} {info['bytes'] / 1e6:9.1f} MB  {err}")
-    print(f"wrote {out} in {manifest['export_seconds']:.1f}s")
+        print(f"{name:13s} {entry.bytes / 1e6:9.1f} MB  {err}")
+    print(f"wrote {out} in {manifest.export_seconds:.1f}s")
 
 
 @app.command()
@@ -152,13 +152,13 @@ def generate(
     controls = control_pairs(control, controlnet)
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
-    if picture is not None and "vae_encoder" not in manifest.get("components", {}):
+    if picture is not None and "vae_encoder" not in manifest.components:
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
                                               mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache_spec,
                                               stop_early=stop_spec, decoder=decoder),
-                              manifest["recommended"])
+                              manifest.recommended)
     if options.loop is None:  # the profile decides, else the host loop
         from .profiles import load_profile
 
@@ -229,9 +229,9 @@ def compile_loop_cmd(
     from .loops import compile_loop
 
     print(f"compiling the {form} sampling graph of {model}", file=sys.stderr, flush=True)
-    info = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned,
-                        cache=cache, controlnets=tuple(controlnet or ()), stop_early=stop_early)
-    print(f"{info['path']}: {info['bytes'] / 1e6:.1f} MB in {info['compile_seconds']:.1f}s -> {out}")
+    entry = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned,
+                         cache=cache, controlnets=tuple(controlnet or ()), stop_early=stop_early)
+    print(f"{entry.path}: {entry.bytes / 1e6:.1f} MB in {entry.setting('compile_seconds'):.1f}s -> {out}")
 
 
 @app.command()
@@ -276,10 +276,12 @@ def quantize(
         # calibrate on the trajectories the model is run with: its recommended settings (manifest)
         from .artifacts import read_manifest
 
-        rec = read_manifest(model).get("recommended") or {}
-        calib_sampler = calib_sampler if calib_sampler is not None else rec.get("sampler", "ddim")
-        calib_steps = calib_steps if calib_steps is not None else rec.get("steps", 20)
-        calib_guidance = calib_guidance if calib_guidance is not None else rec.get("guidance", 4.0)
+        rec = read_manifest(model).recommended
+        calib_sampler = calib_sampler if calib_sampler is not None else (
+            rec.sampler if rec.sampler is not None else "ddim")
+        calib_steps = calib_steps if calib_steps is not None else (rec.steps if rec.steps is not None else 20)
+        calib_guidance = calib_guidance if calib_guidance is not None else (
+            rec.guidance if rec.guidance is not None else 4.0)
     config = QuantizeConfig(
         recipe=built,
         calibration=CalibrationConfig(count=calib_count, prompts_file=str(calib_prompts) if calib_prompts else None,

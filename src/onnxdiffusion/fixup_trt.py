@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .artifacts import read_manifest, sha256_file, verify_folder
 from .errors import UserError
+from .manifest import Component
 from .onnxio.files import write_external
 
 TARGET_OPSET = 23
@@ -205,7 +206,7 @@ def _load_input(path: Path) -> onnx.ModelProto:
         raise UserError(f"cannot load {path}: {str(e).strip().splitlines()[0][:200]}") from None
 
 
-def fixup_trt(src: Path | str, folder: Path | str, log=None) -> dict:
+def fixup_trt(src: Path | str, folder: Path | str, log=None) -> Component:
     """Fix `src` up and install it as `folder`'s backbone (in place, atomically); returns the manifest entry."""
     from .artifacts import derive
     from .families import get_family
@@ -216,15 +217,15 @@ def fixup_trt(src: Path | str, folder: Path | str, log=None) -> dict:
         raise UserError(f"input model not found: {src}")
     manifest = read_manifest(folder)
     verify_folder(folder, manifest)
-    backbone = get_family(manifest.get("family")).backbone
-    old = manifest["components"][backbone]
-    if old.get("requires_provider"):
-        raise UserError(f"{folder}'s backbone is already a {old.get('precision')} TensorRT backbone; install into the fp16/fp32 folder")
+    backbone = get_family(manifest.family).backbone
+    old = manifest.components[backbone]
+    if old.requires_provider:
+        raise UserError(f"{folder}'s backbone is already a {old.precision} TensorRT backbone; install into the fp16/fp32 folder")
     log(f"loading {src}")
     model, what = fix(_load_input(src))
     log(f"opset {what['opset']['from']} -> {what['opset']['to']} ({what['opset']['converter']}); "
         f"{what['trt_outputs_typed']} trt outputs typed")
-    rel = Path(old["path"])
+    rel = Path(old.path)
     fallback_dir = f"{backbone}{FALLBACK_SUFFIX}"
     # the backbone's other files (a config.json) stay; its graph and weights move to the fallback folder
     with derive(folder, folder, manifest, replace=(backbone,), drop_kinds=("sampling_graph",), in_place=True) as d:
@@ -232,14 +233,14 @@ def fixup_trt(src: Path | str, folder: Path | str, log=None) -> dict:
         del d.components[fallback_dir]  # the fallback is part of the backbone's entry, not a component
         log("saving with one external-data file and checking")
         _save_and_check(model, d.path(rel))
-        entry = {**{k: v for k, v in old.items() if k not in ("validation", "session_options", "correction", "stored_as",
+        entry = {**{k: v for k, v in old.to_dict().items() if k not in ("validation", "session_options", "correction", "stored_as",
                                                              "precision_schedule")},
                  "path": rel.as_posix(), "external_data": [(rel.parent / DATA_NAME).as_posix()],
                  "precision": precision_of(model), "requires_provider": "tensorrt",
                  "bytes": d.path(rel).stat().st_size + d.path(rel.parent / DATA_NAME).stat().st_size,
                  "fallback": {"path": fallback["path"], "external_data": fallback["external_data"],
-                              "precision": old.get("precision", "fp32"), "provider": "cpu"},
+                              "precision": old.precision or "fp32", "provider": "cpu"},
                  "installed_by": {"verb": "fixup-trt", "source_name": src.name, "source_sha256": sha256_file(src),
                                   **what, "onnx": onnx.__version__}}
         d.components[backbone] = entry
-    return entry
+    return Component.from_dict(backbone, entry)

@@ -14,6 +14,7 @@ from .artifacts import (check_external_paths, check_output_folder, component_pat
                         read_manifest, verify_folder)
 from .errors import UserError
 from .families import get_family
+from .manifest import Component, Manifest
 from . import loops_control
 from .onnxio.files import INLINE_MAX, write, write_external
 from .samplers.graph import FORMS, build_sampling_graph
@@ -37,8 +38,8 @@ def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
     return [write_external(model, path)]
 
 
-def _stored_bytes(folder: Path, info: dict) -> int:
-    return sum(confined(folder, rel, "file").stat().st_size for rel in [info["path"], *info.get("external_data", [])])
+def _stored_bytes(folder: Path, entry: Component) -> int:
+    return sum(confined(folder, rel, "file").stat().st_size for rel in entry.files)
 
 
 def _ort_optimized_file(path: Path, level, scratch: Path) -> tuple[onnx.ModelProto, Path]:
@@ -108,9 +109,9 @@ def _check_form(form: str, steps: int | None) -> None:
         raise UserError(f"--steps must be in [1, 1000], got {steps}")
 
 
-def _whole_parts(model: Path, manifest: dict, family) -> dict:
+def _whole_parts(model: Path, manifest: Manifest, family) -> dict:
     """A whole graph's other parts: the text encoders, the family's combine, the VAE decoder and its scaling."""
-    info, comps = manifest["pipeline"], manifest["components"]
+    info, comps = manifest.pipeline, manifest.components
     scale, shift = family.decode_scale_shift(info)
     return dict(
         text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
@@ -148,10 +149,10 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     manifest = read_manifest(model)
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
-    family = get_family(manifest.get("family"))
+    family = get_family(manifest.family)
     control = loops_control.check_names(manifest, controlnets, form, whole, family)
     backbone = backbone or family.backbone
-    comps = manifest["components"]
+    comps = manifest.components
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")
     t0 = time.time()
@@ -168,7 +169,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
 
         without_dead_queries(unet)
     if cpu_tuned is None:  # a backbone that runs without some ORT passes (int8) keeps the graph it runs
-        cpu_tuned = not qdq and not (comps[backbone].get("session_options") or {}).get("disabled_optimizers")
+        cpu_tuned = not qdq and not comps[backbone].disabled_optimizers
     weights = net_level = None  # a large backbone's optimized weights (one file), the ControlNets' ORT level
     scratch = tempfile.TemporaryDirectory(prefix="onnxdiffusion-loop-")
     if cpu_tuned or qdq:
@@ -194,12 +195,12 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     elif large:  # portable float: the graph as exported, weights and all
         unet = load_component(model, manifest, backbone)
     correction = None
-    if comps[backbone].get("correction"):
+    if comps[backbone].correction:
         from .runtime.hooks.correction import OutputCorrection
 
-        correction = OutputCorrection.from_dict(comps[backbone]["correction"])
+        correction = OutputCorrection.from_dict(comps[backbone].correction)
     schedule = high = None
-    if comps[backbone].get("precision_schedule"):
+    if comps[backbone].precision_schedule:
         schedule, high, high_tuned = _high_backbone(model, manifest, backbone, cpu_tuned)
         if high_tuned:
             from .runtime.cpu_target import cpu_target
@@ -208,13 +209,13 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     techniques = _loop_techniques(cache_spec, stop_early, family, unet, comps[backbone], (schedule, high), large,
                                   control, correction)
     extra = _whole_parts(model, manifest, family) if whole else {}
-    mode = "none" if family.guidance_input_for(manifest["pipeline"]) else ("cfg_rescale" if family.cfg_rescale else "cfg")
+    mode = "none" if family.guidance_input_for(manifest.pipeline) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
     techniques += loops_control.graph_control(model, control, net_level, family)
-    graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest["pipeline"]["latent_channels"]),
+    graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest.pipeline.latent_channels),
                                  guidance_mode=mode, latent_patch=family.latent_patch, techniques=techniques,
                                  **extra)
     del unet, extra, high, techniques
@@ -231,7 +232,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         folder.mkdir()
         files = save_model(graph, folder / "model.onnx") if weights is None else save_with_weights(
             graph, folder / "model.onnx", weights)
-        info = {
+        draft = {
             "path": f"{name}/model.onnx",
             "external_data": [f"{name}/{f}" for f in files],
             "kind": "sampling_graph",
@@ -239,7 +240,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "steps": steps,
             "whole": whole,
             "backbone": backbone,
-            "precision": comps[backbone].get("precision", "fp32"),
+            "precision": comps[backbone].precision or "fp32",
             "prefused": prefused,
             "tuned_for": tuned_for,
             "corrected": correction is not None,
@@ -248,22 +249,22 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             "compile_seconds": round(time.time() - t0, 2),
         }
         if lora:
-            info["lora"] = lora
+            draft["lora"] = lora
         if cache_spec is not None:
-            info["cache"] = cache_spec.record()
-        info.update({"controlnets": list(controlnets)} if control else {})
+            draft["cache"] = cache_spec.record()
+        draft.update({"controlnets": list(controlnets)} if control else {})
         if stop_early:
             from .techniques.stop import compiled_record as stop_record
 
-            info.update(stop_record())
-        return info
+            draft.update(stop_record())
+        return draft
 
     # out of place, only what the manifest lists (and hashed) is copied: stray files in MODEL are not vouched for
     with derive(model, out, manifest, drop=(name,), overwrite=overwrite, in_place=in_place) as d:
-        info = write_component(d.tmp)
-        d.components[name] = info
+        draft = write_component(d.tmp)
+        d.components[name] = draft
     scratch.cleanup()
-    return info
+    return Component.from_dict(name, draft)
 
 
 def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = False):
@@ -279,7 +280,7 @@ def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = Fal
     return spec
 
 
-def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, entry: dict, scheduled, large: bool,
+def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, entry: Component, scheduled, large: bool,
                      control, correction) -> list:
     """The Loop twins compile-loop builds in, after the registry's table refuses what cannot be built into one
     graph (the builder calls them in the registry's order); step caching's cut is of the graph the Loop inlines
@@ -293,7 +294,7 @@ def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, 
     schedule, high = scheduled
 
     check_combination({"cache": spec, "controlnet": bool(control), "precision_schedule": schedule is not None,
-                       "lora": bool((entry.get("lora") or {}).get("targets")), "correction": correction is not None},
+                       "lora": bool((entry.lora or {}).get("targets")), "correction": correction is not None},
                       "loop", compiled=True)
     techniques = []
     if spec is not None:
@@ -313,7 +314,7 @@ def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, 
     return techniques
 
 
-def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool | None):
+def _high_backbone(model: Path, manifest: Manifest, backbone: str, cpu_tuned: bool | None):
     """The precision schedule of `backbone` and its high-precision backbone as the host loop runs it
     (ORT's optimized CPU graph: fully, tuned to this CPU, unless `cpu_tuned` is False or the component
     disables passes); returns (schedule, model, tuned)."""
@@ -322,10 +323,9 @@ def _high_backbone(model: Path, manifest: dict, backbone: str, cpu_tuned: bool |
     from .onnxio.session import ort_optimized
     from .runtime.hooks.schedule import PrecisionSchedule
 
-    schedule = PrecisionSchedule.from_dict(manifest["components"][backbone]["precision_schedule"])
-    info = manifest["components"][schedule.component]
+    schedule = PrecisionSchedule.from_dict(manifest.components[backbone].precision_schedule)
     high = load_component(model, manifest, schedule.component)
-    disabled = (info.get("session_options") or {}).get("disabled_optimizers")
+    disabled = manifest.components[schedule.component].disabled_optimizers
     tuned = (cpu_tuned is not False) and not disabled and not _has_qdq(high) and _tensor_bytes(high) < INLINE_MAX
     level = onnxruntime.GraphOptimizationLevel
     if tuned or _tensor_bytes(high) < INLINE_MAX:

@@ -41,10 +41,10 @@ def store_external(folder: Path | str, out: Path | str, min_bytes: int = RUNTIME
     manifest = read_manifest(folder)
     verify_folder(folder, manifest)
     todo = {}
-    for name, info in manifest["components"].items():
-        if info.get("external_data") or not str(info.get("path", "")).endswith(".onnx"):
+    for name, entry in manifest.components.items():
+        if entry.external_data or not entry.path.endswith(".onnx"):
             continue
-        model = onnx.load(str(confined(folder, info["path"], name)), load_external_data=False)
+        model = onnx.load(str(confined(folder, entry.path, name)), load_external_data=False)
         if storage == "fp16":
             changed = fp16_storage.store(model) > 0
         elif storage == "fp32":

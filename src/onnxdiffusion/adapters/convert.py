@@ -27,12 +27,12 @@ def _pipeline_class(model: Path | None):
     if model is None:
         return diffusers.StableDiffusionPipeline, None
     manifest = read_manifest(Path(model))
-    cls = getattr(diffusers, str(manifest.get("source", {}).get("class", "")), None)
+    cls = getattr(diffusers, str(manifest.source_class or ""), None)
     if cls is None or not hasattr(cls, "lora_state_dict"):
-        raise UserError(f"{model}: its pipeline class {manifest.get('source', {}).get('class')!r} has no LoRA loader in diffusers")
+        raise UserError(f"{model}: its pipeline class {manifest.source_class!r} has no LoRA loader in diffusers")
     from ..families import get_family
 
-    cfg = Path(model) / get_family(manifest.get("family")).backbone / "config.json"
+    cfg = Path(model) / get_family(manifest.family).backbone / "config.json"
     return cls, (json.loads(cfg.read_text()) if cfg.is_file() else None)
 
 

@@ -28,20 +28,19 @@ def fuse(module, component: str, records: list[dict]) -> None:
         fuse_into(module, component, records)
 
 
-def after_export(tmp: Path, manifest: dict, options, records: list[dict]) -> None:
+def after_export(tmp: Path, draft: dict, options, records: list[dict]) -> None:
+    """`draft`: the manifest export is writing (a dict, its hash list not made yet)."""
     if records:
         from .fuse import manifest_records
 
-        manifest["lora_fused"] = manifest_records(records)
+        draft["lora_fused"] = manifest_records(records)
     if options.lora_points is None:
         return
-    from ..manifest import confined
+    from ..manifest import Component, confined
     from .folder import lora_components, rewrite_component
 
-    for name in lora_components(manifest):
-        entry = manifest["components"].get(name)
-        if entry is None:
-            continue
-        path = confined(tmp, entry["path"], name)
-        entry["lora"] = rewrite_component(tmp, entry, path, options.lora_points)
-        entry["bytes"] = path.stat().st_size
+    comps = {n: Component.from_dict(n, e) for n, e in draft["components"].items()}
+    for name in lora_components(draft["family"], comps):
+        path = confined(tmp, comps[name].path, name)
+        draft["components"][name]["lora"] = rewrite_component(tmp, comps[name], path, options.lora_points)
+        draft["components"][name]["bytes"] = path.stat().st_size

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..manifest import Manifest
 from .lora_file import Layer, read_lora
 from .points import A_SUFFIX, B_SUFFIX, Target, targets_from_manifest
 
@@ -142,13 +143,12 @@ def _pruned(module: str, tails: dict[str, int]) -> bool:
     return i is not None and pattern in tails and i > tails[pattern]
 
 
-def build_feeds(manifest: dict, loras, cache: LoraCache | None = None) -> AdapterFeeds:
+def build_feeds(manifest: Manifest, loras, cache: LoraCache | None = None) -> AdapterFeeds:
     """The feeds of every component for `loras` ([(path, scale), ...]); empty for none."""
     items = normalize(loras)
     if not items:
         return AdapterFeeds()
-    comps = manifest["components"]
-    targets = {name: targets_from_manifest(info) for name, info in comps.items() if info.get("lora")}
+    targets = {name: targets_from_manifest(entry) for name, entry in manifest.components.items() if entry.lora}
     if not targets:
         raise UserError("this model folder has no LoRA insertion points: make a copy with them once "
                         "(`onnxdiffusion lora points MODEL OUT`) or fuse the LoRA at export (`export --lora`)")

@@ -7,36 +7,37 @@ linked; external weight files stay where they are (the rewritten graph keeps its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from ..artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, verify_folder, write_json
+from ..artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, verify_folder, write_manifest
 from ..errors import UserError
 from ..families import get_family
-from ..manifest import confined
+from ..manifest import Component, Manifest, confined, typed
 from .points import SCOPES, insert_points
 
 LORA_VERSION = 1
 
 
-def lora_components(manifest: dict) -> list[str]:
+def lora_components(family_name: str, comps: Mapping[str, Component]) -> list[str]:
     """The components LoRAs reach: the backbone (and a precision schedule's second one) and text encoders."""
-    family = get_family(manifest.get("family"))
-    comps = manifest["components"]
+    family = get_family(family_name)
     names = [n for n in [family.backbone] + [s.name for s in family.text_encoders] if n in comps]
-    high = (comps.get(family.backbone, {}).get("precision_schedule") or {}).get("component")
+    backbone = comps.get(family.backbone)
+    high = backbone.precision_schedule.component if backbone and backbone.precision_schedule else None
     if high in comps:
         names.append(high)
     return names
 
 
-def rewrite_component(folder: Path, entry: dict, out_path: Path, scope: str) -> dict:
+def rewrite_component(folder: Path, entry: Component, out_path: Path, scope: str) -> dict:
     """Rewrite one component's graph into `out_path`; returns its manifest `lora` entry."""
     import onnx
 
     from ..onnxio import fp16_storage
     from ..onnxio.files import write
 
-    src = confined(folder, entry["path"], "component")
+    src = confined(folder, entry.path, "component")
     try:
         model = onnx.load(str(src), load_external_data=False)
     except Exception as e:  # protobuf decode errors have no common public type
@@ -52,7 +53,7 @@ def rewrite_component(folder: Path, entry: dict, out_path: Path, scope: str) -> 
 
 
 def add_points(model: Path | str, out: Path | str, scope: str = "linear", overwrite: bool = False,
-               verify: bool = True) -> dict:
+               verify: bool = True) -> Manifest:
     """A copy of `model` with LoRA insertion points; returns the new manifest."""
     model, out = Path(model), Path(out)
     if scope not in SCOPES:
@@ -60,23 +61,25 @@ def add_points(model: Path | str, out: Path | str, scope: str = "linear", overwr
     manifest = read_manifest(model)
     if verify:
         verify_folder(model, manifest)
-    names = lora_components(manifest)
-    comps = manifest["components"]
-    if any(comps[n].get("lora") for n in names):
+    comps = manifest.components
+    names = lora_components(manifest.family, comps)
+    if any(comps[n].lora for n in names):
         raise UserError(f"{model} already has LoRA insertion points")
-    rewritten = {comps[n]["path"] for n in names}
+    rewritten = {comps[n].path for n in names}
+    draft = manifest.to_dict()
     with atomic_dir(out, overwrite=overwrite, inputs=(model,)) as tmp:
-        link_files(model, tmp, [rel for rel in manifest["files"] if rel not in rewritten and rel != MANIFEST])
+        link_files(model, tmp, [rel for rel in manifest.files if rel not in rewritten and rel != MANIFEST])
         for name in names:
-            comps[name]["lora"] = rewrite_component(model, comps[name], confined(tmp, comps[name]["path"], name), scope)
-            comps[name]["bytes"] = confined(tmp, comps[name]["path"], name).stat().st_size
-        manifest["files"] = hash_tree(tmp)
-        write_json(tmp / MANIFEST, manifest)
-    return manifest
+            dest = confined(tmp, comps[name].path, name)
+            draft["components"][name]["lora"] = rewrite_component(model, comps[name], dest, scope)
+            draft["components"][name]["bytes"] = dest.stat().st_size
+        draft["files"] = hash_tree(tmp)
+        write_manifest(tmp, draft)
+    return typed(draft, str(out))
 
 
-def has_points(manifest: dict) -> bool:
-    return any(info.get("lora") for info in manifest["components"].values())
+def has_points(manifest) -> bool:
+    return any(entry.lora for entry in manifest.components.values())
 
 
 def cache_root() -> Path:
@@ -101,7 +104,7 @@ def with_points(model: Path | str, log=print, scope: str = "all") -> Path:
     manifest = read_manifest(model)
     if has_points(manifest):
         return model
-    digest = hashlib.sha256(json.dumps({"files": manifest["files"], "scope": scope, "version": LORA_VERSION},
+    digest = hashlib.sha256(json.dumps({"files": dict(manifest.files), "scope": scope, "version": LORA_VERSION},
                                        sort_keys=True).encode()).hexdigest()[:20]
     out = cache_root() / "lora-points" / digest
     if (out / MANIFEST).is_file():

@@ -9,22 +9,25 @@ points become inputs the same way, so a LoRA with text-encoder layers runs insid
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx
 from onnx import TensorProto, helper
 
+from ..manifest import Component
 from .points import A_SUFFIX, B_SUFFIX
 
 
-def _first_module(entry: dict) -> str | None:
-    targets = (entry.get("lora") or {}).get("targets") or {}
+def _first_module(entry: Component | None) -> str | None:
+    targets = (entry.lora_targets if entry is not None else None) or {}
     return next(iter(targets), None)
 
 
-def expose_lora_inputs(model: onnx.ModelProto, components: dict[str, dict], backbone: str,
+def expose_lora_inputs(model: onnx.ModelProto, components: Mapping[str, Component], backbone: str,
                        text_encoders: tuple[str, ...] = ()) -> dict | None:
     """Add the inlined components' insertion points as graph inputs; returns the sampling component's `lora`
     record: the backbone's prefix and, per component whose points the graph computes, its prefix."""
-    module = _first_module(components.get(backbone, {}))
+    module = _first_module(components.get(backbone))
     if module is None:
         return None
     g = model.graph
@@ -38,7 +41,7 @@ def expose_lora_inputs(model: onnx.ModelProto, components: dict[str, dict], back
         return None
     prefixes = {backbone: prefix}
     for name in text_encoders:
-        first = _first_module(components.get(name, {}))
+        first = _first_module(components.get(name))
         if first is not None and f"{name}/{first}{A_SUFFIX}" in names:
             prefixes[name] = f"{name}/"
     known = tuple(prefixes.values())
@@ -52,16 +55,16 @@ def expose_lora_inputs(model: onnx.ModelProto, components: dict[str, dict], back
     return {"prefix": prefix, "inputs": added, "components": prefixes}
 
 
-def graph_prefixes(info: dict, backbone: str) -> dict[str, str]:
+def graph_prefixes(graph: Component, backbone: str) -> dict[str, str]:
     """component -> input-name prefix in a sampling graph (graphs compiled before `components`: the backbone's)."""
-    lora = info.get("lora") or {}
+    lora = graph.lora or {}
     if "components" in lora:
         return dict(lora["components"])
     return {backbone: lora["prefix"]} if lora.get("prefix") is not None else {}
 
 
-def graph_feeds(info: dict, feeds: dict[str, dict], backbone: str) -> dict:
+def graph_feeds(graph: Component, feeds: dict[str, dict], backbone: str) -> dict:
     """Adapter feeds (component -> {input: array}) under the sampling graph's input names, for the components
     the graph computes (a text encoder outside it takes its feeds in its own session)."""
-    prefixes = graph_prefixes(info, backbone)
+    prefixes = graph_prefixes(graph, backbone)
     return {prefixes[comp] + k: v for comp, named in feeds.items() if comp in prefixes for k, v in named.items()}

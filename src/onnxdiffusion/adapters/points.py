@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..manifest import Component
+
 SCOPES = ("linear", "all")  # linear: every Linear and 1x1 conv; all: k x k convs too (LoCon-style LoRAs)
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 _WRAPPER = "model"  # the export wrappers' attribute holding the diffusers/transformers module
@@ -274,5 +276,5 @@ def _add_input(graph: onnx.GraphProto, g: _Graph, a: str, b: str, t: Target) -> 
         g.inits[name] = graph.initializer[-1]
 
 
-def targets_from_manifest(entry: dict) -> dict[str, Target]:
-    return {m: Target.from_dict(m, d) for m, d in ((entry.get("lora") or {}).get("targets") or {}).items()}
+def targets_from_manifest(entry: Component) -> dict[str, Target]:
+    return {m: Target.from_dict(m, d) for m, d in (entry.lora_targets or {}).items()}

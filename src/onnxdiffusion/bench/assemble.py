@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import read_manifest
+from ..artifacts import confined, read_manifest
 from ..errors import UserError
 from ..paths import shown_path
 from . import memory
@@ -72,8 +72,8 @@ def _variant_bytes(spec: VariantSpec, load: dict) -> int | None:
             manifest = read_manifest(spec.folder)
             total = model_bytes(spec.folder, manifest)
             if spec.loop != "host":
-                info = manifest["components"][f"sampler_{spec.loop}"]
-                total += folder_bytes((Path(spec.folder) / info["path"]).parent)
+                graph = manifest.components[f"sampler_{spec.loop}"]
+                total += folder_bytes(confined(spec.folder, graph.path, "sampling graph").parent)
             return total
         if spec.kind == "torch":
             from ..families import get_family, names
@@ -82,8 +82,8 @@ def _variant_bytes(spec: VariantSpec, load: dict) -> int | None:
             return sum(folder_bytes(Path(spec.folder) / c) for c in ("text_encoder", *backbones, "vae"))
         if spec.peer == "optimum":
             manifest = read_manifest(spec.folder)
-            extra = manifest["components"].get("vae_encoder")  # optimum loads the encoder too
-            enc = folder_bytes((Path(spec.folder) / extra["path"]).parent) if extra else 0
+            extra = manifest.component("vae_encoder")  # optimum loads the encoder too
+            enc = folder_bytes(confined(spec.folder, extra.path, "vae_encoder").parent) if extra else 0
             return model_bytes(spec.folder, manifest) + enc
         if spec.peer in ("openvino", "sdcpp"):  # the converted model it runs (IR / GGUF)
             return load.get("ir_bytes")

@@ -98,11 +98,11 @@ def _run_bench(options: BenchOptions) -> dict:
     if opts.guidance is None:
         arch_guidance = ARCHES[opts.arch].guidance if opts.arch else None
         opts = replace(opts, guidance=arch_guidance if arch_guidance is not None else _default_guidance(source, rec))
-    info = manifest["pipeline"]
-    height = width = opts.size or int(info["default_height"])
+    info = manifest.pipeline
+    height = width = opts.size or int(info.default_height)
     if opts.size is None:
-        width = int(info["default_width"])
-    m = int(info["size_multiple"])
+        width = int(info.default_width)
+    m = int(info.size_multiple)
     if height % m or width % m:
         raise UserError(f"--size must be a multiple of {m} for this model, got {height}")
     quantized = _quantized(opts, model, work, notes)
@@ -122,7 +122,7 @@ def _run_bench(options: BenchOptions) -> dict:
     from ..evaluate.run import item_latents
     from ..families import get_family
 
-    latent_shape = get_family(manifest.get("family")).latent_shape(info, 1, height, width)[1:]
+    latent_shape = get_family(manifest.family).latent_shape(info, 1, height, width)[1:]
     timing_job = Job([scenes[0].caption], item_latents(latent_shape, [0]), opts.guidance, height, width)
     batches = []
     if quality:

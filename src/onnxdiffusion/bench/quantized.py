@@ -34,8 +34,9 @@ def content_key(model: Path, recipe: str, args: tuple[str, ...]) -> str:
     from .. import __version__
 
     manifest = read_manifest(model)
-    what = {"files": manifest.get("files"), "pipeline": manifest.get("pipeline"), "family": manifest.get("family"),
-            "recommended": manifest.get("recommended"), "recipe": recipe, "args": list(args), "version": __version__}
+    # plain JSON values, as read: the key of a folder built before must not change
+    what = {"files": dict(manifest.files), "pipeline": manifest.pipeline.to_dict(), "family": manifest.family,
+            "recommended": manifest.recommended.to_dict(), "recipe": recipe, "args": list(args), "version": __version__}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 

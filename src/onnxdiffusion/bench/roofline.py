@@ -25,11 +25,13 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from onnxdiffusion.bench.machine import machine_facts, machine_line
+from onnxdiffusion.manifest import Component, Manifest, confined
 
 GEMM_N = 1024  # M = N = K: big enough for the packed kernels' steady state, small enough to repeat
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MultiHeadAttention", "Attention", "FusedConv",
@@ -199,25 +201,25 @@ def _node_flops(node, shapes: dict) -> float | None:
 
 
 # --- one backbone call: timing and profile ---------------------------------------------------------------------
-def backbone_feed(manifest: dict, batch: int, height: int, width: int, context_dim: int) -> dict:
-    info = manifest["pipeline"]
-    f = int(info["vae_scale_factor"])
+def backbone_feed(manifest: Manifest, batch: int, height: int, width: int, context_dim: int) -> dict:
+    info = manifest.pipeline
+    f = int(info.vae_scale_factor)
     rng = np.random.default_rng(0)
-    return {"sample": rng.standard_normal((batch, int(info["latent_channels"]), height // f, width // f),
+    return {"sample": rng.standard_normal((batch, int(info.latent_channels), height // f, width // f),
                                           dtype=np.float32),
             "timestep": np.full((batch,), 500.0, np.float32),
-            "encoder_hidden_states": rng.standard_normal((batch, int(info["model_max_length"]), context_dim),
+            "encoder_hidden_states": rng.standard_normal((batch, int(info.model_max_length), context_dim),
                                                          dtype=np.float32)}
 
 
-def _backbone(manifest: dict) -> dict:
+def _backbone(manifest: Manifest) -> Component:
     from ..families import get_family
 
-    return manifest["components"][get_family(manifest.get("family")).backbone]
+    return manifest.components[get_family(manifest.family).backbone]
 
 
-def _disabled(manifest: dict) -> list[str]:
-    return list(((_backbone(manifest).get("session_options") or {}).get("disabled_optimizers")) or [])
+def _disabled(manifest: Manifest) -> list[str]:
+    return _backbone(manifest).disabled_optimizers or []
 
 
 def profile_ops(session_path: Path, feed: dict, threads: int, disabled: list[str], prefix: str) -> dict:
@@ -253,7 +255,7 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
 
     base = next(iter(folders.values()))
     man0 = read_manifest(base)
-    unet0 = base / _backbone(man0)["path"]
+    unet0 = confined(base, _backbone(man0).path, "backbone")
     import onnx
 
     graph_inputs = {i.name: i for i in onnx.load(str(unet0), load_external_data=False).graph.input}
@@ -266,10 +268,10 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
     sessions = {}
     for name, folder in folders.items():
         man = read_manifest(folder)
-        path = folder / _backbone(man)["path"]
+        path = confined(folder, _backbone(man).path, "backbone")
         progress(f"roofline: loading {name}")
         sessions[name] = (_session(path, threads, disabled=_disabled(man)), path, _disabled(man),
-                          man.get("quantization"))
+                          dict(man.quantization) if isinstance(man.quantization, Mapping) else man.quantization)
     steps: dict[str, list] = {n: [] for n in folders}
     cpu: dict[str, list] = {n: [] for n in folders}
     peaks_runs = []

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..manifest import Manifest
 from .arch import ARCHES
 
 # BenchOptions (core.py) is what _resolve takes and returns; not imported here: core imports this module
@@ -39,17 +40,17 @@ def _check_out(out: Path, create: bool = True) -> Path:
     return out
 
 
-def recommended(manifest: dict) -> dict:
-    """The model's own sampler, steps and guidance (its manifest's `recommended`), each present or absent."""
-    rec = manifest.get("recommended") or {}
+def recommended(manifest: Manifest) -> dict:
+    """The model's own sampler, steps and guidance (its manifest's `recommended`, checked on read), each present
+    or absent."""
+    r = manifest.recommended
     out = {}
-    if isinstance(rec.get("sampler"), str):
-        out["sampler"] = rec["sampler"]
-    if isinstance(rec.get("steps"), int) and rec["steps"] >= 1:
-        out["steps"] = rec["steps"]
-    g = rec.get("guidance")
-    if isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) and g >= 0:
-        out["guidance"] = float(g)
+    if r.sampler is not None:
+        out["sampler"] = r.sampler
+    if r.steps is not None:
+        out["steps"] = r.steps
+    if r.guidance is not None:
+        out["guidance"] = float(r.guidance)
     return out
 
 

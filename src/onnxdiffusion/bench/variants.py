@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..artifacts import MANIFEST, read_manifest, verify_folder
+from ..artifacts import MANIFEST, confined, read_manifest, verify_folder
 from ..errors import UserError
 from ..families.sd import StableDiffusion
+from ..manifest import Manifest
 from ..paths import embedded_diffusers_folder, models_root, shown_path
 
 KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "fp8",
@@ -98,9 +100,9 @@ def peer_python(peer: str) -> Path:
     return repo_root() / PEER_VENVS[peer] / "bin" / "python"
 
 
-def source_folder(model: Path, manifest: dict) -> Path | None:
+def source_folder(model: Path, manifest: Manifest) -> Path | None:
     """The diffusers folder a model was exported from (manifest `source.path`, else the embedded model's)."""
-    src = manifest.get("source", {}).get("path")
+    src = manifest.source_path
     if src and (Path(src) / "model_index.json").is_file():
         return Path(src)
     emb = embedded_diffusers_folder()
@@ -109,20 +111,20 @@ def source_folder(model: Path, manifest: dict) -> Path | None:
     return None
 
 
-def recipe_of(manifest: dict) -> str | None:
+def recipe_of(manifest: Manifest | None) -> str | None:
     """The quantization recipe name of a model folder, or None for an fp32 export.
 
     Read from the manifest's `quantization` entry only (a string, or a `recipe` key holding a name or a
     dict with `name`, at the top or under `config`), so the bench does not depend on how quantize works.
     """
-    q = manifest.get("quantization")
+    q = manifest.quantization if manifest is not None else None
     if q is None:
         return None
     if isinstance(q, str):
         return q
 
     def find(d, depth=0):
-        if not isinstance(d, dict) or depth > 3:
+        if not isinstance(d, Mapping) or depth > 3:
             return None
         r = d.get("recipe")
         if isinstance(r, str):
@@ -135,33 +137,33 @@ def recipe_of(manifest: dict) -> str | None:
                 return got
         return None
 
-    return find(q) or (q.get("name") if isinstance(q, dict) and isinstance(q.get("name"), str) else None) or "quantized"
+    return find(q) or (q.get("name") if isinstance(q, Mapping) and isinstance(q.get("name"), str) else None) or "quantized"
 
 
-def _run_components(manifest: dict) -> tuple[str, ...]:
+def _run_components(manifest: Manifest) -> tuple[str, ...]:
     """What generation loads: the folder's family's text encoders, backbone and VAE decoder."""
     from ..families import get_family
 
-    return get_family(manifest.get("family")).required_components(manifest.get("pipeline", {}))
+    return get_family(manifest.family).required_components(manifest.pipeline)
 
 
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
-def model_bytes(folder: Path, manifest: dict) -> int:
+def model_bytes(folder: Path, manifest: Manifest) -> int:
     """Bytes of what a run loads: the pipeline components (not vae_encoder, not sampling graphs)."""
     total = 0
     for name in _run_components(manifest):
-        info = manifest.get("components", {}).get(name)
-        if info is None:
+        entry = manifest.component(name)
+        if entry is None:
             continue
-        comp = (Path(folder) / info["path"]).parent
+        comp = confined(folder, entry.path, f"component '{name}'").parent
         total += folder_bytes(comp) if comp.is_dir() else 0
     return total
 
 
-def check_folder(folder: Path, manifest: dict | None = None, verify_hashes: bool = False) -> str | None:
+def check_folder(folder: Path, manifest: Manifest | None = None, verify_hashes: bool = False) -> str | None:
     """None if a model folder looks runnable, else a one-line reason (missing manifest / component / file)."""
     try:
         manifest = manifest if manifest is not None else read_manifest(folder)
@@ -169,12 +171,12 @@ def check_folder(folder: Path, manifest: dict | None = None, verify_hashes: bool
             verify_folder(folder, manifest)
         else:
             for name in _run_components(manifest):
-                info = manifest.get("components", {}).get(name)
-                if info is None:
+                entry = manifest.component(name)
+                if entry is None:
                     return f"manifest has no '{name}' component"
-                if not (Path(folder) / info["path"]).is_file():
-                    return f"component '{name}' is missing ({info['path']})"
-                for ext in info.get("external_data", []) or []:  # paths relative to the model folder
+                if not (Path(folder) / entry.path).is_file():
+                    return f"component '{name}' is missing ({entry.path})"
+                for ext in entry.external_data:  # paths relative to the model folder
                     if not (Path(folder) / ext).is_file():
                         return f"external data of '{name}' is missing ({ext})"
             for rel in ("tokenizer", "scheduler/scheduler_config.json"):
@@ -185,7 +187,7 @@ def check_folder(folder: Path, manifest: dict | None = None, verify_hashes: bool
     return None
 
 
-def find_quantized(variants_dir: Path, base: Path) -> list[tuple[Path, dict]]:
+def find_quantized(variants_dir: Path, base: Path) -> list[tuple[Path, Manifest]]:
     """Sub-folders of `variants_dir` holding a model folder whose manifest has a `quantization` entry."""
     out = []
     if not variants_dir.is_dir():
@@ -197,20 +199,20 @@ def find_quantized(variants_dir: Path, base: Path) -> list[tuple[Path, dict]]:
         if not mpath.is_file():
             continue
         try:
-            manifest = json.loads(mpath.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            manifest = read_manifest(sub)
+        except UserError:  # not a folder this tool can run: not a variant
             continue
-        if isinstance(manifest, dict) and manifest.get("quantization") is not None:
+        if manifest.quantization is not None:
             out.append((sub, manifest))
     return out
 
 
-def _loop_skip(manifest: dict, form: str, steps: int) -> str | None:
-    info = manifest.get("components", {}).get(f"sampler_{form}")
-    if info is None:
+def _loop_skip(manifest: Manifest, form: str, steps: int) -> str | None:
+    graph = manifest.component(f"sampler_{form}")
+    if graph is None:
         return f"no '{form}' sampling graph in this folder (run `onnxdiffusion compile-loop --form {form}`)"
-    if form == "unrolled" and info.get("steps") != steps:
-        return f"the unrolled graph runs exactly {info.get('steps')} steps; this bench runs {steps} (pass --steps {info.get('steps')})"
+    if form == "unrolled" and graph.steps != steps:
+        return f"the unrolled graph runs exactly {graph.steps} steps; this bench runs {steps} (pass --steps {graph.steps})"
     return None
 
 
@@ -247,12 +249,13 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
     specs.append(VariantSpec("torch-bf16", "torch", f"PyTorch bf16 (diffusers), {ddim}", source, steps=opts.steps,
                              sampler=opts.sampler, precision="bf16", skip=torch_skip, hidden=True))
 
-    def ort_family(prefix: str, folder: Path, man: dict, precision: str, folder_skip: str | None) -> list[VariantSpec]:
+    def ort_family(prefix: str, folder: Path, man: Manifest, precision: str,
+                   folder_skip: str | None) -> list[VariantSpec]:
         what = "ORT fp32" if precision == "fp32" else f"ORT {precision}"
         fam = [VariantSpec(f"{prefix}", "ort", f"{what}, host loop, {ddim}", folder, steps=opts.steps,
                            sampler=opts.sampler, precision=precision, skip=folder_skip)]
         for form in ("loop", "unrolled"):
-            absent = f"sampler_{form}" not in man.get("components", {})
+            absent = f"sampler_{form}" not in man.components
             skip = folder_skip or _loop_skip(man, form, opts.steps)
             fam.append(VariantSpec(f"{prefix}-{form}", "ort", f"{what}, ONNX {form} graph, {ddim}", folder,
                                    steps=opts.steps, sampler=opts.sampler, loop=form, precision=precision, skip=skip,
@@ -271,12 +274,12 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
         found = find_quantized(opts.variants_dir if opts.variants_dir is not None else model.parent, model)
     counts: dict[str, int] = {}
     for _, man in found:
-        if man.get("pipeline") == manifest.get("pipeline"):
+        if man.pipeline == manifest.pipeline:
             r = recipe_of(man) or "quantized"
             counts[r] = counts.get(r, 0) + 1
     for folder, man in found:
         recipe = recipe_of(man) or "quantized"
-        other_model = man.get("pipeline") != manifest.get("pipeline")
+        other_model = man.pipeline != manifest.pipeline
         if other_model:  # a quantized folder of some other model: listed only when asked for
             skip = f"{folder} is not a variant of {model.name} (its manifest's pipeline block differs)"
         else:
@@ -298,7 +301,7 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
         else:
             folder, what = source, f"OpenVINO (optimum-intel) {mode} on the diffusers source"
         skip = None
-        kind = (manifest.get("source") or {}).get("class") or "StableDiffusionPipeline"
+        kind = manifest.source_class or "StableDiffusionPipeline"
         if peer in ("optimum", "openvino") and kind != "StableDiffusionPipeline":  # peer_worker's SD1.x/2.x classes
             skip = f"the {peer} peer runs StableDiffusionPipeline folders only; this model is a {kind}"
         elif not py.exists():
@@ -320,14 +323,14 @@ def _sd1_shaped(diffusers_folder: Path) -> bool:
     return list(cfg.get("block_out_channels", [])) == [320, 640, 1280, 1280] and cfg.get("cross_attention_dim") == 768
 
 
-def folder_variant(folder: Path, base: Path, base_manifest: dict, steps: int) -> VariantSpec:
+def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int) -> VariantSpec:
     """A model folder given by path in --variants: its host-loop DDIM variant, named after its recipe."""
     folder = Path(folder)
     skip = check_folder(folder)
-    man: dict = {}
+    man = None
     if skip is None:
         man = read_manifest(folder)
-        if man.get("pipeline") != base_manifest.get("pipeline"):
+        if man.pipeline != base_manifest.pipeline:
             skip = f"not the same model as {base.name} (its manifest's pipeline block differs)"
     recipe = recipe_of(man) or "fp32"
     name = f"ort-{recipe}@{folder.name}"

@@ -53,7 +53,7 @@ def check_source(cn_dir: Path | str, family: Family, info: dict, backbone_config
 
 def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Family, info: dict, dest: Path,
                       options) -> dict:
-    """Export (validate against torch, store exact-fp16 weights as fp16) under dest/controlnets/NAME/; its entry."""
+    """Export (validate against torch, store exact-fp16 weights as fp16) under dest/controlnets/NAME/; its draft."""
     import shutil
 
     import onnx
@@ -81,22 +81,22 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
         f["controlnet_cond"] = torch.rand(*f["controlnet_cond"].shape, generator=gen)
         f["conditioning_scale"] = torch.tensor([0.7])
         feeds.append(f)
-    entry = export_component(spec, _wrapper(record["class"])(module, [t.name for t in spec.inputs][2:-2]), feeds,
+    draft = export_component(spec, _wrapper(record["class"])(module, [t.name for t in spec.inputs][2:-2]), feeds,
                              folder, options)
     del module
     free_memory()
     path = folder / "model.onnx"
-    if not entry["external_data"]:
+    if not draft["external_data"]:
         model = onnx.load(str(path))
         if stored := fp16_storage.store(model):
             write(model, path)
-            entry["storage"] = {"fp16_tensors": stored}
-        entry["bytes"] = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+            draft["storage"] = {"fp16_tensors": stored}
+        draft["bytes"] = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     shutil.copy2(cn_dir / "config.json", folder / "config.json")
-    entry.update(record, path=f"controlnets/{name}/model.onnx",
-                 external_data=[f"controlnets/{name}/{Path(f).name}" for f in entry["external_data"]],
+    draft.update(record, path=f"controlnets/{name}/model.onnx",
+                 external_data=[f"controlnets/{name}/{Path(f).name}" for f in draft["external_data"]],
                  shapes_validated=dims)
-    return entry
+    return draft
 
 
 def _class(name: str):
@@ -173,25 +173,25 @@ def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path 
     check_name(name)
     manifest = read_manifest(folder)
     verify_folder(folder, manifest)
-    family = get_family(manifest.get("family"))
-    info = manifest["pipeline"]
-    have = manifest.get("controlnets") or {}
+    family = get_family(manifest.family)
+    info = manifest.pipeline
+    have = manifest.controlnets or {}
     if name in have and not overwrite:
         raise UserError(f"{folder} already has a ControlNet named {name!r} (--overwrite replaces it)")
     record = check_source(cn_dir, family, info, backbone_config(folder, manifest, family))
     in_place = out is None or Path(out).resolve() == folder.resolve()
     target = folder if in_place else Path(out)
     with derive(folder, target, manifest, overwrite=overwrite, in_place=in_place) as d:
-        old = (d.manifest.get("controlnets") or {}).get(name)
+        old = (d.draft.get("controlnets") or {}).get(name)
         if old is not None:  # the replaced net's files are not carried over
             for rel in [old["path"], *old.get("external_data", []), f"controlnets/{name}/config.json"]:
                 d.path(rel).unlink(missing_ok=True)
         entry = export_controlnet(name, cn_dir, record, family, info, d.tmp, options or ExportOptions())
-        d.manifest.setdefault("controlnets", {})[name] = entry
+        d.draft.setdefault("controlnets", {})[name] = entry
     return read_manifest(target)
 
 
-def backbone_config(folder: Path, manifest: dict, family: Family) -> dict:
+def backbone_config(folder: Path, manifest, family: Family) -> dict:
     """The backbone's diffusers config.json, which export copies beside its ONNX file."""
     from ..artifacts import confined
 

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..artifacts import FORMAT_VERSION, MANIFEST, atomic_dir, check_output_folder, hash_tree, write_json
+from ..artifacts import FORMAT_VERSION, atomic_dir, check_output_folder, hash_tree, write_json, write_manifest
 from ..artifacts import read_json_object as _read_json
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
+from ..manifest import Manifest, PipelineInfo, typed
 from ..onnxio import HeapFrozen
 from . import family_export
 from .options import ExportOptions
@@ -69,10 +70,11 @@ def _source_path(src: Path) -> str:
         return str(resolved)
 
 
-def source_info(src: Path | str) -> tuple[Family, dict]:
-    """The family and pipeline info (what manifest['pipeline'] records) of a diffusers folder, from its JSON only."""
+def source_info(src: Path | str) -> tuple[Family, PipelineInfo]:
+    """The family and pipeline settings (what the manifest's `pipeline` records) of a diffusers folder, from its
+    JSON only."""
     family, _, configs = _check_source(Path(src))
-    return family, family.pipeline_info(configs)
+    return family, PipelineInfo.from_dict(family.pipeline_info(configs))
 
 
 def _recommended(src: Path) -> dict:
@@ -139,7 +141,7 @@ def _check_tiny(family: Family, configs: dict, options: ExportOptions) -> tuple[
         return (), None
     from .tiny_vae import TINY_NAMES, check_tiny_source
 
-    cfg = check_tiny_source(options.tiny_vae, family, family.pipeline_info(configs))
+    cfg = check_tiny_source(options.tiny_vae, family, PipelineInfo.from_dict(family.pipeline_info(configs)))
     if all(n in options.skip for n in TINY_NAMES):
         raise UserError("--tiny-vae with both its halves skipped exports nothing of it")
     return TINY_NAMES, cfg
@@ -151,15 +153,16 @@ def _check_controlnets(options: ExportOptions, family: Family, configs: dict) ->
         return []
     from .controlnet import check_source, parse_pairs
 
-    info = family.pipeline_info(configs)
+    info = PipelineInfo.from_dict(family.pipeline_info(configs))
     return [(name, path, check_source(path, family, info, configs[family.backbone]))
             for name, path in parse_pairs(options.controlnets)]
 
 
-def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None, progress: bool = True) -> dict:
-    """Export every component of a local diffusers pipeline to ONNX, validate it, write a manifest.
+def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None,
+                    progress: bool = True) -> Manifest:
+    """Export every component of a local diffusers pipeline to ONNX, validate it, write a draft.
 
-    Returns the manifest. Raises UserError on bad input or a component over its tolerance;
+    Returns the manifest written. Raises UserError on bad input or a component over its tolerance;
     nothing is left at `out` unless the whole export succeeds. Components are loaded one source
     folder at a time and released after export, so peak memory follows the largest component.
     """
@@ -186,12 +189,13 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from .validate import export_component, free_memory
 
     t_start = time.time()
-    info = family.pipeline_info(configs)
+    settings = family.pipeline_info(configs)
     if options.default_size is not None:
-        m = int(info["size_multiple"])
+        m = int(settings["size_multiple"])
         if options.default_size <= 0 or options.default_size % m:
             raise UserError(f"default size must be a positive multiple of {m} for this model, got {options.default_size}")
-        info["default_height"] = info["default_width"] = int(options.default_size)
+        settings["default_height"] = settings["default_width"] = int(options.default_size)
+    info = PipelineInfo.from_dict(settings)
     present = {n for n in configs if "/" not in n and n not in ("model_index", "scheduler")}
     specs = family.component_specs(info, present)
     wanted = options.components
@@ -208,7 +212,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                             f"{[n for n in specs if n not in needed]}")
         specs = {k: v for k, v in specs.items() if k not in options.skip}
     fused: dict[str, int] = {}
-    manifest: dict = {
+    draft: dict = {
         "format_version": FORMAT_VERSION,
         "family": family.name,
         "source": {"path": _source_path(src), "class": model_index["_class_name"]},
@@ -216,7 +220,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         "exporter": "torch.onnx.export (TorchScript)",
         "tool_versions": _versions(),
         "attention": {"fused": False},
-        "pipeline": info,
+        "pipeline": info.to_dict(),
         "components": {},
         "recommended": _recommended(src),
     }
@@ -253,7 +257,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 wrapped = None
                 entry["family"] = family.name
                 entry["shapes_validated"] = dims
-                manifest["components"][name] = entry
+                draft["components"][name] = entry
                 if (src / spec.source / "config.json").is_file():
                     shutil.copy2(src / spec.source / "config.json", tmp / name / "config.json")
                 bar.update(1)
@@ -262,23 +266,23 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         if tiny_cfg is not None:
             from .tiny_vae import export_tiny
 
-            manifest["components"].update(export_tiny(options.tiny_vae, tiny_cfg, family, info, tmp, options,
+            draft["components"].update(export_tiny(options.tiny_vae, tiny_cfg, family, info, tmp, options,
                                                       tuple(n for n in tiny_names if n not in options.skip)))
         if controlnets:
             from .controlnet import export_controlnet
 
-            manifest["controlnets"] = {name: export_controlnet(name, path, rec, family, info, tmp, options)
+            draft["controlnets"] = {name: export_controlnet(name, path, rec, family, info, tmp, options)
                                        for name, path, rec in controlnets}
         if any(fused.values()):
-            manifest["attention"] = {"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused}
+            draft["attention"] = {"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused}
         for slot in family.text_encoders:
             if slot.name in specs:
                 _save_tokenizer(src, slot.tokenizer, class_of(model_index, slot.tokenizer), tmp)
         (tmp / "scheduler").mkdir()
         shutil.copy2(src / "scheduler" / "scheduler_config.json", tmp / "scheduler" / "scheduler_config.json")
         write_json(tmp / "model_index.json", model_index)
-        export_lora.after_export(tmp, manifest, options, lora_records)
-        manifest["export_seconds"] = round(time.time() - t_start, 2)
-        manifest["files"] = hash_tree(tmp)
-        write_json(tmp / MANIFEST, manifest)
-    return manifest
+        export_lora.after_export(tmp, draft, options, lora_records)
+        draft["export_seconds"] = round(time.time() - t_start, 2)
+        draft["files"] = hash_tree(tmp)
+        write_manifest(tmp, draft)
+    return typed(draft, str(out))

@@ -18,7 +18,8 @@ import struct
 import tempfile
 from pathlib import Path
 
-from ..artifacts import MANIFEST, check_output_folder, write_json
+from ..artifacts import check_output_folder, write_manifest
+from ..manifest import Manifest, typed
 from ..errors import UserError
 from ..families import family_for_pipeline, get_family
 
@@ -120,7 +121,7 @@ def _component_from_config(config: Path, name: str, class_name: str, src: Path):
 
 
 def export_checkpoint(src: Path | str, out: Path | str, options=None, config: Path | str | None = None,
-                      family: str | None = None, progress: bool = True) -> dict:
+                      family: str | None = None, progress: bool = True) -> Manifest:
     """Export a single-file checkpoint; returns the manifest (its source: the checkpoint file)."""
     from .pipeline import ExportOptions, export_pipeline
 
@@ -133,11 +134,12 @@ def export_checkpoint(src: Path | str, out: Path | str, options=None, config: Pa
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".ckpt", dir=out.parent))
     try:
         folder, from_config = materialize(src, Path(config) if config else None, family, work)
-        manifest = export_pipeline(folder, out, options, progress=progress)
+        draft = export_pipeline(folder, out, options, progress=progress).to_dict()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    manifest["source"] = {**manifest["source"], "path": src.name, "single_file": True}
+    source = {**draft["source"], "path": src.name, "single_file": True}
     if from_config:  # weights that are not the checkpoint's: say whose they are
-        manifest["source"]["from_config"] = from_config
-    write_json(out / MANIFEST, manifest)  # the manifest is not among the hashed files
-    return manifest
+        source["from_config"] = from_config
+    draft["source"] = source
+    write_manifest(out, draft)  # the manifest is not among the hashed files
+    return typed(draft, str(out))

@@ -53,12 +53,12 @@ def check_tiny_source(tiny: Path | str, family: Family, info: dict) -> dict:
         raise UserError(f"{path}: a tiny VAE must be {CLASS}, got {got!r}")
     where = str(path)
     channels = cfg.get("latent_channels", 4)
-    if channels != int(info["latent_channels"]):
-        raise UserError(f"{where}: latent_channels {channels!r} is not the VAE's {info['latent_channels']}")
+    if channels != int(info.latent_channels):
+        raise UserError(f"{where}: latent_channels {channels!r} is not the VAE's {info.latent_channels}")
     up = cfg.get("upsampling_scaling_factor", 2)
     if isinstance(up, bool) or not isinstance(up, int) or up < 1:
         raise UserError(f"{where}: upsampling_scaling_factor must be a positive integer, got {up!r}")
-    f = int(info["vae_scale_factor"])
+    f = int(info.vae_scale_factor)
     dec = up ** (_blocks(cfg, "decoder_block_out_channels", where) - 1)
     enc = 2 ** (_blocks(cfg, "encoder_block_out_channels", where) - 1)
     if dec != f or enc != f:
@@ -87,7 +87,7 @@ def export_tiny(tiny: Path | str, cfg: dict, family: Family, info: dict, dest: P
     scaling = _number(cfg, "scaling_factor", 1.0, str(tiny))
     shift = _number(cfg, "shift_factor", 0.0, str(tiny))
     entries = {}
-    for name, spec in tiny_vae_specs(int(info["latent_channels"])).items():
+    for name, spec in tiny_vae_specs(int(info.latent_channels)).items():
         if name not in names:
             continue
         dims = family.export_dims(spec, info)
@@ -116,8 +116,8 @@ def add_tiny_vae(folder: Path | str, tiny: Path | str, out: Path | str | None = 
         raise UserError(f"tiny VAE components are {DECODER} and {ENCODER}, got {list(names)}")
     manifest = read_manifest(folder)
     verify_folder(folder, manifest)
-    family = get_family(manifest.get("family"))
-    info = manifest["pipeline"]
+    family = get_family(manifest.family)
+    info = manifest.pipeline
     cfg = check_tiny_source(tiny, family, info)
     in_place = out is None or Path(out).resolve() == folder.resolve()
     target = folder if in_place else Path(out)

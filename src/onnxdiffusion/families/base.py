@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from ..errors import UserError
+from ..manifest import Manifest
 
 SAMPLE, TIMESTEP, OUT = "sample", "timestep", "out_sample"
 CONTEXT = "encoder_hidden_states"  # the sequence conditioning every family has
@@ -209,10 +210,10 @@ class Family:
 
     def sequence_length(self, component: str, info: dict) -> int:
         """Token length a text encoder is fed, or (backbone) the conditioning sequence length."""
-        lengths = info.get("max_lengths") or {}
+        lengths = info.setting("max_lengths") or {}
         if component in lengths:
             return int(lengths[component])
-        return int(info.get("context_length") or info["model_max_length"])
+        return int(info.context_length or info.model_max_length)
 
     def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
         """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
@@ -221,15 +222,15 @@ class Family:
     def size_limits(self, info: dict) -> SizeLimits:
         """What sizes the backbone accepts. The default (the UNet families, and the RoPE transformers whose
         positions come from id inputs, not a table): multiples of size_multiple up to the run time's bound."""
-        return SizeLimits(int(info["size_multiple"]))
+        return SizeLimits(int(info.size_multiple))
 
     def latent_shape(self, info: dict, batch: int, height: int, width: int) -> tuple[int, ...]:
-        f = int(info["vae_scale_factor"])
-        return (batch, int(info["latent_channels"]), height // f, width // f)
+        f = int(info.vae_scale_factor)
+        return (batch, int(info.latent_channels), height // f, width // f)
 
     def decode_scale_shift(self, info: dict) -> tuple[float, float]:
         """(scale, shift) with decoder input = latents * scale + shift (diffusers: x / scaling + shift)."""
-        return 1.0 / float(info["vae_scaling_factor"]), float(info.get("vae_shift_factor") or 0.0)
+        return 1.0 / float(info.vae_scaling_factor), float(info.vae_shift_factor or 0.0)
 
     # -- methods the transformer families override (the defaults are Stable Diffusion's behaviour) ---
     # backbone input fed the guidance scale itself (guidance-distilled Flux): no [uncond; cond] batch
@@ -335,14 +336,14 @@ class Family:
 
     def encoder_latents(self, info: dict, mean: np.ndarray) -> np.ndarray:
         """The VAE encoder's posterior mean -> scaled (B, C, h, w) latents (diffusers: (x - shift) * scaling)."""
-        shift = np.float32(info.get("vae_shift_factor") or 0.0)
-        return ((mean - shift) * np.float32(info["vae_scaling_factor"])).astype(np.float32)
+        shift = np.float32(info.vae_shift_factor or 0.0)
+        return ((mean - shift) * np.float32(info.vae_scaling_factor)).astype(np.float32)
 
     def inpaint_inputs(self, info: dict, mask: np.ndarray, masked: np.ndarray) -> np.ndarray:
         """An inpainting backbone's extra sample channels from the binary pixel mask (B, 1, H, W) and the
         masked picture's scaled latents (B, C, h, w): [mask on the latent grid, masked latents] (the 9-channel
         UNet's; nearest sampling picks pixel f*i, as torch's interpolate)."""
-        f = int(info["vae_scale_factor"])
+        f = int(info.vae_scale_factor)
         return np.concatenate([mask[:, :, ::f, ::f], masked], axis=1).astype(np.float32)
 
     def pack_latents(self, info: dict, latents: np.ndarray) -> np.ndarray:
@@ -352,26 +353,26 @@ class Family:
     def required_components(self, info: dict) -> tuple[str, ...]:
         return (*(s.name for s in self.text_encoders if s.required), self.backbone, "vae_decoder")
 
-    def check_folder(self, folder_name: str, manifest: dict) -> None:
+    def check_folder(self, folder_name: str, manifest: Manifest) -> None:
         """A loaded model folder: every required component there, none from another family, and
         the backbone's recorded inputs what this family feeds."""
-        comps = manifest.get("components", {})
-        for name in self.required_components(manifest["pipeline"]):
+        comps = manifest.components
+        for name in self.required_components(manifest.pipeline):
             if name not in comps:
                 raise UserError(f"{folder_name}: a {self.name} model folder needs component '{name}'; the manifest has none")
         for name, comp in comps.items():
-            fam = comp.get("family")
+            fam = comp.family
             if fam is not None and fam != self.name:
                 raise UserError(f"{folder_name}: component '{name}' was exported for family {fam!r}, "
                                 f"the folder is {self.name!r} (components of different families mixed)")
-        prediction = manifest["pipeline"].get("prediction_type")
+        prediction = manifest.pipeline.prediction_type
         if prediction is not None and prediction not in self.predictions:
             # a flow scheduler reads no prediction_type: without this the manifest's word would be ignored
             raise UserError(f"{folder_name}: pipeline.prediction_type {prediction!r} is not what a {self.name} backbone "
                             f"predicts ({', '.join(self.predictions)})")
-        recorded = [t["name"] for t in comps[self.backbone].get("inputs", [])]
+        recorded = [t.name for t in comps[self.backbone].inputs]
         if recorded:
-            want = [SAMPLE, TIMESTEP, *(t.name for t in self.conditioning(manifest["pipeline"]))]
+            want = [SAMPLE, TIMESTEP, *(t.name for t in self.conditioning(manifest.pipeline))]
             if recorded != want:
                 raise UserError(f"{folder_name}: backbone inputs {recorded} are not those of a {self.name} "
                                 f"backbone {want} (components of different families mixed?)")
@@ -385,4 +386,4 @@ def tokenizer_max_length(configs: dict[str, dict], slot: TextEncoderSlot) -> int
 
 
 def size_multiple(info: dict) -> int:
-    return int(info["size_multiple"])
+    return int(info.size_multiple)

@@ -78,9 +78,9 @@ def check_controlnet(config: dict, unet: dict, info: dict, family: str, text_tim
                         f"connections ({[c for c, _ in theirs]}): a ControlNet of another model size")
     emb = config.get("conditioning_embedding_out_channels") or (16, 32, 96, 256)
     factor = 2 ** (len(emb) - 1)
-    if factor != int(info["vae_scale_factor"]):
-        raise UserError(f"{where} downscales its control image {factor}x, the folder's VAE {info['vae_scale_factor']}x")
-    if config.get("time_cond_proj_dim") or info.get("time_cond_proj_dim"):
+    if factor != int(info.vae_scale_factor):
+        raise UserError(f"{where} downscales its control image {factor}x, the folder's VAE {info.vae_scale_factor}x")
+    if config.get("time_cond_proj_dim") or info.time_cond_proj_dim:
         raise UserError("ControlNet with a guidance-embedding (LCM-distilled) UNet is not supported yet")
     return {"family": family, "class": "ControlNetModel", "residuals": mine[:-1], "mid": mine[-1],
             "cross_attention_dim": int(config["cross_attention_dim"]),

@@ -39,7 +39,7 @@ def check_sd3_controlnet(config: dict, transformer: dict, info: dict, family: st
             "patch": int(config["patch_size"]), "latent_channels": int(config["in_channels"]),
             "zero_pooled": zero_pooled, "backbone_blocks": int(transformer["num_layers"]),
             # the VAE shift the pipeline subtracts from the control latents (none for the InstantX-style nets)
-            "shift": 0.0 if zero_pooled else float(info.get("vae_shift_factor") or 0.0)}
+            "shift": 0.0 if zero_pooled else float(info.vae_shift_factor or 0.0)}
 
 
 def sd3_residuals(record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
@@ -80,7 +80,7 @@ def control_latents(info: dict, record: dict, latents):
     """The folder's scaled VAE latents ((mean - vae shift) x scaling) -> the net's control latents."""
     import numpy as np
 
-    delta = (float(info.get("vae_shift_factor") or 0.0) - float(record["shift"])) * float(info["vae_scaling_factor"])
+    delta = (float(info.vae_shift_factor or 0.0) - float(record["shift"])) * float(info.vae_scaling_factor)
     return (latents + np.float32(delta)).astype(np.float32) if delta else latents
 
 

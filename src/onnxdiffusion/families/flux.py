@@ -41,12 +41,12 @@ def flow_scheduler_info(sched: dict) -> dict:
 
 
 def packed_shape(info: dict, batch: int, height: int, width: int) -> tuple[int, int, int]:
-    f = 2 * int(info["vae_scale_factor"])
-    return batch, (height // f) * (width // f), 4 * int(info["latent_channels"])
+    f = 2 * int(info.vae_scale_factor)
+    return batch, (height // f) * (width // f), 4 * int(info.latent_channels)
 
 
 def token_grid(info: dict, height: int, width: int) -> tuple[int, int]:
-    f = 2 * int(info["vae_scale_factor"])
+    f = 2 * int(info.vae_scale_factor)
     return height // f, width // f
 
 
@@ -137,24 +137,24 @@ class Flux(PackedFlowFamily):
         }
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
-        specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info["context_dim"]))),
-                 TensorSpec(POOLED, "float32", ("batch_size", int(info["pooled_dim"]))),
+        specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info.context_dim))),
+                 TensorSpec(POOLED, "float32", ("batch_size", int(info.pooled_dim))),
                  TensorSpec(IMG_IDS, "float32", (*TOKENS, 3)))
-        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info["guidance_embeds"] else specs
+        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.setting("guidance_embeds") else specs
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
-        c = 4 * int(info["latent_channels"])
+        c = 4 * int(info.latent_channels)
         clip, t5 = self.text_encoders
         specs = {
-            "text_encoder": text_encoder_spec(clip, {"pooler_output": int(info["pooled_dim"])}),
-            "text_encoder_2": text_encoder_spec(t5, {"last_hidden_state": int(info["context_dim"])}),
+            "text_encoder": text_encoder_spec(clip, {"pooler_output": int(info.pooled_dim)}),
+            "text_encoder_2": text_encoder_spec(t5, {"last_hidden_state": int(info.context_dim)}),
             "transformer": ComponentSpec(
                 "transformer",
-                (TensorSpec(SAMPLE, "float32", (*TOKENS, int(info.get("backbone_in_channels", c)))),
+                (TensorSpec(SAMPLE, "float32", (*TOKENS, int(info.setting("backbone_in_channels", c)))),
                  TensorSpec(TIMESTEP, "float32", ("batch_size",)),
                  *self.conditioning(info)),
                 (TensorSpec(OUT, "float32", (*TOKENS, c)),), atol=1e-3, kind=self.backbone_kind, source="transformer"),
-            **vae_specs(int(info["latent_channels"])),
+            **vae_specs(int(info.latent_channels)),
         }
         return {k: v for k, v in specs.items() if v.source in present}
 
@@ -162,7 +162,7 @@ class Flux(PackedFlowFamily):
         if spec.kind == "text_encoder":
             seq = self.sequence_length(spec.name, info)
             return [{"batch_size": 2, "sequence_length": seq}, {"batch_size": 1, "sequence_length": max(2, seq // 2)}]
-        f = int(info["vae_scale_factor"])
+        f = int(info.vae_scale_factor)
         dims = []
         for g, text in zip(grid_dims(info), (self.sequence_length("text_encoder_2", info), 7)):
             h, w = 2 * g["rows"], 2 * g["cols"]  # latent size
@@ -183,7 +183,7 @@ class Flux(PackedFlowFamily):
     def inpaint_inputs(self, info: dict, mask: np.ndarray, masked: np.ndarray) -> np.ndarray:
         """Flux Fill's extra token channels (FluxFillPipeline.prepare_mask_latents): the packed masked-image
         latents, then the pixel mask with each latent pixel's f x f block as channels, packed the same way."""
-        f = int(info["vae_scale_factor"])
+        f = int(info.vae_scale_factor)
         b, _, hp, wp = mask.shape
         blocks = mask[:, 0].reshape(b, hp // f, f, wp // f, f).transpose(0, 2, 4, 1, 3).reshape(b, f * f, hp // f, wp // f)
         return np.concatenate([lat.pack_patches(masked), lat.pack_patches(blocks)], axis=-1).astype(np.float32)

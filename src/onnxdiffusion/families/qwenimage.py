@@ -36,8 +36,8 @@ class _TemplateTokenizer:
     def __init__(self, folder, info: dict):
         from ..runtime.tokenizer import PaddedTokenizer
 
-        self._tok = PaddedTokenizer(folder, None, info["prompt_template"])
-        self.limit = int(info["max_prompt_tokens"]) + int(info["prompt_template_drop"])
+        self._tok = PaddedTokenizer(folder, None, info.setting("prompt_template"))
+        self.limit = int(info.max_prompt_tokens) + int(info.prompt_template_drop)
 
     def __call__(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return self._tok(prompts, pad_to_max=False, truncate_to=self.limit)
@@ -112,18 +112,18 @@ class QwenImage(PackedFlowFamily):
         }
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
-        return (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info["context_dim"]))),
+        return (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info.context_dim))),
                 TensorSpec(MASK, "float32", ("batch_size", "sequence_length")),
                 TensorSpec(IMG_IDS, "float32", (*TOKENS, 3)))
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
-        c, out = 4 * int(info["latent_channels"]), 4 * int(info["out_channels"])
-        z = int(info["latent_channels"])
+        c, out = 4 * int(info.latent_channels), 4 * int(info.out_channels)
+        z = int(info.latent_channels)
         ids = ("batch_size", "sequence_length")
         specs = {
             "text_encoder": ComponentSpec(
                 "text_encoder", (TensorSpec("input_ids", "int64", ids), TensorSpec("attention_mask", "int64", ids)),
-                (TensorSpec("last_hidden_state", "float32", (*ids, int(info["context_dim"]))),), atol=1e-4,
+                (TensorSpec("last_hidden_state", "float32", (*ids, int(info.context_dim))),), atol=1e-4,
                 kind="decoder_text_encoder", source="text_encoder"),
             "transformer": ComponentSpec(
                 "transformer",
@@ -145,7 +145,7 @@ class QwenImage(PackedFlowFamily):
     def export_dims(self, spec: ComponentSpec, info: dict) -> list[dict[str, int]]:
         if spec.kind == "decoder_text_encoder":
             return [{"batch_size": 2, "sequence_length": 48}, {"batch_size": 1, "sequence_length": 40}]
-        f = int(info["vae_scale_factor"])
+        f = int(info.vae_scale_factor)
         dims = []
         for g, text in zip(grid_dims(info), (12, 7)):
             h, w = 2 * g["rows"], 2 * g["cols"]
@@ -162,7 +162,7 @@ class QwenImage(PackedFlowFamily):
     def encode_text(self, slot: TextEncoderSlot, tokenizer, session, prompts: list[str], info: dict) -> dict[str, Any]:
         ids, mask = tokenizer(prompts)
         hidden = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})[0]
-        drop = int(info["prompt_template_drop"])
+        drop = int(info.prompt_template_drop)
         rows = [h[m.astype(bool)][drop:] for h, m in zip(hidden, mask)]
         states, keep = pad_tokens(rows)
         return {"last_hidden_state": states, "mask": keep}
@@ -192,8 +192,8 @@ class QwenImage(PackedFlowFamily):
         rows, cols = token_grid(info, height, width)
         x = lat.unpack_patches(latents, 2 * rows, 2 * cols)[:, :, None]
         shape = (1, -1, 1, 1, 1)
-        mean = np.asarray(info["vae_latents_mean"], np.float32).reshape(shape)
-        inv_std = (np.float32(1.0) / np.asarray(info["vae_latents_std"], np.float32)).reshape(shape)
+        mean = np.asarray(info.vae_latents_mean, np.float32).reshape(shape)
+        inv_std = (np.float32(1.0) / np.asarray(info.vae_latents_std, np.float32)).reshape(shape)
         return (x / inv_std + mean).astype(np.float32)  # diffusers' arithmetic, in its order
 
     def decoded_images(self, sample: np.ndarray) -> np.ndarray:
@@ -203,6 +203,6 @@ class QwenImage(PackedFlowFamily):
         """(B, C, 1, h, w) or (B, C, h, w) posterior mean -> (B, C, h, w), normalized as the pipeline does."""
         x = mean[:, :, 0] if mean.ndim == 5 else mean
         shape = (1, -1, 1, 1)
-        m = np.asarray(info["vae_latents_mean"], np.float32).reshape(shape)
-        inv_std = (np.float32(1.0) / np.asarray(info["vae_latents_std"], np.float32)).reshape(shape)
+        m = np.asarray(info.vae_latents_mean, np.float32).reshape(shape)
+        inv_std = (np.float32(1.0) / np.asarray(info.vae_latents_std, np.float32)).reshape(shape)
         return ((x - m) * inv_std).astype(np.float32)

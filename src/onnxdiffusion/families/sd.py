@@ -61,10 +61,10 @@ def scheduler_info(configs: dict[str, dict]) -> dict:
 
 def unet_dims(info: dict, steps: int) -> list[dict[str, int]]:
     """Latent-space validation shapes: square at export, then one step wider with batch 1."""
-    lat = min(int(info["default_height"]) // int(info["vae_scale_factor"]), 32)
-    m = int(info["size_multiple"]) // int(info["vae_scale_factor"])
+    lat = min(int(info.default_height) // int(info.vae_scale_factor), 32)
+    m = int(info.size_multiple) // int(info.vae_scale_factor)
     lat = max(lat - lat % m, m)
-    f = int(info["vae_scale_factor"])
+    f = int(info.vae_scale_factor)
     return [
         {"batch_size": 2, "height_latent": lat, "width_latent": lat, "height": lat * f, "width": lat * f},
         {"batch_size": 1, "height_latent": lat, "width_latent": lat + steps * m,
@@ -117,7 +117,7 @@ class StableDiffusion(Family):
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
         specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", _context_dim(info))),)
-        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.get("time_cond_proj_dim") else specs
+        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.time_cond_proj_dim else specs
 
     def cache_span(self, method: str, node_names: list[str], branch: int = 1,
                    layers: int = 0) -> tuple[tuple[str, ...], str | None]:
@@ -152,7 +152,7 @@ class StableDiffusion(Family):
     def controlnet_spec(self, info: dict, record: dict) -> ComponentSpec:
         from .control import controlnet_spec
 
-        return controlnet_spec(self.conditioning(info), record, int(info["latent_channels"]))
+        return controlnet_spec(self.conditioning(info), record, int(info.latent_channels))
 
     def control_residuals(self, record: dict, latent=None) -> list[tuple[str, tuple]]:
         from .control import unet_residuals_io
@@ -167,16 +167,16 @@ class StableDiffusion(Family):
     def guidance_input_for(self, info: dict) -> str | None:
         # an LCM-distilled UNet (time_cond_proj_dim) embeds the guidance scale and runs without CFG,
         # as diffusers' pipelines do for it; the export wrapper turns the scale into timestep_cond
-        return GUIDANCE if info.get("time_cond_proj_dim") else None
+        return GUIDANCE if info.time_cond_proj_dim else None
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
         hidden = _context_dim(info)
-        c = int(info["latent_channels"])
+        c = int(info.latent_channels)
         specs = {"text_encoder": text_encoder_spec(self.text_encoders[0],
                                                    {"last_hidden_state": hidden, "pooler_output": hidden})}
         specs["unet"] = ComponentSpec(
             "unet",
-            (TensorSpec(SAMPLE, "float32", latent_io(int(info.get("backbone_in_channels", c)))),
+            (TensorSpec(SAMPLE, "float32", latent_io(int(info.setting("backbone_in_channels", c)))),
              TensorSpec(TIMESTEP, "float32", ("batch_size",)),
              *self.conditioning(info)),
             (TensorSpec(OUT, "float32", latent_io(c)),),
@@ -185,7 +185,7 @@ class StableDiffusion(Family):
         return {k: v for k, v in specs.items() if v.source in present}
 
     def export_dims(self, spec: ComponentSpec, info: dict) -> list[dict[str, int]]:
-        seq = int(info["model_max_length"])
+        seq = int(info.model_max_length)
         if spec.kind == "text_encoder":
             return [{"batch_size": 2, "sequence_length": seq}, {"batch_size": 1, "sequence_length": max(2, seq // 2)}]
         return [{**d, "sequence_length": seq} for d in unet_dims(info, 1)]
@@ -239,4 +239,4 @@ def _time_cond(unet: dict) -> dict:
 
 def _context_dim(info: dict) -> int | str:
     # folders exported before families recorded no width: a named axis serves the run time
-    return int(info["context_dim"]) if "context_dim" in info else "context_dim"
+    return int(info.context_dim) if info.context_dim is not None else "context_dim"

@@ -86,23 +86,23 @@ class StableDiffusion3(Family):
     def required_components(self, info: dict) -> tuple[str, ...]:
         base = super().required_components(info)
         # a folder exported with T5 needs it at run time (dropping it would change the images)
-        return (*base, "text_encoder_3") if info.get("t5") else base
+        return (*base, "text_encoder_3") if info.setting("t5") else base
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
         return (
-            TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info["context_dim"]))),
-            TensorSpec(POOLED, "float32", ("batch_size", int(info["pooled_dim"]))),
+            TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info.context_dim))),
+            TensorSpec(POOLED, "float32", ("batch_size", int(info.pooled_dim))),
         )
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
-        c = int(info["latent_channels"])
-        w1, w2 = info["encoder_widths"]
+        c = int(info.latent_channels)
+        w1, w2 = info.encoder_widths
         s1, s2, s3 = self.text_encoders
-        p1, p2 = (int(p) for p in info["encoder_projections"])
+        p1, p2 = (int(p) for p in info.encoder_projections)
         specs = {
             "text_encoder": text_encoder_spec(s1, {PENULTIMATE: w1, "text_embeds": p1}),
             "text_encoder_2": text_encoder_spec(s2, {PENULTIMATE: w2, "text_embeds": p2}),
-            "text_encoder_3": text_encoder_spec(s3, {"last_hidden_state": int(info["context_dim"])}),
+            "text_encoder_3": text_encoder_spec(s3, {"last_hidden_state": int(info.context_dim)}),
             "transformer": ComponentSpec(
                 "transformer",
                 (TensorSpec(SAMPLE, "float32", latent_io(c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),
@@ -117,15 +117,15 @@ class StableDiffusion3(Family):
         if spec.kind == "text_encoder":
             seq = self.sequence_length(spec.name, info)
             return [{"batch_size": 2, "sequence_length": seq}, {"batch_size": 1, "sequence_length": max(2, seq // 2)}]
-        seq = int(info["context_length"])
+        seq = int(info.context_length)
         first, second = unet_dims(info, 1)
-        if info.get("max_latent") and second["width_latent"] > int(info["max_latent"]):
+        if info.max_latent and second["width_latent"] > int(info.max_latent):
             first, second = unet_dims(info, -1)  # one patch narrower: wider would leave the position table
         return [{**first, "sequence_length": seq}, {**second, "sequence_length": seq // 2}]
 
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
         one, two = encoded["text_encoder"], encoded["text_encoder_2"]
-        joint = int(info["context_dim"])
+        joint = int(info.context_dim)
         clip = ops.pad_last(ops.concat([one[PENULTIMATE], two[PENULTIMATE]], axis=-1), joint)
         if "text_encoder_3" in encoded:
             t5 = encoded["text_encoder_3"]["last_hidden_state"]
@@ -145,14 +145,14 @@ class StableDiffusion3(Family):
         """The learned position table (pos_embed_max_size patches a side) bounds the latent: pixels =
         max_latent (= pos_embed_max_size x patch) x the VAE factor; larger fails inside the graph's Add."""
         base = super().size_limits(info)
-        if not info.get("max_latent"):
+        if not info.max_latent:
             return base
-        f, p = int(info["vae_scale_factor"]), int(info["patch_size"])
-        side = int(info["max_latent"]) * f
-        why = (f"the transformer's position table: pos_embed_max_size {int(info['max_latent']) // p} x patch {p} "
+        f, p = int(info.vae_scale_factor), int(info.patch_size)
+        side = int(info.max_latent) * f
+        why = (f"the transformer's position table: pos_embed_max_size {int(info.max_latent) // p} x patch {p} "
                f"x VAE factor {f}")
         return SizeLimits(base.multiple, min(side, base.max_height), min(side, base.max_width), why)
 
     def image_seq_len(self, info: dict, height: int, width: int) -> int:
-        f = int(info["vae_scale_factor"]) * int(info["patch_size"])
+        f = int(info.vae_scale_factor) * int(info.patch_size)
         return (height // f) * (width // f)

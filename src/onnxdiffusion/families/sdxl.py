@@ -67,19 +67,19 @@ class StableDiffusionXL(StableDiffusion):
 
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
         specs = (
-            TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info["context_dim"]))),
-            TensorSpec("text_embeds", "float32", ("batch_size", int(info["pooled_dim"]))),
+            TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info.context_dim))),
+            TensorSpec("text_embeds", "float32", ("batch_size", int(info.pooled_dim))),
             TensorSpec("time_ids", "float32", ("batch_size", 6)),
         )
-        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.get("time_cond_proj_dim") else specs
+        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.time_cond_proj_dim else specs
 
     def component_specs(self, info: dict, present: set[str]) -> dict[str, ComponentSpec]:
-        c = int(info["latent_channels"])
-        w1, w2 = info["encoder_widths"]
+        c = int(info.latent_channels)
+        w1, w2 = info.encoder_widths
         slot1, slot2 = self.text_encoders
         specs = {
             "text_encoder": text_encoder_spec(slot1, {PENULTIMATE: w1}),
-            "text_encoder_2": text_encoder_spec(slot2, {PENULTIMATE: w2, "text_embeds": int(info["pooled_dim"])}),
+            "text_encoder_2": text_encoder_spec(slot2, {PENULTIMATE: w2, "text_embeds": int(info.pooled_dim)}),
             "unet": ComponentSpec(
                 "unet",
                 (TensorSpec(SAMPLE, "float32", latent_io(c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),
@@ -100,4 +100,4 @@ class StableDiffusionXL(StableDiffusion):
         return {"time_ids": np.tile(ids, (batch, 1))}
 
     def zero_negative(self, info: dict) -> bool:
-        return bool(info.get("force_zeros_for_empty_prompt", True))
+        return bool(info.setting("force_zeros_for_empty_prompt", True))

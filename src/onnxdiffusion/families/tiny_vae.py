@@ -10,6 +10,7 @@ raw latents): the manifest entry records the pair, so the run time never guesses
 
 from __future__ import annotations
 
+from ..manifest import Component, PipelineInfo
 from .base import ComponentSpec, TensorSpec
 from .sd import latent_io
 
@@ -30,8 +31,7 @@ def tiny_vae_specs(latent_channels: int) -> dict[str, ComponentSpec]:
     }
 
 
-def scaled_info(info: dict, entry: dict) -> dict:
+def scaled_info(info: PipelineInfo, entry: Component) -> PipelineInfo:
     """The pipeline info with the tiny model's scaling and shift in place of the VAE's: a family's
     decoder_feed (unpacking included) then feeds the tiny decoder as diffusers does."""
-    return {**info, "vae_scaling_factor": float(entry["scaling_factor"]),
-            "vae_shift_factor": float(entry.get("shift_factor") or 0.0)}
+    return info.with_vae_scaling(float(entry.scaling_factor), float(entry.shift_factor or 0.0))

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError
+from ..manifest import Component, PipelineInfo
 from ..runtime.session import PROVIDERS as ORT_NAMES
 from . import Profile
 
@@ -17,37 +18,37 @@ def cache_root() -> Path:
     return Path(base) / "onnxdiffusion"
 
 
-def buckets(profile: Profile, pipeline_info: dict) -> list[tuple[int, int]]:
+def buckets(profile: Profile, info: PipelineInfo) -> list[tuple[int, int]]:
     if profile.shapes.buckets == "model":
-        return [(pipeline_info["default_height"], pipeline_info["default_width"])]
+        return [(info.default_height, info.default_width)]
     return list(profile.shapes.buckets)  # type: ignore[arg-type]
 
 
-def shape_profiles(profile: Profile, component: dict, pipeline_info: dict) -> dict[str, str]:
+def shape_profiles(profile: Profile, component: Component, info: PipelineInfo) -> dict[str, str]:
     """TensorRT's trt_profile_{min,opt,max}_shapes for the backbone: "name:AxBxC,..." strings.
 
     Rows are twice the images (guidance batches [uncond; cond]); latent sizes come from the
     smallest / first / largest bucket. Symbolic dims are read by their export names.
     """
-    f = pipeline_info["vae_scale_factor"]
-    sizes = buckets(profile, pipeline_info)
+    f = info.vae_scale_factor
+    sizes = buckets(profile, info)
     areas = sorted(sizes, key=lambda hw: hw[0] * hw[1])
     picks = {"min": areas[0], "opt": sizes[0], "max": areas[-1]}
     out = {}
     for (kind, (h, w)), images in zip(picks.items(), profile.shapes.batch):
         dims = {"batch_size": 2 * images, "height_latent": h // f, "width_latent": w // f,
-                "sequence_length": pipeline_info.get("model_max_length")}
+                "sequence_length": info.model_max_length}
         parts = []
-        for spec in component["inputs"]:
+        for spec in component.inputs:
             shape = []
-            for d in spec["shape"]:
+            for d in spec.shape:
                 if isinstance(d, int):
                     shape.append(d)
                 elif dims.get(d) is not None:
                     shape.append(int(dims[d]))
                 else:
-                    raise UserError(f"profile {profile.name}: cannot derive a TensorRT shape for {spec['name']} dim {d!r}")
-            parts.append(f"{spec['name']}:{'x'.join(str(s) for s in shape)}")
+                    raise UserError(f"profile {profile.name}: cannot derive a TensorRT shape for {spec.name} dim {d!r}")
+            parts.append(f"{spec.name}:{'x'.join(str(s) for s in shape)}")
         out[f"trt_profile_{kind}_shapes"] = ",".join(parts)
     return out
 
@@ -61,7 +62,7 @@ def bf16_wanted(profile: Profile, flags: frozenset[str] | None = None) -> bool:
     return profile.float_math == "bf16"
 
 
-def providers(profile: Profile, component: dict | None = None, pipeline_info: dict | None = None,
+def providers(profile: Profile, component: Component | None = None, info: PipelineInfo | None = None,
               backbone: bool = False, threads: int | None = None) -> list:
     """ONNX Runtime's `providers` argument for one session under this profile (CPU always last). `threads`: the
     run's thread count, which OpenVINO takes as its own option (ORT's intra-op setting does not reach it)."""
@@ -83,7 +84,7 @@ def providers(profile: Profile, component: dict | None = None, pipeline_info: di
             options.setdefault("trt_engine_cache_enable", "1")
             options.setdefault("trt_engine_cache_path", str(cache))
             options.setdefault("trt_timing_cache_path", str(cache))
-        if backbone and component is not None and pipeline_info is not None:
-            options.update(shape_profiles(profile, component, pipeline_info))
+        if backbone and component is not None and info is not None:
+            options.update(shape_profiles(profile, component, info))
         chain.append(("CUDAExecutionProvider", {}))  # nodes TensorRT rejects run on CUDA, then CPU
     return [*chain, "CPUExecutionProvider"]

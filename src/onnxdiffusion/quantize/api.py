@@ -5,7 +5,6 @@ report -> save (here)."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -16,6 +15,7 @@ import onnx
 
 from ..artifacts import derive, sha256_file, write_json
 from ..errors import UserError
+from ..manifest import Component
 from ..relayout import RUNTIME_EXTERNAL_BYTES
 from . import _ort
 from .configs import BACKBONE, QuantizeConfig
@@ -116,29 +116,29 @@ def make_report(source, out: Path, config: QuantizeConfig, built, measured) -> d
 
 # --- save ------------------------------------------------------------------------------------
 
-def _component_entry(info: dict, source, name: str, model: onnx.ModelProto, built, correction) -> None:
+def _component_entry(draft: dict, source, name: str, model: onnx.ModelProto, built, correction) -> None:
     """What the manifest says about a new component (its files were just written)."""
-    info["precision"] = built.precision
-    info["quantized_from"] = {"sha256": source.manifest["files"].get(info["path"])}
-    info.pop("validation", None)
+    draft["precision"] = built.precision
+    draft["quantized_from"] = {"sha256": source.manifest.files.get(draft["path"])}
+    draft.pop("validation", None)
     disabled = disabled_for(model)  # every int8 component: the pipeline honours it
     if disabled:
-        info["session_options"] = {"disabled_optimizers": list(disabled)}
+        draft["session_options"] = {"disabled_optimizers": list(disabled)}
     else:
-        info.pop("session_options", None)
+        draft.pop("session_options", None)
     if name != BACKBONE:
         return
-    info["float_nodes"] = len(built.float_nodes)
+    draft["float_nodes"] = len(built.float_nodes)
     if correction is not None:
-        info["correction"] = correction.to_dict()
+        draft["correction"] = correction.to_dict()
     if built.stored_as is not None:  # a provider-specific graph, not portable QDQ
-        info["stored_as"] = built.stored_as
+        draft["stored_as"] = built.stored_as
     if "int8_kernels" in built.details:  # the CPU its convolutions were laid out for (checked at load)
-        info["int8_kernels"] = built.details["int8_kernels"]
+        draft["int8_kernels"] = built.details["int8_kernels"]
     if built.requires_provider is not None:
-        info["requires_provider"] = built.requires_provider
+        draft["requires_provider"] = built.requires_provider
     if built.timestep_groups is not None:
-        info["timestep_groups"] = {"boundaries": built.timestep_groups["boundaries"],
+        draft["timestep_groups"] = {"boundaries": built.timestep_groups["boundaries"],
                                    "groups": built.timestep_groups["groups"]}
 
 
@@ -152,15 +152,15 @@ def save(source, out: Path, config: QuantizeConfig, built, measured, provenance:
                 overwrite=overwrite) as d:
         for name, m in built.components.items():
             # weights in a file beside the graph from RUNTIME_EXTERNAL_BYTES: ORT keeps inline ones twice
-            info = d.save_component(source.folder_name(name), m, RUNTIME_EXTERNAL_BYTES)  # m not read after
-            _component_entry(info, source, name, m, built, quality.correction)
+            draft = d.save_component(source.folder_name(name), m, RUNTIME_EXTERNAL_BYTES)  # m not read after
+            _component_entry(draft, source, name, m, built, quality.correction)
         if schedule.schedule is not None:
             write_high(d, source.components[source.backbone_name], schedule.schedule, schedule.high_model)
             d.components[source.backbone_name]["precision_schedule"] = schedule.schedule.to_dict()
         if quality.correction is not None:
             provenance["correction_fitted_on"] = {k: quality.trajectories.provenance[k]
                                                   for k in ("kind", "prompts", "seeds", "sampler", "steps", "guidance")}
-        d.manifest["quantization"] = {
+        d.draft["quantization"] = {
             "config": config.to_dict(),
             "calibration": provenance,
             "float_nodes": built.float_nodes,
@@ -171,20 +171,21 @@ def save(source, out: Path, config: QuantizeConfig, built, measured, provenance:
         write_json(d.tmp / REPORT_NAME, _jsonable(report))
 
 
-def write_high(d, src: dict, schedule, high_model) -> None:
+def write_high(d, src: Component, schedule, high_model) -> None:
     """The precision schedule's high-precision backbone as its own component: the source's files
     (linked) for fp32, the converted model for fp16."""
     name = schedule.component
     if isinstance(high_model, onnx.ModelProto):
-        d.components[name] = json.loads(json.dumps(src))
-        d.save_component(name, high_model, RUNTIME_EXTERNAL_BYTES, rel=f"{name}/{Path(src['path']).name}")
-        d.components[name].pop("validation", None)
+        draft = src.to_dict()
+        draft.pop("validation", None)  # of the fp32 export, not of this conversion
+        d.components[name] = draft
+        d.save_component(name, high_model, RUNTIME_EXTERNAL_BYTES, rel=f"{name}/{Path(src.path).name}")
     else:
         d.link_component(name, src, name)
-    info = d.components[name]
-    info["precision"] = schedule.precision
-    info["role"] = "precision_schedule_high"
-    info["bytes"] = d.stored_bytes(info)
+    draft = d.components[name]
+    draft["precision"] = schedule.precision
+    draft["role"] = "precision_schedule_high"
+    draft["bytes"] = d.stored_bytes(draft)
 
 
 def _jsonable(obj):

@@ -117,7 +117,7 @@ def measure_speed(source, built, config: QuantizeConfig, log) -> Speed:
     latency = measure_latency(source.folder, source.manifest, named, config) if runnable else {}
     sizes = {}
     for name, m in built.components.items():
-        before = source.components[source.folder_name(name)]["bytes"]
+        before = source.components[source.folder_name(name)].bytes
         after = files.model_bytes(m)
         sizes[name] = {"fp32_bytes": before, "bytes": after, "ratio": round(before / after, 3)}
     new = built.backbone

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..manifest import Manifest, confined
 from .graphs import op_counts
 
 REPORT_NAME = "quantize_report.json"
@@ -18,40 +19,40 @@ INTEGER_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearCo
                "MatMulNBits", "DynamicQuantizeLinear")
 
 
-def component_feed(name: str, manifest: dict, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+def component_feed(name: str, manifest: Manifest, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
     """One call's inputs at the model's default size (the backbone gets the guided batch 2*batch),
     shaped from the component's I/O recorded in the manifest."""
     from ..families import get_family
 
-    info = manifest["pipeline"]
-    family = get_family(manifest.get("family"))
+    info = manifest.pipeline
+    family = get_family(manifest.family)
     rng = np.random.default_rng(seed)
-    f = info["vae_scale_factor"]
+    f = info.vae_scale_factor
     dims = {"batch_size": batch if name.startswith("vae") else 2 * batch,
-            "height_latent": info["default_height"] // f, "width_latent": info["default_width"] // f,
-            "height": info["default_height"], "width": info["default_width"],
+            "height_latent": info.default_height // f, "width_latent": info.default_width // f,
+            "height": info.default_height, "width": info.default_width,
             "sequence_length": family.sequence_length(name, info)}
     feed = {}
-    for t in manifest["components"][name]["inputs"]:
-        shape = tuple(dims.get(d, 1) if isinstance(d, str) else d for d in t["shape"])
-        if t["dtype"].startswith("int"):
-            feed[t["name"]] = rng.integers(0, 20, shape).astype(t["dtype"])
-        elif t["name"] == "timestep":
-            feed[t["name"]] = np.full(shape, 500.0, np.float32)
+    for t in manifest.components[name].inputs:
+        shape = tuple(dims.get(d, 1) if isinstance(d, str) else d for d in t.shape)
+        if t.dtype.startswith("int"):
+            feed[t.name] = rng.integers(0, 20, shape).astype(t.dtype)
+        elif t.name == "timestep":
+            feed[t.name] = np.full(shape, 500.0, np.float32)
         elif name == "vae_encoder":
-            feed[t["name"]] = rng.uniform(-1, 1, shape).astype(np.float32)
+            feed[t.name] = rng.uniform(-1, 1, shape).astype(np.float32)
         else:
-            feed[t["name"]] = rng.standard_normal(shape, dtype=np.float32)
+            feed[t.name] = rng.standard_normal(shape, dtype=np.float32)
     return feed
 
 
-def measure_latency(model: Path, manifest: dict, components: dict[str, onnx.ModelProto], config) -> dict:
+def measure_latency(model: Path, manifest: Manifest, components: dict[str, onnx.ModelProto], config) -> dict:
     from .runner import latency
 
     out = {}
     for name, new in components.items():
         feed = component_feed(name, manifest)
-        src = model / manifest["components"][name]["path"]
+        src = confined(model, manifest.components[name].path, f"component '{name}'")
         t = latency({"fp32": src, "new": new}, feed, config.threads, config.latency_runs, config.provider)
         out[name] = {
             "fp32_median_ms": round(t["fp32"]["median_ms"], 3),

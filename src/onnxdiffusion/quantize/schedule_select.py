@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from ..manifest import Manifest
 from ..samplers.host import iter_sample_from
 from .schedule import PrecisionSchedule, ScheduleConfig
 
@@ -140,7 +141,7 @@ def select(probe: ScheduleProbe, cfg: ScheduleConfig, component: str, low_ms: fl
     return PrecisionSchedule.from_steps(ts, chosen["high_steps"], component, cfg.precision, selected), report
 
 
-def choose(pipe, low_model, high_model, config, prompts: list[str], manifest: dict, component: str,
+def choose(pipe, low_model, high_model, config, prompts: list[str], manifest: Manifest, component: str,
            log=lambda m: None) -> tuple[PrecisionSchedule | None, dict]:
     """Sessions for both backbones (as the pipeline builds them), their call times at one guided image
     (interleaved medians), then `select` on the calibration prompts."""
@@ -151,7 +152,7 @@ def choose(pipe, low_model, high_model, config, prompts: list[str], manifest: di
     cfg: ScheduleConfig = config.schedule
     cal = config.calibration
     sessions = {"low": session(low_model, config.threads), "high": session(high_model, config.threads)}
-    backbone = get_family(manifest.get("family")).backbone
+    backbone = get_family(manifest.family).backbone
     t = time_sessions(sessions, component_feed(backbone, manifest), max(10, config.latency_runs))
     use = prompts[:cfg.prompts]
     log(f"precision schedule: {len(use)} calibration prompts x {cal.steps} {cal.sampler} steps; backbone "

@@ -4,6 +4,7 @@ outputs, so plan and build can be tested without capture, probe, latency or save
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -14,6 +15,7 @@ from google.protobuf.message import EncodeError
 from ..artifacts import check_external_paths, check_output_folder, component_path, load_component, read_manifest, verify_folder
 from ..errors import UserError
 from ..families import get_family
+from ..manifest import Component
 from ..onnxio import release_memory
 from ..runtime.session import check_external_data
 from . import files
@@ -37,8 +39,8 @@ class Source:
         return self.backbone_name if name == BACKBONE else name
 
     @property
-    def components(self) -> dict:
-        return self.manifest["components"]
+    def components(self) -> Mapping[str, Component]:
+        return self.manifest.components
 
 
 def open_source(model: Path, out: Path, config: QuantizeConfig, overwrite: bool, force: bool,
@@ -56,11 +58,11 @@ def open_source(model: Path, out: Path, config: QuantizeConfig, overwrite: bool,
     manifest = read_manifest(model)
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
-    if manifest.get("quantization") and not force:
-        q = manifest["quantization"]
+    if manifest.quantization and not force:
+        q = manifest.quantization
         prev = q if isinstance(q, str) else str((q.get("config") or {}).get("recipe", {}).get("name", "?"))
         raise UserError(f"{model} is already quantized (recipe {prev}); quantize the fp32 folder, or pass --force")
-    name = get_family(manifest.get("family")).backbone
+    name = get_family(manifest.family).backbone
     path = component_path(model, manifest, name)
     check_external_data(path)
     backbone = files.load_backbone(path)  # past the inline limit: a skeleton, weights left in their file
@@ -70,7 +72,7 @@ def open_source(model: Path, out: Path, config: QuantizeConfig, overwrite: bool,
     if is_quantized(backbone) and not force:
         raise UserError(f"{model}: the backbone is already quantized; quantize the fp32 folder, or pass --force")
     for target in recipe.targets:
-        if target != BACKBONE and target not in manifest["components"]:
+        if target != BACKBONE and target not in manifest.components:
             raise UserError(f"{model}: no '{target}' component to convert")
     return Source(model, manifest, name, path, backbone, large)
 

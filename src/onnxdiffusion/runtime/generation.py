@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..manifest import Recommended
+
 
 @dataclass
 class StepEvent:
@@ -63,14 +65,15 @@ class GenerateOptions:
     decoder: str = "full"  # full (the VAE) | tiny (the folder's vae_decoder_tiny: runtime/tiny_decoder.py)
 
 
-def resolve_options(options: GenerateOptions, recommended: dict) -> GenerateOptions:
+def resolve_options(options: GenerateOptions, recommended: Recommended | dict | None) -> GenerateOptions:
     """Fill unset steps / sampler / guidance from the model's recommended settings (manifest), else defaults."""
     if None not in (options.steps, options.sampler, options.guidance):
         return options
-    r = recommended or {}
+    r = recommended if isinstance(recommended, Recommended) else Recommended.from_dict(recommended or {})
     return replace(
         options,
-        steps=options.steps if options.steps is not None else r.get("steps", DEFAULT_STEPS),
-        sampler=options.sampler if options.sampler is not None else r.get("sampler"),  # None: the folder's
-        guidance=options.guidance if options.guidance is not None else r.get("guidance", DEFAULT_GUIDANCE),
+        steps=options.steps if options.steps is not None else (r.steps if r.steps is not None else DEFAULT_STEPS),
+        sampler=options.sampler if options.sampler is not None else r.sampler,  # None: the folder's
+        guidance=options.guidance if options.guidance is not None else (
+            r.guidance if r.guidance is not None else DEFAULT_GUIDANCE),
     )

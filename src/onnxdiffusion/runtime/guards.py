@@ -21,8 +21,8 @@ import warnings
 import numpy as np
 
 from ..errors import UserError
-
 from ..families.base import MAX_SIDE  # noqa: E402  (one bound for the run time and the families)
+from ..manifest import Manifest, PipelineInfo
 MAX_BATCH = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = 2**63 - 1
@@ -50,30 +50,30 @@ def check_options(options) -> None:
         raise UserError(f"unknown loop form {options.loop!r}; choose from host, loop, unrolled")
 
 
-def size_limits(manifest: dict):
+def size_limits(manifest: Manifest):
     """The family's declared size limits for this folder (families.SizeLimits)."""
     from ..families import get_family
 
-    return get_family(manifest.get("family")).size_limits(manifest["pipeline"])
+    return get_family(manifest.family).size_limits(manifest.pipeline)
 
 
-def latent_shape(info: dict, options, limits=None) -> tuple[int, int, int, int]:
+def latent_shape(info: PipelineInfo, options, limits=None) -> tuple[int, int, int, int]:
     """`limits`: the family's SizeLimits (check_request passes them); None: size_multiple and MAX_SIDE only."""
     from ..families.base import SizeLimits
 
-    h = info["default_height"] if options.height is None else options.height
-    w = info["default_width"] if options.width is None else options.width
-    limits = limits or SizeLimits(int(info["size_multiple"]), MAX_SIDE, MAX_SIDE)
+    h = info.default_height if options.height is None else options.height
+    w = info.default_width if options.width is None else options.width
+    limits = limits or SizeLimits(int(info.size_multiple), MAX_SIDE, MAX_SIDE)
     problem = limits.problem(h, w)
     if problem:
         raise UserError(problem)
     if not is_int(options.batch) or not 1 <= options.batch <= MAX_BATCH:
         raise UserError(f"batch must be an integer in [1, {MAX_BATCH}], got {options.batch!r}")
-    f = info["vae_scale_factor"]
-    return (options.batch, info["latent_channels"], h // f, w // f)
+    f = info.vae_scale_factor
+    return (options.batch, info.latent_channels, h // f, w // f)
 
 
-def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
+def check_request(folder, manifest: Manifest, options) -> tuple[int, int, int, int]:
     """Everything about a request that needs only the manifest (no model loaded): ranges, sampler,
     loop form, size, memory. Returns the latent shape."""
     from ..samplers import SAMPLERS
@@ -81,47 +81,47 @@ def check_request(folder, manifest: dict, options) -> tuple[int, int, int, int]:
     check_options(options)
     if options.sampler is not None and options.sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
-    n = manifest["pipeline"]["num_train_timesteps"]
+    n = manifest.pipeline.num_train_timesteps
     if not 1 <= options.steps <= n:
         raise UserError(f"num_steps must be in [1, {n}], got {options.steps}")
-    shape = latent_shape(manifest["pipeline"], options, size_limits(manifest))
+    shape = latent_shape(manifest.pipeline, options, size_limits(manifest))
     if options.loop != "host":
-        info = manifest["components"].get(f"sampler_{options.loop}")
-        if info is None:
+        graph = manifest.component(f"sampler_{options.loop}")
+        if graph is None:
             raise UserError(f"{folder} has no '{options.loop}' sampling graph "
                             f"(run `onnxdiffusion compile-loop --form {options.loop}`)")
         # from an image, the evaluations are the steps the strength keeps (checked once the table is cut)
         full = getattr(options, "strength", None) in (None, 1.0)
-        if options.loop == "unrolled" and full and info.get("steps") != options.steps:
-            raise UserError(f"this model's unrolled graph runs exactly {info.get('steps')} steps, got {options.steps}")
+        if options.loop == "unrolled" and full and graph.steps != options.steps:
+            raise UserError(f"this model's unrolled graph runs exactly {graph.steps} steps, got {options.steps}")
     check_decoder(folder, manifest, getattr(options, "decoder", "full"))
     check_memory(folder, manifest, shape)
     return shape
 
 
-def check_decoder(folder, manifest: dict, decoder) -> None:
+def check_decoder(folder, manifest: Manifest, decoder) -> None:
     """A known decoder, and for `tiny` a folder that has one (families/tiny_vae.py)."""
     from ..families.tiny_vae import DECODER, DECODERS
 
     if not isinstance(decoder, str) or decoder not in DECODERS:
         raise UserError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
-    if decoder == "tiny" and DECODER not in manifest["components"]:
+    if decoder == "tiny" and DECODER not in manifest.components:
         raise UserError(f"{folder} has no tiny decoder ({DECODER}): add one with `export ... --tiny-vae DIR`")
 
 
-def check_size(info: dict, size: tuple[int, int]) -> None:
+def check_size(info: PipelineInfo, size: tuple[int, int]) -> None:
     """A size other than the trained one works but usually looks worse: say so (once, as a warning)."""
     h, w = size
-    if (h, w) != (info["default_height"], info["default_width"]):
-        warnings.warn(f"{h}x{w} differs from the model's trained size {info['default_height']}x{info['default_width']}; "
+    if (h, w) != (info.default_height, info.default_width):
+        warnings.warn(f"{h}x{w} differs from the model's trained size {info.default_height}x{info.default_width}; "
                       "expect lower quality", UserWarning, stacklevel=4)
 
 
-def _channels(folder, manifest: dict, rel: str, default: int) -> int:
+def _channels(folder, manifest: Manifest, rel: str, default: int) -> int:
     """The first block width from a component's diffusers config.json (listed and hashed), else a default."""
     from ..manifest import confined
 
-    if rel not in manifest.get("files", {}):
+    if rel not in manifest.files:
         return default
     try:
         c = json.loads(confined(folder, rel, "config").read_text())["block_out_channels"][0]
@@ -133,20 +133,20 @@ def _channels(folder, manifest: dict, rel: str, default: int) -> int:
 _CHANNELS: dict = {}
 
 
-def memory_estimate(folder, manifest: dict, shape: tuple[int, ...]) -> int:
+def memory_estimate(folder, manifest: Manifest, shape: tuple[int, ...]) -> int:
     """A lower bound on the bytes one generation needs at its peak (fp32 activations):
 
     backbone: 2*b rows (guidance) x h*w latent pixels x (16 live tensors of c_unet channels) plus one
     attention score matrix (h*w)^2 per row; VAE decoder: b x H*W pixels x 8 live tensors of c_vae
     channels plus its mid-block attention (h*w)^2. Channel widths come from the folder's config.json.
     """
-    key = (str(folder), manifest["files"].get("unet/config.json"), manifest["files"].get("vae_decoder/config.json"))
+    key = (str(folder), manifest.files.get("unet/config.json"), manifest.files.get("vae_decoder/config.json"))
     if key not in _CHANNELS:
         _CHANNELS[key] = (_channels(folder, manifest, "unet/config.json", 320),
                           _channels(folder, manifest, "vae_decoder/config.json", 128))
     c_unet, c_vae = _CHANNELS[key]
     b, _, h, w = shape
-    f = manifest["pipeline"]["vae_scale_factor"]
+    f = manifest.pipeline.vae_scale_factor
     tokens = h * w
     unet = 2 * b * (tokens * c_unet * 16 + tokens * tokens) * 4
     vae = b * (tokens * f * f * c_vae * 8 + tokens * tokens) * 4
@@ -160,7 +160,7 @@ def physical_memory() -> int:
         return 1 << 62
 
 
-def check_memory(folder, manifest: dict, shape: tuple[int, ...]) -> None:
+def check_memory(folder, manifest: Manifest, shape: tuple[int, ...]) -> None:
     need, have = memory_estimate(folder, manifest, shape), physical_memory()
     if need > have:
         raise UserError(f"this request needs at least {need / 2**30:.1f} GiB (estimate for batch {shape[0]}, latents "
@@ -214,16 +214,16 @@ def check_io(folder, name: str, session, inputs: tuple[str, ...], outputs: tuple
                         f"inputs {list(inputs)} and outputs {list(outputs)} (a wrong or swapped component?)")
 
 
-def check_latent_channels(folder, info: dict, sessions: dict) -> None:
+def check_latent_channels(folder, info: PipelineInfo, sessions: dict) -> None:
     """The manifest's latent_channels must be what the components take: `sessions` maps a component's
     name to (its session, the input that holds the latents)."""
     for name, (session, input_name) in sessions.items():
         shape = next(i.shape for i in session.get_inputs() if i.name == input_name)
-        c = info["latent_channels"]
+        c = info.latent_channels
         # an inpainting UNet also takes the mask and the masked image's latents: 2C + 1 channels
         allowed = (c, 2 * c + 1) if input_name == "sample" else (c,)
         if len(shape) != 4 or (isinstance(shape[1], int) and shape[1] not in allowed):
-            raise UserError(f"{folder}: manifest field 'pipeline.latent_channels' is {info['latent_channels']} but "
+            raise UserError(f"{folder}: manifest field 'pipeline.latent_channels' is {info.latent_channels} but "
                             f"component '{name}' takes {input_name} of shape {shape}")
 
 
@@ -236,7 +236,7 @@ def check_schedule(schedule, where) -> None:
 REQUEST_AXES = ("batch_size", "height_latent", "width_latent", "height", "width", "image_sequence_length")
 
 
-def check_declared_dims(folder, family, info: dict, components: dict) -> None:
+def check_declared_dims(folder, family, info: PipelineInfo, components: dict) -> None:
     """Each component's graph must declare input shapes the run time can feed: the rank its family's spec
     gives, every fixed axis of the spec (a width, a channel count) equal, and a text encoder's token axis,
     if the graph fixes it, equal to the length its tokenizer pads to. A folder whose manifest and graphs

@@ -110,8 +110,8 @@ def check_strength(strength) -> float:
 def image_latents_of(pipe, image, batch: int, height: int, width: int) -> np.ndarray:
     """`image` (RGB picture, or (B, C, h, w) scaled latents used as they are) -> scaled NCHW latents."""
     if isinstance(image, np.ndarray) and image.dtype.kind == "f":
-        f = pipe.info["vae_scale_factor"]
-        c = int(pipe.info["latent_channels"])
+        f = pipe.info.vae_scale_factor
+        c = int(pipe.info.latent_channels)
         want = (image.shape[0], c, height // f, width // f)
         if image.ndim != 4 or image.shape[1:] != want[1:] or image.shape[0] not in (1, batch):
             raise UserError(f"image latents must have shape (1 or {batch}, {c}, {height // f}, {width // f}), "
@@ -149,7 +149,7 @@ def plan_start(pipe, table: SamplerTable, image, strength: float, steps: int, no
     keep = extra = None
     if mask is not None:
         m = mask_pixels(mask, height, width, mask_blur)
-        grid = np.repeat(latent_grid(m, pipe.info["vae_scale_factor"]), batch, axis=0)  # (B, 1, h, w)
+        grid = np.repeat(latent_grid(m, pipe.info.vae_scale_factor), batch, axis=0)  # (B, 1, h, w)
         more = pipe.backbone_extra_channels()
         if not more:  # a regular backbone: blend after every step
             keep = pipe.family.pack_latents(pipe.info, np.broadcast_to(1.0 - grid, nchw.shape))

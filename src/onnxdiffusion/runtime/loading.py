@@ -4,21 +4,22 @@ backbone's session and the remedies a quantized one brings along, the scheduler 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import UserError
-from ..manifest import check_scheduler_config, confined
+from ..manifest import Component, check_scheduler_config, confined
 from ..samplers import schedule_from_config
 from . import guards
 from .session import make_session
 
 
-def disabled(info: dict) -> list | None:
+def disabled(entry: Component) -> list | None:
     """ORT optimizers a (quantized) component's manifest entry asks to leave off (see _backbone_session)."""
-    return list((info.get("session_options") or {}).get("disabled_optimizers") or []) or None
+    return entry.disabled_optimizers
 
 
-def backbone_session(path: Path, info: dict, provider: str, threads: int | None, providers: list | None = None,
+def backbone_session(path: Path, entry: Component, provider: str, threads: int | None, providers: list | None = None,
                       memory=None, checked: bool = False, external_files: dict | None = None, model: bytes | None = None):
     """The backbone's session; a quantized backbone may name ORT optimizers to leave off.
 
@@ -27,7 +28,7 @@ def backbone_session(path: Path, info: dict, provider: str, threads: int | None,
     the host loop and the Loop form (where ORT does not apply it) round differently. `model`: the graph as
     rewritten for a provider (onnxio.attention.openvino_form), loaded instead of the file.
     """
-    return make_session(path, provider, threads, disabled_optimizers=disabled(info), providers=providers,
+    return make_session(path, provider, threads, disabled_optimizers=disabled(entry), providers=providers,
                         memory=memory, checked=checked, model=model if model is not None else _without_dead_queries(path),
                         external_files=external_files)
 
@@ -49,30 +50,30 @@ def _without_dead_queries(path: Path) -> bytes | None:
     return model.SerializeToString() if without_dead_queries(model) else None
 
 
-def backbone_remedies(folder: Path, comps: dict, bb: dict, provider: str, threads: int | None, profile,
-                      providers: list | None, memory) -> tuple:
+def backbone_remedies(folder: Path, comps: Mapping[str, Component], bb: Component, provider: str,
+                      threads: int | None, profile, providers: list | None, memory) -> tuple:
     """(output correction, precision schedule, its higher-precision backbone session) of the backbone entry `bb`
     (runtime/hooks/), each None unless the manifest has it."""
     from .profiled import backbone_entry
 
     # a quantized backbone may come with a sampler-side output correction (quantize --correct)
     correction = None
-    if bb.get("correction"):
+    if bb.correction:
         from .hooks.correction import OutputCorrection
 
-        correction = OutputCorrection.from_dict(bb["correction"])
+        correction = OutputCorrection.from_dict(bb.correction)
     # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
-    if not bb.get("precision_schedule"):
+    if not bb.precision_schedule:
         return correction, None, None
     from .hooks.schedule import PrecisionSchedule
 
     if correction is not None:
         raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
-    schedule = PrecisionSchedule.from_dict(bb["precision_schedule"])
+    schedule = PrecisionSchedule.from_dict(bb.precision_schedule)
     high = backbone_entry(folder, comps[schedule.component], provider, profile)
     if off := disabled(bb):  # the Loop form runs both in one session, at one optimization level
-        high = {**high, "session_options": {"disabled_optimizers": sorted(set(off) | set(disabled(high) or []))}}
-    session = backbone_session(confined(folder, high["path"], "backbone"), high, provider, threads, providers, memory)
+        high = high.with_session_options({"disabled_optimizers": sorted(set(off) | set(disabled(high) or []))})
+    session = backbone_session(confined(folder, high.path, "backbone"), high, provider, threads, providers, memory)
     guards.check_io(folder, schedule.component, session, ("sample", "timestep"), ("out_sample",))
     return correction, schedule, session
 
@@ -89,11 +90,11 @@ def load_scheduler(folder: Path) -> tuple[dict, object]:
     return cfg, schedule
 
 
-def lora_backbone(path: Path, info: dict, component: str, provider: str, profile, make):
+def lora_backbone(path: Path, entry: Component, component: str, provider: str, profile, make):
     """A folder with LoRA insertion points, on the CPU provider without a hardware profile: its backbone's
     plain and fused sessions (adapters/fused.py: no adapter runs the plain graph, an adapter set its merged
     weights); None otherwise (the points graph runs as it is)."""
-    if not (info.get("lora") or {}).get("targets") or provider != "cpu" or profile is not None:
+    if not entry.lora_targets or provider != "cpu" or profile is not None:
         return None
     from ..adapters.fused import LoraBackbone
 

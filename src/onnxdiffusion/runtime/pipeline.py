@@ -20,7 +20,7 @@ from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
 from ..families.latents import channel_axis
-from ..manifest import confined
+from ..manifest import Manifest, confined
 from . import guards
 from ..paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, table_from_config
@@ -44,7 +44,7 @@ LOOP_FORMS = ("host", "loop", "unrolled")
 
 
 class Pipeline:
-    def __init__(self, folder: Path, manifest: dict, provider: str, threads: int | None, profile=None, memory=None):
+    def __init__(self, folder: Path, manifest: Manifest, provider: str, threads: int | None, profile=None, memory=None):
         from .profiled import backbone_entry, foreign_ops_note, session_providers
 
         self.folder = folder
@@ -52,13 +52,13 @@ class Pipeline:
         self.provider = provider
         self.profile = profile  # a profiles.Resolved, or None
         self.memory = mem = memory_options(memory)
-        info = manifest["pipeline"]
+        info = manifest.pipeline
         self.info = info
         if mem.vae_tile:
-            check_tiling(mem.vae_tile, mem.vae_tile_overlap, info["vae_scale_factor"])  # before any session loads
-        self.family = family = get_family(manifest.get("family"))
+            check_tiling(mem.vae_tile, mem.vae_tile_overlap, info.vae_scale_factor)  # before any session loads
+        self.family = family = get_family(manifest.family)
         family.check_folder(str(folder), manifest)
-        comps = manifest["components"]
+        comps = manifest.components
         # the family's text encoders this folder has (optional ones, like SD3's T5, may be absent)
         self.slots = [s for s in family.text_encoders if s.name in comps]
         self.tokenizers = {s.name: family.make_tokenizer(s, folder, info) for s in self.slots}
@@ -77,21 +77,21 @@ class Pipeline:
             for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
         self._backbone_info = bb
-        if provider == "cpu" and (note := kernels_warning(bb.get("int8_kernels"))):
+        if provider == "cpu" and (note := kernels_warning(bb.int8_kernels)):
             warnings.warn(f"{folder}: {note}", stacklevel=3)
         # the backbone's session is made on first use: a pipeline that runs only a sampling graph (which
         # holds the backbone's weights itself) never loads it; its I/O is checked now, from its graph
-        backbone_path = confined(folder, bb["path"], "backbone")
+        backbone_path = confined(folder, bb.path, "backbone")
         backbone_io = check_external_data(backbone_path)
         if note := foreign_ops_note(backbone_io.foreign_ops, provider):
             warnings.warn(f"{folder}: {note}", stacklevel=3)
         self._backbone = LazySession(session_factory(static, chain["backbone"], backbone_path,
-                                                     partial(_backbone_session, info=bb, provider=provider,
+                                                     partial(_backbone_session, entry=bb, provider=provider,
                                                              threads=threads, memory=mem, checked=True),
                                                      io=backbone_io), release=False)
         # the run-time LoRA state (adapters/runtime.py): the pipeline calls into it, it never reads the pipeline
         self.lora = RuntimeLora(manifest, family.backbone, lora_backbone(backbone_path, bb, family.backbone, provider,
-            profile, partial(_backbone_session, info=bb, provider=provider, threads=threads,
+            profile, partial(_backbone_session, entry=bb, provider=provider, threads=threads,
                              providers=chain["backbone"], memory=mem, checked=True)))
         if self.lora.fused is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora.fused.plain, release=False)
@@ -120,10 +120,10 @@ class Pipeline:
             folder, comps, bb, provider, threads, profile, chain["backbone"], mem)
         self.scheduler_config, self.schedule = load_scheduler(folder)
         kind = getattr(self.schedule, "prediction_type", None)
-        if kind is not None and kind != info.get("prediction_type", kind):
+        if kind is not None and info.prediction_type is not None and kind != info.prediction_type:
             raise UserError(f"{folder}: the scheduler's prediction_type {kind!r} disagrees with "
-                            f"the manifest's {info['prediction_type']!r}")
-        self.recommended = manifest.get("recommended") or {}
+                            f"the manifest's {info.prediction_type!r}")
+        self.recommended = manifest.recommended
         guards.probe_text(folder, self, backbone_io)  # one empty-prompt encoding: lengths and widths agree
 
     @classmethod
@@ -263,7 +263,7 @@ class Pipeline:
     def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None,
                decoder: str = "full") -> np.ndarray:
         """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
-        h, w = height or self.info["default_height"], width or self.info["default_width"]
+        h, w = height or self.info.default_height, width or self.info.default_width
         if decoder == "full":
             feed = self.family.decoder_feed(self.info, latents, h, w)
             run = lambda x: self.vae_decoder.run(["sample"], {"latent_sample": x})[0]  # noqa: E731
@@ -274,7 +274,7 @@ class Pipeline:
             self._tiny = self._tiny or TinyDecoder(self)  # made once, on first use
             feed, run = self._tiny.prepare(latents, h, w)
         if self.memory.vae_tile:  # memory vae_tile=N: overlapping tiles of N pixels (runtime/vae_tiling.py)
-            decoded = tiled_decode(run, feed, self.memory.vae_tile, self.memory.vae_tile_overlap, self.info["vae_scale_factor"])
+            decoded = tiled_decode(run, feed, self.memory.vae_tile, self.memory.vae_tile_overlap, self.info.vae_scale_factor)
         else:
             decoded = run(feed)
         image = self.family.decoded_images(decoded)
@@ -308,7 +308,7 @@ class Pipeline:
 
     def image_size(self, options: GenerateOptions) -> tuple[int, int]:
         shape = guards.latent_shape(self.info, options)  # checks types, ranges, multiples, batch
-        f = self.info["vae_scale_factor"]
+        f = self.info.vae_scale_factor
         return shape[2] * f, shape[3] * f
 
     def latent_shape(self, options: GenerateOptions) -> tuple[int, ...]:
@@ -389,16 +389,16 @@ class Pipeline:
         (default: the picture's own size, rounded down to the model's size multiple) with a notice."""
         from .image_input import sized_pixels
 
-        return self.encode_pixels(sized_pixels(rgb, int(self.info["size_multiple"]), height, width))
+        return self.encode_pixels(sized_pixels(rgb, int(self.info.size_multiple), height, width))
 
     def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
         """(B, 3, H, W) float32 in [-1, 1] -> scaled latents (B, C, h, w) (posterior mean)."""
-        if "vae_encoder" not in self.manifest["components"]:
+        if "vae_encoder" not in self.manifest.components:
             raise UserError(f"{self.folder} has no vae_encoder: export it (without `--skip vae_encoder`) to "
                             "take a picture, or pass image latents")
         if self._vae_encoder is None:
             self._vae_encoder = self.component_session(
-                "vae_encoder", disabled_optimizers=_disabled(self.manifest["components"]["vae_encoder"]))
+                "vae_encoder", disabled_optimizers=_disabled(self.manifest.components["vae_encoder"]))
         params = self._vae_encoder.run(None, {"sample": np.ascontiguousarray(pixels, np.float32)})[0]
         mean = params[:, : params.shape[1] // 2]
         return self.family.encoder_latents(self.info, mean)
@@ -406,7 +406,7 @@ class Pipeline:
     def backbone_extra_channels(self) -> int:
         """Sample channels beyond the latents' (an inpainting backbone's mask + masked-image latents: 5 on the
         9-channel UNet, 320 on Flux Fill's tokens; 0 on a regular backbone)."""
-        sample, m = self._backbone_io_shapes.get("sample"), int(self.info["size_multiple"])
+        sample, m = self._backbone_io_shapes.get("sample"), int(self.info.size_multiple)
         latents = self.family.latent_shape(self.info, 1, m, m)  # the sampler state's layout
         axis = channel_axis(len(latents))
         ok = sample and len(sample) == len(latents) and isinstance(sample[axis], int)

@@ -11,19 +11,20 @@ from __future__ import annotations
 import warnings
 
 from ..errors import UserError
+from ..manifest import Component, Manifest, PipelineInfo
 
 
-def resolve_for_folder(spec, manifest: dict):
+def resolve_for_folder(spec, manifest: Manifest):
     """The profile to run (its fallback where this machine cannot run it), checked against the folder."""
     from ..profiles import precision_family, resolve
 
     resolved = resolve(spec)
     from ..families import get_family
 
-    unet = manifest["components"][get_family(manifest.get("family")).backbone]
-    if resolved.note and not (resolved.fell_back and unet.get("requires_provider") and unet.get("fallback")):
+    unet = manifest.components[get_family(manifest.family).backbone]
+    if resolved.note and not (resolved.fell_back and unet.requires_provider and unet.fallback):
         warnings.warn(resolved.note, stacklevel=3)  # else one line says it all, with the fallback backbone (below)
-    have = precision_family(unet.get("precision"))
+    have = precision_family(unet.precision)
     want = resolved.profile.precision
     if not resolved.fell_back and want not in ("any", have):
         hint = ""
@@ -35,31 +36,31 @@ def resolve_for_folder(spec, manifest: dict):
     return resolved
 
 
-def backbone_entry(folder, unet: dict, provider: str, resolved) -> dict:
+def backbone_entry(folder, unet: Component, provider: str, resolved) -> Component:
     """The manifest entry of the backbone file to load: the backbone, or its declared fallback."""
-    needs = unet.get("requires_provider")
+    needs = unet.requires_provider
     if not needs or needs == provider:
         return unet
-    fallback = unet.get("fallback")
+    fallback = unet.fallback
     if resolved is not None and resolved.fell_back and fallback:
         note = f"{resolved.note}; " if resolved.note else ""
-        warnings.warn(f"{note}the {unet.get('precision')} backbone needs {needs}: running the folder's "
-                      f"{fallback.get('precision')} fallback backbone on {provider}", stacklevel=3)
-        return {**fallback, "session_options": {}}
-    profile = {"nvfp4": "tensorrt-nvfp4", "fp8": "tensorrt-fp8"}.get(str(unet.get("precision")), f"a {needs} profile")
+        warnings.warn(f"{note}the {unet.precision} backbone needs {needs}: running the folder's "
+                      f"{fallback.precision} fallback backbone on {provider}", stacklevel=3)
+        return fallback.with_session_options({})
+    profile = {"nvfp4": "tensorrt-nvfp4", "fp8": "tensorrt-fp8"}.get(str(unet.precision), f"a {needs} profile")
     extra = " (it falls back to the fp32 backbone kept in this folder)" if fallback else ""
-    raise UserError(f"this folder's backbone is {unet.get('precision')} for {needs}; it cannot run on {provider}: "
+    raise UserError(f"this folder's backbone is {unet.precision} for {needs}; it cannot run on {provider}: "
                     f"use --profile {profile}{extra}")
 
 
-def session_providers(resolved, unet: dict, pipeline_info: dict, threads: int | None = None) -> dict:
+def session_providers(resolved, unet: Component, info: PipelineInfo, threads: int | None = None) -> dict:
     """{"backbone": providers, "other": providers}, or Nones (make_session's default) without a profile."""
     if resolved is None:
         return {"backbone": None, "other": None}
     from ..profiles.providers import providers
 
     p = resolved.profile
-    return {"backbone": providers(p, unet, pipeline_info, backbone=True, threads=threads),
+    return {"backbone": providers(p, unet, info, backbone=True, threads=threads),
             "other": providers(p, threads=threads)}
 
 

@@ -19,7 +19,7 @@ class TinyDecoder:
         from . import guards
         from .loading import disabled
 
-        entry = pipe.manifest["components"][DECODER]
+        entry = pipe.manifest.components[DECODER]
         self.session = pipe.component_session(DECODER, disabled_optimizers=disabled(entry))
         guards.check_io(pipe.folder, DECODER, self.session, ("latent_sample",), ("sample",))
         self.family, self.info = pipe.family, scaled_info(pipe.info, entry)

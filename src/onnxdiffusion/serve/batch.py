@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..manifest import PipelineInfo, Recommended
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -96,11 +97,11 @@ def fill_defaults(pipe, items: list[BatchItem]) -> list[BatchItem]:
     return [fill_item(i, pipe.info, pipe.recommended) for i in items]
 
 
-def fill_item(item: BatchItem, info: dict, recommended: dict) -> BatchItem:
+def fill_item(item: BatchItem, info: PipelineInfo, recommended: Recommended) -> BatchItem:
     from ..runtime.pipeline import GenerateOptions, resolve_options
 
     o = resolve_options(GenerateOptions(steps=item.steps, sampler=item.sampler, guidance=item.guidance), recommended)
-    return replace(item, width=item.width or info["default_width"], height=item.height or info["default_height"],
+    return replace(item, width=item.width or info.default_width, height=item.height or info.default_height,
                    steps=o.steps, sampler=o.sampler, guidance=o.guidance)
 
 

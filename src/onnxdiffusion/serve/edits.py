@@ -160,7 +160,7 @@ def _control(fields: dict, files: dict, entry, target: tuple[int, int]) -> tuple
         name, scale, start, end = parse_cli(fields["controlnet"])
     except UserError as e:
         raise RequestError(f"controlnet: {e}", "controlnet") from None
-    nets = entry.pipeline.manifest.get("controlnets") or {}
+    nets = entry.pipeline.manifest.controlnets or {}
     if name not in nets:
         raise RequestError(f"model {entry.id} has no ControlNet {name!r} (it has {', '.join(sorted(nets)) or 'none'})",
                            "controlnet", code="unknown_controlnet")
@@ -260,7 +260,7 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     from ..samplers.levels import start_row
 
     pipe = entry.pipeline
-    if "vae_encoder" not in pipe.manifest["components"]:
+    if "vae_encoder" not in pipe.manifest.components:
         raise RequestError(f"model {entry.id} has no vae_encoder, so it cannot take a picture; export it with one",
                            "model", code="model_cannot_edit")
     inpainting = pipe.backbone_extra_channels() > 0

@@ -378,7 +378,7 @@ class JobQueue:
         from ..families.tiny_vae import DECODER
 
         # a folder's tiny autoencoder, when it has one: a glance at the x0 estimate need not cost a VAE decode
-        decoder = "tiny" if DECODER in pipe.manifest["components"] else "full"
+        decoder = "tiny" if DECODER in pipe.manifest.components else "full"
         img = Image.fromarray(pipe.decode(denoised, decoder=decoder)[0])
         img.thumbnail((64, 64))
         buf = io.BytesIO()

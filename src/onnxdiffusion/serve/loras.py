@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..manifest import Manifest
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_PER_REQUEST = 8  # adapters in one request (ranks concatenate: the feeds grow with each)
@@ -129,8 +130,8 @@ class LoraSet:
         return [{"name": n, "scale": s} for n, s in self.items]
 
 
-def has_points(manifest: dict) -> bool:
-    return any(info.get("lora") for info in manifest["components"].values())
+def has_points(manifest: Manifest) -> bool:
+    return any(entry.lora for entry in manifest.components.values())
 
 
 class LoraCatalog:

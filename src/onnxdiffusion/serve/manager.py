@@ -205,12 +205,12 @@ class ModelManager:
             (dropped.append(f"{w}x{h}: {problem}") if problem else kept.append((w, h)))
         if not kept:
             raise UserError(f"no bucket fits model {model_id}: {'; '.join(dropped)}")
-        backbone = pipe.manifest["components"][pipe.family.backbone]
+        backbone = pipe.manifest.components[pipe.family.backbone]
         return ModelEntry(
             id=model_id, folder=folder, pipeline=pipe,
-            precision=backbone.get("precision", "fp32"),
-            unet_sha256=pipe.manifest.get("files", {}).get(backbone["path"]),
-            quantized_from=(backbone.get("quantized_from") or {}).get("sha256"),
+            precision=backbone.precision or "fp32",
+            unet_sha256=pipe.manifest.files.get(backbone.path),
+            quantized_from=(backbone.quantized_from or {}).get("sha256"),
             load_seconds=time.perf_counter() - t0, buckets=tuple(kept), dropped=tuple(dropped),
             limits=limits.describe(),
         )

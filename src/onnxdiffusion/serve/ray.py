@@ -45,7 +45,7 @@ def _with_sizes(items: list[BatchItem], model) -> list[BatchItem]:
     from .batch import fill_item
 
     manifest = read_manifest(model if model is not None else default_model_folder())
-    return [fill_item(i, manifest["pipeline"], manifest.get("recommended") or {}) for i in items]
+    return [fill_item(i, manifest.pipeline, manifest.recommended) for i in items]
 
 
 def _init_ray(num_cpus: int | None = None) -> None:

@@ -100,7 +100,7 @@ def batch_invariant(pipe, width: int | None = None, height: int | None = None) -
 
     from ..runtime.pipeline import GenerateOptions
 
-    w, h = width or pipe.info["default_width"], height or pipe.info["default_height"]
+    w, h = width or pipe.info.default_width, height or pipe.info.default_height
     sampler = pipe.resolve(GenerateOptions()).sampler  # the folder's own (ddim does not apply to flow models)
     reqs = [SimpleNamespace(prompt=p, negative_prompt="", n=1, width=w, height=h, steps=2, sampler=sampler,
                             guidance=7.5, seed=i) for i, p in enumerate(("a small red circle", "a blue star above a square"))]

@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 
 from ..artifacts import check_output_folder, confined, read_manifest
+from ..manifest import Component
 from ..errors import UserError
 from ..onnxio.files import write
 from .npm import ensure_installed, pinned
@@ -58,18 +59,18 @@ def _check_out(out: Path, model: Path, overwrite: bool) -> None:
         raise UserError(f"output directory is not writable: {out.parent}")
 
 
-def whole_graph(model: Path, scratch: Path) -> tuple[onnx.ModelProto, dict]:
+def whole_graph(model: Path, scratch: Path) -> tuple[onnx.ModelProto, Component]:
     """MODEL's whole-pipeline graph, portable (ORT_ENABLE_EXTENDED at most, no CPU-tuned layouts): compiled
     into a scratch copy of the folder; returns the graph and its manifest entry."""
     from ..loops import compile_loop
 
-    info = compile_loop(model, scratch / "model", form="loop", whole=True, cpu_tuned=False)
-    if info.get("tuned_for"):
+    entry = compile_loop(model, scratch / "model", form="loop", whole=True, cpu_tuned=False)
+    if entry.tuned_for:
         raise UserError(f"{model}: the whole graph came out tuned to this CPU; the page needs the portable form")
-    if info["external_data"]:
-        raise UserError(f"{model}: the whole graph is over 2 GB ({info['bytes'] / 1e9:.1f} GB); the page takes one "
+    if entry.external_data:
+        raise UserError(f"{model}: the whole graph is over 2 GB ({entry.bytes / 1e9:.1f} GB); the page takes one "
                         f"file under 2 GB")
-    return onnx.load(str(scratch / "model" / info["path"])), info
+    return onnx.load(str(confined(scratch / "model", entry.path, "sampling graph"))), entry
 
 
 def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers: list[str] | None = None,
@@ -88,13 +89,13 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     t0 = time.time()
     pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses (checks the folder)
     defaults = pipe.resolve(GenerateOptions())
-    recipe = ((manifest.get("quantization") or {}).get("config") or {}).get("recipe") or {}
+    recipe = manifest.quantization_recipe
     _check_rounding(model, recipe, allow_drift, log)
     if defaults.steps > max_steps:
         raise UserError(f"the model's recommended {defaults.steps} steps exceed --max-steps {max_steps}")
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-web-") as scratch:
         log(f"compiling the whole-pipeline graph of {model} (portable form)")
-        graph, info = whole_graph(model, Path(scratch))
+        graph, entry = whole_graph(model, Path(scratch))
         parts, wiring = split_whole_graph(graph)
         # inputs with a default (an initializer of the same name: img2img's start row and image inputs) need no feed
         inputs = {i.name for i in graph.graph.input} - {t.name for t in graph.graph.initializer}
@@ -109,9 +110,9 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
                             f"{', '.join(sorted(inputs - fed))}")
         settings = {
             "kind": KIND, "format": 1,
-            "model": manifest.get("source", {}).get("path", model.name).split("/")[-1] or model.name,
+            "model": (manifest.source_path or model.name).split("/")[-1] or model.name,
             "family": pipe.family.name,
-            "precision": manifest["components"][pipe.family.backbone].get("precision", "fp32"),
+            "precision": manifest.components[pipe.family.backbone].precision or "fp32",
             "rounding": recipe.get("rounding", "cpu") if recipe.get("name") == "int8-static" else None,
             "height": h, "width": w,
             "latent_shape": list(pipe.latent_shape(defaults)),
@@ -123,7 +124,7 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "tables": {"file": "tables.bin", "dtype": "float32", "byte_order": "little", "count": int(rows.size)},
             "text_inputs": texts,
             "graph": {"parts": {p: {"file": PART_FILES[p], "bytes": 0, "inputs": wiring["inputs"][p]} for p in PARTS},
-                      "bytes": 0, "prefused": info.get("prefused"), "inputs": sorted(inputs),
+                      "bytes": 0, "prefused": entry.setting("prefused"), "inputs": sorted(inputs),
                       "wiring": {k: wiring[k] for k in ("steps_input", "start", "carry", "final")}},
             "runtime": {"package": "onnxruntime-web", "version": pinned()["onnxruntime-web"], "wasm": WASM_FILES[0],
                         "webgpu": WEBGPU_FILES[0] if webgpu else None},

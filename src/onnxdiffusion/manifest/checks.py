@@ -1,9 +1,9 @@
 """The manifest's schema: every field a consumer reads is checked here, on read, with one error naming it.
 
-Model folders are untrusted input. `validate_manifest` turns a parsed `manifest.json` into a dict every
-consumer can index without guarding (types, ranges and paths checked; optional fields filled with their
-defaults), or raises one UserError naming the first bad field. Unknown keys are kept, so a newer writer's
-extra fields (a family's settings, more components) pass through untouched.
+Model folders are untrusted input. `validate_manifest` checks a parsed `manifest.json` (types, ranges and
+paths; optional fields filled with their defaults), or raises one UserError naming the first bad field;
+model.py types what it passed (consumers read those records' attributes, never these keys). Unknown keys
+are kept, so a newer writer's extra fields (a family's settings, more components) pass through untouched.
 
 Format version 1 (the only one so far):
   format_version  1
@@ -17,6 +17,10 @@ Format version 1 (the only one so far):
   recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults
   a quantized backbone's entry may hold `correction` (an object) and `precision_schedule`
                   {component: another backbone component, precision: fp32|fp16, ranges: [[lo, hi], ...]}
+  entries may also hold what other writers record (checked when present): lora / validation /
+                  quantized_from objects, kind / family / precision / requires_provider / form strings,
+                  bytes / steps integers, controlnets [name], fallback {path, external_data, ...}
+  controlnets     optional dict name -> {path, external_data, ...} (export --controlnet, add-controlnet)
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -130,22 +134,76 @@ def _check_components(comps: Any, where: str, required: tuple[str, ...]) -> None
     for name in required:
         if name not in comps:
             _fail(where, f"components.{name}", "is missing")
-    for name, info in comps.items():
-        if not isinstance(info, dict):
-            _fail(where, f"components.{name}", f"must be an object, got {type(info).__name__}")
-        check_relative(info.get("path"), where, f"components.{name}.path")
-        ext = info.setdefault("external_data", [])
+    for name, entry in comps.items():
+        if not isinstance(entry, dict):
+            _fail(where, f"components.{name}", f"must be an object, got {type(entry).__name__}")
+        check_relative(entry.get("path"), where, f"components.{name}.path")
+        ext = entry.setdefault("external_data", [])
         if not isinstance(ext, list):
             _fail(where, f"components.{name}.external_data", "must be a list of relative paths")
         for i, rel in enumerate(ext):
             check_relative(rel, where, f"components.{name}.external_data[{i}]")
         for key in ("session_options", "correction"):
-            if info.get(key) is not None and not isinstance(info[key], dict):
+            if entry.get(key) is not None and not isinstance(entry[key], dict):
                 _fail(where, f"components.{name}.{key}", "must be an object")
         for key in ("inputs", "outputs"):
-            _check_tensor_specs(info.get(key, []), where, f"components.{name}.{key}")
-        if info.get("precision_schedule") is not None:
-            check_precision_schedule(info["precision_schedule"], where, name, comps)
+            _check_tensor_specs(entry.get(key, []), where, f"components.{name}.{key}")
+        if entry.get("precision_schedule") is not None:
+            check_precision_schedule(entry["precision_schedule"], where, name, comps)
+        _check_entry_records(entry, where, f"components.{name}")
+
+
+# what other writers record on an entry (quantize, fixup-trt, lora points, compile-loop), typed on read
+# (model.Component): checked when present, so a hostile value fails here in one line, not in a consumer
+_ENTRY_OBJECTS = ("lora", "validation", "quantized_from")
+_ENTRY_STRINGS = ("kind", "family", "precision", "requires_provider", "form")
+
+
+def _check_entry_records(entry: dict, where: str, field: str) -> None:
+    for key in _ENTRY_OBJECTS:
+        if entry.get(key) is not None and not isinstance(entry[key], dict):
+            _fail(where, f"{field}.{key}", "must be an object")
+    for key in _ENTRY_STRINGS:
+        if entry.get(key) is not None and not isinstance(entry[key], str):
+            _fail(where, f"{field}.{key}", f"must be a string, got {entry[key]!r}")
+    for key in ("bytes", "steps"):
+        v = entry.get(key)
+        if v is not None and (not _is_int(v) or v < 0):
+            _fail(where, f"{field}.{key}", f"must be a non-negative integer, got {v!r}")
+    for key in ("scaling_factor", "shift_factor"):
+        if entry.get(key) is not None and not _is_num(entry[key]):
+            _fail(where, f"{field}.{key}", f"must be a finite number, got {entry[key]!r}")
+    nets = entry.get("controlnets")
+    if nets is not None and (not isinstance(nets, list) or not all(isinstance(n, str) for n in nets)):
+        _fail(where, f"{field}.controlnets", "must be a list of names")
+    fallback = entry.get("fallback")
+    if fallback is not None:
+        if not isinstance(fallback, dict):
+            _fail(where, f"{field}.fallback", "must be an object")
+        check_relative(fallback.get("path"), where, f"{field}.fallback.path")
+        ext = fallback.get("external_data", [])
+        if not isinstance(ext, list):
+            _fail(where, f"{field}.fallback.external_data", "must be a list of relative paths")
+        for i, rel in enumerate(ext):
+            check_relative(rel, where, f"{field}.fallback.external_data[{i}]")
+        _check_entry_records(fallback, where, f"{field}.fallback")
+
+
+def _check_controlnets(nets: Any, where: str) -> None:
+    """export --controlnet / add-controlnet records: name -> an entry like a component's."""
+    if nets is None:
+        return
+    if not isinstance(nets, dict):
+        _fail(where, "controlnets", "must be an object")
+    for name, rec in nets.items():
+        if not isinstance(rec, dict):
+            _fail(where, f"controlnets.{name}", "must be an object")
+        check_relative(rec.get("path"), where, f"controlnets.{name}.path")
+        ext = rec.get("external_data", [])
+        if not isinstance(ext, list):
+            _fail(where, f"controlnets.{name}.external_data", "must be a list of relative paths")
+        for i, rel in enumerate(ext):
+            check_relative(rel, where, f"controlnets.{name}.external_data[{i}]")
 
 
 _HIGH_PRECISIONS = ("fp32", "fp16")
@@ -234,6 +292,9 @@ def validate_manifest(manifest: Any, where: str, required: tuple[str, ...] = ())
     for key in ("quantization", "attention", "source"):
         if manifest.get(key) is not None and not isinstance(manifest[key], (dict, str)):
             _fail(where, key, "must be an object")
+    _check_controlnets(manifest.get("controlnets"), where)
+    if manifest.get("export_seconds") is not None and not _is_num(manifest["export_seconds"]):
+        _fail(where, "export_seconds", f"must be a number, got {manifest['export_seconds']!r}")
     return manifest
 
 
