@@ -115,10 +115,12 @@ def test_graphs_compiled_before_the_clip_columns_still_run():
     """A sampling graph that reads 8 table columns gets the first 8 when r, k are unused, else an error."""
     from types import SimpleNamespace
 
+    from onnxdiffusion.manifest import Component
     from onnxdiffusion.runtime.sampling_graph import SamplingGraph
 
     inputs = [SimpleNamespace(name="latents", shape=["b", 4, "h", "w"]), SimpleNamespace(name="table", shape=["n", 8])]
-    graph = SamplingGraph(SimpleNamespace(get_inputs=lambda: inputs), {"form": "loop"})
+    graph = SamplingGraph(SimpleNamespace(get_inputs=lambda: inputs),
+                          Component.from_dict("sampler_loop", {"form": "loop", "path": "sampler_loop.onnx"}))
     latents = np.zeros((1, 4, 4, 4), np.float32)
     plain = table_from_config({"_class_name": "DDIMScheduler", **SD, "clip_sample": False}, 4)
     assert graph.feeds(plain, latents, None, 3.0)["table"].shape == (4, 8)

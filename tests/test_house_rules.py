@@ -260,14 +260,7 @@ MANIFEST_HOLDER = re.compile(r"^(manifest|man|qman|qmanifest|src_manifest|info|p
                              r"spec_entry)$")
 # Files (or FILE::function) still reading string keys. This list only shrinks: each is converted to the typed
 # attributes, then dropped (the finder test below fails on an entry that no longer reads any).
-MANIFEST_STRING_READS_ALLOWED = {
-    # the per-step techniques, restructured by another branch of issue 41 right now; swept after it merges
-    # (runtime/stop.py, run_loop.py, runtime/hooks/ and samplers/graph*.py read none by name today)
-    "runtime/controlnet.py", "runtime/cache.py",
-    "loops.py::_cache_split", "loops_control.py",
-    # edited by a third branch now (kept untouched here to ease the merge); the records they read are typed
-    "runtime/sampling_graph.py", "adapters/runtime.py",
-}
+MANIFEST_STRING_READS_ALLOWED: set[str] = set()  # empty since the techniques' files were swept (issue 41)
 ALLOWED_PREFIXES = ("manifest/",)  # the schema itself
 MANIFEST_MAKERS = ("read_manifest", "typed")
 

@@ -78,11 +78,12 @@ def test_consistency_rows_run_in_loop_graphs(sampler, form):
 
 def test_multistep_tables_are_refused_by_the_sampling_graphs():
     from onnxdiffusion.errors import UserError
+    from onnxdiffusion.manifest import Component
     from onnxdiffusion.runtime.sampling_graph import SamplingGraph
 
     graph = build_sampling_graph(toy_backbone(), "loop")
     session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
-    sg = SamplingGraph(session, {"form": "loop"})
+    sg = SamplingGraph(session, Component.from_dict("sampler_loop", {"form": "loop", "path": "sampler_loop.onnx"}))
     table = build_table("unipc", SD, 5)
     with pytest.raises(UserError, match="unipc .*host loop") as info:
         sg.feeds(table, np.zeros((1, 4, 4, 4), np.float32), None, 1.0)

@@ -16,7 +16,7 @@ def check_names(manifest: dict, names, form: str, whole: bool, family) -> list[d
         raise UserError("--controlnet is built into the plain Loop / unrolled graph (not --whole)")
     if len(set(names)) != len(names):
         raise UserError(f"--controlnet names must be distinct, got {names}")
-    nets = manifest.get("controlnets") or {}
+    nets = manifest.controlnets or {}
     from .runtime.controlnet import residuals_of
 
     records = []
@@ -38,8 +38,8 @@ def cut_backbone(unet, family, records: list[dict], entry: dict, large: bool):
 
     if not records:
         return unet
-    schedule = entry.get("precision_schedule")
-    if large or schedule is not None or (entry.get("lora") or {}).get("targets"):
+    schedule = entry.precision_schedule
+    if large or schedule is not None or entry.lora_targets:
         what = "a backbone over 2 GB" if large else "a precision schedule" if schedule is not None else "run-time LoRA"
         raise UserError(f"--controlnet in the sampling graph does not support {what} yet (use --loop host)")
     return add_residual_inputs(unet, family, records[0])

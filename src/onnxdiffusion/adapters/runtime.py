@@ -50,8 +50,8 @@ class RuntimeLora:
 
         if not loras:
             return None
-        info = self.manifest["components"].get(f"sampler_{loop}", {})
-        if loop != "host" and not info.get("lora"):
+        graph = self.manifest.components.get(f"sampler_{loop}")
+        if loop != "host" and not (graph is not None and graph.lora):
             raise UserError(f"this folder's '{loop}' graph has no LoRA inputs (compile it from a folder with "
                             f"insertion points: `lora points`, then `compile-loop`), or use the host loop")
         if isinstance(loras, AdapterFeeds):
@@ -75,7 +75,7 @@ def graph_feeds(pipe, graph, adapter) -> dict | None:
         return None
     from .graph import graph_feeds as named
 
-    return named(pipe.manifest["components"][f"sampler_{graph.form}"], adapter.feeds, pipe.family.backbone)
+    return named(pipe.manifest.components[f"sampler_{graph.form}"], adapter.feeds, pipe.family.backbone)
 
 
 def sampling_graph_inputs(pipe, loras, component: str = "sampler_loop_whole") -> dict[str, np.ndarray]:
@@ -85,18 +85,18 @@ def sampling_graph_inputs(pipe, loras, component: str = "sampler_loop_whole") ->
     from ..errors import UserError
     from .graph import graph_feeds as named, graph_prefixes
 
-    info = pipe.manifest["components"].get(component)
-    if info is None or info.get("kind") != "sampling_graph":
+    graph = pipe.manifest.components.get(component)
+    if graph is None or graph.kind != "sampling_graph":
         raise UserError(f"{pipe.folder} has no sampling graph {component!r} (run `onnxdiffusion compile-loop`)")
     adapter = pipe.lora_feeds(loras)
     if not adapter:
         return {}
-    if not info.get("lora"):
+    if not graph.lora:
         raise UserError(f"this folder's {component!r} graph has no LoRA inputs (compile it from a folder with "
                         f"insertion points: `lora points`, then `compile-loop`)")
-    inside = graph_prefixes(info, pipe.family.backbone)
+    inside = graph_prefixes(graph, pipe.family.backbone)
     if missing := sorted(c for c, f in adapter.feeds.items() if f and c not in inside):
         raise UserError(f"this folder's {component!r} graph does not run the LoRA's {', '.join(missing)} layers "
                         f"(a graph without --whole, or compiled before text-encoder inputs: recompile it with "
                         f"`onnxdiffusion compile-loop --whole`)")
-    return named(info, adapter.feeds, pipe.family.backbone)
+    return named(graph, adapter.feeds, pipe.family.backbone)

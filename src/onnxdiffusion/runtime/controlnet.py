@@ -116,7 +116,7 @@ def control_pixels(image, batch: int, height: int, width: int) -> np.ndarray:
 
 def record_of(pipe, name: str) -> dict:
     """The folder's ControlNet `name`, checked against the folder's family and backbone (one line if not)."""
-    rec = pipe.manifest["controlnets"][name]  # (check_request: it is there)
+    rec = pipe.manifest.controlnets[name]  # (check_request: it is there)
     if not isinstance(rec, dict) or rec.get("family") != pipe.family.name:
         raise UserError(f"{pipe.folder}: ControlNet {name!r} was exported for family "
                         f"{rec.get('family') if isinstance(rec, dict) else None!r}, the folder is {pipe.family.name!r}")
@@ -151,12 +151,13 @@ class Prepared:
 def check_request(folder, manifest: dict, options, names: list[str]) -> None:
     """What can be refused from the manifest and options alone (the CLI asks before loading any model)."""
     if options.loop != "host":
-        compiled = (manifest["components"].get(f"sampler_{options.loop}") or {}).get("controlnets") or []
+        graph = manifest.components.get(f"sampler_{options.loop}")
+        compiled = graph.controlnets if graph is not None else ()
         missing = [n for n in names if n not in compiled]
         if missing:
             raise UserError(f"ControlNet {missing[0]!r} is not built into this folder's {options.loop} graph: recompile "
                             f"it with `onnxdiffusion compile-loop --controlnet {missing[0]}` or use --loop host")
-    nets = manifest.get("controlnets") or {}
+    nets = manifest.controlnets or {}
     for name in names:
         if name not in nets:
             have = ", ".join(sorted(nets)) or "none (add one: onnxdiffusion add-controlnet)"
@@ -270,7 +271,7 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
             raise UserError(f"ControlNets {prepared[0].spec.name!r} and {p.spec.name!r} give residuals of different shapes")
     cfg = guidance > 1.0 and pipe.family.guidance_input_for(pipe.info) is None  # an embedded scale: no CFG batch
     n = shape[0] * (2 if cfg else 1)
-    f = int(pipe.info["vae_scale_factor"])  # latent size from the pixel size: packed-token latents too
+    f = int(pipe.info.vae_scale_factor)  # latent size from the pixel size: packed-token latents too
     concrete = residuals_of(pipe.family, rec, (n, h // f, w // f))
     names = [name for name, _ in concrete]
     zeros = {name: np.zeros(dims, np.float32) for name, dims in concrete}
@@ -297,7 +298,7 @@ def graph_feeds(pipe, compiled: list[str], prepared: list[Prepared], steps: int,
     for k, name in enumerate(compiled):
         p = by_name.get(name)
         if p is None:  # the control image of a net left out: zeros of its layout (latents: the sampler's)
-            rec = (pipe.manifest.get("controlnets") or {}).get(name) or {}
+            rec = (pipe.manifest.controlnets or {}).get(name) or {}
             shape = pipe.family.latent_shape(pipe.info, batch, h, w) if rec.get("condition") == "latents" else (
                 batch, 3, h, w)
         feeds[f"control_image_{k}"] = p.pixels if p else np.zeros(shape, np.float32)

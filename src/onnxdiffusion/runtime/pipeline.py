@@ -321,7 +321,7 @@ class Pipeline:
     @property
     def backbone_path(self) -> Path:
         """The backbone's ONNX file (inside the folder)."""
-        return confined(self.folder, self._backbone_info["path"], "backbone")
+        return confined(self.folder, self._backbone_info.path, "backbone")
 
     def backbone_session_maker(self, disabled_optimizers: bool = False):
         """make(bytes | path) -> a session of a backbone piece (a cut, a residual-taking copy) with the backbone's

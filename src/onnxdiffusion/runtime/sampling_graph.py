@@ -5,19 +5,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
+from ..manifest import Component
 from ..samplers import COLUMNS, SamplerTable
 from ..techniques.stop import read_record as read_stop_record
 
 
 class SamplingGraph:
-    def __init__(self, session, info: dict):
+    def __init__(self, session, entry: Component):
         self.session = session
-        self.form = info["form"]
-        self.steps = info.get("steps")
-        self.whole = bool(info.get("whole"))
-        self.cache = info.get("cache")  # the step-caching method compiled in (techniques/caching_graph.py), or None
-        self.controlnets = list(info.get("controlnets") or [])  # ControlNets built in (graph_control.py)
-        self.stop = read_stop_record(info)  # adaptive stopping compiled in (techniques/stop.py)
+        self.form = entry.form
+        self.steps = entry.steps
+        self.whole = entry.whole
+        self.cache = entry.cache  # the step-caching method compiled in (techniques/caching_graph.py), or None
+        self.controlnets = list(entry.controlnets)  # ControlNets built in (graph_control.py)
+        self.stop = read_stop_record(entry)  # adaptive stopping compiled in (techniques/stop.py)
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
         self.input_names = {i.name for i in session.get_inputs()}
@@ -142,10 +143,10 @@ def open_sampling_graph(pipe, form: str) -> SamplingGraph:
     forms = ("loop", "unrolled")
     if form not in forms:
         raise UserError(f"unknown loop form {form!r}; choose from host, {', '.join(forms)}")
-    info = pipe.manifest["components"].get(f"sampler_{form}")
-    if info is None:
+    entry = pipe.manifest.components.get(f"sampler_{form}")
+    if entry is None:
         raise UserError(f"{pipe.folder} has no '{form}' sampling graph (run `onnxdiffusion compile-loop --form {form}`)")
-    if pipe.provider == "cpu" and (diff := target_mismatch(info.get("tuned_for"))):
+    if pipe.provider == "cpu" and (diff := target_mismatch(entry.tuned_for)):
         raise UserError(f"{pipe.folder}: the '{form}' graph was tuned for another CPU target ({diff}); "
                         f"recompile it here with `onnxdiffusion compile-loop --form {form}` or use the host loop")
     # ORT's disabled_optimizers do not reach subgraphs: with a backbone that runs without the NCHWc
@@ -153,4 +154,4 @@ def open_sampling_graph(pipe, form: str) -> SamplingGraph:
     # schedule's If rounds differently from the host's sessions (Loop vs host 56 dB -> identical)
     level = "extended" if "NchwcTransformer" in (disabled(pipe.backbone_info) or []) else None
     session = pipe.component_session(f"sampler_{form}", level=level)
-    return SamplingGraph(session, info)
+    return SamplingGraph(session, entry)

@@ -199,7 +199,7 @@ class ModelManager:
                                     memory=self.memory)
         limits = size_limits(pipe.manifest)
         kept, dropped = [], []
-        trained = (pipe.info["default_width"], pipe.info["default_height"])
+        trained = (pipe.info.default_width, pipe.info.default_height)
         for w, h in self.buckets if self.explicit else dict.fromkeys((trained, *self.buckets)):
             problem = limits.problem(h, w)
             (dropped.append(f"{w}x{h}: {problem}") if problem else kept.append((w, h)))

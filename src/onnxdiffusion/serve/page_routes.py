@@ -49,7 +49,7 @@ def model_capabilities(entry) -> dict:
         except Exception:  # noqa: BLE001 - a sampler this schedule refuses is simply not offered
             continue
         samplers.append({"name": name, "from_picture": table.levels is not None})
-    components = pipe.manifest["components"]
+    components = pipe.manifest.components
     from ..families.tiny_vae import DECODER
 
     return {
@@ -59,7 +59,7 @@ def model_capabilities(entry) -> dict:
         "defaults": {"steps": defaults.steps, "guidance": defaults.guidance, "sampler": defaults.sampler},
         "samplers": samplers,
         "loras": list(entry.loras or ()), "lora_scale": list(SCALE_RANGE),
-        "controlnets": sorted(pipe.manifest.get("controlnets") or {}),
+        "controlnets": sorted(pipe.manifest.controlnets or {}),
         "takes_picture": "vae_encoder" in components,
         "needs_mask": pipe.backbone_extra_channels() > 0,  # an inpainting backbone: every picture job needs one
         "preview_decoder": "tiny" if DECODER in components else "full",

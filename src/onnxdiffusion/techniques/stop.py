@@ -113,9 +113,9 @@ def compiled_record() -> dict:
     return {"stop_early": True}
 
 
-def read_record(info: dict) -> bool:
-    """Whether a Loop graph's manifest entry says the test is compiled in."""
-    return bool(info.get("stop_early"))
+def read_record(entry) -> bool:
+    """Whether a Loop graph's manifest entry (a manifest Component) says the test is compiled in."""
+    return entry.stop_early
 
 
 class StopHost(HostTechnique):
