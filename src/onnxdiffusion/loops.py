@@ -196,7 +196,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
         unet = load_component(model, manifest, backbone)
     correction = None
     if comps[backbone].correction:
-        from .runtime.hooks.correction import OutputCorrection
+        from .techniques.correction import OutputCorrection
 
         correction = OutputCorrection.from_dict(comps[backbone].correction)
     schedule = high = None
@@ -321,7 +321,7 @@ def _high_backbone(model: Path, manifest: Manifest, backbone: str, cpu_tuned: bo
     import onnxruntime
 
     from .onnxio.session import ort_optimized
-    from .runtime.hooks.schedule import PrecisionSchedule
+    from .techniques.precision import PrecisionSchedule
 
     schedule = PrecisionSchedule.from_dict(manifest.components[backbone].precision_schedule)
     high = load_component(model, manifest, schedule.component)

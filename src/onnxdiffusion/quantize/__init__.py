@@ -1,7 +1,7 @@
 """Quantization: typed recipes, one `quantize` verb (see configs.py for the recipes).
 
 Importing this package is cheap and pulls in neither onnx nor ONNX Runtime's quantization tools
-(the run-time remedies live in runtime/hooks/); `quantize` loads them on first call.
+(the run-time remedies live in techniques/); `quantize` loads them on first call.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Sampler-side error correction in the spirit of PTQD (numpy only): the fit, per calibration timestep, of
 eps_fp32 ~= scale_k * eps_quant + bias_k[c] by least squares over paired outputs on the calibration trajectories.
 What the table means and how the sampler applies it (interpolated in t, any sampler and step count) is
-runtime/hooks/correction.py's docstring; the ONNX twin of `weights` lives in ``samplers.graph``.
+techniques/correction.py's docstring; the ONNX twin of `weights` lives in ``samplers.graph``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.hooks.correction import OutputCorrection as _RuntimeCorrection
+from ..techniques.correction import OutputCorrection as _RuntimeCorrection
 
 
 def _affine_fit(f: np.ndarray, q: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -37,7 +37,7 @@ def affine_explained_fraction(reference: np.ndarray, quantized: np.ndarray) -> f
 
 
 class OutputCorrection(_RuntimeCorrection):
-    """The run-time correction (runtime/hooks/correction.py) with its fitting."""
+    """The run-time correction (techniques/correction.py) with its fitting."""
 
     @classmethod
     def fit(cls, timesteps: np.ndarray, reference: np.ndarray, quantized: np.ndarray,

@@ -1,5 +1,5 @@
 """A per-step precision schedule: its quantize-time config. What a schedule is, why, and its manifest
-entry: runtime/hooks/schedule.py (the run-time side)."""
+entry: techniques/precision.py (the run-time side)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UserError
-from ..runtime.hooks.schedule import HIGH_PRECISIONS, RANGE_END, PrecisionSchedule  # noqa: F401 - re-exported
+from ..techniques.precision import HIGH_PRECISIONS, RANGE_END, PrecisionSchedule  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)

@@ -53,19 +53,19 @@ def _without_dead_queries(path: Path) -> bytes | None:
 def backbone_remedies(folder: Path, comps: Mapping[str, Component], bb: Component, provider: str,
                       threads: int | None, profile, providers: list | None, memory) -> tuple:
     """(output correction, precision schedule, its higher-precision backbone session) of the backbone entry `bb`
-    (runtime/hooks/), each None unless the manifest has it."""
+    (techniques/), each None unless the manifest has it."""
     from .profiled import backbone_entry
 
     # a quantized backbone may come with a sampler-side output correction (quantize --correct)
     correction = None
     if bb.correction:
-        from .hooks.correction import OutputCorrection
+        from ..techniques.correction import OutputCorrection
 
         correction = OutputCorrection.from_dict(bb.correction)
     # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
     if not bb.precision_schedule:
         return correction, None, None
-    from .hooks.schedule import PrecisionSchedule
+    from ..techniques.precision import PrecisionSchedule
 
     if correction is not None:
         raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
