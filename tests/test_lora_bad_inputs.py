@@ -77,13 +77,21 @@ def test_fused_export_refuses(tiny_diffusers, good, tmp_path, case):
     assert not out.exists() and not list(tmp_path.glob(".exported*"))
 
 
-def test_folder_without_points_and_loop_form_are_one_line(tiny_onnx, points, good, tmp_path):
-    out = tmp_path / "img.png"
+def test_folder_without_points_derives_them_once_and_points_twice_is_one_line(tiny_onnx, points, good, tmp_path):
+    """A plain export given a LoRA gets its insertion-points copy derived on first use (said once, issue 45),
+    not a refusal; `lora points` on a folder that has them stays a one-line error."""
+    out, again = tmp_path / "img.png", tmp_path / "img2.png"
     proc = invoke("generate", tiny_onnx, "a red circle", "--steps", "2", "--lora", str(good), "-o", out)
-    assert_one_line_error(proc, "no LoRA insertion points", "lora points")
+    assert proc.returncode == 0 and out.exists(), proc.stderr
+    assert "no LoRA insertion points; deriving a copy" in proc.stderr, proc.stderr
+    proc = invoke("generate", tiny_onnx, "a red circle", "--steps", "2", "--lora", str(good), "-o", again)
+    assert proc.returncode == 0 and "deriving" not in proc.stderr, proc.stderr  # the derived copy is found again
+    from PIL import Image
+
+    assert np.array_equal(np.asarray(Image.open(out)), np.asarray(Image.open(again)))
     proc = invoke("lora", "points", points, tmp_path / "again")
     assert_one_line_error(proc, "already has LoRA insertion points")
-    assert not out.exists() and not (tmp_path / "again").exists()
+    assert not (tmp_path / "again").exists()
 
 
 def test_generate_with_lora_cli(points, good, tmp_path):

@@ -65,12 +65,12 @@ def make_latents(folder: Path, out: Path, count: int, batch: int, scene_start: i
     from onnxdiffusion.evaluate.run import EvaluateOptions, generate_set
     from onnxdiffusion.runtime import GenerationResult, Pipeline
     from onnxdiffusion.runtime.generation import GenerateOptions
-    from onnxdiffusion.runtime.tiny_decoder import tiny_decoder
+    from onnxdiffusion.runtime.tiny_decoder import TinyDecoder
 
     pipe = Pipeline.from_folder(folder, threads=1)
     rec = pipe.resolve(GenerateOptions())
     h, w = pipe.image_size(rec)
-    tiny = tiny_decoder(pipe)
+    tiny = TinyDecoder(pipe)
     (out / folder.name).mkdir(parents=True, exist_ok=True)
     for start in range(0, count, LATENT_CHUNK):
         path = out / folder.name / f"chunk_{start // LATENT_CHUNK:03d}.npz"
