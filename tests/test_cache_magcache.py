@@ -272,6 +272,34 @@ def test_calibration_matches_diffusers_calibrate_mode(tiny_flux_diffusers, tiny_
     assert max(abs(v - 1.0) for v in got) > 0.01  # a real signal, not all ones
 
 
+@pytest.mark.slow
+def test_calibrate_verb_stores_ratios_the_generate_reads(tmp_path):
+    from cli_helpers import invoke
+
+    folder = tmp_path / "model"
+    shutil.copytree(MMDIT, folder)
+    with pytest.raises(UserError, match="cache calibrate") as info:
+        Pipeline.from_folder(folder)(PROMPT, steps=4, cache="magcache:0.1")
+    assert "\n" not in str(info.value)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n\na blue square above a green star\n")
+    before = json.loads((folder / "manifest.json").read_text())
+    result = invoke("cache", "calibrate", folder, "--prompts", prompts, "--steps", 8, "--threads", 1, timeout=300)
+    assert result.returncode == 0, result.stderr
+    after = json.loads((folder / "manifest.json").read_text())
+    record = after.pop("magcache")
+    assert after == before  # nothing else rewritten
+    assert record["steps"] == 8 and len(record["ratios"]) == 8 and record["prompts"] == 2 and record["ratios"][0] == 1.0
+    assert not [p for p in folder.iterdir() if p.name.startswith(".manifest")]  # no temporary left
+    pipe = Pipeline.from_folder(folder)  # still verifies: the hashed files are untouched
+    plain = pipe(PROMPT, steps=12, seed=1)
+    cached = pipe(PROMPT, steps=12, seed=1, cache="magcache:0.3")  # 8 calibrated steps resampled to 12
+    assert psnr(cached.images, plain.images) < 60.0
+    bad = invoke("cache", "calibrate", folder, "--prompts", tmp_path / "none.txt")
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode != 0 and len(errors) == 1 and "cannot read prompts file" in errors[0]
+
+
 # --- the Loop graph decides as the host loop does (embedded MMDiT) ----------------------------------
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@
                        end_of_step)
   caching.py           step caching's spec parsing, the cut backbone and its host runner; caching_graph.py its
                        Loop twin; cache_base.py what a method is; cache_methods.py the methods by name;
-                       cache_first_block.py, cache_taylorseer.py, cache_deepcache.py, cache_residual.py one each
+                       cache_first_block.py, cache_taylorseer.py, cache_deepcache.py, cache_residual.py,
+                       cache_magcache.py one each
   stop.py              adaptive stopping: spec, host test, Loop twin, manifest record
   correction.py, precision.py
                        output correction and the precision schedule: host wrapper and Loop twin each
