@@ -83,6 +83,16 @@ def int8_folder(folder: str, work: Path) -> Path:
     return out
 
 
+def calibrated(folder: Path, sampler: str, steps: int, guidance: float) -> None:
+    """MagCache's ratios in `folder`'s manifest (`onnxdiffusion cache calibrate`, the evaluation settings, its
+    built-in prompts, not the held-out ones) when missing."""
+    if "magcache" not in json.loads((folder / "manifest.json").read_text()):
+        log(f"calibrating MagCache's ratios of {folder}")
+        subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", "cache", "calibrate", str(folder), "--steps",
+                        str(steps), "--sampler", sampler, "--guidance", str(guidance), "--threads", "1"], check=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+
 def _count_full():
     """Wrap the cache's model function to count full-backbone steps of the last generation."""
     counts = []
@@ -142,11 +152,14 @@ def _label(prec: str, spec: str | None, int8_run: bool = False) -> str:
 
 def run_model(name: str, count: int, only: list[str] | None = None, int8_work: Path | None = None) -> dict:
     folder, sampler, steps, guidance, specs = MODELS[name]
-    specs = [s for s in (only or specs) if s.split(":")[0] in {x.split(":")[0] for x in specs}]
+    # magcache needs the folder's calibrated ratios: only on request (--specs), with --int8 (calibrated there)
+    specs = [s for s in (only or specs) if s.split(":")[0] in {x.split(":")[0] for x in specs} | {"magcache"}]
     pipes = {"fp32": Pipeline.from_folder(ROOT / folder, threads=1)}
     settings = [("fp32", None)]
     if int8_work is not None:
         q = int8_folder(folder, int8_work)
+        if any(s.startswith("magcache") for s in specs):
+            calibrated(q, sampler, steps, guidance)
         pipes["int8"] = Pipeline.from_folder(q, threads=1)
         settings += [("int8", None), *(("int8", s) for s in specs)]
     else:
@@ -229,7 +242,7 @@ def plot(results: dict, path: Path) -> None:
                 continue
             method = spec.split(":")[0]
             y = min(row["psnr_mean"], 80.0)
-            ax.scatter(row["speedup_median"], y, marker={"first_block": "o", "taylorseer": "s", "deepcache": "^", "residual": "D"}[method],
+            ax.scatter(row["speedup_median"], y, marker={"first_block": "o", "taylorseer": "s", "deepcache": "^", "residual": "D", "magcache": "v"}[method],
                        c="tab:green" if abs(row["strict_points_vs_uncached"]) <= GATE_POINTS else "tab:red")
             ax.annotate(spec, (row["speedup_median"], y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axvline(r["gate"]["speedup"], ls="--", c="grey", lw=0.8)

@@ -76,7 +76,8 @@ def test_dict_form_is_checked_as_the_text_form():
 
 
 def test_methods_are_registered_by_name_and_round_trip():
-    assert set(METHODS) == {"first_block", "taylorseer", "deepcache", "residual"}
+    # a new method is its module and one registry line: this test needs no edit for it
+    assert {"first_block", "taylorseer", "deepcache", "residual"} <= set(METHODS)
     for name, kind in METHODS.items():
         assert issubclass(kind, CacheSpec) and kind.method == name and name in kind.usage
         default = parse_compiled_cache(name)

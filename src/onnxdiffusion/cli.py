@@ -46,6 +46,7 @@ from . import cli_pipeline  # noqa: E402,F401 - export, generate, compile-loop, 
 from . import cli_measure, cli_deploy, cli_lora  # noqa: E402,F401
 from . import cli_web  # noqa: E402,F401 - export-web
 from . import cli_controlnet  # noqa: E402,F401 - add-controlnet
+from . import cli_cache  # noqa: E402,F401 - cache calibrate
 
 
 class Terminated(BaseException):

@@ -83,7 +83,7 @@ def generate(
     spacing: Annotated[Optional[str], typer.Option(help="timestep spacing: leading | trailing | linspace (default: the scheduler config's)")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
-    cache: Annotated[Optional[str], typer.Option(help="step caching (host loop, or a Loop graph compiled with compile-loop --cache): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] | residual:INTERVAL[:ORDER] (transformers) | deepcache:INTERVAL[:BRANCH] (UNets; BRANCH block pairs, or L<N> skip layers)")] = None,
+    cache: Annotated[Optional[str], typer.Option(help="step caching (host loop, or a Loop graph compiled with compile-loop --cache): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] | residual:INTERVAL[:ORDER] | magcache:THRESHOLD[:MAX_SKIP[:RETENTION]] (transformers; magcache after `cache calibrate`) | deepcache:INTERVAL[:BRANCH] (UNets; BRANCH block pairs, or L<N> skip layers)")] = None,
     stop_early: Annotated[Optional[str], typer.Option(help="THRESHOLD[:MIN_STEPS]: end sampling once the denoised estimate changes by less than THRESHOLD (mean |D_i - D_i-1| / mean |D_i-1|) after at least MIN_STEPS steps (default 1) and decode that estimate; host loop, or a Loop graph compiled with compile-loop --stop-early; 0 never stops")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
@@ -220,7 +220,7 @@ def compile_loop_cmd(
     cpu_tuned: Annotated[Optional[bool], typer.Option(
         "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
                                        "as the host loop, checked against the CPU at load) or a portable one")] = None,
-    cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | residual[:INTERVAL[:ORDER]] | deepcache[:INTERVAL[:BRANCH]] (BRANCH: block pairs or L<N> skip layers; ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
+    cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | residual[:INTERVAL[:ORDER]] | magcache | deepcache[:INTERVAL[:BRANCH]] (BRANCH: block pairs or L<N> skip layers; ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
     controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME: build this ControlNet of the folder into the graph beside the backbone (repeatable; generate --controlnet NAME then runs in it)")] = None,
     stop_early: Annotated[bool, typer.Option(help="--form loop: build in adaptive stopping (the Loop's cond output tests the denoised estimate's change; generate --stop-early picks THRESHOLD[:MIN_STEPS] per run)")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,

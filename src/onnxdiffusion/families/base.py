@@ -240,10 +240,11 @@ class Family:
     cache_block_pattern: ClassVar[str] = r"^(/model/(?:transformer_blocks|single_transformer_blocks)\.\d+/)"
 
     def cache_span(self, method: str, node_names: list[str], branch: int = 1,
-                   layers: int = 0) -> tuple[tuple[str, ...], str | None]:
+                   layers: int = 0, all_blocks: bool = False) -> tuple[tuple[str, ...], str | None]:
         """Step caching: (node-name prefixes of the span a cached step skips, the first block's prefix).
 
-        Transformer families: every block after the first (first-block cache, TaylorSeer, residual cache)."""
+        Transformer families: every block after the first (first-block cache, TaylorSeer, residual cache), or
+        with `all_blocks` (a method whose cached step skips every block) all of them."""
         import re
 
         if method == "deepcache":
@@ -251,7 +252,7 @@ class Family:
         blocks = list(dict.fromkeys(m.group(1) for n in node_names if (m := re.match(self.cache_block_pattern, n))))
         if len(blocks) < 2:
             raise ValueError("the backbone has fewer than two named transformer blocks")
-        return tuple(blocks[1:]), blocks[0]
+        return (tuple(blocks) if all_blocks else tuple(blocks[1:])), blocks[0]
 
     def guidance_input_for(self, info: dict) -> str | None:
         """The guidance backbone input for this folder (a family may have it only for some backbones)."""

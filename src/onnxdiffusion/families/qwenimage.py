@@ -60,6 +60,8 @@ class QwenImage(PackedFlowFamily):
     backbone: ClassVar[str] = "transformer"
     backbone_classes: ClassVar[tuple[str, ...]] = ("QwenImageTransformer2DModel",)
     backbone_kind: ClassVar[str] = "qwenimage_transformer"
+    # the exporter names this backbone's block nodes without the /model scope (step caching's span)
+    cache_block_pattern: ClassVar[str] = r"^((?:/model)?/transformer_blocks\.\d+/)"
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]] = (
         TextEncoderSlot("text_encoder", "tokenizer", ("Qwen2_5_VLForConditionalGeneration",),
                         ("Qwen2Tokenizer", "Qwen2TokenizerFast"), ("last_hidden_state",)),

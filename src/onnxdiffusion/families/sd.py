@@ -120,7 +120,7 @@ class StableDiffusion(Family):
         return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if info.time_cond_proj_dim else specs
 
     def cache_span(self, method: str, node_names: list[str], branch: int = 1,
-                   layers: int = 0) -> tuple[tuple[str, ...], str | None]:
+                   layers: int = 0, all_blocks: bool = False) -> tuple[tuple[str, ...], str | None]:
         """DeepCache: the UNet's deep path is skipped on cached steps, the shallow part around it always runs.
         `branch` down/up block pairs are shallow (down blocks from `branch` on, the mid block, the up blocks
         but the last `branch` are the deep path); or, `layers` > 0, at DeepCache's layer granularity: conv_in,

@@ -68,6 +68,8 @@ def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False
         if start is not None:
             graph.check_image_inputs(start)
     check_steps(specs.stop, run_table.num_steps)
+    if specs.cache_on is not None:  # a method's run-time data (bound again per run): refused before any model runs
+        specs.cache_on.bind(pipe, run_table.num_steps)
     if run_table.needs_noise and noise is None:
         noise = rng.standard_normal((run_table.num_steps, *shape), dtype=np.float32)
     if noise is not None:

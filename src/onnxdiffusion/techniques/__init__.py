@@ -8,7 +8,8 @@
                        end_of_step)
   caching.py           step caching's spec parsing, the cut backbone and its host runner; caching_graph.py its
                        Loop twin; cache_base.py what a method is; cache_methods.py the methods by name;
-                       cache_first_block.py, cache_taylorseer.py, cache_deepcache.py, cache_residual.py one each
+                       cache_first_block.py, cache_taylorseer.py, cache_deepcache.py, cache_residual.py,
+                       cache_magcache.py one each
   stop.py              adaptive stopping: spec, host test, Loop twin, manifest record
   correction.py, precision.py
                        output correction and the precision schedule: host wrapper and Loop twin each
@@ -36,11 +37,14 @@ Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
    ``(full, span)`` from ``s.switch(full, compute, reuse, outs, types)``, ``compute(sub)`` calling
    ``s.run_rest(sub)``. Decide in the host and the graph with the same float arithmetic
    (samplers/cache_math.py, graph_fold.py) so both forms pick the same steps. Optional: ``span_args()``
-   (more keywords to the family's ``cache_span``), ``prunes_first`` / ``float_span``.
+   (more keywords to the family's ``cache_span``; ``{"all_blocks": True}``: the span is every block),
+   ``prunes_first`` / ``float_span``, ``bind(pipe, steps)`` (the spec for one run: data it reads per run, such as
+   the step count or the folder's manifest; refusals there come before any model runs).
 2. One line in ``cache_methods.py``: add the class to ``METHODS``.
 3. ``tests/test_cache_mymethod.py``: parsing, no-op = the uncached image bit for bit, host = Loop
    (compile-loop --cache mymethod), and parity with the reference.
 
 generate --cache, compile-loop --cache, the registry's refusals and the dict form then take it as they are.
-A transformer family's ``cache_span`` gives every method but deepcache the blocks after the first.
+A transformer family's ``cache_span`` gives every method but deepcache the blocks after the first (all of them
+with ``all_blocks``).
 """

@@ -68,6 +68,11 @@ class CacheSpec:
         """Keyword arguments to the family's ``cache_span`` beyond the method name."""
         return {}
 
+    def bind(self, pipe, steps: int) -> "CacheSpec":
+        """This spec for one run of `steps` model evaluations on `pipe` (run-time data a method reads, e.g. from
+        the folder's manifest); a one-line UserError where the run cannot go ahead. Called before any model runs."""
+        return self
+
     def split_key(self) -> tuple:
         """Specs with the same key share one cut of the backbone."""
         return (self.method, 0)

@@ -205,7 +205,8 @@ class CacheHost(HostTechnique):
         self.spec = spec
 
     def wrap(self, model_fn, ctx):
-        return cached_backbone(ctx.pipe, ctx.backbone, self.spec)  # first -> (rest | cached) -> tail
+        # first -> (rest | cached) -> tail
+        return cached_backbone(ctx.pipe, ctx.backbone, self.spec.bind(ctx.pipe, ctx.steps))
 
     def graph_feeds(self, graph, ctx) -> dict:
-        return loop_feeds(graph.cache, self.spec) if graph.form == "loop" else {}
+        return loop_feeds(graph.cache, self.spec.bind(ctx.pipe, ctx.steps)) if graph.form == "loop" else {}
