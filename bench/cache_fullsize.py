@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cache_pareto import cpu_info, log  # noqa: E402
 
-from onnxdiffusion.artifacts import write_json  # noqa: E402
+from onnxdiffusion.folder.artifacts import write_json  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 from onnxdiffusion.runtime import backbone as backbone_mod  # noqa: E402
 from onnxdiffusion.techniques import caching as cache_mod  # noqa: E402

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from onnxdiffusion.artifacts import write_json  # noqa: E402
+from onnxdiffusion.folder.artifacts import write_json  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, heldout_scenes, item_latents  # noqa: E402

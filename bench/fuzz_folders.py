@@ -317,7 +317,7 @@ def worker() -> None:
     limit = 4 << 30
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     sys.path.insert(0, str(ROOT / "src"))
-    from onnxdiffusion.artifacts import read_manifest, verify_folder
+    from onnxdiffusion.folder.artifacts import read_manifest, verify_folder
     from onnxdiffusion.runtime import Pipeline
 
     # answers go out on a copy of stdout; fd 1 itself goes to stderr, so a native library printing there
@@ -514,7 +514,7 @@ def main() -> None:
     result["machine"] = machine_info()
     print(json.dumps({k: result[k] for k in ("cases", "outcomes", "loader_outcomes", "seconds")}, indent=1))
     if args.out is not None:
-        from onnxdiffusion.artifacts import write_json
+        from onnxdiffusion.folder.artifacts import write_json
 
         write_json(args.out.with_suffix(".json"), result)
         write_md(args.out.with_suffix(".md"), result)

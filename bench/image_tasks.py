@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxdiffusion import scenes as S
+from onnxdiffusion.evaluate import scenes as S
 from onnxdiffusion.evaluate.judge import Judge, per_image, score
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.runtime import Pipeline

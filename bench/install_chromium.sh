@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Debian's headless-capable Chromium (+ chromedriver) for tests/test_bench.py (it loads report.html and
-# screenshots it) and tests/test_serve.py (selenium drives the service's web page).
+# Debian's headless-capable Chromium (+ chromedriver) for tests/bench/test_bench.py (it loads report.html and
+# screenshots it) and tests/serve/test_serve.py (selenium drives the service's web page).
 # CI: add `bash bench/install_chromium.sh || echo "chromium not installed; the report-rendering test will skip"`
 # to .ci/run before `make test`.
 set -euo pipefail

@@ -272,7 +272,7 @@ def main() -> None:
     }
     print(json.dumps({k: v for k, v in result.items() if k not in ("samples", "machine")}, indent=1))
     if args.out is not None:
-        from onnxdiffusion.artifacts import write_json
+        from onnxdiffusion.folder.artifacts import write_json
 
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.out.with_suffix(".json"), result)

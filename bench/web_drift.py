@@ -99,7 +99,7 @@ def rewritten(base: Path, folder: Path, op_types: tuple[str, ...]) -> dict:
     """A copy of the rounding=cpu folder `base` whose backbone has `op_types` in their portable form."""
     import onnx
 
-    from onnxdiffusion.artifacts import sha256_file
+    from onnxdiffusion.folder.artifacts import sha256_file
     from onnxdiffusion.quantize.portable_rounding import portable_rounding
 
     if folder.exists():

@@ -2,7 +2,7 @@
 """The options tables of docs/verbs/VERB.md, read from the CLI itself (the typer app in onnxdiffusion.cli).
 
 Each verb page holds its table between `<!-- options:begin -->` and `<!-- options:end -->`; the rest of the page
-(what the verb does, examples, notes) is written by hand. tests/test_docs.py fails when an option of a verb is
+(what the verb does, examples, notes) is written by hand. tests/house/test_docs.py fails when an option of a verb is
 missing from its page or its help text there differs from `--help`'s.
 
     python docs/cli_options.py --write    # rewrite every page's table (a new page gets a stub to fill in)

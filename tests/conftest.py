@@ -46,6 +46,10 @@ def limit_worker_threads(threads: int) -> None:
 if _worker_threads():
     limit_worker_threads(_worker_threads())
 sys.path.insert(0, str(ROOT / "models" / "training"))
+# the shared helpers (`from cli_helpers import run_cli`), and the test folders: a few tests import another's
+# toy models (`from test_loop_graph import toy_backbone`)
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+sys.path += sorted(str(d) for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py")))
 
 
 def build_tiny_pipeline(folder: Path, prediction_type: str = "epsilon", spacing: str = "leading") -> Path:
@@ -55,7 +59,7 @@ def build_tiny_pipeline(folder: Path, prediction_type: str = "epsilon", spacing:
     from tokenizer_build import build_tokenizer_files
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from onnxdiffusion import scenes
+    from onnxdiffusion.evaluate import scenes
 
     torch.manual_seed(0)
     build_tokenizer_files(scenes.vocabulary(), folder / "_tok", 16)
@@ -146,7 +150,7 @@ def tiny_v_onnx(tiny_v_diffusers, tmp_path_factory) -> Path:
                          lambda root: export_plain(tiny_v_diffusers, root / "model"))
 
 
-# -- other model families (tests/family_pipelines.py builds them) -------------------------------
+# -- other model families (tests/helpers/family_pipelines.py builds them) -------------------------------
 
 @pytest.fixture(scope="session")
 def tiny_sdxl_diffusers(tmp_path_factory) -> Path:
@@ -181,7 +185,7 @@ def tiny_sd3_onnx(tiny_sd3_diffusers, tmp_path_factory) -> Path:
                          lambda root: export_plain(tiny_sd3_diffusers, root / "model"))
 
 
-# -- Flux and Qwen-Image (tests/tiny_families.py builds them) -----------------------------------
+# -- Flux and Qwen-Image (tests/helpers/tiny_families.py builds them) -----------------------------------
 
 @pytest.fixture(scope="session")
 def tiny_flux_diffusers(tmp_path_factory) -> Path:
@@ -230,7 +234,7 @@ def external_onnx(tiny_onnx, tmp_path_factory):
 
     import onnx
 
-    from onnxdiffusion.artifacts import hash_tree
+    from onnxdiffusion.folder.artifacts import hash_tree
 
     out = tmp_path_factory.mktemp("ext") / "model"
     shutil.copytree(tiny_onnx, out)
@@ -246,48 +250,26 @@ def external_onnx(tiny_onnx, tmp_path_factory):
 
 
 # -- test tiers ------------------------------------------------------------------------------------
-# `make test-fast` deselects the `slow` marker (and `browser`, `peers`). Slowness here is the cost of what a test
-# builds: a quantized, loop-compiled or family-exported folder, a running service, a bench run, a CLI in a
-# subprocess. Tests that need one of these fixtures are slow (the fixture is then never built in the fast tier),
-# and so is every test of the modules whose tests build such folders in their own bodies. Measured under a load
-# average of ~20: `static_folder`'s setup alone took 315 s (a few seconds quiet); the sampler, scheduler-config,
-# metric, confinement, profile and bad-input tests stay in the fast tier.
-SLOW_FIXTURES = {
-    "static_folder", "quantized", "scheduled", "calib",  # quantize() with calibration
-    "tiny_loops", "sdxl_loops", "sd3_loops",  # compile-loop, every form
-    "tiny_sdxl_onnx", "tiny_sd3_onnx", "tiny_flux_onnx", "tiny_qwenimage_onnx", "sd3_without_t5",  # family exports
-    "tiny_flux_diffusers", "tiny_qwenimage_diffusers", "flux", "qwen", "flux_pair", "qwen_pair",  # the flow families
-    "bench_models", "bench_run", "peer_bench",  # bench runs
-    "serve_models", "server", "rendered",  # the service and batch
-}
-SLOW_MODULES = {
-    "test_quantize_files.py", "test_quantize_groups.py", "test_quantize_lowbit.py", "test_quantize_bias.py",
-    "test_quantize_int4_algorithms.py", "test_quantize_components.py", "test_family_quantize.py",
-    "test_precision_schedule.py", "test_signals.py", "test_serve_ray.py", "test_mmdit_model.py",
-    # measured wall under load ~25 (a quiet machine is ~10x faster): 81, 254, 178, 162, 121, 86, 32 s
-    "test_embedded_model.py", "test_manifest_property.py", "test_export_attention.py", "test_memory_lean.py",
-    "test_flow_families.py", "test_pipeline_parity.py", "test_external_data.py",
-    # test-fast's slowest modules on a quiet 2-vCPU AMD EPYC, test seconds summed (session 9): exports of the
-    # tiny families for the page, ENOSPC/SIGKILL faults, LoRA parity per family, single-file round trips, ...
-    "test_web.py", "test_faults.py", "test_lora_families.py", "test_single_file.py", "test_lora.py",
-    "test_fixup_trt_families.py", "test_bench.py", "test_cache.py", "test_behaviour_hashes.py", "test_fuzz_folders.py",
-    "test_bad_inputs_embedded.py", "test_cli_errors.py",
-    # session 11: the transformer families' ControlNet and inpainting parity (tiny exports + diffusers runs per
-    # family); test_controlnet.py (SD, SDXL) keeps ControlNet in the inner loop
-    "test_controlnet_sd3.py", "test_controlnet_flux.py", "test_controlnet_qwen.py", "test_inpaint_flow.py",
-    "test_controlnet_serve.py", "test_controlnet_cli.py",  # the CLI's: export + add-controlnet + int8 quantize, 50 s
-}
-SLOW_TESTS = {  # tests that export or quantize in their own bodies (32, 136, 68 + 59 s under load ~25)
-    "test_export_corrupt_weights_leaves_nothing", "test_quantized_files_are_byte_identical_across_runs",
-    "test_every_recipe_runs_and_its_loop_form_matches_the_host_loop",
+# `make test-fast` deselects the `slow` marker (and `browser`, `peers`), set in each test file: `pytestmark =
+# pytest.mark.slow` or `@pytest.mark.slow` on the test (issue 41: a renamed file keeps its tier). Slowness is the
+# cost of what a test builds: a quantized, loop-compiled or family-exported folder, a running service, a bench run,
+# a CLI in a subprocess. The fixtures below build such folders: a test that uses one and is not marked slow fails
+# at collection, so the fast tier never builds one by accident (measured under a load average of ~20:
+# `static_folder`'s setup alone took 315 s).
+SLOW_ONLY_FIXTURES = {
+    "bench_models", "bench_run", "calib", "flux", "flux_pair", "peer_bench", "quantized", "qwen", "qwen_pair",
+    "rendered", "scheduled", "sd3_loops", "sd3_without_t5", "sdxl_loops", "serve_models", "server",
+    "static_folder", "tiny_flux_diffusers", "tiny_flux_onnx", "tiny_loops", "tiny_qwenimage_diffusers",
+    "tiny_qwenimage_onnx", "tiny_sd3_onnx", "tiny_sdxl_onnx"
 }
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if (item.path.name in SLOW_MODULES or item.originalname in SLOW_TESTS
-                or SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))):
-            item.add_marker(pytest.mark.slow)
+    unmarked = [item.nodeid for item in items if item.get_closest_marker("slow") is None
+                and SLOW_ONLY_FIXTURES.intersection(getattr(item, "fixturenames", ()))]
+    if unmarked:
+        raise pytest.UsageError("tests that build a slow fixture must be marked slow (pytest.mark.slow):\n  "
+                                + "\n  ".join(unmarked))
 
 
 _FROZEN_AT: list = [None]

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import cache_pareto as cp  # noqa: E402
 
-from onnxdiffusion.loops import compile_loop  # noqa: E402
+from onnxdiffusion.loopgraph.compile import compile_loop  # noqa: E402
 
 # (loop, cache, stop, steps) per model; the first is the reference (full 20 steps, host loop, no cache).
 # Baselines for what adaptivity buys: "1e9:K" stops after exactly K steps of the 20-step schedule (returning D_K,

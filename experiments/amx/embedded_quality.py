@@ -32,7 +32,7 @@ MODELS = {"shapes-sd": ROOT / "models" / "shapes-sd-onnx", "shapes-mmdit": ROOT 
 
 
 def backbone_times(folders: dict[str, Path], rounds: int = 5, calls: int = 5) -> dict[str, float]:
-    from onnxdiffusion.artifacts import read_manifest
+    from onnxdiffusion.folder.artifacts import read_manifest
     from onnxdiffusion.families import get_family
     from onnxdiffusion.quantize.report import component_feed
 

@@ -24,7 +24,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from onnxdiffusion.artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, write_json  # noqa: E402
+from onnxdiffusion.folder.artifacts import (MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, write_json)  # noqa: E402
 from onnxdiffusion.families import get_family  # noqa: E402
 from onnxdiffusion.onnxio import files  # noqa: E402
 from onnxdiffusion.quantize.amx_lowering import apply  # noqa: E402

@@ -44,7 +44,7 @@ def cpu() -> str:
 
 def int8_folder(work: Path) -> Path:
     """models/shapes-sd-onnx quantized int8-static with its defaults, carrying the same fp32 net."""
-    from onnxdiffusion.artifacts import read_manifest
+    from onnxdiffusion.folder.artifacts import read_manifest
     from onnxdiffusion.export.controlnet import add_controlnet
 
     out = work / "shapes-sd-int8"
@@ -57,7 +57,7 @@ def int8_folder(work: Path) -> Path:
 
 
 def run_set(pipe, scenes, latents, with_net: bool):
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
     from onnxdiffusion.runtime.controlnet import ControlNetSpec
 
     images, seconds = [], []
@@ -71,7 +71,7 @@ def run_set(pipe, scenes, latents, with_net: bool):
 
 
 def main() -> None:
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
     from onnxdiffusion.evaluate.judge import Judge, score_scenes, summarize
     from onnxdiffusion.evaluate.metrics import psnr
     from onnxdiffusion.evaluate.run import item_latents

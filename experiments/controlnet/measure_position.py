@@ -92,7 +92,7 @@ def chance_position(judge, scenes, imgs) -> float:
     The scene world's prior: one object in any of the five slots, two objects in left/right or
     top/bottom (either order), so each of them in one of those four slots.
     """
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
 
     occupied = judge.predict(imgs)["shape"] > 0
     pair_slots = [S.POSITION_NAMES.index(p) for p in ("left", "right", "top", "bottom")]
@@ -125,7 +125,7 @@ def table(res: dict) -> str:
 def main() -> None:
     import torch
 
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
     from onnxdiffusion.evaluate.judge import Judge
 
     ap = argparse.ArgumentParser()

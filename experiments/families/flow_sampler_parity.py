@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Image PSNR of `generate` vs diffusers for every flow sampler on the tiny SD3, Flux and Qwen-Image pipelines
-(issue 11, acceptance 1), the numbers behind tests/test_flow_families.py and tests/test_family_sd3.py.
+(issue 11, acceptance 1), the numbers behind tests/families/test_flow_families.py and tests/families/test_family_sd3.py.
 
 flow_euler runs diffusers' FlowMatchEulerDiscreteScheduler as shipped. flow_heun on SD3 runs diffusers'
 FlowMatchHeunDiscreteScheduler as shipped; on Flux / Qwen-Image (whose pipelines hand the scheduler base sigmas
 and mu, which its set_timesteps does not take) and dpmpp_2m everywhere, diffusers' scheduler is driven on the
-folder's flow-match sigmas (tests/flow_twins.py: its own set_timesteps layout, its own step()).
+folder's flow-match sigmas (tests/helpers/flow_twins.py: its own set_timesteps layout, its own step()).
 
     python experiments/families/flow_sampler_parity.py     # -> bench/results/flow_sampler_parity.{json,md}
 """
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for p in (ROOT / "tests", ROOT / "models" / "training"):
+for p in (ROOT / "tests" / "helpers", ROOT / "models" / "training"):
     sys.path.insert(0, str(p))
 OUT = Path(__file__).resolve().parent / "flow_sampler_parity"
 H = W = 32

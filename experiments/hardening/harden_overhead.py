@@ -26,7 +26,7 @@ import contextlib, io, json, sys, tempfile, time
 from pathlib import Path
 calls = int(sys.argv[1])
 from onnxdiffusion.cli import app
-from onnxdiffusion.paths import default_model_folder
+from onnxdiffusion.folder.paths import default_model_folder
 from onnxdiffusion.runtime import Pipeline
 model = default_model_folder()
 out = Path(tempfile.mkdtemp())

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _tiny(work: Path) -> Path:
     folder = work / "tiny"
     if not (folder / "diffusers" / "model_index.json").is_file():
-        sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "models" / "training"), str(ROOT / "src")]
+        sys.path[:0] = [str(ROOT / "tests" / "helpers"), str(ROOT / "models" / "training"), str(ROOT / "src")]
         from conftest import build_tiny_pipeline
 
         build_tiny_pipeline(folder)

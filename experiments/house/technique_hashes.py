@@ -70,7 +70,7 @@ def mask(h: int = 64, w: int = 64):
 
 
 def position_condition():
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
 
     return S.render_condition(S.scenes("heldout", 1)[0])
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from onnxdiffusion.loops import compile_loop
+from onnxdiffusion.loopgraph.compile import compile_loop
 from onnxdiffusion.runtime import Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]

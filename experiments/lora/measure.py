@@ -23,7 +23,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "models" / "training")]
+sys.path[:0] = [str(ROOT / "tests" / "helpers"), str(ROOT / "models" / "training")]
 
 
 def cpu() -> str:
@@ -134,7 +134,7 @@ def summarize(samples: dict[str, list[float]]) -> tuple[dict, dict]:
 
 
 def quality(paths: dict, count: int) -> dict:
-    from onnxdiffusion import scenes
+    from onnxdiffusion.evaluate import scenes
     from onnxdiffusion.evaluate.metrics import psnr
     from onnxdiffusion.runtime import Pipeline
 

@@ -58,7 +58,7 @@ def main() -> None:
     from measure import cpu
     from measure_violet import grid
 
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
     from onnxdiffusion.adapters.folder import add_points
     from onnxdiffusion.evaluate.judge import Judge, score_scenes, summarize
     from onnxdiffusion.evaluate.metrics import psnr

@@ -34,7 +34,7 @@ def write_lora(points: Path, out: Path, rank: int, seed: int = 32) -> Path:
     """A random peft-layout LoRA over the UNet's attention and proj layers the folder has points for."""
     from onnxdiffusion.adapters import safetensors_io
     from onnxdiffusion.adapters.points import targets_from_manifest
-    from onnxdiffusion.artifacts import read_manifest
+    from onnxdiffusion.folder.artifacts import read_manifest
 
     targets = targets_from_manifest(read_manifest(points)["components"]["unet"])
     rng = np.random.default_rng(seed)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 
 
 def scene_sets(count: int):
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
 
     def renamed(sc, word):
         words = [word if w == "purple" else w for w in sc.caption.split()]

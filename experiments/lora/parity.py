@@ -15,7 +15,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "models" / "training")]
+sys.path[:0] = [str(ROOT / "tests" / "helpers"), str(ROOT / "models" / "training")]
 
 CASES = {"one at 0.7": [("plain", 0.7)], "text encoder layers": [("text", 1.0)],
          "two at once": [("plain", 0.7), ("text", 0.5)]}
@@ -36,7 +36,7 @@ def compile_graphs(points: Path, steps: int):
     """Loop, unrolled and whole graphs in the points folder; the whole graph's ORT session."""
     import onnxruntime as ort
 
-    from onnxdiffusion.loops import compile_loop
+    from onnxdiffusion.loopgraph.compile import compile_loop
 
     compile_loop(points, points, form="loop")
     compile_loop(points, points, form="unrolled", steps=steps)

@@ -10,7 +10,7 @@ sampler/steps/guidance from its manifest) and report image PSNR vs fp32 (mean ov
 image) and the judge's accuracy. fp8's stored file runs on ONNX Runtime's CPU provider (as float
 simulation: no FP8 kernels there); nvfp4's cannot (no FLOAT4E2M1 kernel), so its images come from the
 fp32 simulation graph (numpy-twin weights + the FP8 activation Q/DQ, or activations rounded through
-fp16), which computes what the stored portable graph computes (tests/test_lowbit.py).
+fp16), which computes what the stored portable graph computes (tests/quantize/test_lowbit.py).
 
 Writes experiments/lowbit/lowbit.json (one entry per model; models not run this time keep their earlier
 entry) and lowbit.md (both models side by side) and lowbit.png.
@@ -36,7 +36,7 @@ import onnx  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from onnxdiffusion.artifacts import read_manifest  # noqa: E402
+from onnxdiffusion.folder.artifacts import read_manifest  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, generate_set, heldout_scenes  # noqa: E402

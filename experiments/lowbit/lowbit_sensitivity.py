@@ -38,7 +38,7 @@ from onnx import helper, numpy_helper  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from onnxdiffusion.artifacts import read_manifest  # noqa: E402
+from onnxdiffusion.folder.artifacts import read_manifest  # noqa: E402
 from onnxdiffusion.families import get_family  # noqa: E402
 from onnxdiffusion.quantize import CalibrationConfig, recipe_class  # noqa: E402
 from onnxdiffusion.quantize import lowbit as L  # noqa: E402

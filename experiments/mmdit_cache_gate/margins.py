@@ -23,7 +23,7 @@ import schedules as sch  # noqa: E402  (puts src/ and bench/ on the path)
 import tune_split  # noqa: E402
 
 cp = sch.cp
-from onnxdiffusion import scenes as S  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 

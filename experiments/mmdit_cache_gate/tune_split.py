@@ -7,7 +7,7 @@ measurement that follows is not the set the schedule was picked on.  Quality onl
 
 Candidates: every FULL-step list of the 20 steps (--full, default 6) whose gaps start at 1 or 2 and grow by 0-2
 after each, last full step FULL+6 .. FULL+11 (60 lists of 6, 76 of 7), x stand-ins (--stand-ins: residual order 0
-and 1, output order 1; schedules.py's `Listed`).  Successive halving: every candidate on the first stage's
+and 1, output order 1; samplers/schedules.py's `Listed`).  Successive halving: every candidate on the first stage's
 prompts, the best `keep[k]` on the next stage's too, ranked by verdicts lost, then verdicts changed, then mean
 PSNR, all summed over the stages seen.  Resumable: each (candidate, stage) result is kept in tune_split.json.
 """

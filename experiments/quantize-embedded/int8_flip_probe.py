@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
-from onnxdiffusion import scenes as S  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, heldout_scenes, item_latents  # noqa: E402
 from onnxdiffusion.families import get_family  # noqa: E402

@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantize_eval import generate  # noqa: E402
 from quantize_tables import closure_stats  # noqa: E402
 
-from onnxdiffusion.artifacts import sha256_file  # noqa: E402
+from onnxdiffusion.folder.artifacts import sha256_file  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, heldout_scenes  # noqa: E402
-from onnxdiffusion.loops import compile_loop  # noqa: E402
+from onnxdiffusion.loopgraph.compile import compile_loop  # noqa: E402
 from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize  # noqa: E402
 from onnxdiffusion.quantize.schedule import ScheduleConfig  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402

@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quantize_tables import _summaries, markdown, side_by_side  # noqa: E402
 
-from onnxdiffusion.artifacts import sha256_file  # noqa: E402
+from onnxdiffusion.folder.artifacts import sha256_file  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, generate_set, heldout_scenes  # noqa: E402
 from onnxdiffusion.families import get_family  # noqa: E402
-from onnxdiffusion.loops import compile_loop  # noqa: E402
+from onnxdiffusion.loopgraph.compile import compile_loop  # noqa: E402
 from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class  # noqa: E402
 from onnxdiffusion.quantize.report import component_feed  # noqa: E402
 from onnxdiffusion.quantize.runner import latency  # noqa: E402

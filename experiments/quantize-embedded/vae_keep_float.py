@@ -23,7 +23,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
-from onnxdiffusion.artifacts import component_path, read_manifest  # noqa: E402
+from onnxdiffusion.folder.artifacts import component_path, read_manifest  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, generate_set, heldout_scenes  # noqa: E402
 from onnxdiffusion.quantize import CalibrationConfig  # noqa: E402

@@ -73,7 +73,7 @@ def main() -> None:
 
     from tqdm import tqdm
 
-    from onnxdiffusion.loops import compile_loop
+    from onnxdiffusion.loopgraph.compile import compile_loop
 
     sizes = {}
     if args.precompiled:

@@ -38,7 +38,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from onnxdiffusion.artifacts import write_json
+from onnxdiffusion.folder.artifacts import write_json
 
 SIZE, STEPS, GUIDANCE, PROMPT = 256, 10, 7.5, "a photo of an astronaut riding a horse"
 PARTS = ("text_encode", "text_encoder_load", "backbone_run", "guidance_copies", "sampler_update", "vae_decode_run",
@@ -130,7 +130,7 @@ def _parts(clock: Clock, e2e_wall: float, e2e_cpu: float) -> dict:
 
 def child(folder: str, calls: int, threads: int, size: int = SIZE) -> dict:
     folder, _, memory = folder.partition("@")
-    from onnxdiffusion.artifacts import read_manifest
+    from onnxdiffusion.folder.artifacts import read_manifest
     from onnxdiffusion.bench.rss import peak_rss_bytes, reset_peak_rss
     from onnxdiffusion.families import get_family
     from onnxdiffusion.quantize.report import component_feed

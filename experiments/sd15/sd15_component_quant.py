@@ -32,11 +32,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
-from onnxdiffusion.artifacts import MANIFEST, component_path, hash_tree, read_manifest, write_json  # noqa: E402
+from onnxdiffusion.folder.artifacts import MANIFEST, component_path, hash_tree, read_manifest, write_json  # noqa: E402
 from onnxdiffusion.quantize import files  # noqa: E402
 from onnxdiffusion.quantize.components import output_snr_db, quantize_component  # noqa: E402
 from onnxdiffusion.quantize.runner import disabled_for, latency  # noqa: E402
-from onnxdiffusion.relayout import RUNTIME_EXTERNAL_BYTES  # noqa: E402
+from onnxdiffusion.folder.relayout import RUNTIME_EXTERNAL_BYTES  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 
 PROMPTS = ["a photo of an astronaut riding a horse", "a red car parked by the sea", "a bowl of fruit on a table",

@@ -125,7 +125,7 @@ def phase_build(args) -> dict:
     from tokenizer_build import build_tokenizer_files
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from onnxdiffusion import scenes
+    from onnxdiffusion.evaluate import scenes
 
     one_thread(args.threads)
     torch.manual_seed(args.seed)

@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from onnxdiffusion.artifacts import write_json
+from onnxdiffusion.folder.artifacts import write_json
 from onnxdiffusion.bench.machine import machine_facts
 from onnxdiffusion.bench.rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
@@ -84,7 +84,7 @@ def child_ours(folder: str, calls: int, threads: int) -> dict:
     folder, _, memory = folder.partition("@")
     import numpy as np
 
-    from onnxdiffusion.artifacts import read_manifest
+    from onnxdiffusion.folder.artifacts import read_manifest
     from onnxdiffusion.families import get_family
     from onnxdiffusion.quantize.report import component_feed
     from onnxdiffusion.runtime import Pipeline

@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "models" / "training")]
+sys.path[:0] = [str(ROOT / "tests" / "helpers"), str(ROOT / "models" / "training")]
 
 
 def compare(src: Path, ckpt: Path) -> str:

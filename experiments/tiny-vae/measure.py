@@ -106,8 +106,8 @@ def torch_tiny_decode(pipe, tiny_folder: Path, z: np.ndarray, batch: int) -> np.
 
 def measure_model(folder: Path, count: int, batch: int, cache: Path | None = None,
                   tiny_folder: Path | None = None) -> dict:
-    from onnxdiffusion import scenes as S
-    from onnxdiffusion.artifacts import component_path
+    from onnxdiffusion.evaluate import scenes as S
+    from onnxdiffusion.folder.artifacts import component_path
     from onnxdiffusion.evaluate.judge import Judge, score_scenes, summarize
     from onnxdiffusion.evaluate.metrics import psnr
     from onnxdiffusion.evaluate.run import EvaluateOptions

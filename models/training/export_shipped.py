@@ -25,7 +25,7 @@ def main() -> None:
     from onnxdiffusion.export.pipeline import export_pipeline
     from onnxdiffusion.export.tiny_vae import add_tiny_vae
     from onnxdiffusion.families.tiny_vae import DECODER
-    from onnxdiffusion.relayout import store_external
+    from onnxdiffusion.folder.relayout import store_external
 
     if len(sys.argv) < 3 or any("=" not in a for a in sys.argv[3:]):
         sys.exit("usage: export_shipped.py DIFFUSERS_FOLDER ONNX_FOLDER [NAME=CONTROLNET_DIR ...]")

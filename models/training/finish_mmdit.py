@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_card import read_log, smooth  # noqa: E402
 from train_mmdit import generate_torch  # noqa: E402
 
-from onnxdiffusion import scenes as S  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge, score_scenes, summarize  # noqa: E402
 from onnxdiffusion.evaluate.run import evaluate_images  # noqa: E402
-from onnxdiffusion.imageio import image_grid, save_images  # noqa: E402
+from onnxdiffusion.folder.imageio import image_grid, save_images  # noqa: E402
 
 
 def load_pipeline(folder: Path):
@@ -125,7 +125,7 @@ no `vae_encoder`: text-to-image never runs it, and nothing in the run time encod
 error vs PyTorch at export: {errs}. Its manifest recommends what this card evaluated ({r.get('sampler')}
 {r.get('steps')} steps, guidance {r.get('guidance')}), so `onnxdiffusion generate --model {folder} "a red circle"`
 and `onnxdiffusion evaluate {folder}` use them. Images vs the diffusers pipeline from the same latents: >= 40 dB
-per image (checked by tests/test_mmdit_model.py).
+per image (checked by tests/models/test_mmdit_model.py).
 
 {ev['count']} held-out prompt-seed pairs through ONNX Runtime (`onnxdiffusion evaluate {folder} --count {ev['count']}`,
 {eo['sampler']} {eo['steps']} steps, guidance {eo['guidance']}; same pairs, seeds and initial latents as above; `eval_onnx.json`):

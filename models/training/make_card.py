@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
-from onnxdiffusion import scenes as S  # noqa: E402
-from onnxdiffusion.imageio import image_grid, save_images  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
+from onnxdiffusion.folder.imageio import image_grid, save_images  # noqa: E402
 
 
 def param_count(folder: Path) -> int:
@@ -109,7 +109,7 @@ def main() -> None:
         "DDIM scheduler config), trained from scratch on CPU by `models/training/train_pipeline.py`.",
         "",
         "## Data",
-        "`onnxdiffusion.scenes`: deterministic, seeded 64x64 RGB scenes of one object (50%) or two objects",
+        "`onnxdiffusion.evaluate.scenes`: deterministic, seeded 64x64 RGB scenes of one object (50%) or two objects",
         f"(left/right or top/bottom), shapes {', '.join(S.SHAPES)}; colours {', '.join(S.COLOUR_NAMES)};",
         f"positions {', '.join(S.POSITION_NAMES)}; sizes {', '.join(S.SIZE_NAMES)}; plain or two-tone dark backgrounds.",
         "Captions from varied templates (\"a small red circle at the top\", \"a blue star left of a yellow square\").",

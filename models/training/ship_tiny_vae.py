@@ -50,7 +50,7 @@ def add_to_onnx(tiny: Path, folder: Path) -> None:
     """vae_decoder_tiny into `folder` in place; every other file byte for byte as it was."""
     from onnxdiffusion.export.tiny_vae import add_tiny_vae
     from onnxdiffusion.families.tiny_vae import DECODER
-    from onnxdiffusion.relayout import store_external
+    from onnxdiffusion.folder.relayout import store_external
 
     before = json.loads((folder / "manifest.json").read_text())["files"]
     with tempfile.TemporaryDirectory() as tmp:

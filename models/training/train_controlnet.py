@@ -32,7 +32,7 @@ from train_lora import cached_latents, cli, load_base  # noqa: E402
 from train_common import lr_at, posterior_sample, save_folder, save_state  # noqa: E402
 from train_pipeline import log_line  # noqa: E402
 
-from onnxdiffusion import scenes as S  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
 
 CONFIG = {
     "seed": 2468,

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from onnxdiffusion import scenes as S
+from onnxdiffusion.evaluate import scenes as S
 from train_common import lr_at
 
 N_SLOTS = len(S.POSITION_NAMES)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_lora import cached_latents, cli, finish_step, load_base, resume, save_lora  # noqa: E402
 from train_common import lr_at, posterior_sample  # noqa: E402
 
-from onnxdiffusion import scenes as S  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
 
 CONFIG = {
     "seed": 2468,

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_common import lr_at, posterior_sample, save_arrays, save_state  # noqa: E402
 from train_pipeline import images_to_tensor, log_line  # noqa: E402
 
-from onnxdiffusion import scenes as S  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
 
 CONFIG = {
     "seed": 4321,

@@ -222,7 +222,7 @@ def generate_torch(pipe, captions: list[str], seeds: list[int], steps: int, guid
 
 
 def evaluate_torch(pipe, count: int, guidance: float, steps: int, t5_tokens: int, split: str = "heldout") -> dict:
-    from onnxdiffusion import scenes as S
+    from onnxdiffusion.evaluate import scenes as S
     from onnxdiffusion.evaluate.judge import Judge
     from onnxdiffusion.evaluate.run import evaluate_images
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tokenizer_build import build_tokenizer_files  # noqa: E402
 from train_common import lr_at, posterior_sample, save_folder, save_state  # noqa: E402
 
-from onnxdiffusion import scenes as S  # noqa: E402
+from onnxdiffusion.evaluate import scenes as S  # noqa: E402
 
 
 def seed_all(seed: int) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from onnxdiffusion import scenes as S
+from onnxdiffusion.evaluate import scenes as S
 from train_common import lr_at, save_arrays, save_state
 
 ROOT = Path(__file__).resolve().parents[2]

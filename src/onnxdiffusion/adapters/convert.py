@@ -22,7 +22,7 @@ from .lora_file import FORMAT, _PAIRS, is_kohya, layers_from_tensors
 def _pipeline_class(model: Path | None):
     import diffusers
 
-    from ..artifacts import read_manifest
+    from ..folder.artifacts import read_manifest
 
     if model is None:
         return diffusers.StableDiffusionPipeline, None

@@ -36,7 +36,7 @@ def after_export(tmp: Path, draft: dict, options, records: list[dict]) -> None:
         draft["lora_fused"] = manifest_records(records)
     if options.lora_points is None:
         return
-    from ..manifest import Component, confined
+    from ..folder.manifest import Component, confined
     from .folder import lora_components, rewrite_component
 
     comps = {n: Component.from_dict(n, e) for n, e in draft["components"].items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..manifest import Manifest
+from ..folder.manifest import Manifest
 from .lora_file import Layer, read_lora
 from .points import A_SUFFIX, B_SUFFIX, Target, targets_from_manifest
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, verify_folder, write_manifest
+from ..folder.artifacts import MANIFEST, atomic_dir, hash_tree, link_files, read_manifest, verify_folder, write_manifest
 from ..errors import UserError
 from ..families import get_family
-from ..manifest import Component, Manifest, confined, typed
+from ..folder.manifest import Component, Manifest, confined, typed
 from .points import SCOPES, insert_points
 
 LORA_VERSION = 1

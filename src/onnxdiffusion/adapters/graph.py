@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import onnx
 from onnx import TensorProto, helper
 
-from ..manifest import Component
+from ..folder.manifest import Component
 from .points import A_SUFFIX, B_SUFFIX
 
 

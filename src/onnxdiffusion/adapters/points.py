@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..manifest import Component
+from ..folder.manifest import Component
 
 SCOPES = ("linear", "all")  # linear: every Linear and 1x1 conv; all: k x k convs too (LoCon-style LoRAs)
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"

@@ -64,7 +64,7 @@ def read(path: Path | str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 def write(path: Path | str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Write atomically (a temporary name, then a rename)."""
-    from ..artifacts import atomic_write_bytes
+    from ..folder.artifacts import atomic_write_bytes
 
     header: dict = {"__metadata__": dict(metadata or {})}
     chunks, offset = [], 0

@@ -60,7 +60,7 @@ def tagged_files(tagged: list[tuple[str, float]], lora_dir) -> list[tuple[str, f
     models/loras)."""
     from pathlib import Path
 
-    from ..paths import models_root
+    from ..folder.paths import models_root
 
     folder = Path(lora_dir) if lora_dir is not None else models_root() / "loras"
     out = []

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import confined, read_manifest
+from ..folder.artifacts import confined, read_manifest
 from ..errors import UserError
-from ..paths import shown_path
+from ..folder.paths import shown_path
 from . import memory
 from .runners import Generation
 from .variants import VariantSpec, folder_bytes, model_bytes

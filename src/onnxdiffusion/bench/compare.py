@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..artifacts import atomic_write_bytes
+from ..folder.artifacts import atomic_write_bytes
 from ..errors import UserError
 
 MiB = 1024 * 1024

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import scenes as S
-from ..artifacts import check_external_paths, read_manifest, verify_folder
+from ..evaluate import scenes as S
+from ..folder.artifacts import check_external_paths, read_manifest, verify_folder
 from ..errors import UserError
-from ..paths import default_model_folder, shown_path
+from ..folder.paths import default_model_folder, shown_path
 from . import memory
 from .assemble import VariantState as _State
 from .assemble import assemble, image_sets

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import atomic_write_bytes
+from ..folder.artifacts import atomic_write_bytes
 from ..errors import UserError
 
 MiB = 1024 * 1024

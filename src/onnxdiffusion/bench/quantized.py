@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..artifacts import MANIFEST, read_manifest
+from ..folder.artifacts import MANIFEST, read_manifest
 from ..errors import UserError
 from .variants import KNOWN_RECIPES
 

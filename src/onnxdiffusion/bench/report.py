@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import atomic_write_bytes
+from ..folder.artifacts import atomic_write_bytes
 from .plots import plot_error_growth, plot_grid, plot_latency, plot_memory_size, plot_pareto
 
 MiB = 1024 * 1024

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxdiffusion.bench.machine import machine_facts, machine_line
-from onnxdiffusion.manifest import Component, Manifest, confined
+from onnxdiffusion.folder.manifest import Component, Manifest, confined
 
 GEMM_N = 1024  # M = N = K: big enough for the packed kernels' steady state, small enough to repeat
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MultiHeadAttention", "Attention", "FusedConv",
@@ -251,7 +251,7 @@ def measure(folders: dict[str, Path], threads: int, height: int, width: int, bat
     """Peaks, FLOPs and achieved fraction for each backbone, interleaved; profiles when asked.
     time_first False: the first (fp32) folder only gives the FLOP count (a full-size fp32 session is
     not loaded beside the quantized ones)."""
-    from ..artifacts import read_manifest
+    from ..folder.artifacts import read_manifest
 
     base = next(iter(folders.values()))
     man0 = read_manifest(base)

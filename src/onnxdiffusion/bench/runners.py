@@ -36,7 +36,7 @@ class _PipelineCache:
     def get(self, folder: Path):
         key = Path(folder).resolve()
         if key not in self.pipes:
-            from ..artifacts import read_manifest, verify_folder
+            from ..folder.artifacts import read_manifest, verify_folder
             from ..runtime import Pipeline
 
             t0 = time.perf_counter()

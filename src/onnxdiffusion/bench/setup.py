@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..manifest import Manifest
+from ..folder.manifest import Manifest
 from .arch import ARCHES
 
 # BenchOptions (core.py) is what _resolve takes and returns; not imported here: core imports this module

@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..artifacts import MANIFEST, confined, read_manifest, verify_folder
+from ..folder.artifacts import MANIFEST, confined, read_manifest, verify_folder
 from ..errors import UserError
 from ..families.sd import StableDiffusion
-from ..manifest import Manifest
-from ..paths import embedded_diffusers_folder, models_root, shown_path
+from ..folder.manifest import Manifest
+from ..folder.paths import embedded_diffusers_folder, models_root, shown_path
 
 KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "fp8",
                  "nvfp4")

@@ -1,7 +1,7 @@
 """The load-time check of a folder whose int8 convolutions were laid out for one CPU's kernels.
 
 Runtime side: imports only onnxdiffusion.cpu.features (no onnx). The lowered graph is plain ONNX and
-computes the same on any CPU (tests/test_int8_lowering.py), so a folder built for AMX is never refused:
+computes the same on any CPU (tests/cpu/test_int8_lowering.py), so a folder built for AMX is never refused:
 on a CPU of another int8 kernel family it runs, with one warning that its speed was chosen elsewhere.
 """
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxdiffusion import scenes as S
-from onnxdiffusion.paths import models_root
+from onnxdiffusion.evaluate import scenes as S
+from onnxdiffusion.folder.paths import models_root
 
 __all__ = [
     "DEFAULT_JUDGE_PATH",

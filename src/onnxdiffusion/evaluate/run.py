@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import scenes as S
+from . import scenes as S
 from ..errors import UserError
 from ..families.tiny_vae import DECODERS
 from .judge import Judge, score_scenes, summarize

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..artifacts import read_json_object
+from ..folder.artifacts import read_json_object
 from ..errors import UserError
 from ..families import Family, get_family
 
@@ -166,7 +166,7 @@ def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path 
                    overwrite: bool = False, options=None) -> dict:
     """Add ControlNet `name` (a diffusers ControlNet folder of the family's class) to an exported folder (in place by default);
     an existing one of that name only with `overwrite`. Returns the new manifest."""
-    from ..artifacts import derive, read_manifest, verify_folder
+    from ..folder.artifacts import derive, read_manifest, verify_folder
     from .options import ExportOptions
 
     folder = Path(folder)
@@ -193,7 +193,7 @@ def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path 
 
 def backbone_config(folder: Path, manifest, family: Family) -> dict:
     """The backbone's diffusers config.json, which export copies beside its ONNX file."""
-    from ..artifacts import confined
+    from ..folder.artifacts import confined
 
     path = confined(folder, f"{family.backbone}/config.json", "backbone config")
     if not path.is_file():

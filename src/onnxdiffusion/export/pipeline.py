@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..artifacts import FORMAT_VERSION, atomic_dir, check_output_folder, hash_tree, write_json, write_manifest
-from ..artifacts import read_json_object as _read_json
+from ..folder.artifacts import FORMAT_VERSION, atomic_dir, check_output_folder, hash_tree, write_json, write_manifest
+from ..folder.artifacts import read_json_object as _read_json
 from ..errors import UserError
 from ..families import Family, family_for_pipeline
 from ..families.base import class_of
-from ..manifest import Manifest, PipelineInfo, typed
+from ..folder.manifest import Manifest, PipelineInfo, typed
 from ..onnxio import HeapFrozen
 from . import family_export
 from .options import ExportOptions
@@ -39,7 +39,7 @@ def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
     if not sched_path.is_file():
         raise UserError(f"{src}: scheduler/scheduler_config.json is missing")
     configs["scheduler"] = _read_json(sched_path)
-    from ..manifest import check_scheduler_config
+    from ..folder.manifest import check_scheduler_config
     from ..samplers import schedule_from_config
 
     try:
@@ -79,7 +79,7 @@ def source_info(src: Path | str) -> tuple[Family, PipelineInfo]:
 
 def _recommended(src: Path) -> dict:
     """Settings the model was evaluated with (eval.json beside the diffusers folder, written by training)."""
-    from ..manifest import check_recommended
+    from ..folder.manifest import check_recommended
 
     try:
         opts = json.loads((src / "eval.json").read_text())["options"]

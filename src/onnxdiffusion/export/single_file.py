@@ -18,8 +18,8 @@ import struct
 import tempfile
 from pathlib import Path
 
-from ..artifacts import check_output_folder, write_manifest
-from ..manifest import Manifest, typed
+from ..folder.artifacts import check_output_folder, write_manifest
+from ..folder.manifest import Manifest, typed
 from ..errors import UserError
 from ..families import family_for_pipeline, get_family
 

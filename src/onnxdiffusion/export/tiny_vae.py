@@ -107,7 +107,7 @@ def add_tiny_vae(folder: Path | str, tiny: Path | str, out: Path | str | None = 
     """Add (or replace) an exported folder's tiny autoencoder: `out` (default: `folder`, in place) gets
     `names` exported from the diffusers AutoencoderTiny folder `tiny`; every other file is linked as it
     was. Returns the new manifest."""
-    from ..artifacts import derive, read_manifest, verify_folder
+    from ..folder.artifacts import derive, read_manifest, verify_folder
     from .options import ExportOptions
 
     folder = Path(folder)

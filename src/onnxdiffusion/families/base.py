@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from ..errors import UserError
-from ..manifest import Manifest
+from ..folder.manifest import Manifest
 
 SAMPLE, TIMESTEP, OUT = "sample", "timestep", "out_sample"
 CONTEXT = "encoder_hidden_states"  # the sequence conditioning every family has
@@ -303,7 +303,7 @@ class Family:
     tiny_vae: ClassVar[bool] = True
 
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
-        from ..manifest import confined
+        from ..folder.manifest import confined
         from ..runtime.tokenizer import PromptTokenizer
 
         return PromptTokenizer(confined(folder, slot.tokenizer, "tokenizer folder"), self.sequence_length(slot.name, info))

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import UserError
-from ..manifest import confined
+from ..folder.manifest import confined
 from . import control_qwen
 from . import latents as lat
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot

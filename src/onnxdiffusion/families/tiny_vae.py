@@ -10,7 +10,7 @@ raw latents): the manifest entry records the pair, so the run time never guesses
 
 from __future__ import annotations
 
-from ..manifest import Component, PipelineInfo
+from ..folder.manifest import Component, PipelineInfo
 from .base import ComponentSpec, TensorSpec
 from .sd import latent_io
 

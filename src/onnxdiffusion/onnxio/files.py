@@ -152,7 +152,7 @@ def read_external_data(model: onnx.ModelProto, folder: Path) -> None:
     the model got here. onnx's own reader is not used: it refuses data files with more than one hard
     link, and model folders written by this tool link the files they share with their source.
     """
-    from ..manifest import confined
+    from ..folder.manifest import confined
 
     handles: dict[str, object] = {}
     try:

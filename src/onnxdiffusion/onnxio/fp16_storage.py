@@ -4,7 +4,7 @@ A pipeline exported from a float16 checkpoint (most published ones, and the ship
 float32 weights that hold float16 values: half of each weight's bytes are zeros. Stored as float16
 with a Cast back to float32 at the head of the graph, the folder halves and computes the same
 numbers: ONNX Runtime folds each Cast into a float32 constant when it builds the session, before any
-fusion looks at the weight, so sessions and images are identical (tests/test_fp16_storage.py).
+fusion looks at the weight, so sessions and images are identical (tests/onnxio/test_fp16_storage.py).
 
 Graph tools (quantize, LoRA points, compile-loop, the web page, caching's backbone cut) want float32
 initializers to rewrite, so every load through `onnxio.files.load` turns the storage back into the

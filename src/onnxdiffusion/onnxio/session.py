@@ -103,7 +103,7 @@ def check_external_data(path: Path) -> GraphIO:
     Returns the graph's inputs and outputs (read on the way)."""
     import onnx
 
-    from ..manifest import confined
+    from ..folder.manifest import confined
 
     path = Path(path)
     if not path.is_file():

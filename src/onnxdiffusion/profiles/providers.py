@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError
-from ..manifest import Component, PipelineInfo
+from ..folder.manifest import Component, PipelineInfo
 from ..runtime.session import PROVIDERS as ORT_NAMES
 from . import Profile
 

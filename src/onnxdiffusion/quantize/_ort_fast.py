@@ -1,5 +1,5 @@
 """Speed-ups of ONNX Runtime's QDQ quantizer (quantize/_ort.py's qdq_quantize) that leave its output byte for byte
-as ORT writes it (tests/test_quantize_adapter.py; experiments/house/behaviour_hashes.py: 62 recipe x model cases).
+as ORT writes it (tests/quantize/test_quantize_adapter.py; bench/behaviour_hashes.py: 62 recipe x model cases).
 
 Measured on the shipped UNet (int8-static, 8 x 10 calibration, 1 thread, AMD EPYC Zen 4, two interleaved rounds): the
 eight quantizer builds of its plan search 7.4 / 8.1 -> 3.9 / 3.2 CPU s, the whole quantize 16.8 / 18.1 -> 14.1 / 12.3."""
@@ -100,7 +100,7 @@ def consumer_indexed_model() -> type:
     shipped UNet 1.9 M node visits, 3.8 of the 21 s a profiled int8-static quantize took). The index maps a tensor to
     the positions of the nodes reading it; nodes appended since the last call are indexed on the next one, and
     any other input edit or node removal through the model's methods drops it (rebuilt on next use), so the
-    graph written is the one ORT's scan writes (tests/test_behaviour_hashes.py, tests/test_quantize_files.py)."""
+    graph written is the one ORT's scan writes (tests/quantize/test_behaviour_hashes.py, tests/quantize/test_quantize_files.py)."""
     from onnxruntime.quantization.onnx_model import ONNXModel
 
     class ConsumerIndexedModel(ONNXModel):

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..artifacts import derive, sha256_file, write_json
+from ..folder.artifacts import derive, sha256_file, write_json
 from ..errors import UserError
-from ..manifest import Component
-from ..relayout import RUNTIME_EXTERNAL_BYTES
+from ..folder.manifest import Component
+from ..folder.relayout import RUNTIME_EXTERNAL_BYTES
 from . import _ort
 from .configs import BACKBONE, QuantizeConfig
 from .report import REPORT_NAME, SPEEDUP_THRESHOLD

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .. import scenes as S
+from ..evaluate import scenes as S
 from ..errors import UserError
 from . import files
 from .configs import MIN_CALIBRATION_PROMPTS, CalibrationConfig, Int8NaiveRecipe

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..onnxio.files import op_counts  # noqa: F401 - re-exported: the quantizer's graph tools include it
 from ..onnxio.graph_order import remove_dead_nodes, sort_graph, toposort  # noqa: F401 - re-exported
-from ..samplers.graph import rename_outer_refs
+from ..loopgraph.builder import rename_outer_refs
 
 WEIGHT_OPS = ("Conv", "MatMul", "Gemm")
 # Ops a quantized backbone carries; a folder whose backbone has any of them was quantized already.

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..manifest import Manifest, confined
+from ..folder.manifest import Manifest, confined
 from .graphs import op_counts
 
 REPORT_NAME = "quantize_report.json"

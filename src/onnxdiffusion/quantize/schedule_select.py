@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ..manifest import Manifest
+from ..folder.manifest import Manifest
 from ..samplers.host import iter_sample_from
 from .schedule import PrecisionSchedule, ScheduleConfig
 

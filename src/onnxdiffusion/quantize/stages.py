@@ -12,10 +12,11 @@ from typing import Callable
 import onnx
 from google.protobuf.message import EncodeError
 
-from ..artifacts import check_external_paths, check_output_folder, component_path, load_component, read_manifest, verify_folder
+from ..folder.artifacts import (check_external_paths, check_output_folder, component_path, load_component,
+                                read_manifest, verify_folder)
 from ..errors import UserError
 from ..families import get_family
-from ..manifest import Component
+from ..folder.manifest import Component
 from ..onnxio import release_memory
 from ..runtime.session import check_external_data
 from . import files

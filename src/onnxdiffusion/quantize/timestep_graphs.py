@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..samplers.graph import rename_outer_refs
+from ..loopgraph.builder import rename_outer_refs
 from .graphs import tensor_key, toposort
 
 BACKBONE_INPUTS = ("sample", "timestep", "encoder_hidden_states")

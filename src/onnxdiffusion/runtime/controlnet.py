@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..artifacts import read_json_object
+from ..folder.artifacts import read_json_object
 from ..errors import UserError
 from ..families.base import SAMPLE, TIMESTEP
 from ..families.control import COND, SCALE
-from ..manifest import confined
+from ..folder.manifest import confined
 from .control_graph import residual_names
 
 
@@ -248,7 +248,7 @@ def residual_session(pipe, record: dict):
 
 
 def net_session(pipe, name: str, record: dict):
-    from ..manifest import confined
+    from ..folder.manifest import confined
     from ..onnxio.session import make_session
     from . import guards
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..manifest import Recommended
+from ..folder.manifest import Recommended
 
 
 @dataclass
@@ -30,7 +30,7 @@ class GenerationResult:
     settings: dict = field(default_factory=dict)
 
     def save(self, path: Path | str, overwrite: bool = False) -> list[Path]:
-        from ..imageio import save_images
+        from ..folder.imageio import save_images
 
         return save_images(self.images, Path(path), overwrite)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..families.base import MAX_SIDE  # noqa: E402  (one bound for the run time and the families)
-from ..manifest import Manifest, PipelineInfo
+from ..folder.manifest import Manifest, PipelineInfo
 MAX_BATCH = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = 2**63 - 1
@@ -119,7 +119,7 @@ def check_size(info: PipelineInfo, size: tuple[int, int]) -> None:
 
 def _channels(folder, manifest: Manifest, rel: str, default: int) -> int:
     """The first block width from a component's diffusers config.json (listed and hashed), else a default."""
-    from ..manifest import confined
+    from ..folder.manifest import confined
 
     if rel not in manifest.files:
         return default

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import UserError
-from ..manifest import Component, check_scheduler_config, confined
+from ..folder.manifest import Component, check_scheduler_config, confined
 from ..samplers import schedule_from_config
 from . import guards
 from .session import make_session

@@ -5,7 +5,7 @@ kernels, a growing CPU arena, a planned activation block from the second run on)
 the peak resident set at full size: the text encoders are let go as soon as the prompt is encoded
 (and loaded again, from their files, for the next prompt), and ORT's memory pattern is off (its
 block is taken beside what the arena already holds). The larger saving is the folder's layout:
-weights in external-data files (relayout.py), which `quantize` writes. What each choice costs and saves at SD1.5 size is measured in
+weights in external-data files (folder/relayout.py), which `quantize` writes. What each choice costs and saves at SD1.5 size is measured in
 `bench/report_sd15/README.md`; the ORT option strings themselves live in `session.py`.
 """
 

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import component_path, read_manifest, verify_folder
+from ..folder.artifacts import component_path, read_manifest, verify_folder
 from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
 from ..families.latents import channel_axis
-from ..manifest import Manifest, confined
+from ..folder.manifest import Manifest, confined
 from . import guards
-from ..paths import default_model_folder
+from ..folder.paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, table_from_config
-from ..schedules import FlowSchedule
+from ..samplers.schedules import FlowSchedule
 from ..adapters.runtime import RuntimeLora, with_feeds
 from ..techniques.state import TechniqueState
 from .generation import (  # noqa: F401  (re-exported: the public names live here too)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 
 from ..errors import UserError
-from ..manifest import Component, Manifest, PipelineInfo
+from ..folder.manifest import Component, Manifest, PipelineInfo
 
 
 def resolve_for_folder(spec, manifest: Manifest):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
-from ..manifest import Component
+from ..folder.manifest import Component
 from ..samplers import COLUMNS, SamplerTable
 from ..techniques.stop import read_record as read_stop_record
 
@@ -17,7 +17,7 @@ class SamplingGraph:
         self.steps = entry.steps
         self.whole = entry.whole
         self.cache = entry.cache  # the step-caching method compiled in (techniques/caching_graph.py), or None
-        self.controlnets = list(entry.controlnets)  # ControlNets built in (graph_control.py)
+        self.controlnets = list(entry.controlnets)  # ControlNets built in (loopgraph/control.py)
         self.stop = read_stop_record(entry)  # adaptive stopping compiled in (techniques/stop.py)
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
@@ -115,7 +115,7 @@ class SamplingGraph:
         uncond None for a graph without the guidance batch (guidance-distilled backbones). `image`: an
         ImageStart (runtime/image_input.py); `latents` stay the noise, `noise` has the cut table's rows.
         `extra`: more inputs by name (a run-time LoRA's tensors, adapters/graph.py)."""
-        from ..samplers.graph import CONTEXT, cond_input_names
+        from ..loopgraph.builder import CONTEXT, cond_input_names
 
         image_inputs = {}
         if image is not None:

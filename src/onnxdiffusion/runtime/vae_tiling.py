@@ -7,7 +7,7 @@ pixels weighted by a linear ramp across every side it shares with a neighbour, t
 tiles over a pixel normalized to sum to one), which hides the seams the convolutions' zero padding leaves at a
 tile's border. The image is not bit-identical to untiled decoding (the decoder's receptive field is
 wider than any practical overlap, and its mid-block attention sees one tile), except when one tile
-covers the image: then it is the untiled decode exactly. Measured in tests/test_vae_tiling.py and
+covers the image: then it is the untiled decode exactly. Measured in tests/runtime/test_vae_tiling.py and
 bench/report_sd15/README.md.
 """
 

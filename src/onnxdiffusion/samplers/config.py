@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schedules import FlowSchedule, NoiseSchedule
+from .schedules import FlowSchedule, NoiseSchedule
 from .options import SamplerOptions
 from .tables import SamplerTable, build_table
 

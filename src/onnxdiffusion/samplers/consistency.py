@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedules import NoiseSchedule
+from .schedules import NoiseSchedule
 from .discrete import _pq_vp, _rows
 from .options import SamplerOptions
 

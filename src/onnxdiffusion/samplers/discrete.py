@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedules import NoiseSchedule
+from .schedules import NoiseSchedule
 from . import sigmas as grids
 from .dpm import dpmpp_rows, second_order_mask
 from .options import SamplerOptions

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..schedules import FlowSchedule
+from .schedules import FlowSchedule
 from . import sigmas as grids
 from .dpm import dpmpp_rows, second_order_mask
 from .options import SamplerOptions

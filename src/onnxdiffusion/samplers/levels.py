@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedules import FlowSchedule, NoiseSchedule
+from .schedules import FlowSchedule, NoiseSchedule
 from .options import SamplerOptions
 
 
@@ -64,7 +64,7 @@ def table_levels(sampler: str, schedule, n: int, spacing: str | None, rows64: np
         s = -q
         body = _vp(1.0 - s, s)  # scale_noise: sigma * noise + (1 - sigma) * x0
     elif isinstance(schedule, NoiseSchedule) and sampler in DISCRETE:
-        from ..schedules import check_spacing
+        from .schedules import check_spacing
 
         body = DISCRETE[sampler](schedule, n, check_spacing(schedule.timestep_spacing if spacing is None else spacing),
                                  opts)

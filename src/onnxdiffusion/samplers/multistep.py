@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedules import NoiseSchedule
+from .schedules import NoiseSchedule
 from . import sigmas as grids
 from .discrete import _check_timesteps, _f32, _log32, _pq_vp, _trailing
 from .options import SamplerOptions

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..schedules import FlowSchedule, NoiseSchedule, check_spacing
+from .schedules import FlowSchedule, NoiseSchedule, check_spacing
 from . import consistency, discrete, flow, multistep
 from .options import SamplerOptions
 

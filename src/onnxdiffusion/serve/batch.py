@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..manifest import PipelineInfo, Recommended
+from ..folder.manifest import PipelineInfo, Recommended
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -107,7 +107,7 @@ def fill_item(item: BatchItem, info: PipelineInfo, recommended: Recommended) -> 
 
 def render_and_write(pipe, items: list[BatchItem], out: Path, max_images: int) -> list[str]:
     """Render items (compatible ones batched up to `max_images`) and write each PNG atomically; returns ids."""
-    from ..imageio import save_images
+    from ..folder.imageio import save_images
     from .render import render_mixed
 
     items = fill_defaults(pipe, items)
@@ -130,7 +130,7 @@ def run_batch(prompts: Path, out: Path, options: BatchOptions, remote=None) -> d
     so this module does not import the one that imports it)."""
     from tqdm import tqdm
 
-    from ..artifacts import atomic_write_bytes
+    from ..folder.artifacts import atomic_write_bytes
 
     if options.batch_size < 1 or options.actors < 1:
         raise UserError("batch-size and actors must be >= 1")

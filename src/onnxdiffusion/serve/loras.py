@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..manifest import Manifest
+from ..folder.manifest import Manifest
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_PER_REQUEST = 8  # adapters in one request (ranks concatenate: the feeds grow with each)

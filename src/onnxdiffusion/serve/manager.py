@@ -149,7 +149,7 @@ class ModelManager:
         """Open every folder (hashes verified) and keep the buckets each can run; fast, so bad input fails at
         once. With several models, one that fails to load is kept as `failed` (named in /ready) and the
         others serve; when none loads, or a bucket fits no model, that is an error."""
-        from ..paths import default_model_folder
+        from ..folder.paths import default_model_folder
 
         if not specs:
             specs = [str(default_model_folder())]

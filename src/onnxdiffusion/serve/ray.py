@@ -40,8 +40,8 @@ class BatchRenderer:
 
 def _with_sizes(items: list[BatchItem], model) -> list[BatchItem]:
     """Explicit settings before the items become table columns (no nulls in int columns)."""
-    from ..artifacts import read_manifest
-    from ..paths import default_model_folder
+    from ..folder.artifacts import read_manifest
+    from ..folder.paths import default_model_folder
     from .batch import fill_item
 
     manifest = read_manifest(model if model is not None else default_model_folder())

@@ -15,7 +15,7 @@
                        output correction and the precision schedule: host wrapper and Loop twin each
   controlnet.py, lora.py, inpaint.py
                        the host side of ControlNet, run-time LoRA and inpainting's blend (their graph sides are
-                       still samplers/graph_control.py, adapters/graph.py and samplers/graph_image.py)
+                       still loopgraph/control.py, adapters/graph.py and loopgraph/image.py)
   state.py             TechniqueState: what techniques keep across a Pipeline's generations (pipe.technique_state)
 
 Adding a cache method (say ``mymethod:THRESHOLD[:K]``):

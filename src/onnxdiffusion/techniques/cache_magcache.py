@@ -295,7 +295,7 @@ def calibrate(pipe, prompts: list[str], steps: int | None = None, sampler: str |
     caller loads it: runtime/ stays above techniques/); returns the record."""
     import json
 
-    from ..artifacts import MANIFEST, write_json
+    from ..folder.artifacts import MANIFEST, write_json
 
     record = measure(pipe, prompts, steps, sampler, guidance)
     path = Path(pipe.folder) / MANIFEST

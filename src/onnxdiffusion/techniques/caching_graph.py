@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from ..samplers.graph_backbone import BACKBONE_IO, inline_backbone, load_component
+from ..loopgraph.backbone import BACKBONE_IO, inline_backbone, load_component
 from .cache_base import CacheSpec, GraphStep
 from .caching import NAME
 from .graph_fold import fold_constants

@@ -1,4 +1,4 @@
-"""What a per-step technique's Loop-graph twin offers the graph builder (samplers/graph.py), which calls these
+"""What a per-step technique's Loop-graph twin offers the graph builder (loopgraph/builder.py), which calls these
 hooks on each active technique in the registry's order and names none of them."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class LoopTechnique:
 
     def prologue(self, b, bb, form: str, state) -> None:
         """Constants and loaded pieces, before the loop; `bb` the loaded backbone, `form` loop | unrolled, `state`
-        the builder's GraphState (samplers/graph_state.py)."""
+        the builder's GraphState (loopgraph/state.py)."""
 
     def residual_inputs(self) -> list[str]:
         """Backbone inputs the technique feeds itself (not graph inputs)."""

@@ -142,7 +142,7 @@ class ScheduleLoop(LoopTechnique):
     def prologue(self, b, bb, form: str, state) -> None:
         import numpy as np
 
-        from ..samplers.graph_backbone import load_backbone
+        from ..loopgraph.backbone import load_backbone
 
         self.high, self.low, self.local_weights = load_backbone(self.high_model, prefix="unet_high/"), bb, form == "loop"
         if {k for k in bb.io if k != "out"} != {k for k in self.high.io if k != "out"}:
@@ -164,7 +164,7 @@ class ScheduleLoop(LoopTechnique):
     def call_backbone(self, b, bb, remap: dict[str, str], step: StepIO) -> str:
         from onnx import TensorProto, helper
 
-        from ..samplers.graph_backbone import inline_backbone
+        from ..loopgraph.backbone import inline_backbone
 
         n, high = step.n, self.high
         ge = b.op("GreaterOrEqual", [step.t, self.lo], n("sched_ge"))

@@ -1,7 +1,7 @@
 """The per-step techniques: the order they compose in, and the one table of which cannot combine (with why).
 
-``generate`` (runtime/run_loop.py, and the CLI before it loads a model), ``compile-loop`` (loops.py) and the
-docs (docs/techniques.md, checked against this table by tests/test_techniques.py) all read ``CONFLICTS``;
+``generate`` (runtime/run_loop.py, and the CLI before it loads a model), ``compile-loop`` (loopgraph/compile.py) and the
+docs (docs/techniques.md, checked against this table by tests/techniques/test_techniques.py) all read ``CONFLICTS``;
 ``serve`` runs generate's validation.
 
 Names: ``lora`` (run-time LoRA), ``controlnet``, ``cache`` (step caching), ``correction`` (output correction),
@@ -102,7 +102,7 @@ def check_combination(active: dict[str, object], form: str, compiled: bool = Fal
 
 
 def docs_table() -> str:
-    """The Markdown table docs/techniques.md carries (tests/test_techniques.py checks it is this)."""
+    """The Markdown table docs/techniques.md carries (tests/techniques/test_techniques.py checks it is this)."""
     rows = ["| technique | with | refused in | compile-loop refuses | why |", "| --- | --- | --- | --- | --- |"]
     for c in CONFLICTS:
         rows.append(f"| {c.first} | {c.second} | {', '.join(c.forms)} | {'yes' if c.compiled else 'no'} | {c.reason} |")

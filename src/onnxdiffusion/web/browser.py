@@ -1,4 +1,4 @@
-"""Driving a page folder (tests/test_web.py, bench/web_table.py): a static server, headless Chromium (selenium,
+"""Driving a page folder (tests/web/test_web.py, bench/web_table.py): a static server, headless Chromium (selenium,
 Debian's chromium) working the page through its test contract (#prompt, #seed, #steps, #generate, #status, img#result)."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import onnx
 
-from ..artifacts import check_output_folder, confined, read_manifest
-from ..manifest import Component
+from ..folder.artifacts import check_output_folder, confined, read_manifest
+from ..folder.manifest import Component
 from ..errors import UserError
 from ..onnxio.files import write
 from .npm import ensure_installed, pinned
@@ -62,7 +62,7 @@ def _check_out(out: Path, model: Path, overwrite: bool) -> None:
 def whole_graph(model: Path, scratch: Path) -> tuple[onnx.ModelProto, Component]:
     """MODEL's whole-pipeline graph, portable (ORT_ENABLE_EXTENDED at most, no CPU-tuned layouts): compiled
     into a scratch copy of the folder; returns the graph and its manifest entry."""
-    from ..loops import compile_loop
+    from ..loopgraph.compile import compile_loop
 
     entry = compile_loop(model, scratch / "model", form="loop", whole=True, cpu_tuned=False)
     if entry.tuned_for:
@@ -213,7 +213,7 @@ class _atomic_page:
         if kind is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
-        from ..artifacts import _fix_modes
+        from ..folder.artifacts import _fix_modes
 
         _fix_modes(self.tmp)
         if self.final.exists():

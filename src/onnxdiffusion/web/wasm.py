@@ -1,5 +1,5 @@
 """ONNX models run on onnxruntime-web's WASM build in node: the page's kernels (the same .wasm file the browser
-loads), without a browser. For checks that compare kernels across builds (tests/test_portable_rounding.py,
+loads), without a browser. For checks that compare kernels across builds (tests/quantize/test_portable_rounding.py,
 bench/web_drift.py): each model's outputs on identical inputs, x86 ONNX Runtime CPU vs WASM."""
 
 from __future__ import annotations

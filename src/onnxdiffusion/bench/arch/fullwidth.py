@@ -108,14 +108,14 @@ def count_params(arch: str, depth) -> int:
 
 
 def _clip_tokenizer(folder: Path, pad_token: str | None = None):
-    from ... import scenes
+    from ...evaluate import scenes
     from . import tokenizers as tokenizer_build
 
     return tokenizer_build.clip_tokenizer(folder, scenes.vocabulary() + ["photo", "cat"], 77, pad_token)
 
 
 def _t5_tokenizer(folder: Path, max_length: int):
-    from ... import scenes
+    from ...evaluate import scenes
     from . import tokenizers as tokenizer_build
 
     return tokenizer_build.t5_tokenizer(folder, scenes.vocabulary(), max_length)
@@ -125,7 +125,7 @@ def _qwen_tokenizer(folder: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    from ... import scenes
+    from ...evaluate import scenes
 
     template = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
                 "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n"

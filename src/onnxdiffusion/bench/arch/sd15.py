@@ -105,7 +105,7 @@ def build(work: Path, tiny: bool = False, seed: int = 0) -> Path:
     from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from ... import scenes
+    from ...evaluate import scenes
     from .tokenizers import build_tokenizer_files
 
     cfg = configs(tiny)

@@ -1,0 +1,164 @@
+"""Tiny random-weight Flux and Qwen-Image pipelines, built offline (nothing from the hub).
+
+Configs follow diffusers' own pipeline tests (tests/pipelines/flux, tests/pipelines/qwenimage):
+every block type of the real model, widths of 16-32. Tokenizers are trained in memory with the
+`tokenizers` library on a few sentences (CLIP: the project's own builder; T5: Unigram with
+Metaspace and a `</s>` post-processor; Qwen2: byte-level BPE with the chat special tokens), then
+wrapped in transformers' fast classes so diffusers loads them, and saved with a tokenizer.json
+that the run-time side reads without transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Sentences the in-memory tokenizers are trained on: the scene words plus Qwen's prompt template.
+QWEN_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+    "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+def _corpus() -> list[str]:
+    from onnxdiffusion.evaluate import scenes
+
+    words = scenes.vocabulary()
+    lines = [" ".join(words[i:i + 6]) for i in range(0, len(words), 3)]
+    return lines + [QWEN_TEMPLATE.format("a red circle"), "a photo of a cat, blurry, low quality"]
+
+
+def t5_tokenizer(model_max_length: int):
+    """A T5TokenizerFast over a trained Unigram model: pad=0, eos=1, unk=2, like T5's."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import T5TokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence([normalizers.Replace("  ", " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                                      show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", tok.token_to_id("</s>"))])
+    return T5TokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+                           extra_ids=0, additional_special_tokens=[], model_max_length=model_max_length)
+
+
+def qwen2_tokenizer():
+    """A Qwen2TokenizerFast over a trained byte-level BPE with Qwen's chat special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer)
+    return Qwen2TokenizerFast(tokenizer_object=tok, unk_token=None, bos_token=None, eos_token="<|endoftext|>",
+                              pad_token="<|endoftext|>", model_max_length=2048)
+
+
+def _clip(folder: Path, max_length: int, hidden: int):
+    from tokenizer_build import build_tokenizer_files
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    from onnxdiffusion.evaluate import scenes
+
+    build_tokenizer_files(scenes.vocabulary() + ["photo", "cat"], folder / "_clip_tok", max_length)
+    tokenizer = CLIPTokenizer.from_pretrained(folder / "_clip_tok")
+    encoder = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=max_length, projection_dim=hidden, hidden_act="gelu",
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    ))
+    return tokenizer, encoder
+
+
+def flux_scheduler():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # FLUX.1-dev's scheduler_config.json
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
+                                           base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+                                           max_image_seq_len=4096)
+
+
+def build_tiny_flux(folder: Path, t5_length: int = 16) -> Path:
+    """FluxPipeline (dev-style: guidance embedding), 16 latent channels packed 2x2 -> 64, VAE factor 2."""
+    import torch
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    tokenizer, text_encoder = _clip(folder, 16, 32)
+    tokenizer_2 = t5_tokenizer(t5_length)
+    text_encoder_2 = T5EncoderModel(T5Config(
+        vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
+        dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    ))
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, out_channels=None, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+        axes_dims_rope=(4, 4, 8),
+    )
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=4, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
+        shift_factor=0.0609, scaling_factor=1.5035,
+    )
+    pipe = FluxPipeline(scheduler=flux_scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
+    out = folder / "flux"
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def build_tiny_qwenimage(folder: Path) -> Path:
+    """QwenImagePipeline: a 2-layer Qwen2.5-VL text encoder (width 16), a 2-layer MMDiT, a 3D VAE whose
+    per-channel latents_mean/latents_std are not the identity (so normalization is exercised)."""
+    import torch
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    tokenizer = qwen2_tokenizer()
+    vocab = len(tokenizer)
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+            "rope_theta": 1000000.0, "vocab_size": vocab + 3,
+        },
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=vocab + 3,
+        vision_start_token_id=vocab, vision_end_token_id=vocab + 1, vision_token_id=vocab + 2, image_token_id=vocab + 2,
+    )
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
+        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+    )
+    gen = torch.Generator().manual_seed(1)
+    vae = AutoencoderKLQwenImage(
+        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        latents_mean=[round(float(v), 4) for v in torch.randn(4, generator=gen) * 0.5],
+        latents_std=[round(float(v), 4) for v in torch.rand(4, generator=gen) * 2 + 0.5],
+    )
+    # Qwen-Image's scheduler_config.json (exponential time shift, dynamic shifting, shift_terminal)
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+        base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",
+        invert_sigmas=False, stochastic_sampling=False, use_beta_sigmas=False, use_exponential_sigmas=False,
+        use_karras_sigmas=False,
+    )
+    pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                             transformer=transformer)
+    out = folder / "qwenimage"
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

@@ -1,0 +1,63 @@
+"""int4-weights `algorithm`: ORT's HQQ (per node, float zero points) and GPTQ (whole model, Hessians from the
+calibration trajectories) beside the default min/max rounding. Tiny real UNet; images vs fp32 in dB."""
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.quantize import CalibrationConfig, Int4WeightsRecipe, QuantizeConfig, quantize, recipe_class, recipe_from_dict
+from onnxdiffusion.quantize import _ort, files
+from onnxdiffusion.quantize.graphs import quantizable_nodes
+from onnxdiffusion.quantize.recipes import prepare_unet
+from onnxdiffusion.runtime import Pipeline
+
+pytestmark = pytest.mark.slow
+
+CAL = CalibrationConfig(count=4, steps=3, batch=4)
+FAST = dict(calibration=CAL, latency_runs=1, measure_memory=False)
+PROMPTS = ["a red circle on the left", "a blue star at the top"]
+GEN = dict(steps=3, guidance=4.0, seed=1, batch=2)
+
+
+def test_algorithm_is_a_typed_versioned_option():
+    assert Int4WeightsRecipe.version == 4 and Int4WeightsRecipe().algorithm == "default"
+    assert recipe_from_dict({"name": "int4-weights", "version": 3}).algorithm == "default"
+    assert recipe_from_dict(Int4WeightsRecipe(algorithm="hqq").to_dict()).algorithm == "hqq"
+    assert Int4WeightsRecipe(algorithm="gptq").calibrated and not Int4WeightsRecipe(algorithm="hqq").calibrated
+    with pytest.raises(UserError, match="algorithm must be one of default, hqq, gptq"):
+        recipe_class("int4-weights").with_options({"algorithm": "awq"})
+
+
+@pytest.mark.parametrize("algorithm", ["hqq", "gptq"])
+def test_each_algorithm_writes_matmulnbits_that_run_on_onnxruntime_alone(algorithm, tiny_onnx, tmp_path):
+    if algorithm == "hqq":
+        pytest.importorskip("torch", reason="HQQ runs on torch at quantize time (the export extra)")
+    fp32 = Pipeline.from_folder(tiny_onnx)(PROMPTS, **GEN).images
+    runs = {}
+    for name in ("default", algorithm):
+        recipe = recipe_class("int4-weights").with_options({"block_size": "16", "algorithm": name})
+        report = quantize(tiny_onnx, tmp_path / name, QuantizeConfig(recipe=recipe, **FAST))
+        model = onnx.load(str(tmp_path / name / "unet" / "model.onnx"))
+        nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+        assert nbits and report["details"]["algorithm"] == name
+        runs[name] = (nbits, model, Pipeline.from_folder(tmp_path / name)(PROMPTS, **GEN).images)
+    (n_def, _, img_def), (n_alg, m_alg, img_alg) = runs["default"], runs[algorithm]
+    assert len(n_alg) == len(n_def)  # the same MatMuls, other weights
+    assert not np.array_equal(img_alg, img_def)
+    assert psnr(img_alg, fp32) > 20  # a real 4-bit model, not a broken one
+    if algorithm == "hqq":  # float zero points (input 3 has the scales' type)
+        inits = {t.name: t for t in m_alg.graph.initializer}
+        zp = inits[n_alg[0].input[3]]
+        assert zp.data_type == inits[n_alg[0].input[2]].data_type == onnx.TensorProto.FLOAT
+
+
+def test_gptq_refuses_a_backbone_past_the_inline_limit(tiny_onnx, monkeypatch):
+    from onnxdiffusion.onnxio import files as onnxio_files
+
+    monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", 64 << 10)
+    sk = prepare_unet(files.load_backbone(tiny_onnx / "unet" / "model.onnx"))
+    names = [q.name for q in quantizable_nodes(sk, ("MatMul",))]
+    with pytest.raises(UserError, match="only backbones under 2 GB"):
+        _ort.gptq_int4_quantize(sk, names, 16, 0, [])

@@ -1,0 +1,85 @@
+"""The per-step techniques package: the registry's table is the docs' and the only place refusals of a
+combination come from; specs parse once, from text and Python objects alike; a cache method is a class
+registered by name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.techniques import registry
+from onnxdiffusion.techniques.active import Specs, check, parse_specs
+from onnxdiffusion.techniques.cache_base import CacheSpec
+from onnxdiffusion.techniques.cache_methods import METHODS
+from onnxdiffusion.techniques.cache_first_block import FirstBlock
+from onnxdiffusion.techniques.cache_taylorseer import TaylorSeer
+from onnxdiffusion.techniques.caching import parse_cache, parse_compiled_cache
+from onnxdiffusion.techniques.stop import StopSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_docs_list_the_registry_table():
+    text = (ROOT / "docs" / "techniques.md").read_text()
+    block = re.search(r"<!-- conflicts:begin -->\n(.*?)\n<!-- conflicts:end -->", text, re.S)
+    assert block and block.group(1).strip() == registry.docs_table(), \
+        "docs/techniques.md's table differs from techniques/registry.py's CONFLICTS: regenerate it from docs_table()"
+    assert " -> ".join(registry.ORDER) in text
+
+
+def test_every_conflict_names_known_techniques_once():
+    pairs = [frozenset((c.first, c.second)) for c in registry.CONFLICTS]
+    assert len(pairs) == len(set(pairs))
+    for c in registry.CONFLICTS:
+        assert {c.first, c.second} <= set(registry.ORDER) and set(c.forms) <= set(registry.ALL)
+        assert c.reason and "\n" not in c.message
+
+
+@pytest.mark.parametrize("active,form,fragment", [
+    (dict(cache=FirstBlock(0.2), stop=StopSpec(0.1)), "host", "use one or the other"),
+    (dict(stop=StopSpec(0.1), inpaint=True), "host", "not with inpainting"),
+    (dict(cache=FirstBlock(0.2), controlnet=True), "host", "step caching with ControlNet"),
+    (dict(lora=True, controlnet=True), "host", "run-time LoRAs with ControlNet"),
+    (dict(controlnet=True, precision_schedule=True), "loop", "precision schedule does not take ControlNet"),
+    (dict(cache=FirstBlock(0.2), precision_schedule=True), "loop", "--cache first_block: step caching in the Loop"),
+    (dict(cache=TaylorSeer(3)), "unrolled", "runs in the host loop and the Loop graph"),
+    (dict(stop=StopSpec(0.1)), "unrolled", "unrolled graph runs all its steps")])
+def test_refusals_come_from_the_table(active, form, fragment):
+    with pytest.raises(UserError, match=re.escape(fragment)) as info:
+        registry.check_combination(active, form)
+    assert "\n" not in str(info.value)
+
+
+def test_pairs_that_combine_pass():
+    registry.check_combination(dict(cache=FirstBlock(0.2), precision_schedule=True, lora=True), "host")
+    registry.check_combination(dict(cache=FirstBlock(0.2), stop=StopSpec(0.1)), "loop", compiled=True)
+    check(Specs(FirstBlock(0.0), StopSpec(0.1)), "host")  # a no-op cache is not active
+
+
+def test_specs_parse_once_and_pass_objects_through():
+    specs = parse_specs(type("O", (), {"cache": "first_block:0.2", "stop_early": "0.1:3"})())
+    assert specs.cache == FirstBlock(0.2) and specs.stop == StopSpec(0.1, 3)
+    again = parse_specs(type("O", (), {"cache": specs.cache, "stop_early": specs.stop})())
+    assert again.cache is specs.cache and again.stop is specs.stop
+
+
+def test_dict_form_is_checked_as_the_text_form():
+    assert parse_cache({"method": "taylorseer", "interval": 4, "order": 2}) == parse_cache("taylorseer:4:2")
+    for bad in ({"method": "taylorseer", "interval": 0}, {"method": "first_block", "threshold": -1.0},
+                {"method": "first_block", "interval": 2}, {"method": "nope"}):
+        with pytest.raises(UserError) as info:
+            parse_cache(bad)
+        assert "\n" not in str(info.value)
+
+
+def test_methods_are_registered_by_name_and_round_trip():
+    # a new method is its module and one registry line: this test needs no edit for it
+    assert {"first_block", "taylorseer", "deepcache", "residual"} <= set(METHODS)
+    for name, kind in METHODS.items():
+        assert issubclass(kind, CacheSpec) and kind.method == name and name in kind.usage
+        default = parse_compiled_cache(name)
+        assert type(default) is kind and default.noop and default.record()["method"] == name
+        assert parse_cache(str(default)) == default
