@@ -218,7 +218,7 @@ cli.main()
 """
 
 
-def _run_probe(tmp_path: Path, *args: str, probe: str = _SWALLOW_PROBE) -> subprocess.CompletedProcess:
+def _run_probe(tmp_path: Path, *args: str, probe: str = _SWALLOW_PROBE, timeout: float = 120):
     # run as a package's __main__.py: the name the CLI takes for its own start, so it installs its signal handlers
     (tmp_path / "swallow_probe").mkdir(exist_ok=True)
     (tmp_path / "swallow_probe" / "__main__.py").write_text(probe)
@@ -227,7 +227,7 @@ def _run_probe(tmp_path: Path, *args: str, probe: str = _SWALLOW_PROBE) -> subpr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli_module.__file__).parents[1]), str(tmp_path),
                                                            os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "swallow_probe", *args], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          text=True, timeout=timeout, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("kind, sig, code, word", [("folder", "int", 130, "interrupted"),
@@ -262,3 +262,13 @@ def test_library_use_publishes_after_a_caught_interrupt(tmp_path):
     finally:
         interrupts.received.clear()
     assert (tmp_path / "out" / "a").read_bytes() == b"x"
+
+
+def test_a_second_ctrl_c_after_a_swallowed_one_stops_the_verb(tmp_path):
+    """The first Ctrl-C was caught and dropped, the verb runs on (and would until its next publishing step): the
+    second one raises, where a repeat during the first one's unwind is only noted."""
+    probe = _SWALLOW_PROBE.replace("publish(args[0])", "os.kill(os.getpid(), signal.SIGINT)\n        while True:\n"
+                                   "            pass")
+    assert probe != _SWALLOW_PROBE
+    done = _run_probe(tmp_path, "folder", "int", probe=probe, timeout=60)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "error: interrupted\n", "")

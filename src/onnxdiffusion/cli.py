@@ -54,13 +54,15 @@ _received = interrupts.received  # the signals the current verb got (run() start
 
 def _on_signal(signum, frame):
     """The first SIGINT/SIGTERM of a verb raises (KeyboardInterrupt / Terminated) and starts the unwind; a repeat
-    is only noted: raised again it would land in a `finally` or in run()'s own handler and cut short the cleanup
-    the first one started (a staging folder half removed, a second error line, a traceback). Noted either way in
-    `interrupts`, so a first one that library code catches still stops the verb at its next publishing step."""
+    during that unwind is only noted: raised again it would land in a `finally` or in run()'s own handler and cut
+    short the cleanup the first one started (a staging folder half removed, a second error line, a traceback).
+    Noted either way in `interrupts`, so a first one that library code catches still stops the verb at its next
+    publishing step. A repeat that finds no exception being handled while the verb still runs means the first
+    was caught and dropped: it raises (the first signal's exception), so a second Ctrl-C is not a dead key."""
     interrupts.note(signum)
-    if len(_received) > 1:
+    if len(_received) > 1 and not (interrupts.watching() and sys.exc_info()[1] is None):
         return
-    raise interrupts.exception(signum)
+    raise interrupts.exception(_received[0])
 
 
 def _usage_error(e: BaseException) -> bool:
@@ -156,6 +158,8 @@ def _outcome(args: list[str], debug: bool) -> tuple[int, str | None]:
         if isinstance(getattr(e, "exit_code", None), int):  # click's Exit
             return e.exit_code, None
         return 1, _internal_error(e, debug)
+    finally:
+        interrupts.end()  # the verb is over: nothing more to publish, and a repeated signal stays a note
 
 
 def _signal_cause(e: BaseException) -> int | None:

@@ -35,6 +35,10 @@ def end() -> None:
     _watching[0] = False
 
 
+def watching() -> bool:
+    return _watching[0]
+
+
 def note(signum: int) -> None:
     received.append(signum)
 
