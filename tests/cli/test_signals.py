@@ -181,3 +181,96 @@ def test_a_repeated_signal_does_not_cut_the_cleanup_short():
     assert cli_module._on_signal(signal.SIGTERM, None) is None
     assert cli_module._received == [signal.SIGINT, signal.SIGTERM]
     cli_module._received.clear()
+
+
+# A verb whose library code catches the KeyboardInterrupt of a real SIGINT (a bare `except:`, as some loaders
+# have), goes on, then publishes its results: a folder (artifacts.atomic_dir), a file (atomic_write_bytes) and an
+# image (imageio.save_images), each in its own run.
+_SWALLOW_PROBE = """
+import os, signal, sys
+from pathlib import Path
+import numpy as np
+from onnxdiffusion import cli
+from onnxdiffusion.folder.artifacts import atomic_dir, atomic_write_bytes
+from onnxdiffusion.folder.imageio import save_images
+
+def publish(kind):
+    if kind == "folder":
+        with atomic_dir(Path("out")) as tmp:
+            (tmp / "model.onnx").write_bytes(b"x")
+    elif kind == "file":
+        atomic_write_bytes(Path("out.json"), b"{}")
+    else:
+        save_images(np.zeros((2, 8, 8, 3), np.uint8), Path("out.png"))
+    print("published")
+
+class Verb:  # stands for the click command
+    def main(self, args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT if args[1] == "int" else signal.SIGTERM)
+            while True:
+                pass
+        except:  # noqa: E722 - the library that swallows the interrupt
+            pass
+        publish(args[0])
+        return 0
+
+cli._command = lambda: Verb()
+cli.main()
+"""
+
+
+def _run_probe(tmp_path: Path, *args: str, probe: str = _SWALLOW_PROBE, timeout: float = 120):
+    # run as a package's __main__.py: the name the CLI takes for its own start, so it installs its signal handlers
+    (tmp_path / "swallow_probe").mkdir(exist_ok=True)
+    (tmp_path / "swallow_probe" / "__main__.py").write_text(probe)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli_module.__file__).parents[1]), str(tmp_path),
+                                                           os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "swallow_probe", *args], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+@pytest.mark.parametrize("kind, sig, code, word", [("folder", "int", 130, "interrupted"),
+                                                   ("file", "term", 143, "terminated"),
+                                                   ("image", "int", 130, "interrupted")])
+def test_a_swallowed_signal_publishes_nothing(kind, sig, code, word, tmp_path):
+    """Issue 41's swallowed Ctrl-C made certain: library code catches the signal's KeyboardInterrupt and the verb
+    goes on to publish; the publishing step raises the interruption again instead, and the status is the signal's."""
+    done = _run_probe(tmp_path, kind, sig)
+    assert (done.returncode, done.stderr, done.stdout) == (code, f"error: {word}\n", "")
+    assert list((tmp_path / "work").iterdir()) == []  # no output, no staging file or folder
+
+
+def test_a_swallowed_signal_after_the_last_publish_still_ends_the_verb_with_its_status(tmp_path):
+    """Nothing left to publish (the signal came and was dropped after the output's rename): not a success."""
+    probe = _SWALLOW_PROBE.replace("publish(args[0])\n        return 0", "return 0")
+    assert probe != _SWALLOW_PROBE
+    done = _run_probe(tmp_path, "folder", "int", probe=probe)
+    assert (done.returncode, done.stderr) == (130, "error: interrupted\n")
+
+
+def test_library_use_publishes_after_a_caught_interrupt(tmp_path):
+    """The flag is the CLI's: outside a CLI verb a KeyboardInterrupt the caller caught changes nothing."""
+    from onnxdiffusion import interrupts
+    from onnxdiffusion.folder.artifacts import atomic_dir
+
+    assert not interrupts._watching[0]
+    interrupts.note(signal.SIGINT)  # as if the CLI's handler had run in this process once (a verb since ended)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "a").write_bytes(b"x")
+    finally:
+        interrupts.received.clear()
+    assert (tmp_path / "out" / "a").read_bytes() == b"x"
+
+
+def test_a_second_ctrl_c_after_a_swallowed_one_stops_the_verb(tmp_path):
+    """The first Ctrl-C was caught and dropped, the verb runs on (and would until its next publishing step): the
+    second one raises, where a repeat during the first one's unwind is only noted."""
+    probe = _SWALLOW_PROBE.replace("publish(args[0])", "os.kill(os.getpid(), signal.SIGINT)\n        while True:\n"
+                                   "            pass")
+    assert probe != _SWALLOW_PROBE
+    done = _run_probe(tmp_path, "folder", "int", probe=probe, timeout=60)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "error: interrupted\n", "")

@@ -35,9 +35,11 @@ import warnings  # noqa: E402
 
 import typer.main  # noqa: E402
 
+from .. import interrupts  # noqa: E402
 from ..folder import tempfiles  # noqa: E402
 from .app import app  # noqa: E402 - the entry point's Typer (verbs register on it)
 from ..errors import UserError  # noqa: E402
+from ..interrupts import Terminated  # noqa: E402,F401 - SIGTERM's exception, named here since before interrupts.py
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -52,21 +54,20 @@ from . import controlnet  # noqa: E402,F401 - add-controlnet
 from . import cache  # noqa: E402,F401 - cache calibrate
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so every `finally` and temporary-folder cleanup runs."""
-
-
-_received: list[int] = []  # the signals the current verb got (run() starts it empty; main() reads it)
+_received = interrupts.received  # the signals the current verb got (run() starts it empty; main() reads it)
 
 
 def _on_signal(signum, frame):
     """The first SIGINT/SIGTERM of a verb raises (KeyboardInterrupt / Terminated) and starts the unwind; a repeat
-    is only noted: raised again it would land in a `finally` or in run()'s own handler and cut short the cleanup
-    the first one started (a staging folder half removed, a second error line, a traceback)."""
-    _received.append(signum)
-    if len(_received) > 1:
+    during that unwind is only noted: raised again it would land in a `finally` or in run()'s own handler and cut
+    short the cleanup the first one started (a staging folder half removed, a second error line, a traceback).
+    Noted either way in `interrupts`, so a first one that library code catches still stops the verb at its next
+    publishing step. A repeat that finds no exception being handled while the verb still runs means the first
+    was caught and dropped: it raises (the first signal's exception), so a second Ctrl-C is not a dead key."""
+    interrupts.note(signum)
+    if len(_received) > 1 and not (interrupts.watching() and sys.exc_info()[1] is None):
         return
-    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+    raise interrupts.exception(_received[0])
 
 
 def _usage_error(e: BaseException) -> bool:
@@ -74,19 +75,17 @@ def _usage_error(e: BaseException) -> bool:
     return callable(getattr(e, "format_message", None)) and isinstance(getattr(e, "exit_code", None), int)
 
 
-def _internal_error(e: BaseException, debug: bool) -> None:
-    """One line and where the traceback is; --debug prints it instead."""
+def _internal_error(e: BaseException, debug: bool) -> str:
+    """The one line, naming where the traceback is; --debug prints the traceback instead."""
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     first = (str(e).strip().splitlines() or [""])[0][:200]
     if debug:
         sys.stderr.write(text)
-        _say(f"error: internal error: {type(e).__name__}: {first}", file=sys.stderr)
-        return
+        return f"error: internal error: {type(e).__name__}: {first}"
     fd, path = tempfile.mkstemp(prefix="onnxdiffusion-traceback-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    _say(f"error: internal error: {type(e).__name__}: {first} (traceback in {path}; rerun with --debug to print it)",
-          file=sys.stderr)
+    return f"error: internal error: {type(e).__name__}: {first} (traceback in {path}; rerun with --debug to print it)"
 
 
 @functools.cache
@@ -110,7 +109,7 @@ def run(argv: list[str] | None = None) -> int:
     old_show = warnings.showwarning
     warnings.showwarning = _one_line_warning
     old_term = None
-    _received.clear()
+    interrupts.begin()
     if signal.getsignal(signal.SIGINT) is _exit_early:  # from here on Ctrl-C is a KeyboardInterrupt that cleans up
         signal.signal(signal.SIGINT, _on_signal)
     try:
@@ -118,43 +117,54 @@ def run(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave SIGTERM alone
         pass
     try:
-        with tempfiles.session():  # every temporary file of the verb under one root, removed however it ends
-            rv = _command().main(args=args, prog_name="onnxdiffusion", standalone_mode=False)
-        if rv == 130:  # typer turns Ctrl-C into a silent 130
-            _say("error: interrupted", file=sys.stderr)
-        return rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0
-    except UserError as e:
-        _say(f"error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        _say("error: interrupted", file=sys.stderr)
-        return 130
-    except Terminated:
-        _say("error: terminated", file=sys.stderr)
-        return 143
-    except MemoryError:
-        _say("error: out of memory (use a smaller size or batch)", file=sys.stderr)
-        return 2
-    except OSError as e:  # the file system said no: a full disk, a permission, a vanished folder
-        where = f": {e.filename}" if getattr(e, "filename", None) else ""
-        _say(f"error: {_one_line(e.strerror or str(e))}{where}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        cause = _signal_cause(e)
-        if cause is not None:  # e.g. an ImportError raised because Ctrl-C hit a module's initialisation
-            _say(f"error: {'terminated' if cause == 143 else 'interrupted'}", file=sys.stderr)
-            return cause
-        if _usage_error(e):
-            _say(f"error: {_one_line(e.format_message())} (see --help)", file=sys.stderr)
-            return e.exit_code
-        if isinstance(getattr(e, "exit_code", None), int):  # click's Exit
-            return e.exit_code
-        _internal_error(e, debug)
-        return 1
+        rv, line = _outcome(args, debug)
+        signalled = interrupts.status()
+        if signalled is not None and rv not in (130, 143):
+            # a signal came during the verb but something caught its exception: the verb's own result (a success,
+            # an error it caused) is not what ended it
+            rv, line = signalled, interrupts.LINE[signalled]
+        if line:
+            _say(line, file=sys.stderr)
+        return rv
     finally:
+        interrupts.end()
         warnings.showwarning = old_show
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def _outcome(args: list[str], debug: bool) -> tuple[int, str | None]:
+    """Run the verb: its exit status and the one line to print for it (None: nothing)."""
+    try:
+        with tempfiles.session():  # every temporary file of the verb under one root, removed however it ends
+            rv = _command().main(args=args, prog_name="onnxdiffusion", standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C into a silent 130
+            return 130, interrupts.LINE[130]
+        return (rv if isinstance(rv, int) and rv in (0, 1, 2, 130, 143) else 0), None
+    except UserError as e:
+        return 2, f"error: {_one_line(str(e))}"
+    except KeyboardInterrupt:
+        return 130, interrupts.LINE[130]
+    except Terminated:
+        return 143, interrupts.LINE[143]
+    except MemoryError:
+        return 2, "error: out of memory (use a smaller size or batch)"
+    except OSError as e:  # the file system said no: a full disk, a permission, a vanished folder
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        return 2, f"error: {_one_line(e.strerror or str(e))}{where}"
+    except Exception as e:
+        # e.g. an ImportError raised because Ctrl-C hit a module's initialisation, or a library's own error for
+        # the interrupt it caught: the signal's status, and no traceback file
+        cause = _signal_cause(e) or interrupts.status()
+        if cause is not None:
+            return cause, interrupts.LINE[cause]
+        if _usage_error(e):
+            return e.exit_code, f"error: {_one_line(e.format_message())} (see --help)"
+        if isinstance(getattr(e, "exit_code", None), int):  # click's Exit
+            return e.exit_code, None
+        return 1, _internal_error(e, debug)
+    finally:
+        interrupts.end()  # the verb is over: nothing more to publish, and a repeated signal stays a note
 
 
 def _signal_cause(e: BaseException) -> int | None:
@@ -187,7 +197,7 @@ def main() -> None:
         rv = run()
     except (KeyboardInterrupt, Terminated) as e:  # a first signal that landed as run() returned, past its handlers
         rv = 143 if isinstance(e, Terminated) else 130
-        _say(f"error: {'terminated' if rv == 143 else 'interrupted'}", file=sys.stderr)
+        _say(interrupts.LINE[rv], file=sys.stderr)
     # the verb is over (its output renamed into place, its temporary root gone): a signal arriving now must not
     # turn the status into a death by that signal during the interpreter's shutdown
     for s in (signal.SIGINT, signal.SIGTERM):
@@ -195,6 +205,9 @@ def main() -> None:
             signal.signal(s, signal.SIG_IGN)
         except ValueError:  # not the main thread
             break
+    if rv == 0 and interrupts.status() is not None:  # a signal run() did not see end as one: never as a success
+        rv = interrupts.status()
+        _say(interrupts.LINE[rv], file=sys.stderr)
     if _received or rv in (130, 143):
         _exit_now(rv)
     sys.exit(rv)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import interrupts
 from . import tempfiles
 from ..errors import UserError
 from .manifest import FORMAT_VERSION, Component, Manifest, as_dict, check_relative, confined, manifest_bytes, typed
@@ -134,6 +135,7 @@ def atomic_dir(final: Path, overwrite: bool = False, inputs: tuple[Path, ...] = 
         yield tmp
         _fix_modes(tmp)
         with tempfiles.deferred_signals():  # the swap and the registry change as one step
+            interrupts.check()  # a Ctrl-C that a library caught during the block still publishes nothing
             if final.exists():
                 # move the old folder aside first, so an interruption never leaves neither
                 old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
@@ -164,6 +166,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
         os.chmod(tmp, FILE_MODE & ~_umask())
         with tempfiles.deferred_signals():
+            interrupts.check()
             os.replace(tmp, path)
             tempfiles.untrack(tmp)
     except BaseException:

@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from .artifacts import _umask
+from .. import interrupts
 from . import tempfiles
 from ..errors import UserError
 
@@ -53,6 +54,7 @@ def save_images(images: np.ndarray, path: Path, overwrite: bool = False) -> list
             with os.fdopen(fd, "wb") as f:
                 f.write(buf.getvalue())
             os.chmod(tmp, 0o644 & ~_umask())
+        interrupts.check()  # a Ctrl-C that a library caught while sampling or encoding: no image is published
         for tmp, p in staged:
             os.replace(tmp, p)
             done.append(p)

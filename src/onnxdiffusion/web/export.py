@@ -18,6 +18,7 @@ from pathlib import Path
 
 import onnx
 
+from .. import interrupts
 from ..folder.artifacts import check_output_folder, confined, read_manifest
 from ..folder.manifest import Component
 from ..errors import UserError
@@ -216,6 +217,11 @@ class _atomic_page:
         from ..folder.artifacts import _fix_modes
 
         _fix_modes(self.tmp)
+        try:
+            interrupts.check()  # a Ctrl-C that a library caught while the page was built: publish nothing
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         if self.final.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", suffix=".old", dir=self.final.parent))
             os.replace(self.final, old / "x")
