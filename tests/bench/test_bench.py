@@ -19,7 +19,7 @@ import pytest
 
 from cli_helpers import assert_one_line_error, run_cli_here
 
-from onnxdiffusion.folder.artifacts import hash_tree, read_manifest, write_json
+from onnxdiffusion.folder.artifacts import hash_tree, read_manifest, write_json, write_manifest
 from onnxdiffusion.errors import UserError
 
 pytestmark = pytest.mark.slow
@@ -30,10 +30,10 @@ VARIANTS = ("torch-fp32,torch-bf16,ort-fp32,ort-fp32-loop,ort-fp32-dpmpp,ort-int
 
 
 def _set_quantized(folder: Path, recipe: str) -> None:
-    manifest = read_manifest(folder)
-    manifest["quantization"] = {"recipe": recipe, "note": "made by tests/bench/test_bench.py"}
-    manifest["files"] = hash_tree(folder)
-    write_json(folder / "manifest.json", manifest)
+    draft = read_manifest(folder).to_dict()  # the read record is frozen: edit a draft, write it with write_manifest
+    draft["quantization"] = {"recipe": recipe, "note": "made by tests/bench/test_bench.py"}
+    draft["files"] = hash_tree(folder)
+    write_manifest(folder, draft)
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +285,7 @@ def test_a_recipe_in_several_folders_is_named_by_folder(bench_models, tmp_path):
     shutil.copytree(bench_models / "base", base)
     for name in ("qa", "qb", "other"):
         shutil.copytree(bench_models / "base-int8", tmp_path / name)
-    other = read_manifest(tmp_path / "other")
+    other = read_manifest(tmp_path / "other").to_dict()
     other["pipeline"]["vae_scaling_factor"] = 0.5  # a quantized folder of some other model
     write_json(tmp_path / "other" / "manifest.json", other)
     manifest = read_manifest(base)
