@@ -166,7 +166,7 @@ def test_an_interrupt_caught_inside_exec_keeps_status_130(tmp_path):
     string (dataclasses and namedtuples are made that way while modules import) even when it was caught, and at
     the exit of `python -m` kills the process with SIGINT: -2 after the one error line, where 130 is documented."""
     (tmp_path / "exec_probe.py").write_text(_EXEC_PROBE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli_module.__file__).parents[1]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli_module.__file__).parents[2]),
                                                            os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "exec_probe"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -226,7 +226,7 @@ def _run_probe(tmp_path: Path, *args: str, probe: str = _SWALLOW_PROBE, timeout:
     (tmp_path / "swallow_probe" / "__main__.py").write_text(probe)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli_module.__file__).parents[1]), str(tmp_path),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli_module.__file__).parents[2]), str(tmp_path),
                                                            os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "swallow_probe", *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

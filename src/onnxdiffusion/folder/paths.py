@@ -15,7 +15,7 @@ def models_root() -> Path:
     env = os.environ.get("ONNXDIFFUSION_MODELS")
     if env:
         return Path(env)
-    repo = Path(__file__).resolve().parents[2] / "models"
+    repo = Path(__file__).resolve().parents[3] / "models"  # src/onnxdiffusion/folder/paths.py -> the checkout
     return repo if repo.is_dir() else Path.cwd() / "models"
 
 
