@@ -104,3 +104,18 @@ def plan_references(pipe, image, batch: int) -> dict[str, np.ndarray]:
                         "reference picture")
     latents = [reference_latents(pipe, p, i) for i, p in enumerate(items)]
     return pipe.family.reference_inputs(pipe.info, latents, batch)
+
+
+def probe_picture(width: int, height: int) -> np.ndarray:
+    """The picture an editing model is warmed up, calibrated and golden-checked on when no one gives one: a
+    left-to-right grey ramp (H, W, 3) uint8, the same for a model and its quantized sibling."""
+    ramp = np.linspace(32, 224, width, dtype=np.float32).round().astype(np.uint8)
+    return np.ascontiguousarray(np.repeat(np.broadcast_to(ramp[None, :, None], (height, width, 1)), 3, axis=2))
+
+
+def probe_feeds(pipe, width: int | None = None, height: int | None = None) -> dict:
+    """`image=` for a generation that measures a model (warm-up, quantize's probe images, the golden check):
+    the probe picture for an editing model, nothing for the others."""
+    if pipe.family.image_role != "reference":
+        return {}
+    return {"image": probe_picture(width or pipe.info.default_width, height or pipe.info.default_height)}
