@@ -121,8 +121,8 @@ def test_int8_static_edits(tiny_kontext_onnx, tmp_path):
     from onnxdiffusion.runtime import Pipeline
 
     out = tmp_path / "int8"
-    cal = CalibrationConfig(count=2, steps=3, batch=2, sampler="flow_euler")
-    report = quantize(tiny_kontext_onnx, out, QuantizeConfig(recipe=recipe_class("int8-static"), calibration=cal,
+    cal = CalibrationConfig(count=4, steps=2, batch=4, sampler="flow_euler")
+    report = quantize(tiny_kontext_onnx, out, QuantizeConfig(recipe=recipe_class("int8-static").with_options({}), calibration=cal,
                                                              latency_runs=1, measure_memory=False))
     print(f"kontext int8-static probe PSNR (the quantize report's): {report['quality']['probe_psnr_db']:.1f} dB")
     rgb = picture(60, 100, seed=2)
