@@ -83,3 +83,11 @@ def test_methods_are_registered_by_name_and_round_trip():
         default = parse_compiled_cache(name)
         assert type(default) is kind and default.noop and default.record()["method"] == name
         assert parse_cache(str(default)) == default
+
+
+def test_a_cache_method_is_registered_by_its_name_alone():
+    from onnxdiffusion.techniques import cache_methods
+
+    assert tuple(METHODS) == cache_methods.NAMES
+    for name, kind in METHODS.items():
+        assert kind.method == name and kind.__module__.endswith(f".cache_{name}")

@@ -40,7 +40,7 @@ Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
    (more keywords to the family's ``cache_span``; ``{"all_blocks": True}``: the span is every block),
    ``prunes_first`` / ``float_span``, ``bind(pipe, steps)`` (the spec for one run: data it reads per run, such as
    the step count or the folder's manifest; refusals there come before any model runs).
-2. One line in ``cache_methods.py``: add the class to ``METHODS``.
+2. One line in ``cache_methods.py``: the method's name in ``NAMES``.
 3. ``tests/test_cache_mymethod.py``: parsing, no-op = the uncached image bit for bit, host = Loop
    (compile-loop --cache mymethod), and parity with the reference.
 
