@@ -220,7 +220,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
                                  guidance_mode=mode, latent_patch=family.latent_patch, techniques=techniques,
                                  **extra)
     del unet, extra, high, techniques
-    from ..adapters.graph import expose_lora_inputs
+    from ..techniques.lora import expose_lora_inputs
 
     # run-time LoRA: the insertion points of the backbone (and a whole graph's text encoders) as graph inputs
     lora = expose_lora_inputs(graph, comps, backbone, inlined)

@@ -114,7 +114,7 @@ class SamplingGraph:
         """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone);
         uncond None for a graph without the guidance batch (guidance-distilled backbones). `image`: an
         ImageStart (runtime/image_input.py); `latents` stay the noise, `noise` has the cut table's rows.
-        `extra`: more inputs by name (a run-time LoRA's tensors, adapters/graph.py)."""
+        `extra`: more inputs by name (a run-time LoRA's tensors, techniques/lora.py)."""
         from ..loopgraph.builder import CONTEXT, cond_input_names
 
         image_inputs = {}

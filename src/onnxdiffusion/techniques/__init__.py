@@ -13,9 +13,11 @@
   stop.py              adaptive stopping: spec, host test, Loop twin, manifest record
   correction.py, precision.py
                        output correction and the precision schedule: host wrapper and Loop twin each
-  controlnet.py, lora.py, inpaint.py
-                       the host side of ControlNet, run-time LoRA and inpainting's blend (their graph sides are
-                       still loopgraph/control.py, adapters/graph.py and loopgraph/image.py)
+  lora.py              run-time LoRA: host wrapper, graph twin (the insertion points as sampling-graph inputs) and
+                       the graph's manifest record
+  controlnet.py, inpaint.py
+                       the host side of ControlNet and inpainting's blend (their graph sides are still
+                       loopgraph/control.py and loopgraph/image.py)
   state.py             TechniqueState: what techniques keep across a Pipeline's generations (pipe.technique_state)
 
 Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
