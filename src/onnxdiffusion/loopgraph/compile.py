@@ -195,11 +195,9 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             tuned_for = cpu_target()
     elif large:  # portable float: the graph as exported, weights and all
         unet = load_component(model, manifest, backbone)
-    correction = None
-    if comps[backbone].correction:
-        from ..techniques.correction import OutputCorrection
+    from ..techniques.correction import read_record as read_correction
 
-        correction = OutputCorrection.from_dict(comps[backbone].correction)
+    correction = read_correction(comps[backbone])
     schedule = high = None
     if comps[backbone].precision_schedule:
         schedule, high, high_tuned = _high_backbone(model, manifest, backbone, cpu_tuned)
@@ -326,9 +324,9 @@ def _high_backbone(model: Path, manifest: Manifest, backbone: str, cpu_tuned: bo
     import onnxruntime
 
     from ..onnxio.session import ort_optimized
-    from ..techniques.precision import PrecisionSchedule
+    from ..techniques.precision import read_record
 
-    schedule = PrecisionSchedule.from_dict(manifest.components[backbone].precision_schedule)
+    schedule = read_record(manifest.components[backbone])
     high = load_component(model, manifest, schedule.component)
     disabled = manifest.components[schedule.component].disabled_optimizers
     tuned = (cpu_tuned is not False) and not disabled and not _has_qdq(high) and _tensor_bytes(high) < INLINE_MAX
