@@ -1,4 +1,4 @@
-"""`compile-loop --controlnet NAME`: the folder's ControlNets built into the sampling graph (loopgraph/control.py)."""
+"""`compile-loop --controlnet NAME`: the folder's ControlNets built into the sampling graph (techniques/controlnet_graph.py)."""
 
 from __future__ import annotations
 

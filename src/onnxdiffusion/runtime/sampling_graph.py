@@ -17,7 +17,7 @@ class SamplingGraph:
         self.steps = entry.steps
         self.whole = entry.whole
         self.cache = entry.cache  # the step-caching method compiled in (techniques/caching_graph.py), or None
-        self.controlnets = list(entry.controlnets)  # ControlNets built in (loopgraph/control.py)
+        self.controlnets = list(entry.controlnets)  # ControlNets built in (techniques/controlnet_graph.py)
         self.stop = read_stop_record(entry)  # adaptive stopping compiled in (techniques/stop.py)
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)

@@ -15,9 +15,9 @@
                        output correction and the precision schedule: host wrapper and Loop twin each
   lora.py              run-time LoRA: host wrapper, graph twin (the insertion points as sampling-graph inputs) and
                        the graph's manifest record
-  controlnet.py, inpaint.py
-                       the host side of ControlNet and inpainting's blend (their graph sides are still
-                       loopgraph/control.py and loopgraph/image.py)
+  controlnet.py        ControlNet: host wrapper and Loop twin (ControlLoop, over controlnet_graph.py's builders);
+                       the nets' loading and preparation are still runtime/controlnet.py
+  inpaint.py           inpainting's blend, host side (its graph side is still loopgraph/image.py)
   state.py             TechniqueState: what techniques keep across a Pipeline's generations (pipe.technique_state)
 
 Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
