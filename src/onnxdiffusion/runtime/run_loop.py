@@ -8,9 +8,8 @@ import numpy as np
 from ..errors import UserError
 from ..samplers import iter_sample
 from ..techniques.active import check as check_techniques, host_techniques, parse_specs
-from ..techniques.caching import loop_feeds
 from ..techniques.host_base import HostContext
-from ..techniques.stop import check_form as check_stop_form, check_steps
+from ..techniques.stop import check_steps
 from . import guards
 from .generation import GenerationResult, StepEvent
 
@@ -35,9 +34,7 @@ def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False
     inpaint = image is not None and mask is not None and not pipe.backbone_extra_channels()
     check_techniques(specs, options.loop, lora=lora, controlnet=controlnet,
                      schedule=pipe.precision_schedule is not None, inpaint=inpaint)
-    check_stop_form(specs.stop, options.loop, lambda: pipe.sampling_graph("loop").stop)
-    if specs.cache_on is not None and options.loop == "loop":
-        loop_feeds(pipe.sampling_graph("loop").cache, specs.cache)  # a graph compiled without it refuses here
+    specs.check_graph(options.loop, lambda: pipe.sampling_graph("loop"))  # a graph compiled without one refuses
     guards.check_request(pipe.folder, pipe.manifest, options)
     shape = pipe.latent_shape(options)  # the family's (may be packed)
     h, w = pipe.image_size(options)
