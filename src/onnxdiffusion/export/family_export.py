@@ -9,6 +9,8 @@ import numpy as np
 from ..families import latents as lat
 from ..families.base import ComponentSpec, Family
 from ..families.flux import GUIDANCE, Flux
+from ..families.flux2 import IMG_IDS as FLUX2_IMG_IDS
+from ..families.flux2 import Flux2Base, Flux2Dev, Flux2Klein, image_ids_4d
 from ..families.flux import IMG_IDS as FLUX_IMG_IDS
 from ..families.qwenimage import IMG_IDS as QWEN_IMG_IDS
 from ..families.qwenimage import MASK, QwenImage
@@ -87,5 +89,47 @@ def _qwen_feeds(family: QwenImage, spec: ComponentSpec, dims: dict[str, int], fe
     return feeds
 
 
-_WRAPS = {Flux: _flux_wrap, QwenImage: _qwen_wrap}
-_FEEDS = {Flux: _flux_feeds, QwenImage: _qwen_feeds}
+def _flux2_wrap(family: Flux2Base, spec: ComponentSpec, module):
+    from .fixups import decompose_rms_norms
+    from .flux2_components import Flux2Transformer, StackedHiddenStates, language_model
+
+    if spec.kind == "stacked_text_encoder":
+        return StackedHiddenStates(language_model(module), tuple(spec.options["layers"]))
+    if spec.kind == family.backbone_kind:
+        decompose_rms_norms(module)
+        return Flux2Transformer(module)
+    return _default_wrap(spec, module)
+
+
+def _flux2_feeds(family: Flux2Base, spec: ComponentSpec, dims: dict[str, int], feeds: dict) -> dict:
+    import torch
+
+    b, s = dims["batch_size"], dims.get("sequence_length", 0)
+    if "attention_mask" in feeds:
+        mask = torch.ones(b, s, dtype=torch.int64)
+        if b > 1:
+            mask[-1, s - 3:] = 0  # a padded row: the mask must matter
+        feeds["attention_mask"] = mask
+    if FLUX2_IMG_IDS in feeds:
+        feeds[FLUX2_IMG_IDS] = torch.from_numpy(np.repeat(image_ids_4d(dims["rows"], dims["cols"])[None], b, axis=0))
+    if GUIDANCE in feeds:
+        feeds[GUIDANCE] = feeds[GUIDANCE].abs() * 3
+    return feeds
+
+
+def source_settings(family: Family, src, model_index: dict) -> dict:
+    """Pipeline settings a family reads from the source's weights or tokenizer rather than its JSON configs."""
+    hook = _SETTINGS.get(type(family))
+    return hook(family, src, model_index) if hook is not None else {}
+
+
+def _flux2_settings(family: Flux2Base, src, model_index: dict) -> dict:
+    from .flux2_prompt import prompt_template, vae_batch_norm
+
+    return {**vae_batch_norm(src / "vae"), "prompt_template": prompt_template(family, src / "tokenizer"),
+            "is_distilled": bool(model_index.get("is_distilled", False))}
+
+
+_WRAPS = {Flux: _flux_wrap, QwenImage: _qwen_wrap, Flux2Klein: _flux2_wrap, Flux2Dev: _flux2_wrap}
+_FEEDS = {Flux: _flux_feeds, QwenImage: _qwen_feeds, Flux2Klein: _flux2_feeds, Flux2Dev: _flux2_feeds}
+_SETTINGS = {Flux2Klein: _flux2_settings, Flux2Dev: _flux2_settings}

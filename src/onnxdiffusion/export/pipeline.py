@@ -127,8 +127,10 @@ def _save_tokenizer(src: Path, name: str, class_name: str, out: Path) -> None:
     import transformers
 
     fast = class_name if class_name.endswith("Fast") else class_name + "Fast"
+    # a processor (FLUX.2 [dev]'s PixtralProcessor) holds the tokenizer its tokenizer_config.json names
+    cls = transformers.AutoTokenizer if class_name.endswith("Processor") else getattr(transformers, fast)
     try:
-        tok = getattr(transformers, fast).from_pretrained(src / name, local_files_only=True)
+        tok = cls.from_pretrained(src / name, local_files_only=True)
     except (OSError, ValueError, RuntimeError, TypeError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"could not load tokenizer {src / name}: {first}") from None
@@ -189,7 +191,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from .validate import export_component, free_memory
 
     t_start = time.time()
-    settings = family.pipeline_info(configs)
+    settings = {**family.pipeline_info(configs), **family_export.source_settings(family, src, model_index)}
     if options.default_size is not None:
         m = int(settings["size_multiple"])
         if options.default_size <= 0 or options.default_size % m:

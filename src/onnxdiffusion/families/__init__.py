@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .flux import Flux
+from .flux2 import Flux2Dev, Flux2Klein
 from .qwenimage import QwenImage
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
@@ -27,6 +28,8 @@ register(StableDiffusionXL())
 register(StableDiffusion3())
 register(Flux())
 register(QwenImage())
+register(Flux2Klein())
+register(Flux2Dev())
 
 
 def names() -> tuple[str, ...]:

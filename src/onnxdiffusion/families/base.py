@@ -219,6 +219,11 @@ class Family:
         """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
         return None
 
+    def schedule_mu(self, info: dict, height: int, width: int, steps: int) -> float | None:
+        """mu of a dynamically shifted flow schedule when the pipeline computes its own (FLUX.2's empirical fit);
+        None: the scheduler's line over `image_seq_len`."""
+        return None
+
     def size_limits(self, info: dict) -> SizeLimits:
         """What sizes the backbone accepts. The default (the UNet families, and the RoPE transformers whose
         positions come from id inputs, not a table): multiples of size_multiple up to the run time's bound."""

@@ -291,7 +291,9 @@ class Pipeline:
         """
         options = self.resolve(options)
         if mu is None and image_seq_len is None and getattr(self.schedule, "use_dynamic_shifting", False):
-            image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
+            mu = self.family.schedule_mu(self.info, *self.image_size(options), options.steps)
+            if mu is None:
+                image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
         # Flux and Qwen-Image pipelines hand their flow scheduler base sigmas of their own
         sigmas = self.family.base_sigmas(options.steps) if isinstance(self.schedule, FlowSchedule) else None
         try:

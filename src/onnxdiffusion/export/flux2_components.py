@@ -1,0 +1,119 @@
+"""Export wrappers of FLUX.2's transformer and text encoders (families/flux2.py declares them).
+
+- `Flux2Transformer`: packed latent tokens, the table's timestep, the stacked text hidden states, 4-axis image
+  ids (batched like every conditioning input; the text ids (0, 0, 0, k) are made in the graph), and for [dev]
+  the embedded guidance scale. diffusers' `apply_rotary_emb` unpacks `x.shape` into Python ints, which the
+  tracer bakes in, so both attention processors are replaced by ones rotating on (cos, sin) pairs.
+- `StackedHiddenStates`: a decoder-only language model under a padding mask -> the hidden states the pipeline
+  reads (`output_hidden_states[k]` for each k), stacked on channels as the pipelines do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .rope import rotate_pairs
+
+
+def _pairs(rotary):
+    # the tables repeat each pair's angle twice along D (repeat_interleave_real): keep one per pair
+    return tuple(t[:, 0::2].to(torch.float32) for t in rotary)
+
+
+def _attend(q, k, v):
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2).flatten(2).to(q.dtype)
+
+
+class _JointAttention:
+    """Flux2AttnProcessor (double-stream blocks) with the rotation on (cos, sin) pairs."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.transformers.transformer_flux2 import _get_qkv_projections
+
+        q, k, v, tq, tk, tv = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+
+        def heads(x):
+            return x.unflatten(-1, (attn.heads, -1))
+
+        q, k, v = attn.norm_q(heads(q)), attn.norm_k(heads(k)), heads(v)
+        joint = attn.added_kv_proj_dim is not None
+        if joint:
+            q = torch.cat([attn.norm_added_q(heads(tq)), q], dim=1)
+            k = torch.cat([attn.norm_added_k(heads(tk)), k], dim=1)
+            v = torch.cat([heads(tv), v], dim=1)
+        if image_rotary_emb is not None:
+            cos, sin = _pairs(image_rotary_emb)
+            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+        out = _attend(q, k, v)
+        if not joint or encoder_hidden_states is None:
+            return attn.to_out[1](attn.to_out[0](out))
+        seq_txt = encoder_hidden_states.shape[1]
+        img = attn.to_out[1](attn.to_out[0](out[:, seq_txt:]))
+        return img, attn.to_add_out(out[:, :seq_txt])
+
+
+class _ParallelAttention:
+    """Flux2ParallelSelfAttnProcessor (single-stream blocks: fused QKV + MLP in) with the rotation on pairs."""
+
+    def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
+        h = attn.to_qkv_mlp_proj(hidden_states)
+        qkv, mlp = torch.split(h, [3 * attn.inner_dim, attn.mlp_hidden_dim * attn.mlp_mult_factor], dim=-1)
+        q, k, v = (x.unflatten(-1, (attn.heads, -1)) for x in qkv.chunk(3, dim=-1))
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        if image_rotary_emb is not None:
+            cos, sin = _pairs(image_rotary_emb)
+            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+        out = _attend(q, k, v)
+        return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))
+
+
+class Flux2Transformer(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.guidance = bool(model.config.guidance_embeds)
+        for block in model.transformer_blocks:
+            block.attn.set_processor(_JointAttention())
+        for block in model.single_transformer_blocks:
+            block.attn.set_processor(_ParallelAttention())
+
+    def forward(self, sample, timestep, encoder_hidden_states, img_ids, guidance=None):
+        # text ids (0, 0, 0, k), k = 0..L-1 (the pipelines' _prepare_text_ids)
+        seq = torch.arange(encoder_hidden_states.shape[1], dtype=img_ids.dtype)
+        txt_ids = torch.cat([torch.zeros(seq.shape[0], 3, dtype=img_ids.dtype), seq[:, None]], dim=1)
+        # the table's timestep is sigma * 1000; the pipelines hand the transformer t / 1000 (it multiplies back)
+        return self.model(hidden_states=sample, encoder_hidden_states=encoder_hidden_states, timestep=timestep / 1000,
+                          img_ids=img_ids[0], txt_ids=txt_ids, guidance=guidance if self.guidance else None,
+                          return_dict=False)[0]
+
+
+def language_model(module):
+    """The decoder-only language model inside a text encoder class the FLUX.2 families accept."""
+    inner = getattr(module, "model", module)
+    return getattr(inner, "language_model", inner)  # Mistral3ForConditionalGeneration: model.language_model
+
+
+class StackedHiddenStates(torch.nn.Module):
+    """(input_ids, attention_mask) -> hidden states `layers` stacked: [B, L, len(layers) * hidden].
+
+    transformers builds its masks with vmap, which the tracer cannot follow: the causal + padding mask is made
+    here and handed over pre-made. Positions are 0..L-1 whatever the mask (what transformers uses when given
+    none): every padded token's state reaches the FLUX.2 transformer, so they must be the pipelines' too."""
+
+    def __init__(self, model, layers: tuple[int, ...]):
+        super().__init__()
+        self.model, self.layers = model, tuple(layers)
+
+    def forward(self, input_ids, attention_mask):
+        keep = attention_mask.to(torch.bool)
+        seq = input_ids.shape[1]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
+        allowed = causal[None, None] & keep[:, None, None, :]
+        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        pos = torch.arange(seq, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+        out = self.model(input_ids=input_ids, attention_mask={"full_attention": mask}, position_ids=pos,
+                         use_cache=False, output_hidden_states=True, return_dict=True)
+        stacked = torch.stack([out.hidden_states[k] for k in self.layers], dim=2)  # [B, L, n, D]
+        return stacked.flatten(2)
