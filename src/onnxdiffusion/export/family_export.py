@@ -60,10 +60,8 @@ def _flux_feeds(family: Flux, spec: ComponentSpec, dims: dict[str, int], feeds: 
 
 def _qwen_wrap(family: QwenImage, spec: ComponentSpec, module):
     from .fixups import decompose_rms_norms, exact_nearest_upsamples
-    from .flow_components import DecoderHiddenStates, QwenImageTransformer
+    from .flow_components import QwenImageTransformer
 
-    if spec.kind == "decoder_text_encoder":
-        return DecoderHiddenStates(module.model.language_model, rope_axes=3)
     if spec.kind == family.backbone_kind:
         decompose_rms_norms(module)
         return QwenImageTransformer(module)
