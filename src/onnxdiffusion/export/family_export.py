@@ -12,6 +12,7 @@ from ..families.flux import GUIDANCE, Flux
 from ..families.flux2 import IMG_IDS as FLUX2_IMG_IDS
 from ..families.flux2 import Flux2Base, Flux2Dev, Flux2Klein, image_ids_4d
 from ..families.flux import IMG_IDS as FLUX_IMG_IDS
+from ..families.flux_kontext import REF_IDS, REFERENCE_FRAME, FluxKontext
 from ..families.qwenimage import IMG_IDS as QWEN_IMG_IDS
 from ..families.qwenimage import MASK, QwenImage
 
@@ -44,6 +45,10 @@ def _flux_wrap(family: Flux, spec: ComponentSpec, module):
     from .flow_components import FluxTransformer
 
     decompose_rms_norms(module)
+    if isinstance(family, FluxKontext):
+        from .flow_components import FluxKontextTransformer
+
+        return FluxKontextTransformer(module)
     return FluxTransformer(module)
 
 
@@ -55,6 +60,11 @@ def _flux_feeds(family: Flux, spec: ComponentSpec, dims: dict[str, int], feeds: 
         feeds[FLUX_IMG_IDS] = torch.from_numpy(np.repeat(ids[None], dims["batch_size"], axis=0))
     if GUIDANCE in feeds:
         feeds[GUIDANCE] = feeds[GUIDANCE].abs() * 3
+    if REF_IDS in feeds:  # Kontext: the reference grid's ids, frame 1
+        import torch
+
+        ids = lat.image_ids(dims["reference_rows"], dims["reference_cols"], frame=REFERENCE_FRAME)
+        feeds[REF_IDS] = torch.from_numpy(np.repeat(ids[None], dims["batch_size"], axis=0))
     return feeds
 
 
@@ -128,6 +138,8 @@ def _flux2_settings(family: Flux2Base, src, model_index: dict) -> dict:
             "is_distilled": bool(model_index.get("is_distilled", False))}
 
 
-_WRAPS = {Flux: _flux_wrap, QwenImage: _qwen_wrap, Flux2Klein: _flux2_wrap, Flux2Dev: _flux2_wrap}
-_FEEDS = {Flux: _flux_feeds, QwenImage: _qwen_feeds, Flux2Klein: _flux2_feeds, Flux2Dev: _flux2_feeds}
+_WRAPS = {Flux: _flux_wrap, FluxKontext: _flux_wrap, QwenImage: _qwen_wrap, Flux2Klein: _flux2_wrap,
+          Flux2Dev: _flux2_wrap}
+_FEEDS = {Flux: _flux_feeds, FluxKontext: _flux_feeds, QwenImage: _qwen_feeds, Flux2Klein: _flux2_feeds,
+          Flux2Dev: _flux2_feeds}
 _SETTINGS = {Flux2Klein: _flux2_settings, Flux2Dev: _flux2_settings}
