@@ -1,7 +1,7 @@
 """Tiny random-weight FLUX.2 pipelines ([klein] and [dev]), built offline (nothing from the hub).
 
 Configs unlike diffusers' own tests (tests/pipelines/flux2): 4 latent channels, a VAE factor of 2, one double and
-two single blocks, 4 rotary axes of unequal widths, a text length of 40 tokens, and batch-norm statistics that are
+two single blocks, 4 rotary axes of unequal widths, text lengths of 40 and 96 tokens, and batch-norm statistics that are
 not the identity (so undoing them is exercised). The language models are as deep as the layers the pipelines read
 (27 for Qwen3, 30 for Mistral) but 16 wide. Tokenizers are byte-level BPEs trained in memory with the chat special
 tokens, and chat templates that render the way the real ones do for these messages.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TEXT_LENGTH = 40
+DEV_TEXT_LENGTH = 96  # the [dev] system prompt alone is ~40 tokens here
 # Qwen3's template for one user message, generation prompt, thinking off
 QWEN3_TEMPLATE = (
     "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -59,7 +60,7 @@ def mistral_processor():
     special = ["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]",
                "[IMG_BREAK]", "[IMG_END]"]
     tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(special, [SYSTEM_MESSAGE]), bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>", pad_token="<pad>", model_max_length=TEXT_LENGTH)
+                                  unk_token="<unk>", pad_token="<pad>", model_max_length=DEV_TEXT_LENGTH)
     return PixtralProcessor(image_processor=PixtralImageProcessor(patch_size={"height": 4, "width": 4}), tokenizer=tok,
                             patch_size=4, spatial_merge_size=1, chat_template=MISTRAL_TEMPLATE)
 

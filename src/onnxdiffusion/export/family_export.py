@@ -10,6 +10,7 @@ from ..families import latents as lat
 from ..families.base import ComponentSpec, Family
 from ..families.flux import GUIDANCE, Flux
 from ..families.flux2 import IMG_IDS as FLUX2_IMG_IDS
+from ..families.flux2 import REF_IDS as FLUX2_REF_IDS
 from ..families.flux2 import Flux2Base, Flux2Dev, Flux2Klein, image_ids_4d
 from ..families.flux import IMG_IDS as FLUX_IMG_IDS
 from ..families.flux_kontext import REF_IDS, REFERENCE_FRAME, FluxKontext
@@ -120,6 +121,9 @@ def _flux2_feeds(family: Flux2Base, spec: ComponentSpec, dims: dict[str, int], f
         feeds["attention_mask"] = mask
     if FLUX2_IMG_IDS in feeds:
         feeds[FLUX2_IMG_IDS] = torch.from_numpy(np.repeat(image_ids_4d(dims["rows"], dims["cols"])[None], b, axis=0))
+    if FLUX2_REF_IDS in feeds:
+        ids = [image_ids_4d(r, c, time=10 * (i + 1)) for i, (r, c) in enumerate(dims["reference_grids"])]
+        feeds[FLUX2_REF_IDS] = torch.from_numpy(np.repeat(np.concatenate(ids)[None], b, axis=0))
     if GUIDANCE in feeds:
         feeds[GUIDANCE] = feeds[GUIDANCE].abs() * 3
     return feeds

@@ -79,14 +79,18 @@ class Flux2Transformer(torch.nn.Module):
         for block in model.single_transformer_blocks:
             block.attn.set_processor(_ParallelAttention())
 
-    def forward(self, sample, timestep, encoder_hidden_states, img_ids, guidance=None):
+    def forward(self, sample, timestep, encoder_hidden_states, img_ids, *rest):
+        guidance, reference, reference_ids = rest if self.guidance else (None, *rest)
         # text ids (0, 0, 0, k), k = 0..L-1 (the pipelines' _prepare_text_ids)
         seq = torch.arange(encoder_hidden_states.shape[1], dtype=img_ids.dtype)
         txt_ids = torch.cat([torch.zeros(seq.shape[0], 3, dtype=img_ids.dtype), seq[:, None]], dim=1)
+        # reference tokens (none without a picture) follow the noise tokens; the output is cut back to the latter
+        hidden = torch.cat([sample, reference], dim=1)
+        ids = torch.cat([img_ids, reference_ids], dim=1)[0]
         # the table's timestep is sigma * 1000; the pipelines hand the transformer t / 1000 (it multiplies back)
-        return self.model(hidden_states=sample, encoder_hidden_states=encoder_hidden_states, timestep=timestep / 1000,
-                          img_ids=img_ids[0], txt_ids=txt_ids, guidance=guidance if self.guidance else None,
-                          return_dict=False)[0]
+        out = self.model(hidden_states=hidden, encoder_hidden_states=encoder_hidden_states, timestep=timestep / 1000,
+                         img_ids=ids, txt_ids=txt_ids, guidance=guidance, return_dict=False)[0]
+        return out[:, : sample.shape[1]]
 
 
 def language_model(module):
@@ -99,7 +103,7 @@ class StackedHiddenStates(torch.nn.Module):
     """(input_ids, attention_mask) -> hidden states `layers` stacked: [B, L, len(layers) * hidden].
 
     transformers builds its masks with vmap, which the tracer cannot follow: the causal + padding mask is made
-    here and handed over pre-made. Positions are 0..L-1 whatever the mask (what transformers uses when given
+    here and handed over as a 4-D additive mask (taken as is by both Qwen3 and Mistral). Positions are 0..L-1 whatever the mask (what transformers uses when given
     none): every padded token's state reaches the FLUX.2 transformer, so they must be the pipelines' too."""
 
     def __init__(self, model, layers: tuple[int, ...]):
@@ -113,7 +117,7 @@ class StackedHiddenStates(torch.nn.Module):
         allowed = causal[None, None] & keep[:, None, None, :]
         mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
         pos = torch.arange(seq, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
-        out = self.model(input_ids=input_ids, attention_mask={"full_attention": mask}, position_ids=pos,
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos,
                          use_cache=False, output_hidden_states=True, return_dict=True)
         stacked = torch.stack([out.hidden_states[k] for k in self.layers], dim=2)  # [B, L, n, D]
         return stacked.flatten(2)

@@ -361,6 +361,9 @@ class Family:
     # picture(s) condition every step through the backbone's reference inputs; "none": the family takes none
     image_role: ClassVar[str] = "start"
     max_references: ClassVar[int] = 1  # reference pictures one generation takes (role "reference")
+    # role "reference": whether a generation may take none (FLUX.2 draws from text alone or edits), in which case
+    # reference_inputs is called with no latents
+    references_optional: ClassVar[bool] = False
 
     def reference_size(self, info: dict, height: int, width: int) -> tuple[int, int]:
         """The size a reference picture of height x width pixels is encoded at (default: its own, rounded down

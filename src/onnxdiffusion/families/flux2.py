@@ -13,6 +13,10 @@ What the two pipelines share and this module follows:
     packing, so the sampler state is Flux's. Before decoding, the VAE's batch-norm running statistics are undone
     in that patch space (`vae_bn_mean`, `vae_bn_std`, read from the VAE's weights at export).
   - mu of the dynamic shift comes from `compute_empirical_mu(tokens, steps)`, not from the scheduler's line.
+  - `image` is optional and means reference pictures (several): each is VAE-encoded (mode), batch-normalized
+    in the patch space and packed; their tokens follow the noise tokens with ids (10 + 10 i, row, column, 0).
+    As for Kontext they are two backbone inputs of their own (`reference_latents`, `reference_ids`) joined and
+    cut in the exported graph, so the sampler state stays the noise tokens; without a picture they hold no token.
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ from .flux import GUIDANCE, TOKENS, PackedFlowFamily, flow_scheduler_info, grid_
 from .sd import vae_specs
 
 IMG_IDS, PROMPT_EMBEDS = "img_ids", "prompt_embeds"
+REF_LATENTS, REF_IDS = "reference_latents", "reference_ids"
+REF_TOKENS = ("batch_size", "reference_sequence_length")
 MAX_SEQUENCE_LENGTH = 512  # both pipelines' default max_sequence_length
+MAX_REFERENCE_AREA = 1024 * 1024  # pixels: a larger reference picture is scaled down to this area first
+MIN_REFERENCE_SIDE, MAX_REFERENCE_ASPECT = 64, 8  # Flux2ImageProcessor.check_image_input's limits
+REFERENCE_TIME_STEP = 10  # reference picture i has time coordinate 10 + 10 i (`_prepare_image_ids`)
 
 
 def empirical_mu(image_seq_len: int, steps: int) -> float:
@@ -132,10 +141,17 @@ class Flux2Base(PackedFlowFamily):
             "guidance_embeds": self.embedded_guidance,
         }
 
+    image_role: ClassVar[str] = "reference"
+    references_optional: ClassVar[bool] = True
+    max_references: ClassVar[int] = 10
+
     def conditioning(self, info: dict) -> tuple[TensorSpec, ...]:
         specs = (TensorSpec(CONTEXT, "float32", ("batch_size", "sequence_length", int(info.context_dim))),
                  TensorSpec(IMG_IDS, "float32", (*TOKENS, 4)))
-        return (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",))) if self.embedded_guidance else specs
+        if self.embedded_guidance:
+            specs = (*specs, TensorSpec(GUIDANCE, "float32", ("batch_size",)))
+        return (*specs, TensorSpec(REF_LATENTS, "float32", (*REF_TOKENS, 4 * int(info.latent_channels))),
+                TensorSpec(REF_IDS, "float32", (*REF_TOKENS, 4)))
 
     def guidance_input_for(self, info: dict) -> str | None:
         return GUIDANCE if self.embedded_guidance else None
@@ -163,10 +179,13 @@ class Flux2Base(PackedFlowFamily):
             return [{"batch_size": 2, "sequence_length": text}, {"batch_size": 1, "sequence_length": max(8, text // 2)}]
         f = int(info.vae_scale_factor)
         dims = []
-        for g, seq in zip(grid_dims(info), (text, 7)):
+        # reference grids unlike the noise grids (2x3, then two pictures, 2x2 and 1x3): token counts of their own
+        refs = (((2, 3),), ((2, 2), (1, 3)))
+        for g, seq, ref in zip(grid_dims(info), (text, 7), refs):
             h, w = 2 * g["rows"], 2 * g["cols"]
             dims.append({**g, "image_sequence_length": g["rows"] * g["cols"], "sequence_length": seq,
-                         "height_latent": h, "width_latent": w, "height": h * f, "width": w * f})
+                         "height_latent": h, "width_latent": w, "height": h * f, "width": w * f,
+                         "reference_grids": [list(r) for r in ref], "reference_sequence_length": sum(r * c for r, c in ref)})
         return dims
 
     def diffusers_call(self, info: dict, guidance: float) -> dict[str, Any]:
@@ -187,6 +206,29 @@ class Flux2Base(PackedFlowFamily):
     def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
         rows, cols = token_grid(info, height, width)
         return {IMG_IDS: np.repeat(image_ids_4d(rows, cols)[None], batch, axis=0)}
+
+    def reference_size(self, info: dict, height: int, width: int) -> tuple[int, int]:
+        """The pipelines' size for a reference picture: scaled down to 1024^2 pixels of area when larger (aspect
+        kept), then each side rounded down to the size multiple. Like the pipelines, it refuses a side under 64
+        pixels or an aspect ratio over 8."""
+        if min(height, width) < MIN_REFERENCE_SIDE or max(height / width, width / height) > MAX_REFERENCE_ASPECT:
+            raise UserError(f"a reference picture of {height}x{width} pixels is refused: a {self.name} model takes "
+                            f"sides of at least {MIN_REFERENCE_SIDE} and an aspect ratio up to {MAX_REFERENCE_ASPECT}")
+        if height * width > MAX_REFERENCE_AREA:
+            scale = (MAX_REFERENCE_AREA / (height * width)) ** 0.5
+            height, width = int(height * scale), int(width * scale)
+        m = int(info.size_multiple)
+        return height // m * m, width // m * m
+
+    def reference_inputs(self, info: dict, latents: list[np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        c = 4 * int(info.latent_channels)
+        tokens = [lat.pack_patches(np.asarray(x, np.float32))[0] for x in latents]
+        ids = [image_ids_4d(x.shape[2] // 2, x.shape[3] // 2, time=REFERENCE_TIME_STEP * (i + 1))
+               for i, x in enumerate(latents)]
+        joined = np.concatenate(tokens, axis=0) if tokens else np.zeros((0, c), np.float32)
+        joined_ids = np.concatenate(ids, axis=0) if ids else np.zeros((0, 4), np.float32)
+        return {REF_LATENTS: np.ascontiguousarray(np.repeat(joined[None], batch, axis=0)),
+                REF_IDS: np.ascontiguousarray(np.repeat(joined_ids[None], batch, axis=0))}
 
     def schedule_mu(self, info: dict, height: int, width: int, steps: int) -> float | None:
         rows, cols = token_grid(info, height, width)
