@@ -100,10 +100,8 @@ def _qwen_feeds(family: QwenImage, spec: ComponentSpec, dims: dict[str, int], fe
 
 def _flux2_wrap(family: Flux2Base, spec: ComponentSpec, module):
     from .fixups import decompose_rms_norms
-    from .flux2_components import Flux2Transformer, StackedHiddenStates, language_model
+    from .flux2_components import Flux2Transformer
 
-    if spec.kind == "stacked_text_encoder":
-        return StackedHiddenStates(language_model(module), tuple(spec.options["layers"]))
     if spec.kind == family.backbone_kind:
         decompose_rms_norms(module)
         return Flux2Transformer(module)

@@ -1,11 +1,10 @@
-"""Export wrappers of FLUX.2's transformer and text encoders (families/flux2.py declares them).
+"""The export wrapper of FLUX.2's transformer (families/flux2.py declares it).
 
-- `Flux2Transformer`: packed latent tokens, the table's timestep, the stacked text hidden states, 4-axis image
-  ids (batched like every conditioning input; the text ids (0, 0, 0, k) are made in the graph), and for [dev]
-  the embedded guidance scale. diffusers' `apply_rotary_emb` unpacks `x.shape` into Python ints, which the
-  tracer bakes in, so both attention processors are replaced by ones rotating on (cos, sin) pairs.
-- `StackedHiddenStates`: a decoder-only language model under a padding mask -> the hidden states the pipeline
-  reads (`output_hidden_states[k]` for each k), stacked on channels as the pipelines do.
+`Flux2Transformer`: packed latent tokens, the table's timestep, the stacked text hidden states, 4-axis image
+ids (batched like every conditioning input; the text ids (0, 0, 0, k) are made in the graph), and for [dev]
+the embedded guidance scale. diffusers' `apply_rotary_emb` unpacks `x.shape` into Python ints, which the
+tracer bakes in, so both attention processors are replaced by ones rotating on (cos, sin) pairs.
+The text encoders are export/llm_text_encoder.py's (layers 9/18/27 or 10/20/30 side by side, positions 0..L-1).
 """
 
 from __future__ import annotations
@@ -91,33 +90,3 @@ class Flux2Transformer(torch.nn.Module):
         out = self.model(hidden_states=hidden, encoder_hidden_states=encoder_hidden_states, timestep=timestep / 1000,
                          img_ids=ids, txt_ids=txt_ids, guidance=guidance, return_dict=False)[0]
         return out[:, : sample.shape[1]]
-
-
-def language_model(module):
-    """The decoder-only language model inside a text encoder class the FLUX.2 families accept."""
-    inner = getattr(module, "model", module)
-    return getattr(inner, "language_model", inner)  # Mistral3ForConditionalGeneration: model.language_model
-
-
-class StackedHiddenStates(torch.nn.Module):
-    """(input_ids, attention_mask) -> hidden states `layers` stacked: [B, L, len(layers) * hidden].
-
-    transformers builds its masks with vmap, which the tracer cannot follow: the causal + padding mask is made
-    here and handed over as a 4-D additive mask (taken as is by both Qwen3 and Mistral). Positions are 0..L-1 whatever the mask (what transformers uses when given
-    none): every padded token's state reaches the FLUX.2 transformer, so they must be the pipelines' too."""
-
-    def __init__(self, model, layers: tuple[int, ...]):
-        super().__init__()
-        self.model, self.layers = model, tuple(layers)
-
-    def forward(self, input_ids, attention_mask):
-        keep = attention_mask.to(torch.bool)
-        seq = input_ids.shape[1]
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
-        allowed = causal[None, None] & keep[:, None, None, :]
-        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
-        pos = torch.arange(seq, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos,
-                         use_cache=False, output_hidden_states=True, return_dict=True)
-        stacked = torch.stack([out.hidden_states[k] for k in self.layers], dim=2)  # [B, L, n, D]
-        return stacked.flatten(2)

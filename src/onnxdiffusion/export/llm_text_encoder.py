@@ -12,8 +12,8 @@ tracing (the final norm too unless entry n is read), so their weights never reac
 encoder exports without its last layer, FLUX.2 [klein]'s without the layers after 27.
 
 transformers builds causal masks with vmap, which the tracer cannot follow, so the causal + padding mask is
-built here in plain tensor ops and handed over pre-made (transformers accepts a {"full_attention": mask}
-mapping, as `generate` does). Position ids: `positions="arange"` is what a plain text LM uses when none
+built here in plain tensor ops and handed over pre-made, as a 4-D additive mask (transformers' mask builders
+return such a mask as they find it; Mistral, unlike Qwen, takes no {"full_attention": mask} mapping). Position ids: `positions="arange"` is what a plain text LM uses when none
 are given (0..L-1 for every row, padding included); `positions="mask"` numbers the kept tokens only, the
 way Qwen2.5-VL's `get_rope_index` numbers text-only input (`rope_axes` copies for its 3D rotary). For the
 tokens the mask keeps, with right padding, the two agree; they differ on the padding tokens, which matters
@@ -72,7 +72,8 @@ class DecoderHiddenStates(torch.nn.Module):
         if self.rope_axes > 1:
             pos = pos[None].expand(self.rope_axes, -1, -1)
         record = {"output_hidden_states": True} if self.several else {}
-        out = self.model(input_ids=input_ids, attention_mask={"full_attention": mask}, position_ids=pos,
+        # a 4-D mask is taken as is by every decoder here; the {"full_attention": mask} mapping is not (Mistral)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos,
                          use_cache=False, return_dict=True, **record)
         if not self.several:
             return out.last_hidden_state

@@ -163,7 +163,9 @@ class Flux2Base(PackedFlowFamily):
             "text_encoder": ComponentSpec(
                 "text_encoder", (TensorSpec("input_ids", "int64", ids), TensorSpec("attention_mask", "int64", ids)),
                 (TensorSpec(PROMPT_EMBEDS, "float32", (*ids, int(info.context_dim))),), atol=1e-4,
-                kind="stacked_text_encoder", source="text_encoder", options={"layers": list(self.text_layers)}),
+                kind="decoder_text_encoder", source="text_encoder",
+                # positions 0..L-1, padding included: every padded token's state reaches the transformer
+                options={"layers": tuple(self.text_layers), "positions": "arange"}),
             "transformer": ComponentSpec(
                 "transformer",
                 (TensorSpec(SAMPLE, "float32", (*TOKENS, c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),
@@ -175,7 +177,7 @@ class Flux2Base(PackedFlowFamily):
 
     def export_dims(self, spec: ComponentSpec, info: dict) -> list[dict[str, int]]:
         text = self.sequence_length("text_encoder", info)
-        if spec.kind == "stacked_text_encoder":
+        if spec.kind == "decoder_text_encoder":
             return [{"batch_size": 2, "sequence_length": text}, {"batch_size": 1, "sequence_length": max(8, text // 2)}]
         f = int(info.vae_scale_factor)
         dims = []
