@@ -9,6 +9,8 @@ The text encoders are export/llm_text_encoder.py's (layers 9/18/27 or 10/20/30 s
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -77,6 +79,8 @@ class Flux2Transformer(torch.nn.Module):
             block.attn.set_processor(_JointAttention())
         for block in model.single_transformer_blocks:
             block.attn.set_processor(_ParallelAttention())
+        # called through the module (so the exporter scopes its nodes /model/..., as LoRA points read them)
+        model.forward = types.MethodType(_split_stream_forward, model)
 
     def forward(self, sample, timestep, encoder_hidden_states, img_ids, *rest):
         guidance, reference, reference_ids = rest if self.guidance else (None, *rest)
@@ -87,26 +91,26 @@ class Flux2Transformer(torch.nn.Module):
         hidden = torch.cat([sample, reference], dim=1)
         ids = torch.cat([img_ids, reference_ids], dim=1)[0]
         # the table's timestep is sigma * 1000; the pipelines hand the transformer t / 1000 (it multiplies back)
-        out = self._blocks(hidden, encoder_hidden_states, timestep / 1000, ids, txt_ids, guidance)
+        out = self.model(hidden, encoder_hidden_states, timestep / 1000, ids, txt_ids, guidance)
         return out[:, : sample.shape[1]]
 
-    def _blocks(self, hidden, text, timestep, img_ids, txt_ids, guidance):
-        """Flux2Transformer2DModel.forward (no KV cache), except that each single-stream block takes the text and
-        image streams apart and returns them apart (its own split_hidden_states): the same numbers, but the
-        blocks' image stream is a tensor of its own, as in FLUX.1, which step caching follows across the blocks."""
-        m = self.model
-        timestep = timestep.to(hidden.dtype) * 1000
-        guidance = None if guidance is None else guidance.to(hidden.dtype) * 1000
-        temb = m.time_guidance_embed(timestep, guidance)
-        mod_img, mod_txt = m.double_stream_modulation_img(temb), m.double_stream_modulation_txt(temb)
-        mod_single = m.single_stream_modulation(temb)
-        hidden, text = m.x_embedder(hidden), m.context_embedder(text)
-        img_rot, txt_rot = m.pos_embed(img_ids), m.pos_embed(txt_ids)
-        rotary = (torch.cat([txt_rot[0], img_rot[0]], dim=0), torch.cat([txt_rot[1], img_rot[1]], dim=0))
-        for block in m.transformer_blocks:
-            text, hidden = block(hidden_states=hidden, encoder_hidden_states=text, temb_mod_img=mod_img,
-                                 temb_mod_txt=mod_txt, image_rotary_emb=rotary)
-        for block in m.single_transformer_blocks:
-            text, hidden = block(hidden_states=hidden, encoder_hidden_states=text, temb_mod=mod_single,
-                                 image_rotary_emb=rotary, split_hidden_states=True)
-        return m.proj_out(m.norm_out(hidden, temb))
+
+def _split_stream_forward(m, hidden, text, timestep, img_ids, txt_ids, guidance):
+    """Flux2Transformer2DModel.forward (no KV cache), except that each single-stream block takes the text and image
+    streams apart and returns them apart (its own split_hidden_states): the same numbers, but the blocks' image
+    stream is a tensor of its own, as in FLUX.1, which step caching follows across the blocks."""
+    timestep = timestep.to(hidden.dtype) * 1000
+    guidance = None if guidance is None else guidance.to(hidden.dtype) * 1000
+    temb = m.time_guidance_embed(timestep, guidance)
+    mod_img, mod_txt = m.double_stream_modulation_img(temb), m.double_stream_modulation_txt(temb)
+    mod_single = m.single_stream_modulation(temb)
+    hidden, text = m.x_embedder(hidden), m.context_embedder(text)
+    img_rot, txt_rot = m.pos_embed(img_ids), m.pos_embed(txt_ids)
+    rotary = (torch.cat([txt_rot[0], img_rot[0]], dim=0), torch.cat([txt_rot[1], img_rot[1]], dim=0))
+    for block in m.transformer_blocks:
+        text, hidden = block(hidden_states=hidden, encoder_hidden_states=text, temb_mod_img=mod_img,
+                             temb_mod_txt=mod_txt, image_rotary_emb=rotary)
+    for block in m.single_transformer_blocks:
+        text, hidden = block(hidden_states=hidden, encoder_hidden_states=text, temb_mod=mod_single,
+                             image_rotary_emb=rotary, split_hidden_states=True)
+    return m.proj_out(m.norm_out(hidden, temb))

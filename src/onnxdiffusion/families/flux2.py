@@ -82,8 +82,6 @@ class Flux2Base(PackedFlowFamily):
     backbone: ClassVar[str] = "transformer"
     backbone_classes: ClassVar[tuple[str, ...]] = ("Flux2Transformer2DModel",)
     backbone_kind: ClassVar[str] = "flux2_transformer"
-    # the export wrapper runs the blocks itself, so their nodes are named without the /model scope (step caching)
-    cache_block_pattern: ClassVar[str] = r"^((?:/model)?/(?:transformer_blocks|single_transformer_blocks)\.\d+/)"
     vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKLFlux2",)
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     latent_patch: ClassVar[int | None] = 2
