@@ -180,3 +180,28 @@ def test_bad_reference_pictures_are_one_line_errors(tiny_flux2_klein_onnx, tmp_p
         assert "\n" not in str(info.value)
     with pytest.raises(UserError, match="strength"):
         pipe(PROMPT, steps=2, height=H, width=W, image=_pictures()[0], strength=0.5)
+
+
+def test_distilled_klein_ignores_guidance_like_diffusers(tiny_flux2_klein_diffusers, tiny_flux2_klein_onnx, tmp_path):
+    """A step-distilled [klein] (model_index is_distilled) runs no CFG at any guidance, as Flux2KleinPipeline; the
+    Loop graph then runs the cond batch alone."""
+    from onnxdiffusion.folder.artifacts import hash_tree
+    from onnxdiffusion.loopgraph.compile import compile_loop
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_flux2_klein_diffusers, src)
+    index = json.loads((src / "model_index.json").read_text())
+    (src / "model_index.json").write_text(json.dumps({**index, "is_distilled": True}))
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_flux2_klein_onnx, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["pipeline"]["is_distilled"] = True  # what export records from that model_index
+    manifest["files"] = hash_tree(folder)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    compile_loop(folder, folder, form="loop")
+    x = _latents(2)
+    want = _reference(src, 4.0, x)
+    pipe = Pipeline.from_folder(folder)
+    for loop in ("host", "loop"):
+        got = pipe(PROMPT, steps=STEPS, guidance=4.0, height=H, width=W, latents=_tokens(x), loop=loop)
+        assert psnr(got.images, want) >= 40.0, loop

@@ -263,6 +263,10 @@ class Family:
         """The guidance backbone input for this folder (a family may have it only for some backbones)."""
         return self.guidance_input
 
+    def true_cfg(self, info: dict) -> bool:
+        """Whether guidance runs the [uncond; cond] batch (a guidance-embedding or step-distilled backbone: no)."""
+        return self.guidance_input_for(info) is None
+
     # -- ControlNet (families/control.py: the shared names and record) -------------------------------
     # the family's ControlNet support, a control.ControlNetSupport table the methods below delegate to;
     # None: the backbone takes none, unless the family overrides the methods (the UNet families do)

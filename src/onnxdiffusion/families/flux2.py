@@ -277,6 +277,10 @@ class Flux2Klein(Flux2Base):
     text_layers: ClassVar[tuple[int, ...]] = (9, 18, 27)
     embedded_guidance: ClassVar[bool] = False
 
+    def true_cfg(self, info: dict) -> bool:
+        # a step-distilled [klein] (model_index is_distilled) ignores the guidance scale: no CFG, as the pipeline
+        return not info.setting("is_distilled", False)
+
 
 class Flux2Dev(Flux2Base):
     name: ClassVar[str] = "flux2"

@@ -240,8 +240,8 @@ class Pipeline:
         guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
         backbone's extra sample channels; `adapter`: LoRA feeds; `references`: an editing model's reference inputs."""
         embedded = self.family.guidance_input_for(self.info)
-        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter,
-                                         references)
+        guided = guidance > 1.0 and self.family.true_cfg(self.info)
+        cond, uncond = self.conditioning(prompts, negatives, guided, height, width, adapter, references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         if inputs:  # more backbone inputs (ControlNet residuals), already on the [uncond; cond] batch

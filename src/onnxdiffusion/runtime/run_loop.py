@@ -98,7 +98,7 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
     if options.loop != "host":
         # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
         # except for a guidance-distilled backbone, which takes the scale as an input
-        cond, uncond = pipe.conditioning(prompts, negatives, embedded is None, h, w, adapter, references)
+        cond, uncond = pipe.conditioning(prompts, negatives, pipe.family.true_cfg(pipe.info), h, w, adapter, references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
         graph = pipe.sampling_graph(options.loop)
