@@ -206,8 +206,10 @@ class Flux2Base(PackedFlowFamily):
         return {CONTEXT: encoded["text_encoder"][PROMPT_EMBEDS]}
 
     def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
+        """The noise tokens' ids, and reference inputs holding no token: what every caller that knows nothing of
+        reference pictures (calibration, bench, the web page) feeds; a generation with pictures replaces them."""
         rows, cols = token_grid(info, height, width)
-        return {IMG_IDS: np.repeat(image_ids_4d(rows, cols)[None], batch, axis=0)}
+        return {IMG_IDS: np.repeat(image_ids_4d(rows, cols)[None], batch, axis=0), **self.reference_inputs(info, [], batch)}
 
     def reference_size(self, info: dict, height: int, width: int) -> tuple[int, int]:
         """The pipelines' size for a reference picture: scaled down to 1024^2 pixels of area when larger (aspect
