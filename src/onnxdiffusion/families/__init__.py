@@ -58,6 +58,8 @@ def describe_image_roles() -> str:
     """One line for --help and the API schema: which families edit and which do img2img."""
     roles = image_roles()
     parts = [f"the picture to edit for {', '.join(roles['reference'])} (editing by instruction)"] if "reference" in roles else []
+    optional = [f.name for f in _FAMILIES.values() if f.image_role == "reference" and f.references_optional]
+    parts += [f"optional for {', '.join(optional)}, which take several and draw from text alone without"] if optional else []
     parts += [f"the img2img start picture for {', '.join(roles['start'])}"] if "start" in roles else []
     parts += [f"refused by {', '.join(roles['none'])}"] if "none" in roles else []
     return "; ".join(parts)
