@@ -71,6 +71,14 @@ def test_decoder_feed_is_the_pipelines_unpack_batch_norm_unpatchify():
     np.testing.assert_allclose(KLEIN.decoder_feed(info, tokens.numpy(), h, w), want, rtol=0, atol=1e-6)
 
 
+def test_diffusers_latents_are_what_the_pipelines_pack_back_to_our_tokens():
+    from diffusers import Flux2KleinPipeline
+
+    tokens = np.random.default_rng(2).standard_normal((2, 15, 16)).astype(np.float32)
+    patches = KLEIN.diffusers_latents(_info(), tokens, 48, 80)
+    np.testing.assert_array_equal(Flux2KleinPipeline._pack_latents(torch.from_numpy(patches)).numpy(), tokens)
+
+
 def test_reference_latents_are_the_pipelines_normalized_packed_mode():
     from diffusers import Flux2KleinPipeline
 

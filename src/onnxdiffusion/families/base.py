@@ -204,6 +204,10 @@ class Family:
         negative prompt (the bench's PyTorch reference runs the same work)."""
         return {"guidance_scale": guidance}
 
+    def diffusers_latents(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
+        """Our initial latents in the layout the diffusers pipeline takes as `latents=` (the same by default)."""
+        return latents
+
     def zero_negative(self, info: dict) -> bool:
         """Whether an absent negative prompt means all-zero unconditional embeddings (SDXL)."""
         return False

@@ -193,6 +193,11 @@ class Flux2Base(PackedFlowFamily):
     def diffusers_call(self, info: dict, guidance: float) -> dict[str, Any]:
         return {"guidance_scale": guidance, "max_sequence_length": self.sequence_length("text_encoder", info)}
 
+    def diffusers_latents(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
+        """Tokens -> the (B, 4C, h/2, w/2) patches the pipelines draw and pack themselves."""
+        rows, cols = token_grid(info, height, width)
+        return np.ascontiguousarray(latents.transpose(0, 2, 1).reshape(latents.shape[0], -1, rows, cols))
+
     # -- run time ---------------------------------------------------------------------------------
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
         return _TemplateTokenizer(confined(folder, slot.tokenizer, "tokenizer folder"), info, self.prompt_strip,
