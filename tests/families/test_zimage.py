@@ -1,0 +1,188 @@
+"""Z-Image (families/zimage.py): `export` then `generate` reproduces ZImagePipeline given the same initial latents
+(issue 42, acceptance 1), at a non-square size, with and without guidance, a negative prompt longer than the
+prompt (captions of different lengths in one CFG batch), every flow sampler, the folder's own scheduler and a
+dynamic-shift one; the Loop and unrolled graphs agree with the host loop; int8-static runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.evaluate.metrics import psnr
+from onnxdiffusion.runtime import Pipeline
+from onnxdiffusion.samplers import FLOW_SAMPLERS
+
+pytestmark = pytest.mark.slow
+
+H, W = 48, 32  # 12 x 8 latents: 24 patch tokens, padded to 32 by the transformer's own pad token
+STEPS = 4
+PROMPT = "a small red circle on the left"
+LONG_NEGATIVE = ("blurry, low quality, a photo of a cat, a big blue square above a yellow triangle on the right, "
+                 "a green ring below a violet star")
+
+
+@pytest.fixture(scope="module")
+def zimage_pair(tiny_zimage_diffusers, tiny_zimage_onnx):
+    from diffusers import ZImagePipeline
+
+    ref = ZImagePipeline.from_pretrained(tiny_zimage_diffusers)
+    ref.set_progress_bar_config(disable=True)
+    return ref, Pipeline.from_folder(tiny_zimage_onnx)
+
+
+def _latents(seed: int) -> torch.Tensor:
+    return torch.randn(1, 4, H // 4, W // 4, generator=torch.Generator().manual_seed(seed))
+
+
+def _uint8(images: np.ndarray) -> np.ndarray:
+    return (images * 255).round().astype(np.uint8)
+
+
+def _diffusers(ref, guidance: float, negative: str | None, latents, steps: int = STEPS) -> np.ndarray:
+    kw = {} if negative is None else {"negative_prompt": negative}
+    return _uint8(ref(PROMPT, height=H, width=W, num_inference_steps=steps, guidance_scale=guidance, latents=latents,
+                      output_type="np", **kw).images)
+
+
+def test_manifest_records_validation_and_the_rendered_chat_template(tiny_zimage_onnx, zimage_pair):
+    ref, pipe = zimage_pair
+    manifest = json.loads((tiny_zimage_onnx / "manifest.json").read_text())
+    assert manifest["family"] == "zimage"
+    for name, comp in manifest["components"].items():
+        assert comp["validation"]["max_rel_error"] < 1e-4, name
+        first, second = comp["shapes_validated"]
+        assert first != second and first["batch_size"] != second["batch_size"], name
+    template = manifest["pipeline"]["chat_templates"]["text_encoder"]
+    rendered = ref.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                                 add_generation_prompt=True, enable_thinking=True)
+    assert template.format(PROMPT) == rendered
+
+
+@pytest.mark.parametrize("guidance,negative", [(3.0, None), (0.0, None), (4.0, LONG_NEGATIVE)])
+def test_generate_matches_diffusers(zimage_pair, guidance, negative):
+    """guidance is diffusers' guidance_scale (pos + g (pos - neg)); 0 runs the prompt alone."""
+    ref, pipe = zimage_pair
+    latents = _latents(0)
+    want = _diffusers(ref, guidance, negative, latents)
+    got = pipe(PROMPT, negative_prompt=negative, steps=STEPS, guidance=guidance, height=H, width=W,
+               latents=latents.numpy())
+    assert psnr(got.images, want) >= 40.0
+
+
+@pytest.mark.parametrize("sampler", FLOW_SAMPLERS)
+def test_every_flow_sampler_matches_its_diffusers_twin(zimage_pair, sampler):
+    from test_flow_families import _scheduler
+
+    ref, pipe = zimage_pair
+    own = ref.scheduler
+    ref.scheduler = _scheduler(ref, sampler)
+    try:
+        latents = _latents(1)
+        want = _diffusers(ref, 2.0, None, latents)
+    finally:
+        ref.scheduler = own
+    got = pipe(PROMPT, steps=STEPS, sampler=sampler, guidance=2.0, height=H, width=W, latents=latents.numpy())
+    assert psnr(got.images, want) >= 40.0
+
+
+def test_dynamic_shift_scheduler_matches_diffusers(zimage_pair, tiny_zimage_onnx, tmp_path):
+    """A folder whose scheduler shifts by the image's token count (mu from (h/2)(w/2), as ZImagePipeline)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    ref, _ = zimage_pair
+    config = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 1.0,
+              "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 16,
+              "max_image_seq_len": 256}
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_zimage_onnx, folder)
+    (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps(config))
+    pipe = Pipeline.from_folder(folder, verify=False)
+    own = ref.scheduler
+    ref.scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
+    try:
+        latents = _latents(2)
+        want = _diffusers(ref, 3.0, None, latents)
+    finally:
+        ref.scheduler = own
+    got = pipe(PROMPT, steps=STEPS, guidance=3.0, height=H, width=W, latents=latents.numpy())
+    assert psnr(got.images, want) >= 40.0
+
+
+@pytest.mark.parametrize("negative", [None, LONG_NEGATIVE])
+def test_loop_and_unrolled_forms_match_the_host_loop_and_diffusers(zimage_pair, tiny_zimage_onnx, tmp_path, negative):
+    from onnxdiffusion.loopgraph.compile import compile_loop
+
+    ref, _ = zimage_pair
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_zimage_onnx, folder)
+    compile_loop(folder, folder, form="loop")
+    compile_loop(folder, folder, form="unrolled", steps=STEPS)
+    pipe = Pipeline.from_folder(folder)
+    latents = _latents(3)
+    want = _diffusers(ref, 3.0, negative, latents)
+    kw = dict(steps=STEPS, guidance=3.0, height=H, width=W, latents=latents.numpy(), negative_prompt=negative)
+    host = pipe(PROMPT, **kw)
+    for form in ("loop", "unrolled"):
+        got = pipe(PROMPT, loop=form, **kw)
+        assert psnr(got.images, host.images) >= 60.0, form
+        assert psnr(got.images, want) >= 40.0, form
+
+
+def test_whole_graph_is_refused(tiny_zimage_onnx, tmp_path):
+    from onnxdiffusion.loopgraph.compile import compile_loop
+
+    with pytest.raises(UserError, match="--whole is not available for zimage"):
+        compile_loop(tiny_zimage_onnx, tmp_path / "out", form="loop", whole=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_int8_static_runs_and_its_loop_form_matches_the_host_loop(tiny_zimage_onnx, tmp_path):
+    from onnxdiffusion.loopgraph.compile import compile_loop
+    from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize
+    from onnxdiffusion.quantize.configs import recipe_class
+
+    cal = CalibrationConfig(count=4, steps=3, batch=4, sampler="flow_euler", guidance=3.0)
+    out = tmp_path / "int8"
+    report = quantize(tiny_zimage_onnx, out, QuantizeConfig(recipe=recipe_class("int8-static")(), calibration=cal,
+                                                            latency_runs=2, measure_memory=False))
+    assert report["quality"]["probe_psnr_db"] > 20
+    compile_loop(out, out, form="loop")
+    pipe = Pipeline.from_folder(out)
+    kw = dict(steps=3, guidance=3.0, seed=1, height=H, width=W)
+    host = pipe(PROMPT, **kw)
+    assert psnr(pipe(PROMPT, loop="loop", **kw).images, host.images) >= 60
+
+
+@pytest.mark.parametrize("method", ["first_block:0.2", "taylorseer:2"])
+def test_step_caching_host_and_loop_agree(tiny_zimage_onnx, tmp_path, method):
+    """cache_block_pattern names the main layers: the refiners run every step, the cached span is layers 1.."""
+    from onnxdiffusion.loopgraph.compile import compile_loop
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_zimage_onnx, folder)
+    compile_loop(folder, folder, form="loop", cache=method.split(":")[0])
+    pipe = Pipeline.from_folder(folder)
+    kw = dict(steps=6, guidance=3.0, seed=2, height=H, width=W, cache=method)
+    host = pipe(PROMPT, **kw)
+    loop = pipe(PROMPT, loop="loop", **kw)
+    plain = pipe(PROMPT, steps=6, guidance=3.0, seed=2, height=H, width=W)
+    assert psnr(loop.images, host.images) >= 50
+    assert psnr(host.images, plain.images) >= 20  # cached, still the same picture
+
+
+def test_mixed_components_are_refused(tiny_zimage_diffusers, tmp_path):
+    from onnxdiffusion.export import export_pipeline
+
+    src = tmp_path / "zimage"
+    shutil.copytree(tiny_zimage_diffusers, src)
+    cfg = json.loads((src / "transformer" / "config.json").read_text())
+    cfg["cap_feat_dim"] = 32
+    (src / "transformer" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="cap_feat_dim"):
+        export_pipeline(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
