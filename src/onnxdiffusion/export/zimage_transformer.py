@@ -20,6 +20,8 @@ wrapper computes the same thing on a batch:
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -69,7 +71,10 @@ class _RealRotarySelfAttention:
 
 class ZImageTransformer(torch.nn.Module):
     """sample (B, C, h, w), timestep (B,) = 1000 sigma, encoder_hidden_states (B, S, D_text), its float mask
-    (B, S) -> the flow velocity (B, C, h, w)."""
+    (B, S) -> the flow velocity (B, C, h, w).
+
+    The batched forward is bound to the diffusers model itself, so the exporter names its nodes and weights
+    under `/model/...` after diffusers' module paths, the names LoRA insertion points map back to."""
 
     def __init__(self, model):
         super().__init__()
@@ -78,56 +83,62 @@ class ZImageTransformer(torch.nn.Module):
         cfg = model.config
         if tuple(cfg.all_patch_size) != (2,) or tuple(cfg.all_f_patch_size) != (1,) or model.siglip_embedder is not None:
             raise ValueError("only 2x2 patches of one frame, without SigLIP features, are supported for export")
-        self.model = model
         tables = RopeEmbedder.precompute_freqs_cis(list(cfg.axes_dims), list(cfg.axes_lens), theta=cfg.rope_theta)
         for i, t in enumerate(tables):
-            self.register_buffer(f"rope_cos{i}", t.real.contiguous(), persistent=False)
-            self.register_buffer(f"rope_sin{i}", t.imag.contiguous(), persistent=False)
+            model.register_buffer(f"rope_cos{i}", t.real.contiguous(), persistent=False)
+            model.register_buffer(f"rope_sin{i}", t.imag.contiguous(), persistent=False)
         for block in (*model.noise_refiner, *model.context_refiner, *model.layers):
             block.attention.set_processor(_RealRotarySelfAttention())
-
-    def _rope(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [B, S, 3] int64 -> (cos, sin), each [B, S, sum(axes_dims) / 2]."""
-        cos = torch.cat([getattr(self, f"rope_cos{i}")[ids[..., i]] for i in range(3)], dim=-1)
-        sin = torch.cat([getattr(self, f"rope_sin{i}")[ids[..., i]] for i in range(3)], dim=-1)
-        return cos, sin
+        model.forward = types.MethodType(_batched_forward, model)
+        self.model = model
 
     def forward(self, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask):
-        m = self.model
-        b, c, h, w = sample.shape
-        rows, cols = h // 2, w // 2
-        adaln = m.t_embedder((1000 - timestep) / 1000 * m.t_scale).type_as(sample)
-        # image: 2x2 patches, (ph, pw, C) within a token, rows outer; embedded, then the pad tokens
-        tokens = sample.reshape(b, c, rows, 2, cols, 2).permute(0, 2, 4, 3, 5, 1).reshape(b, rows * cols, 4 * c)
-        x = m.all_x_embedder["2-1"](tokens)
-        n = rows * cols
-        total = n + (-n) % SEQ_MULTIPLE
-        x = torch.cat([x, m.x_pad_token.to(x.dtype).expand(b, total - n, -1)], dim=1)
-        # the caption: kept tokens, then the row's pad tokens up to a multiple of 32, then masked raggedness
-        kept = encoder_hidden_states_mask.to(torch.int64).sum(-1)  # L_i
-        padded = _ceil(kept)  # P_i
-        j = torch.arange(encoder_hidden_states.shape[1], dtype=torch.int64)
-        cap = m.cap_embedder(encoder_hidden_states)
-        cap = torch.where((j[None] < kept[:, None])[..., None], cap, m.cap_pad_token.to(cap.dtype))
-        cap_mask = j[None] < padded[:, None]
-        zeros = torch.zeros_like(j)
-        cap_ids = torch.stack([j + 1, zeros, zeros], dim=-1)[None].expand(b, -1, -1)
-        # image positions (P_i + 1, row, column); its pad tokens (0, 0, 0)
-        k = torch.arange(total, dtype=torch.int64)
-        real = k < n
-        img_ids = torch.stack([(padded[:, None] + 1) * real[None],
-                               torch.where(real, k // cols, 0)[None].expand(b, -1),
-                               torch.where(real, k % cols, 0)[None].expand(b, -1)], dim=-1)
-        x_freqs, cap_freqs = self._rope(img_ids), self._rope(cap_ids)
-        for layer in m.noise_refiner:
-            x = layer(x, None, x_freqs, adaln)
-        for layer in m.context_refiner:
-            cap = layer(cap, _additive(cap_mask), cap_freqs)
-        unified = torch.cat([x, cap], dim=1)
-        freqs = tuple(torch.cat([a, t], dim=1) for a, t in zip(x_freqs, cap_freqs))
-        mask = _additive(torch.cat([torch.ones_like(x[..., 0], dtype=torch.bool), cap_mask], dim=1))
-        for layer in m.layers:
-            unified = layer(unified, mask, freqs, adaln)
-        out = m.all_final_layer["2-1"](unified, c=adaln)[:, :n]
-        out = out.reshape(b, rows, cols, 2, 2, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h, w)
-        return -out
+        return self.model(sample, timestep, encoder_hidden_states, encoder_hidden_states_mask)
+
+
+def _rope(m, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, S, 3] int64 -> (cos, sin), each [B, S, sum(axes_dims) / 2]."""
+    cos = torch.cat([getattr(m, f"rope_cos{i}")[ids[..., i]] for i in range(3)], dim=-1)
+    sin = torch.cat([getattr(m, f"rope_sin{i}")[ids[..., i]] for i in range(3)], dim=-1)
+    return cos, sin
+
+
+def _batched_forward(m, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask):
+    """ZImageTransformer2DModel.forward (basic mode) on batched tensors, `m` the model."""
+    b, c, h, w = sample.shape
+    rows, cols = h // 2, w // 2
+    adaln = m.t_embedder((1000 - timestep) / 1000 * m.t_scale).type_as(sample)
+    # image: 2x2 patches, (ph, pw, C) within a token, rows outer; embedded, then the pad tokens
+    tokens = sample.reshape(b, c, rows, 2, cols, 2).permute(0, 2, 4, 3, 5, 1).reshape(b, rows * cols, 4 * c)
+    x = m.all_x_embedder["2-1"](tokens)
+    n = rows * cols
+    total = n + (-n) % SEQ_MULTIPLE
+    x = torch.cat([x, m.x_pad_token.to(x.dtype).expand(b, total - n, -1)], dim=1)
+    # the caption: kept tokens, then the row's pad tokens up to a multiple of 32, then masked raggedness
+    kept = encoder_hidden_states_mask.to(torch.int64).sum(-1)  # L_i
+    padded = _ceil(kept)  # P_i
+    j = torch.arange(encoder_hidden_states.shape[1], dtype=torch.int64)
+    cap = m.cap_embedder(encoder_hidden_states)
+    cap = torch.where((j[None] < kept[:, None])[..., None], cap, m.cap_pad_token.to(cap.dtype))
+    cap_mask = j[None] < padded[:, None]
+    zeros = torch.zeros_like(j)
+    cap_ids = torch.stack([j + 1, zeros, zeros], dim=-1)[None].expand(b, -1, -1)
+    # image positions (P_i + 1, row, column); its pad tokens (0, 0, 0)
+    k = torch.arange(total, dtype=torch.int64)
+    real = k < n
+    img_ids = torch.stack([(padded[:, None] + 1) * real[None],
+                           torch.where(real, k // cols, 0)[None].expand(b, -1),
+                           torch.where(real, k % cols, 0)[None].expand(b, -1)], dim=-1)
+    x_freqs, cap_freqs = _rope(m, img_ids), _rope(m, cap_ids)
+    for layer in m.noise_refiner:
+        x = layer(x, None, x_freqs, adaln)
+    for layer in m.context_refiner:
+        cap = layer(cap, _additive(cap_mask), cap_freqs)
+    unified = torch.cat([x, cap], dim=1)
+    freqs = tuple(torch.cat([a, t], dim=1) for a, t in zip(x_freqs, cap_freqs))
+    mask = _additive(torch.cat([torch.ones_like(x[..., 0], dtype=torch.bool), cap_mask], dim=1))
+    for layer in m.layers:
+        unified = layer(unified, mask, freqs, adaln)
+    out = m.all_final_layer["2-1"](unified, c=adaln)[:, :n]
+    out = out.reshape(b, rows, cols, 2, 2, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h, w)
+    return -out

@@ -66,9 +66,8 @@ class ZImage(Family):
     backbone_classes: ClassVar[tuple[str, ...]] = ("ZImageTransformer2DModel",)
     backbone_kind: ClassVar[str] = "zimage_transformer"
     latent_image_input: ClassVar[bool] = True
-    # the main single-stream layers (the refiners before them run every step); the exporter names the nodes
-    # without the /model scope
-    cache_block_pattern: ClassVar[str] = r"^((?:/model)?/layers\.\d+/)"
+    # the main single-stream layers (the refiners before them run every step)
+    cache_block_pattern: ClassVar[str] = r"^(/model/layers\.\d+/)"
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]] = (
         TextEncoderSlot("text_encoder", "tokenizer", ("Qwen3Model",), ("Qwen2Tokenizer", "Qwen2TokenizerFast"),
                         (PENULTIMATE,), chat_template=CHAT),
