@@ -186,3 +186,48 @@ def test_mixed_components_are_refused(tiny_zimage_diffusers, tmp_path):
     with pytest.raises(UserError, match="cap_feat_dim"):
         export_pipeline(src, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def zimage_lora(tiny_zimage_diffusers, tiny_zimage_onnx, tmp_path_factory):
+    from lora_helpers import make_lora
+
+    from onnxdiffusion.adapters.folder import add_points
+    from onnxdiffusion.loopgraph.compile import compile_loop
+
+    root = tmp_path_factory.mktemp("zimage_lora")
+    points = root / "points"
+    add_points(tiny_zimage_onnx, points)
+    compile_loop(points, points, form="loop")
+    return points, make_lora(tiny_zimage_diffusers, root / "lora", seed=11, std=0.2)
+
+
+def test_runtime_lora_matches_diffusers_host_and_loop(zimage_lora, tiny_zimage_diffusers, tiny_zimage_onnx):
+    """The transformer's nodes carry diffusers' module paths: a peft LoRA over its attention projections runs
+    through the insertion points, in the host loop and the Loop graph, as diffusers' load_lora_weights does."""
+    from lora_helpers import diffusers_lora_images
+
+    points, lora = zimage_lora
+    pipe = Pipeline.from_folder(points)
+    kw = dict(steps=STEPS, guidance=3.0, seed=5, height=H, width=W)
+    plain = pipe(PROMPT, **kw)
+    np.testing.assert_array_equal(plain.images, Pipeline.from_folder(tiny_zimage_onnx)(PROMPT, **kw).images)
+    ours = pipe(PROMPT, loras=[(lora, 0.7)], **kw)
+    ref = diffusers_lora_images(tiny_zimage_diffusers, [(lora, 0.7)], PROMPT, ours.init_latents, STEPS, 3.0, (H, W))
+    assert psnr(ours.images, ref) >= 40.0
+    assert psnr(ours.images, plain.images) < 37.0  # the LoRA visibly changes the image
+    assert psnr(pipe(PROMPT, loras=[(lora, 0.7)], loop="loop", **kw).images, ours.images) >= 60.0
+
+
+def test_fused_lora_matches_diffusers(zimage_lora, tiny_zimage_diffusers, tmp_path):
+    from lora_helpers import diffusers_lora_images
+
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    _, lora = zimage_lora
+    out = tmp_path / "fused"
+    export_pipeline(tiny_zimage_diffusers, out, ExportOptions(components=("text_encoder", "transformer", "vae_decoder"),
+                                                              default_size=32, loras=((lora, 0.7),)), progress=False)
+    ours = Pipeline.from_folder(out)(PROMPT, steps=STEPS, guidance=3.0, seed=5, height=H, width=W)
+    ref = diffusers_lora_images(tiny_zimage_diffusers, [(lora, 0.7)], PROMPT, ours.init_latents, STEPS, 3.0, (H, W))
+    assert psnr(ours.images, ref) >= 40.0
