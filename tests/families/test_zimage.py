@@ -141,15 +141,18 @@ def test_whole_graph_is_refused(tiny_zimage_onnx, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_int8_static_runs_and_its_loop_form_matches_the_host_loop(tiny_zimage_onnx, tmp_path):
+@pytest.mark.parametrize("name,options", [("int8-static", {}), ("int4-weights", {"block_size": "16"})])
+def test_quantized_backbone_runs_and_its_loop_form_matches_the_host_loop(tiny_zimage_onnx, tmp_path, name, options):
+    """int8-static calibrates on the family's own conditioning (caption rows and their mask) over flow_euler
+    trajectories; int4-weights is the low-bit recipe (MatMulNBits) on the transformer."""
     from onnxdiffusion.loopgraph.compile import compile_loop
     from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize
     from onnxdiffusion.quantize.configs import recipe_class
 
     cal = CalibrationConfig(count=4, steps=3, batch=4, sampler="flow_euler", guidance=3.0)
-    out = tmp_path / "int8"
-    report = quantize(tiny_zimage_onnx, out, QuantizeConfig(recipe=recipe_class("int8-static")(), calibration=cal,
-                                                            latency_runs=2, measure_memory=False))
+    out = tmp_path / name
+    report = quantize(tiny_zimage_onnx, out, QuantizeConfig(recipe=recipe_class(name).with_options(options),
+                                                            calibration=cal, latency_runs=2, measure_memory=False))
     assert report["quality"]["probe_psnr_db"] > 20
     compile_loop(out, out, form="loop")
     pipe = Pipeline.from_folder(out)
@@ -231,3 +234,28 @@ def test_fused_lora_matches_diffusers(zimage_lora, tiny_zimage_diffusers, tmp_pa
     ours = Pipeline.from_folder(out)(PROMPT, steps=STEPS, guidance=3.0, seed=5, height=H, width=W)
     ref = diffusers_lora_images(tiny_zimage_diffusers, [(lora, 0.7)], PROMPT, ours.init_latents, STEPS, 3.0, (H, W))
     assert psnr(ours.images, ref) >= 40.0
+
+
+def test_tokenizer_without_a_chat_template_is_refused(tiny_zimage_diffusers, tmp_path):
+    from onnxdiffusion.export import export_pipeline
+
+    src = tmp_path / "zimage"
+    shutil.copytree(tiny_zimage_diffusers, src)
+    (src / "tokenizer" / "chat_template.jinja").unlink(missing_ok=True)
+    cfg_path = src / "tokenizer" / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="no usable chat template"):
+        export_pipeline(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_manifest_template_without_its_placeholder_is_refused(tiny_zimage_onnx, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_zimage_onnx, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["pipeline"]["chat_templates"]["text_encoder"] = "<|im_start|>user\n"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="chat_templates"):
+        Pipeline.from_folder(folder, verify=False)
