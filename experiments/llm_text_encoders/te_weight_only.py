@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""The LLM text encoders' weight-only forms on the image (issue 42, acceptance 3): every MatMul with a constant
-weight in the exported text encoder (the decoder layers' q/k/v/o and MLP projections; the token embedding Gather
-stays float) becomes ONNX Runtime's MatMulNBits at 8 or 4 bits (quantize/_ort.int4_quantize, the kernel
-int4-weights writes, min/max rounding, symmetric blocks), the backbone and the VAE stay fp32, and the images
-are compared with the fp32 folder's on the same prompts and initial latents.
+"""The LLM text encoders' weight-only forms on the image (issue 42, acceptance 3): `quantize --recipe weights-only`
+(docs/recipes/weights-only.md) on the text encoder alone: every MatMul with a constant weight (the decoder layers'
+q/k/v/o and MLP projections; the token embedding Gather stays float) becomes ONNX Runtime's MatMulNBits at 8 or 4
+bits, the backbone and the VAE stay fp32, and the images are compared with the fp32 folder's on the same prompts
+and initial latents.
 
 The tiny pipelines are the tests' (tests/helpers/tiny_families.py: Z-Image's 3-layer Qwen3, Qwen-Image's 2-layer
 Qwen2.5-VL text model, random weights). Their hidden widths are 24 and 16, so the blocks are 16 wide (the
@@ -46,19 +46,14 @@ def _export(work: Path, family: str) -> Path:
 
 
 def _weight_only(folder: Path, out: Path, bits: int) -> int:
-    """A copy of `folder` whose text encoder's MatMul weights are `bits`-bit blocks; returns its bytes."""
-    import onnx
-
-    from onnxdiffusion.quantize import _ort
-    from onnxdiffusion.quantize.graphs import quantizable_nodes
+    """`quantize --recipe weights-only -O bits=BITS,block_size=16` (the text encoder alone); returns its bytes."""
+    from onnxdiffusion.quantize import QuantizeConfig, quantize
+    from onnxdiffusion.quantize.configs import recipe_class
 
     shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(folder, out)
-    path = out / "text_encoder" / "model.onnx"
-    model = onnx.load(str(path))
-    nodes = [q.name for q in quantizable_nodes(model, ("MatMul",)) if q.weight_size >= BLOCK]
-    onnx.save(_ort.int4_quantize(model, nodes, BLOCK, True, 0, bits), str(path))
-    return path.stat().st_size
+    recipe = recipe_class("weights-only").with_options({"bits": str(bits), "block_size": str(BLOCK)})
+    quantize(folder, out, QuantizeConfig(recipe=recipe, latency_runs=2, measure_memory=False))
+    return (out / "text_encoder" / "model.onnx").stat().st_size
 
 
 def measure(work: Path, pairs: int) -> dict:
