@@ -161,7 +161,7 @@ def test_quantized_backbone_runs_and_its_loop_form_matches_the_host_loop(tiny_zi
     assert psnr(pipe(PROMPT, loop="loop", **kw).images, host.images) >= 60
 
 
-@pytest.mark.parametrize("method", ["first_block:0.2", "taylorseer:2"])
+@pytest.mark.parametrize("method", ["first_block:0.2", "taylorseer:2", "residual:2"])
 def test_step_caching_host_and_loop_agree(tiny_zimage_onnx, tmp_path, method):
     """cache_block_pattern names the main layers: the refiners run every step, the cached span is layers 1.."""
     from onnxdiffusion.loopgraph.compile import compile_loop
@@ -259,3 +259,16 @@ def test_a_manifest_template_without_its_placeholder_is_refused(tiny_zimage_onnx
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="chat_templates"):
         Pipeline.from_folder(folder, verify=False)
+
+
+def test_magcache_calibrates_and_runs(tiny_zimage_onnx, tmp_path):
+    """MagCache's ratios are calibrated into the folder (cache calibrate) over the main layers, then skip steps."""
+    from onnxdiffusion.techniques.cache_magcache import calibrate
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_zimage_onnx, folder)
+    calibrate(Pipeline.from_folder(folder), [PROMPT, "a blue square"], steps=6, guidance=3.0)
+    pipe = Pipeline.from_folder(folder, verify=False)
+    kw = dict(steps=6, guidance=3.0, seed=2, height=H, width=W)
+    cached = pipe(PROMPT, cache="magcache:0.5", **kw)
+    assert psnr(cached.images, pipe(PROMPT, **kw).images) >= 20
