@@ -272,3 +272,19 @@ def test_magcache_calibrates_and_runs(tiny_zimage_onnx, tmp_path):
     kw = dict(steps=6, guidance=3.0, seed=2, height=H, width=W)
     cached = pipe(PROMPT, cache="magcache:0.5", **kw)
     assert psnr(cached.images, pipe(PROMPT, **kw).images) >= 20
+
+
+@pytest.mark.parametrize("strength", [0.6, 1.0])
+def test_img2img_matches_diffusers_img2img_pipeline(zimage_pair, tiny_zimage_diffusers, strength):
+    """`image=` scaled latents and `strength`: ZImageImg2ImgPipeline's start step and scale_noise, from our noise."""
+    from diffusers import ZImageImg2ImgPipeline
+    from img2img_oracle import image_pipeline_images
+
+    _, pipe = zimage_pair
+    rng = np.random.default_rng(7)
+    image = rng.standard_normal((1, 4, H // 4, W // 4)).astype(np.float32)
+    noise = rng.standard_normal((1, 4, H // 4, W // 4)).astype(np.float32)
+    want = image_pipeline_images(ZImageImg2ImgPipeline, tiny_zimage_diffusers, PROMPT, image, noise, 6, 3.0, strength,
+                                 height=H, width=W)
+    got = pipe(PROMPT, image=image, strength=strength, latents=noise, steps=6, guidance=3.0, height=H, width=W)
+    assert psnr(got.images, want) >= 40.0
