@@ -288,3 +288,15 @@ def test_img2img_matches_diffusers_img2img_pipeline(zimage_pair, tiny_zimage_dif
                                  height=H, width=W)
     got = pipe(PROMPT, image=image, strength=strength, latents=noise, steps=6, guidance=3.0, height=H, width=W)
     assert psnr(got.images, want) >= 40.0
+
+
+def test_a_batch_of_captions_of_different_lengths_matches_diffusers(zimage_pair):
+    """Two prompts in one batch whose captions pad to 32 and 64 tokens: the shorter row's raggedness is masked."""
+    ref, pipe = zimage_pair
+    prompts = [PROMPT, LONG_NEGATIVE]
+    latents = torch.randn(2, 4, H // 4, W // 4, generator=torch.Generator().manual_seed(9))
+    # (a copy: ZImagePipeline writes the templated prompts back into the list it is given)
+    want = _uint8(ref(list(prompts), height=H, width=W, num_inference_steps=STEPS, guidance_scale=3.0, latents=latents,
+                      output_type="np").images)
+    got = pipe(prompts, batch=2, steps=STEPS, guidance=3.0, height=H, width=W, latents=latents.numpy())
+    assert psnr(got.images, want) >= 40.0
