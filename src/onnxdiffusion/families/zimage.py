@@ -41,7 +41,11 @@ class _ChatTokenizer:
         from ..runtime.tokenizer import PaddedTokenizer
 
         template = (info.setting("chat_templates") or {}).get("text_encoder")
-        if not isinstance(template, str) or template.count("{}") != 1:
+        try:  # str.format with one positional field (literal braces escaped)
+            ok = isinstance(template, str) and template.format("\0").count("\0") == 1
+        except (ValueError, IndexError, KeyError):
+            ok = False
+        if not ok:
             raise UserError("the manifest's pipeline.chat_templates.text_encoder must be one template with one {} "
                             "(export it again)")
         self._tok = PaddedTokenizer(folder, None, template)
