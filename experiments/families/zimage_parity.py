@@ -5,7 +5,7 @@ grouped-query attention, random pad tokens, Z-Image-Turbo's scheduler), at 48x32
 padded to 32), host loop and Loop graph, every flow sampler, with and without guidance, a negative prompt longer
 than the prompt; then int8-static (4 calibration prompts) against fp32 on held-out prompt-seed pairs.
 
-    python experiments/families/zimage_parity.py [--work /tmp/zimage_parity]
+    python experiments/families/zimage_parity.py [--work DIR (default: the temporary folder)]
         -> experiments/families/zimage_parity.json and .md (the numbers in docs/families/zimage.md)
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 import sys
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def table(result: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/zimage_parity"))
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "zimage_parity")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     result = measure(args.work)

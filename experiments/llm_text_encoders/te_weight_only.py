@@ -9,7 +9,7 @@ The tiny pipelines are the tests' (tests/helpers/tiny_families.py: Z-Image's 3-l
 Qwen2.5-VL text model, random weights). Their hidden widths are 24 and 16, so the blocks are 16 wide (the
 recipe's smallest; released encoders take 32-128).
 
-    python experiments/llm_text_encoders/te_weight_only.py [--work /tmp/te_wo] [--pairs 8]
+    python experiments/llm_text_encoders/te_weight_only.py [--work DIR (default: the temporary folder)] [--pairs 8]
         -> experiments/llm_text_encoders/te_weight_only.json and .md
 """
 
@@ -19,6 +19,7 @@ import argparse
 import json
 import platform
 import shutil
+import tempfile
 import sys
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def table(result: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/te_weight_only"))
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "te_weight_only")
     ap.add_argument("--pairs", type=int, default=8)
     args = ap.parse_args()
     import onnxruntime
