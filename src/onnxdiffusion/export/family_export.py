@@ -16,6 +16,7 @@ from ..families.flux import IMG_IDS as FLUX_IMG_IDS
 from ..families.flux_kontext import REF_IDS, REFERENCE_FRAME, FluxKontext
 from ..families.qwenimage import IMG_IDS as QWEN_IMG_IDS
 from ..families.qwenimage import MASK, QwenImage
+from ..families.zimage import ZImage
 
 
 def wrap(family: Family, spec: ComponentSpec, module):
@@ -140,8 +141,33 @@ def _flux2_settings(family: Flux2Base, src, model_index: dict) -> dict:
             "is_distilled": bool(model_index.get("is_distilled", False))}
 
 
-_WRAPS = {Flux: _flux_wrap, FluxKontext: _flux_wrap, QwenImage: _qwen_wrap, Flux2Klein: _flux2_wrap,
-          Flux2Dev: _flux2_wrap}
-_FEEDS = {Flux: _flux_feeds, FluxKontext: _flux_feeds, QwenImage: _qwen_feeds, Flux2Klein: _flux2_feeds,
-          Flux2Dev: _flux2_feeds}
+def _zimage_wrap(family: ZImage, spec: ComponentSpec, module):
+    if spec.kind != family.backbone_kind:
+        return _default_wrap(spec, module)
+    from .fixups import decompose_diffusers_rms_norms, decompose_rms_norms
+    from .zimage_transformer import ZImageTransformer
+
+    decompose_rms_norms(module)
+    decompose_diffusers_rms_norms(module)
+    return ZImageTransformer(module)
+
+
+def _zimage_feeds(family: ZImage, spec: ComponentSpec, dims: dict[str, int], feeds: dict) -> dict:
+    """Text: a right-padded row beside a full one. Transformer: caption rows of different kept lengths, one
+    needing its own pad tokens and one shorter than the batch's padded length (masked raggedness)."""
+    import torch
+
+    b, s = dims["batch_size"], dims["sequence_length"]
+    if "attention_mask" in feeds:
+        feeds["attention_mask"] = _qwen_feeds(family, spec, dims, {"attention_mask": None})["attention_mask"]
+    if MASK in feeds:
+        kept = [s - 9, s // 2 - 5][:b]
+        feeds[MASK] = (torch.arange(s)[None] < torch.tensor(kept)[:, None]).to(torch.float32)
+    return feeds
+
+
+_WRAPS = {Flux: _flux_wrap, FluxKontext: _flux_wrap, QwenImage: _qwen_wrap, ZImage: _zimage_wrap,
+          Flux2Klein: _flux2_wrap, Flux2Dev: _flux2_wrap}
+_FEEDS = {Flux: _flux_feeds, FluxKontext: _flux_feeds, QwenImage: _qwen_feeds, ZImage: _zimage_feeds,
+          Flux2Klein: _flux2_feeds, Flux2Dev: _flux2_feeds}
 _SETTINGS = {Flux2Klein: _flux2_settings, Flux2Dev: _flux2_settings}

@@ -85,3 +85,15 @@ def decoder_stack(module):
     `.model.language_model` of a vision-language model (Qwen2.5-VL)."""
     inner = getattr(module, "model", module)
     return getattr(inner, "language_model", inner)
+
+
+def chat_prompt_template(tokenizer, options: tuple[tuple[str, object], ...]) -> str:
+    """The tokenizer's chat template rendered around one user message, as a `str.format` template with one {}
+    where the prompt goes (the run time formats it without transformers or jinja). `options`: the pipeline's
+    apply_chat_template keyword arguments (add_generation_prompt, enable_thinking, ...)."""
+    sentinel = "\u0000PROMPT\u0000"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False, **dict(options))
+    if not isinstance(text, str) or text.count(sentinel) != 1:
+        raise ValueError("the chat template does not place the user message exactly once")
+    head, tail = text.split(sentinel)
+    return "{}".join(part.replace("{", "{{").replace("}", "}}") for part in (head, tail))

@@ -14,6 +14,7 @@ from .qwenimage import QwenImage
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
+from .zimage import ZImage
 
 _FAMILIES: dict[str, Family] = {}
 DEFAULT = "sd"  # folders exported before families were recorded
@@ -30,6 +31,7 @@ register(StableDiffusion3())
 register(Flux())
 register(FluxKontext())
 register(QwenImage())
+register(ZImage())
 register(Flux2Klein())
 register(Flux2Dev())
 

@@ -240,6 +240,8 @@ class Pipeline:
         guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
         backbone's extra sample channels; `adapter`: LoRA feeds; `references`: an editing model's reference inputs."""
         embedded = self.family.guidance_input_for(self.info)
+        if embedded is None:  # the family's guidance as the CFG scale of u + s (c - u)
+            guidance = self.family.cfg_scale(guidance)
         guided = guidance > 1.0 and self.family.true_cfg(self.info)
         cond, uncond = self.conditioning(prompts, negatives, guided, height, width, adapter, references)
         if embedded is not None:
