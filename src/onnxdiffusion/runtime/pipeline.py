@@ -222,7 +222,7 @@ class Pipeline:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
         prompt given (SDXL then uses zeros, as diffusers does; others encode ""). `references`: an editing
         model's reference inputs (runtime/references.py), the same in cond and uncond."""
-        if references is None and self.family.image_role == "reference":
+        if references is None and self.family.image_role == "reference" and not self.family.references_optional:
             # an editing model measured without a picture (calibration, schedule selection): the probe picture;
             # a generation always brings its own (run_loop.prepare_run refuses one without)
             from .references import plan_references, probe_feeds
