@@ -38,7 +38,7 @@ def check_image_request(family, image_count: int, mask: bool = False, strength: 
     if role == "none" and (image_count or mask or strength):
         raise UserError(f"a {family.name} model takes no picture ({what}, mask, strength): it only draws from text")
     if role == "reference":
-        if not image_count and not family.references_optional:
+        if not image_count and not getattr(family, "references_optional", False):  # (duck-typed families too)
             raise UserError(f"a {family.name} model edits a picture: give the picture to edit ({what}) with the "
                             "instruction as the prompt")
         if image_count > family.max_references:
