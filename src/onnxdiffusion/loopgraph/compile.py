@@ -208,7 +208,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     techniques = _loop_techniques(cache_spec, stop_early, family, unet, comps[backbone], (schedule, high), large,
                                   control, correction)
     extra = _whole_parts(model, manifest, family) if whole else {}
-    mode = "none" if family.guidance_input_for(manifest.pipeline) else ("cfg_rescale" if family.cfg_rescale else "cfg")
+    mode = "none" if not family.true_cfg(manifest.pipeline) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")

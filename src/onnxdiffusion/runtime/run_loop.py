@@ -95,14 +95,15 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
     if options.loop != "host":
         # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
         # except for a guidance-distilled backbone, which takes the scale as an input
-        cond, uncond = pipe.conditioning(prompts, negatives, embedded is None, h, w, adapter, references)
+        cond, uncond = pipe.conditioning(prompts, negatives, pipe.family.true_cfg(pipe.info), h, w, adapter, references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
         graph = pipe.sampling_graph(options.loop)
         extra = {}  # each technique's run-time inputs (LoRA tensors, cache interval, stop threshold, ControlNets)
         for t in techniques:
             extra.update(t.graph_feeds(graph, ctx))
-        outs = graph.run_outputs(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
+        scale = options.guidance if embedded is not None else pipe.family.cfg_scale(options.guidance)
+        outs = graph.run_outputs(table, latents, cond, uncond, scale, noise, image=start, extra=extra or None)
         x = next(iter(outs.values()))
         steps_run = int(outs["steps_run"]) if "steps_run" in outs else run_table.num_steps
         guards.check_finite(x, "the sampling graph's output latents")
