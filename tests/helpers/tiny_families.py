@@ -119,9 +119,10 @@ def build_tiny_flux(folder: Path, t5_length: int = 16) -> Path:
     return out
 
 
-def build_tiny_qwenimage(folder: Path) -> Path:
-    """QwenImagePipeline: a 2-layer Qwen2.5-VL text encoder (width 16), a 2-layer MMDiT, a 3D VAE whose
-    per-channel latents_mean/latents_std are not the identity (so normalization is exercised)."""
+def build_tiny_qwenimage(folder: Path, heads: int = 3) -> Path:
+    """QwenImagePipeline: a 2-layer Qwen2.5-VL text encoder (width 16), a 2-layer MMDiT (`heads` x 16 wide: 2 makes
+    its projections GGUF-blockable), a 3D VAE whose per-channel latents_mean/latents_std are not the identity (so
+    normalization is exercised)."""
     import torch
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -141,7 +142,7 @@ def build_tiny_qwenimage(folder: Path) -> Path:
     )
     text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
     transformer = QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=heads,
         joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
     )
     gen = torch.Generator().manual_seed(1)

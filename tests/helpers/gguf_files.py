@@ -1,0 +1,48 @@
+"""Tiny GGUF backbone files written with the `gguf` package (the way ComfyUI-GGUF writes them: the 2-D weights
+whose rows split into 32-blocks quantized, everything else F32), and the diffusers-from-GGUF oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def write_gguf(path: Path, tensors: dict[str, np.ndarray], qtype: str, arch: str) -> Path:
+    """`tensors` (name -> float array) as a GGUF file: 2-D arrays with a multiple of 32 columns as `qtype`."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType[qtype]
+    writer = gguf.GGUFWriter(str(path), arch)
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if q != gguf.GGMLQuantizationType.F32 and a.ndim == 2 and a.shape[1] % 32 == 0:
+            writer.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
+        else:
+            writer.add_tensor(name, a)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def state_dict_arrays(folder: Path, subfolder: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    out: dict[str, np.ndarray] = {}
+    for f in sorted((folder / subfolder).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def diffusers_from_gguf(cls_name: str, path: Path, base: Path, subfolder: str = "transformer"):
+    """diffusers' own GGUF loading (from_single_file + GGUFQuantizationConfig, fp32 compute): the parity oracle."""
+    import diffusers
+    import torch
+    from diffusers import GGUFQuantizationConfig
+
+    cls = getattr(diffusers, cls_name)
+    return cls.from_single_file(str(path), config=str(base), subfolder=subfolder, local_files_only=True,
+                                quantization_config=GGUFQuantizationConfig(compute_dtype=torch.float32),
+                                torch_dtype=torch.float32).eval()
