@@ -74,11 +74,11 @@ def _chunk(gg: GgufFile, t: GgufTensor, i: int, n: int):
 def _float(gg: GgufFile, entry) -> "torch.Tensor":
     import torch
 
-    from .gguf_blocks import dequantize
+    from .gguf_blocks import dequantize, finite
 
     t, i, n = entry
     raw, shape = _chunk(gg, t, i, n)
-    return torch.from_numpy(dequantize(raw, t.ggml_type, shape))
+    return torch.from_numpy(finite(dequantize(raw, t.ggml_type, shape), f"tensor {t.name!r}"))
 
 
 def _parent(module, dotted: str):
@@ -164,6 +164,8 @@ def export_gguf(src: Path | str, out: Path | str, options=None, base: Path | str
     if base is None:
         raise UserError(f"{src}: a GGUF file holds the backbone alone: give --base DIR, a local diffusers folder of "
                         f"the same model kind (its text encoders, VAE, scheduler, tokenizers and backbone config)")
+    if options.loras or options.lora_points:
+        raise UserError("--lora and --lora-points need float backbone weights; a GGUF backbone keeps its low-bit blocks")
     gg = read_gguf(src)
     family, _ = source_info(base)
     check_file(gg, family)

@@ -51,8 +51,15 @@ def _blocks(raw: np.ndarray, shape: tuple[int, ...], block_bytes: int) -> np.nda
     return np.asarray(raw).reshape(n, k // BLOCK, block_bytes)
 
 
+def finite(a: np.ndarray, what: str) -> np.ndarray:
+    if not np.isfinite(a).all():
+        raise UserError(f"{what} holds non-finite values (inf or NaN): a damaged or crafted file")
+    return a
+
+
 def _scales(blocks: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32).reshape(-1)
+    return finite(np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32).reshape(-1),
+                  "a block scale")
 
 
 def _q8_0(raw: np.ndarray, shape) -> NBits:
@@ -88,7 +95,7 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.nd
 def requantize8(w: np.ndarray) -> NBits:
     """float [N, K] -> symmetric 8-bit blocks of 32 (what Q8_0 would hold, with fp32 scales)."""
     n, k = w.shape
-    blocks = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    blocks = finite(w, "a weight").reshape(n, k // BLOCK, BLOCK).astype(np.float32)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.rint(blocks / scale), -127, 127).astype(np.int16)
