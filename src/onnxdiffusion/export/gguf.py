@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
 from ..folder.artifacts import check_output_folder, write_manifest
 from ..folder.manifest import Manifest, typed
-from .gguf_blocks import EXACT, FLOAT_TYPES, type_name
+from .gguf_blocks import BLOCK, EXACT, FLOAT_TYPES, type_name
 from .gguf_file import GgufFile, GgufTensor, read_gguf
 
 SUFFIX = ".gguf"
@@ -81,6 +82,20 @@ def _float(gg: GgufFile, entry) -> "torch.Tensor":
     return torch.from_numpy(finite(dequantize(raw, t.ggml_type, shape), f"tensor {t.name!r}"))
 
 
+def _blocks(gg: GgufFile, entry, report: dict):
+    """One layer's MatMulNBits blocks, made from the file's memory map when needed (never all held at once); the
+    re-quantization's worst signal-to-noise kept in the report."""
+    from .gguf_blocks import to_nbits
+
+    t, i, n = entry
+    raw, shape = _chunk(gg, t, i, n)
+    nb = to_nbits(raw, t.ggml_type, shape)
+    if nb.snr_db is not None:
+        low = report["requantized_min_snr_db"]
+        report["requantized_min_snr_db"] = round(nb.snr_db if low is None else min(low, nb.snr_db), 2)
+    return nb
+
+
 def _parent(module, dotted: str):
     owner, _, leaf = dotted.rpartition(".")
     return (module.get_submodule(owner) if owner else module), leaf
@@ -92,7 +107,6 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
     import torch
     from accelerate import init_empty_weights
 
-    from .gguf_blocks import to_nbits
     from .gguf_linear import NBitsLinear
 
     mapped = check_file(gg, family)
@@ -121,22 +135,19 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
               "exact": 0, "requantized": 0, "float": 0, "requantized_min_snr_db": None}
     done: set[str] = set()
     linears = [(n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
-    for name, lin in linears:
+    for index, (name, lin) in enumerate(linears):
         t, i, n = mapped[f"{name}.weight"]
         if t.ggml_type in FLOAT_TYPES:
             continue
-        raw, shape = _chunk(gg, t, i, n)
-        nb = to_nbits(raw, t.ggml_type, shape)
+        if len(t.shape) != 2 or t.shape[1] % BLOCK:
+            raise UserError(f"{gg.path}: {t.name!r} is a {type_name(t.ggml_type)} tensor of shape {list(t.shape)}, "
+                            f"not a [N, K] matrix with K a multiple of {BLOCK}")
         bias = _float(gg, mapped[f"{name}.bias"]) if lin.bias is not None else None
         owner, leaf = _parent(module, name)
-        setattr(owner, leaf, NBitsLinear(nb, lin.out_features, lin.in_features, bias))
+        setattr(owner, leaf, NBitsLinear(partial(_blocks, gg, mapped[f"{name}.weight"], report),
+                                         EXACT.get(t.ggml_type, 8), index, lin.out_features, lin.in_features, bias))
         done.update({f"{name}.weight", f"{name}.bias"})
-        if t.ggml_type in EXACT:
-            report["exact"] += 1
-        else:
-            report["requantized"] += 1
-            low = report["requantized_min_snr_db"]
-            report["requantized_min_snr_db"] = round(nb.snr_db if low is None else min(low, nb.snr_db), 2)
+        report["exact" if t.ggml_type in EXACT else "requantized"] += 1
     for name in params:
         if name in done:
             continue
