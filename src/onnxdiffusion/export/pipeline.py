@@ -126,7 +126,7 @@ def _load_source(src: Path, name: str, class_name: str, family: Family, options:
     """A component's torch module: from the folder, or the backbone from options.gguf (its report kept)."""
     if options.gguf is None or name != family.backbone:
         return _load(src, name, class_name)
-    from .gguf import build_backbone
+    from .gguf_backbone import build_backbone
     from .gguf_file import read_gguf
 
     module, reports[name] = build_backbone(read_gguf(options.gguf), family, class_name, src / name)
@@ -135,7 +135,7 @@ def _load_source(src: Path, name: str, class_name: str, family: Family, options:
 
 def _gguf_entry(entry: dict, report: dict | None) -> None:
     if report is not None:
-        from .gguf import precision_label
+        from .gguf_backbone import precision_label
 
         entry["precision"] = precision_label(report)
         entry["gguf"] = report
