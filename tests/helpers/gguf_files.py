@@ -9,14 +9,15 @@ import numpy as np
 
 
 def write_gguf(path: Path, tensors: dict[str, np.ndarray], qtype: str, arch: str) -> Path:
-    """`tensors` (name -> float array) as a GGUF file: 2-D arrays with a multiple of 32 columns as `qtype`."""
+    """`tensors` (name -> float array) as a GGUF file: 2-D `.weight`s with a multiple of 32 columns as `qtype` (not
+    parameters such as Z-Image's pad tokens, which diffusers reads as plain tensors)."""
     import gguf
 
     q = gguf.GGMLQuantizationType[qtype]
     writer = gguf.GGUFWriter(str(path), arch)
     for name, a in tensors.items():
         a = np.ascontiguousarray(a, dtype=np.float32)
-        if q != gguf.GGMLQuantizationType.F32 and a.ndim == 2 and a.shape[1] % 32 == 0:
+        if q != gguf.GGMLQuantizationType.F32 and name.endswith(".weight") and a.ndim == 2 and a.shape[1] % 32 == 0:
             writer.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
         else:
             writer.add_tensor(name, a)

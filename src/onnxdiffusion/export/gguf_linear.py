@@ -68,6 +68,12 @@ class NBitsLinear(torch.nn.Module):
         self.register_buffer("scales", _placeholder(index, 1, np.float32))
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """A stand-in for modules that read their Linear's weight dtype or shape (Z-Image's timestep embedder): no
+        data (the meta device), so any computation with it fails loudly rather than silently."""
+        return torch.empty((self.out_features, self.in_features), device="meta")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_tracing():
             b, s = self.qweight, self.scales

@@ -36,3 +36,17 @@ class GgufNames:
             if part in name:
                 return [(name.replace(part, p), i, len(parts)) for i, p in enumerate(parts)]
         return [(name, 0, 1)]
+
+
+# Z-Image's files (ComfyUI-GGUF labels them lumina2) keep the original release's names, diffusers' single-file
+# converter's mapping as data: one fused qkv per attention, `out` for to_out.0, q_norm/k_norm, the embedder and final
+# layer of the one patch size, and the final norm diffusers has no use for. The zimage family declares
+# `gguf_names = Z_IMAGE`.
+Z_IMAGE = GgufNames(
+    architectures=("lumina2", "z_image"),
+    renames=(("final_layer.", "all_final_layer.2-1."), ("x_embedder.", "all_x_embedder.2-1."),
+             (".attention.out.", ".attention.to_out.0."), (".attention.k_norm.", ".attention.norm_k."),
+             (".attention.q_norm.", ".attention.norm_q.")),
+    fused=((".attention.qkv.", (".attention.to_q.", ".attention.to_k.", ".attention.to_v.")),),
+    dropped=("norm_final.weight",),
+)
