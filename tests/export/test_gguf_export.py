@@ -135,3 +135,31 @@ def test_refusals_are_one_line(bases, tmp_path):
             export_gguf(path, tmp_path / "out", progress=False, **kwargs)
         assert "\n" not in str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_base_can_be_an_exported_folder(bases, tmp_path):
+    """--base an fp32 export: the other components are copied byte for byte, the backbone is the same export as
+    from the diffusers folder (same graph inputs, same outputs), the folder generates."""
+    from onnxdiffusion.export import export_pipeline
+
+    base = bases["qwenimage"]
+    gguf_path = _gguf(bases, "qwenimage", "Q4_0", tmp_path)
+    exported = export_pipeline(base, tmp_path / "fp32", ExportOptions(), progress=False)
+    from_diffusers = tmp_path / "a"
+    export_gguf(gguf_path, from_diffusers, ExportOptions(), base=base, progress=False)
+    from_folder = tmp_path / "b"
+    manifest = export_gguf(gguf_path, from_folder, ExportOptions(), base=tmp_path / "fp32", progress=False)
+    assert manifest.components["transformer"].precision == "gguf-q4_0"
+    for name in exported.components:
+        if name != "transformer":
+            assert manifest.to_dict()["files"][f"{name}/model.onnx"] == exported.to_dict()["files"][f"{name}/model.onnx"]
+    family, info = source_info(base)
+    spec = family.component_specs(info, {family.backbone})[family.backbone]
+    feeds = family_export.export_feeds(family, spec, family.export_dims(spec, info)[0], torch.Generator().manual_seed(0), 0)
+    run = {n: feeds[n].numpy() for n in (t.name for t in spec.inputs)}
+    outs = [ort.InferenceSession(str(f / "transformer" / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, run)[0]
+            for f in (from_diffusers, from_folder)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert Pipeline.from_folder(from_folder)(PROMPT, steps=2, height=H, width=W).images.shape == (1, H, W, 3)
+    with pytest.raises(UserError, match="plain fp32 export"):
+        export_gguf(gguf_path, tmp_path / "c", ExportOptions(), base=from_folder, progress=False)

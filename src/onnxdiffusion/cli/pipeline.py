@@ -40,7 +40,8 @@ def export(
     family: Annotated[Optional[str], typer.Option(help="single-file SRC: the model family it must be (sd, sdxl, sd3, flux, ...)")] = None,
     base: Annotated[Optional[Path], typer.Option(
         help="GGUF SRC: a local diffusers folder of the same model kind (text encoders, VAE, scheduler, tokenizers, "
-             "the backbone's config.json); the backbone's weights stay the GGUF's low-bit blocks")] = None,
+             "the backbone's config.json), or an fp32 model folder exported from one; the backbone's weights stay the "
+             "GGUF's low-bit blocks")] = None,
     tiny_vae: Annotated[Optional[Path], typer.Option(
         "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
                            "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,

@@ -46,6 +46,10 @@ def export_gguf(src: Path | str, out: Path | str, options=None, base: Path | str
                         f"the same model kind (its text encoders, VAE, scheduler, tokenizers and backbone config)")
     if options.loras or options.lora_points:
         raise UserError("--lora and --lora-points need float backbone weights; a GGUF backbone keeps its low-bit blocks")
+    from .gguf_folder import export_into_folder, is_model_folder
+
+    if is_model_folder(Path(base)):
+        return export_into_folder(src, out, options, Path(base))
     gg = read_gguf(src)
     family, _ = source_info(base)
     check_file(gg, family)
