@@ -12,6 +12,7 @@ from ..families.flux import GUIDANCE, Flux
 from ..families.flux import IMG_IDS as FLUX_IMG_IDS
 from ..families.qwenimage import IMG_IDS as QWEN_IMG_IDS
 from ..families.qwenimage import MASK, QwenImage
+from ..families.zimage import ZImage
 
 
 def wrap(family: Family, spec: ComponentSpec, module):
@@ -58,10 +59,8 @@ def _flux_feeds(family: Flux, spec: ComponentSpec, dims: dict[str, int], feeds: 
 
 def _qwen_wrap(family: QwenImage, spec: ComponentSpec, module):
     from .fixups import decompose_rms_norms, exact_nearest_upsamples
-    from .flow_components import DecoderHiddenStates, QwenImageTransformer
+    from .flow_components import QwenImageTransformer
 
-    if spec.kind == "decoder_text_encoder":
-        return DecoderHiddenStates(module.model.language_model, rope_axes=3)
     if spec.kind == family.backbone_kind:
         decompose_rms_norms(module)
         return QwenImageTransformer(module)
@@ -87,5 +86,30 @@ def _qwen_feeds(family: QwenImage, spec: ComponentSpec, dims: dict[str, int], fe
     return feeds
 
 
-_WRAPS = {Flux: _flux_wrap, QwenImage: _qwen_wrap}
-_FEEDS = {Flux: _flux_feeds, QwenImage: _qwen_feeds}
+def _zimage_wrap(family: ZImage, spec: ComponentSpec, module):
+    if spec.kind != family.backbone_kind:
+        return _default_wrap(spec, module)
+    from .fixups import decompose_diffusers_rms_norms, decompose_rms_norms
+    from .zimage_transformer import ZImageTransformer
+
+    decompose_rms_norms(module)
+    decompose_diffusers_rms_norms(module)
+    return ZImageTransformer(module)
+
+
+def _zimage_feeds(family: ZImage, spec: ComponentSpec, dims: dict[str, int], feeds: dict) -> dict:
+    """Text: a right-padded row beside a full one. Transformer: caption rows of different kept lengths, one
+    needing its own pad tokens and one shorter than the batch's padded length (masked raggedness)."""
+    import torch
+
+    b, s = dims["batch_size"], dims["sequence_length"]
+    if "attention_mask" in feeds:
+        feeds["attention_mask"] = _qwen_feeds(family, spec, dims, {"attention_mask": None})["attention_mask"]
+    if MASK in feeds:
+        kept = [s - 9, s // 2 - 5][:b]
+        feeds[MASK] = (torch.arange(s)[None] < torch.tensor(kept)[:, None]).to(torch.float32)
+    return feeds
+
+
+_WRAPS = {Flux: _flux_wrap, QwenImage: _qwen_wrap, ZImage: _zimage_wrap}
+_FEEDS = {Flux: _flux_feeds, QwenImage: _qwen_feeds, ZImage: _zimage_feeds}

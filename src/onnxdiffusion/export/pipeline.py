@@ -154,6 +154,28 @@ def _save_tokenizer(src: Path, name: str, class_name: str, out: Path) -> None:
     tok.save_pretrained(out / name)
 
 
+def _chat_templates(src: Path, family: Family, model_index: dict) -> dict[str, str]:
+    """Each chat-template encoder's template, rendered once from its tokenizer folder (families/base.py
+    TextEncoderSlot.chat_template): the run time formats the prompt into it."""
+    import transformers
+
+    from .llm_text_encoder import chat_prompt_template
+
+    out = {}
+    for slot in family.text_encoders:
+        cls = class_of(model_index, slot.tokenizer)
+        if slot.chat_template is None or cls is None:
+            continue
+        fast = cls if cls.endswith("Fast") else cls + "Fast"
+        try:
+            tok = getattr(transformers, fast).from_pretrained(src / slot.tokenizer, local_files_only=True)
+            out[slot.name] = chat_prompt_template(tok, slot.chat_template)
+        except Exception as e:  # a folder's tokenizer or template (jinja's own errors too): one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{src / slot.tokenizer}: no usable chat template ({first})") from None
+    return out
+
+
 def _check_tiny(family: Family, configs: dict, options: ExportOptions) -> tuple[tuple[str, ...], dict | None]:
     """--tiny-vae: the halves it adds (skippable like optional components) and its checked config."""
     if options.tiny_vae is None:
@@ -209,6 +231,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
 
     t_start = time.time()
     settings = family.pipeline_info(configs)
+    if templates := _chat_templates(src, family, model_index):
+        settings["chat_templates"] = templates
     if options.default_size is not None:
         m = int(settings["size_multiple"])
         if options.default_size <= 0 or options.default_size % m:

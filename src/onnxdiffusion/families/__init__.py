@@ -12,6 +12,7 @@ from .qwenimage import QwenImage
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
+from .zimage import ZImage
 
 _FAMILIES: dict[str, Family] = {}
 DEFAULT = "sd"  # folders exported before families were recorded
@@ -27,6 +28,7 @@ register(StableDiffusionXL())
 register(StableDiffusion3())
 register(Flux())
 register(QwenImage())
+register(ZImage())
 
 
 def names() -> tuple[str, ...]:

@@ -77,6 +77,9 @@ class TextEncoderSlot:
     outputs: tuple[str, ...]  # ONNX outputs the family's combine() reads
     required: bool = True
     max_length: int | None = None  # fixed token length; None: the tokenizer's model_max_length
+    # an LLM encoder read through its tokenizer's chat template: apply_chat_template's keyword arguments; export
+    # renders the folder's template once into pipeline.chat_templates[name] (a str.format template, one {})
+    chat_template: tuple[tuple[str, Any], ...] | None = None
 
 
 class Ops(Protocol):
@@ -253,6 +256,11 @@ class Family:
         if len(blocks) < 2:
             raise ValueError("the backbone has fewer than two named transformer blocks")
         return (tuple(blocks) if all_blocks else tuple(blocks[1:])), blocks[0]
+
+    def cfg_scale(self, guidance: float) -> float:
+        """The classifier-free guidance scale s of `u + s (c - u)` for the user's `guidance` (diffusers' guidance_scale
+        of this family's pipeline); s <= 1 runs without the unconditional batch."""
+        return guidance
 
     def guidance_input_for(self, info: dict) -> str | None:
         """The guidance backbone input for this folder (a family may have it only for some backbones)."""

@@ -129,7 +129,7 @@ class QwenImage(PackedFlowFamily):
             "text_encoder": ComponentSpec(
                 "text_encoder", (TensorSpec("input_ids", "int64", ids), TensorSpec("attention_mask", "int64", ids)),
                 (TensorSpec("last_hidden_state", "float32", (*ids, int(info.context_dim))),), atol=1e-4,
-                kind="decoder_text_encoder", source="text_encoder"),
+                kind="decoder_text_encoder", source="text_encoder", options={"rope_axes": 3}),
             "transformer": ComponentSpec(
                 "transformer",
                 (TensorSpec(SAMPLE, "float32", (*TOKENS, c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),

@@ -238,6 +238,8 @@ class Pipeline:
         guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
         backbone's extra sample channels; `adapter`: LoRA feeds."""
         embedded = self.family.guidance_input_for(self.info)
+        if embedded is None:  # the family's guidance as the CFG scale of u + s (c - u)
+            guidance = self.family.cfg_scale(guidance)
         cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)

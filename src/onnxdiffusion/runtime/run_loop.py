@@ -98,7 +98,8 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         extra = {}  # each technique's run-time inputs (LoRA tensors, cache interval, stop threshold, ControlNets)
         for t in techniques:
             extra.update(t.graph_feeds(graph, ctx))
-        outs = graph.run_outputs(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
+        scale = options.guidance if embedded is not None else pipe.family.cfg_scale(options.guidance)
+        outs = graph.run_outputs(table, latents, cond, uncond, scale, noise, image=start, extra=extra or None)
         x = next(iter(outs.values()))
         steps_run = int(outs["steps_run"]) if "steps_run" in outs else run_table.num_steps
         guards.check_finite(x, "the sampling graph's output latents")
