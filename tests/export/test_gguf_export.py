@@ -21,14 +21,15 @@ from onnxdiffusion.export.gguf import export_gguf
 from onnxdiffusion.export.pipeline import source_info
 from onnxdiffusion.runtime import Pipeline
 
-from gguf_files import diffusers_from_gguf, state_dict_arrays, write_gguf
+from gguf_files import diffusers_from_gguf, state_dict_arrays, write_gguf, zimage_original_names
 
 pytestmark = pytest.mark.slow
 
 H = W = 32
 PROMPT = "a small red circle on the left"
 # family -> (tiny base builder, backbone class, the files' architecture label, names: diffusers -> the file's)
-FAMILIES = {"qwenimage": ("qwenimage", "QwenImageTransformer2DModel", "qwen_image", None)}
+FAMILIES = {"qwenimage": ("qwenimage", "QwenImageTransformer2DModel", "qwen_image", None),
+            "zimage": ("zimage", "ZImageTransformer2DModel", "lumina2", zimage_original_names)}
 # the weights' bytes in the backbone file / their fp32 bytes (issue 43: <= 0.3x Q8_0, <= 0.17x Q4_0)
 WEIGHT_RATIO = {"Q8_0": 0.30, "Q4_0": 0.17, "Q5_0": 0.30}
 
@@ -39,10 +40,10 @@ def _snr(ref: np.ndarray, got: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory) -> dict[str, Path]:
-    from tiny_families import build_tiny_qwenimage
+    from tiny_families import build_tiny_qwenimage, build_tiny_zimage
 
     root = tmp_path_factory.mktemp("gguf_bases")
-    return {"qwenimage": build_tiny_qwenimage(root, heads=2)}
+    return {"qwenimage": build_tiny_qwenimage(root, heads=2), "zimage": build_tiny_zimage(root, 64, (8, 12, 12))}
 
 
 def _gguf(bases, family: str, qtype: str, folder: Path) -> Path:
@@ -93,7 +94,20 @@ def _qwen_image(base: Path, gguf_path: Path, folder: Path) -> float:
     return psnr(got.images, (want * 255).round().astype(np.uint8))
 
 
-IMAGE_PARITY = {"qwenimage": _qwen_image}
+def _z_image(base: Path, gguf_path: Path, folder: Path) -> float:
+    from diffusers import ZImagePipeline
+
+    ref = ZImagePipeline.from_pretrained(base, transformer=diffusers_from_gguf("ZImageTransformer2DModel", gguf_path,
+                                                                             base))
+    latents = torch.randn(1, 4, H // 4, W // 4, generator=torch.Generator().manual_seed(1))
+    want = ref(PROMPT, negative_prompt="blurry", guidance_scale=3.0, height=H, width=W, num_inference_steps=4,
+               latents=latents, output_type="np").images
+    got = Pipeline.from_folder(folder)(PROMPT, negative_prompt="blurry", steps=4, guidance=3.0, height=H, width=W,
+                                        latents=latents.numpy())
+    return psnr(got.images, (want * 255).round().astype(np.uint8))
+
+
+IMAGE_PARITY = {"qwenimage": _qwen_image, "zimage": _z_image}
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,27 +13,9 @@ from onnxdiffusion.export.gguf_backbone import build_backbone
 from onnxdiffusion.export.gguf_file import read_gguf
 from onnxdiffusion.families.gguf_names import Z_IMAGE
 
-from gguf_files import diffusers_from_gguf, write_gguf
+from gguf_files import diffusers_from_gguf, write_gguf, zimage_original_names
 
 pytestmark = pytest.mark.slow
-
-
-def _original_names(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """diffusers' Z-Image names -> the release's (the converter's inverse), qkv fused again."""
-    out: dict[str, np.ndarray] = {}
-    for name, a in sd.items():
-        if ".attention.to_k." in name or ".attention.to_v." in name:
-            continue
-        if ".attention.to_q.weight" in name:
-            parts = [sd[name.replace("to_q", x)] for x in ("to_q", "to_k", "to_v")]
-            name, a = name.replace(".attention.to_q.", ".attention.qkv."), np.concatenate(parts, axis=0)
-        for new, old in ((".attention.to_out.0.", ".attention.out."), (".attention.norm_k.", ".attention.k_norm."),
-                         (".attention.norm_q.", ".attention.q_norm."), ("all_final_layer.2-1.", "final_layer."),
-                         ("all_x_embedder.2-1.", "x_embedder.")):
-            name = name.replace(new, old)
-        out["model.diffusion_model." + name] = a
-    out["model.diffusion_model.norm_final.weight"] = np.ones(64, np.float32)
-    return out
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_0"])
@@ -46,7 +27,7 @@ def test_z_image_names_match_diffusers_single_file(tmp_path, qtype):
                                      cap_feat_dim=32, axes_dims=[8, 12, 12], axes_lens=[64, 32, 32]).eval()
     model.save_pretrained(tmp_path / "transformer")
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    path = write_gguf(tmp_path / "z.gguf", _original_names(sd), qtype, "lumina2")
+    path = write_gguf(tmp_path / "z.gguf", zimage_original_names(sd), qtype, "lumina2")
     ours, report = build_backbone(read_gguf(path), SimpleNamespace(name="zimage", gguf_names=Z_IMAGE),
                                   "ZImageTransformer2DModel", tmp_path / "transformer")
     assert (report["exact"] > 0) == (qtype != "F32") and report["architecture"] == "lumina2"
