@@ -122,6 +122,25 @@ def _load(src: Path, name: str, class_name: str):
         raise UserError(f"could not load {src / name}: {first}") from None
 
 
+def _load_source(src: Path, name: str, class_name: str, family: Family, options: ExportOptions, reports: dict):
+    """A component's torch module: from the folder, or the backbone from options.gguf (its report kept)."""
+    if options.gguf is None or name != family.backbone:
+        return _load(src, name, class_name)
+    from .gguf_backbone import build_backbone
+    from .gguf_file import read_gguf
+
+    module, reports[name] = build_backbone(read_gguf(options.gguf), family, class_name, src / name)
+    return module
+
+
+def _gguf_entry(entry: dict, report: dict | None) -> None:
+    if report is not None:
+        from .gguf_backbone import precision_label
+
+        entry["precision"] = precision_label(report)
+        entry["gguf"] = report
+
+
 def _save_tokenizer(src: Path, name: str, class_name: str, out: Path) -> None:
     """Re-save as a fast tokenizer: the run time reads tokenizer.json with the `tokenizers` library."""
     import transformers
@@ -238,6 +257,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                             f"{[n for n in specs if n not in needed]}")
         specs = {k: v for k, v in specs.items() if k not in options.skip}
     fused: dict[str, int] = {}
+    gguf_reports: dict[str, dict] = {}
     draft: dict = {
         "format_version": FORMAT_VERSION,
         "family": family.name,
@@ -260,7 +280,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 if loaded is None or loaded[0] != spec.source:
                     loaded = module = None  # release the previous source's weights before loading the next
                     heap.settle()
-                    module = _load(src, spec.source, class_of(model_index, spec.source))
+                    module = _load_source(src, spec.source, class_of(model_index, spec.source), family, options,
+                                          gguf_reports)
                     export_lora.fuse(module, spec.source, lora_records)
                     if options.fuse_attention and spec.kind != "text_encoder":
                         fused[spec.source] = fuse_attention(module)
@@ -282,6 +303,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                                          release=release if last_of_source else None)
                 wrapped = None
                 entry["family"] = family.name
+                _gguf_entry(entry, gguf_reports.get(spec.source))
                 entry["shapes_validated"] = dims
                 draft["components"][name] = entry
                 if (src / spec.source / "config.json").is_file():

@@ -322,6 +322,8 @@ class Family:
     whole_graph: ClassVar[bool] = True
     # whether an AutoencoderTiny (TAESD) can stand in for the VAE (families/tiny_vae.py)
     tiny_vae: ClassVar[bool] = True
+    # how GGUF backbone files name its tensors (a families/gguf_names.GgufNames); None: no GGUF backbone read
+    gguf_names: ClassVar[Any] = None
 
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
         from ..folder.manifest import confined

@@ -27,6 +27,7 @@ from ..errors import UserError
 from ..folder.manifest import confined
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, SizeLimits, TensorSpec, TextEncoderSlot
 from .flux import flow_scheduler_info, flow_sigmas, flow_start_step, flow_vae_info
+from .gguf_names import Z_IMAGE
 from .qwenimage import MASK, QwenImage, pad_tokens
 
 PENULTIMATE = "penultimate_hidden_state"
@@ -78,6 +79,7 @@ class ZImage(Family):
     )
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     whole_graph: ClassVar[bool] = False  # the chat template and the per-row caption lengths are host-side
+    gguf_names: ClassVar[Any] = Z_IMAGE  # ComfyUI-GGUF files: label lumina2, the release's tensor names
 
     def cfg_scale(self, guidance: float) -> float:
         return float(guidance) + 1.0
