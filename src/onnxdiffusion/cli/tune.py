@@ -23,7 +23,7 @@ def tune(
     prompts: Annotated[Optional[Path], typer.Option(
         help="tuning prompts, one a line (default: the scene world's held-out prompts, which the judge reads)")] = None,
     tune_count: Annotated[int, typer.Option("--tune-count", help="tuning prompts")] = 16,
-    holdout_count: Annotated[int, typer.Option("--holdout-count", help="held-out prompts of the final check")] = 48,
+    holdout_count: Annotated[int, typer.Option("--holdout-count", help="held-out prompts of the final check")] = 32,
     recipes: Annotated[str, typer.Option(help="quantize recipes tried, in order, comma-separated (none: fp32 only)")]
         = "int8-static,int8-timestep",
     rounds: Annotated[int, typer.Option(help="interleaved timing rounds")] = 5,

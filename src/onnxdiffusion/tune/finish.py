@@ -22,21 +22,23 @@ def _loaders(folders: dict) -> dict:
 def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: M.PromptSet, judged, guidance,
             log) -> dict:
     """The candidate's quality on prompts the search never saw, and fp32's judge verdict on them."""
-    rec = store.get("holdout", cand.key)
+    ident = f"{prompts.seed}+{len(prompts.prompts)}/{cand.key}"
+    rec = store.get("holdout", ident)
     if rec is not None:
         return rec
     log(f"tune: held-out check on {len(prompts.prompts)} prompts the search never saw")
-    ref = store.array("reference-holdout",
+    ref = store.array(f"reference-holdout-{prompts.seed}-{len(prompts.prompts)}",
                       lambda: M.generate(folders[FP32].pipe(default.profile), default, prompts, guidance)["full"])
     made = M.generate(folders[cand.recipe].pipe(cand.profile), cand, prompts, guidance)
     images = made[cand.decoder]
-    return store.put("holdout", cand.key, {"candidate": cand.to_dict(), **M.score(images, ref, prompts, judged),
+    return store.put("holdout", ident, {"candidate": cand.to_dict(), **M.score(images, ref, prompts, judged),
                                            "reference": judged(ref, prompts)})
 
 
 def finish(out: Path, model: Path, manifest, options, search, folders: dict, default: Candidate, holdout_set,
            judged, facts: dict, unavailable: dict, built: list, t0: float, log) -> dict:
     from .output import write_outputs
+    from .report import write_report
 
     passing = search.passing(set(folders))
     cands = timed_set(passing, default, options.top)
@@ -71,6 +73,7 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
     }
     result["seconds"] = round(time.monotonic() - t0, 1)
     write_outputs(out, folders[chosen.recipe].path, chosen, result, log)
+    write_report(out, result)
     log(f"tune: chose {chosen.label()}: {result['speedup']['vs_default']:.2f}x the default; held-out "
         f"{held['psnr']:.1f} dB" + (f", strict {held['strict']:.3f} (fp32 {held['reference']['strict']:.3f})"
                                    if held.get("strict") is not None else "") + f"; {result['seconds']:.0f} s")

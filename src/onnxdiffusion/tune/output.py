@@ -1,6 +1,6 @@
 """OUT of a `tune` run: OUT/model, the chosen folder (its files linked, not copied) whose manifest's `recommended`
 holds the chosen sampler, steps, cache, decoder and hardware profile, so `generate`, `serve`, `bench` and the page
-run it without a flag; tune.json (every figure); report.md and pareto.png (report.py)."""
+run it without a flag; tune.json (every figure). report.py writes report.md and pareto.png beside them."""
 
 from __future__ import annotations
 
@@ -27,29 +27,11 @@ def tuned_manifest(source: Path, chosen: Candidate, result: dict) -> dict:
 
 
 def write_outputs(out: Path, source: Path, chosen: Candidate, result: dict, log) -> None:
-    from .report import write_report
-
     out = Path(out)
     draft = tuned_manifest(source, chosen, result)
     with atomic_dir(out / "model", overwrite=True, inputs=(source,)) as tmp:
         link_files(source, tmp, draft["files"])
         write_manifest(tmp, draft)
     atomic_write_bytes(out / "tune.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
-    write_report(out, result)
     log(f"tune: wrote {out / 'model'} (generate/serve run it as tuned), {out / 'report.md'}")
 
-
-def hand_spelled(result: dict, model: str = "MODEL") -> list[str]:
-    """The commands that make the chosen configuration by hand (the report prints them; a test runs them)."""
-    c = Candidate.from_dict(result["chosen"])
-    folder = model
-    cmds = []
-    if c.recipe != "fp32":
-        args = next((b.get("quantize_args", []) for b in result["quantize_builds"] if b.get("recipe") == c.recipe), [])
-        cmds.append(f"onnxdiffusion quantize {model} {c.recipe}-folder --recipe {c.recipe} {' '.join(args)}".strip())
-        folder = f"{c.recipe}-folder"
-    flags = f"--sampler {c.sampler} --steps {c.steps} --decoder {c.decoder} --profile {c.profile}"
-    if c.cache:
-        flags += f" --cache {c.cache}"
-    cmds.append(f'onnxdiffusion generate {folder} "PROMPT" {flags}')
-    return cmds

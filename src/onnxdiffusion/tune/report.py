@@ -7,7 +7,6 @@ from pathlib import Path
 
 from ..bench.machine import machine_line
 from ..folder.artifacts import atomic_write_bytes
-from .output import hand_spelled
 from .space import LEVERS, Candidate
 
 
@@ -16,6 +15,22 @@ def _q(s: dict | None) -> str:
         return "-"
     acc = f" / {s['strict']:.3f}" if s.get("strict") is not None else ""
     return f"{s['psnr']:.1f}{acc}"
+
+
+def hand_spelled(result: dict, model: str = "MODEL") -> list[str]:
+    """The commands that make the chosen configuration by hand (the report prints them; a test runs them)."""
+    c = Candidate.from_dict(result["chosen"])
+    folder = model
+    cmds = []
+    if c.recipe != "fp32":
+        args = next((b.get("quantize_args", []) for b in result["quantize_builds"] if b.get("recipe") == c.recipe), [])
+        cmds.append(f"onnxdiffusion quantize {model} {c.recipe}-folder --recipe {c.recipe} {' '.join(args)}".strip())
+        folder = f"{c.recipe}-folder"
+    flags = f"--sampler {c.sampler} --steps {c.steps} --decoder {c.decoder} --profile {c.profile}"
+    if c.cache:
+        flags += f" --cache {c.cache}"
+    cmds.append(f'onnxdiffusion generate {folder} "PROMPT" {flags}')
+    return cmds
 
 
 def _why(result: dict) -> list[str]:

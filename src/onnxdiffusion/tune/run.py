@@ -22,7 +22,7 @@ class TuneOptions:
     time_budget: float = 20.0  # minutes
     prompts: Path | None = None  # tuning prompts, one a line (default: the scene world's, which the judge reads)
     tune_count: int = 16
-    holdout_count: int = 48
+    holdout_count: int = 32
     recipes: tuple[str, ...] = DEFAULT_RECIPES
     rounds: int = 5
     top: int = 6  # timed besides the default and the best single levers
@@ -98,7 +98,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     from ..runtime import Pipeline
     from ..runtime.generation import GenerateOptions
     from . import measure as M
-    from .search import Bound, Folder, Search
+    from .search import FP32_SHARE, SEARCH_SHARE, Bound, Folder, Search
     from .store import Store, search_key
 
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -124,8 +124,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     else:
         tune_set = M.scene_set("tune", options.tune_count, TUNE_START)
     holdout_set = M.scene_set("holdout", options.holdout_count, HOLDOUT_START)
-    key, cpu_key = search_key(manifest, [tune_set.describe(), holdout_set.describe()], d.guidance,
-                              facts["cpu"]["model"])
+    key, cpu_key = search_key(manifest, [tune_set.describe()], d.guidance, facts["cpu"]["model"])
     store = Store(cache_root() / "tune" / key, out / "journal.jsonl", cpu_key)
     judged = M.Judged(M.load_judge() if tune_set.scenes is not None else None)
     if options.keep_accuracy and judged.judge is None:
@@ -134,15 +133,21 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
 
     def reference():
         made = M.generate(pipe, default, tune_set, d.guidance)
+        made_ref.append(made)
         return made["full"]
 
+    made_ref: list = []
     ref = store.array("reference-tune", reference)
     ref_verdict = judged(ref, tune_set)
     bound = Bound(options.min_psnr, options.keep_accuracy, *(
         (ref_verdict["strict"], ref_verdict["attribute"]) if ref_verdict else (None, None)))
     search = Search(store, bound, tune_set, ref, judged, d.guidance, default, options.time_budget * 60, log)
     log(f"tune: bound {bound.describe()}")
+    if made_ref:  # the reference run is the default's own generation: scored once, not generated again
+        search.record(default, made_ref[0])
+    search.share = FP32_SHARE
     points, cached = search.run_folder(fp32)
+    search.share = SEARCH_SHARE
     folders = {FP32: fp32}
     built = _quantized(model, options, search, folders, points, cached, unavailable, log)
     from .finish import finish

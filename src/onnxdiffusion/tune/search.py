@@ -19,6 +19,8 @@ from .measure import Judged, PromptSet, generate, score
 from .space import CACHES, FP32, Candidate, samplers, step_counts
 
 SEARCH_SHARE = 0.7  # of the time budget; the rest is for timing, the held-out check and writing OUT
+# the fp32 folder's search stops here, so the quantize builds (the largest lever on a UNet) get their turn
+FP32_SHARE = 0.35
 
 
 @dataclass
@@ -75,13 +77,14 @@ class Search:
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.evaluated = 0
         self.notes: list[str] = []
+        self.share = SEARCH_SHARE  # of the budget this stage may search until (run.py narrows it for fp32)
 
     # -- time ---------------------------------------------------------------------------------
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
     def searching(self) -> bool:
-        return self.elapsed() < SEARCH_SHARE * self.budget_s
+        return self.elapsed() < self.share * self.budget_s
 
     # -- one generation, both decoders ----------------------------------------------------------------
     def quality(self, folder: Folder, cand: Candidate) -> dict:
@@ -94,15 +97,19 @@ class Search:
             except UserError as e:
                 rec = self.store.put("quality", cand.generation, {"error": str(e)})
             else:
-                n = len(self.prompts.prompts)
-                tiny = None if out["tiny"] is None else score(out["tiny"], self.reference, self.prompts, self.judged)
-                rec = self.store.put("quality", cand.generation, {
-                    "candidate": cand.with_(decoder="full").to_dict(),
-                    "full": score(out["full"], self.reference, self.prompts, self.judged), "tiny": tiny,
-                    "per_image_s": {k: v / n for k, v in out["seconds"].items()}})
+                rec = self.record(cand, out)
             self.evaluated += 1
         self._say(cand, rec)
         return rec
+
+    def record(self, cand: Candidate, out: dict) -> dict:
+        """Score one generation's images (measure.generate's result) through both decoders and keep the result."""
+        n = len(self.prompts.prompts)
+        tiny = None if out["tiny"] is None else score(out["tiny"], self.reference, self.prompts, self.judged)
+        return self.store.put("quality", cand.generation, {
+            "candidate": cand.with_(decoder="full").to_dict(),
+            "full": score(out["full"], self.reference, self.prompts, self.judged), "tiny": tiny,
+            "per_image_s": {k: v / n for k, v in out["seconds"].items()}})
 
     def _say(self, cand: Candidate, rec: dict) -> None:
         if "error" in rec:
