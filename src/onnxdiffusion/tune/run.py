@@ -141,7 +141,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     ref_verdict = judged(ref, tune_set)
     bound = Bound(options.min_psnr, options.keep_accuracy, *(
         (ref_verdict["strict"], ref_verdict["attribute"]) if ref_verdict else (None, None)))
-    search = Search(store, bound, tune_set, ref, judged, d.guidance, default, options.time_budget * 60, log)
+    search = Search(store, bound, tune_set, ref, judged, d.guidance, default, options.time_budget * 60, log, t0)
     log(f"tune: bound {bound.describe()}")
     if made_ref:  # the reference run is the default's own generation: scored once, not generated again
         search.record(default, made_ref[0])

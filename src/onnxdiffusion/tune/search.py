@@ -70,10 +70,10 @@ class Folder:
 
 class Search:
     def __init__(self, store, bound: Bound, prompts: PromptSet, reference, judged: Judged, guidance: float,
-                 default: Candidate, budget_s: float, log=None):
+                 default: Candidate, budget_s: float, log=None, t0: float | None = None):
         self.store, self.bound, self.prompts, self.reference = store, bound, prompts, reference
         self.judged, self.guidance, self.default, self.budget_s = judged, guidance, default, budget_s
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if t0 is None else t0  # the run's start: the budget covers all of it
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.evaluated = 0
         self.notes: list[str] = []
