@@ -80,6 +80,20 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
     return result
 
 
+def replay(out: Path, previous: dict, t0: float, log) -> dict:
+    """A search done before with the same bound and settings (the store's record): its choice written again."""
+    from .output import write_outputs
+    from .report import write_report
+
+    result = {**previous, "generations_this_run": 0, "replayed": True}
+    chosen = Candidate.from_dict(result["chosen"])
+    log(f"tune: this search was finished before (the store holds it): writing its choice, {chosen.label()}")
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    write_outputs(out, Path(result["chosen_folder"]), chosen, result, log)
+    write_report(out, result)
+    return result
+
+
 def _measured(search, folders) -> list[dict]:
     """Every candidate scored (for the Pareto plot and the table): both decoders of each generation."""
     rows = []

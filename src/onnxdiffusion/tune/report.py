@@ -65,9 +65,11 @@ def write_report(out: Path, result: dict) -> None:
     chosen = Candidate.from_dict(result["chosen"])
     sp, lat, held = result["speedup"], result["latency_s"], result["holdout"]
     lines = [f"# tune: {result['model']}", "", f"Machine: {machine_line(result['machine'])}", "",
-             f"Bound: {result['bound']} on {result['options']['tune_count']} tuning prompts; searched in "
-             f"{result['seconds']:.0f} s ({result['generations_this_run']} generations this run, the rest from the "
-             "store).", "",
+             f"Bound: {result['bound']} on {result['options']['tune_count']} tuning prompts; "
+             + (f"the store's finished search with this bound, written again in {result['seconds']:.0f} s."
+                if result.get("replayed") else
+                f"searched in {result['seconds']:.0f} s ({result['generations_this_run']} generations this run, the "
+                "rest from the store)."), "",
              f"**Chosen: {chosen.label()}**: {lat['chosen'] * 1e3:.1f} ms per image vs {lat['default'] * 1e3:.1f} ms "
              f"for the default ({sp['vs_default']:.2f}x)"
              + (f", {sp['vs_best_single_lever']:.2f}x the best single lever ("

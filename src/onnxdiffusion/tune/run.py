@@ -145,6 +145,12 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     log(f"tune: bound {bound.describe()}")
     if made_ref:  # the reference run is the default's own generation: scored once, not generated again
         search.record(default, made_ref[0])
+    run_id = _run_id(bound, options, default)
+    done = store.get("run", run_id)
+    if done is not None and Path(done["result"]["chosen_folder"]).is_dir():
+        from .finish import replay
+
+        return replay(out, done["result"], t0, log)
     search.share = FP32_SHARE
     points, cached = search.run_folder(fp32)
     search.share = SEARCH_SHARE
@@ -152,8 +158,22 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     built = _quantized(model, options, search, folders, points, cached, unavailable, log)
     from .finish import finish
 
-    return finish(out, model, manifest, options, search, folders, default, holdout_set, judged, facts,
-                  unavailable, built, t0, log)
+    result = finish(out, model, manifest, options, search, folders, default, holdout_set, judged, facts,
+                    unavailable, built, t0, log)
+    store.put("run", run_id, {"result": result})
+    return result
+
+
+def _run_id(bound, options: TuneOptions, default: Candidate) -> str:
+    """A finished search with the same bound and settings is not searched again: a re-run gives its choice (a run
+    cut short by its budget would otherwise go on where it stopped and might choose another point)."""
+    import hashlib
+    import json
+
+    what = {"bound": bound.describe(), "default": default.key, "budget": options.time_budget,
+            "holdout": options.holdout_count, "recipes": list(options.recipes), "rounds": options.rounds,
+            "top": options.top}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _quantized(model: Path, options: TuneOptions, search, folders: dict, points, cached, unavailable: dict,
