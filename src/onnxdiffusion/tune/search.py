@@ -99,7 +99,7 @@ class Search:
             else:
                 rec = self.record(cand, out)
             self.evaluated += 1
-        self._say(cand, rec)
+            self._say(cand, rec)
         return rec
 
     def record(self, cand: Candidate, out: dict) -> dict:
