@@ -65,8 +65,8 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
                     timed[single.key]["median_s"] / timed[chosen.key]["median_s"]},
         "best_single_lever": None if single is None else single.to_dict(),
         "runner_up": {k: None if c is None else c.to_dict() for k, c in picked["runner_up"].items()},
-        "timed": [{**c.to_dict(), "median_s": timed[c.key]["median_s"], "score": picked["scores"].get(c.key)}
-                  for c in cands],
+        "timed": [{**c.to_dict(), "median_s": timed[c.key]["median_s"], "runs": timed[c.key].get("runs"),
+                   "score": picked["scores"].get(c.key)} for c in cands],
         "measured": _measured(search, folders),
         "unavailable_profiles": unavailable, "quantize_builds": built, "notes": search.notes,
         "generations_this_run": search.evaluated,

@@ -83,12 +83,15 @@ def write_report(out: Path, result: dict) -> None:
              "## Timed candidates", "",
              "Median of one image end to end (fresh ONNX Runtime sessions, interleaved rounds); quality on the tuning "
              "prompts: mean PSNR dB vs fp32 / strict accuracy.", "",
-             "| configuration | ms per image | speed-up | quality | |", "|---|---|---|---|---|"]
+             "| configuration | ms per image | spread | speed-up | quality | |", "|---|---|---|---|---|---|"]
     for t in sorted(result["timed"], key=lambda t: t["median_s"]):
         c = Candidate.from_dict(t)
         mark = "**chosen**" if c == chosen else ("default" if t == result["timed"][0] else "")
-        lines.append(f"| {c.label()} | {t['median_s'] * 1e3:.1f} | {lat['default'] / t['median_s']:.2f}x | "
-                     f"{_q(t['score'])} | {mark} |")
+        runs = t.get("runs") or [t["median_s"]]
+        lines.append(f"| {c.label()} | {t['median_s'] * 1e3:.1f} | {(max(runs) - min(runs)) / t['median_s']:.0%} | "
+                     f"{lat['default'] / t['median_s']:.2f}x | {_q(t['score'])} | {mark} |")
+    lines += ["", "Spread: (slowest - fastest round) / median; candidates closer than that are a tie on this machine "
+              "at this load (the choice takes the faster median)."]
     lines += ["", "## Runner-up per lever", "", "| lever | runner-up (fastest other value within the bound) |",
               "|---|---|"]
     for lever in LEVERS:
