@@ -87,8 +87,9 @@ def write_report(out: Path, result: dict) -> None:
     for t in sorted(result["timed"], key=lambda t: t["median_s"]):
         c = Candidate.from_dict(t)
         mark = "**chosen**" if c == chosen else ("default" if t == result["timed"][0] else "")
-        runs = t.get("runs") or [t["median_s"]]
-        lines.append(f"| {c.label()} | {t['median_s'] * 1e3:.1f} | {(max(runs) - min(runs)) / t['median_s']:.0%} | "
+        runs = t.get("runs")
+        spread = f"{(max(runs) - min(runs)) / t['median_s']:.0%}" if runs else "-"
+        lines.append(f"| {c.label()} | {t['median_s'] * 1e3:.1f} | {spread} | "
                      f"{lat['default'] / t['median_s']:.2f}x | {_q(t['score'])} | {mark} |")
     lines += ["", "Spread: (slowest - fastest round) / median; candidates closer than that are a tie on this machine "
               "at this load (the choice takes the faster median)."]
