@@ -24,6 +24,8 @@ def tune(
         help="tuning prompts, one a line (default: the scene world's held-out prompts, which the judge reads)")] = None,
     tune_count: Annotated[int, typer.Option("--tune-count", help="tuning prompts")] = 16,
     holdout_count: Annotated[int, typer.Option("--holdout-count", help="held-out prompts of the final check")] = 32,
+    confirm_count: Annotated[int, typer.Option(
+        "--confirm-count", help="prompts the fastest candidates are confirmed on before one is chosen")] = 32,
     recipes: Annotated[str, typer.Option(help="quantize recipes tried, in order, comma-separated (none: fp32 only)")]
         = "int8-static,int8-timestep",
     rounds: Annotated[int, typer.Option(help="interleaved timing rounds")] = 5,
@@ -43,6 +45,7 @@ def tune(
     names = tuple(r.strip() for r in recipes.split(",") if r.strip() and r.strip() != "none")
     result = run_tune(model, out, TuneOptions(min_psnr=min_psnr, keep_accuracy=keep_accuracy, time_budget=time_budget,
                                               prompts=prompts, tune_count=tune_count, holdout_count=holdout_count,
+                                              confirm_count=confirm_count,
                                               recipes=names, rounds=rounds, overwrite=overwrite))
     print(f"{out / 'model'}: {result['speedup']['vs_default']:.2f}x the default, held-out "
           f"{result['holdout']['psnr']:.1f} dB; report {out / 'report.md'}")

@@ -94,6 +94,9 @@ def write_report(out: Path, result: dict) -> None:
                      f"{lat['default'] / t['median_s']:.2f}x | {_q(t['score'])} | {mark} |")
     lines += ["", "Spread: (slowest - fastest round) / median; candidates closer than that are a tie on this machine "
               "at this load (the choice takes the faster median)."]
+    if result.get("turned_down"):
+        lines += ["", "Faster within the bound on the tuning prompts but turned down on the confirmation prompts: "
+                  + "; ".join(Candidate.from_dict(c).label() for c in result["turned_down"]) + "."]
     lines += ["", "## Runner-up per lever", "", "| lever | runner-up (fastest other value within the bound) |",
               "|---|---|"]
     for lever in LEVERS:

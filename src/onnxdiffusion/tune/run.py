@@ -11,7 +11,8 @@ from pathlib import Path
 from ..errors import UserError
 from .space import DEFAULT_RECIPES, FP32, Candidate
 
-TUNE_START, HOLDOUT_START = 50_000, 60_000
+# scene seeds: the tuning, confirmation and held-out prompts never overlap
+TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
 BUILD_GUESS_S = 120.0  # scene seeds: the tuning and held-out prompts never overlap
 
 
@@ -23,6 +24,7 @@ class TuneOptions:
     prompts: Path | None = None  # tuning prompts, one a line (default: the scene world's, which the judge reads)
     tune_count: int = 16
     holdout_count: int = 32
+    confirm_count: int = 32  # the fastest candidates are confirmed on these before one is chosen
     recipes: tuple[str, ...] = DEFAULT_RECIPES
     rounds: int = 5
     top: int = 6  # timed besides the default and the best single levers
@@ -40,7 +42,8 @@ def check_options(o: TuneOptions) -> None:
         raise UserError(f"--time-budget must be 0.5..1440 minutes, got {o.time_budget!r}")
     if o.keep_accuracy and o.prompts is not None:
         raise UserError("--keep-accuracy reads the judge's verdicts on the scene prompts; leave out --prompts")
-    for name, v in (("tune-count", o.tune_count), ("holdout-count", o.holdout_count), ("rounds", o.rounds)):
+    for name, v in (("tune-count", o.tune_count), ("holdout-count", o.holdout_count),
+                    ("confirm-count", o.confirm_count), ("rounds", o.rounds)):
         if not isinstance(v, int) or not 1 <= v <= 1024:
             raise UserError(f"--{name} must be an integer in [1, 1024], got {v!r}")
     bad = [r for r in o.recipes if r not in KNOWN_RECIPES]
@@ -124,6 +127,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     else:
         tune_set = M.scene_set("tune", options.tune_count, TUNE_START)
     holdout_set = M.scene_set("holdout", options.holdout_count, HOLDOUT_START)
+    confirm_set = M.scene_set("confirm", options.confirm_count, CONFIRM_START)
     key, cpu_key = search_key(manifest, [tune_set.describe()], d.guidance, facts["cpu"]["model"])
     store = Store(cache_root() / "tune" / key, out / "journal.jsonl", cpu_key)
     judged = M.Judged(M.load_judge() if tune_set.scenes is not None else None)
@@ -158,8 +162,8 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     built = _quantized(model, options, search, folders, points, cached, unavailable, log)
     from .finish import finish
 
-    result = finish(out, model, manifest, options, search, folders, default, holdout_set, judged, facts,
-                    unavailable, built, t0, log)
+    result = finish(out, model, manifest, options, search, folders, default, (confirm_set, holdout_set), judged,
+                    facts, unavailable, built, t0, log)
     store.put("run", run_id, {"result": result})
     return result
 
@@ -171,7 +175,8 @@ def _run_id(bound, options: TuneOptions, default: Candidate) -> str:
     import json
 
     what = {"bound": bound.describe(), "default": default.key, "budget": options.time_budget,
-            "holdout": options.holdout_count, "recipes": list(options.recipes), "rounds": options.rounds,
+            "holdout": options.holdout_count, "confirm": options.confirm_count, "recipes": list(options.recipes),
+            "rounds": options.rounds,
             "top": options.top}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 

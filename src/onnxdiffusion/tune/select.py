@@ -31,17 +31,26 @@ def latencies(store, cands: list[Candidate], loaders: dict, prompt: str, guidanc
     return {c.key: store.put("timing", c.key, {"candidate": c.to_dict(), **measured[c.key]}) for c in cands}
 
 
-def choose(timed: dict, passing: list, default: Candidate) -> dict:
-    """The fastest timed candidate within the bound (ties: fewer levers moved), the best single lever, and the
-    runner-up per lever (the fastest timed candidate within the bound with another value of that lever)."""
+def choose(timed: dict, passing: list, default: Candidate, confirmed=lambda c: True) -> dict:
+    """The fastest timed candidate within the bound that `confirmed(c)` holds for (tried fastest first, so only as
+    many are confirmed as it takes; ties: fewer levers moved; the default always holds), the best single lever and
+    the runner-up per lever (the fastest timed candidate with another value of that lever), both among those within
+    the bound and not turned down by `confirmed`."""
     ok = {c.key: (c, s) for c, s, _ in passing}
     rows = sorted(((timed[k]["median_s"], len(changed_levers(c, default)), c) for k, (c, s) in ok.items() if k in timed),
                   key=lambda r: (r[0], r[1], r[2]))
-    best = rows[0][2]
+    rejected = []
+    best = default
+    for r in rows:
+        if r[2] == default or confirmed(r[2]):
+            best = r[2]
+            break
+        rejected.append(r[2])
+    rows = [r for r in rows if r[2] not in rejected]
     single = [r[2] for r in rows if r[1] == 1]
     runner_up = {}
     for lever in LEVERS:
         other = [r[2] for r in rows if r[2].lever(lever) != best.lever(lever)]
         runner_up[lever] = other[0] if other else None
     return {"chosen": best, "single": single[0] if single else None, "runner_up": runner_up,
-            "scores": {k: s for k, (c, s) in ok.items()}}
+            "scores": {k: s for k, (c, s) in ok.items()}, "rejected": rejected}
