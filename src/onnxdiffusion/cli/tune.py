@@ -16,7 +16,8 @@ def tune(
                                                    "tuned folder OUT/model, report.md, pareto.png, tune.json and the "
                                                    "journal a re-run resumes from)")],
     min_psnr: Annotated[Optional[float], typer.Option(
-        "--min-psnr", help="bound: mean image PSNR (dB) vs the model's own fp32 pictures on the tuning prompts")] = None,
+        "--min-psnr", help="bound: mean image PSNR (dB) vs the model's own fp32 pictures on the tuning prompts (on the "
+                           "scene prompts the judge reads, fp32's accuracy is kept too)")] = None,
     keep_accuracy: Annotated[bool, typer.Option(
         "--keep-accuracy", help="bound: the judge's strict accuracy within 1 point of fp32's (scene prompts)")] = False,
     time_budget: Annotated[float, typer.Option("--time-budget", help="minutes for the whole run")] = 20.0,

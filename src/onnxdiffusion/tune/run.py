@@ -143,7 +143,8 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     made_ref: list = []
     ref = store.array("reference-tune", reference)
     ref_verdict = judged(ref, tune_set)
-    bound = Bound(options.min_psnr, options.keep_accuracy, *(
+    # the judge where the model has one: on prompts it reads, a PSNR bound keeps fp32's accuracy too
+    bound = Bound(options.min_psnr, options.keep_accuracy or ref_verdict is not None, *(
         (ref_verdict["strict"], ref_verdict["attribute"]) if ref_verdict else (None, None)))
     search = Search(store, bound, tune_set, ref, judged, d.guidance, default, options.time_budget * 60, log, t0)
     log(f"tune: bound {bound.describe()}")
