@@ -113,7 +113,7 @@ def generate(
     lora: Annotated[Optional[list[str]], typer.Option(
         "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; a folder without insertion points gets a copy with them, derived once and cached)")] = None,
     lora_dir: Annotated[Optional[Path], typer.Option(help="where a prompt's <lora:NAME:WEIGHT> tags find NAME.safetensors (default: the shipped models/loras)")] = None,
-    decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae)")] = "full",
+    decoder: Annotated[Optional[str], typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae) (default: the folder's recommended, a tuned folder's, else full)")] = None,
     control: Annotated[Optional[list[Path]], typer.Option("--control", help="a control image (repeatable; paired in order with --controlnet; resized to the generation size with a notice)")] = None,
     controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME[:SCALE[:START:END]]: a ControlNet of the folder (add-controlnet) steering by the matching --control image; SCALE default 1, START/END the share of the steps it acts in (default 0:1)")] = None,
 ) -> None:
@@ -178,9 +178,11 @@ def generate(
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
-                                              mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache_spec,
-                                              stop_early=stop_spec, decoder=decoder),
+                                              mask_blur=mask_blur, mask_overlay=mask_overlay,
+                                              stop_early=stop_spec, decoder=decoder,
+                                              cache="none" if cache is not None and cache_spec is None else cache_spec),
                               manifest.recommended)
+    cache_spec = parse_cache(options.cache)  # a tuned folder's recommended cache, where none was asked for
     if options.loop is None:  # the profile decides, else the host loop
         from ..profiles import load_profile
 

@@ -135,7 +135,8 @@ class Pipeline:
         after each encoding and turns off ORT's memory pattern (a lower peak resident set; images identical).
 
         `profile`: a hardware profile (name, YAML path, or profiles.Profile): it decides the provider,
-        its options and how the loop binds memory; `provider` is then ignored. One that cannot run
+        its options and how the loop binds memory; `provider` is then ignored. None on the CPU provider: the
+        folder's recommended profile (a tuned folder's), if any. One that cannot run
         here falls back as it declares (warning) or fails with one line.
         """
         folder = Path(folder) if folder is not None else default_model_folder()
@@ -143,6 +144,8 @@ class Pipeline:
         if verify:
             verify_folder(folder, manifest)
         resolved = None
+        if profile is None and provider == "cpu" and manifest.recommended.profile is not None:
+            profile = manifest.recommended.profile  # a tuned folder's (`tune` chose it on this CPU)
         if profile is not None:
             from .profiled import resolve_for_folder
 

@@ -14,7 +14,9 @@ Format version 1 (the only one so far):
   components      dict name -> {path: relative str, external_data: [relative str],
                   inputs/outputs: [{name: str, dtype: str, shape: [int | axis name]}], ...}
   files           dict relative path -> sha256 hex (required: without it nothing is verified)
-  recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults
+  recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults;
+                  `tune` adds cache (a step-cache spec str), decoder ("full" | "tiny") and profile (a shipped
+                  hardware profile's name), also defaults
   a quantized backbone's entry may hold `correction` (an object) and `precision_schedule`
                   {component: another backbone component, precision: fp32|fp16, ranges: [[lo, hi], ...]}
   entries may also hold what other writers record (checked when present): lora / validation /
@@ -262,7 +264,12 @@ def check_recommended(r: Any, where: str) -> dict:
     s = r.get("steps")
     if s is not None and (not _is_int(s) or not 1 <= s <= 1000):
         _fail(where, "recommended.steps", f"must be an integer in [1, 1000], got {s!r}")
-    _check_optional(r, {"sampler": STRING, "spacing": STRING}, where, "recommended")
+    _check_optional(r, {"sampler": STRING, "spacing": STRING, "cache": STRING, "profile": STRING}, where, "recommended")
+    if r.get("decoder") is not None and r["decoder"] not in ("full", "tiny"):
+        _fail(where, "recommended.decoder", f"must be 'full' or 'tiny', got {r['decoder']!r}")
+    if r.get("profile") is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", r["profile"]):
+        # a name only: a path would let an untrusted folder point the loader at a file outside it
+        _fail(where, "recommended.profile", f"must be a shipped profile's name, got {r['profile']!r}")
     return r
 
 
