@@ -117,16 +117,27 @@ class DecoderHiddenStates(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask):
         keep = attention_mask.to(torch.bool)
-        seq = input_ids.shape[1]
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
-        allowed = causal[None, None] & keep[:, None, None, :]
-        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        mask = _causal_mask(keep, input_ids.shape[1])
         pos = (attention_mask.to(torch.int64).cumsum(-1) - 1).masked_fill(~keep, 1)
         if self.rope_axes > 1:
             pos = pos[None].expand(self.rope_axes, -1, -1)
         out = self.model(input_ids=input_ids, attention_mask={"full_attention": mask}, position_ids=pos,
                          use_cache=False, return_dict=True)
         return out.last_hidden_state
+
+    def hidden(self, embeds, attention_mask, position_ids):
+        """Token embeddings -> the last hidden state under the causal + padding mask, at these positions."""
+        mask = _causal_mask(attention_mask.to(torch.bool), embeds.shape[1])
+        out = self.model(inputs_embeds=embeds, attention_mask={"full_attention": mask}, position_ids=position_ids,
+                         use_cache=False, return_dict=True)
+        return out.last_hidden_state
+
+
+def _causal_mask(keep: torch.Tensor, seq) -> torch.Tensor:
+    """[B, L] bool padding mask -> the additive [B, 1, L, L] causal + padding mask."""
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=keep.device).tril()
+    allowed = causal[None, None] & keep[:, None, None, :]
+    return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 class _RealRotaryJointAttention:
