@@ -9,6 +9,7 @@ from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .flux import Flux
 from .qwenimage import QwenImage
+from .qwenimage_edit import QwenImageEdit
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
@@ -27,6 +28,7 @@ register(StableDiffusionXL())
 register(StableDiffusion3())
 register(Flux())
 register(QwenImage())
+register(QwenImageEdit())
 
 
 def names() -> tuple[str, ...]:

@@ -148,6 +148,9 @@ class Family:
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]]
     vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKL",)
     predictions: ClassVar[tuple[str, ...]] = ("epsilon", "v_prediction")
+    # JSON files beside the components' configs that pipeline_info reads, relative to the source folder (keyed in
+    # its `configs` without ".json")
+    source_configs: ClassVar[tuple[str, ...]] = ()
 
     # -- the source folder (export) ---------------------------------------------------------------
     def check_source(self, src_name: str, model_index: dict, present: set[str]) -> None:
