@@ -38,10 +38,19 @@ class VisionConfig:
     resample: int  # a PIL resampling filter (3: bicubic)
 
     @classmethod
-    def from_dict(cls, d: dict) -> VisionConfig:
-        return cls(int(d["patch"]), int(d["temporal"]), int(d["merge"]), int(d["window"]), int(d["min_pixels"]),
-                   int(d["max_pixels"]), tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["std"]),
-                   float(d["rescale"]), int(d["resample"]))
+    def from_dict(cls, d) -> VisionConfig:
+        """The manifest's record (an untrusted folder's: a malformed one is a one-line error)."""
+        try:
+            cfg = cls(int(d["patch"]), int(d["temporal"]), int(d["merge"]), int(d["window"]), int(d["min_pixels"]),
+                      int(d["max_pixels"]), tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["std"]),
+                      float(d["rescale"]), int(d["resample"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"manifest pipeline.vision is malformed ({type(e).__name__}: {e})") from None
+        sizes = (cfg.patch, cfg.temporal, cfg.merge, cfg.window, cfg.min_pixels, cfg.max_pixels)
+        if min(sizes) < 1 or max(sizes) > 1 << 28 or len(cfg.mean) != 3 or len(cfg.std) != 3 \
+                or not all(math.isfinite(v) and v > 0 for v in cfg.std) or cfg.resample not in range(6):
+            raise UserError(f"manifest pipeline.vision has values out of range: {d}")
+        return cfg
 
     def to_dict(self) -> dict:
         return {"patch": self.patch, "temporal": self.temporal, "merge": self.merge, "window": self.window,
