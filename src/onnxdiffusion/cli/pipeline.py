@@ -12,6 +12,7 @@ import typer
 
 from .app import app
 from ..errors import UserError
+from ..families import describe_image_roles
 
 
 @app.command()
@@ -90,7 +91,7 @@ def generate(
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")] = None,
     model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
-    image: Annotated[Optional[Path], typer.Option(help="img2img: start from this picture (resized to the generation size with a notice; needs the folder's vae_encoder)")] = None,
+    image: Annotated[Optional[list[Path]], typer.Option(metavar="PICTURE", help="a picture; its meaning is the model family's: " + describe_image_roles() + ". A start picture is resized to the generation size with a notice, a picture to edit to the size its family encodes references at (the output keeps --height/--width); repeatable where the family takes several references; needs the folder's vae_encoder")] = None,
     strength: Annotated[Optional[float], typer.Option(help="with --image: share of the schedule that runs, (0, 1] (default 1; 0.8 keeps the layout, lower keeps more)")] = None,
     mask: Annotated[Optional[Path], typer.Option(help="inpainting: white = repaint, black = keep (the image's size; needs --image)")] = None,
     mask_blur: Annotated[float, typer.Option(help="with --mask: Gaussian blur radius in pixels before the mask is binarized")] = 0.0,
@@ -137,21 +138,28 @@ def generate(
     # parsed once, before any model loads (a bad spec: one line), and passed down typed
     cache_spec, stop_spec = parse_cache(cache), parse_stop(stop_early)
     picture = picture_mask = None
-    if image is not None or mask is not None or strength is not None:
+    if image or mask is not None or strength is not None:
         from ..runtime.image_input import check_mask_matches, check_strength, read_picture
 
-        if image is None:
+        if not image:
             raise UserError("--mask and --strength need --image")
         if strength is not None:
             check_strength(strength)
-        picture = read_picture(image, "--image")
+        picture = [read_picture(p, "--image") for p in image]
         picture_mask = read_picture(mask, "--mask") if mask is not None else None
-        check_mask_matches(picture, picture_mask)
+        check_mask_matches(picture[0], picture_mask)
     from .controlnet import control_pairs
 
     controls = control_pairs(control, controlnet)
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
+    from ..families import get_family
+    from ..runtime.references import check_image_request
+
+    family = get_family(manifest.family)  # what --image means to it: a start picture or the picture(s) to edit
+    check_image_request(family, len(picture or ()), mask is not None, strength is not None)
+    if picture is not None and family.image_role != "reference":
+        picture = picture[0]
     if picture is not None and "vae_encoder" not in manifest.components:
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,

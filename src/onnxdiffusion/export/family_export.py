@@ -10,6 +10,7 @@ from ..families import latents as lat
 from ..families.base import ComponentSpec, Family
 from ..families.flux import GUIDANCE, Flux
 from ..families.flux import IMG_IDS as FLUX_IMG_IDS
+from ..families.flux_kontext import REF_IDS, REFERENCE_FRAME, FluxKontext
 from ..families.qwenimage import IMG_IDS as QWEN_IMG_IDS
 from ..families.qwenimage import MASK, QwenImage
 from ..families.qwenimage_edit import REF_IDS as QWEN_REF_IDS
@@ -44,6 +45,10 @@ def _flux_wrap(family: Flux, spec: ComponentSpec, module):
     from .flow_components import FluxTransformer
 
     decompose_rms_norms(module)
+    if isinstance(family, FluxKontext):
+        from .flow_components import FluxKontextTransformer
+
+        return FluxKontextTransformer(module)
     return FluxTransformer(module)
 
 
@@ -55,6 +60,11 @@ def _flux_feeds(family: Flux, spec: ComponentSpec, dims: dict[str, int], feeds: 
         feeds[FLUX_IMG_IDS] = torch.from_numpy(np.repeat(ids[None], dims["batch_size"], axis=0))
     if GUIDANCE in feeds:
         feeds[GUIDANCE] = feeds[GUIDANCE].abs() * 3
+    if REF_IDS in feeds:  # Kontext: the reference grid's ids, frame 1
+        import torch
+
+        ids = lat.image_ids(dims["reference_rows"], dims["reference_cols"], frame=REFERENCE_FRAME)
+        feeds[REF_IDS] = torch.from_numpy(np.repeat(ids[None], dims["batch_size"], axis=0))
     return feeds
 
 
@@ -125,5 +135,5 @@ def _vl_feeds(family: QwenImageEdit, spec: ComponentSpec, dims: dict[str, int], 
     return {**feeds, "input_ids": ids, **out}
 
 
-_WRAPS = {Flux: _flux_wrap, QwenImage: _qwen_wrap, QwenImageEdit: _qwen_wrap}
-_FEEDS = {Flux: _flux_feeds, QwenImage: _qwen_feeds, QwenImageEdit: _qwen_feeds}
+_WRAPS = {Flux: _flux_wrap, FluxKontext: _flux_wrap, QwenImage: _qwen_wrap, QwenImageEdit: _qwen_wrap}
+_FEEDS = {Flux: _flux_feeds, FluxKontext: _flux_feeds, QwenImage: _qwen_feeds, QwenImageEdit: _qwen_feeds}

@@ -72,6 +72,17 @@ class FluxTransformer(torch.nn.Module):
                           txt_ids=txt_ids, guidance=guidance if self.guidance else None, return_dict=False)[0]
 
 
+class FluxKontextTransformer(FluxTransformer):
+    """FLUX.1 Kontext: the reference tokens joined after the noise tokens (their ids after the noise ids, frame 1),
+    the output cut back to the noise tokens, as FluxKontextPipeline does around its transformer call."""
+
+    def forward(self, sample, timestep, encoder_hidden_states, pooled_projections, img_ids, *rest):
+        guidance, reference, reference_ids = rest if self.guidance else (None, *rest)
+        out = super().forward(torch.cat([sample, reference], dim=1), timestep, encoder_hidden_states,
+                              pooled_projections, torch.cat([img_ids, reference_ids], dim=1), guidance)
+        return out[:, : sample.shape[1]]
+
+
 class FluxControlNet(FluxTransformer):
     """FluxControlNetModel with the backbone wrapper's inputs, then the packed control latents and the
     scale -> its double-block samples, then its single-block samples."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .flux import Flux
+from .flux_kontext import FluxKontext
 from .qwenimage import QwenImage
 from .qwenimage_edit import QwenImageEdit
 from .sd import StableDiffusion
@@ -27,6 +28,7 @@ register(StableDiffusion())
 register(StableDiffusionXL())
 register(StableDiffusion3())
 register(Flux())
+register(FluxKontext())
 register(QwenImage())
 register(QwenImageEdit())
 
@@ -43,6 +45,23 @@ def get_family(name: str | None) -> Family:
     return _FAMILIES[name]
 
 
+def image_roles() -> dict[str, tuple[str, ...]]:
+    """What `image` means, by role ("start": img2img, "reference": editing, "none"), -> the families of that role."""
+    roles: dict[str, tuple[str, ...]] = {}
+    for family in _FAMILIES.values():
+        roles[family.image_role] = (*roles.get(family.image_role, ()), family.name)
+    return roles
+
+
+def describe_image_roles() -> str:
+    """One line for --help and the API schema: which families edit and which do img2img."""
+    roles = image_roles()
+    parts = [f"the picture to edit for {', '.join(roles['reference'])} (editing by instruction)"] if "reference" in roles else []
+    parts += [f"the img2img start picture for {', '.join(roles['start'])}"] if "start" in roles else []
+    parts += [f"refused by {', '.join(roles['none'])}"] if "none" in roles else []
+    return "; ".join(parts)
+
+
 def family_for_pipeline(class_name: str | None) -> Family:
     """The family whose diffusers pipeline class this is."""
     for family in _FAMILIES.values():
@@ -54,5 +73,5 @@ def family_for_pipeline(class_name: str | None) -> Family:
 
 __all__ = [
     "CONTEXT", "OUT", "SAMPLE", "TIMESTEP", "ComponentSpec", "Family", "NumpyOps", "Ops", "TensorSpec",
-    "TextEncoderSlot", "family_for_pipeline", "get_family", "names", "register",
+    "TextEncoderSlot", "describe_image_roles", "family_for_pipeline", "get_family", "image_roles", "names", "register",
 ]

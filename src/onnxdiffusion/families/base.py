@@ -354,6 +354,23 @@ class Family:
         """(B, C, h, w) latents -> the sampler's layout (NCHW here; packed-token families override)."""
         return np.ascontiguousarray(latents, dtype=np.float32)
 
+    # -- what a picture given with the prompt means (generate --image, pipe(image=...), /v1/images/edits) -----
+    # "start": img2img, the sampler starts from it (strength, mask); "reference": an editing model, the
+    # picture(s) condition every step through the backbone's reference inputs; "none": the family takes none
+    image_role: ClassVar[str] = "start"
+    max_references: ClassVar[int] = 1  # reference pictures one generation takes (role "reference")
+
+    def reference_size(self, info: dict, height: int, width: int) -> tuple[int, int]:
+        """The size a reference picture of height x width pixels is encoded at (default: its own, rounded down
+        to the size multiple; Kontext picks its nearest preferred resolution)."""
+        m = int(info.size_multiple)
+        return height // m * m, width // m * m
+
+    def reference_inputs(self, info: dict, latents: list[np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        """Each reference picture's scaled (1, C, h, w) latents -> the backbone's reference inputs by name, on a
+        batch of `batch` (the same for cond and uncond: constant inputs of the loop, never its state)."""
+        raise UserError(f"a {self.name} backbone takes no reference picture")
+
     def required_components(self, info: dict) -> tuple[str, ...]:
         return (*(s.name for s in self.text_encoders if s.required), self.backbone, "vae_decoder")
 

@@ -217,10 +217,12 @@ class Pipeline:
         return cond
 
     def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
-                     width: int, adapter=None) -> tuple[Conditioning, Conditioning | None]:
+                     width: int, adapter=None, references: Conditioning | None = None
+                     ) -> tuple[Conditioning, Conditioning | None]:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
-        prompt given (SDXL then uses zeros, as diffusers does; others encode "")."""
-        size = self.family.size_conditioning(self.info, len(prompts), height, width)
+        prompt given (SDXL then uses zeros, as diffusers does; others encode ""). `references`: an editing
+        model's reference inputs (runtime/references.py), the same in cond and uncond."""
+        size = {**self.family.size_conditioning(self.info, len(prompts), height, width), **(references or {})}
         with self.holding_text_encoders():  # one load for both when they are let go after use
             cond = {**self.encode_prompt(prompts, adapter), **size}
             if not guided:
@@ -233,12 +235,13 @@ class Pipeline:
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
                         width: int, shape: tuple[int, ...], session=None, extra=None, adapter=None,
-                        inputs=None) -> GuidedBackbone:
+                        inputs=None, references=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
         guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
-        backbone's extra sample channels; `adapter`: LoRA feeds."""
+        backbone's extra sample channels; `adapter`: LoRA feeds; `references`: an editing model's reference inputs."""
         embedded = self.family.guidance_input_for(self.info)
-        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter)
+        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter,
+                                         references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         if inputs:  # more backbone inputs (ControlNet residuals), already on the [uncond; cond] batch
@@ -355,10 +358,13 @@ class Pipeline:
                       loras=None, controlnets=None, **kwargs) -> Iterator[StepEvent | GenerationResult]:
         """Validate all inputs now (before any model runs), then return the per-step generator.
 
-        `image` (img2img): an RGB picture ((H, W, 3) uint8 or PIL) or scaled image latents
+        `image` means what the model's family says (`family.image_role`, runtime/references.py):
+        img2img ("start"): an RGB picture ((H, W, 3) uint8 or PIL) or scaled image latents
         (B, C, h, w) float32, used as they are; `strength` in (0, 1] (default 1) says how much of the
         schedule runs; `latents` stays the Gaussian noise. `mask` (inpainting, white = repaint; with
-        `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture.
+        `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture. An editing model
+        ("reference"): the picture to edit, or a list of pictures where the family takes several; the
+        prompt is the instruction and height/width the output's exact size.
         `controlnets`: [ControlNetSpec | (name, image[, scale[, start, end]]), ...] (runtime/controlnet.py).
         `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`), or the
         AdapterFeeds `lora_feeds` returned for them (converted once, reused)."""
@@ -369,8 +375,8 @@ class Pipeline:
         except TypeError as e:
             raise UserError(str(e)) from None
         options = self.resolve(options)
-        specs, prepared = prepare_run(self, options, latents, noise, image, mask, lora=bool(loras),
-                                      controlnet=bool(controlnets))
+        specs, prepared, references = prepare_run(self, options, latents, noise, image, mask, lora=bool(loras),
+                                                  controlnet=bool(controlnets))
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
@@ -380,7 +386,7 @@ class Pipeline:
         adapter = self.lora_feeds(loras, options.loop)
         start = prepared[3] if len(prepared) > 3 else None
         return guards.model_errors(self.folder, run(self, options, *prepared[:3], prompts, negatives, start, adapter,
-                                                    controls, specs))
+                                                    controls, specs, references))
 
     # -- image input ----------------------------------------------------------------------------
     def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:
