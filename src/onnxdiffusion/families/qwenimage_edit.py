@@ -185,7 +185,9 @@ class QwenImageEdit(QwenImage):
         return {REF_LATENTS: np.ascontiguousarray(np.repeat(tokens, batch, axis=0)),
                 REF_IDS: np.ascontiguousarray(np.repeat(ids[None], batch, axis=0))}
 
-    def text_pictures(self, info: dict, pictures: list) -> list[tuple[np.ndarray, tuple[int, int, int]]]:
+    reads_pictures: ClassVar[bool] = True
+
+    def reference_text(self, info: dict, pictures: list) -> list[tuple[np.ndarray, tuple[int, int, int]]]:
         """RGB PIL pictures -> what the text encoder's vision tower takes of each: the pipeline's resize (Edit: the
         reference size; Edit-Plus: a 384 x 384 area), then the processor's (qwenimage_vision.pixel_patches)."""
         from PIL import Image
@@ -210,7 +212,7 @@ class QwenImageEdit(QwenImage):
         return _EditTokenizer(confined(folder, slot.tokenizer, "tokenizer folder"), info)
 
     def encode_text(self, slot, tokenizer, session, prompts: list[str], info: dict, pictures=None) -> dict[str, Any]:
-        """`pictures`: text_pictures' list; None (the load-time probe): one blank picture of the smallest grid."""
+        """`pictures`: reference_text's list; None (the load-time probe): one blank picture of the smallest grid."""
         cfg = vision.VisionConfig.from_dict(info.setting("vision"))
         if pictures is None:
             pictures = [(np.zeros((4 * cfg.merge ** 2, cfg.patch_width), np.float32), (1, 2 * cfg.merge, 2 * cfg.merge))]
