@@ -289,3 +289,26 @@ def pytest_runtest_protocol(item, nextitem):
         _FROZEN_AT[0] = item.path
         gc.collect()
         gc.freeze()
+
+
+# -- FLUX.1 Kontext (editing by instruction): tests/helpers/tiny_kontext.py ------------------------------------
+@pytest.fixture(scope="session")
+def tiny_kontext_diffusers(tmp_path_factory) -> Path:
+    from tiny_kontext import build_tiny_kontext
+
+    return shared_folder(tmp_path_factory, "tiny_kontext", build_tiny_kontext)
+
+
+@pytest.fixture(scope="session")
+def tiny_kontext_onnx(tiny_kontext_diffusers, tmp_path_factory) -> Path:
+    """Every component, the VAE encoder included (an editing model encodes its reference picture)."""
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    def build(root: Path) -> Path:
+        export_pipeline(tiny_kontext_diffusers, root / "model", ExportOptions(default_size=32), progress=False)
+        return root / "model"
+
+    return shared_folder(tmp_path_factory, "tiny_kontext_onnx", build)
+
+
+SLOW_ONLY_FIXTURES |= {"tiny_kontext_diffusers", "tiny_kontext_onnx"}

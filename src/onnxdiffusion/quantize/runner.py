@@ -60,7 +60,10 @@ class ImageProbe:
         saved = self.pipe.backbone
         self.pipe.backbone = backbone_session
         try:
-            return self.pipe(self.prompts, batch=len(self.prompts), latents=latents, **self.kwargs).images
+            from ..runtime.references import probe_feeds
+
+            return self.pipe(self.prompts, batch=len(self.prompts), latents=latents, **self.kwargs,
+                             **probe_feeds(self.pipe)).images  # an editing model edits the probe picture
         finally:
             self.pipe.backbone = saved
 

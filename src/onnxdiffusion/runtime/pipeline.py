@@ -224,6 +224,12 @@ class Pipeline:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
         prompt given (SDXL then uses zeros, as diffusers does; others encode ""). `references`: an editing
         model's reference inputs (runtime/references.py), the same in cond and uncond."""
+        if references is None and self.family.image_role == "reference":
+            # an editing model measured without a picture (calibration, schedule selection): the probe picture;
+            # a generation always brings its own (run_loop.prepare_run refuses one without)
+            from .references import plan_references, probe_feeds
+
+            references = plan_references(self, probe_feeds(self)["image"], len(prompts))
         size = {**self.family.size_conditioning(self.info, len(prompts), height, width), **(references or {})}
         pictures = getattr(references, "text", None)
         with self.holding_text_encoders():  # one load for both when they are let go after use

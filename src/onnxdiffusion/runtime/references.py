@@ -136,3 +136,18 @@ def edit_size(pipe, options, image):
     if size is None:
         return options
     return replace(options, height=options.height or size[0], width=options.width or size[1])
+
+
+def probe_picture(width: int, height: int) -> np.ndarray:
+    """The picture an editing model is warmed up, calibrated and golden-checked on when no one gives one: a
+    left-to-right grey ramp (H, W, 3) uint8, the same for a model and its quantized sibling."""
+    ramp = np.linspace(32, 224, width, dtype=np.float32).round().astype(np.uint8)
+    return np.ascontiguousarray(np.repeat(np.broadcast_to(ramp[None, :, None], (height, width, 1)), 3, axis=2))
+
+
+def probe_feeds(pipe, width: int | None = None, height: int | None = None) -> dict:
+    """`image=` for a generation that measures a model (warm-up, quantize's probe images, the golden check):
+    the probe picture for an editing model, nothing for the others."""
+    if pipe.family.image_role != "reference":
+        return {}
+    return {"image": probe_picture(width or pipe.info.default_width, height or pipe.info.default_height)}
