@@ -165,12 +165,13 @@ class QwenImageEdit(QwenImage):
         return h, w
 
     def default_size(self, info: dict, pictures: list) -> tuple[int, int]:
-        """The output size the pipelines default to: the (Edit: first, Edit-Plus: last) picture's reference size,
-        rounded down to the size multiple."""
+        """The output size when none is asked: the folder's default area at the (Edit: first, Edit-Plus: last)
+        picture's aspect ratio, as the pipelines default to the reference's 1-megapixel size (a released folder's
+        default is 1024 x 1024: the same sizes), rounded down to the size multiple."""
         w, h = pictures[-1 if info.setting("edit_plus") else 0].size
-        rh, rw = self.reference_size(info, h, w)
+        cw, ch = calculate_dimensions(int(info.default_height) * int(info.default_width), w / h)
         m = int(info.size_multiple)
-        return rh // m * m, rw // m * m
+        return max(m, ch // m * m), max(m, cw // m * m)
 
     def reference_inputs(self, info: dict, latents: list[np.ndarray], batch: int) -> dict[str, np.ndarray]:
         limit = int(info.setting("max_references", 1))

@@ -123,7 +123,7 @@ def plan_references(pipe, image, batch: int) -> ReferenceInputs:
 
 def edit_size(pipe, options, image):
     """`options` with an editing model's output size where none is asked: the family's default for its pictures
-    (Family.default_size; Qwen-Image-Edit: the reference's 1-megapixel size, as its pipelines default to)."""
+    (Family.default_size; Qwen-Image-Edit: the folder's default area at the picture's aspect ratio)."""
     from dataclasses import replace
 
     from .image_input import to_pil
