@@ -176,7 +176,8 @@ class QwenImageEdit(QwenImage):
     def reference_inputs(self, info: dict, latents: list[np.ndarray], batch: int) -> dict[str, np.ndarray]:
         limit = int(info.setting("max_references", 1))
         if not 1 <= len(latents) <= limit:
-            raise UserError(f"this {self.name} model takes 1 to {limit} reference picture(s), got {len(latents)}")
+            kind = "an Edit-Plus" if info.setting("edit_plus") else "a Qwen-Image-Edit (not Plus)"
+            raise UserError(f"{kind} model takes 1 to {limit} reference picture(s), got {len(latents)}")
         tokens, ids = [], []
         for i, ref in enumerate(latents):
             ref = np.asarray(ref, np.float32)
