@@ -96,6 +96,29 @@ def test_edit_matches_diffusers_host_and_loop(tiny_qwenedit_diffusers, tiny_qwen
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["flow_heun", "dpmpp_2m"])
+def test_edit_other_flow_samplers_match_diffusers(tiny_qwenedit_diffusers, tiny_qwenedit_onnx, sampler):
+    """The folder's other flow samplers against diffusers' schedulers driven on the pipeline's sigmas and mu
+    (tests/helpers/flow_twins.py, as for Qwen-Image)."""
+    from flow_twins import driven
+    from tiny_qwenedit import load_pipeline
+
+    from onnxdiffusion.runtime import Pipeline
+
+    ref_pipe = load_pipeline(tiny_qwenedit_diffusers)
+    ref_pipe.scheduler = driven(sampler, ref_pipe.scheduler.config)
+    latents = _latents(ref_pipe, seed=2)
+    want = _uint8(ref_pipe(image=_picture(48, 80), prompt=PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=GUIDANCE,
+                           height=H, width=W, num_inference_steps=STEPS, latents=latents, output_type="np").images)
+    got = Pipeline.from_folder(tiny_qwenedit_onnx)(PROMPT, image=_picture(48, 80), negative_prompt=NEGATIVE,
+                                                   steps=STEPS, guidance=GUIDANCE, sampler=sampler, height=H, width=W,
+                                                   latents=latents.numpy())
+    db = psnr(got.images, want)
+    print(f"qwen-image-edit {sampler}: host {db:.1f} dB vs diffusers")
+    assert db >= 40.0
+
+
+@pytest.mark.slow
 def test_default_output_size_follows_the_picture(tiny_qwenedit_onnx):
     from onnxdiffusion.runtime import Pipeline
 
