@@ -110,6 +110,30 @@ def test_edit_with_reference_latents_host_and_loop_match_diffusers(kontext_pair,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["flow_heun", "dpmpp_2m"])
+def test_other_flow_samplers_edit_as_diffusers(kontext_pair, sampler):
+    """The samplers beyond the folder's own, through diffusers' schedulers driven on Kontext's sigmas and mu
+    (test_flow_families' twins), with reference latents."""
+    import torch
+    from test_flow_families import _scheduler
+
+    ref_pipe, pipe = kontext_pair
+    saved = ref_pipe.scheduler
+    ref_pipe.scheduler = _scheduler(ref_pipe, sampler)
+    try:
+        latents = _latents(ref_pipe, seed=4)
+        ref = np.random.default_rng(8).standard_normal((1, 4, 8, 12)).astype(np.float32)
+        want = _uint8(_diffusers(ref_pipe, torch.from_numpy(ref), latents))
+    finally:
+        ref_pipe.scheduler = saved
+    got = pipe(PROMPT, image=ref, sampler=sampler, steps=STEPS, guidance=GUIDANCE, height=H, width=W,
+               latents=latents.numpy())
+    db = psnr(got.images, want)
+    print(f"kontext {sampler}: {db:.1f} dB vs diffusers")
+    assert db >= 40.0
+
+
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:prompt truncated")  # calibration captions are longer than the tiny T5's 12 tokens
 def test_int8_static_edits(tiny_kontext_onnx, tmp_path):
     """int8-static calibrates on the probe picture (no picture is given to quantize) and the quantized model
@@ -121,8 +145,8 @@ def test_int8_static_edits(tiny_kontext_onnx, tmp_path):
     from onnxdiffusion.runtime import Pipeline
 
     out = tmp_path / "int8"
-    cal = CalibrationConfig(count=2, steps=3, batch=2, sampler="flow_euler")
-    report = quantize(tiny_kontext_onnx, out, QuantizeConfig(recipe=recipe_class("int8-static"), calibration=cal,
+    cal = CalibrationConfig(count=4, steps=2, batch=4, sampler="flow_euler")
+    report = quantize(tiny_kontext_onnx, out, QuantizeConfig(recipe=recipe_class("int8-static").with_options({}), calibration=cal,
                                                              latency_runs=1, measure_memory=False))
     print(f"kontext int8-static probe PSNR (the quantize report's): {report['quality']['probe_psnr_db']:.1f} dB")
     rgb = picture(60, 100, seed=2)

@@ -45,6 +45,8 @@ class FluxKontext(Flux):
     image_role: ClassVar[str] = "reference"
     max_references: ClassVar[int] = 1
     controlnet: ClassVar[Any] = None  # diffusers has no Kontext ControlNet pipeline
+    # the one-graph form takes token ids only; the reference picture's encoding stays host-side (its VAE encoder)
+    whole_graph: ClassVar[bool] = False
 
     def pipeline_info(self, configs: dict[str, dict]) -> dict:
         info = super().pipeline_info(configs)

@@ -63,7 +63,7 @@ class ImageProbe:
             from ..runtime.references import probe_feeds
 
             return self.pipe(self.prompts, batch=len(self.prompts), latents=latents, **self.kwargs,
-                             **probe_feeds(self.pipe)).images  # an editing model edits the probe picture
+                             **probe_feeds(self.pipe, light=True)).images  # an editing model edits the probe picture
         finally:
             self.pipe.backbone = saved
 

@@ -229,7 +229,7 @@ class Pipeline:
             # a generation always brings its own (run_loop.prepare_run refuses one without)
             from .references import plan_references, probe_feeds
 
-            references = plan_references(self, probe_feeds(self)["image"], len(prompts))
+            references = plan_references(self, probe_feeds(self, width, height, light=True)["image"], len(prompts))
         size = {**self.family.size_conditioning(self.info, len(prompts), height, width), **(references or {})}
         pictures = getattr(references, "text", None)
         with self.holding_text_encoders():  # one load for both when they are let go after use

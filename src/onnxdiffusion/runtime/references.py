@@ -145,9 +145,18 @@ def probe_picture(width: int, height: int) -> np.ndarray:
     return np.ascontiguousarray(np.repeat(np.broadcast_to(ramp[None, :, None], (height, width, 1)), 3, axis=2))
 
 
-def probe_feeds(pipe, width: int | None = None, height: int | None = None) -> dict:
-    """`image=` for a generation that measures a model (warm-up, quantize's probe images, the golden check):
-    the probe picture for an editing model, nothing for the others."""
+def probe_feeds(pipe, width: int | None = None, height: int | None = None, light: bool = False) -> dict:
+    """`image=` for a generation that measures a model (warm-up, quantize's calibration and probe images, the golden
+    check): the probe picture for an editing model, nothing for the others. `light`: its latents encoded at the
+    output's size instead (as many reference tokens as noise tokens, the ratio of a full-size Kontext run at its
+    preferred size; a tiny model's preferred-size reference would be 4096 tokens beside 64, and int8-static's
+    calibration keeps every activation of it)."""
     if pipe.family.image_role != "reference":
         return {}
-    return {"image": probe_picture(width or pipe.info.default_width, height or pipe.info.default_height)}
+    w, h = width or pipe.info.default_width, height or pipe.info.default_height
+    picture = probe_picture(w, h)
+    if not light:
+        return {"image": picture}
+    from .image_input import image_pixels
+
+    return {"image": pipe.encode_pixels(image_pixels(picture, h, w))}
