@@ -155,7 +155,7 @@ def probe_feeds(pipe, width: int | None = None, height: int | None = None, light
         return {}
     w, h = width or pipe.info.default_width, height or pipe.info.default_height
     picture = probe_picture(w, h)
-    if not light:
+    if not light or pipe.family.reads_pictures:  # a text side that reads the picture needs the picture itself
         return {"image": picture}
     from .image_input import image_pixels
 
