@@ -178,3 +178,25 @@ def test_export_needs_the_processor_folder(tiny_qwenedit_diffusers, tmp_path):
     with pytest.raises(UserError, match="'processor' folder") as e:
         export_pipeline(src, tmp_path / "out", progress=False)
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_cli_edit_plus_two_pictures_is_the_python_api(tiny_qwenedit_plus_onnx, tmp_path):
+    """`generate MODEL PROMPT --image a.png --image b.png` (no size: the last picture's aspect) draws what
+    `pipe(prompt, image=[a, b])` draws."""
+    from PIL import Image
+
+    from cli_helpers import run_cli_here
+    from onnxdiffusion.runtime import Pipeline
+
+    a, b = _picture(48, 80), _picture(100, 50, seed=1)
+    a.save(tmp_path / "a.png")
+    b.save(tmp_path / "b.png")
+    out = tmp_path / "out.png"
+    proc = run_cli_here("generate", tiny_qwenedit_plus_onnx, PROMPT, "--image", tmp_path / "a.png", "--image",
+                        tmp_path / "b.png", "--steps", 2, "--guidance", GUIDANCE, "--seed", 5, "-o", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = Pipeline.from_folder(tiny_qwenedit_plus_onnx)(PROMPT, image=[a, b], steps=2, guidance=GUIDANCE, seed=5)
+    got = np.asarray(Image.open(out))[None]
+    assert got.shape == want.images.shape == (1, 96, 32, 3)  # a 4096-pixel area at b's 1:2
+    assert psnr(got, want.images) == float("inf")
