@@ -112,9 +112,9 @@ class QwenImageEdit(QwenImage):
         if "vision_config" not in te or "image_token_id" not in te or "vision_start_token_id" not in te:
             raise UserError("the text encoder's config has no vision tower (vision_config, image_token_id): "
                             "an editing pipeline reads the picture through it")
-        if int(info["size_multiple"]) > 32 or 32 % int(info["size_multiple"]):
-            raise UserError(f"the pipelines round reference sizes to 32 pixels; this VAE's size multiple is "
-                            f"{info['size_multiple']}")
+        multiple = 2 * 2 ** len(configs["vae"]["temperal_downsample"])  # 2x2 patches of the VAE's factor
+        if multiple > 32 or 32 % multiple:
+            raise UserError(f"the pipelines round reference sizes to 32 pixels; this VAE's size multiple is {multiple}")
         return {**info, "prompt_template": PLUS_TEMPLATE if plus else EDIT_TEMPLATE, "prompt_template_drop": DROP,
                 "edit_plus": plus,
                 "max_references": PLUS_REFERENCES if plus else 1,
