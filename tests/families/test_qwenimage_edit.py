@@ -59,23 +59,25 @@ def _latents(ref_pipe, seed: int = 1):
     return ref_pipe._pack_latents(torch.randn(1, 4, 2 * H // f, 2 * W // f, generator=g), 1, 4, 2 * H // f, 2 * W // f)
 
 
-def _both_forms(folder, tmp_path, **kwargs):
-    """(host loop, Loop graph) results of the same request."""
+def _every_form(folder, tmp_path, **kwargs):
+    """(host loop, Loop graph, unrolled graph) results of the same request."""
     import shutil
 
     from onnxdiffusion.loopgraph.compile import compile_loop
     from onnxdiffusion.runtime import Pipeline
 
     host = Pipeline.from_folder(folder)(PROMPT, **kwargs)
-    looped = tmp_path / "model"
-    shutil.copytree(folder, looped)
-    compile_loop(looped, looped, form="loop")
-    return host, Pipeline.from_folder(looped)(PROMPT, loop="loop", **kwargs)
+    compiled = tmp_path / "model"
+    shutil.copytree(folder, compiled)
+    compile_loop(compiled, compiled, form="loop")
+    compile_loop(compiled, compiled, form="unrolled", steps=kwargs["steps"])
+    pipe = Pipeline.from_folder(compiled)
+    return (host, *(pipe(PROMPT, loop=form, **kwargs) for form in ("loop", "unrolled")))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("plus", [False, True], ids=["edit", "edit_plus"])
-def test_edit_matches_diffusers_host_and_loop(tiny_qwenedit_diffusers, tiny_qwenedit_onnx, tiny_qwenedit_plus_diffusers,
+def test_edit_matches_diffusers_in_every_loop_form(tiny_qwenedit_diffusers, tiny_qwenedit_onnx, tiny_qwenedit_plus_diffusers,
                                               tiny_qwenedit_plus_onnx, plus, tmp_path):
     """The picture(s) reach the vision tower and the backbone as reference latents; Edit-Plus with two pictures
     of different aspect ratios (each its own grid and frame, its own "Picture i:" vision tokens)."""
@@ -88,18 +90,21 @@ def test_edit_matches_diffusers_host_and_loop(tiny_qwenedit_diffusers, tiny_qwen
     latents = _latents(ref_pipe)
     want = _uint8(ref_pipe(image=image, prompt=PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=GUIDANCE, height=H,
                            width=W, num_inference_steps=STEPS, latents=latents, output_type="np").images)
-    host, looped = _both_forms(folder, tmp_path, image=image, negative_prompt=NEGATIVE, steps=STEPS, guidance=GUIDANCE,
-                               height=H, width=W, latents=latents.numpy())
-    db_host, db_loop = psnr(host.images, want), psnr(looped.images, want)
-    print(f"qwen-image-edit{'-plus' if plus else ''}: host {db_host:.1f} dB, Loop graph {db_loop:.1f} dB vs diffusers")
-    assert db_host >= 40.0 and db_loop >= 40.0
+    results = _every_form(folder, tmp_path, image=image, negative_prompt=NEGATIVE, steps=STEPS, guidance=GUIDANCE,
+                          height=H, width=W, latents=latents.numpy())
+    db_host, db_loop, db_unrolled = (psnr(r.images, want) for r in results)
+    print(f"qwen-image-edit{'-plus' if plus else ''}: host {db_host:.1f} dB, Loop graph {db_loop:.1f} dB, unrolled "
+          f"{db_unrolled:.1f} dB vs diffusers")
+    assert db_host >= 40.0 and db_loop >= 40.0 and db_unrolled >= 40.0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["flow_heun", "dpmpp_2m"])
 def test_edit_other_flow_samplers_match_diffusers(tiny_qwenedit_diffusers, tiny_qwenedit_onnx, sampler):
     """The folder's other flow samplers against diffusers' schedulers driven on the pipeline's sigmas and mu
-    (tests/helpers/flow_twins.py, as for Qwen-Image)."""
+    (tests/helpers/flow_twins.py, as for Qwen-Image). flow_heun's 56 dB (dpmpp_2m: 95) is the grid difference the
+    Kontext test names (the run time's Heun on FlowMatchHeunDiscreteScheduler's own grid, the twin's on the
+    pipeline's sigmas): a samplers/ question, reported, still above 40 dB on this model."""
     from flow_twins import driven
     from tiny_qwenedit import load_pipeline
 
