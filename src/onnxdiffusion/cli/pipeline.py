@@ -17,8 +17,8 @@ from ..families import describe_image_roles
 
 @app.command()
 def export(
-    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, or a single-file .safetensors checkpoint "
-                                             "(A1111/ComfyUI layout; with --config)")],
+    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, a single-file .safetensors checkpoint "
+                                             "(A1111/ComfyUI layout; with --config), or a GGUF backbone (with --base)")],
     out: Annotated[Path, typer.Argument(help="output model folder")],
     opset: Annotated[int, typer.Option(help="ONNX opset of the exported graphs")] = 17,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
@@ -39,6 +39,10 @@ def export(
         help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; weights "
              "only for a component the file lacks)")] = None,
     family: Annotated[Optional[str], typer.Option(help="single-file SRC: the model family it must be (sd, sdxl, sd3, flux, ...)")] = None,
+    base: Annotated[Optional[Path], typer.Option(
+        help="GGUF SRC: a local diffusers folder of the same model kind (text encoders, VAE, scheduler, tokenizers, "
+             "the backbone's config.json), or an fp32 model folder exported from one; the backbone's weights stay the "
+             "GGUF's low-bit blocks")] = None,
     tiny_vae: Annotated[Optional[Path], typer.Option(
         "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
                            "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,
@@ -54,7 +58,17 @@ def export(
                             fuse_attention=not no_fuse_attention, default_size=default_size,
                             skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points,
                             tiny_vae=None if tiny_vae is None else str(tiny_vae), controlnets=tuple(controlnet or ()))
-    if src.is_file():
+    from ..export.gguf import is_gguf
+
+    if src.is_file() and is_gguf(src):
+        from ..export.gguf import export_gguf
+
+        if config is not None or family is not None:
+            raise UserError("--config and --family are for a single-file .safetensors SRC; a GGUF SRC takes --base")
+        manifest = export_gguf(src, out, options, base=base)
+    elif base is not None:
+        raise UserError(f"--base is for a GGUF SRC (MODEL.gguf); {src} is not one")
+    elif src.is_file():
         from ..export.single_file import export_checkpoint
 
         manifest = export_checkpoint(src, out, options, config=config, family=family)

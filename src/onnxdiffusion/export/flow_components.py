@@ -8,9 +8,9 @@ Each wrapper gives a diffusers/transformers module a flat tensor signature the e
 - `QwenImageTransformer`: the same token layout plus a text mask; its complex rotary table and
   complex q/k rotation are rewritten in real arithmetic from position ids (export/rope.py).
 - `EncoderHiddenStates`: a bidirectional text encoder's last hidden state (T5 for Flux and SD3).
-- `DecoderHiddenStates`: a decoder-only language model's last hidden state under a padding mask
-  (Qwen2.5-VL's text model for Qwen-Image; the prompt template prefix and the padding are dropped
-  by the run-time side in numpy, as QwenImagePipeline does in torch).
+- `DecoderHiddenStates` (export/llm_text_encoder.py, re-exported here): a decoder-only language model's
+  hidden state(s) under a padding mask (Qwen2.5-VL's text model for Qwen-Image; the prompt template prefix
+  and the padding are dropped by the run-time side in numpy, as QwenImagePipeline does in torch).
 
 Which family uses which wrapper is declared in families/; nothing here dispatches on a class name.
 RMSNorm needs no rewrite: diffusers' and transformers' RMSNorms trace to Pow/ReduceMean/Add/Sqrt/
@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .llm_text_encoder import DecoderHiddenStates  # noqa: F401  (re-exported: its first home)
 from .rope import axis_inv_freqs, cos_sin_from_ids, rotate_pairs
 
 
@@ -112,43 +113,6 @@ class EncoderHiddenStates(torch.nn.Module):
 
     def forward(self, input_ids):
         return self.model(input_ids=input_ids, return_dict=True).last_hidden_state
-
-
-class DecoderHiddenStates(torch.nn.Module):
-    """A decoder-only language model's last hidden state (after its final norm) under a padding mask.
-
-    transformers builds causal masks with vmap, which the tracer cannot follow, so the causal +
-    padding mask is built here in plain tensor ops and handed over pre-made (transformers accepts a
-    {"full_attention": mask} mapping, as `generate` does); position ids follow the mask the way
-    Qwen2.5-VL's `get_rope_index` numbers text-only input (`rope_axes` copies for its 3D rotary)."""
-
-    def __init__(self, model, rope_axes: int = 1):
-        super().__init__()
-        self.model, self.rope_axes = model, rope_axes
-
-    def forward(self, input_ids, attention_mask):
-        keep = attention_mask.to(torch.bool)
-        mask = _causal_mask(keep, input_ids.shape[1])
-        pos = (attention_mask.to(torch.int64).cumsum(-1) - 1).masked_fill(~keep, 1)
-        if self.rope_axes > 1:
-            pos = pos[None].expand(self.rope_axes, -1, -1)
-        out = self.model(input_ids=input_ids, attention_mask={"full_attention": mask}, position_ids=pos,
-                         use_cache=False, return_dict=True)
-        return out.last_hidden_state
-
-    def hidden(self, embeds, attention_mask, position_ids):
-        """Token embeddings -> the last hidden state under the causal + padding mask, at these positions."""
-        mask = _causal_mask(attention_mask.to(torch.bool), embeds.shape[1])
-        out = self.model(inputs_embeds=embeds, attention_mask={"full_attention": mask}, position_ids=position_ids,
-                         use_cache=False, return_dict=True)
-        return out.last_hidden_state
-
-
-def _causal_mask(keep: torch.Tensor, seq) -> torch.Tensor:
-    """[B, L] bool padding mask -> the additive [B, 1, L, L] causal + padding mask."""
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=keep.device).tril()
-    allowed = causal[None, None] & keep[:, None, None, :]
-    return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 class _RealRotaryJointAttention:

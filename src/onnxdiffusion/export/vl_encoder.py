@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .flow_components import DecoderHiddenStates
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -54,13 +53,16 @@ class VisionTower(torch.nn.Module):
         return vis.merger(x)[merge_order]
 
 
-class VisionLanguageHiddenStates(DecoderHiddenStates):
+class VisionLanguageHiddenStates(torch.nn.Module):
     """(input_ids, attention_mask, position_ids [3, B, L], the vision tower's inputs) -> last hidden state.
 
-    The picture tokens fill the image-pad positions in order across the batch (transformers' masked_scatter)."""
+    The picture tokens fill the image-pad positions in order across the batch (transformers' masked_scatter); the
+    language model runs on the embeddings under the causal + padding mask built in plain tensor ops (the tracer
+    cannot follow transformers' vmap mask builders; llm_text_encoder.py does the same for text-only encoders)."""
 
     def __init__(self, model):
-        super().__init__(model.model.language_model, rope_axes=3)
+        super().__init__()
+        self.model = model.model.language_model
         self.tower = VisionTower(model.model.visual)
         self.image_token = int(model.config.image_token_id)
 
@@ -71,4 +73,11 @@ class VisionLanguageHiddenStates(DecoderHiddenStates):
         is_image = input_ids == self.image_token
         slot = (is_image.reshape(-1).to(torch.int64).cumsum(0) - 1).clamp(min=0).reshape(is_image.shape)
         embeds = torch.where(is_image[..., None], pictures[slot].to(embeds.dtype), embeds)
-        return self.hidden(embeds, attention_mask, position_ids)
+        keep = attention_mask.to(torch.bool)
+        seq = input_ids.shape[1]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
+        allowed = causal[None, None] & keep[:, None, None, :]
+        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                         return_dict=True)
+        return out.last_hidden_state

@@ -8,12 +8,14 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .flux import Flux
+from .flux2 import Flux2Dev, Flux2Klein
 from .flux_kontext import FluxKontext
 from .qwenimage import QwenImage
 from .qwenimage_edit import QwenImageEdit
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
+from .zimage import ZImage
 
 _FAMILIES: dict[str, Family] = {}
 DEFAULT = "sd"  # folders exported before families were recorded
@@ -31,6 +33,9 @@ register(Flux())
 register(FluxKontext())
 register(QwenImage())
 register(QwenImageEdit())
+register(ZImage())
+register(Flux2Klein())
+register(Flux2Dev())
 
 
 def names() -> tuple[str, ...]:
@@ -57,6 +62,8 @@ def describe_image_roles() -> str:
     """One line for --help and the API schema: which families edit and which do img2img."""
     roles = image_roles()
     parts = [f"the picture to edit for {', '.join(roles['reference'])} (editing by instruction)"] if "reference" in roles else []
+    optional = [f.name for f in _FAMILIES.values() if f.image_role == "reference" and f.references_optional]
+    parts += [f"optional for {', '.join(optional)}, which take several and draw from text alone without"] if optional else []
     parts += [f"the img2img start picture for {', '.join(roles['start'])}"] if "start" in roles else []
     parts += [f"refused by {', '.join(roles['none'])}"] if "none" in roles else []
     return "; ".join(parts)

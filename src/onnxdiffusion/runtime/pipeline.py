@@ -224,7 +224,7 @@ class Pipeline:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
         prompt given (SDXL then uses zeros, as diffusers does; others encode ""). `references`: an editing
         model's reference inputs (runtime/references.py), the same in cond and uncond."""
-        if references is None and self.family.image_role == "reference":
+        if references is None and self.family.image_role == "reference" and not self.family.references_optional:
             # an editing model measured without a picture (calibration, schedule selection): the probe picture;
             # a generation always brings its own (run_loop.prepare_run refuses one without)
             from .references import plan_references, probe_feeds
@@ -250,8 +250,10 @@ class Pipeline:
         guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
         backbone's extra sample channels; `adapter`: LoRA feeds; `references`: an editing model's reference inputs."""
         embedded = self.family.guidance_input_for(self.info)
-        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter,
-                                         references)
+        if embedded is None:  # the family's guidance as the CFG scale of u + s (c - u)
+            guidance = self.family.cfg_scale(guidance)
+        guided = guidance > 1.0 and self.family.true_cfg(self.info)
+        cond, uncond = self.conditioning(prompts, negatives, guided, height, width, adapter, references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         if inputs:  # more backbone inputs (ControlNet residuals), already on the [uncond; cond] batch
@@ -304,7 +306,9 @@ class Pipeline:
         """
         options = self.resolve(options)
         if mu is None and image_seq_len is None and getattr(self.schedule, "use_dynamic_shifting", False):
-            image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
+            mu = self.family.schedule_mu(self.info, *self.image_size(options), options.steps)
+            if mu is None:
+                image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
         # Flux and Qwen-Image pipelines hand their flow scheduler base sigmas of their own
         sigmas = self.family.base_sigmas(options.steps) if isinstance(self.schedule, FlowSchedule) else None
         try:

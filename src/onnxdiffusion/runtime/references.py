@@ -38,7 +38,7 @@ def check_image_request(family, image_count: int, mask: bool = False, strength: 
     if role == "none" and (image_count or mask or strength):
         raise UserError(f"a {family.name} model takes no picture ({what}, mask, strength): it only draws from text")
     if role == "reference":
-        if not image_count:
+        if not image_count and not getattr(family, "references_optional", False):  # (duck-typed families too)
             raise UserError(f"a {family.name} model edits a picture: give the picture to edit ({what}) with the "
                             "instruction as the prompt")
         if image_count > family.max_references:
@@ -151,8 +151,8 @@ def probe_feeds(pipe, width: int | None = None, height: int | None = None, light
     output's size instead (as many reference tokens as noise tokens, the ratio of a full-size Kontext run at its
     preferred size; a tiny model's preferred-size reference would be 4096 tokens beside 64, and int8-static's
     calibration keeps every activation of it)."""
-    if pipe.family.image_role != "reference":
-        return {}
+    if pipe.family.image_role != "reference" or pipe.family.references_optional:
+        return {}  # (a family that also draws from text alone is measured on text-to-image)
     w, h = width or pipe.info.default_width, height or pipe.info.default_height
     picture = probe_picture(w, h)
     if not light or pipe.family.reads_pictures:  # a text side that reads the picture needs the picture itself

@@ -8,9 +8,8 @@ import numpy as np
 from ..errors import UserError
 from ..samplers import iter_sample
 from ..techniques.active import check as check_techniques, host_techniques, parse_specs
-from ..techniques.caching import loop_feeds
 from ..techniques.host_base import HostContext
-from ..techniques.stop import check_form as check_stop_form, check_steps
+from ..techniques.stop import check_steps
 from . import guards
 from .generation import GenerationResult, StepEvent
 
@@ -35,9 +34,7 @@ def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False
     inpaint = image is not None and mask is not None and not pipe.backbone_extra_channels()
     check_techniques(specs, options.loop, lora=lora, controlnet=controlnet,
                      schedule=pipe.precision_schedule is not None, inpaint=inpaint)
-    check_stop_form(specs.stop, options.loop, lambda: pipe.sampling_graph("loop").stop)
-    if specs.cache_on is not None and options.loop == "loop":
-        loop_feeds(pipe.sampling_graph("loop").cache, specs.cache)  # a graph compiled without it refuses here
+    specs.check_graph(options.loop, lambda: pipe.sampling_graph("loop"))  # a graph compiled without one refuses
     guards.check_request(pipe.folder, pipe.manifest, options)
     shape = pipe.latent_shape(options)  # the family's (may be packed)
     h, w = pipe.image_size(options)
@@ -98,14 +95,15 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
     if options.loop != "host":
         # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
         # except for a guidance-distilled backbone, which takes the scale as an input
-        cond, uncond = pipe.conditioning(prompts, negatives, embedded is None, h, w, adapter, references)
+        cond, uncond = pipe.conditioning(prompts, negatives, pipe.family.true_cfg(pipe.info), h, w, adapter, references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
         graph = pipe.sampling_graph(options.loop)
         extra = {}  # each technique's run-time inputs (LoRA tensors, cache interval, stop threshold, ControlNets)
         for t in techniques:
             extra.update(t.graph_feeds(graph, ctx))
-        outs = graph.run_outputs(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
+        scale = options.guidance if embedded is not None else pipe.family.cfg_scale(options.guidance)
+        outs = graph.run_outputs(table, latents, cond, uncond, scale, noise, image=start, extra=extra or None)
         x = next(iter(outs.values()))
         steps_run = int(outs["steps_run"]) if "steps_run" in outs else run_table.num_steps
         guards.check_finite(x, "the sampling graph's output latents")

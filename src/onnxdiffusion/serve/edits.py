@@ -348,7 +348,7 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
 def refuse_text_only(entry) -> None:
     """A request without a picture for an editing model (it needs the picture to edit): 400, as the library refuses it."""
     family = entry.pipeline.family if entry.pipeline is not None else None
-    if family is not None and family.image_role == "reference":
+    if family is not None and family.image_role == "reference" and not family.references_optional:
         raise RequestError(f"model {entry.id} edits pictures by instruction (a {family.name} model): send the picture "
                            "to POST /v1/images/edits (`image`) with the instruction as the prompt", "model",
                            code="model_needs_image")
