@@ -362,3 +362,41 @@ def tiny_kontext_onnx(tiny_kontext_diffusers, tmp_path_factory) -> Path:
 
 
 SLOW_ONLY_FIXTURES |= {"tiny_kontext_diffusers", "tiny_kontext_onnx"}
+
+
+# -- Qwen-Image-Edit and -Edit-Plus (editing by instruction): tests/helpers/tiny_qwenedit.py ----------------------
+def _qwenedit_onnx(src: Path, root: Path) -> Path:
+    """Every component (an editing model encodes its reference picture), a 64 x 64 default size."""
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    export_pipeline(src, root / "model", ExportOptions(default_size=64), progress=False)
+    return root / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenedit_diffusers(tmp_path_factory) -> Path:
+    from tiny_qwenedit import build_tiny_qwenedit
+
+    return shared_folder(tmp_path_factory, "tiny_qwenedit", build_tiny_qwenedit)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenedit_plus_diffusers(tmp_path_factory) -> Path:
+    from tiny_qwenedit import build_tiny_qwenedit
+
+    return shared_folder(tmp_path_factory, "tiny_qwenedit_plus", lambda root: build_tiny_qwenedit(root, plus=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenedit_onnx(tiny_qwenedit_diffusers, tmp_path_factory) -> Path:
+    return shared_folder(tmp_path_factory, "tiny_qwenedit_onnx", lambda root: _qwenedit_onnx(tiny_qwenedit_diffusers, root))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenedit_plus_onnx(tiny_qwenedit_plus_diffusers, tmp_path_factory) -> Path:
+    return shared_folder(tmp_path_factory, "tiny_qwenedit_plus_onnx",
+                         lambda root: _qwenedit_onnx(tiny_qwenedit_plus_diffusers, root))
+
+
+SLOW_ONLY_FIXTURES |= {"tiny_qwenedit_diffusers", "tiny_qwenedit_plus_diffusers", "tiny_qwenedit_onnx",
+                       "tiny_qwenedit_plus_onnx"}

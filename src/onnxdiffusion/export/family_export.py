@@ -16,6 +16,8 @@ from ..families.flux import IMG_IDS as FLUX_IMG_IDS
 from ..families.flux_kontext import REF_IDS, REFERENCE_FRAME, FluxKontext
 from ..families.qwenimage import IMG_IDS as QWEN_IMG_IDS
 from ..families.qwenimage import MASK, QwenImage
+from ..families.qwenimage_edit import REF_IDS as QWEN_REF_IDS
+from ..families.qwenimage_edit import QwenImageEdit
 from ..families.zimage import ZImage
 
 
@@ -72,11 +74,15 @@ def _flux_feeds(family: Flux, spec: ComponentSpec, dims: dict[str, int], feeds: 
 
 def _qwen_wrap(family: QwenImage, spec: ComponentSpec, module):
     from .fixups import decompose_rms_norms, exact_nearest_upsamples
-    from .flow_components import QwenImageTransformer
+    from .flow_components import QwenImageEditTransformer, QwenImageTransformer
 
+    if spec.kind == "vl_text_encoder":
+        from .vl_encoder import VisionLanguageHiddenStates
+
+        return VisionLanguageHiddenStates(module)
     if spec.kind == family.backbone_kind:
         decompose_rms_norms(module)
-        return QwenImageTransformer(module)
+        return QwenImageEditTransformer(module) if isinstance(family, QwenImageEdit) else QwenImageTransformer(module)
     if spec.kind == "vae_decoder":
         exact_nearest_upsamples(module)
     return _default_wrap(spec, module)
@@ -96,7 +102,40 @@ def _qwen_feeds(family: QwenImage, spec: ComponentSpec, dims: dict[str, int], fe
     if QWEN_IMG_IDS in feeds:
         ids = lat.image_ids(dims["rows"], dims["cols"], centred=True)
         feeds[QWEN_IMG_IDS] = torch.from_numpy(np.repeat(ids[None], b, axis=0))
+    if QWEN_REF_IDS in feeds:  # Qwen-Image-Edit: the reference grid's centred ids, frame 1
+        ids = lat.image_ids(dims["reference_rows"], dims["reference_cols"], centred=True, frame=1)
+        feeds[QWEN_REF_IDS] = torch.from_numpy(np.repeat(ids[None], b, axis=0))
+    if spec.kind == "vl_text_encoder":
+        feeds = _vl_feeds(family, spec, dims, feeds, mask)
     return feeds
+
+
+def _vl_feeds(family: QwenImageEdit, spec: ComponentSpec, dims: dict[str, int], feeds: dict, mask) -> dict:
+    """A vision-language encoder's feeds that hang together: one random picture per row (the grid export_dims
+    sized), its pad tokens among random text tokens, the 3D positions and the tower's layout computed as the run
+    time computes them (families/qwenimage_vision.py)."""
+    import torch
+
+    from ..families import qwenimage_vision as vision
+    from ..families.qwenimage_edit import EXPORT_PROMPTS
+
+    opts = spec.options
+    cfg = vision.VisionConfig.from_dict(opts["vision"])
+    b = dims["batch_size"]
+    grid = next(g for n, g, _ in EXPORT_PROMPTS if n == b)
+    gen = torch.Generator().manual_seed(b)
+    pictures = [(torch.randn(int(np.prod(grid)), cfg.patch_width, generator=gen).numpy(), grid) for _ in range(b)]
+    ids = feeds["input_ids"].clone()
+    special = (int(opts["image_token_id"]), int(opts["vision_start_token_id"]))
+    ids = torch.where((ids == special[0]) | (ids == special[1]), torch.zeros_like(ids), ids)
+    tokens = int(np.prod(grid)) // cfg.merge ** 2
+    ids[:, 3] = special[1]
+    ids[:, 4:4 + tokens] = special[0]
+    out = {k: torch.from_numpy(v) for k, v in vision.vision_feeds(pictures, cfg).items()}
+    out["position_ids"] = torch.from_numpy(vision.rope_positions(ids.numpy(), mask.numpy(), [g for _, g in pictures],
+                                                                 special[0], special[1], cfg.merge))
+    return {**feeds, "input_ids": ids, **out}
+
 
 
 def _flux2_wrap(family: Flux2Base, spec: ComponentSpec, module):
@@ -166,8 +205,8 @@ def _zimage_feeds(family: ZImage, spec: ComponentSpec, dims: dict[str, int], fee
     return feeds
 
 
-_WRAPS = {Flux: _flux_wrap, FluxKontext: _flux_wrap, QwenImage: _qwen_wrap, ZImage: _zimage_wrap,
-          Flux2Klein: _flux2_wrap, Flux2Dev: _flux2_wrap}
-_FEEDS = {Flux: _flux_feeds, FluxKontext: _flux_feeds, QwenImage: _qwen_feeds, ZImage: _zimage_feeds,
-          Flux2Klein: _flux2_feeds, Flux2Dev: _flux2_feeds}
+_WRAPS = {Flux: _flux_wrap, FluxKontext: _flux_wrap, QwenImage: _qwen_wrap, QwenImageEdit: _qwen_wrap,
+          ZImage: _zimage_wrap, Flux2Klein: _flux2_wrap, Flux2Dev: _flux2_wrap}
+_FEEDS = {Flux: _flux_feeds, FluxKontext: _flux_feeds, QwenImage: _qwen_feeds, QwenImageEdit: _qwen_feeds,
+          ZImage: _zimage_feeds, Flux2Klein: _flux2_feeds, Flux2Dev: _flux2_feeds}
 _SETTINGS = {Flux2Klein: _flux2_settings, Flux2Dev: _flux2_settings}

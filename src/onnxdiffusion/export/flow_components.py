@@ -197,6 +197,17 @@ class QwenImageTransformer(torch.nn.Module):
         return self.model.proj_out(self.model.norm_out(outs[-1], temb))
 
 
+class QwenImageEditTransformer(QwenImageTransformer):
+    """Qwen-Image-Edit: the reference pictures' tokens joined after the noise tokens (their ids after the noise ids,
+    frames 1..n), the output cut back to the noise tokens, as QwenImageEditPipeline does around its transformer."""
+
+    def forward(self, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, img_ids, reference_latents,
+                reference_ids):
+        out = super().forward(torch.cat([sample, reference_latents], dim=1), timestep, encoder_hidden_states,
+                              encoder_hidden_states_mask, torch.cat([img_ids, reference_ids], dim=1))
+        return out[:, : sample.shape[1]]
+
+
 class QwenImageControlNet(QwenImageTransformer):
     """QwenImageControlNetModel with the transformer wrapper's inputs, then the packed control latents and
     the scale -> one image-token sample per block (controlnet_blocks[i] of block i's output, x scale)."""

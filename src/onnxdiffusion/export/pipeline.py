@@ -52,6 +52,11 @@ def _check_source(src: Path) -> tuple[Family, dict, dict[str, dict]]:
         configs[slot.name] = _read_json(src / slot.name / "config.json")
         tok_cfg = src / slot.tokenizer / "tokenizer_config.json"
         configs[f"{slot.tokenizer}/tokenizer_config"] = _read_json(tok_cfg) if tok_cfg.is_file() else {}
+    for rel in family.source_configs:  # more JSON a family reads (an editing model's processor config)
+        path = src / rel
+        if not path.is_file():
+            raise UserError(f"{src}: {rel} is missing")
+        configs[rel.removesuffix(".json")] = _read_json(path)
     for name in (family.backbone, "vae"):
         path = src / name / "config.json"
         if not path.is_file():

@@ -11,6 +11,7 @@ from .flux import Flux
 from .flux2 import Flux2Dev, Flux2Klein
 from .flux_kontext import FluxKontext
 from .qwenimage import QwenImage
+from .qwenimage_edit import QwenImageEdit
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
@@ -31,6 +32,7 @@ register(StableDiffusion3())
 register(Flux())
 register(FluxKontext())
 register(QwenImage())
+register(QwenImageEdit())
 register(ZImage())
 register(Flux2Klein())
 register(Flux2Dev())

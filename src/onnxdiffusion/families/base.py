@@ -151,6 +151,9 @@ class Family:
     text_encoders: ClassVar[tuple[TextEncoderSlot, ...]]
     vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKL",)
     predictions: ClassVar[tuple[str, ...]] = ("epsilon", "v_prediction")
+    # JSON files beside the components' configs that pipeline_info reads, relative to the source folder (keyed in
+    # its `configs` without ".json")
+    source_configs: ClassVar[tuple[str, ...]] = ()
 
     # -- the source folder (export) ---------------------------------------------------------------
     def check_source(self, src_name: str, model_index: dict, present: set[str]) -> None:
@@ -388,6 +391,18 @@ class Family:
         to the size multiple; Kontext picks its nearest preferred resolution)."""
         m = int(info.size_multiple)
         return height // m * m, width // m * m
+
+    # whether the text encoders read the reference pictures too (reference_text; encode_text's `pictures`)
+    reads_pictures: ClassVar[bool] = False
+
+    def reference_text(self, info: dict, pictures: list) -> Any:
+        """What the text encoders take of the RGB PIL reference pictures (handed to encode_text as `pictures`)."""
+        return None
+
+    def default_size(self, info: dict, pictures: list) -> tuple[int, int] | None:
+        """An editing model's output (height, width) when none is asked, from its RGB PIL references (None: the
+        folder's default size)."""
+        return None
 
     def reference_inputs(self, info: dict, latents: list[np.ndarray], batch: int) -> dict[str, np.ndarray]:
         """Each reference picture's scaled (1, C, h, w) latents -> the backbone's reference inputs by name, on a

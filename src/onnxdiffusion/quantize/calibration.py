@@ -97,6 +97,15 @@ class CalibrationSet:
         return sorted({int(round(v)) for v in np.linspace(0, self.num_steps - 1, n)})
 
 
+def _aligned(family, contexts: list[dict]) -> list[dict]:
+    """Chunks' conditioning made joinable: a family whose text length follows the prompts (Qwen-Image pads each
+    batch to its longest, masked) pads every chunk to the longest of all (Family.align); the rest are unchanged."""
+    longest = contexts[0]
+    for c in contexts[1:]:
+        longest, _ = family.align(longest, c)
+    return [family.align(longest, c)[1] for c in contexts]
+
+
 def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = False) -> CalibrationSet:
     """Run the fp32 pipeline over the prompts (seed cfg.seed + i for prompt i) and record every backbone call."""
     from ..evaluate.run import item_latents
@@ -135,7 +144,7 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         for i in range(b):
             pairs.append((rows + i, rows + b + i) if gb.guided else (-1, rows + i))
         rows += gb.context.shape[0]
-    joined = {k: np.concatenate([c[k] for c in contexts], axis=0) for k in contexts[0]}
+    joined = {k: np.concatenate([c[k] for c in _aligned(pipe.family, contexts)], axis=0) for k in contexts[0]}
     return CalibrationSet(
         samples=np.concatenate(steps_x, axis=1),
         timesteps=table.timesteps.astype(np.float32).copy(),

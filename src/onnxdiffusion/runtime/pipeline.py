@@ -204,15 +204,17 @@ class Pipeline:
             yield
 
     # -- stages -------------------------------------------------------------------------------
-    def encode_prompt(self, prompts: list[str], adapter=None) -> Conditioning:
+    def encode_prompt(self, prompts: list[str], adapter=None, pictures=None) -> Conditioning:
         """The text conditioning of the backbone, by input name: every text encoder, combined as
         the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...).
-        `adapter`: LoRA feeds (adapters.AdapterFeeds) for the text encoders that have some."""
+        `adapter`: LoRA feeds (adapters.AdapterFeeds) for the text encoders that have some; `pictures`: what an
+        editing family's text encoders read of its reference pictures (Family.reference_text)."""
+        seen = {} if pictures is None else {"pictures": pictures}
         with self.holding_text_encoders():
             encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name],
                                                           with_feeds(self.text_sessions[slot.name].get(),
                                                                      adapter and adapter.for_component(slot.name)),
-                                                          prompts, self.info)
+                                                          prompts, self.info, **seen)
                        for slot in self.slots}
         cond = self.family.combine(NumpyOps(), encoded, self.info)
         for v in cond.values():
@@ -232,14 +234,16 @@ class Pipeline:
 
             references = plan_references(self, probe_feeds(self, width, height, light=True)["image"], len(prompts))
         size = {**self.family.size_conditioning(self.info, len(prompts), height, width), **(references or {})}
+        pictures = getattr(references, "text", None)
         with self.holding_text_encoders():  # one load for both when they are let go after use
-            cond = {**self.encode_prompt(prompts, adapter), **size}
+            cond = {**self.encode_prompt(prompts, adapter, pictures), **size}
             if not guided:
                 return cond, None
             if negatives is None and self.family.zero_negative(self.info):
                 uncond = {k: np.zeros_like(v) for k, v in cond.items() if k not in size}
             else:
-                uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts), adapter)
+                uncond = self.encode_prompt(negatives if negatives is not None else [""] * len(prompts), adapter,
+                                            pictures)
         return self.family.align(cond, {**uncond, **size})
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
@@ -387,7 +391,9 @@ class Pipeline:
             options = GenerateOptions(**kwargs)
         except TypeError as e:
             raise UserError(str(e)) from None
-        options = self.resolve(options)
+        from .references import edit_size
+
+        options = edit_size(self, self.resolve(options), image)
         specs, prepared, references = prepare_run(self, options, latents, noise, image, mask, lora=bool(loras),
                                                   controlnet=bool(controlnets))
         b = options.batch

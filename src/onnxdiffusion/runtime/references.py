@@ -94,7 +94,14 @@ def reference_latents(pipe, picture, index: int) -> np.ndarray:
     return pipe.encode_pixels(reference_pixels(pipe, picture, index))
 
 
-def plan_references(pipe, image, batch: int) -> dict[str, np.ndarray]:
+class ReferenceInputs(dict):
+    """The backbone's reference inputs by name, and `text`: what the family's text encoders read of the pictures
+    (Family.reference_text; None for a family whose text side sees no picture)."""
+
+    text = None
+
+
+def plan_references(pipe, image, batch: int) -> ReferenceInputs:
     """The backbone's reference inputs for an editing model's `image` (one picture or a list)."""
     items = pictures(image)
     check_image_request(pipe.family, len(items), what="image")
@@ -103,7 +110,32 @@ def plan_references(pipe, image, batch: int) -> dict[str, np.ndarray]:
         raise UserError(f"{pipe.folder} has no vae_encoder: export it (without `--skip vae_encoder`) to take a "
                         "reference picture")
     latents = [reference_latents(pipe, p, i) for i, p in enumerate(items)]
-    return pipe.family.reference_inputs(pipe.info, latents, batch)
+    out = ReferenceInputs(pipe.family.reference_inputs(pipe.info, latents, batch))
+    if pipe.family.reads_pictures:  # the text encoder sees the pictures too (Qwen-Image-Edit's vision tower)
+        from .image_input import to_pil
+
+        if any(isinstance(p, np.ndarray) and p.dtype.kind == "f" for p in items):
+            raise UserError(f"a {pipe.family.name} model reads the picture itself (its text encoder sees it): "
+                            "give pictures, not latents")
+        out.text = pipe.family.reference_text(pipe.info, [to_pil(p).convert("RGB") for p in items])
+    return out
+
+
+def edit_size(pipe, options, image):
+    """`options` with an editing model's output size where none is asked: the family's default for its pictures
+    (Family.default_size; Qwen-Image-Edit: the folder's default area at the picture's aspect ratio)."""
+    from dataclasses import replace
+
+    from .image_input import to_pil
+
+    items = pictures(image)
+    if pipe.family.image_role != "reference" or None not in (options.height, options.width) or not items \
+            or any(isinstance(p, np.ndarray) and p.dtype.kind == "f" for p in items):
+        return options
+    size = pipe.family.default_size(pipe.info, [to_pil(p, f"reference picture {i + 1}") for i, p in enumerate(items)])
+    if size is None:
+        return options
+    return replace(options, height=options.height or size[0], width=options.width or size[1])
 
 
 def probe_picture(width: int, height: int) -> np.ndarray:
@@ -123,7 +155,7 @@ def probe_feeds(pipe, width: int | None = None, height: int | None = None, light
         return {}  # (a family that also draws from text alone is measured on text-to-image)
     w, h = width or pipe.info.default_width, height or pipe.info.default_height
     picture = probe_picture(w, h)
-    if not light:
+    if not light or pipe.family.reads_pictures:  # a text side that reads the picture needs the picture itself
         return {"image": picture}
     from .image_input import image_pixels
 

@@ -230,8 +230,8 @@ class ModelManager:
                             b -= 1
                         from ..runtime.references import probe_feeds
 
-                        entry.pipeline(prompt=[""] * b, batch=b, steps=1, width=w, height=h,
-                                       **probe_feeds(entry.pipeline, w, h))
+                        entry.pipeline(prompt=[""] * b, batch=b, steps=_fewest_steps(entry.pipeline), width=w,
+                                       height=h, **probe_feeds(entry.pipeline, w, h))
                 entry.warmup_seconds = time.perf_counter() - t0
                 entry.batch_invariant = self.probe_batch_invariance(entry)
             except Exception as e:  # a model that cannot run is reported, never the reason the others stop
@@ -362,3 +362,14 @@ class ModelManager:
     def snap(self, entry: ModelEntry, width: int, height: int) -> tuple[int, int]:
         return nearest_bucket(width, height, entry.buckets)
 
+
+def _fewest_steps(pipe) -> int:
+    """Warm-up's step count: one where the folder's schedule takes it, else two (a flow schedule with
+    shift_terminal, Qwen-Image's: one step would end at sigma 1, which the sampler table refuses)."""
+    from ..runtime.generation import GenerateOptions
+
+    try:
+        pipe.table(GenerateOptions(steps=1))
+        return 1
+    except UserError:
+        return 2
