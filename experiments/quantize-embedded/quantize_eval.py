@@ -81,6 +81,17 @@ SUITES = {
         ("int4-weights 8bit-sensitive asym-b64", "int4-weights", {"target_ratio": "3.5", "block_size": "64", "symmetric": "false"}, False),
         ("int4+int8", "int4-weights", {"others": "int8", "accuracy_level": "4"}, False),
     ],
+    # issue 44: group Hadamard rotation (docs/recipes/rotation.md). "every linear": every weight linear int8
+    # (modulation too), no keep-float list, no keep_sensitive, no precision schedule
+    "issue44": [
+        ("w8a8 every-linear", "int8-static", {"modulation": "int8"}, False),
+        ("w8a8-rot every-linear", "int8-static", {"modulation": "int8", "rotate": "hadamard"}, False),
+        # the patch-embedding conv's output left float like the linears' (MatMulIntegerToFloat): not re-quantized
+        ("w8a8-rot every-linear conv-float-out", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "float_outputs": "Conv,MatMul,Gemm"}, False),
+        ("w4a8", "int4-weights", {"accuracy_level": "4"}, False),
+        ("w4a8-rot", "w4a8", {}, False),
+    ],
     "issue5": [
         ("int8-static", "int8-static", {}, False),
         ("int8-naive", "int8-naive", {}, False),
