@@ -145,3 +145,27 @@ def test_rotated_recipes_quantize_the_tiny_pipeline(name, options, tiny_onnx, tm
     assert report["details"]["rotation"]["linears"] > 0
     model = onnx.load(str(tmp_path / "q" / "unet" / "model.onnx"))
     assert any(n.name.endswith("/hadamard") for n in model.graph.node)
+
+
+def test_a_patchify_conv_reads_rotated_patches_and_computes_the_same():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 4, 2, 2)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="patch", kernel_shape=[2, 2], strides=[2, 2])
+    same = helper.make_node("Conv", ["x", "w3"], ["z"], name="padded", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([conv, same], "g", [helper.make_tensor_value_info("x", F, [2, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", F, [2, 64, 4, 4]), helper.make_tensor_value_info("z", F, [2, 64, 8, 8])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+                               numpy_helper.from_array(rng.standard_normal((64, 4, 3, 3)).astype(np.float32), "w3")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rotated, counts = rotate_linears(model, ["patch", "padded"], 64)
+    assert counts.get("patchify_convs") == 1  # the padded 3x3 conv is no patch linear: left as it was
+    feed = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}
+    for a, r in zip(run(model, feed), run(rotated, feed)):
+        np.testing.assert_allclose(r, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    # the twin: each 2x2x4 patch, flattened as the conv weight is (C, kh, kw), times R = H16, then W R
+    x = feed["x"]
+    patches = x.reshape(2, 4, 4, 2, 4, 2).transpose(0, 2, 4, 1, 3, 5).reshape(2, 4, 4, 16)
+    y = rotate_activation(patches, 16) @ rotate_weight(w.reshape(64, 16).T, 16) + b
+    np.testing.assert_allclose(y.transpose(0, 3, 1, 2), run(model, feed)[0], rtol=1e-4, atol=1e-4)
+    assert {q.name for q in quantizable_nodes(rotated, ("Conv",))} == {"patch", "padded"}

@@ -199,6 +199,11 @@ def rotate_linears(model: onnx.ModelProto, names: Iterable[str], group: int) -> 
         counts["rotation_orders"][str(g)] = counts["rotation_orders"].get(str(g), 0) + 1
     _store_weights(out, by_name, weights, transposed, biases)
     consts = []
+    for conv, const, rot in _rotate_patchify(out, names, group):
+        consts.append(const)
+        new_nodes.setdefault(conv.input[0], []).append(rot)
+        conv.input[0] = rot.output[0]
+        counts["patchify_convs"] = counts.get("patchify_convs", 0) + 1
     for g, hname in sorted(hnames.items()):
         consts.append(helper.make_node("Constant", [], [hname], name=f"{hname}/const",
                                        value=numpy_helper.from_array(hadamard(g).astype(np.float32), hname)))
@@ -213,6 +218,43 @@ def rotate_linears(model: onnx.ModelProto, names: Iterable[str], group: int) -> 
     g_.node.extend(nodes)
     remove_dead_nodes(out)
     return out, counts
+
+
+def _rotate_patchify(model: onnx.ModelProto, names: Iterable[str], group: int) -> list[tuple[onnx.NodeProto, ...]]:
+    """In place: every named patchify Conv (kernel == stride > 1, no padding, dilation or groups: a linear over
+    each patch's K = C*kh*kw values) becomes a float rotation Conv (its K x K weight R, a Constant) followed
+    by the original as a 1x1 Conv holding W R. Only where the dense rotation costs <= a quarter of the
+    conv (K <= O / 4). Returns (the rewritten conv, the Constant R, the rotation conv to insert before it) each."""
+    inits = initializer_map(model)
+    wanted = set(names)
+    out = []
+    for n in model.graph.node:
+        if n.op_type != "Conv" or n.name not in wanted or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        t = inits[n.input[1]]
+        a = _attrs(n)
+        if len(t.dims) != 4 or t.data_type != onnx.TensorProto.FLOAT:
+            continue
+        o, c, kh, kw = (int(d) for d in t.dims)
+        k = c * kh * kw
+        plain = (list(a.get("strides", [1, 1])) == [kh, kw] and kh * kw > 1 and not any(a.get("pads", [0])) and
+                 a.get("group", 1) == 1 and set(a.get("dilations", [1])) == {1} and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"))
+        g = group_for(k, group)
+        if not plain or not g or k > o // 4:
+            continue
+        r = np.kron(np.eye(k // g), hadamard(g))  # block-diagonal, symmetric: R^T = R
+        w = files.array(model, t).astype(np.float64).reshape(o, k) @ r
+        wt = numpy_helper.from_array(w.reshape(o, k, 1, 1).astype(np.float32), f"{n.name}/rotated_weight")
+        model.graph.initializer.append(wt)
+        hc = numpy_helper.from_array(r.reshape(k, c, kh, kw).astype(np.float32), f"{n.name}{ROTATED_SUFFIX}/weight")
+        const = helper.make_node("Constant", [], [hc.name], name=f"{hc.name}/const", value=hc)
+        rot = helper.make_node("Conv", [n.input[0], hc.name], [f"{n.input[0]}/patches_rotated"], name=f"{n.name}{ROTATED_SUFFIX}",
+                               kernel_shape=[kh, kw], strides=[kh, kw])
+        n.input[1] = wt.name
+        del n.attribute[:]
+        n.attribute.extend([helper.make_attribute("kernel_shape", [1, 1]), helper.make_attribute("strides", [1, 1])])
+        out.append((n, const, rot))
+    return out
 
 
 def _store_weights(model, by_name, weights, transposed, biases) -> None:
