@@ -149,6 +149,10 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     folders unless --allow-drift). Slower on CPU (embedded models, ORT CPU 1 thread: 2.2x the step for SD,
     5.2x for the MMDiT, whose float64 attention softmax dominates).
     Version 8: `rounding` (older dicts: cpu).
+    `rotate`: none | hadamard[:GROUP] (16, 64 default, 256): before calibration, every quantizable linear's input
+    is rotated by a block-diagonal regular Hadamard matrix (per GROUP channels; a patchify conv's patches) and
+    its weight by the inverse offline, so per-channel outliers are spread over their group (quantize/rotation.py,
+    docs/recipes/rotation.md). A dict without it means none (none is left out of the dict: older bytes kept).
     """
 
     name: ClassVar[str] = "int8-static"
