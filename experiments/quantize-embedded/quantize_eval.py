@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quantize_tables import _summaries, markdown, side_by_side  # noqa: E402
 
-from onnxdiffusion.folder.artifacts import sha256_file  # noqa: E402
+from onnxdiffusion.folder.artifacts import read_manifest, sha256_file  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, generate_set, heldout_scenes  # noqa: E402
@@ -207,7 +207,7 @@ def run_model(folder: Path, settings: dict, runs: list, args, judge) -> dict:
         new_backbone = out / manifest["components"][backbone]["path"]
         high = schedule_backbone(out, report)
         for b in LATENCY_BATCHES:
-            feed = component_feed(backbone, manifest, batch=b)
+            feed = component_feed(backbone, read_manifest(folder), batch=b)  # the typed manifest (folder.artifacts)
             runs_b = max(15, args.latency_runs // b)
             files = {"fp32": fp32_backbone, "new": new_backbone} | ({"high": high[0]} if high else {})
             t = latency(files, feed, 1, runs_b)
