@@ -201,6 +201,13 @@ def tiny_qwenimage_diffusers(tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory, "tiny_qwenimage", build_tiny_qwenimage)
 
 
+@pytest.fixture(scope="session")
+def tiny_zimage_diffusers(tmp_path_factory) -> Path:
+    from tiny_families import build_tiny_zimage
+
+    return shared_folder(tmp_path_factory, "tiny_zimage", build_tiny_zimage)
+
+
 def export_family(src: Path, out: Path) -> Path:
     """Export the components generate needs (the VAE encoder is left out to keep tests fast), with a
     32x32 default size (the pipelines' own default is 128 latent patches a side)."""
@@ -224,6 +231,48 @@ def tiny_flux_onnx(tiny_flux_diffusers, tmp_path_factory) -> Path:
 def tiny_qwenimage_onnx(tiny_qwenimage_diffusers, tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory, "tiny_qwenimage_onnx",
                          lambda root: export_family(tiny_qwenimage_diffusers, root / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_zimage_onnx(tiny_zimage_diffusers, tmp_path_factory) -> Path:
+    return shared_folder(tmp_path_factory, "tiny_zimage_onnx",
+                         lambda root: export_family(tiny_zimage_diffusers, root / "model"))
+
+
+# -- FLUX.2 (tests/helpers/tiny_flux2.py builds them) ------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_flux2_klein_diffusers(tmp_path_factory) -> Path:
+    from tiny_flux2 import build_tiny_flux2_klein
+
+    return shared_folder(tmp_path_factory, "tiny_flux2_klein", build_tiny_flux2_klein)
+
+
+@pytest.fixture(scope="session")
+def tiny_flux2_dev_diffusers(tmp_path_factory) -> Path:
+    from tiny_flux2 import build_tiny_flux2_dev
+
+    return shared_folder(tmp_path_factory, "tiny_flux2_dev", build_tiny_flux2_dev)
+
+
+def _export_with_encoder(src: Path, out: Path) -> Path:
+    """Every component (the VAE encoder too: FLUX.2 takes reference pictures), a 32x32 default size."""
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    export_pipeline(src, out, ExportOptions(default_size=32), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_flux2_klein_onnx(tiny_flux2_klein_diffusers, tmp_path_factory) -> Path:
+    return shared_folder(tmp_path_factory, "tiny_flux2_klein_onnx",
+                         lambda root: _export_with_encoder(tiny_flux2_klein_diffusers, root / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_flux2_dev_onnx(tiny_flux2_dev_diffusers, tmp_path_factory) -> Path:
+    return shared_folder(tmp_path_factory, "tiny_flux2_dev_onnx",
+                         lambda root: _export_with_encoder(tiny_flux2_dev_diffusers, root / "model"))
 
 
 @pytest.fixture(scope="module")  # per module: some tests hard-link its data file, which onnx.load then refuses
@@ -260,7 +309,8 @@ SLOW_ONLY_FIXTURES = {
     "bench_models", "bench_run", "calib", "flux", "flux_pair", "peer_bench", "quantized", "qwen", "qwen_pair",
     "rendered", "scheduled", "sd3_loops", "sd3_without_t5", "sdxl_loops", "serve_models", "server",
     "static_folder", "tiny_flux_diffusers", "tiny_flux_onnx", "tiny_loops", "tiny_qwenimage_diffusers",
-    "tiny_qwenimage_onnx", "tiny_sd3_onnx", "tiny_sdxl_onnx"
+    "tiny_qwenimage_onnx", "tiny_sd3_onnx", "tiny_sdxl_onnx", "tiny_zimage_diffusers", "tiny_zimage_onnx",
+    "tiny_flux2_klein_diffusers", "tiny_flux2_dev_diffusers", "tiny_flux2_klein_onnx", "tiny_flux2_dev_onnx", "flux2_loops"
 }
 
 
@@ -289,3 +339,26 @@ def pytest_runtest_protocol(item, nextitem):
         _FROZEN_AT[0] = item.path
         gc.collect()
         gc.freeze()
+
+
+# -- FLUX.1 Kontext (editing by instruction): tests/helpers/tiny_kontext.py ------------------------------------
+@pytest.fixture(scope="session")
+def tiny_kontext_diffusers(tmp_path_factory) -> Path:
+    from tiny_kontext import build_tiny_kontext
+
+    return shared_folder(tmp_path_factory, "tiny_kontext", build_tiny_kontext)
+
+
+@pytest.fixture(scope="session")
+def tiny_kontext_onnx(tiny_kontext_diffusers, tmp_path_factory) -> Path:
+    """Every component, the VAE encoder included (an editing model encodes its reference picture)."""
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    def build(root: Path) -> Path:
+        export_pipeline(tiny_kontext_diffusers, root / "model", ExportOptions(default_size=32), progress=False)
+        return root / "model"
+
+    return shared_folder(tmp_path_factory, "tiny_kontext_onnx", build)
+
+
+SLOW_ONLY_FIXTURES |= {"tiny_kontext_diffusers", "tiny_kontext_onnx"}

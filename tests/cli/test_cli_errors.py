@@ -19,6 +19,27 @@ def leftovers(folder: Path, name: str) -> list[Path]:
 
 # -- export -----------------------------------------------------------------------------------
 
+def _gguf(folder: Path, data: bytes) -> Path:
+    path = folder / "model.gguf"
+    path.write_bytes(data)
+    return path
+
+
+def test_export_crafted_gguf(tmp_path, tiny_qwenimage_diffusers):
+    import struct
+
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 2**62)  # a key-value count no file can hold
+    proc = run_cli("export", _gguf(tmp_path, header + b"\0" * 64), tmp_path / "out", "--base", tiny_qwenimage_diffusers)
+    assert_one_line_error(proc, "not a readable GGUF file", "key-value count")
+    for data, fragment in ((b"GGUF" + struct.pack("<I", 99) + b"\0" * 40, "version 99"), (b"GGUF\3", "shorter than")):
+        assert_one_line_error(run("export", _gguf(tmp_path, data), tmp_path / "out", "--base", tiny_qwenimage_diffusers),
+                              fragment)
+    assert_one_line_error(run("export", _gguf(tmp_path, header), tmp_path / "out"), "give --base")
+    assert_one_line_error(run("export", tiny_qwenimage_diffusers, tmp_path / "out", "--base", tiny_qwenimage_diffusers),
+                          "--base is for a GGUF SRC")
+    assert leftovers(tmp_path, "out") == []
+
+
 def test_export_missing_source(tmp_path):
     proc = run_cli("export", tmp_path / "nope", tmp_path / "out")
     assert_one_line_error(proc, "not found")

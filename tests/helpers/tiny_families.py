@@ -1,4 +1,4 @@
-"""Tiny random-weight Flux and Qwen-Image pipelines, built offline (nothing from the hub).
+"""Tiny random-weight Flux, Qwen-Image and Z-Image pipelines, built offline (nothing from the hub).
 
 Configs follow diffusers' own pipeline tests (tests/pipelines/flux, tests/pipelines/qwenimage):
 every block type of the real model, widths of 16-32. Tokenizers are trained in memory with the
@@ -119,9 +119,10 @@ def build_tiny_flux(folder: Path, t5_length: int = 16) -> Path:
     return out
 
 
-def build_tiny_qwenimage(folder: Path) -> Path:
-    """QwenImagePipeline: a 2-layer Qwen2.5-VL text encoder (width 16), a 2-layer MMDiT, a 3D VAE whose
-    per-channel latents_mean/latents_std are not the identity (so normalization is exercised)."""
+def build_tiny_qwenimage(folder: Path, heads: int = 3) -> Path:
+    """QwenImagePipeline: a 2-layer Qwen2.5-VL text encoder (width 16), a 2-layer MMDiT (`heads` x 16 wide: 2 makes
+    its projections GGUF-blockable), a 3D VAE whose per-channel latents_mean/latents_std are not the identity (so
+    normalization is exercised)."""
     import torch
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -141,7 +142,7 @@ def build_tiny_qwenimage(folder: Path) -> Path:
     )
     text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
     transformer = QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=heads,
         joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
     )
     gen = torch.Generator().manual_seed(1)
@@ -160,5 +161,52 @@ def build_tiny_qwenimage(folder: Path) -> Path:
     pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                              transformer=transformer)
     out = folder / "qwenimage"
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+# Qwen3's chat template, shortened to what a one-message prompt reaches: the user turn, the generation
+# prompt, and the empty think block when thinking is turned off
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def build_tiny_zimage(folder: Path, dim: int = 48, axes_dims: tuple[int, ...] = (8, 8, 8)) -> Path:
+    """ZImagePipeline: a 3-layer Qwen3 text encoder (width 24, grouped-query attention) read at hidden state -2,
+    a DiT of 2 main layers and 1 refiner each (width 48, head 24 = rotary axes 8/8/8; 64 and 12/12/8 make its
+    projections GGUF-blockable) with random pad tokens,
+    an AutoencoderKL of factor 4 with Z-Image's scaling and shift, and Z-Image-Turbo's scheduler_config.json."""
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(0)
+    tokenizer = qwen2_tokenizer()
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    text_encoder = Qwen3Model(Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=24, intermediate_size=40, num_hidden_layers=3, num_attention_heads=3,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=1024, rope_theta=1000000.0,
+    )).eval()
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=dim, n_layers=2, n_refiner_layers=1, n_heads=2,
+        n_kv_heads=2, cap_feat_dim=24, rope_theta=256.0, axes_dims=list(axes_dims), axes_lens=[640, 48, 48],
+    )
+    with torch.no_grad():  # trained pad tokens are not zero: make them matter
+        transformer.x_pad_token.normal_()
+        transformer.cap_pad_token.normal_()
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 16), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+        norm_num_groups=4, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
+        shift_factor=0.1159, scaling_factor=0.3611,
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    pipe = ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                          transformer=transformer)
+    out = folder / "zimage"
     pipe.save_pretrained(out, safe_serialization=True)
     return out

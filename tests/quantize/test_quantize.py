@@ -48,7 +48,7 @@ def test_recipe_round_trip(name):
     d = recipe.to_dict()
     assert d["name"] == name and d["version"] == type(recipe).version >= 1
     assert recipe_from_dict(json.loads(json.dumps(d))) == recipe
-    cfg = QuantizeConfig(recipe=recipe, correct=name != "fp16")
+    cfg = QuantizeConfig(recipe=recipe, correct=name != "fp16" and recipe.quantizes_backbone)
     assert QuantizeConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 

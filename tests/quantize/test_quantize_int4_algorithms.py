@@ -61,3 +61,48 @@ def test_gptq_refuses_a_backbone_past_the_inline_limit(tiny_onnx, monkeypatch):
     names = [q.name for q in quantizable_nodes(sk, ("MatMul",))]
     with pytest.raises(UserError, match="only backbones under 2 GB"):
         _ort.gptq_int4_quantize(sk, names, 16, 0, [])
+
+
+_GPTQ_SHA = """
+import hashlib, sys
+from pathlib import Path
+from onnxdiffusion.folder.artifacts import read_manifest
+from onnxdiffusion.quantize import _ort, files
+from onnxdiffusion.quantize.graphs import quantizable_nodes
+from onnxdiffusion.quantize.recipes import prepare_unet
+from onnxdiffusion.quantize.report import component_feed
+
+folder = Path(sys.argv[1])
+model = prepare_unet(files.load_backbone(folder / "unet" / "model.onnx"))
+names = [q.name for q in quantizable_nodes(model, ("MatMul",))]
+feeds = [component_feed("unet", read_manifest(folder), seed=s) for s in range(2)]
+done = _ort.gptq_int4_quantize(model, names, 16, 0, feeds)
+print(hashlib.sha256(done.SerializeToString()).hexdigest())
+"""
+
+
+def test_gptq_writes_the_same_bytes_whatever_the_string_hash_seed(tiny_onnx):
+    # INC walks the MatMul inputs through a set: its packed weights came in hash order (another order each run)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(_ort.__file__).resolve().parents[2])
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": src}
+        out = subprocess.run([sys.executable, "-c", _GPTQ_SHA, str(tiny_onnx)], env=env, capture_output=True, text=True,
+                             check=True)
+        digests.add(out.stdout.strip().splitlines()[-1])
+    assert len(digests) == 1, digests
+
+
+def test_added_initializers_follow_the_kept_ones_in_name_order():
+    from onnx import helper
+
+    graph = helper.make_graph([], "g", [], [], initializer=[
+        helper.make_tensor(n, onnx.TensorProto.FLOAT, [1], [0.0]) for n in ("k2", "new_b", "k1", "new_a")])
+    model = helper.make_model(graph)
+    _ort._new_initializers_by_name(model, {"k1", "k2"})
+    assert [t.name for t in model.graph.initializer] == ["k2", "k1", "new_a", "new_b"]

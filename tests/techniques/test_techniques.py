@@ -83,3 +83,33 @@ def test_methods_are_registered_by_name_and_round_trip():
         default = parse_compiled_cache(name)
         assert type(default) is kind and default.noop and default.record()["method"] == name
         assert parse_cache(str(default)) == default
+
+
+def test_a_cache_method_is_registered_by_its_name_alone():
+    from onnxdiffusion.techniques import cache_methods
+
+    assert tuple(METHODS) == cache_methods.NAMES
+    for name, kind in METHODS.items():
+        assert kind.method == name and kind.__module__.endswith(f".cache_{name}")
+
+
+def test_each_spec_answers_from_its_own_record_whether_the_compiled_graph_runs_it():
+    from types import SimpleNamespace
+
+    plain = SimpleNamespace(cache=None, stop=False)
+    opened = []
+
+    def graph():
+        opened.append(1)
+        return plain
+
+    specs = parse_specs(SimpleNamespace(cache="deepcache:2", stop_early=None))
+    specs.check_graph("host", graph)
+    assert not opened  # the host loop never opens the compiled graph
+    with pytest.raises(UserError, match="compiled without step caching"):
+        specs.check_graph("loop", graph)
+    with pytest.raises(UserError, match="compiled without the stopping test"):
+        parse_specs(SimpleNamespace(cache=None, stop_early="0.05")).check_graph("loop", graph)
+    compiled = SimpleNamespace(cache=specs.cache.record(), stop=True)
+    specs.check_graph("loop", lambda: compiled)
+    parse_specs(SimpleNamespace(cache="first_block:0", stop_early="0")).check_graph("loop", graph)  # no-ops ask nothing

@@ -69,21 +69,12 @@ class RuntimeLora:
         return self.fused.fused(), self.fused.feeds(adapter)
 
 
-def graph_feeds(pipe, graph, adapter) -> dict | None:
-    """The LoRA tensors of the components the sampling graph computes, under its input names (adapters/graph.py)."""
-    if not adapter:
-        return None
-    from .graph import graph_feeds as named
-
-    return named(pipe.manifest.components[f"sampler_{graph.form}"], adapter.feeds, pipe.family.backbone)
-
-
 def sampling_graph_inputs(pipe, loras, component: str = "sampler_loop_whole") -> dict[str, np.ndarray]:
     """The inputs that run `loras` ([(path, scale), ...] or lora_feeds' AdapterFeeds) in the folder's compiled
     sampling graph `component`, for a caller running it with onnxruntime alone (a --whole graph: token ids in,
     image out, the text encoders' layers included). Empty for no LoRA."""
     from ..errors import UserError
-    from .graph import graph_feeds as named, graph_prefixes
+    from ..techniques.lora import graph_feeds as named, graph_prefixes
 
     graph = pipe.manifest.components.get(component)
     if graph is None or graph.kind != "sampling_graph":

@@ -105,8 +105,10 @@ class TorchRunner(Runner):
         t0 = time.perf_counter()
         c0 = time.process_time()
         with torch.inference_mode():
+            # by keyword: FLUX.2's pipelines take `image` first
+            latents = self.family.diffusers_latents(self.info, np.ascontiguousarray(job.latents), job.height, job.width)
             out = self.pipe(
-                job.prompts, latents=torch.from_numpy(np.ascontiguousarray(job.latents)).to(self.dtype), height=job.height,
+                prompt=job.prompts, latents=torch.from_numpy(latents).to(self.dtype), height=job.height,
                 width=job.width, num_inference_steps=self.spec.steps, output_type="np",
                 callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["latents"],
                 **self.family.diffusers_call(self.info, job.guidance),

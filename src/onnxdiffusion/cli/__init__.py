@@ -52,6 +52,7 @@ from . import measure, deploy, lora  # noqa: E402,F401
 from . import web  # noqa: E402,F401 - export-web
 from . import controlnet  # noqa: E402,F401 - add-controlnet
 from . import cache  # noqa: E402,F401 - cache calibrate
+from . import tune  # noqa: E402,F401 - tune
 
 
 _received = interrupts.received  # the signals the current verb got (run() starts it empty; main() reads it)

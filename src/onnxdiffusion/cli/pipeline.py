@@ -12,12 +12,13 @@ import typer
 
 from .app import app
 from ..errors import UserError
+from ..families import describe_image_roles
 
 
 @app.command()
 def export(
-    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, or a single-file .safetensors checkpoint "
-                                             "(A1111/ComfyUI layout; with --config)")],
+    src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, a single-file .safetensors checkpoint "
+                                             "(A1111/ComfyUI layout; with --config), or a GGUF backbone (with --base)")],
     out: Annotated[Path, typer.Argument(help="output model folder")],
     opset: Annotated[int, typer.Option(help="ONNX opset of the exported graphs")] = 17,
     overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
@@ -38,6 +39,10 @@ def export(
         help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; weights "
              "only for a component the file lacks)")] = None,
     family: Annotated[Optional[str], typer.Option(help="single-file SRC: the model family it must be (sd, sdxl, sd3, flux, ...)")] = None,
+    base: Annotated[Optional[Path], typer.Option(
+        help="GGUF SRC: a local diffusers folder of the same model kind (text encoders, VAE, scheduler, tokenizers, "
+             "the backbone's config.json), or an fp32 model folder exported from one; the backbone's weights stay the "
+             "GGUF's low-bit blocks")] = None,
     tiny_vae: Annotated[Optional[Path], typer.Option(
         "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
                            "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,
@@ -53,7 +58,17 @@ def export(
                             fuse_attention=not no_fuse_attention, default_size=default_size,
                             skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points,
                             tiny_vae=None if tiny_vae is None else str(tiny_vae), controlnets=tuple(controlnet or ()))
-    if src.is_file():
+    from ..export.gguf import is_gguf
+
+    if src.is_file() and is_gguf(src):
+        from ..export.gguf import export_gguf
+
+        if config is not None or family is not None:
+            raise UserError("--config and --family are for a single-file .safetensors SRC; a GGUF SRC takes --base")
+        manifest = export_gguf(src, out, options, base=base)
+    elif base is not None:
+        raise UserError(f"--base is for a GGUF SRC (MODEL.gguf); {src} is not one")
+    elif src.is_file():
         from ..export.single_file import export_checkpoint
 
         manifest = export_checkpoint(src, out, options, config=config, family=family)
@@ -90,7 +105,7 @@ def generate(
     profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
     memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")] = None,
     model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
-    image: Annotated[Optional[Path], typer.Option(help="img2img: start from this picture (resized to the generation size with a notice; needs the folder's vae_encoder)")] = None,
+    image: Annotated[Optional[list[Path]], typer.Option(metavar="PICTURE", help="a picture; its meaning is the model family's: " + describe_image_roles() + ". A start picture is resized to the generation size with a notice, a picture to edit to the size its family encodes references at (the output keeps --height/--width); repeatable where the family takes several references; needs the folder's vae_encoder")] = None,
     strength: Annotated[Optional[float], typer.Option(help="with --image: share of the schedule that runs, (0, 1] (default 1; 0.8 keeps the layout, lower keeps more)")] = None,
     mask: Annotated[Optional[Path], typer.Option(help="inpainting: white = repaint, black = keep (the image's size; needs --image)")] = None,
     mask_blur: Annotated[float, typer.Option(help="with --mask: Gaussian blur radius in pixels before the mask is binarized")] = 0.0,
@@ -98,7 +113,7 @@ def generate(
     lora: Annotated[Optional[list[str]], typer.Option(
         "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; a folder without insertion points gets a copy with them, derived once and cached)")] = None,
     lora_dir: Annotated[Optional[Path], typer.Option(help="where a prompt's <lora:NAME:WEIGHT> tags find NAME.safetensors (default: the shipped models/loras)")] = None,
-    decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae)")] = "full",
+    decoder: Annotated[Optional[str], typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae) (default: the folder's recommended, a tuned folder's, else full)")] = None,
     control: Annotated[Optional[list[Path]], typer.Option("--control", help="a control image (repeatable; paired in order with --controlnet; resized to the generation size with a notice)")] = None,
     controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME[:SCALE[:START:END]]: a ControlNet of the folder (add-controlnet) steering by the matching --control image; SCALE default 1, START/END the share of the steps it acts in (default 0:1)")] = None,
 ) -> None:
@@ -137,28 +152,37 @@ def generate(
     # parsed once, before any model loads (a bad spec: one line), and passed down typed
     cache_spec, stop_spec = parse_cache(cache), parse_stop(stop_early)
     picture = picture_mask = None
-    if image is not None or mask is not None or strength is not None:
+    if image or mask is not None or strength is not None:
         from ..runtime.image_input import check_mask_matches, check_strength, read_picture
 
-        if image is None:
+        if not image:
             raise UserError("--mask and --strength need --image")
         if strength is not None:
             check_strength(strength)
-        picture = read_picture(image, "--image")
+        picture = [read_picture(p, "--image") for p in image]
         picture_mask = read_picture(mask, "--mask") if mask is not None else None
-        check_mask_matches(picture, picture_mask)
+        check_mask_matches(picture[0], picture_mask)
     from .controlnet import control_pairs
 
     controls = control_pairs(control, controlnet)
     folder = model if model is not None else default_model_folder()
     manifest = read_manifest(folder)
+    from ..families import get_family
+    from ..runtime.references import check_image_request
+
+    family = get_family(manifest.family)  # what --image means to it: a start picture or the picture(s) to edit
+    check_image_request(family, len(picture or ()), mask is not None, strength is not None)
+    if picture is not None and family.image_role != "reference":
+        picture = picture[0]
     if picture is not None and "vae_encoder" not in manifest.components:
         raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
     options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
                                               width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
-                                              mask_blur=mask_blur, mask_overlay=mask_overlay, cache=cache_spec,
-                                              stop_early=stop_spec, decoder=decoder),
+                                              mask_blur=mask_blur, mask_overlay=mask_overlay,
+                                              stop_early=stop_spec, decoder=decoder,
+                                              cache="none" if cache is not None and cache_spec is None else cache_spec),
                               manifest.recommended)
+    cache_spec = parse_cache(options.cache)  # a tuned folder's recommended cache, where none was asked for
     if options.loop is None:  # the profile decides, else the host loop
         from ..profiles import load_profile
 

@@ -23,7 +23,8 @@ class DecomposedRMSNorm(torch.nn.Module):
         super().__init__()
         self.eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
         self.weight = norm.weight  # None without elementwise_affine
-        self.dims = tuple(range(-len(norm.normalized_shape), 0))
+        shape = norm.normalized_shape if hasattr(norm, "normalized_shape") else norm.dim  # torch's / diffusers'
+        self.dims = tuple(range(-len(shape), 0))
 
     def forward(self, x):
         # casts only where the dtype changes (a float->float Cast would sit between ORT's fused nodes)
@@ -38,6 +39,20 @@ def decompose_rms_norms(module: torch.nn.Module) -> int:
     """Replace every `torch.nn.RMSNorm` inside `module` in place; returns how many."""
     swaps = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
              if isinstance(child, torch.nn.RMSNorm)]
+    for parent, name, child in swaps:
+        setattr(parent, name, DecomposedRMSNorm(child))
+    return len(swaps)
+
+
+def decompose_diffusers_rms_norms(module: torch.nn.Module) -> int:
+    """Replace diffusers' own RMSNorm (models/normalization.py; without bias) inside `module` in place; returns how
+    many. Its float32 -> float32 `.to()` traces to a Cast that the block's residual Add then reads (the tracer maps
+    the same tensor object to the Cast's output): on a norm at the head of a block (Z-Image's), that Cast sits on
+    the residual stream itself and hides it from step caching's cut (runtime/backbone_split.py)."""
+    from diffusers.models.normalization import RMSNorm
+
+    swaps = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+             if isinstance(child, RMSNorm) and child.bias is None]
     for parent, name, child in swaps:
         setattr(parent, name, DecomposedRMSNorm(child))
     return len(swaps)

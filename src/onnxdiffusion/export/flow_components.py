@@ -8,9 +8,9 @@ Each wrapper gives a diffusers/transformers module a flat tensor signature the e
 - `QwenImageTransformer`: the same token layout plus a text mask; its complex rotary table and
   complex q/k rotation are rewritten in real arithmetic from position ids (export/rope.py).
 - `EncoderHiddenStates`: a bidirectional text encoder's last hidden state (T5 for Flux and SD3).
-- `DecoderHiddenStates`: a decoder-only language model's last hidden state under a padding mask
-  (Qwen2.5-VL's text model for Qwen-Image; the prompt template prefix and the padding are dropped
-  by the run-time side in numpy, as QwenImagePipeline does in torch).
+- `DecoderHiddenStates` (export/llm_text_encoder.py, re-exported here): a decoder-only language model's
+  hidden state(s) under a padding mask (Qwen2.5-VL's text model for Qwen-Image; the prompt template prefix
+  and the padding are dropped by the run-time side in numpy, as QwenImagePipeline does in torch).
 
 Which family uses which wrapper is declared in families/; nothing here dispatches on a class name.
 RMSNorm needs no rewrite: diffusers' and transformers' RMSNorms trace to Pow/ReduceMean/Add/Sqrt/
@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .llm_text_encoder import DecoderHiddenStates  # noqa: F401  (re-exported: its first home)
 from .rope import axis_inv_freqs, cos_sin_from_ids, rotate_pairs
 
 
@@ -72,6 +73,17 @@ class FluxTransformer(torch.nn.Module):
                           txt_ids=txt_ids, guidance=guidance if self.guidance else None, return_dict=False)[0]
 
 
+class FluxKontextTransformer(FluxTransformer):
+    """FLUX.1 Kontext: the reference tokens joined after the noise tokens (their ids after the noise ids, frame 1),
+    the output cut back to the noise tokens, as FluxKontextPipeline does around its transformer call."""
+
+    def forward(self, sample, timestep, encoder_hidden_states, pooled_projections, img_ids, *rest):
+        guidance, reference, reference_ids = rest if self.guidance else (None, *rest)
+        out = super().forward(torch.cat([sample, reference], dim=1), timestep, encoder_hidden_states,
+                              pooled_projections, torch.cat([img_ids, reference_ids], dim=1), guidance)
+        return out[:, : sample.shape[1]]
+
+
 class FluxControlNet(FluxTransformer):
     """FluxControlNetModel with the backbone wrapper's inputs, then the packed control latents and the
     scale -> its double-block samples, then its single-block samples."""
@@ -101,32 +113,6 @@ class EncoderHiddenStates(torch.nn.Module):
 
     def forward(self, input_ids):
         return self.model(input_ids=input_ids, return_dict=True).last_hidden_state
-
-
-class DecoderHiddenStates(torch.nn.Module):
-    """A decoder-only language model's last hidden state (after its final norm) under a padding mask.
-
-    transformers builds causal masks with vmap, which the tracer cannot follow, so the causal +
-    padding mask is built here in plain tensor ops and handed over pre-made (transformers accepts a
-    {"full_attention": mask} mapping, as `generate` does); position ids follow the mask the way
-    Qwen2.5-VL's `get_rope_index` numbers text-only input (`rope_axes` copies for its 3D rotary)."""
-
-    def __init__(self, model, rope_axes: int = 1):
-        super().__init__()
-        self.model, self.rope_axes = model, rope_axes
-
-    def forward(self, input_ids, attention_mask):
-        keep = attention_mask.to(torch.bool)
-        seq = input_ids.shape[1]
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
-        allowed = causal[None, None] & keep[:, None, None, :]
-        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
-        pos = (attention_mask.to(torch.int64).cumsum(-1) - 1).masked_fill(~keep, 1)
-        if self.rope_axes > 1:
-            pos = pos[None].expand(self.rope_axes, -1, -1)
-        out = self.model(input_ids=input_ids, attention_mask={"full_attention": mask}, position_ids=pos,
-                         use_cache=False, return_dict=True)
-        return out.last_hidden_state
 
 
 class _RealRotaryJointAttention:

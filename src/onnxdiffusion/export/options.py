@@ -26,3 +26,5 @@ class ExportOptions:
     tiny_vae: str | None = None
     # ControlNets exported beside the backbone: ("NAME=DIR", ...) (export/controlnet.py)
     controlnets: tuple = ()
+    # a GGUF file holding the backbone (export/gguf.py): its weights replace the source folder's backbone weights
+    gguf: str | None = None

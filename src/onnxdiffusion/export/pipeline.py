@@ -122,17 +122,60 @@ def _load(src: Path, name: str, class_name: str):
         raise UserError(f"could not load {src / name}: {first}") from None
 
 
+def _load_source(src: Path, name: str, class_name: str, family: Family, options: ExportOptions, reports: dict):
+    """A component's torch module: from the folder, or the backbone from options.gguf (its report kept)."""
+    if options.gguf is None or name != family.backbone:
+        return _load(src, name, class_name)
+    from .gguf_backbone import build_backbone
+    from .gguf_file import read_gguf
+
+    module, reports[name] = build_backbone(read_gguf(options.gguf), family, class_name, src / name)
+    return module
+
+
+def _gguf_entry(entry: dict, report: dict | None) -> None:
+    if report is not None:
+        from .gguf_backbone import precision_label
+
+        entry["precision"] = precision_label(report)
+        entry["gguf"] = report
+
+
 def _save_tokenizer(src: Path, name: str, class_name: str, out: Path) -> None:
     """Re-save as a fast tokenizer: the run time reads tokenizer.json with the `tokenizers` library."""
     import transformers
 
     fast = class_name if class_name.endswith("Fast") else class_name + "Fast"
+    # a processor (FLUX.2 [dev]'s PixtralProcessor) holds the tokenizer its tokenizer_config.json names
+    cls = transformers.AutoTokenizer if class_name.endswith("Processor") else getattr(transformers, fast)
     try:
-        tok = getattr(transformers, fast).from_pretrained(src / name, local_files_only=True)
+        tok = cls.from_pretrained(src / name, local_files_only=True)
     except (OSError, ValueError, RuntimeError, TypeError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"could not load tokenizer {src / name}: {first}") from None
     tok.save_pretrained(out / name)
+
+
+def _chat_templates(src: Path, family: Family, model_index: dict) -> dict[str, str]:
+    """Each chat-template encoder's template, rendered once from its tokenizer folder (families/base.py
+    TextEncoderSlot.chat_template): the run time formats the prompt into it."""
+    import transformers
+
+    from .llm_text_encoder import chat_prompt_template
+
+    out = {}
+    for slot in family.text_encoders:
+        cls = class_of(model_index, slot.tokenizer)
+        if slot.chat_template is None or cls is None:
+            continue
+        fast = cls if cls.endswith("Fast") else cls + "Fast"
+        try:
+            tok = getattr(transformers, fast).from_pretrained(src / slot.tokenizer, local_files_only=True)
+            out[slot.name] = chat_prompt_template(tok, slot.chat_template)
+        except Exception as e:  # a folder's tokenizer or template (jinja's own errors too): one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{src / slot.tokenizer}: no usable chat template ({first})") from None
+    return out
 
 
 def _check_tiny(family: Family, configs: dict, options: ExportOptions) -> tuple[tuple[str, ...], dict | None]:
@@ -189,7 +232,9 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from .validate import export_component, free_memory
 
     t_start = time.time()
-    settings = family.pipeline_info(configs)
+    settings = {**family.pipeline_info(configs), **family_export.source_settings(family, src, model_index)}
+    if templates := _chat_templates(src, family, model_index):
+        settings["chat_templates"] = templates
     if options.default_size is not None:
         m = int(settings["size_multiple"])
         if options.default_size <= 0 or options.default_size % m:
@@ -212,6 +257,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                             f"{[n for n in specs if n not in needed]}")
         specs = {k: v for k, v in specs.items() if k not in options.skip}
     fused: dict[str, int] = {}
+    gguf_reports: dict[str, dict] = {}
     draft: dict = {
         "format_version": FORMAT_VERSION,
         "family": family.name,
@@ -234,7 +280,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 if loaded is None or loaded[0] != spec.source:
                     loaded = module = None  # release the previous source's weights before loading the next
                     heap.settle()
-                    module = _load(src, spec.source, class_of(model_index, spec.source))
+                    module = _load_source(src, spec.source, class_of(model_index, spec.source), family, options,
+                                          gguf_reports)
                     export_lora.fuse(module, spec.source, lora_records)
                     if options.fuse_attention and spec.kind != "text_encoder":
                         fused[spec.source] = fuse_attention(module)
@@ -256,6 +303,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                                          release=release if last_of_source else None)
                 wrapped = None
                 entry["family"] = family.name
+                _gguf_entry(entry, gguf_reports.get(spec.source))
                 entry["shapes_validated"] = dims
                 draft["components"][name] = entry
                 if (src / spec.source / "config.json").is_file():

@@ -15,6 +15,7 @@ from ..errors import UserError
 from ..families.base import ComponentSpec
 from ..onnxio import release_memory
 from .external_data import consolidate, external_files
+from .gguf_linear import streamed_layers, write_streamed
 
 
 def _compare(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
@@ -63,6 +64,7 @@ def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: li
     names_in = [t.name for t in spec.inputs]
     names_out = [t.name for t in spec.outputs]
     refs = [_outputs(module, feeds, names_in) for feeds in feed_list] if options.validate else []
+    streamed = streamed_layers(module)  # GGUF layers: their blocks are written after the export, layer by layer
     first = feed_list[0]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -81,6 +83,9 @@ def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: li
         del module
         release()
     free_memory()  # the exporter's graph and folded weight copies
+    if streamed:
+        write_streamed(path, streamed)
+        streamed = None
     consolidate(path)
     info = {
         "path": f"{spec.name}/model.onnx",

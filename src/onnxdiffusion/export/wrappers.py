@@ -126,6 +126,11 @@ def wrap(spec: ComponentSpec, module) -> torch.nn.Module:
     names = [t.name for t in spec.inputs]
     if spec.kind == "text_encoder":
         return TextEncoder(module, tuple(spec.options["outputs"]))
+    if spec.kind == "decoder_text_encoder":
+        # options: the hidden layers read, rotary axes and position numbering (export/llm_text_encoder.py)
+        from .llm_text_encoder import DecoderHiddenStates, decoder_stack
+
+        return DecoderHiddenStates(decoder_stack(module), **spec.options)
     if spec.kind == UNET_KIND:
         return UNet(module, tuple(names[3:]))
     if spec.kind == "transformer":

@@ -8,10 +8,13 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .flux import Flux
+from .flux2 import Flux2Dev, Flux2Klein
+from .flux_kontext import FluxKontext
 from .qwenimage import QwenImage
 from .sd import StableDiffusion
 from .sd3 import StableDiffusion3
 from .sdxl import StableDiffusionXL
+from .zimage import ZImage
 
 _FAMILIES: dict[str, Family] = {}
 DEFAULT = "sd"  # folders exported before families were recorded
@@ -26,7 +29,11 @@ register(StableDiffusion())
 register(StableDiffusionXL())
 register(StableDiffusion3())
 register(Flux())
+register(FluxKontext())
 register(QwenImage())
+register(ZImage())
+register(Flux2Klein())
+register(Flux2Dev())
 
 
 def names() -> tuple[str, ...]:
@@ -41,6 +48,25 @@ def get_family(name: str | None) -> Family:
     return _FAMILIES[name]
 
 
+def image_roles() -> dict[str, tuple[str, ...]]:
+    """What `image` means, by role ("start": img2img, "reference": editing, "none"), -> the families of that role."""
+    roles: dict[str, tuple[str, ...]] = {}
+    for family in _FAMILIES.values():
+        roles[family.image_role] = (*roles.get(family.image_role, ()), family.name)
+    return roles
+
+
+def describe_image_roles() -> str:
+    """One line for --help and the API schema: which families edit and which do img2img."""
+    roles = image_roles()
+    parts = [f"the picture to edit for {', '.join(roles['reference'])} (editing by instruction)"] if "reference" in roles else []
+    optional = [f.name for f in _FAMILIES.values() if f.image_role == "reference" and f.references_optional]
+    parts += [f"optional for {', '.join(optional)}, which take several and draw from text alone without"] if optional else []
+    parts += [f"the img2img start picture for {', '.join(roles['start'])}"] if "start" in roles else []
+    parts += [f"refused by {', '.join(roles['none'])}"] if "none" in roles else []
+    return "; ".join(parts)
+
+
 def family_for_pipeline(class_name: str | None) -> Family:
     """The family whose diffusers pipeline class this is."""
     for family in _FAMILIES.values():
@@ -52,5 +78,5 @@ def family_for_pipeline(class_name: str | None) -> Family:
 
 __all__ = [
     "CONTEXT", "OUT", "SAMPLE", "TIMESTEP", "ComponentSpec", "Family", "NumpyOps", "Ops", "TensorSpec",
-    "TextEncoderSlot", "family_for_pipeline", "get_family", "names", "register",
+    "TextEncoderSlot", "describe_image_roles", "family_for_pipeline", "get_family", "image_roles", "names", "register",
 ]

@@ -77,6 +77,9 @@ class TextEncoderSlot:
     outputs: tuple[str, ...]  # ONNX outputs the family's combine() reads
     required: bool = True
     max_length: int | None = None  # fixed token length; None: the tokenizer's model_max_length
+    # an LLM encoder read through its tokenizer's chat template: apply_chat_template's keyword arguments; export
+    # renders the folder's template once into pipeline.chat_templates[name] (a str.format template, one {})
+    chat_template: tuple[tuple[str, Any], ...] | None = None
 
 
 class Ops(Protocol):
@@ -204,6 +207,10 @@ class Family:
         negative prompt (the bench's PyTorch reference runs the same work)."""
         return {"guidance_scale": guidance}
 
+    def diffusers_latents(self, info: dict, latents: np.ndarray, height: int, width: int) -> np.ndarray:
+        """Our initial latents in the layout the diffusers pipeline takes as `latents=` (the same by default)."""
+        return latents
+
     def zero_negative(self, info: dict) -> bool:
         """Whether an absent negative prompt means all-zero unconditional embeddings (SDXL)."""
         return False
@@ -217,6 +224,11 @@ class Family:
 
     def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
         """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
+        return None
+
+    def schedule_mu(self, info: dict, height: int, width: int, steps: int) -> float | None:
+        """mu of a dynamically shifted flow schedule when the pipeline computes its own (FLUX.2's empirical fit);
+        None: the scheduler's line over `image_seq_len`."""
         return None
 
     def size_limits(self, info: dict) -> SizeLimits:
@@ -254,9 +266,18 @@ class Family:
             raise ValueError("the backbone has fewer than two named transformer blocks")
         return (tuple(blocks) if all_blocks else tuple(blocks[1:])), blocks[0]
 
+    def cfg_scale(self, guidance: float) -> float:
+        """The classifier-free guidance scale s of `u + s (c - u)` for the user's `guidance` (diffusers' guidance_scale
+        of this family's pipeline); s <= 1 runs without the unconditional batch."""
+        return guidance
+
     def guidance_input_for(self, info: dict) -> str | None:
         """The guidance backbone input for this folder (a family may have it only for some backbones)."""
         return self.guidance_input
+
+    def true_cfg(self, info: dict) -> bool:
+        """Whether guidance runs the [uncond; cond] batch (a guidance-embedding or step-distilled backbone: no)."""
+        return self.guidance_input_for(info) is None
 
     # -- ControlNet (families/control.py: the shared names and record) -------------------------------
     # the family's ControlNet support, a control.ControlNetSupport table the methods below delegate to;
@@ -301,6 +322,8 @@ class Family:
     whole_graph: ClassVar[bool] = True
     # whether an AutoencoderTiny (TAESD) can stand in for the VAE (families/tiny_vae.py)
     tiny_vae: ClassVar[bool] = True
+    # how GGUF backbone files name its tensors (a families/gguf_names.GgufNames); None: no GGUF backbone read
+    gguf_names: ClassVar[Any] = None
 
     def make_tokenizer(self, slot: TextEncoderSlot, folder, info: dict):
         from ..folder.manifest import confined
@@ -350,6 +373,26 @@ class Family:
     def pack_latents(self, info: dict, latents: np.ndarray) -> np.ndarray:
         """(B, C, h, w) latents -> the sampler's layout (NCHW here; packed-token families override)."""
         return np.ascontiguousarray(latents, dtype=np.float32)
+
+    # -- what a picture given with the prompt means (generate --image, pipe(image=...), /v1/images/edits) -----
+    # "start": img2img, the sampler starts from it (strength, mask); "reference": an editing model, the
+    # picture(s) condition every step through the backbone's reference inputs; "none": the family takes none
+    image_role: ClassVar[str] = "start"
+    max_references: ClassVar[int] = 1  # reference pictures one generation takes (role "reference")
+    # role "reference": whether a generation may take none (FLUX.2 draws from text alone or edits), in which case
+    # reference_inputs is called with no latents
+    references_optional: ClassVar[bool] = False
+
+    def reference_size(self, info: dict, height: int, width: int) -> tuple[int, int]:
+        """The size a reference picture of height x width pixels is encoded at (default: its own, rounded down
+        to the size multiple; Kontext picks its nearest preferred resolution)."""
+        m = int(info.size_multiple)
+        return height // m * m, width // m * m
+
+    def reference_inputs(self, info: dict, latents: list[np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        """Each reference picture's scaled (1, C, h, w) latents -> the backbone's reference inputs by name, on a
+        batch of `batch` (the same for cond and uncond: constant inputs of the loop, never its state)."""
+        raise UserError(f"a {self.name} backbone takes no reference picture")
 
     def required_components(self, info: dict) -> tuple[str, ...]:
         return (*(s.name for s in self.text_encoders if s.required), self.backbone, "vae_decoder")

@@ -20,6 +20,7 @@ from . import control_qwen
 from . import latents as lat
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot
 from .flux import TOKENS, PackedFlowFamily, flow_scheduler_info, grid_dims, token_grid
+from .gguf_names import GgufNames
 
 MASK, IMG_IDS = "encoder_hidden_states_mask", "img_ids"
 # QwenImagePipeline's prompt template, the count of its leading tokens dropped, and its prompt length
@@ -72,6 +73,8 @@ class QwenImage(PackedFlowFamily):
     latent_patch: ClassVar[int | None] = 2
     whole_graph: ClassVar[bool] = False  # template, prefix drop and re-padding are host-side
     tiny_vae: ClassVar[bool] = False  # its VAE is a video VAE (frames axis, per-channel mean/std)
+    # ComfyUI-GGUF's label; its files keep diffusers' names (diffusers maps them 1:1)
+    gguf_names: ClassVar[Any] = GgufNames(architectures=("qwen_image",))
 
     def diffusers_call(self, info: dict, guidance: float) -> dict[str, Any]:
         # QwenImagePipeline guides with true_cfg_scale and only when given a negative prompt; `generate`
@@ -126,7 +129,7 @@ class QwenImage(PackedFlowFamily):
             "text_encoder": ComponentSpec(
                 "text_encoder", (TensorSpec("input_ids", "int64", ids), TensorSpec("attention_mask", "int64", ids)),
                 (TensorSpec("last_hidden_state", "float32", (*ids, int(info.context_dim))),), atol=1e-4,
-                kind="decoder_text_encoder", source="text_encoder"),
+                kind="decoder_text_encoder", source="text_encoder", options={"rope_axes": 3}),
             "transformer": ComponentSpec(
                 "transformer",
                 (TensorSpec(SAMPLE, "float32", (*TOKENS, c)), TensorSpec(TIMESTEP, "float32", ("batch_size",)),

@@ -155,6 +155,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     comps = manifest.components
     if backbone not in comps:
         raise UserError(f"{model}: no '{backbone}' component to loop over")
+    _check_techniques(cache_spec, control, comps[backbone])
     t0 = time.time()
     unet_path = component_path(model, manifest, backbone)
     large = _stored_bytes(model, comps[backbone]) >= LARGE
@@ -194,11 +195,9 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
             tuned_for = cpu_target()
     elif large:  # portable float: the graph as exported, weights and all
         unet = load_component(model, manifest, backbone)
-    correction = None
-    if comps[backbone].correction:
-        from ..techniques.correction import OutputCorrection
+    from ..techniques.correction import read_record as read_correction
 
-        correction = OutputCorrection.from_dict(comps[backbone].correction)
+    correction = read_correction(comps[backbone])
     schedule = high = None
     if comps[backbone].precision_schedule:
         schedule, high, high_tuned = _high_backbone(model, manifest, backbone, cpu_tuned)
@@ -209,7 +208,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     techniques = _loop_techniques(cache_spec, stop_early, family, unet, comps[backbone], (schedule, high), large,
                                   control, correction)
     extra = _whole_parts(model, manifest, family) if whole else {}
-    mode = "none" if family.guidance_input_for(manifest.pipeline) else ("cfg_rescale" if family.cfg_rescale else "cfg")
+    mode = "none" if not family.true_cfg(manifest.pipeline) else ("cfg_rescale" if family.cfg_rescale else "cfg")
     if whole and not family.whole_graph:
         raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
                         f"ids -> encoder -> combine)")
@@ -219,7 +218,7 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
                                  guidance_mode=mode, latent_patch=family.latent_patch, techniques=techniques,
                                  **extra)
     del unet, extra, high, techniques
-    from ..adapters.graph import expose_lora_inputs
+    from ..techniques.lora import expose_lora_inputs
 
     # run-time LoRA: the insertion points of the backbone (and a whole graph's text encoders) as graph inputs
     lora = expose_lora_inputs(graph, comps, backbone, inlined)
@@ -280,22 +279,26 @@ def _cache_spec(text: str | None, form: str, whole: bool, stop_early: bool = Fal
     return spec
 
 
+def _check_techniques(spec, control, entry: Component) -> None:
+    """The registry's refusals of what cannot be built into one sampling graph, from the backbone's records
+    (before any graph is loaded or optimized)."""
+    from ..techniques.registry import check_combination
+
+    check_combination({"cache": spec, "controlnet": bool(control), "precision_schedule": bool(entry.precision_schedule),
+                       "lora": bool(entry.lora_targets), "correction": bool(entry.correction)}, "loop", compiled=True)
+
+
 def _loop_techniques(spec, stop_early: bool, family, backbone: onnx.ModelProto, entry: Component, scheduled, large: bool,
                      control, correction) -> list:
-    """The Loop twins compile-loop builds in, after the registry's table refuses what cannot be built into one
-    graph (the builder calls them in the registry's order); step caching's cut is of the graph the Loop inlines
+    """The Loop twins compile-loop builds in (what cannot be built into one graph was refused first:
+    `_check_techniques`; the builder calls them in the registry's order); step caching's cut is of the graph the Loop inlines
     (ORT's optimized one when tuned), so with nothing cached it runs the same kernels. `scheduled`: (the
     precision schedule, its high-precision backbone) or (None, None)."""
     from ..techniques.correction import CorrectionLoop
     from ..techniques.precision import ScheduleLoop
-    from ..techniques.registry import check_combination
     from ..techniques.stop import StopLoop
 
     schedule, high = scheduled
-
-    check_combination({"cache": spec, "controlnet": bool(control), "precision_schedule": schedule is not None,
-                       "lora": bool((entry.lora or {}).get("targets")), "correction": correction is not None},
-                      "loop", compiled=True)
     techniques = []
     if spec is not None:
         if large:
@@ -321,9 +324,9 @@ def _high_backbone(model: Path, manifest: Manifest, backbone: str, cpu_tuned: bo
     import onnxruntime
 
     from ..onnxio.session import ort_optimized
-    from ..techniques.precision import PrecisionSchedule
+    from ..techniques.precision import read_record
 
-    schedule = PrecisionSchedule.from_dict(manifest.components[backbone].precision_schedule)
+    schedule = read_record(manifest.components[backbone])
     high = load_component(model, manifest, schedule.component)
     disabled = manifest.components[schedule.component].disabled_optimizers
     tuned = (cpu_tuned is not False) and not disabled and not _has_qdq(high) and _tensor_bytes(high) < INLINE_MAX

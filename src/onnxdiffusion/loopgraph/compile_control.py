@@ -1,4 +1,4 @@
-"""`compile-loop --controlnet NAME`: the folder's ControlNets built into the sampling graph (loopgraph/control.py)."""
+"""`compile-loop --controlnet NAME`: the folder's ControlNets built into the sampling graph (techniques/controlnet_graph.py)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,9 @@ def cut_backbone(unet, family, records: list[dict], entry: dict, large: bool):
 
     if not records:
         return unet
-    schedule = entry.precision_schedule
-    if large or schedule is not None or entry.lora_targets:
-        what = "a backbone over 2 GB" if large else "a precision schedule" if schedule is not None else "run-time LoRA"
-        raise UserError(f"--controlnet in the sampling graph does not support {what} yet (use --loop host)")
+    # with a precision schedule or run-time LoRA: refused before, by the registry's table (compile.py)
+    if large:
+        raise UserError("--controlnet in the sampling graph does not support a backbone over 2 GB yet (use --loop host)")
     return add_residual_inputs(unet, family, records[0])
 
 

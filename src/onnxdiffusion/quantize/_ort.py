@@ -214,7 +214,18 @@ def gptq_int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size:
                              n_samples=-1, accuracy_level=accuracy_level).model
     if not any(o.domain == "com.microsoft" for o in done.opset_import):
         done.opset_import.add(domain="com.microsoft", version=1)
+    _new_initializers_by_name(done, {t.name for t in model.graph.initializer})
     return done
+
+
+def _new_initializers_by_name(model: onnx.ModelProto, before: set[str]) -> None:
+    """The initializers a quantizer added, after the kept ones, in name order.
+
+    INC's gptq_quantize walks the MatMul inputs through `list(set(...))`, so the packed weights it adds
+    come in the interpreter's string-hash order (PYTHONHASHSEED): the same numbers written in another
+    order each run. The kept ones stay in their order."""
+    position = {t.name: i for i, t in enumerate(model.graph.initializer)}
+    model.graph.initializer.sort(key=lambda t: (0, position[t.name], "") if t.name in before else (1, 0, t.name))
 
 
 def fp16_convert(model: onnx.ModelProto, op_block_list: Iterable[str] = ()) -> onnx.ModelProto:

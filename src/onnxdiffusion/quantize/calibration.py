@@ -144,7 +144,7 @@ def capture(pipe, prompts: list[str], cfg: CalibrationConfig, progress: bool = F
         outputs=np.concatenate(steps_out, axis=1),
         latents=np.concatenate(trajectories, axis=1),
         pairs=np.asarray(pairs, np.int64),
-        guidance=float(cfg.guidance),
+        guidance=float(pipe.family.cfg_scale(cfg.guidance)),  # the CFG scale the trajectories ran at
         provenance={
             "kind": "trajectories",
             "prompts": list(prompts),

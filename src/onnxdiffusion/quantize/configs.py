@@ -17,7 +17,8 @@ from .configs_base import (  # noqa: F401 - re-exported: configs is where every 
     BACKBONE, FP16_COMPONENTS, INT8_PROVIDERS, KNOWN_PROVIDERS, MIN_CALIBRATION_PROMPTS, MODELOPT_KEEP_FLOAT, SAMPLER_NAMES,
     RECIPES, CalibrationConfig, Recipe, _build, _check, _choice, _parse,
 )
-from .configs_float import Fp8Recipe, Fp16Recipe, Int4WeightsRecipe, Nvfp4Recipe, W4A8Recipe  # noqa: F401 - each registers itself
+from .configs_float import (  # noqa: F401 - each registers itself
+    Fp8Recipe, Fp16Recipe, Int4WeightsRecipe, Nvfp4Recipe, W4A8Recipe, WeightsOnlyRecipe)
 from .configs_int8 import Int8DynamicRecipe, Int8NaiveRecipe, Int8StaticRecipe, Int8TimestepRecipe, MixedRecipe  # noqa: F401
 from .schedule import ScheduleConfig
 

@@ -121,6 +121,43 @@ class W4A8Recipe(Int4WeightsRecipe):
         _check(self.accuracy_level == 4, f"w4a8 computes with int8 activations: accuracy_level must be 4, got {self.accuracy_level}")
 
 
+@register
+@dataclass(frozen=True)
+class WeightsOnlyRecipe(Recipe):
+    """Weight-only MatMulNBits at `bits` (8 or 4) on the components named, by default the text encoder alone: the
+    LLM text encoders (Qwen-Image's, Z-Image's) are as big as the backbone, and their q/k/v/o and MLP projections
+    are MatMuls with constant weights. Every such MatMul whose weight holds at least a block is converted (min/max
+    rounding, symmetric blocks of `block_size` along the input axis, ONNX Runtime's default weight-only
+    quantizer, as int4-weights' `algorithm=default`); embeddings, convolutions and Gemms stay float. No calibration.
+    `accuracy_level` 4 computes in int8 (W4A8/W8A8); 0 in float."""
+
+    name: ClassVar[str] = "weights-only"
+    quantizes: ClassVar[bool] = True
+    takes_skeleton: ClassVar[bool] = True
+    providers: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    components: tuple[str, ...] = ("text_encoder",)
+    bits: int = 8
+    block_size: int = 32
+    accuracy_level: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", normalize_components(self.components))
+        _check(len(self.components) > 0, "weights-only needs at least one component")
+        for c in self.components:
+            _choice("weights-only component", c, WEIGHTS_ONLY_COMPONENTS)
+        _check(len(set(self.components)) == len(self.components), "weights-only components listed twice")
+        _check(self.bits in (4, 8), f"bits must be 4 or 8, got {self.bits}")
+        _check(self.block_size in (16, 32, 64, 128, 256), f"block_size must be one of 16, 32, 64, 128, 256; got {self.block_size}")
+        _check(self.accuracy_level in (0, 1, 2, 3, 4), f"accuracy_level must be in 0..4, got {self.accuracy_level}")
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.components
+
+
+WEIGHTS_ONLY_COMPONENTS = (BACKBONE, "text_encoder", "text_encoder_2", "text_encoder_3")
+
+
 KEEP_16BIT = ("auto", "none")
 
 

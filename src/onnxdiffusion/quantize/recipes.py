@@ -25,6 +25,7 @@ from .configs import (
     QuantizeConfig,
     Recipe,
     W4A8Recipe,
+    WeightsOnlyRecipe,
 )
 from .graphs import (  # noqa: F401 - prepare_unet re-exported: importers find it here
     activation_tensors,
@@ -297,6 +298,24 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
     model = files.with_weights(model)  # a skeleton's float weights, read for saving (the 4-bit ones are in memory)
     return Built({BACKBONE: model}, "int4-weights+int8" if recipe.others == "int8" else recipe.name,
                  float_nodes=float_nodes + others, quantized_nodes=names, details={**details, "float_convs_and_gemms": len(others)})
+
+
+@builds(WeightsOnlyRecipe)
+def build_weights_only(ctx: Context, recipe: WeightsOnlyRecipe) -> Built:
+    out, quantized, kept = {}, [], []
+    for name in recipe.targets:
+        src = ctx.unet if name == BACKBONE else ctx.components[name]
+        nodes = quantizable_nodes(src, ("MatMul",))
+        chosen = [q.name for q in nodes if q.weight_size >= recipe.block_size]
+        if not chosen:
+            raise UserError(f"weights-only: {name} has no MatMul with a constant weight of at least {recipe.block_size}")
+        out[name] = _ort.int4_quantize(src, chosen, recipe.block_size, True, recipe.accuracy_level, recipe.bits)
+        if name == BACKBONE:
+            out[name] = files.with_weights(out[name])  # a skeleton's float weights, read for saving
+        quantized += chosen
+        kept += [q.name for q in nodes if q.name not in set(chosen)]
+    return Built(out, f"int{recipe.bits}-weights", float_nodes=kept, quantized_nodes=quantized,
+                 details={"bits": recipe.bits, "block_size": recipe.block_size, "accuracy_level": recipe.accuracy_level})
 
 
 @builds(Fp16Recipe)

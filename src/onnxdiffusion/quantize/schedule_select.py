@@ -147,13 +147,15 @@ def choose(pipe, low_model, high_model, config, prompts: list[str], manifest: Ma
     (interleaved medians), then `select` on the calibration prompts."""
     from ..families import get_family
     from .report import component_feed
-    from .runner import session, time_sessions
+    from .runner import decision_clock, session, time_sessions
 
     cfg: ScheduleConfig = config.schedule
     cal = config.calibration
     sessions = {"low": session(low_model, config.threads), "high": session(high_model, config.threads)}
     backbone = get_family(manifest.family).backbone
-    t = time_sessions(sessions, component_feed(backbone, manifest), max(10, config.latency_runs))
+    # the times set the latency budget (which schedules are tried): a clock the machine's load does not move
+    t = time_sessions(sessions, component_feed(backbone, manifest), max(10, config.latency_runs),
+                      clock=decision_clock(config.threads))
     use = prompts[:cfg.prompts]
     log(f"precision schedule: {len(use)} calibration prompts x {cal.steps} {cal.sampler} steps; backbone "
         f"{t['low']['median_ms']:.2f} ms quantized, {t['high']['median_ms']:.2f} ms {cfg.precision}")

@@ -103,7 +103,7 @@ def selection(model: onnx.ModelProto, recipe, op_types) -> tuple[list[str], list
 
 def _time_choices(ctx, recipe, calib, stats, base, groups, op_types, candidates: dict) -> dict[str, float]:
     """Median call time (ms, interleaved) of each candidate's QDQ backbone as ONNX Runtime's CPU provider runs it."""
-    from .runner import session, time_sessions
+    from .runner import decision_clock, session, time_sessions
 
     ranges = stats.aggregate(None, "max")
     sessions = {}
@@ -112,7 +112,8 @@ def _time_choices(ctx, recipe, calib, stats, base, groups, op_types, candidates:
         q = _ort.qdq_quantize(graph, ranges, nodes, op_types, recipe.activation_type, recipe.float_outputs)
         sessions[label] = session(q, ctx.threads)
     feed = calib.feed(calib.num_steps // 2, slice(0, min(calib.rows, 8)))
-    times = time_sessions(sessions, feed, TIMING_RUNS)
+    # one thread: CPU time, which the machine's load does not move (wall time made this choice flip)
+    times = time_sessions(sessions, feed, TIMING_RUNS, clock=decision_clock(ctx.threads))
     return {k: round(v["median_ms"], 3) for k, v in times.items()}
 
 

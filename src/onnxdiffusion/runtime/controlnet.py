@@ -269,7 +269,8 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     for p in prepared[1:]:
         if residuals_of(pipe.family, p.record) != residuals_of(pipe.family, rec):
             raise UserError(f"ControlNets {prepared[0].spec.name!r} and {p.spec.name!r} give residuals of different shapes")
-    cfg = guidance > 1.0 and pipe.family.guidance_input_for(pipe.info) is None  # an embedded scale: no CFG batch
+    # an embedded scale or a step-distilled backbone: no CFG batch
+    cfg = pipe.family.true_cfg(pipe.info) and pipe.family.cfg_scale(guidance) > 1.0
     n = shape[0] * (2 if cfg else 1)
     f = int(pipe.info.vae_scale_factor)  # latent size from the pixel size: packed-token latents too
     concrete = residuals_of(pipe.family, rec, (n, h // f, w // f))

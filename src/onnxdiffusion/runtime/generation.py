@@ -62,14 +62,23 @@ class GenerateOptions:
     # adaptive stopping (techniques/stop.py): "THRESHOLD[:MIN_STEPS]" or a number; host loop or a Loop graph
     # compiled with compile-loop --stop-early; the result's settings["steps_run"] says how many steps ran
     stop_early: str | float | None = None
-    decoder: str = "full"  # full (the VAE) | tiny (the folder's vae_decoder_tiny: runtime/tiny_decoder.py)
+    # full (the VAE) | tiny (the folder's vae_decoder_tiny: runtime/tiny_decoder.py); None: the folder's
+    # recommended (a tuned folder's), else full
+    decoder: str | None = None
 
 
 def resolve_options(options: GenerateOptions, recommended: Recommended | dict | None) -> GenerateOptions:
-    """Fill unset steps / sampler / guidance from the model's recommended settings (manifest), else defaults."""
+    """Fill unset steps / sampler / guidance / decoder (and the step cache) from the model's recommended settings
+    (manifest), else defaults."""
+    r = recommended if isinstance(recommended, Recommended) else Recommended.from_dict(recommended or {})
+    if options.decoder is None:
+        options = replace(options, decoder=r.decoder or "full")
+    if options.cache is None and r.cache is not None and options.stop_early is None and options.loop in (None, "host"):
+        # a tuned folder's cache; an adaptive stop asked for replaces it (the two do not combine), and a
+        # compiled loop runs only what it was compiled with; `cache="none"` turns it off
+        options = replace(options, cache=r.cache)
     if None not in (options.steps, options.sampler, options.guidance):
         return options
-    r = recommended if isinstance(recommended, Recommended) else Recommended.from_dict(recommended or {})
     return replace(
         options,
         steps=options.steps if options.steps is not None else (r.steps if r.steps is not None else DEFAULT_STEPS),

@@ -54,22 +54,17 @@ def backbone_remedies(folder: Path, comps: Mapping[str, Component], bb: Componen
                       threads: int | None, profile, providers: list | None, memory) -> tuple:
     """(output correction, precision schedule, its higher-precision backbone session) of the backbone entry `bb`
     (techniques/), each None unless the manifest has it."""
+    from ..techniques import correction as correction_record, precision as schedule_record
     from .profiled import backbone_entry
 
     # a quantized backbone may come with a sampler-side output correction (quantize --correct)
-    correction = None
-    if bb.correction:
-        from ..techniques.correction import OutputCorrection
-
-        correction = OutputCorrection.from_dict(bb.correction)
+    correction = correction_record.read_record(bb)
     # ... or with a per-step precision schedule: a second, higher-precision backbone for some steps
-    if not bb.precision_schedule:
+    schedule = schedule_record.read_record(bb)
+    if schedule is None:
         return correction, None, None
-    from ..techniques.precision import PrecisionSchedule
-
     if correction is not None:
         raise UserError(f"{folder}: a backbone with both a correction and a precision schedule is not supported")
-    schedule = PrecisionSchedule.from_dict(bb.precision_schedule)
     high = backbone_entry(folder, comps[schedule.component], provider, profile)
     if off := disabled(bb):  # the Loop form runs both in one session, at one optimization level
         high = high.with_session_options({"disabled_optimizers": sorted(set(off) | set(disabled(high) or []))})

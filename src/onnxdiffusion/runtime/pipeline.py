@@ -135,7 +135,8 @@ class Pipeline:
         after each encoding and turns off ORT's memory pattern (a lower peak resident set; images identical).
 
         `profile`: a hardware profile (name, YAML path, or profiles.Profile): it decides the provider,
-        its options and how the loop binds memory; `provider` is then ignored. One that cannot run
+        its options and how the loop binds memory; `provider` is then ignored. None on the CPU provider: the
+        folder's recommended profile (a tuned folder's), if any. One that cannot run
         here falls back as it declares (warning) or fails with one line.
         """
         folder = Path(folder) if folder is not None else default_model_folder()
@@ -143,6 +144,8 @@ class Pipeline:
         if verify:
             verify_folder(folder, manifest)
         resolved = None
+        if profile is None and provider == "cpu" and manifest.recommended.profile is not None:
+            profile = manifest.recommended.profile  # a tuned folder's (`tune` chose it on this CPU)
         if profile is not None:
             from .profiled import resolve_for_folder
 
@@ -217,10 +220,18 @@ class Pipeline:
         return cond
 
     def conditioning(self, prompts: list[str], negatives: list[str] | None, guided: bool, height: int,
-                     width: int, adapter=None) -> tuple[Conditioning, Conditioning | None]:
+                     width: int, adapter=None, references: Conditioning | None = None
+                     ) -> tuple[Conditioning, Conditioning | None]:
         """(cond, uncond) for the backbone; uncond None when unguided. `negatives` None: no negative
-        prompt given (SDXL then uses zeros, as diffusers does; others encode "")."""
-        size = self.family.size_conditioning(self.info, len(prompts), height, width)
+        prompt given (SDXL then uses zeros, as diffusers does; others encode ""). `references`: an editing
+        model's reference inputs (runtime/references.py), the same in cond and uncond."""
+        if references is None and self.family.image_role == "reference" and not self.family.references_optional:
+            # an editing model measured without a picture (calibration, schedule selection): the probe picture;
+            # a generation always brings its own (run_loop.prepare_run refuses one without)
+            from .references import plan_references, probe_feeds
+
+            references = plan_references(self, probe_feeds(self, width, height, light=True)["image"], len(prompts))
+        size = {**self.family.size_conditioning(self.info, len(prompts), height, width), **(references or {})}
         with self.holding_text_encoders():  # one load for both when they are let go after use
             cond = {**self.encode_prompt(prompts, adapter), **size}
             if not guided:
@@ -233,12 +244,15 @@ class Pipeline:
 
     def guided_backbone(self, prompts: list[str], negatives: list[str] | None, guidance: float, height: int,
                         width: int, shape: tuple[int, ...], session=None, extra=None, adapter=None,
-                        inputs=None) -> GuidedBackbone:
+                        inputs=None, references=None) -> GuidedBackbone:
         """model_fn(x, t) over the backbone (or `session`), conditioned and guided as this family is (a
         guidance-distilled backbone takes the scale as an input and runs unbatched). `extra`: an inpainting
-        backbone's extra sample channels; `adapter`: LoRA feeds."""
+        backbone's extra sample channels; `adapter`: LoRA feeds; `references`: an editing model's reference inputs."""
         embedded = self.family.guidance_input_for(self.info)
-        cond, uncond = self.conditioning(prompts, negatives, guidance > 1.0 and embedded is None, height, width, adapter)
+        if embedded is None:  # the family's guidance as the CFG scale of u + s (c - u)
+            guidance = self.family.cfg_scale(guidance)
+        guided = guidance > 1.0 and self.family.true_cfg(self.info)
+        cond, uncond = self.conditioning(prompts, negatives, guided, height, width, adapter, references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), guidance, np.float32)
         if inputs:  # more backbone inputs (ControlNet residuals), already on the [uncond; cond] batch
@@ -291,7 +305,9 @@ class Pipeline:
         """
         options = self.resolve(options)
         if mu is None and image_seq_len is None and getattr(self.schedule, "use_dynamic_shifting", False):
-            image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
+            mu = self.family.schedule_mu(self.info, *self.image_size(options), options.steps)
+            if mu is None:
+                image_seq_len = self.family.image_seq_len(self.info, *self.image_size(options))
         # Flux and Qwen-Image pipelines hand their flow scheduler base sigmas of their own
         sigmas = self.family.base_sigmas(options.steps) if isinstance(self.schedule, FlowSchedule) else None
         try:
@@ -355,10 +371,13 @@ class Pipeline:
                       loras=None, controlnets=None, **kwargs) -> Iterator[StepEvent | GenerationResult]:
         """Validate all inputs now (before any model runs), then return the per-step generator.
 
-        `image` (img2img): an RGB picture ((H, W, 3) uint8 or PIL) or scaled image latents
+        `image` means what the model's family says (`family.image_role`, runtime/references.py):
+        img2img ("start"): an RGB picture ((H, W, 3) uint8 or PIL) or scaled image latents
         (B, C, h, w) float32, used as they are; `strength` in (0, 1] (default 1) says how much of the
         schedule runs; `latents` stays the Gaussian noise. `mask` (inpainting, white = repaint; with
-        `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture.
+        `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture. An editing model
+        ("reference"): the picture to edit, or a list of pictures where the family takes several; the
+        prompt is the instruction and height/width the output's exact size.
         `controlnets`: [ControlNetSpec | (name, image[, scale[, start, end]]), ...] (runtime/controlnet.py).
         `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`), or the
         AdapterFeeds `lora_feeds` returned for them (converted once, reused)."""
@@ -369,8 +388,8 @@ class Pipeline:
         except TypeError as e:
             raise UserError(str(e)) from None
         options = self.resolve(options)
-        specs, prepared = prepare_run(self, options, latents, noise, image, mask, lora=bool(loras),
-                                      controlnet=bool(controlnets))
+        specs, prepared, references = prepare_run(self, options, latents, noise, image, mask, lora=bool(loras),
+                                                  controlnet=bool(controlnets))
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
@@ -380,7 +399,7 @@ class Pipeline:
         adapter = self.lora_feeds(loras, options.loop)
         start = prepared[3] if len(prepared) > 3 else None
         return guards.model_errors(self.folder, run(self, options, *prepared[:3], prompts, negatives, start, adapter,
-                                                    controls, specs))
+                                                    controls, specs, references))
 
     # -- image input ----------------------------------------------------------------------------
     def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:

@@ -8,9 +8,8 @@ import numpy as np
 from ..errors import UserError
 from ..samplers import iter_sample
 from ..techniques.active import check as check_techniques, host_techniques, parse_specs
-from ..techniques.caching import loop_feeds
 from ..techniques.host_base import HostContext
-from ..techniques.stop import check_form as check_stop_form, check_steps
+from ..techniques.stop import check_steps
 from . import guards
 from .generation import GenerationResult, StepEvent
 
@@ -21,18 +20,21 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
 
 
 def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False, controlnet=False):
-    """(the options' technique specs, parsed once; prepare's tuple). `lora` / `controlnet`: whether the
-    generation has run-time LoRAs / ControlNets (the registry's table refuses what does not combine)."""
+    """(the options' technique specs, parsed once; prepare's tuple; an editing model's reference inputs or None).
+    `lora` / `controlnet`: whether the generation has run-time LoRAs / ControlNets (the registry's table refuses
+    what does not combine). `image` means what the family says (references.py): a start picture or references."""
     from .image_input import check_strength, plan_start
+    from .references import check_image_request, pictures, plan_references, start_picture
 
     options = pipe.resolve(options)
+    check_image_request(pipe.family, len(pictures(image)), mask is not None, options.strength is not None, "image")
+    edit = pipe.family.image_role == "reference"
+    image, refs = (None, image) if edit else (start_picture(image), None)
     specs = parse_specs(options)
     inpaint = image is not None and mask is not None and not pipe.backbone_extra_channels()
     check_techniques(specs, options.loop, lora=lora, controlnet=controlnet,
                      schedule=pipe.precision_schedule is not None, inpaint=inpaint)
-    check_stop_form(specs.stop, options.loop, lambda: pipe.sampling_graph("loop").stop)
-    if specs.cache_on is not None and options.loop == "loop":
-        loop_feeds(pipe.sampling_graph("loop").cache, specs.cache)  # a graph compiled without it refuses here
+    specs.check_graph(options.loop, lambda: pipe.sampling_graph("loop"))  # a graph compiled without one refuses
     guards.check_request(pipe.folder, pipe.manifest, options)
     shape = pipe.latent_shape(options)  # the family's (may be packed)
     h, w = pipe.image_size(options)
@@ -67,6 +69,7 @@ def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False
                             f"this sampler needs {run_table.num_steps}" + (" at this strength" if start else ""))
         if start is not None:
             graph.check_image_inputs(start)
+    references = plan_references(pipe, refs, options.batch) if edit else None
     check_steps(specs.stop, run_table.num_steps)
     if specs.cache_on is not None:  # a method's run-time data (bound again per run): refused before any model runs
         specs.cache_on.bind(pipe, run_table.num_steps)
@@ -74,31 +77,33 @@ def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False
         noise = rng.standard_normal((run_table.num_steps, *shape), dtype=np.float32)
     if noise is not None:
         noise = guards.float_array(noise, "noise", (run_table.num_steps, *shape))
-    return specs, ((table, latents, noise) if start is None else (table, latents, noise, start))
+    return specs, ((table, latents, noise) if start is None else (table, latents, noise, start)), references
 
 
 def run(pipe, options, table, latents, noise, prompts, negatives, start=None, adapter=None, controls=None,
-        specs=None):
-    """The per-step generator; `specs`: prepare_run's parsed technique specs (parsed here when not given)."""
+        specs=None, references=None):
+    """The per-step generator; `specs`: prepare_run's parsed technique specs (parsed here when not given);
+    `references`: an editing model's reference inputs (constant conditioning of every step)."""
     specs = parse_specs(options) if specs is None else specs
     run_table = table if start is None else start.cut
     embedded = pipe.family.guidance_input_for(pipe.info)  # guidance-distilled: the scale is a backbone input, no CFG
     h, w = pipe.image_size(options)
     offset = 0 if start is None else start.start
     ctx = HostContext(pipe, prompts, negatives, options.guidance, h, w, latents.shape, run_table.num_steps,
-                      extra=None if start is None else start.extra, adapter=adapter)
+                      extra=None if start is None else start.extra, adapter=adapter, references=references)
     techniques = host_techniques(pipe, specs, options.loop, adapter, controls, start, latents)
     if options.loop != "host":
         # one-graph loops always run the [uncond; cond] batch (guidance 1 is u + 1*(c - u)),
         # except for a guidance-distilled backbone, which takes the scale as an input
-        cond, uncond = pipe.conditioning(prompts, negatives, embedded is None, h, w, adapter)
+        cond, uncond = pipe.conditioning(prompts, negatives, pipe.family.true_cfg(pipe.info), h, w, adapter, references)
         if embedded is not None:
             cond[embedded] = np.full((len(prompts),), options.guidance, np.float32)
         graph = pipe.sampling_graph(options.loop)
         extra = {}  # each technique's run-time inputs (LoRA tensors, cache interval, stop threshold, ControlNets)
         for t in techniques:
             extra.update(t.graph_feeds(graph, ctx))
-        outs = graph.run_outputs(table, latents, cond, uncond, options.guidance, noise, image=start, extra=extra or None)
+        scale = options.guidance if embedded is not None else pipe.family.cfg_scale(options.guidance)
+        outs = graph.run_outputs(table, latents, cond, uncond, scale, noise, image=start, extra=extra or None)
         x = next(iter(outs.values()))
         steps_run = int(outs["steps_run"]) if "steps_run" in outs else run_table.num_steps
         guards.check_finite(x, "the sampling graph's output latents")
@@ -132,6 +137,8 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         guards.check_finite(x, "sampling (the backbone or sampler produced NaN/inf latents)")
     settings = {"prompt": prompts, "negative_prompt": negatives if negatives is not None else [""] * len(prompts),
                 **options.__dict__, "sampler": table.sampler, "steps_run": steps_run}
+    if references is not None:
+        settings.update(edit=True)  # the picture was a reference, not a start
     if start is not None:
         settings.update(start_row=start.start, inpaint=start.keep is not None or start.extra is not None)
     for t in techniques:

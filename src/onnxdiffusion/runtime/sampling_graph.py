@@ -17,7 +17,7 @@ class SamplingGraph:
         self.steps = entry.steps
         self.whole = entry.whole
         self.cache = entry.cache  # the step-caching method compiled in (techniques/caching_graph.py), or None
-        self.controlnets = list(entry.controlnets)  # ControlNets built in (loopgraph/control.py)
+        self.controlnets = list(entry.controlnets)  # ControlNets built in (techniques/controlnet_graph.py)
         self.stop = read_stop_record(entry)  # adaptive stopping compiled in (techniques/stop.py)
         self.latent_channels = session.get_inputs()[0].shape[1]
         self.latent_rank = len(session.get_inputs()[0].shape)
@@ -114,7 +114,7 @@ class SamplingGraph:
         """cond/uncond: the backbone's conditioning by input name (an array: encoder_hidden_states alone);
         uncond None for a graph without the guidance batch (guidance-distilled backbones). `image`: an
         ImageStart (runtime/image_input.py); `latents` stay the noise, `noise` has the cut table's rows.
-        `extra`: more inputs by name (a run-time LoRA's tensors, adapters/graph.py)."""
+        `extra`: more inputs by name (a run-time LoRA's tensors, techniques/lora.py)."""
         from ..loopgraph.builder import CONTEXT, cond_input_names
 
         image_inputs = {}

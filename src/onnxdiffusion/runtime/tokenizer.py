@@ -86,7 +86,7 @@ class PaddedTokenizer:
     as transformers' fast tokenizers do, returning an attention mask too: Qwen2 (a prompt template,
     padded to the longest prompt)."""
 
-    def __init__(self, folder: Path, max_length: int | None, template: str = "{}"):
+    def __init__(self, folder: Path, max_length: int | None, template: str = "{}", special_tokens: bool = True):
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise UserError(f"tokenizer file missing: {path}")
@@ -104,6 +104,7 @@ class PaddedTokenizer:
         self._tok.no_truncation()
         self._tok.no_padding()
         self._pad_id, self._pad = pad_id, pad
+        self._special = special_tokens  # False: the template already holds them (a rendered chat template's BOS)
 
     def __call__(self, prompts: list[str], pad_to_max: bool, truncate_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask), both (batch, length) int64."""
@@ -112,7 +113,7 @@ class PaddedTokenizer:
             self._tok.enable_truncation(truncate_to)
         length = self.max_length if pad_to_max else None
         self._tok.enable_padding(pad_id=self._pad_id, pad_token=self._pad, length=length)
-        enc = self._tok.encode_batch([self.template.format(p) for p in prompts])
+        enc = self._tok.encode_batch([self.template.format(p) for p in prompts], add_special_tokens=self._special)
         self._tok.no_padding()
         ids = np.array([e.ids for e in enc], dtype=np.int64)
         mask = np.array([e.attention_mask for e in enc], dtype=np.int64)

@@ -270,6 +270,10 @@ def make_requests(body, picture, state: A1111State, config, manager):
         extra["notices"] = [f"eta {body.eta:g} ignored: DDIM runs deterministic here (eta 0)"]
     if picture is not None:
         first, extra = with_picture(first, body, picture, manager, extra)
+    else:
+        from .edits import refuse_text_only
+
+        refuse_text_only(manager.models[first.model])  # an editing model: img2img with init_images
     count = body.batch_size * body.n_iter
     if first.seed + count >= 2**63:
         raise A1111Error("seed is too large", param="seed")
@@ -285,6 +289,10 @@ def with_picture(req, body: Img2ImgBody, picture, manager, extra: dict):
 
     image, mask = picture
     from ..runtime.image_input import check_strength
+
+    entry = manager.models[req.model]
+    if entry.pipeline.family.image_role == "reference":  # an editing model: init_images[0] is the picture to edit
+        return _reference(req, entry, image, mask, extra)
 
     try:
         strength = check_strength(body.denoising_strength)
@@ -374,3 +382,18 @@ def _cancel(queue, job) -> None:
         queue.cancel(job.id)
     except (KeyError, JobConflict):
         pass
+
+
+def _reference(req, entry, image, mask, extra: dict):
+    """img2img on an editing model: the picture is the one to edit (as uploaded; its family sizes it), the prompt
+    the instruction; denoising_strength does not apply (said in a notice), a mask is refused."""
+    from .edits import reference_edit_input
+
+    if mask is not None:
+        raise A1111Error(f"model {entry.id} edits by instruction: it takes no mask", param="mask")
+    if "vae_encoder" not in entry.pipeline.manifest.components:
+        raise A1111Error(f"model {entry.id} has no vae_encoder, so it cannot take a picture", param="init_images")
+    notices = [*extra.get("notices", []), f"model {entry.id} edits by instruction: init_images[0] is the picture to "
+               "edit, denoising_strength does not apply"]
+    edit = reference_edit_input(image, f"{image.size[0]}x{image.size[1]}")
+    return replace(req, edit=edit, notices=tuple(notices)), {**extra, "notices": notices}

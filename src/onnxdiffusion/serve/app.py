@@ -157,7 +157,14 @@ def create_app(config: ServeConfig, service: Service | None = None) -> FastAPI:
         return request.scope.get("state", {}).get("caller")
 
     def submit(body: ImageRequest, request: Request):
-        return submit_built(lambda: build_request(body, config, manager), request)
+        from .edits import refuse_text_only
+
+        def build():
+            req = build_request(body, config, manager)
+            refuse_text_only(manager.models[req.model])  # an editing model needs its picture (/v1/images/edits)
+            return req
+
+        return submit_built(build, request)
 
     def submit_built(build, request: Request):
         """Queue the JobRequest `build()` makes once the models serve (edits build their own)."""

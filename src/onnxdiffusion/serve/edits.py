@@ -1,8 +1,11 @@
-"""POST /v1/images/edits: OpenAI's image edit (multipart/form-data) as img2img or inpainting.
+"""POST /v1/images/edits: OpenAI's image edit (multipart/form-data) as the model's family means a picture:
+an editing model (FLUX.1 Kontext: `Family.image_role` "reference") edits it by the prompt's instruction;
+any other model runs img2img or inpainting.
 
 The generations route's checks, queue, per-key limits and error shape (`build_request`), then the
 picture's own: OpenAI's mask (transparent = edit) becomes the library's (white = repaint); the
-picture and mask are resized to the bucket with a notice; the job renders what
+picture and mask are resized to the bucket with a notice (an editing model's picture is handed over
+as uploaded: its family sizes references itself); the job renders what
 `Pipeline(...)(prompt, image=, mask=, strength=, seed=)` renders. Rules: docs/verbs/serve.md.
 """
 
@@ -16,6 +19,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 
 from ..errors import UserError
+from ..families import describe_image_roles
 from .responses import wait_and_answer
 from .schemas import ImageRequest, RequestError, build_request
 
@@ -24,15 +28,16 @@ FORMATS = ("PNG", "JPEG", "WEBP")
 FIELDS = ("prompt", "n", "size", "response_format", "model", "negative_prompt", "steps", "sampler", "guidance",
           "seed", "strength", "lora", "quality", "user", "controlnet")
 FILES = ("image", "mask", "control")  # control: the picture a `controlnet` field's net steers by (extension)
+MORE_IMAGES, MAX_IMAGES = "image+", 8  # the 2nd.. `image` parts (an editing family's further references)
 
 
 @dataclass(frozen=True, eq=False)
 class EditInput:
     """The picture (and mask) of one edit job, already at the job's generation size."""
 
-    image: np.ndarray  # (H, W, 3) uint8
+    image: np.ndarray | list  # (H, W, 3) uint8; an editing model's references: a list of them, as uploaded
     mask: np.ndarray | None  # (H, W) uint8, the library's convention: 255 = repaint
-    strength: float
+    strength: float | None  # None: an editing model (no img2img schedule cut)
     image_size: str  # the upload's WIDTHxHEIGHT
     mask_from: str | None  # "mask", "image alpha" or None (img2img)
     control: tuple | None = None  # (name, control picture (H, W, 3) uint8, scale, start, end): a ControlNet
@@ -43,11 +48,15 @@ class EditInput:
         more = {"controlnets": [self.control]} if self.control is not None else {}
         if self.mask_blur:
             more["mask_blur"] = self.mask_blur
-        return {"image": self.image, "mask": self.mask, "strength": self.strength, **more}
+        if self.strength is not None:
+            more["strength"] = self.strength
+        return {"image": self.image, "mask": self.mask, **more}
 
     def settings(self) -> dict:
         more = {} if self.control is None else {"controlnet": dict(zip(("name", "scale", "start", "end"),
                                                                         (self.control[0], *self.control[2:])))}
+        if self.strength is None:  # an editing model: the picture(s) were references
+            more["edit"] = "reference"
         return {"strength": self.strength, "image_size": self.image_size, "mask": self.mask_from, **more}
 
 
@@ -56,6 +65,10 @@ def _schema() -> dict:
     props = {name: {"type": "string"} for name in FIELDS}
     props.update({name: {"type": "string", "format": "binary"} for name in FILES})
     props.update({name: {"type": "number"} for name in ("n", "steps", "seed", "guidance", "strength")})
+    props["image"]["description"] = ("the picture: " + describe_image_roles() + " (several `image` parts where an "
+                                     "editing family takes several references)")
+    props["strength"]["description"] = "img2img only: share of the schedule that runs, (0, 1]"
+    props["mask"]["description"] = "img2img models only: transparent pixels mark where to repaint"
     body = {"type": "object", "required": ["image", "prompt"], "properties": props}
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": body}}}}
 
@@ -63,7 +76,8 @@ def _schema() -> dict:
 def add_edit_route(app: FastAPI, config, manager, queue, submit_built) -> None:
     """Register POST /v1/images/edits; `submit_built(build, request)` is the generations route's queueing."""
 
-    @app.post("/v1/images/edits", summary="OpenAI-compatible image edit (multipart): img2img or inpainting",
+    @app.post("/v1/images/edits", summary="OpenAI-compatible image edit (multipart): editing by instruction on an "
+              "editing model, img2img or inpainting on the others",
               openapi_extra=_schema())
     async def edits(request: Request):
         ctype = request.headers.get("content-type", "")
@@ -86,6 +100,12 @@ async def read_form(form) -> tuple[dict[str, str], dict[str, bytes]]:
         key = "image" if name == "image[]" else name
         if key not in FIELDS and key not in FILES:
             raise RequestError(f"unknown field {name!r}", name, code="unknown_field")
+        if key == "image" and key in files and not isinstance(value, str):  # more references (editing models)
+            more = files.setdefault(MORE_IMAGES, [])
+            if len(more) >= MAX_IMAGES - 1:
+                raise RequestError(f"at most {MAX_IMAGES} images are taken", key)
+            more.append(await value.read())
+            continue
         if key in fields or key in files:
             what = "one image (several images are not supported)" if key == "image" else "once"
             raise RequestError(f"{key!r} must be given {what}", key)
@@ -119,6 +139,10 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
     if "image" not in files:
         raise RequestError("missing required file 'image' (the picture to edit)", "image", code="missing_field")
     image = decode_upload(files["image"], "image")
+    if _edits_by_reference(body, manager):
+        return _reference_edit(body, fields, files, image, config, manager)
+    if files.get(MORE_IMAGES):
+        raise RequestError("'image' must be given one image (several are taken by editing models only)", "image")
     mask, mask_from = None, None
     if "mask" in files:
         mask, mask_from = mask_of(decode_upload(files["mask"], "mask"), image), "mask"
@@ -145,6 +169,47 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
                      mask=None if mask is None else np.asarray(_resized(mask, target)), strength=strength,
                      image_size=upload, mask_from=mask_from, control=control)
     return replace(req, edit=edit, notices=tuple(notices), requested_size=req.requested_size if size_given else upload)
+
+
+def _edits_by_reference(body, manager) -> bool:
+    """Whether the request's model is an editing model (its picture a reference, not an img2img start)."""
+    if body.model is not None and body.model not in manager.models:
+        return False  # build_request names the unknown model
+    _, serving = manager.route(body.model)
+    return serving.pipeline is not None and serving.pipeline.family.image_role == "reference"
+
+
+def _reference_edit(body, fields: dict, files: dict, image, config, manager):
+    """An editing model's job: the picture(s) handed over as uploaded (RGB), the output at the requested size
+    or the bucket nearest the first picture; a mask or strength is refused, as the library refuses them."""
+    from ..runtime.references import check_image_request
+
+    pictures = [image, *(decode_upload(b, "image") for b in files.get(MORE_IMAGES, ()))]
+    size_given = body.size is not None
+    if not size_given:
+        _, serving = manager.route(body.model)
+        width, height = manager.snap(serving, *image.size)
+        body = body.model_copy(update={"size": f"{width}x{height}"})
+    req = build_request(body, config, manager)
+    entry = manager.models[req.model]
+    family = entry.pipeline.family
+    if "mask" in files or "strength" in fields:
+        name = "mask" if "mask" in files else "strength"
+        raise RequestError(f"model {entry.id} edits by instruction (a {family.name} model): its image is a reference, "
+                           f"so it takes no {name}", name, code="model_cannot_edit")
+    try:
+        check_image_request(family, len(pictures), what="image")
+    except UserError as e:
+        raise RequestError(str(e), "image") from None
+    if "vae_encoder" not in entry.pipeline.manifest.components:
+        raise RequestError(f"model {entry.id} has no vae_encoder, so it cannot take a picture; export it with one",
+                           "model", code="model_cannot_edit")
+    upload = f"{image.size[0]}x{image.size[1]}"
+    if "controlnet" in fields or "control" in files:
+        raise RequestError(f"model {entry.id} takes no ControlNet", "controlnet")
+    arrays = [np.asarray(p.convert("RGB")) for p in pictures]
+    edit = EditInput(image=arrays, mask=None, strength=None, image_size=upload, mask_from=None)
+    return replace(req, edit=edit, requested_size=req.requested_size if size_given else upload)
 
 
 def _control(fields: dict, files: dict, entry, target: tuple[int, int]) -> tuple | None:
@@ -260,6 +325,9 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     from ..samplers.levels import start_row
 
     pipe = entry.pipeline
+    if pipe.family.image_role != "start":
+        raise RequestError(f"model {entry.id} takes no img2img start picture (a {pipe.family.name} model: "
+                           f"{describe_image_roles()})", "image", code="model_cannot_edit")
     if "vae_encoder" not in pipe.manifest.components:
         raise RequestError(f"model {entry.id} has no vae_encoder, so it cannot take a picture; export it with one",
                            "model", code="model_cannot_edit")
@@ -275,3 +343,18 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     if start_row(table, pipe.family.start_step(req.steps, strength)) >= table.num_steps:
         raise RequestError(f"strength {strength} with {req.steps} steps leaves no step to run; raise the strength "
                            "or the steps", "strength")
+
+
+def refuse_text_only(entry) -> None:
+    """A request without a picture for an editing model (it needs the picture to edit): 400, as the library refuses it."""
+    family = entry.pipeline.family if entry.pipeline is not None else None
+    if family is not None and family.image_role == "reference" and not family.references_optional:
+        raise RequestError(f"model {entry.id} edits pictures by instruction (a {family.name} model): send the picture "
+                           "to POST /v1/images/edits (`image`) with the instruction as the prompt", "model",
+                           code="model_needs_image")
+
+
+def reference_edit_input(picture, image_size: str) -> EditInput:
+    """An editing model's EditInput from one PIL picture (A1111's img2img route)."""
+    return EditInput(image=[np.asarray(picture.convert("RGB"))], mask=None, strength=None, image_size=image_size,
+                     mask_from=None)

@@ -228,7 +228,10 @@ class ModelManager:
                         b = batch
                         while b > 1 and max_memory is not None and self.estimate_bytes(entry, b, w, h) > max_memory:
                             b -= 1
-                        entry.pipeline(prompt=[""] * b, batch=b, steps=1, width=w, height=h)
+                        from ..runtime.references import probe_feeds
+
+                        entry.pipeline(prompt=[""] * b, batch=b, steps=1, width=w, height=h,
+                                       **probe_feeds(entry.pipeline, w, h))
                 entry.warmup_seconds = time.perf_counter() - t0
                 entry.batch_invariant = self.probe_batch_invariance(entry)
             except Exception as e:  # a model that cannot run is reported, never the reason the others stop
@@ -303,12 +306,17 @@ class ModelManager:
     def probe_batch_invariance(self, entry: ModelEntry) -> bool:
         from .render import batch_invariant
 
+        if entry.pipeline.family.image_role == "reference":
+            return True  # an editing model renders only edits, and an edit renders alone (never micro-batched)
         return batch_invariant(entry.pipeline, *entry.buckets[0])
 
     # -- golden-sample check ------------------------------------------------------------------
     def golden_images(self, entry: ModelEntry) -> np.ndarray:
+        from ..runtime.references import probe_feeds
+
         w, h = self.models[entry.id].buckets[0]
-        result = entry.pipeline(list(GOLDEN_PROMPTS), batch=len(GOLDEN_PROMPTS), width=w, height=h, **GOLDEN_SETTINGS)
+        result = entry.pipeline(list(GOLDEN_PROMPTS), batch=len(GOLDEN_PROMPTS), width=w, height=h, **GOLDEN_SETTINGS,
+                                **probe_feeds(entry.pipeline, w, h))
         return result.images
 
     def check(self, model_id: str) -> ModelEntry:
@@ -353,3 +361,4 @@ class ModelManager:
 
     def snap(self, entry: ModelEntry, width: int, height: int) -> tuple[int, int]:
         return nearest_bucket(width, height, entry.buckets)
+

@@ -232,7 +232,8 @@ async function cancel(id) {
 function describe(st) {
   const parts = [st.model + (st.fallback ? " (for " + st.model_requested + ")" : ""), st.bucket, st.sampler,
                  st.steps + " steps", "cfg " + st.guidance, "seed " + st.seed];
-  if (st.strength !== undefined && st.image_size) parts.push("strength " + st.strength + (st.mask ? ", masked" : ""));
+  if (st.edit === "reference") parts.push("edited by instruction");  // an editing model: no strength
+  else if (st.strength !== undefined && st.image_size) parts.push("strength " + st.strength + (st.mask ? ", masked" : ""));
   if (st.lora) parts.push("lora " + st.lora.map((l) => l.name + ":" + l.scale).join(","));
   if (st.controlnet) parts.push("controlnet " + st.controlnet.name);
   return parts.join(" · ");

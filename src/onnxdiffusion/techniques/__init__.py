@@ -13,9 +13,11 @@
   stop.py              adaptive stopping: spec, host test, Loop twin, manifest record
   correction.py, precision.py
                        output correction and the precision schedule: host wrapper and Loop twin each
-  controlnet.py, lora.py, inpaint.py
-                       the host side of ControlNet, run-time LoRA and inpainting's blend (their graph sides are
-                       still loopgraph/control.py, adapters/graph.py and loopgraph/image.py)
+  lora.py              run-time LoRA: host wrapper, graph twin (the insertion points as sampling-graph inputs) and
+                       the graph's manifest record
+  controlnet.py        ControlNet: host wrapper and Loop twin (ControlLoop, over controlnet_graph.py's builders);
+                       the nets' loading and preparation are still runtime/controlnet.py
+  inpaint.py           inpainting's blend, host side (its graph side is still loopgraph/image.py)
   state.py             TechniqueState: what techniques keep across a Pipeline's generations (pipe.technique_state)
 
 Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
@@ -40,7 +42,7 @@ Adding a cache method (say ``mymethod:THRESHOLD[:K]``):
    (more keywords to the family's ``cache_span``; ``{"all_blocks": True}``: the span is every block),
    ``prunes_first`` / ``float_span``, ``bind(pipe, steps)`` (the spec for one run: data it reads per run, such as
    the step count or the folder's manifest; refusals there come before any model runs).
-2. One line in ``cache_methods.py``: add the class to ``METHODS``.
+2. One line in ``cache_methods.py``: the method's name in ``NAMES``.
 3. ``tests/test_cache_mymethod.py``: parsing, no-op = the uncached image bit for bit, host = Loop
    (compile-loop --cache mymethod), and parity with the reference.
 

@@ -32,6 +32,13 @@ class Specs:
     def stop_on(self) -> StopSpec | None:
         return None if self.stop is None or self.stop.noop else self.stop
 
+    def check_graph(self, form: str, graph) -> None:
+        """Each active spec's own answer (from its record of the compiled graph) to whether this loop form
+        runs it; `graph()` opens the folder's SamplingGraph for --loop loop, only when a spec asks."""
+        for spec in (self.cache_on, self.stop_on):  # the registry's order
+            if spec is not None:
+                spec.check_graph(form, graph)
+
 
 def parse_specs(options) -> Specs:
     """The one place GenerateOptions' technique strings (or objects) are parsed."""

@@ -85,6 +85,20 @@ class CacheSpec:
         """The Loop graph's run-time inputs for this spec."""
         raise NotImplementedError
 
+    def check_compiled(self, record: dict | None) -> None:
+        """A Loop graph whose manifest `record` says it was compiled without this method (or with another
+        BRANCH / ORDER) refuses the spec in one line."""
+        if record != self.record():
+            have = "without step caching" if not record else "for " + " ".join(
+                v if k == "method" else f"BRANCH L{v}" if k == "layers" else f"{k.upper()} {v}" for k, v in record.items())
+            raise UserError(f"cache {self}: this folder's Loop graph was compiled {have}; recompile it with "
+                            f"`onnxdiffusion compile-loop --cache {self}` or run --loop host")
+
+    def check_graph(self, form: str, graph) -> None:
+        """Whether the folder's compiled graph runs this spec (`graph()`: its SamplingGraph, opened on asking)."""
+        if form == "loop":
+            self.check_compiled(graph().cache)
+
     def graph_inputs(self) -> list[tuple[str, int, list, np.ndarray]]:
         """Run-time Loop-graph inputs of its own beyond ``cache_interval`` / ``cache_threshold``: (name, element
         type, dims, the default that caches nothing), fed by ``loop_feeds``. The compiled spec's are built in."""

@@ -67,11 +67,7 @@ def loop_feeds(record: dict | None, spec: CacheSpec | None) -> dict[str, np.ndar
     without this method (or with another BRANCH / ORDER) refuses the spec in one line."""
     if spec is None or spec.noop:
         return {}
-    if record != spec.record():
-        have = "without step caching" if not record else "for " + " ".join(
-            v if k == "method" else f"BRANCH L{v}" if k == "layers" else f"{k.upper()} {v}" for k, v in record.items())
-        raise UserError(f"cache {spec}: this folder's Loop graph was compiled {have}; recompile it with "
-                        f"`onnxdiffusion compile-loop --cache {spec}` or run --loop host")
+    spec.check_compiled(record)
     return spec.loop_feeds()
 
 

@@ -1,6 +1,6 @@
 """ControlNet's per-step part: the nets' residuals into the backbone cut to take them, in place of the plain
 guided backbone (``ControlHost``; runtime/controlnet.py loads and prepares the nets), and in the sampling graph
-(``ControlLoop``, over loopgraph/control.py's builders)."""
+(``ControlLoop``, over controlnet_graph.py's builders)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class ControlHost(HostTechnique):
 
 
 class ControlLoop(LoopTechnique):
-    """The nets inlined beside the residual-taking backbone in each step (loopgraph/control.py builds
+    """The nets inlined beside the residual-taking backbone in each step (controlnet_graph.py builds
     them): `models` the ControlNets, `residuals` the backbone's residual inputs they feed, `cond_only[k]`: net
     k runs on the guidance batch's conditional half."""
 
@@ -54,14 +54,14 @@ class ControlLoop(LoopTechnique):
         return self.residuals
 
     def inputs(self) -> list:
-        from ..loopgraph.control import COND, control_inputs
+        from .controlnet_graph import COND, control_inputs
 
         return control_inputs([next(len(i.type.tensor_type.shape.dim) for i in m.graph.input if i.name == COND)
                                for m in self.nets_models])
 
     def prologue(self, b, bb, form: str, state) -> None:
         from ..loopgraph.builder import cond_input_names
-        from ..loopgraph.control import control_prologue, load_net
+        from .controlnet_graph import control_prologue, load_net
 
         self.nets = [load_net(m, self.residuals, k) for k, m in enumerate(self.nets_models)]
         # a cond-only net reads each conditioning input's cond half
@@ -78,7 +78,7 @@ class ControlLoop(LoopTechnique):
         return self.nets_models
 
     def backbone_inputs(self, b, state, bb, step) -> dict[str, str]:
-        from ..loopgraph.control import control_residuals
+        from .controlnet_graph import control_residuals
 
         io = {"sample": step.sample, "timestep": step.timestep, "control:sample": step.single_sample,
               "control:t": step.t, **state.context}

@@ -97,6 +97,11 @@ class OutputCorrection:
 NAME = "correction"
 
 
+def read_record(entry) -> OutputCorrection | None:
+    """The correction a backbone's manifest entry (a manifest Component) records (quantize --correct), or None."""
+    return OutputCorrection.from_dict(entry.correction) if entry.correction else None
+
+
 class CorrectionHost(HostTechnique):
     name = NAME
 

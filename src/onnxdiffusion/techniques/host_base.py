@@ -22,13 +22,15 @@ class HostContext:
     steps: int
     extra: Any = None  # an inpainting backbone's extra input channels
     adapter: Any = None  # run-time LoRA feeds
+    references: Any = None  # an editing model's reference inputs (runtime/references.py)
     backbone: Any = None  # the guided backbone the wrappers sit on
     backbones: list = field(default_factory=list)
 
     def guided(self, session=None):
         """A guided backbone model function for this generation (`session`: another backbone's, e.g. high precision)."""
         return self.pipe.guided_backbone(self.prompts, self.negatives, self.guidance, self.height, self.width,
-                                         self.shape, session, extra=self.extra, adapter=self.adapter)
+                                         self.shape, session, extra=self.extra, adapter=self.adapter,
+                                         references=self.references)
 
 
 class HostTechnique:

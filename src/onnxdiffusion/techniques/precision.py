@@ -113,6 +113,11 @@ class PrecisionSchedule:
 NAME = "precision_schedule"
 
 
+def read_record(entry) -> PrecisionSchedule | None:
+    """The precision schedule a backbone's manifest entry (a manifest Component) records, or None."""
+    return PrecisionSchedule.from_dict(entry.precision_schedule) if entry.precision_schedule else None
+
+
 class ScheduleHost(HostTechnique):
     name = NAME
 

@@ -52,6 +52,10 @@ class StopSpec:
         return {"stop_threshold": np.array(self.threshold, np.float64),
                 "stop_min_steps": np.array(self.min_steps, np.int64)}
 
+    def check_graph(self, form: str, graph) -> None:
+        """Whether this loop form, and the folder's compiled graph (`graph()`, opened on asking), runs the test."""
+        check_form(self, form, lambda: graph().stop)
+
 
 def parse_stop(spec) -> StopSpec | None:
     """A StopSpec from ``THRESHOLD[:MIN_STEPS]`` or a number (None / "" / "none": no stopping); one-line UserError."""

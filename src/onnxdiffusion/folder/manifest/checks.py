@@ -14,7 +14,9 @@ Format version 1 (the only one so far):
   components      dict name -> {path: relative str, external_data: [relative str],
                   inputs/outputs: [{name: str, dtype: str, shape: [int | axis name]}], ...}
   files           dict relative path -> sha256 hex (required: without it nothing is verified)
-  recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults
+  recommended     optional dict: guidance (float >= 0), steps (int >= 1), sampler (str), used as defaults;
+                  `tune` adds cache (a step-cache spec str), decoder ("full" | "tiny") and profile (a shipped
+                  hardware profile's name), also defaults
   a quantized backbone's entry may hold `correction` (an object) and `precision_schedule`
                   {component: another backbone component, precision: fp32|fp16, ranges: [[lo, hi], ...]}
   entries may also hold what other writers record (checked when present): lora / validation /
@@ -57,6 +59,22 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# the kinds of optional field (checked when present and not null): (test, the problem named when it fails)
+OBJECT = (lambda v: isinstance(v, dict), "must be an object")
+STRING = (lambda v: isinstance(v, str), "must be a string, got {v!r}")
+COUNT = (lambda v: _is_int(v) and v >= 0, "must be a non-negative integer, got {v!r}")
+NUMBER = (_is_num, "must be a finite number, got {v!r}")
+NAMES = (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v), "must be a list of names")
+
+
+def _check_optional(record: dict, fields: dict, where: str, prefix: str = "") -> None:
+    """Each field of the table (name -> kind) that `record` holds, not null, is of its kind; in table order."""
+    for key, (ok, problem) in fields.items():
+        v = record.get(key)
+        if v is not None and not ok(v):
+            _fail(where, f"{prefix}.{key}" if prefix else key, problem.format(v=v))
+
+
 def check_relative(rel: Any, where: str, field: str) -> str:
     """A path from an untrusted file: a non-empty relative posix path with no `..`, no drive, no NUL."""
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
@@ -87,8 +105,7 @@ def _check_pipeline(p: Any, where: str) -> None:
     s = p.get("vae_scaling_factor")
     if not _is_num(s) or not 1e-6 <= s <= 1e6:
         _fail(where, "pipeline.vae_scaling_factor", f"must be a finite number in [1e-6, 1e6], got {s!r}")
-    if "vae_shift_factor" in p and p["vae_shift_factor"] is not None and not _is_num(p["vae_shift_factor"]):
-        _fail(where, "pipeline.vae_shift_factor", f"must be a finite number, got {p['vae_shift_factor']!r}")
+    _check_optional(p, {"vae_shift_factor": NUMBER}, where, "pipeline")
     for key, hi in (("vae_scale_factor", 64), ("size_multiple", 1024), ("latent_channels", 4096),
                     ("default_height", _MAX_SIDE), ("default_width", _MAX_SIDE), ("model_max_length", 1 << 16),
                     ("num_train_timesteps", 100_000)):
@@ -137,15 +154,9 @@ def _check_components(comps: Any, where: str, required: tuple[str, ...]) -> None
     for name, entry in comps.items():
         if not isinstance(entry, dict):
             _fail(where, f"components.{name}", f"must be an object, got {type(entry).__name__}")
-        check_relative(entry.get("path"), where, f"components.{name}.path")
-        ext = entry.setdefault("external_data", [])
-        if not isinstance(ext, list):
-            _fail(where, f"components.{name}.external_data", "must be a list of relative paths")
-        for i, rel in enumerate(ext):
-            check_relative(rel, where, f"components.{name}.external_data[{i}]")
-        for key in ("session_options", "correction"):
-            if entry.get(key) is not None and not isinstance(entry[key], dict):
-                _fail(where, f"components.{name}.{key}", "must be an object")
+        entry.setdefault("external_data", [])
+        _check_files_of(entry, where, f"components.{name}")
+        _check_optional(entry, {"session_options": OBJECT, "correction": OBJECT}, where, f"components.{name}")
         for key in ("inputs", "outputs"):
             _check_tensor_specs(entry.get(key, []), where, f"components.{name}.{key}")
         if entry.get("precision_schedule") is not None:
@@ -155,38 +166,30 @@ def _check_components(comps: Any, where: str, required: tuple[str, ...]) -> None
 
 # what other writers record on an entry (quantize, fixup-trt, lora points, compile-loop), typed on read
 # (model.Component): checked when present, so a hostile value fails here in one line, not in a consumer
-_ENTRY_OBJECTS = ("lora", "validation", "quantized_from")
-_ENTRY_STRINGS = ("kind", "family", "precision", "requires_provider", "form")
+_ENTRY_FIELDS = {
+    "lora": OBJECT, "validation": OBJECT, "quantized_from": OBJECT,
+    "kind": STRING, "family": STRING, "precision": STRING, "requires_provider": STRING, "form": STRING,
+    "bytes": COUNT, "steps": COUNT, "scaling_factor": NUMBER, "shift_factor": NUMBER, "controlnets": NAMES,
+    "fallback": OBJECT,
+}
 
 
 def _check_entry_records(entry: dict, where: str, field: str) -> None:
-    for key in _ENTRY_OBJECTS:
-        if entry.get(key) is not None and not isinstance(entry[key], dict):
-            _fail(where, f"{field}.{key}", "must be an object")
-    for key in _ENTRY_STRINGS:
-        if entry.get(key) is not None and not isinstance(entry[key], str):
-            _fail(where, f"{field}.{key}", f"must be a string, got {entry[key]!r}")
-    for key in ("bytes", "steps"):
-        v = entry.get(key)
-        if v is not None and (not _is_int(v) or v < 0):
-            _fail(where, f"{field}.{key}", f"must be a non-negative integer, got {v!r}")
-    for key in ("scaling_factor", "shift_factor"):
-        if entry.get(key) is not None and not _is_num(entry[key]):
-            _fail(where, f"{field}.{key}", f"must be a finite number, got {entry[key]!r}")
-    nets = entry.get("controlnets")
-    if nets is not None and (not isinstance(nets, list) or not all(isinstance(n, str) for n in nets)):
-        _fail(where, f"{field}.controlnets", "must be a list of names")
+    _check_optional(entry, _ENTRY_FIELDS, where, field)
     fallback = entry.get("fallback")
     if fallback is not None:
-        if not isinstance(fallback, dict):
-            _fail(where, f"{field}.fallback", "must be an object")
-        check_relative(fallback.get("path"), where, f"{field}.fallback.path")
-        ext = fallback.get("external_data", [])
-        if not isinstance(ext, list):
-            _fail(where, f"{field}.fallback.external_data", "must be a list of relative paths")
-        for i, rel in enumerate(ext):
-            check_relative(rel, where, f"{field}.fallback.external_data[{i}]")
+        _check_files_of(fallback, where, f"{field}.fallback")
         _check_entry_records(fallback, where, f"{field}.fallback")
+
+
+def _check_files_of(record: dict, where: str, field: str) -> None:
+    """A record's `path` and `external_data` (components, their fallbacks, ControlNets): relative, inside."""
+    check_relative(record.get("path"), where, f"{field}.path")
+    ext = record.get("external_data", [])
+    if not isinstance(ext, list):
+        _fail(where, f"{field}.external_data", "must be a list of relative paths")
+    for i, rel in enumerate(ext):
+        check_relative(rel, where, f"{field}.external_data[{i}]")
 
 
 def _check_controlnets(nets: Any, where: str) -> None:
@@ -198,12 +201,7 @@ def _check_controlnets(nets: Any, where: str) -> None:
     for name, rec in nets.items():
         if not isinstance(rec, dict):
             _fail(where, f"controlnets.{name}", "must be an object")
-        check_relative(rec.get("path"), where, f"controlnets.{name}.path")
-        ext = rec.get("external_data", [])
-        if not isinstance(ext, list):
-            _fail(where, f"controlnets.{name}.external_data", "must be a list of relative paths")
-        for i, rel in enumerate(ext):
-            check_relative(rel, where, f"controlnets.{name}.external_data[{i}]")
+        _check_files_of(rec, where, f"controlnets.{name}")
 
 
 _HIGH_PRECISIONS = ("fp32", "fp16")
@@ -229,8 +227,7 @@ def check_precision_schedule(s: Any, where: str, name: str, comps: dict) -> None
         if not isinstance(r, list) or len(r) != 2 or not all(_is_num(v) for v in r) or r[0] > r[1] or r[0] <= prev:
             _fail(where, f"{field}.ranges[{i}]", f"must be finite [lo, hi] with lo <= hi, ascending and disjoint, got {r!r}")
         prev = r[1]
-    if s.get("selected") is not None and not isinstance(s["selected"], dict):
-        _fail(where, f"{field}.selected", "must be an object")
+    _check_optional(s, {"selected": OBJECT}, where, field)
 
 
 def _check_tensor_specs(specs: Any, where: str, field: str) -> None:
@@ -267,10 +264,18 @@ def check_recommended(r: Any, where: str) -> dict:
     s = r.get("steps")
     if s is not None and (not _is_int(s) or not 1 <= s <= 1000):
         _fail(where, "recommended.steps", f"must be an integer in [1, 1000], got {s!r}")
-    for key in ("sampler", "spacing"):
-        if r.get(key) is not None and not isinstance(r[key], str):
-            _fail(where, f"recommended.{key}", f"must be a string, got {r[key]!r}")
+    _check_optional(r, {"sampler": STRING, "spacing": STRING, "cache": STRING, "profile": STRING}, where, "recommended")
+    if r.get("decoder") is not None and r["decoder"] not in ("full", "tiny"):
+        _fail(where, "recommended.decoder", f"must be 'full' or 'tiny', got {r['decoder']!r}")
+    if r.get("profile") is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", r["profile"]):
+        # a name only: a path would let an untrusted folder point the loader at a file outside it
+        _fail(where, "recommended.profile", f"must be a shipped profile's name, got {r['profile']!r}")
     return r
+
+
+# records other writers keep at the top (a tool's description may be a plain string)
+_RECORD = (lambda v: isinstance(v, (dict, str)), "must be an object")
+_TOP_FIELDS = {"quantization": _RECORD, "attention": _RECORD, "source": _RECORD}
 
 
 def validate_manifest(manifest: Any, where: str, required: tuple[str, ...] = ()) -> dict:
@@ -283,18 +288,14 @@ def validate_manifest(manifest: Any, where: str, required: tuple[str, ...] = ())
     family = manifest.setdefault("family", DEFAULT_FAMILY)
     if not isinstance(family, str) or not family:
         _fail(where, "family", f"must be a non-empty string, got {family!r}")
-    if manifest.get("family_config") is not None and not isinstance(manifest["family_config"], dict):
-        _fail(where, "family_config", "must be an object")
+    _check_optional(manifest, {"family_config": OBJECT}, where)
     _check_pipeline(manifest.get("pipeline"), where)
     _check_components(manifest.get("components"), where, required)
     _check_files(manifest.get("files"), where)
     manifest["recommended"] = check_recommended(manifest.get("recommended"), where)
-    for key in ("quantization", "attention", "source"):
-        if manifest.get(key) is not None and not isinstance(manifest[key], (dict, str)):
-            _fail(where, key, "must be an object")
+    _check_optional(manifest, _TOP_FIELDS, where)
     _check_controlnets(manifest.get("controlnets"), where)
-    if manifest.get("export_seconds") is not None and not _is_num(manifest["export_seconds"]):
-        _fail(where, "export_seconds", f"must be a number, got {manifest['export_seconds']!r}")
+    _check_optional(manifest, {"export_seconds": (_is_num, "must be a number, got {v!r}")}, where)
     return manifest
 
 

@@ -241,11 +241,17 @@ class Recommended(_Record):
     steps: int | None = None
     sampler: str | None = None
     spacing: str | None = None
+    # what `tune` chose on top (none in an exported or quantized folder): a step-cache spec, the decoder,
+    # a shipped hardware profile's name
+    cache: str | None = None
+    decoder: str | None = None
+    profile: str | None = None
     raw: Mapping = field(repr=False, default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Recommended:
-        return cls(d.get("guidance"), d.get("steps"), d.get("sampler"), d.get("spacing"), d)
+        return cls(d.get("guidance"), d.get("steps"), d.get("sampler"), d.get("spacing"), d.get("cache"),
+                   d.get("decoder"), d.get("profile"), d)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,4 +1,5 @@
-"""ControlNets inside the sampling graph: the twin of runtime/controlnet.ControlledBackbone.
+"""ControlNets inside the sampling graph (ControlLoop's builders, techniques/controlnet.py): the twin of
+runtime/controlnet.ControlledBackbone.
 
 The backbone is the residual-taking cut (runtime/control_graph.py); each compiled net is inlined beside it
 in the step body, fed the step's [uncond; cond] sample, timestep and conditioning, its control image
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper
-from .state import GraphState
+
+from ..loopgraph.state import GraphState
 
 COND, SCALE = "controlnet_cond", "conditioning_scale"
 
@@ -60,7 +62,7 @@ def control_residuals(b, pre: GraphState, remap: dict, i: str, tag: str, n) -> d
     """Inline every net for this step; backbone residual input name -> the summed residual tensor.
     `remap`: the step's sample and timestep (guidance batch), its single-batch sample "control:sample" and
     scalar timestep "control:t", and the conditioning by name."""
-    from .backbone import inline_backbone
+    from ..loopgraph.backbone import inline_backbone
 
     ctl = pre.control
     sums: dict[str, str] = {}
@@ -91,7 +93,7 @@ def control_residuals(b, pre: GraphState, remap: dict, i: str, tag: str, n) -> d
 
 def load_net(model, residuals: list[str], k: int):
     """Compiled ControlNet k as an inlinable component: its residual outputs named as the backbone's inputs."""
-    from .backbone import BACKBONE_IO, conditioning_inputs, load_component
+    from ..loopgraph.backbone import BACKBONE_IO, conditioning_inputs, load_component
 
     io = {"sample": BACKBONE_IO["sample"], "timestep": BACKBONE_IO["timestep"], "out": residuals[-1],
           **{f"out:{r}": r for r in residuals}, f"cond:{COND}": COND, f"cond:{SCALE}": SCALE}

@@ -1,0 +1,37 @@
+"""The acceptance table of issue 46 from finished `tune` runs: for each OUT folder given, the choice, its held-out
+PSNR and strict accuracy (and fp32's), its speed-ups, the search's seconds and generations; a re-run's OUT beside its
+first run's says whether the same point came back and how long the re-run took.
+
+    python experiments/tune/collect.py RUN_OUT [RUN_OUT ...] > table.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def row(out: Path) -> str:
+    r = json.loads((out / "tune.json").read_text())
+    c, h, sp = r["chosen"], r["holdout"], r["speedup"]
+    label = f"{c['recipe']}, {c['sampler']} {c['steps']}" + (f", {c['cache']}" if c["cache"] else "") + \
+        (f", {c['decoder']} decoder" if c["decoder"] != "full" else "") + f" [{c['profile']}]"
+    strict = f"{h['strict']:.3f} / {h['reference']['strict']:.3f}" if h.get("strict") is not None else "-"
+    single = f"{sp['vs_best_single_lever']:.2f}x" if sp.get("vs_best_single_lever") else "-"
+    return (f"| {out.name} | {r['bound']} | {label} | {h['psnr']:.2f} (worst {h['psnr_worst']:.2f}) | {strict} | "
+            f"{sp['vs_default']:.2f}x | {single} | {r['seconds']:.0f} | {r['generations_this_run']} |"
+            f" {'replayed' if r.get('replayed') else ''} |")
+
+
+def main(argv: list[str]) -> int:
+    print("| OUT | bound | chosen | held-out PSNR dB | held-out strict (chosen / fp32) | vs default | "
+          "vs best single lever | seconds | generations | |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for a in argv:
+        print(row(Path(a)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,143 @@
+"""A GGUF backbone as a diffusers module (export MODEL.gguf; export/gguf.py is the verb): built from --base's
+config without weights (accelerate's empty init), then each tensor of the file placed under diffusers' name (the
+family's GgufNames): a quantized Linear weight becomes an NBitsLinear (export/gguf_linear.py: MatMulNBits in ONNX,
+blocks written as they are for Q8_0 / Q4_0, re-quantized to 8-bit blocks otherwise, made from the file's memory
+map one layer at a time), every other tensor a float parameter."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+from ..errors import UserError
+from .gguf_blocks import BLOCK, EXACT, FLOAT_TYPES, type_name
+from .gguf_file import GgufFile, GgufTensor
+
+
+def _names(family):
+    if family.gguf_names is None:
+        raise UserError(f"GGUF backbones of {family.name} pipelines are not read yet")
+    return family.gguf_names
+
+
+def check_file(gg: GgufFile, family) -> dict[str, tuple[GgufTensor, int, int]]:
+    """The file's tensors under diffusers' names: {name: (tensor, chunk index, chunk count)}; the architecture
+    label and the fused tensors' row counts checked."""
+    names = _names(family)
+    if gg.architecture is not None and names.architectures and gg.architecture not in names.architectures:
+        raise UserError(f"{gg.path}: a GGUF of a {gg.architecture!r} model; --base is a {family.name} pipeline "
+                        f"(its GGUF files say {', '.join(names.architectures)})")
+    mapped: dict[str, tuple[GgufTensor, int, int]] = {}
+    for t in gg.tensors.values():
+        for name, i, n in names.map(t.name):
+            if n > 1 and t.shape[0] % n:
+                raise UserError(f"{gg.path}: fused tensor {t.name!r} has {t.shape[0]} rows, not {n} equal parts")
+            if name in mapped:
+                raise UserError(f"{gg.path}: two tensors map to {name!r}")
+            mapped[name] = (t, i, n)
+    if not mapped:
+        raise UserError(f"{gg.path}: the file holds no tensors")
+    return mapped
+
+
+def _chunk(gg: GgufFile, t: GgufTensor, i: int, n: int):
+    """The raw bytes and shape of chunk i of n (rows) of a tensor."""
+    raw = gg.raw(t)
+    if n == 1:
+        return raw, t.shape
+    rows = t.shape[0] // n
+    row_bytes = t.nbytes // t.shape[0]
+    return raw[i * rows * row_bytes:(i + 1) * rows * row_bytes], (rows, *t.shape[1:])
+
+
+def _float(gg: GgufFile, entry) -> "torch.Tensor":
+    import torch
+
+    from .gguf_blocks import dequantize, finite
+
+    t, i, n = entry
+    raw, shape = _chunk(gg, t, i, n)
+    return torch.from_numpy(finite(dequantize(raw, t.ggml_type, shape), f"tensor {t.name!r}"))
+
+
+def _blocks(gg: GgufFile, entry, report: dict):
+    """One layer's MatMulNBits blocks, made from the file's memory map when needed (never all held at once); the
+    re-quantization's worst signal-to-noise kept in the report."""
+    from .gguf_blocks import to_nbits
+
+    t, i, n = entry
+    raw, shape = _chunk(gg, t, i, n)
+    nb = to_nbits(raw, t.ggml_type, shape)
+    if nb.snr_db is not None:
+        low = report["requantized_min_snr_db"]
+        report["requantized_min_snr_db"] = round(nb.snr_db if low is None else min(low, nb.snr_db), 2)
+    return nb
+
+
+def _parent(module, dotted: str):
+    owner, _, leaf = dotted.rpartition(".")
+    return (module.get_submodule(owner) if owner else module), leaf
+
+
+def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
+    """The diffusers backbone with the file's weights: (module, report for the manifest)."""
+    import diffusers
+    import torch
+    from accelerate import init_empty_weights
+
+    from .gguf_linear import NBitsLinear
+
+    mapped = check_file(gg, family)
+    cls = getattr(diffusers, class_name)
+    try:
+        with init_empty_weights():
+            module = cls.from_config(cls.load_config(str(config_dir), local_files_only=True))
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise UserError(f"{config_dir}: cannot build a {class_name} from its config.json: {str(e).splitlines()[0][:200]}") \
+            from None
+    params = dict(module.named_parameters())
+    missing = sorted(set(params) - set(mapped))
+    unexpected = sorted(set(mapped) - set(params))
+    if missing or unexpected:
+        what = (f"lacks {len(missing)} tensor(s) the {class_name} of --base has (first: {missing[0]!r})" if missing
+                else f"holds {len(unexpected)} tensor(s) the {class_name} of --base has not (first: {unexpected[0]!r})")
+        raise UserError(f"{gg.path}: not this backbone's weights: the file {what}")
+    for name, p in params.items():
+        t, i, n = mapped[name]
+        shape = (t.shape[0] // n, *t.shape[1:])
+        if tuple(p.shape) != shape:
+            raise UserError(f"{gg.path}: tensor {t.name!r} has shape {list(shape)}; --base's {class_name} wants "
+                            f"{list(p.shape)} for {name!r} (another size of the model?)")
+    types = Counter(type_name(t.ggml_type) for t in gg.tensors.values())
+    report = {"file": gg.path.name, "architecture": gg.architecture, "types": dict(sorted(types.items())),
+              "exact": 0, "requantized": 0, "float": 0, "requantized_min_snr_db": None}
+    done: set[str] = set()
+    linears = [(n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    for index, (name, lin) in enumerate(linears):
+        t, i, n = mapped[f"{name}.weight"]
+        if t.ggml_type in FLOAT_TYPES:
+            continue
+        if len(t.shape) != 2 or t.shape[1] % BLOCK:
+            raise UserError(f"{gg.path}: {t.name!r} is a {type_name(t.ggml_type)} tensor of shape {list(t.shape)}, "
+                            f"not a [N, K] matrix with K a multiple of {BLOCK}")
+        bias = _float(gg, mapped[f"{name}.bias"]) if lin.bias is not None else None
+        owner, leaf = _parent(module, name)
+        setattr(owner, leaf, NBitsLinear(partial(_blocks, gg, mapped[f"{name}.weight"], report),
+                                         EXACT.get(t.ggml_type, 8), index, lin.out_features, lin.in_features, bias))
+        done.update({f"{name}.weight", f"{name}.bias"})
+        report["exact" if t.ggml_type in EXACT else "requantized"] += 1
+    for name in params:
+        if name in done:
+            continue
+        owner, leaf = _parent(module, name)
+        setattr(owner, leaf, torch.nn.Parameter(_float(gg, mapped[name]), requires_grad=False))
+        report["float"] += 1
+    return module.eval(), report
+
+
+def precision_label(report: dict) -> str:
+    """The manifest's precision of a GGUF backbone: gguf- and its quantized types, most frequent first."""
+    quantized = sorted((k for k in report["types"] if k not in ("F32", "F16", "BF16")),
+                       key=lambda k: -report["types"][k])
+    return "gguf-" + "+".join(k.lower() for k in quantized) if quantized else "fp32"

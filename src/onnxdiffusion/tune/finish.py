@@ -1,0 +1,134 @@
+"""The end of a `tune` run: time the finalists, choose, check the choice on the held-out prompts, write OUT."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from . import measure as M
+from .select import choose, latencies, timed_set
+from .space import FP32, Candidate
+
+
+def _loaders(folders: dict) -> dict:
+    from ..runtime import Pipeline
+
+    def make(path, profile):
+        return lambda: Pipeline.from_folder(path, profile=profile)  # a fresh pipeline: fresh ORT sessions
+
+    return {(r, p): make(f.path, p) for r, f in folders.items() for p in f.profiles}
+
+
+def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: M.PromptSet, judged, guidance,
+            log, kind: str = "holdout") -> dict:
+    """The candidate's quality on another prompt set (the confirmation's, or the held-out one the search and the
+    confirmation never saw), and fp32's judge verdict on it."""
+    ident = f"{prompts.seed}+{len(prompts.prompts)}/{cand.key}"
+    rec = store.get(kind, ident)
+    if rec is not None:
+        return rec
+    log(f"tune: {kind} check of {cand.label()} on {len(prompts.prompts)} other prompts")
+    ref = store.array(f"reference-{kind}-{prompts.seed}-{len(prompts.prompts)}",
+                      lambda: M.generate(folders[FP32].pipe(default.profile), default, prompts, guidance)["full"])
+    made = M.generate(folders[cand.recipe].pipe(cand.profile), cand, prompts, guidance)
+    images = made[cand.decoder]
+    return store.put(kind, ident, {"candidate": cand.to_dict(), **M.score(images, ref, prompts, judged),
+                                   "reference": judged(ref, prompts)})
+
+
+def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, judged, log):
+    """c -> whether the candidate keeps the bound on the confirmation prompts too (its own fp32 verdicts): a point
+    that passed on the few tuning prompts by luck is turned down before it is chosen."""
+    from .search import Bound
+
+    def confirmed(c: Candidate) -> bool:
+        rec = holdout(search.store, folders, c, default, prompts, judged, search.guidance, log, kind="confirm")
+        ref = rec.get("reference") or {}
+        bound = Bound(search.bound.min_psnr, search.bound.keep_accuracy, ref.get("strict"), ref.get("attribute"))
+        ok = bound.passes(rec)
+        log(f"tune: {c.label()}: {'confirmed' if ok else 'turned down'} on the confirmation prompts "
+            f"({rec['psnr']:.1f} dB" + (f", strict {rec['strict']:.3f} vs fp32 {ref['strict']:.3f}" if ref else "") + ")")
+        return ok
+
+    return confirmed
+
+
+def finish(out: Path, model: Path, manifest, options, search, folders: dict, default: Candidate, sets: tuple,
+           judged, facts: dict, unavailable: dict, built: list, t0: float, log) -> dict:
+    """`sets`: (the confirmation prompts, the held-out prompts)."""
+    from .output import write_outputs
+    from .report import write_report
+
+    confirm_set, holdout_set = sets
+    passing = search.passing(set(folders))
+    cands = timed_set(passing, default, options.top)
+    timed = latencies(search.store, cands, _loaders(folders), holdout_set.prompts[0], search.guidance,
+                      options.rounds, log)
+    picked = choose(timed, passing, default, confirmer(search, folders, default, confirm_set, judged, log))
+    chosen = picked["chosen"]
+    held = holdout(search.store, folders, chosen, default, holdout_set, judged, search.guidance, log)
+    base = timed[default.key]["median_s"]
+    single = picked["single"]
+    result = {
+        "model": str(model), "machine": facts, "bound": search.bound.describe(),
+        "options": {"min_psnr": options.min_psnr, "keep_accuracy": options.keep_accuracy,
+                    "time_budget_min": options.time_budget, "tune_count": options.tune_count,
+                    "holdout_count": options.holdout_count, "confirm_count": options.confirm_count,
+                    "rounds": options.rounds,
+                    "recipes": list(options.recipes), "prompts": None if options.prompts is None else str(options.prompts)},
+        "reference": {"tune": {"strict": search.bound.reference_strict, "attribute": search.bound.reference_attribute}},
+        "default": default.to_dict(), "chosen": chosen.to_dict(), "chosen_folder": str(folders[chosen.recipe].path),
+        "tuning_score": picked["scores"].get(chosen.key), "holdout": held,
+        "latency_s": {"default": base, "chosen": timed[chosen.key]["median_s"],
+                      "best_single_lever": None if single is None else timed[single.key]["median_s"]},
+        "speedup": {"vs_default": base / timed[chosen.key]["median_s"],
+                    "vs_best_single_lever": None if single is None else
+                    timed[single.key]["median_s"] / timed[chosen.key]["median_s"]},
+        "best_single_lever": None if single is None else single.to_dict(),
+        "runner_up": {k: None if c is None else c.to_dict() for k, c in picked["runner_up"].items()},
+        "turned_down": [c.to_dict() for c in picked["rejected"]],
+        "timed": [{**c.to_dict(), "median_s": timed[c.key]["median_s"], "runs": timed[c.key].get("runs"),
+                   "score": picked["scores"].get(c.key)} for c in cands],
+        "measured": _measured(search, folders),
+        "unavailable_profiles": unavailable, "quantize_builds": built, "notes": search.notes,
+        "generations_this_run": search.evaluated,
+    }
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    write_outputs(out, folders[chosen.recipe].path, chosen, result, log)
+    write_report(out, result)
+    log(f"tune: chose {chosen.label()}: {result['speedup']['vs_default']:.2f}x the default; held-out "
+        f"{held['psnr']:.1f} dB" + (f", strict {held['strict']:.3f} (fp32 {held['reference']['strict']:.3f})"
+                                   if held.get("strict") is not None else "") + f"; {result['seconds']:.0f} s")
+    return result
+
+
+def replay(out: Path, previous: dict, t0: float, log) -> dict:
+    """A search done before with the same bound and settings (the store's record): its choice written again."""
+    from .output import write_outputs
+    from .report import write_report
+
+    result = {**previous, "generations_this_run": 0, "replayed": True}
+    chosen = Candidate.from_dict(result["chosen"])
+    log(f"tune: this search was finished before (the store holds it): writing its choice, {chosen.label()}")
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    write_outputs(out, Path(result["chosen_folder"]), chosen, result, log)
+    write_report(out, result)
+    return result
+
+
+def _measured(search, folders) -> list[dict]:
+    """Every candidate scored (for the Pareto plot and the table): both decoders of each generation."""
+    rows = []
+    for (kind, _), rec in search.store.records.items():
+        if kind != "quality" or "candidate" not in rec:
+            continue
+        base = Candidate.from_dict(rec["candidate"])
+        if base.recipe not in folders:
+            continue
+        for dec in ("full", "tiny"):
+            s = rec.get(dec)
+            if s is not None:
+                c = base.with_(decoder=dec)
+                rows.append({**c.to_dict(), "key": c.key, "score": s, "passes": search.bound.passes(s),
+                             "estimate_s": rec["per_image_s"]["loop"] + rec["per_image_s"][dec]})
+    return rows

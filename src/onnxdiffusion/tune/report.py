@@ -1,0 +1,144 @@
+"""report.md and pareto.png of a `tune` run, in the bench report's style: the machine named first, one table,
+one plot (speed vs quality, the chosen point marked), then the choice, the runner-up per lever and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..bench.machine import machine_line
+from ..folder.artifacts import atomic_write_bytes
+from .space import LEVERS, Candidate
+
+
+def _q(s: dict | None) -> str:
+    if not s:
+        return "-"
+    acc = f" / {s['strict']:.3f}" if s.get("strict") is not None else ""
+    return f"{s['psnr']:.1f}{acc}"
+
+
+def hand_spelled(result: dict, model: str = "MODEL") -> list[str]:
+    """The commands that make the chosen configuration by hand (the report prints them; a test runs them)."""
+    c = Candidate.from_dict(result["chosen"])
+    folder = model
+    cmds = []
+    if c.recipe != "fp32":
+        args = next((b.get("quantize_args", []) for b in result["quantize_builds"] if b.get("recipe") == c.recipe), [])
+        cmds.append(f"onnxdiffusion quantize {model} {c.recipe}-folder --recipe {c.recipe} {' '.join(args)}".strip())
+        folder = f"{c.recipe}-folder"
+    flags = f"--sampler {c.sampler} --steps {c.steps} --decoder {c.decoder} --profile {c.profile}"
+    if c.cache:
+        flags += f" --cache {c.cache}"
+    cmds.append(f'onnxdiffusion generate {folder} "PROMPT" {flags}')
+    return cmds
+
+
+def _why(result: dict) -> list[str]:
+    """Why this choice on this CPU kind, and what another kind would change."""
+    cpu = result["machine"]["cpu"]
+    flags = set(cpu.get("isa_flags") or ())
+    amx = any(f.startswith("amx") for f in flags)
+    c = Candidate.from_dict(result["chosen"])
+    lines = [f"- This CPU: {cpu['model']}, {'AMX' if amx else 'no AMX'}, int8 kernels: {cpu['int8_kernels']}. "
+             f"The profiles that could run here: {', '.join(sorted({t['profile'] for t in result['timed']}))}; "
+             "not here: " + ("; ".join(f"{k} ({v})" for k, v in sorted(result["unavailable_profiles"].items())) or "none")
+             + "."]
+    if c.recipe != "fp32":
+        lines.append(f"- The int8 backbone ({c.recipe}) on ONNX Runtime's CPU provider is the fastest point within the "
+                     "bound here: its matrix products run on " + ("AMX tiles" if amx else "AVX-512 VNNI's u8 x s8 dot "
+                     "products") + " (the measured speed-up of each lever is in the table above; the quantization's "
+                     "error left room for the other levers only where the table shows them).")
+    else:
+        lines.append("- No quantized folder beat the fp32 one within the bound here (or none was built in the time "
+                     "budget): the picture's error budget went to the sampler, the steps and the cache instead.")
+    if amx:
+        lines.append("- On a CPU without AMX (AVX-512 VNNI) ORT's own int8 kernels lead; there the choice stays on "
+                     "cpu-int8 and the same lever search applies.")
+    else:
+        lines.append("- On an AMX Xeon (Sapphire Rapids and later) the `openvino-int8` profile (onnxruntime-openvino, "
+                     "bf16 float parts, static shapes) measured 2.25x diffusers bf16 vs 1.08-1.24x for ORT's own int8 "
+                     "(experiments/amx): run `tune` there with onnxruntime-openvino installed and it times that profile "
+                     "too; the steps, cache and decoder levers are CPU-independent in quality and carry over.")
+    return lines
+
+
+def write_report(out: Path, result: dict) -> None:
+    chosen = Candidate.from_dict(result["chosen"])
+    sp, lat, held = result["speedup"], result["latency_s"], result["holdout"]
+    lines = [f"# tune: {result['model']}", "", f"Machine: {machine_line(result['machine'])}", "",
+             f"Bound: {result['bound']} on {result['options']['tune_count']} tuning prompts; "
+             + (f"the store's finished search with this bound, written again in {result['seconds']:.0f} s."
+                if result.get("replayed") else
+                f"searched in {result['seconds']:.0f} s ({result['generations_this_run']} generations this run, the "
+                "rest from the store)."), "",
+             f"**Chosen: {chosen.label()}**: {lat['chosen'] * 1e3:.1f} ms per image vs {lat['default'] * 1e3:.1f} ms "
+             f"for the default ({sp['vs_default']:.2f}x)"
+             + (f", {sp['vs_best_single_lever']:.2f}x the best single lever ("
+                f"{Candidate.from_dict(result['best_single_lever']).label()}, {lat['best_single_lever'] * 1e3:.1f} ms)"
+                if result["best_single_lever"] else "") + ".", "",
+             f"Held out ({result['options']['holdout_count']} prompts the search never saw): mean PSNR "
+             f"{held['psnr']:.2f} dB (worst {held['psnr_worst']:.2f} dB)"
+             + (f", strict accuracy {held['strict']:.3f} vs fp32's {held['reference']['strict']:.3f}"
+                if held.get("strict") is not None else "") + ".", "",
+             "By hand, the same configuration:", "", "```bash", *hand_spelled(result), "```", "",
+             "## Timed candidates", "",
+             "Median of one image end to end (fresh ONNX Runtime sessions, interleaved rounds); quality on the tuning "
+             "prompts: mean PSNR dB vs fp32 / strict accuracy.", "",
+             "| configuration | ms per image | spread | speed-up | quality | |", "|---|---|---|---|---|---|"]
+    for t in sorted(result["timed"], key=lambda t: t["median_s"]):
+        c = Candidate.from_dict(t)
+        mark = "**chosen**" if c == chosen else ("default" if t == result["timed"][0] else "")
+        runs = t.get("runs")
+        spread = f"{(max(runs) - min(runs)) / t['median_s']:.0%}" if runs else "-"
+        lines.append(f"| {c.label()} | {t['median_s'] * 1e3:.1f} | {spread} | "
+                     f"{lat['default'] / t['median_s']:.2f}x | {_q(t['score'])} | {mark} |")
+    lines += ["", "Spread: (slowest - fastest round) / median; candidates closer than that are a tie on this machine "
+              "at this load (the choice takes the faster median)."]
+    if result.get("turned_down"):
+        lines += ["", "Faster within the bound on the tuning prompts but turned down on the confirmation prompts: "
+                  + "; ".join(Candidate.from_dict(c).label() for c in result["turned_down"]) + "."]
+    lines += ["", "## Runner-up per lever", "", "| lever | runner-up (fastest other value within the bound) |",
+              "|---|---|"]
+    for lever in LEVERS:
+        r = result["runner_up"].get(lever)
+        lines.append(f"| {lever} | {Candidate.from_dict(r).label() if r else '- (no other value timed within the bound)'} |")
+    lines += ["", "## Why this choice on this CPU", "", *_why(result), ""]
+    if result["notes"]:
+        lines += ["## Notes", "", *[f"- {n}" for n in result["notes"]], ""]
+    lines += ["![speed vs quality](pareto.png)", "",
+              f"Every scored candidate: {len(result['measured'])} (tune.json has each figure).", ""]
+    atomic_write_bytes(Path(out) / "report.md", "\n".join(lines).encode())
+    _plot(Path(out) / "pareto.png", result)
+
+
+def _plot(path: Path, result: dict) -> None:
+    """Speed-up over the default (x) vs mean PSNR (y): timed candidates by their measured latency, the others by the
+    quality pass's seconds per image against the default's in the same pass (an estimate, drawn fainter)."""
+    try:
+        from ..bench.plots import _plt, _save
+        plt = _plt()
+    except Exception:  # noqa: BLE001 - matplotlib missing: the report stands without its plot
+        return
+    default = Candidate.from_dict(result["default"]).key
+    est0 = next((r["estimate_s"] for r in result["measured"] if r["key"] == default), None)
+    base = result["latency_s"]["default"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    if est0:
+        for passes, colour, label in ((False, "#c44e52", "misses the bound"), (True, "#4c72b0", "within the bound")):
+            pts = [(est0 / r["estimate_s"], min(r["score"]["psnr"], 60)) for r in result["measured"]
+                   if r["passes"] == passes]
+            if pts:
+                ax.scatter(*zip(*pts), s=14, c=colour, alpha=0.5, label=f"{label} (estimated speed)")
+    tpts = [(base / t["median_s"], min((t["score"] or {}).get("psnr", 60), 60)) for t in result["timed"]]
+    ax.scatter(*zip(*tpts), s=34, marker="s", facecolors="none", edgecolors="k", label="timed (one image, median)")
+    chosen = Candidate.from_dict(result["chosen"])
+    c = next(t for t in result["timed"] if Candidate.from_dict(t) == chosen)
+    ax.scatter([base / c["median_s"]], [min((c["score"] or {}).get("psnr", 60), 60)], s=180, marker="*",
+               c="#dd8452", label=f"chosen: {chosen.label()}", zorder=5)
+    if result["options"]["min_psnr"] is not None:
+        ax.axhline(result["options"]["min_psnr"], ls="--", c="grey", lw=1)
+    ax.set_xlabel("speed-up over the default (fp32, the folder's sampler and steps), x")
+    ax.set_ylabel("mean PSNR vs fp32 on the tuning prompts, dB (capped at 60)")
+    ax.set_title("tune: speed vs quality")
+    ax.legend(fontsize=7)
+    _save(fig, path)

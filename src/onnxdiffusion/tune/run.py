@@ -1,0 +1,223 @@
+"""`tune(model, out, options)`: the library function behind `onnxdiffusion tune` (search.py searches, select.py
+times and chooses, output.py writes OUT, report.py the report)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from .space import DEFAULT_RECIPES, FP32, Candidate
+
+# scene seeds: the tuning, confirmation and held-out prompts never overlap
+TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
+BUILD_GUESS_S = 120.0  # scene seeds: the tuning and held-out prompts never overlap
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    min_psnr: float | None = None  # mean image PSNR vs the fp32 reference, dB
+    keep_accuracy: bool = False  # the judge's strict accuracy within 1 point of fp32's
+    time_budget: float = 20.0  # minutes
+    prompts: Path | None = None  # tuning prompts, one a line (default: the scene world's, which the judge reads)
+    tune_count: int = 16
+    holdout_count: int = 32
+    confirm_count: int = 32  # the fastest candidates are confirmed on these before one is chosen
+    recipes: tuple[str, ...] = DEFAULT_RECIPES
+    rounds: int = 5
+    top: int = 6  # timed besides the default and the best single levers
+    overwrite: bool = False
+
+
+def check_options(o: TuneOptions) -> None:
+    from ..bench.variants import KNOWN_RECIPES
+
+    if o.min_psnr is None and not o.keep_accuracy:
+        raise UserError("give a quality bound: --min-psnr DB and/or --keep-accuracy")
+    if o.min_psnr is not None and (isinstance(o.min_psnr, bool) or not 0 < o.min_psnr <= 100):
+        raise UserError(f"--min-psnr must be in (0, 100] dB, got {o.min_psnr!r}")
+    if not 0.5 <= o.time_budget <= 24 * 60:
+        raise UserError(f"--time-budget must be 0.5..1440 minutes, got {o.time_budget!r}")
+    if o.keep_accuracy and o.prompts is not None:
+        raise UserError("--keep-accuracy reads the judge's verdicts on the scene prompts; leave out --prompts")
+    for name, v in (("tune-count", o.tune_count), ("holdout-count", o.holdout_count),
+                    ("confirm-count", o.confirm_count), ("rounds", o.rounds)):
+        if not isinstance(v, int) or not 1 <= v <= 1024:
+            raise UserError(f"--{name} must be an integer in [1, 1024], got {v!r}")
+    bad = [r for r in o.recipes if r not in KNOWN_RECIPES]
+    if bad:
+        raise UserError(f"unknown recipe {bad[0]!r}; choose from {', '.join(KNOWN_RECIPES)}")
+
+
+def profiles_for(precision: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the shipped profiles that run a backbone of `precision` here, {profile: why not} for the others)."""
+    from ..profiles import GPU_PROVIDERS, load_profile, shipped
+
+    ok, why = [], {}
+    for name in shipped():
+        p = load_profile(name)
+        if p.precision not in (precision, "any"):
+            continue
+        reason = "a GPU profile" if p.provider in GPU_PROVIDERS else p.unavailable_reason()
+        if reason is None:
+            ok.append(name)
+        else:
+            why[name] = reason
+    return tuple(ok), why
+
+
+def _precision(folder: Path) -> str:
+    from ..families import get_family
+    from ..folder.artifacts import read_manifest
+    from ..profiles import precision_family
+
+    m = read_manifest(folder)
+    return precision_family(m.components[get_family(m.family).backbone].precision)
+
+
+def _prepare_out(out: Path, model: Path, overwrite: bool) -> None:
+    out = Path(out)
+    m, o = Path(model).resolve(), out.resolve()
+    if o == m or m in o.parents or o in m.parents:
+        raise UserError(f"OUT {out} overlaps the model folder {model}")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"OUT {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "journal.jsonl").is_file() and not overwrite:
+        raise UserError(f"OUT {out} is not empty and holds no tune journal (pass --overwrite to write into it)")
+    if not out.parent.is_dir():
+        raise UserError(f"OUT's parent does not exist: {out.parent}")
+    out.mkdir(exist_ok=True)
+
+
+def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=None) -> dict:
+    """Search the levers for the fastest configuration within the bound on this machine; write OUT (the tuned
+    folder OUT/model, report.md, pareto.png, tune.json, journal.jsonl). Returns tune.json's content."""
+    from ..adapters.folder import cache_root
+    from ..bench.machine import machine_facts
+    from ..folder.artifacts import read_manifest
+    from ..folder.paths import default_model_folder
+    from ..runtime import Pipeline
+    from ..runtime.generation import GenerateOptions
+    from . import measure as M
+    from .search import FP32_SHARE, SEARCH_SHARE, Bound, Folder, Search
+    from .store import Store, search_key
+
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    check_options(options)
+    model = Path(model) if model is not None else default_model_folder()
+    out = Path(out)
+    manifest = read_manifest(model)
+    if manifest.quantization_recipe:
+        raise UserError(f"{model} is already quantized ({manifest.quantization_recipe.get('name')}); tune starts "
+                        "from the fp32 folder (its own reference)")
+    _prepare_out(out, model, options.overwrite)
+    t0 = time.monotonic()
+    facts = machine_facts()
+    fp32_profiles, unavailable = profiles_for(_precision(model))
+    if not fp32_profiles:
+        raise UserError(f"no shipped profile runs {model}'s backbone here ({'; '.join(unavailable.values())})")
+    fp32 = Folder(FP32, model, fp32_profiles)
+    pipe = fp32.pipe(fp32_profiles[0])
+    d = pipe.resolve(GenerateOptions())
+    default = Candidate(FP32, d.sampler, d.steps, None, "full", fp32_profiles[0])
+    if options.prompts is not None:
+        tune_set = M.file_set(options.prompts, options.tune_count)
+    else:
+        tune_set = M.scene_set("tune", options.tune_count, TUNE_START)
+    holdout_set = M.scene_set("holdout", options.holdout_count, HOLDOUT_START)
+    confirm_set = M.scene_set("confirm", options.confirm_count, CONFIRM_START)
+    key, cpu_key = search_key(manifest, [tune_set.describe()], d.guidance, facts["cpu"]["model"])
+    store = Store(cache_root() / "tune" / key, out / "journal.jsonl", cpu_key)
+    judged = M.Judged(M.load_judge() if tune_set.scenes is not None else None)
+    if options.keep_accuracy and judged.judge is None:
+        raise UserError("--keep-accuracy needs the judge (models/judge), which this checkout lacks")
+    log(f"tune: {model} on {facts['cpu']['model']}; default {default.label()}; store {store.root}")
+
+    def reference():
+        made = M.generate(pipe, default, tune_set, d.guidance)
+        made_ref.append(made)
+        return made["full"]
+
+    made_ref: list = []
+    ref = store.array("reference-tune", reference)
+    ref_verdict = judged(ref, tune_set)
+    # the judge where the model has one: on prompts it reads, a PSNR bound keeps fp32's accuracy too
+    bound = Bound(options.min_psnr, options.keep_accuracy or ref_verdict is not None, *(
+        (ref_verdict["strict"], ref_verdict["attribute"]) if ref_verdict else (None, None)))
+    search = Search(store, bound, tune_set, ref, judged, d.guidance, default, options.time_budget * 60, log, t0)
+    log(f"tune: bound {bound.describe()}")
+    if made_ref:  # the reference run is the default's own generation: scored once, not generated again
+        search.record(default, made_ref[0])
+    run_id = _run_id(bound, options, default)
+    done = store.get("run", run_id)
+    if done is not None and Path(done["result"]["chosen_folder"]).is_dir():
+        from .finish import replay
+
+        return replay(out, done["result"], t0, log)
+    search.share = FP32_SHARE
+    points, cached = search.run_folder(fp32)
+    search.share = SEARCH_SHARE
+    folders = {FP32: fp32}
+    built = _quantized(model, options, search, folders, points, cached, unavailable, log)
+    from .finish import finish
+
+    result = finish(out, model, manifest, options, search, folders, default, (confirm_set, holdout_set), judged,
+                    facts, unavailable, built, t0, log)
+    store.put("run", run_id, {"result": result})
+    return result
+
+
+def _run_id(bound, options: TuneOptions, default: Candidate) -> str:
+    """A finished search with the same bound and settings is not searched again: a re-run gives its choice (a run
+    cut short by its budget would otherwise go on where it stopped and might choose another point)."""
+    import hashlib
+    import json
+
+    what = {"bound": bound.describe(), "default": default.key, "budget": options.time_budget,
+            "holdout": options.holdout_count, "confirm": options.confirm_count, "recipes": list(options.recipes),
+            "rounds": options.rounds,
+            "top": options.top}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _quantized(model: Path, options: TuneOptions, search, folders: dict, points, cached, unavailable: dict,
+               log) -> list[dict]:
+    """Each recipe's folder built (or found in the cache) while the budget allows, then searched."""
+    from ..adapters.folder import cache_root
+    from ..bench.quantized import build_siblings, sibling_folder
+    from ..folder.artifacts import MANIFEST
+    from .search import Folder
+
+    args = ("--no-quality", "--latency-runs", "3")
+    records, build_s = [], None
+    for recipe in options.recipes:
+        cache = cache_root() / "quantized"
+        folder = sibling_folder(cache, model, recipe, (*args, "--threads", "1"))
+        have = (folder / MANIFEST).is_file()
+        # a build costs about what the last one did (the embedded models': 30-40 s on an idle 2-core EPYC)
+        need = 0 if have else (build_s or BUILD_GUESS_S)
+        if not search.searching() or search.elapsed() + need > 0.6 * search.budget_s:
+            records.append({"recipe": recipe, "skipped": "time budget"})
+            log(f"tune: {recipe}: not built (time budget)")
+            continue
+        log(f"tune: {recipe}: {'cached' if have else 'building'} ({folder})")
+        t = time.monotonic()
+        try:
+            [path], [rec] = build_siblings(model, (recipe,), cache, args, threads=1, progress=False)
+        except UserError as e:
+            records.append({"recipe": recipe, "error": str(e)})
+            log(f"tune: {recipe}: {e}")
+            continue
+        if not rec.get("cached"):
+            build_s = time.monotonic() - t
+        profiles, why = profiles_for(_precision(path))
+        unavailable.update(why)
+        rec["profiles"] = list(profiles)
+        records.append(rec)
+        if not profiles:
+            continue
+        folders[recipe] = Folder(recipe, path, profiles)
+        search.run_folder(folders[recipe], fp32_points=points, fp32_cached=cached)
+    return records

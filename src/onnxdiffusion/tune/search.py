@@ -1,0 +1,198 @@
+"""`tune`'s staged search. Cheap levers first, on the model's own fp32 folder: sampler x steps (fewest steps
+last: a sampler stops at its first step count that misses the bound), then each step-cache spec on the points that
+passed; every generation is scored through both decoders (the tiny one decodes the same latents). Then the
+quantized folders, each built once (`quantize` in a subprocess, cached by content hash) only while the time budget
+allows, and tried first at the folder's own sampler and steps: quantization only adds error, so a recipe that
+misses there is dropped, and otherwise only the points that passed in fp32 are tried on it. A staged search
+suffices here: the levers' effects on quality are close to monotone (fewer steps, a cache, a quantized backbone
+each only add error), which is what lets each stage prune the next."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from .measure import Judged, PromptSet, generate, score
+from .space import CACHES, FP32, Candidate, samplers, step_counts
+
+SEARCH_SHARE = 0.7  # of the time budget; the rest is for timing, the held-out check and writing OUT
+# the fp32 folder's search stops here, so the quantize builds (the largest lever on a UNet) get their turn
+FP32_SHARE = 0.35
+
+
+@dataclass
+class Bound:
+    min_psnr: float | None
+    keep_accuracy: bool
+    reference_strict: float | None = None  # fp32's strict accuracy on the tuning prompts
+    reference_attribute: float | None = None
+
+    def passes(self, s: dict | None) -> bool:
+        if s is None:
+            return False
+        if self.min_psnr is not None and s["psnr"] < self.min_psnr:
+            return False
+        if self.keep_accuracy:
+            # within 1 point of fp32's strict accuracy, and no attribute lost on net: on a small tuning set one
+            # prompt is several points, so the finer attribute count guards the held-out check
+            if s.get("strict") is None or s["strict"] < self.reference_strict - 0.01:
+                return False
+            if s["attribute"] < self.reference_attribute - 0.005:
+                return False
+        return True
+
+    def describe(self) -> str:
+        parts = []
+        if self.min_psnr is not None:
+            parts.append(f"mean PSNR >= {self.min_psnr:g} dB vs fp32")
+        if self.keep_accuracy:
+            parts.append(f"strict accuracy >= fp32's ({self.reference_strict:.3f}) - 1 point")
+        return " and ".join(parts)
+
+
+@dataclass
+class Folder:
+    recipe: str
+    path: Path
+    profiles: tuple[str, ...]
+    pipes: dict = field(default_factory=dict)  # profile -> the quality pass's Pipeline (made on first use)
+
+    def pipe(self, profile: str):
+        if profile not in self.pipes:
+            from ..runtime import Pipeline
+
+            self.pipes[profile] = Pipeline.from_folder(self.path, profile=profile)
+        return self.pipes[profile]
+
+
+class Search:
+    def __init__(self, store, bound: Bound, prompts: PromptSet, reference, judged: Judged, guidance: float,
+                 default: Candidate, budget_s: float, log=None, t0: float | None = None):
+        self.store, self.bound, self.prompts, self.reference = store, bound, prompts, reference
+        self.judged, self.guidance, self.default, self.budget_s = judged, guidance, default, budget_s
+        self.t0 = time.monotonic() if t0 is None else t0  # the run's start: the budget covers all of it
+        self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.evaluated = 0
+        self.notes: list[str] = []
+        self.share = SEARCH_SHARE  # of the budget this stage may search until (run.py narrows it for fp32)
+
+    # -- time ---------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def searching(self) -> bool:
+        return self.elapsed() < self.share * self.budget_s
+
+    # -- one generation, both decoders ----------------------------------------------------------------
+    def quality(self, folder: Folder, cand: Candidate) -> dict:
+        rec = self.store.get("quality", cand.generation)
+        if rec is None:
+            if not self.searching():
+                return {"skipped": "time budget"}
+            try:
+                out = generate(folder.pipe(cand.profile), cand, self.prompts, self.guidance)
+            except UserError as e:
+                rec = self.store.put("quality", cand.generation, {"error": str(e)})
+            else:
+                rec = self.record(cand, out)
+            self.evaluated += 1
+            self._say(cand, rec)
+        return rec
+
+    def record(self, cand: Candidate, out: dict) -> dict:
+        """Score one generation's images (measure.generate's result) through both decoders and keep the result."""
+        n = len(self.prompts.prompts)
+        tiny = None if out["tiny"] is None else score(out["tiny"], self.reference, self.prompts, self.judged)
+        return self.store.put("quality", cand.generation, {
+            "candidate": cand.with_(decoder="full").to_dict(),
+            "full": score(out["full"], self.reference, self.prompts, self.judged), "tiny": tiny,
+            "per_image_s": {k: v / n for k, v in out["seconds"].items()}})
+
+    def _say(self, cand: Candidate, rec: dict) -> None:
+        if "error" in rec:
+            self.log(f"tune: {cand.label()}: does not apply ({rec['error'][:120]})")
+            return
+        parts = []
+        for dec in ("full", "tiny"):
+            s = rec.get(dec)
+            if s:
+                acc = f", strict {s['strict']:.2f}" if s.get("strict") is not None else ""
+                parts.append(f"{dec} {s['psnr']:.1f} dB{acc} {'passes' if self.bound.passes(s) else 'misses'}")
+        self.log(f"tune [{self.elapsed():5.0f}s]: {cand.with_(decoder='full').label()}: {'; '.join(parts)}")
+
+    def passed(self, rec: dict) -> bool:
+        return "error" not in rec and "skipped" not in rec and (
+            self.bound.passes(rec.get("full")) or self.bound.passes(rec.get("tiny")))
+
+    # -- the stages -------------------------------------------------------------------------------------
+    def sampling_stage(self, folder: Folder, profile: str, allowed=None) -> list[tuple[str, int]]:
+        """(sampler, steps) points that pass without a cache; `allowed`: only these (a quantized folder)."""
+        d = self.default
+        points = []
+        for sampler in samplers(d.sampler):
+            for steps in step_counts(d.steps):
+                if allowed is not None and (sampler, steps) not in allowed:
+                    continue
+                rec = self.quality(folder, Candidate(folder.recipe, sampler, steps, None, "full", profile))
+                if "error" in rec or not self.passed(rec):
+                    break  # does not apply, out of time, or missed: fewer steps only lose more
+                points.append((sampler, steps))
+        return points
+
+    def cache_stage(self, folder: Folder, profile: str, points, allowed=None) -> list[tuple[str, int, str]]:
+        passed, invalid, missed = [], set(), set()
+        for sampler, steps in points:  # each sampler's step counts come most first
+            for cache in CACHES:
+                if cache in invalid or (sampler, cache) in missed or (
+                        allowed is not None and (sampler, steps, cache) not in allowed):
+                    continue
+                rec = self.quality(folder, Candidate(folder.recipe, sampler, steps, cache, "full", profile))
+                if "error" in rec:
+                    invalid.add(cache)
+                elif self.passed(rec):
+                    passed.append((sampler, steps, cache))
+                else:
+                    missed.add((sampler, cache))  # with fewer steps it only loses more
+        return passed
+
+    def run_folder(self, folder: Folder, fp32_points=None, fp32_cached=None) -> tuple[list, list]:
+        points, cached = [], []
+        for profile in folder.profiles:
+            if fp32_points is not None:  # a quantized folder: its own sampler and steps first
+                d = self.default
+                rec = self.quality(folder, Candidate(folder.recipe, d.sampler, d.steps, None, "full", profile))
+                if not self.passed(rec):
+                    self.notes.append(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} "
+                                      "already; its other points were not tried")
+                    continue
+            p = self.sampling_stage(folder, profile, None if fp32_points is None else set(fp32_points))
+            c = self.cache_stage(folder, profile, p, None if fp32_cached is None else set(fp32_cached))
+            points += p
+            cached += c
+        return points, cached
+
+    # -- what passed ----------------------------------------------------------------------------------------
+    def passing(self, recipes) -> list[tuple[Candidate, dict, dict]]:
+        """(candidate, its score, its quality record) for every measured candidate of `recipes`' folders within
+        the bound (this run's measurements and the store's)."""
+        out = []
+        for (kind, _), rec in self.store.records.items():
+            if kind != "quality" or "candidate" not in rec:
+                continue
+            base = Candidate.from_dict(rec["candidate"])
+            if base.recipe not in recipes:
+                continue
+            for dec in ("full", "tiny"):
+                s = rec.get(dec)
+                if s is not None and self.bound.passes(s):
+                    out.append((base.with_(decoder=dec), s, rec))
+        return out
+
+
+def estimate(cand: Candidate, rec: dict) -> float:
+    """Seconds per image in the quality pass (batched): a pre-ranking only, the latency is timed."""
+    s = rec["per_image_s"]
+    return s["loop"] + s[cand.decoder]

@@ -1,0 +1,56 @@
+"""From what passed to the choice: which candidates are timed (the default, the best single lever of each kind by
+the quality pass's seconds, and the fastest few by the same pre-ranking), their latency (measured here, or this CPU's
+stored figures when every one of them has some: a re-run then picks the same point), the choice (the fastest
+timed candidate within the bound) and, per lever, the runner-up."""
+
+from __future__ import annotations
+
+from .measure import time_candidates
+from .search import estimate
+from .space import LEVERS, Candidate, changed_levers
+
+
+def timed_set(passing: list, default: Candidate, top: int) -> list[Candidate]:
+    ranked = sorted(passing, key=lambda p: (estimate(p[0], p[2]), p[0]))
+    chosen = [default]
+    for lever in LEVERS:
+        single = [c for c, _, _ in ranked if changed_levers(c, default) == (lever,)]
+        chosen += single[:1]
+    chosen += [c for c, _, _ in ranked[:top]]
+    return list(dict.fromkeys(chosen))
+
+
+def latencies(store, cands: list[Candidate], loaders: dict, prompt: str, guidance: float, rounds: int, log) -> dict:
+    stored = {c.key: store.get("timing", c.key) for c in cands}
+    if all(stored.values()):
+        log(f"tune: latencies of the {len(cands)} timed candidates: this CPU's stored figures")
+        return {k: v for k, v in stored.items()}
+    log(f"tune: timing {len(cands)} candidates: fresh sessions, {rounds} interleaved rounds of one image each")
+    measured = time_candidates(loaders, cands, prompt, guidance, rounds,
+                               progress=lambda r, n: log(f"tune: timing round {r}/{n}"))
+    return {c.key: store.put("timing", c.key, {"candidate": c.to_dict(), **measured[c.key]}) for c in cands}
+
+
+def choose(timed: dict, passing: list, default: Candidate, confirmed=lambda c: True) -> dict:
+    """The fastest timed candidate within the bound that `confirmed(c)` holds for (tried fastest first, so only as
+    many are confirmed as it takes; ties: fewer levers moved; the default always holds), the best single lever and
+    the runner-up per lever (the fastest timed candidate with another value of that lever), both among those within
+    the bound and not turned down by `confirmed`."""
+    ok = {c.key: (c, s) for c, s, _ in passing}
+    rows = sorted(((timed[k]["median_s"], len(changed_levers(c, default)), c) for k, (c, s) in ok.items() if k in timed),
+                  key=lambda r: (r[0], r[1], r[2]))
+    rejected = []
+    best = default
+    for r in rows:
+        if r[2] == default or confirmed(r[2]):
+            best = r[2]
+            break
+        rejected.append(r[2])
+    rows = [r for r in rows if r[2] not in rejected]
+    single = [r[2] for r in rows if r[1] == 1]
+    runner_up = {}
+    for lever in LEVERS:
+        other = [r[2] for r in rows if r[2].lever(lever) != best.lever(lever)]
+        runner_up[lever] = other[0] if other else None
+    return {"chosen": best, "single": single[0] if single else None, "runner_up": runner_up,
+            "scores": {k: s for k, (c, s) in ok.items()}, "rejected": rejected}
