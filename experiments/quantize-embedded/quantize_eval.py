@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quantize_tables import _summaries, markdown, side_by_side  # noqa: E402
 
-from onnxdiffusion.folder.artifacts import sha256_file  # noqa: E402
+from onnxdiffusion.folder.artifacts import read_manifest, sha256_file  # noqa: E402
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, generate_set, heldout_scenes  # noqa: E402
@@ -80,6 +80,17 @@ SUITES = {
         # so the 3.5x floor leaves more layers 8-bit (experiments/quantize-embedded/int4_algorithms.md: 36.9 vs 33.8 dB, 32 pairs)
         ("int4-weights 8bit-sensitive asym-b64", "int4-weights", {"target_ratio": "3.5", "block_size": "64", "symmetric": "false"}, False),
         ("int4+int8", "int4-weights", {"others": "int8", "accuracy_level": "4"}, False),
+    ],
+    # issue 44: group Hadamard rotation (docs/recipes/rotation.md). "every linear": every weight linear int8
+    # (modulation too), no keep-float list, no keep_sensitive, no precision schedule
+    "issue44": [
+        ("w8a8 every-linear", "int8-static", {"modulation": "int8"}, False),
+        ("w8a8-rot every-linear", "int8-static", {"modulation": "int8", "rotate": "hadamard"}, False),
+        # the patch-embedding conv's output left float like the linears' (MatMulIntegerToFloat): not re-quantized
+        ("w8a8-rot every-linear conv-float-out", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "float_outputs": "Conv,MatMul,Gemm"}, False),
+        ("w4a8", "int4-weights", {"accuracy_level": "4"}, False),
+        ("w4a8-rot", "w4a8", {}, False),
     ],
     "issue5": [
         ("int8-static", "int8-static", {}, False),
@@ -196,7 +207,7 @@ def run_model(folder: Path, settings: dict, runs: list, args, judge) -> dict:
         new_backbone = out / manifest["components"][backbone]["path"]
         high = schedule_backbone(out, report)
         for b in LATENCY_BATCHES:
-            feed = component_feed(backbone, manifest, batch=b)
+            feed = component_feed(backbone, read_manifest(folder), batch=b)  # the typed manifest (folder.artifacts)
             runs_b = max(15, args.latency_runs // b)
             files = {"fp32": fp32_backbone, "new": new_backbone} | ({"high": high[0]} if high else {})
             t = latency(files, feed, 1, runs_b)

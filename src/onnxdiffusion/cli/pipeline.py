@@ -262,7 +262,7 @@ def compile_loop_cmd(
 def quantize(
     model: Annotated[Path, typer.Argument(help="exported fp32 model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (same layout, quantized components)")],
-    recipe: Annotated[str, typer.Option(help="fp16 | int8-dynamic | int8-static | int8-naive | int8-timestep | mixed | int4-weights | fp8 | nvfp4")],
+    recipe: Annotated[str, typer.Option(help="fp16 | int8-dynamic | int8-static | int8-naive | int8-timestep | mixed | int4-weights | w4a8 | fp8 | nvfp4")],
     option: Annotated[Optional[list[str]], typer.Option("--option", "-O", help="recipe field KEY=VALUE (repeatable), e.g. -O groups=4")] = None,
     calib_prompts: Annotated[Optional[Path], typer.Option(help="calibration prompts, one per line (default: the scene world's calib split)")] = None,
     calib_count: Annotated[int, typer.Option(help="calibration prompts to use")] = 32,

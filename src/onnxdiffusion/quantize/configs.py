@@ -18,7 +18,7 @@ from .configs_base import (  # noqa: F401 - re-exported: configs is where every 
     RECIPES, CalibrationConfig, Recipe, _build, _check, _choice, _parse,
 )
 from .configs_float import (  # noqa: F401 - each registers itself
-    Fp8Recipe, Fp16Recipe, Int4WeightsRecipe, Nvfp4Recipe, WeightsOnlyRecipe)
+    Fp8Recipe, Fp16Recipe, Int4WeightsRecipe, Nvfp4Recipe, W4A8Recipe, WeightsOnlyRecipe)
 from .configs_int8 import Int8DynamicRecipe, Int8NaiveRecipe, Int8StaticRecipe, Int8TimestepRecipe, MixedRecipe  # noqa: F401
 from .schedule import ScheduleConfig
 

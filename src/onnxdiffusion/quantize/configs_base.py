@@ -32,6 +32,9 @@ SAMPLER_NAMES = SAMPLERS  # calibration samples as `generate` does: every sample
 MODELOPT_KEEP_FLOAT = ("*time_emb_proj*", "*time_embedding*", "*conv_in*", "*conv_out*", "*conv_shortcut*",
                        "*add_embedding*", "*pos_embed*", "*time_text_embed*", "*context_embedder*", "*norm_out*",
                        "*x_embedder*", "*patch_embed*")
+# `-O rotate=hadamard[:GROUP]` (quantize/rotation.py): orders of the regular Hadamard matrices (powers of 4)
+ROTATION_GROUPS = (16, 64, 256)
+DEFAULT_ROTATION_GROUP = 64
 
 
 def _check(cond: bool, message: str) -> None:
@@ -111,6 +114,9 @@ class Recipe:
     legacy: ClassVar[dict[int, dict]] = {}
     # fields older dicts of this recipe carried that it no longer has, with the only value they may hold
     retired: ClassVar[dict[str, Any]] = {}
+    # fields added without a version bump: left out of the dict at this value, so that every folder made
+    # without them keeps its manifest's bytes (a dict without one means this value)
+    omitted_at: ClassVar[dict[str, Any]] = {}
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -135,6 +141,8 @@ class Recipe:
         out: dict[str, Any] = {"name": self.name, "version": self.version}
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name in self.omitted_at and v == self.omitted_at[f.name]:
+                continue
             out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
 
@@ -172,6 +180,19 @@ def _parse(tp, raw: str, key: str):
         pass
     name = getattr(tp, "__name__", str(tp))
     raise UserError(f"option {key}={raw!r} is not a valid {name}")
+
+
+def parse_rotate(value: str) -> int:
+    """`none` -> 0 (no rotation), `hadamard` -> DEFAULT_ROTATION_GROUP, `hadamard:G` -> G (one of ROTATION_GROUPS)."""
+    kind, _, group = value.partition(":")
+    if kind == "none" and not group:
+        return 0
+    _check(kind == "hadamard", f"rotate must be none, hadamard or hadamard:GROUP; got {value!r}")
+    choices = ", ".join(map(str, ROTATION_GROUPS))
+    _check(not group or group.isdigit(), f"rotate group must be one of {choices}; got {group!r}")
+    g = int(group) if group else DEFAULT_ROTATION_GROUP
+    _check(g in ROTATION_GROUPS, f"rotate group must be one of {choices}; got {g}")
+    return g
 
 
 def normalize_components(names: tuple[str, ...]) -> tuple[str, ...]:

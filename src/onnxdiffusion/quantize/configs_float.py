@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .configs_base import (BACKBONE, FP16_COMPONENTS, INT4_ALGORITHMS, INT8_PROVIDERS, MODELOPT_KEEP_FLOAT, Recipe, _check,
-                           _choice, normalize_components, register)
+                           _choice, normalize_components, parse_rotate, register)
 
 
 @register
@@ -59,12 +59,15 @@ class Int4WeightsRecipe(Recipe):
     with target_ratio=3.5, asymmetric 64-blocks (all 4-bit 4.06x, so more layers fit 8-bit) 37.2 dB on 128 pairs.
     Version 2: `stored`. Version 3: `gemms`, `target_ratio` (a version-2 dict means gemms=keep).
     Version 4: `algorithm`, `gptq_steps` (older dicts mean default).
+    `rotate`: none | hadamard[:GROUP]: every 4-bit MatMul's input group-Hadamard rotated, its weight
+    rotated before the blocks are quantized (quantize/rotation.py); a dict without it means none.
     """
 
     name: ClassVar[str] = "int4-weights"
     takes_skeleton: ClassVar[bool] = True
     version: ClassVar[int] = 4
     legacy: ClassVar[dict[int, dict]] = {2: {"gemms": "keep", "algorithm": "default"}, 3: {"algorithm": "default"}}
+    omitted_at: ClassVar[dict] = {"rotate": "none"}
     block_size: int = 32
     symmetric: bool = True
     accuracy_level: int = 0  # 0: ORT default (float compute); 4: int8 compute
@@ -75,8 +78,10 @@ class Int4WeightsRecipe(Recipe):
     target_ratio: float = 0.0
     algorithm: str = "default"
     gptq_steps: int = 8
+    rotate: str = "none"
 
     def __post_init__(self) -> None:
+        parse_rotate(self.rotate)
         _choice("gemms", self.gemms, ("int4", "keep"))
         _choice("algorithm", self.algorithm, INT4_ALGORITHMS)
         _check(isinstance(self.gptq_steps, int) and 1 <= self.gptq_steps <= 1000, f"gptq_steps must be in [1, 1000], got {self.gptq_steps}")
@@ -94,6 +99,26 @@ class Int4WeightsRecipe(Recipe):
     @property
     def providers(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("cpu", "cuda") if self.others == "float" else INT8_PROVIDERS
+
+
+@register
+@dataclass(frozen=True)
+class W4A8Recipe(Int4WeightsRecipe):
+    """4-bit weights, int8 activations, Hadamard-rotated: int4-weights with `rotate=hadamard` (the
+    quantized MatMuls' inputs group-rotated, their weights rotated before 4-bit block quantization) and
+    MatMulNBits `accuracy_level=4` (activations quantized to int8 per block at run time: int8 compute).
+    For the memory-bound large backbones, where 4-bit weights halve int8's bytes read per step."""
+
+    name: ClassVar[str] = "w4a8"
+    version: ClassVar[int] = 1
+    legacy: ClassVar[dict[int, dict]] = {}
+    omitted_at: ClassVar[dict] = {}
+    accuracy_level: int = 4
+    rotate: str = "hadamard"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.accuracy_level == 4, f"w4a8 computes with int8 activations: accuracy_level must be 4, got {self.accuracy_level}")
 
 
 @register

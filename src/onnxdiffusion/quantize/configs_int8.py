@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .configs_base import BACKBONE, Recipe, _check, _choice, normalize_components, register
+from .configs_base import BACKBONE, Recipe, _check, _choice, normalize_components, parse_rotate, register
 
 # the components int8-static may quantize besides the backbone (quantize/components.py)
 INT8_COMPONENTS = (BACKBONE, "text_encoder", "text_encoder_2", "text_encoder_3", "vae_decoder")
@@ -53,8 +53,12 @@ class Int8Settings:
     group_budget: float = 0.25
     smooth_alpha: float = 0.0
     keep_sensitive: float = 0.0
+    # none | hadamard[:GROUP]: the quantized linears' inputs group-Hadamard rotated (quantize/rotation.py);
+    # added without a version bump: a dict without it means none, and none is left out of the dict
+    rotate: str = "none"
 
     def _check_int8(self) -> None:
+        parse_rotate(self.rotate)
         _choice("stored", self.stored, ("cpu-fused", "qdq"))
         _check(math.isfinite(self.keep_sensitive) and 0.0 <= self.keep_sensitive < 1.0,
                f"keep_sensitive must be in [0, 1) (0 = every linear quantized), got {self.keep_sensitive}")
@@ -83,6 +87,7 @@ class Int8Settings:
 _STATIC_ONLY = {"components": (BACKBONE,), "components_keep_float": ("*conv_out*",), "bias_correction": 0,
                 "kernels": "portable", "rounding": "cpu"}
 _INT8_VERSION = 8
+_INT8_OMITTED = {"rotate": "none"}
 _INT8_LEGACY: dict[int, dict] = {2: {"attention": "float", "softmax": "float", "norms": "float", "modulation": "int8",
                                      "smooth_alpha": 0.0, "keep_sensitive": 0.0, **_STATIC_ONLY},
                                  3: {"keep_sensitive": 0.0, **_STATIC_ONLY},
@@ -144,11 +149,16 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     folders unless --allow-drift). Slower on CPU (embedded models, ORT CPU 1 thread: 2.2x the step for SD,
     5.2x for the MMDiT, whose float64 attention softmax dominates).
     Version 8: `rounding` (older dicts: cpu).
+    `rotate`: none | hadamard[:GROUP] (16, 64 default, 256): before calibration, every quantizable linear's input
+    is rotated by a block-diagonal regular Hadamard matrix (per GROUP channels; a patchify conv's patches) and
+    its weight by the inverse offline, so per-channel outliers are spread over their group (quantize/rotation.py,
+    docs/recipes/rotation.md). A dict without it means none (none is left out of the dict: older bytes kept).
     """
 
     name: ClassVar[str] = "int8-static"
     version: ClassVar[int] = _INT8_VERSION
     legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
+    omitted_at: ClassVar[dict] = _INT8_OMITTED
     calibrated: ClassVar[bool] = True
     takes_skeleton: ClassVar[bool] = True
     components: tuple[str, ...] = (BACKBONE,)
@@ -189,6 +199,7 @@ class Int8NaiveRecipe(Recipe, Int8Settings):
     takes_skeleton: ClassVar[bool] = True
     version: ClassVar[int] = _INT8_VERSION
     legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
+    omitted_at: ClassVar[dict] = _INT8_OMITTED
     retired: ClassVar[dict] = _STATIC_ONLY
     timestep: float = 500.0
     samples: int = 64
@@ -220,6 +231,7 @@ class Int8TimestepRecipe(Recipe, Int8Settings):
     takes_skeleton: ClassVar[bool] = True
     version: ClassVar[int] = _INT8_VERSION
     legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
+    omitted_at: ClassVar[dict] = _INT8_OMITTED
     retired: ClassVar[dict] = _STATIC_ONLY
     MAX_GROUPS: ClassVar[int] = 8
     groups: int = 4
@@ -248,6 +260,7 @@ class MixedRecipe(Recipe, Int8Settings):
     takes_skeleton: ClassVar[bool] = True
     version: ClassVar[int] = _INT8_VERSION
     legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
+    omitted_at: ClassVar[dict] = _INT8_OMITTED
     retired: ClassVar[dict] = _STATIC_ONLY
     target_psnr: float = 36.0
     probe_prompts: int = 8

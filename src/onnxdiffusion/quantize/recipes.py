@@ -24,6 +24,7 @@ from .configs import (
     Nvfp4Recipe,
     QuantizeConfig,
     Recipe,
+    W4A8Recipe,
     WeightsOnlyRecipe,
 )
 from .graphs import (  # noqa: F401 - prepare_unet re-exported: importers find it here
@@ -231,15 +232,22 @@ def build_dynamic(ctx: Context, recipe: Int8DynamicRecipe) -> Built:
     return Built({BACKBONE: model}, recipe.name, float_nodes=kept, quantized_nodes=nodes)
 
 
+@builds(W4A8Recipe)
 @builds(Int4WeightsRecipe)
 def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
     from .opgroups import gemms_as_matmuls
+    from .rotation import parse_rotate, rotate_linears
     from .static_plan import _infer
 
-    base, rewritten = ctx.unet, []
+    base, rewritten, rotation = ctx.unet, [], None
     if recipe.gemms == "int4":
         gemms = [q.name for q in quantizable_nodes(base, ("Gemm",), recipe.keep_float)]
         base, rewritten = gemms_as_matmuls(base, gemms)
+        base = _infer(base)
+    if parse_rotate(recipe.rotate):  # 4-bit MatMuls (and the Gemms under others=int8) read rotated inputs
+        ops = ("MatMul", "Gemm") if recipe.others == "int8" else ("MatMul",)  # float Gemms gain nothing
+        linears = [q.name for q in quantizable_nodes(base, ops, recipe.keep_float)]
+        base, rotation = rotate_linears(base, linears, parse_rotate(recipe.rotate))
         base = _infer(base)
     every = quantizable_nodes(base, ("MatMul",))
     chosen = [q for q in quantizable_nodes(base, ("MatMul",), recipe.keep_float) if q.weight_size >= recipe.block_size]
@@ -253,7 +261,7 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         return _ort.int4_quantize(model, nodes, recipe.block_size, recipe.symmetric, recipe.accuracy_level, bits, algorithm)
 
     details = {"gemms_as_int4_matmuls": len(rewritten), "accuracy_level": recipe.accuracy_level,
-               "algorithm": recipe.algorithm}
+               "algorithm": recipe.algorithm, **({"rotation": rotation} if rotation else {})}
     others = [q.name for q in quantizable_nodes(base, ("Conv", "Gemm"), recipe.keep_float)]
     float_nodes = [q.name for q in every if q.name not in set(names)]
     ranges = None

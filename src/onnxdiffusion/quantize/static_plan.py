@@ -10,6 +10,8 @@
    (sensitivity.choose_groups). Fused attention is decomposed only when its matmuls are quantized.
 3. Sensitive linears (`keep_sensitive` > 0): each quantized weight linear is quantized alone and
    the ones adding more than that share of all the linears' output error stay float.
+Before 2 (`rotate` hadamard[:GROUP], after smoothing): the quantizable linears' inputs group-Hadamard
+rotated, their weights rotated offline (rotation.py); everything after calibrates the rotated graph.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .calibration import CalibrationSet, StepRanges, step_ranges
 from .configs import Int8StaticRecipe
 from ..onnxio.attention import decompose_attention
 from .graphs import activation_tensors, quantizable_nodes, with_outputs
+from .rotation import parse_rotate, rotate_linears
 from .opgroups import (GROUP_OP_TYPES, NORM_OPS, apply_smoothing, attention_matmuls,
                        fused_attention_count, modulation_nodes, nodes_of, norm_constants_as_initializers, smoothable, smoothing_scales)
 
@@ -145,6 +148,12 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
         mm = [q.name for q in quantizable_nodes(model, ("MatMul",), recipe.keep_float)]
         ctx.log(f"smoothing {len(mm)} MatMul inputs (alpha {recipe.smooth_alpha})")
         model, details["smoothing"] = smooth(model, calib, recipe.smooth_alpha, mm, ctx.threads)
+    group = parse_rotate(recipe.rotate)
+    if group:  # after smoothing: the rotation mixes the smoothed channels; calibration sees the rotated inputs
+        linears = [q.name for q in quantizable_nodes(model, recipe.op_types, recipe.keep_float)]
+        model, details["rotation"] = rotate_linears(model, linears, group)
+        model = _infer(model)
+        ctx.log(f"rotated the inputs of {details['rotation']['linears']} linears (Hadamard, group {group})")
     weight_nodes, kept = selection(model, recipe, recipe.op_types)
     modulation = set(modulation_nodes(model, recipe.op_types, recipe.keep_float))
     base = [n for n in weight_nodes if n not in modulation]
