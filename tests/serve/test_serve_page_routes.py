@@ -172,3 +172,17 @@ def test_bad_input_is_a_400_and_the_server_serves_on(client, case, param, code):
         assert r.json()["error"]["code"] == code, r.json()
     r = job_edit(client, {"image": ok}, prompt=PROMPT, steps=2, seed=1)
     assert r.status_code == 202 and wait_job(client, r.json()["id"])["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("form", ["picture", "control only"])
+def test_missing_prompt_reads_as_on_the_edits_route(client, form):
+    """One validator (edits.form_body) for both multipart routes: a missing field is the same answer on each."""
+    files = {"image": png(picture())} if form == "picture" else {"control": png(picture())}
+    more = {} if form == "picture" else {"controlnet": "position"}
+    r = job_edit(client, files, **more)
+    assert_clean_error(r, 400, "prompt")
+    err = r.json()["error"]
+    assert err["code"] == "missing_field" and err["message"] == "missing required field 'prompt'", err
+    ref = client.post("/v1/images/edits", files={k: (f"{k}.png", v, "image/png") for k, v in files.items()},
+                      data={k: str(v) for k, v in more.items()})
+    assert ref.status_code == 400 and ref.json()["error"] == err, ref.json()

@@ -123,19 +123,7 @@ async def read_form(form) -> tuple[dict[str, str], dict[str, bytes]]:
 
 def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager):
     """The JobRequest of an edit: the generations checks (`build_request`), then the picture's own."""
-    from pydantic import ValidationError
-
-    values = {k: v for k, v in fields.items() if k not in ("strength", "controlnet")}
-    if "lora" in values:
-        values["lora"] = form_lora(values["lora"])
-    try:
-        body = ImageRequest.model_validate(values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(x) for x in first.get("loc", ())) or None
-        if first.get("type") == "missing":
-            raise RequestError(f"missing required field {param!r}", param, code="missing_field") from None
-        raise RequestError(f"{param}: {first.get('msg', 'invalid value')}", param) from None
+    body = form_body(fields, ("strength", "controlnet"))
     if "image" not in files:
         raise RequestError("missing required file 'image' (the picture to edit)", "image", code="missing_field")
     image = decode_upload(files["image"], "image")
@@ -169,6 +157,24 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
                      mask=None if mask is None else np.asarray(_resized(mask, target)), strength=strength,
                      image_size=upload, mask_from=mask_from, control=control)
     return replace(req, edit=edit, notices=tuple(notices), requested_size=req.requested_size if size_given else upload)
+
+
+def form_body(fields: dict[str, str], drop: tuple[str, ...]) -> ImageRequest:
+    """The form's text fields (less `drop`, the picture routes' own) as the generations body, checked once for
+    every multipart route: a missing field is `missing_field`, any other invalid value names its field."""
+    from pydantic import ValidationError
+
+    values = {k: v for k, v in fields.items() if k not in drop}
+    if "lora" in values:
+        values["lora"] = form_lora(values["lora"])
+    try:
+        return ImageRequest.model_validate(values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(x) for x in first.get("loc", ())) or None
+        if first.get("type") == "missing":
+            raise RequestError(f"missing required field {param!r}", param, code="missing_field") from None
+        raise RequestError(f"{param}: {first.get('msg', 'invalid value')}", param) from None
 
 
 def _edits_by_reference(body, manager) -> bool:

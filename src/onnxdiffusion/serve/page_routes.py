@@ -111,23 +111,12 @@ def _build(fields: dict, files: dict, config, manager):
 
 
 def _control_only(fields: dict, files: dict, config, manager):
-    from pydantic import ValidationError
-
-    from .edits import _control, form_lora
-    from .schemas import ImageRequest, build_request
+    from .edits import _control, form_body
+    from .schemas import build_request
 
     if "strength" in fields:
         raise RequestError("strength needs a picture to start from (an `image` file)", "strength")
-    values = {k: v for k, v in fields.items() if k != "controlnet"}
-    if "lora" in values:
-        values["lora"] = form_lora(values["lora"])
-    try:
-        body = ImageRequest.model_validate(values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(x) for x in first.get("loc", ())) or None
-        raise RequestError(f"{param}: {first.get('msg', 'invalid value')}", param) from None
-    req = build_request(body, config, manager)
+    req = build_request(form_body(fields, ("controlnet",)), config, manager)
     entry = manager.models[req.model]
     if entry.pipeline.backbone_extra_channels() > 0:
         raise RequestError(f"model {entry.id} is an inpainting model: it needs a picture and a mask", "image",
