@@ -186,3 +186,48 @@ def test_missing_prompt_reads_as_on_the_edits_route(client, form):
     ref = client.post("/v1/images/edits", files={k: (f"{k}.png", v, "image/png") for k, v in files.items()},
                       data={k: str(v) for k, v in more.items()})
     assert ref.status_code == 400 and ref.json()["error"] == err, ref.json()
+
+
+@pytest.mark.parametrize("route", ["/v1/jobs/edits", "/v1/jobs/edits (control only)", "/v1/images/edits"])
+def test_a_tuned_folders_cache_with_a_controlnet_is_the_tables_400(client, monkeypatch, route):
+    """serve refuses the pairs of the techniques registry's CONFLICTS table before queueing, in the library's
+    words: here a tuned folder's recommended step cache (the model's own) with a requested ControlNet."""
+    from dataclasses import replace
+
+    from onnxdiffusion.techniques.registry import conflict
+
+    pipe = client.app.state.service.manager.models["sd"].pipeline
+    monkeypatch.setattr(pipe, "recommended", replace(pipe.recommended, cache="first_block:0.1"))
+    files = {"control": png(picture())} if "control only" in route else {"image": png(picture()), "control": png(picture())}
+    r = client.post(route.split(" ")[0], files={k: (f"{k}.png", v, "image/png") for k, v in files.items()},
+                    data={"prompt": PROMPT, "controlnet": "position", "model": "sd"})
+    assert_clean_error(r, 400, "controlnet")
+    err = r.json()["error"]
+    assert err["code"] == "techniques_conflict" and err["message"] == conflict("cache", "controlnet", "host").message
+
+
+@pytest.mark.parametrize("lora, schedule, cache, inpaint, pair", [
+    (True, False, None, False, ("lora", "controlnet")),
+    (False, True, None, False, ("controlnet", "precision_schedule")),
+    (False, False, "first_block:0.1", True, ("cache", "controlnet")),
+    (False, False, "first_block:0", False, None),  # a cache that changes nothing is not on
+    (True, False, None, True, None),
+])
+def test_refuse_conflicts_reads_the_table(lora, schedule, cache, inpaint, pair):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from onnxdiffusion.serve.edits import refuse_conflicts
+    from onnxdiffusion.serve.schemas import RequestError
+    from onnxdiffusion.techniques.registry import conflict
+
+    pipe = SimpleNamespace(resolve=lambda o: replace(o, cache=cache), precision_schedule=object() if schedule else None,
+                           backbone_extra_channels=lambda: 0)
+    entry = SimpleNamespace(id="m", pipeline=pipe)
+    req = SimpleNamespace(steps=4, sampler="euler", guidance=5.0, lora=object() if lora else None)
+    if pair is None:
+        refuse_conflicts(entry, req, controlnet=not lora, inpaint=inpaint)
+        return
+    with pytest.raises(RequestError) as e:
+        refuse_conflicts(entry, req, controlnet=True, inpaint=inpaint)
+    assert str(e.value) == conflict(*pair, "host").message.format(cache="first_block:0.1")

@@ -153,6 +153,7 @@ def build_edit(fields: dict[str, str], files: dict[str, bytes], config, manager)
         why = f"the bucket {'of the requested size' if size_given else 'nearest it'} for model {req.model}"
         notices.append(f"the image is {upload} (width x height), resized to {req.width}x{req.height}, {why}")
     control = _control(fields, files, manager.models[req.model], target)
+    refuse_conflicts(manager.models[req.model], req, control is not None, inpaint=mask is not None)
     edit = EditInput(image=np.asarray(_resized(image.convert("RGB"), target)),
                      mask=None if mask is None else np.asarray(_resized(mask, target)), strength=strength,
                      image_size=upload, mask_from=mask_from, control=control)
@@ -349,6 +350,22 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     if start_row(table, pipe.family.start_step(req.steps, strength)) >= table.num_steps:
         raise RequestError(f"strength {strength} with {req.steps} steps leaves no step to run; raise the strength "
                            "or the steps", "strength")
+
+
+def refuse_conflicts(entry, req, controlnet: bool, inpaint: bool = False) -> None:
+    """The techniques registry's refusals (its CONFLICTS table) for this job, as `generate` checks them before any
+    model runs and in its words: a 400 now instead of a failed job. The model's own techniques count too (its
+    precision schedule, a tuned folder's recommended cache), resolved as the pipeline resolves them."""
+    from ..runtime.pipeline import GenerateOptions
+    from ..techniques.active import check, parse_specs
+
+    pipe = entry.pipeline
+    try:
+        options = pipe.resolve(GenerateOptions(steps=req.steps, sampler=req.sampler, guidance=req.guidance))
+        check(parse_specs(options), options.loop, lora=req.lora is not None, controlnet=controlnet,
+              schedule=pipe.precision_schedule is not None, inpaint=inpaint and not pipe.backbone_extra_channels())
+    except UserError as e:
+        raise RequestError(str(e), "controlnet" if controlnet else "lora", code="techniques_conflict") from None
 
 
 def refuse_text_only(entry) -> None:

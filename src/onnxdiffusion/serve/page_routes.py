@@ -111,7 +111,7 @@ def _build(fields: dict, files: dict, config, manager):
 
 
 def _control_only(fields: dict, files: dict, config, manager):
-    from .edits import _control, form_body
+    from .edits import _control, form_body, refuse_conflicts
     from .schemas import build_request
 
     if "strength" in fields:
@@ -122,6 +122,7 @@ def _control_only(fields: dict, files: dict, config, manager):
         raise RequestError(f"model {entry.id} is an inpainting model: it needs a picture and a mask", "image",
                            code="missing_field")
     control = _control(fields, files, entry, (req.width, req.height))
+    refuse_conflicts(entry, req, controlnet=True)
     return replace(req, edit=ControlInput(control))
 
 
