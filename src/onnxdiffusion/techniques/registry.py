@@ -2,7 +2,7 @@
 
 ``generate`` (runtime/run_loop.py, and the CLI before it loads a model), ``compile-loop`` (loopgraph/compile.py) and the
 docs (docs/techniques.md, checked against this table by tests/techniques/test_techniques.py) all read ``CONFLICTS``;
-``serve`` runs generate's validation.
+``serve`` runs generate's check before it queues a job (serve/edits.refuse_conflicts).
 
 Names: ``lora`` (run-time LoRA), ``controlnet``, ``cache`` (step caching), ``correction`` (output correction),
 ``precision_schedule``, ``stop`` (adaptive stopping), ``inpaint`` (inpainting's blend after each step with a
