@@ -198,7 +198,9 @@ def test_a_tuned_folders_cache_with_a_controlnet_is_the_tables_400(client, monke
 
     pipe = client.app.state.service.manager.models["sd"].pipeline
     monkeypatch.setattr(pipe, "recommended", replace(pipe.recommended, cache="first_block:0.1"))
-    files = {"control": png(picture())} if "control only" in route else {"image": png(picture()), "control": png(picture())}
+    files = {"control": png(picture())}
+    if "control only" not in route:
+        files["image"] = png(picture())
     r = client.post(route.split(" ")[0], files={k: (f"{k}.png", v, "image/png") for k, v in files.items()},
                     data={"prompt": PROMPT, "controlnet": "position", "model": "sd"})
     assert_clean_error(r, 400, "controlnet")

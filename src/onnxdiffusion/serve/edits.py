@@ -363,7 +363,8 @@ def refuse_conflicts(entry, req, controlnet: bool, inpaint: bool = False) -> Non
     try:
         options = pipe.resolve(GenerateOptions(steps=req.steps, sampler=req.sampler, guidance=req.guidance))
         check(parse_specs(options), options.loop, lora=req.lora is not None, controlnet=controlnet,
-              schedule=pipe.precision_schedule is not None, inpaint=inpaint and not pipe.backbone_extra_channels())
+              schedule=pipe.precision_schedule is not None,
+              inpaint=inpaint and not pipe.backbone_extra_channels())
     except UserError as e:
         raise RequestError(str(e), "controlnet" if controlnet else "lora", code="techniques_conflict") from None
 
