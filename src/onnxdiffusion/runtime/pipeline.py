@@ -19,7 +19,6 @@ from ..folder.artifacts import component_path, read_manifest, verify_folder
 from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
-from ..families.latents import channel_axis
 from ..folder.manifest import Manifest, confined
 from . import guards
 from ..folder.paths import default_model_folder
@@ -31,19 +30,20 @@ from .generation import (  # noqa: F401  (re-exported: the public names live her
     GenerateOptions, GenerationResult, StepEvent, resolve_options)
 from .backbone import Conditioning, DeviceBackbone, DevicePool, FedBackbone, GuidedBackbone
 from .memory import LazySession, memory_options
+from .pictures import PictureStages  # decode, encode_image, encode_pixels, backbone_extra_channels
 from .sampling_graph import SamplingGraph, open_sampling_graph
 from .static_shapes import session_factory
 from .loading import (backbone_remedies, backbone_session as _backbone_session, disabled as _disabled, load_scheduler,
                       lora_backbone)
 from .session import check_external_data, make_session
 from .tokenizer import PromptTokenizer
-from .vae_tiling import check_tiling, tiled_decode
+from .vae_tiling import check_tiling
 
 
 LOOP_FORMS = ("host", "loop", "unrolled")
 
 
-class Pipeline:
+class Pipeline(PictureStages):
     def __init__(self, folder: Path, manifest: Manifest, provider: str, threads: int | None, profile=None, memory=None):
         from .profiled import backbone_entry, foreign_ops_note, session_providers
 
@@ -111,9 +111,7 @@ class Pipeline:
         self._threads = threads
         self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
-        self._vae_encoder = None  # made on first use (img2img, inpainting)
-        self._tiny = None  # the tiny decoder, made on first use (decoder="tiny")
-        self._backbone_io_shapes = {i.name: i.shape for i in backbone_io.get_inputs()}
+        self._init_pictures(backbone_io)
         self.device_pool = DevicePool()  # io_binding device: bound buffers reused across generations
         self.technique_state = TechniqueState()  # per-step techniques' own caches (a cut backbone, loaded nets)
         self.correction, self.precision_schedule, self.backbone_high = backbone_remedies(
@@ -278,28 +276,6 @@ class Pipeline:
                                   device=device, pool=self.device_pool)
         return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra)
 
-    def decode(self, latents: np.ndarray, height: int | None = None, width: int | None = None,
-               decoder: str = "full") -> np.ndarray:
-        """Final latents -> (batch, H, W, 3) uint8; height/width (the image's) matter to packed latents."""
-        h, w = height or self.info.default_height, width or self.info.default_width
-        if decoder == "full":
-            feed = self.family.decoder_feed(self.info, latents, h, w)
-            run = lambda x: self.vae_decoder.run(["sample"], {"latent_sample": x})[0]  # noqa: E731
-        else:  # runtime/tiny_decoder.py
-            from .tiny_decoder import TinyDecoder
-
-            guards.check_decoder(self.folder, self.manifest, decoder)
-            self._tiny = self._tiny or TinyDecoder(self)  # made once, on first use
-            feed, run = self._tiny.prepare(latents, h, w)
-        if self.memory.vae_tile:  # memory vae_tile=N: overlapping tiles of N pixels (runtime/vae_tiling.py)
-            decoded = tiled_decode(run, feed, self.memory.vae_tile, self.memory.vae_tile_overlap, self.info.vae_scale_factor)
-        else:
-            decoded = run(feed)
-        image = self.family.decoded_images(decoded)
-        guards.check_finite(image, "VAE decoding (the decoder produced NaN/inf pixels)")
-        image = np.clip(image / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
-        return (image * 255).round().astype(np.uint8)
-
     def table(self, options: GenerateOptions, mu: float | None = None,
               image_seq_len: int | None = None) -> SamplerTable:
         """The sampler table from the folder's scheduler config (its own sampler unless options name one).
@@ -406,36 +382,6 @@ class Pipeline:
         start = prepared[3] if len(prepared) > 3 else None
         return guards.model_errors(self.folder, run(self, options, *prepared[:3], prompts, negatives, start, adapter,
                                                     controls, specs, references))
-
-    # -- image input ----------------------------------------------------------------------------
-    def encode_image(self, rgb, height: int | None = None, width: int | None = None) -> np.ndarray:
-        """An RGB picture ((H, W, 3) uint8 or PIL) -> scaled latents (1, C, h, w): the VAE encoder's
-        posterior mean, scaled (and shifted) as the family's pipeline does; resized to height x width
-        (default: the picture's own size, rounded down to the model's size multiple) with a notice."""
-        from .image_input import sized_pixels
-
-        return self.encode_pixels(sized_pixels(rgb, int(self.info.size_multiple), height, width))
-
-    def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
-        """(B, 3, H, W) float32 in [-1, 1] -> scaled latents (B, C, h, w) (posterior mean)."""
-        if "vae_encoder" not in self.manifest.components:
-            raise UserError(f"{self.folder} has no vae_encoder: export it (without `--skip vae_encoder`) to "
-                            "take a picture, or pass image latents")
-        if self._vae_encoder is None:
-            self._vae_encoder = self.component_session(
-                "vae_encoder", disabled_optimizers=_disabled(self.manifest.components["vae_encoder"]))
-        params = self._vae_encoder.run(None, {"sample": np.ascontiguousarray(pixels, np.float32)})[0]
-        mean = params[:, : params.shape[1] // 2]
-        return self.family.encoder_latents(self.info, mean)
-
-    def backbone_extra_channels(self) -> int:
-        """Sample channels beyond the latents' (an inpainting backbone's mask + masked-image latents: 5 on the
-        9-channel UNet, 320 on Flux Fill's tokens; 0 on a regular backbone)."""
-        sample, m = self._backbone_io_shapes.get("sample"), int(self.info.size_multiple)
-        latents = self.family.latent_shape(self.info, 1, m, m)  # the sampler state's layout
-        axis = channel_axis(len(latents))
-        ok = sample and len(sample) == len(latents) and isinstance(sample[axis], int)
-        return sample[axis] - latents[axis] if ok else 0
 
     def lora_feeds(self, loras, loop: str = "host"):
         """The adapter feeds of `loras` (adapters/feeds.py), files read once per pipeline (LRU)."""
