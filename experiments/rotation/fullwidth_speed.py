@@ -156,8 +156,10 @@ def main(argv=None) -> int:
     log(f"timing {len(files)} backbones, {args.runs} interleaved runs each")
     t = latency(files, feed, 1, args.runs, warmup=1)
     fp32_ms = t["fp32"]["median_ms"]
-    result["step_ms"] = {k: round(v["median_ms"], 1) for k, v in t.items()}
-    result["vs_fp32"] = {k: round(v["median_ms"] / fp32_ms, 3) for k, v in t.items()}
+    # merged, not replaced: a resumed run times only its --variants (and fp32); each run's set is recorded
+    result.setdefault("step_ms", {}).update({k: round(v["median_ms"], 1) for k, v in t.items()})
+    result.setdefault("vs_fp32", {}).update({k: round(v["median_ms"] / fp32_ms, 3) for k, v in t.items()})
+    result.setdefault("timed_together", []).append(sorted(t))
     for label in [v for v in ("w8a8-rot", "w4a8-rot") if v in files]:
         base = label[:-4]
         share = rotation_share(files[label], feed)
