@@ -147,7 +147,8 @@ def main(argv=None) -> int:
             quantize(folder, out, cfg, overwrite=True, measure_quality=False, log=log)
         report = json.loads((out / "quantize_report.json").read_text())
         files[label] = out / "transformer" / "model.onnx"
-        size = sum(f.stat().st_size for f in (out / "transformer").iterdir() if f.is_file())
+        # rotation_share's profiler output lands beside the model: not the backbone's bytes
+        size = sum(f.stat().st_size for f in (out / "transformer").iterdir() if f.is_file() and not f.name.startswith("profile"))
         result["variants"][label] = {"recipe": report["recipe"], "verdict": report["verdict"],
                                      "backbone_bytes": size, "size_ratio": report["sizes"].get("transformer", {}).get("ratio"),
                                      "quantize_latency": report["latency"].get("transformer"),
@@ -158,6 +159,9 @@ def main(argv=None) -> int:
     fp32_ms = t["fp32"]["median_ms"]
     result["step_ms"] = {k: round(v["median_ms"], 1) for k, v in t.items()}
     result["vs_fp32"] = {k: round(v["median_ms"] / fp32_ms, 3) for k, v in t.items()}
+    # a resumed run times only its --variants (and fp32): earlier runs' timings are kept beside, never mixed in
+    result.setdefault("timings", []).append({"step_ms": result["step_ms"], "vs_fp32": result["vs_fp32"], "runs": args.runs,
+                                             "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     for label in [v for v in ("w8a8-rot", "w4a8-rot") if v in files]:
         base = label[:-4]
         share = rotation_share(files[label], feed)

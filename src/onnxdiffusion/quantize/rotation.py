@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from . import files
 from .configs_base import ROTATION_GROUPS as GROUPS, parse_rotate  # noqa: F401 - parse_rotate re-exported
+from ..onnxio.graph_order import outer_reads, subgraphs
 from .graphs import initializer_map, remove_dead_nodes
 
 ROTATED_SUFFIX = "/hadamard"
@@ -146,41 +147,42 @@ def _foldable_producer(x, g, readers, producer, inits, graph_outputs, rotated) -
 
 def rotate_linears(model: onnx.ModelProto, names: Iterable[str], group: int) -> tuple[onnx.ModelProto, dict]:
     """A copy where every named constant-weight MatMul / Gemm whose input width has a rotation order
-    (group_for) reads its input rotated and holds R^T W. Returns (copy, counts for the report)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g_ = out.graph
-    inits = initializer_map(out)
-    sites = rotatable(out, names, group)
+    (group_for) reads its input rotated and holds R^T W. Returns (copy, counts for the report).
+
+    `model` is only read. The copy never holds the weights being replaced: they are rotated one at a
+    time from `model` (or its external data) into the copy, so a 2 GB backbone costs one more backbone
+    plus one weight, not three (issue 44: the full-width W8A8 ran out of memory)."""
+    src = model.graph
+    inits = initializer_map(model)
+    sites = rotatable(model, names, group)
     rotated = {m for _, ms in sites.values() for m in ms}
-    producer = {o: n for n in g_.node for o in n.output}
+    producer = {o: n for n in src.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g_.node:
+    for n in src.node:
         for x in n.input:
             readers.setdefault(x, []).append(n)
-    by_name = {n.name: n for n in g_.node}
-    graph_outputs = {o.name for o in g_.output}
-    weights: dict[str, np.ndarray] = {}  # node -> its new (K, N) weight
+    by_src = {n.name: n for n in src.node}
+    graph_outputs = {o.name for o in src.output}
+    plan: dict[str, list[tuple[str, int]]] = {}  # node -> the steps from its original (K, N) weight, in order
     transposed: dict[str, bool] = {}
     biases: dict[str, np.ndarray] = {}  # Add node -> its rotated constant
     new_nodes: dict[str, list[onnx.NodeProto]] = {}
+    repoint: list[tuple[str, str]] = []  # (linear, the rotated tensor it reads)
     counts = {"group": group, "tensors": len(sites), "linears": len(rotated), "folded_into_producer": 0,
               "rotation_matmuls": 0, "rotation_orders": {}}
     hnames: dict[int, str] = {}
     for x, (g, mms) in sites.items():
-        for m in mms:
-            w, trans = _weight_kn(out, inits, by_name[m])
-            weights[m], transposed[m] = rotate_weight(w, g), trans
+        for m in mms:  # R^T W of the original weight, even where an earlier step rotated it (as always)
+            plan[m], transposed[m] = [("rows", g)], _stored_transposed(by_src[m])
         chain = _foldable_producer(x, g, readers, producer, inits, graph_outputs, rotated)
         if chain is not None:  # x R computed by the producer itself: W0 R (and b R)
             p = chain[0]
-            w0 = weights[p.name] if p.name in weights else files.array(out, inits[p.input[1]])
-            weights[p.name] = rotate_columns(w0, g)
+            plan.setdefault(p.name, []).append(("cols", g))
             transposed.setdefault(p.name, False)
             if len(chain) == 2:
                 add = chain[1]
                 c = next(i for i in add.input if i in inits)
-                biases[add.name] = rotate_columns(files.array(out, inits[c])[None, :], g)[0]
+                biases[add.name] = rotate_columns(files.array(model, inits[c])[None, :], g)[0]
             counts["folded_into_producer"] += 1
             continue
         hname = hnames.setdefault(g, f"hadamard_{g}")
@@ -193,11 +195,15 @@ def rotate_linears(model: onnx.ModelProto, names: Iterable[str], group: int) -> 
             helper.make_node("MatMul", [flat, hname], [mixed], name=f"{first}{ROTATED_SUFFIX}"),
             helper.make_node("Reshape", [mixed, shape], [xr], name=f"{first}{ROTATED_SUFFIX}/back"),
         ]
-        for m in mms:
-            by_name[m].input[0] = xr
+        repoint.extend((m, xr) for m in mms)
         counts["rotation_matmuls"] += 1
         counts["rotation_orders"][str(g)] = counts["rotation_orders"].get(str(g), 0) + 1
-    _store_weights(out, by_name, weights, transposed, biases)
+    out = _copy_without(model, _replaced_weights(model, by_src, plan))
+    g_ = out.graph
+    by_name = {n.name: n for n in g_.node}
+    for m, xr in repoint:
+        by_name[m].input[0] = xr
+    _store_weights(out, model, inits, by_name, plan, transposed, biases)
     consts = []
     for conv, const, rot in _rotate_patchify(out, names, group):
         consts.append(const)
@@ -218,6 +224,45 @@ def rotate_linears(model: onnx.ModelProto, names: Iterable[str], group: int) -> 
     g_.node.extend(nodes)
     remove_dead_nodes(out)
     return out, counts
+
+
+def _stored_transposed(n: onnx.NodeProto) -> bool:
+    return n.op_type == "Gemm" and bool(_attrs(n).get("transB", 0))
+
+
+def _replaced_weights(model: onnx.ModelProto, by_src: dict, plan: dict) -> set[str]:
+    """The weights of `plan` that nothing else reads (not another node, input, graph output or subgraph):
+    dead once rotated, so the copy need not hold them."""
+    g = model.graph
+    candidates = {by_src[m].input[1] for m in plan}
+    ours = {(m, 1) for m in plan}
+    keep = {o.name for o in g.output}
+    for n in g.node:
+        keep.update(x for i, x in enumerate(n.input) if x in candidates and (n.name, i) not in ours)
+        for sub in subgraphs(n):
+            keep.update(outer_reads(sub))
+    return candidates - keep
+
+
+def _copy_without(model: onnx.ModelProto, skip: set[str]) -> onnx.ModelProto:
+    """A copy of `model` less the initializers named in `skip` (never copied: that is the memory saved)."""
+    out = onnx.ModelProto()
+    _copy_fields(model, out, ("graph",))
+    _copy_fields(model.graph, out.graph, ("initializer",))
+    out.graph.initializer.extend(t for t in model.graph.initializer if t.name not in skip)
+    return out
+
+
+def _copy_fields(src, dst, but: tuple[str, ...]) -> None:
+    for fd, value in src.ListFields():
+        if fd.name in but:
+            continue
+        if hasattr(value, "extend"):  # a repeated field (the descriptor's `label` is gone in newer protobuf)
+            getattr(dst, fd.name).extend(value)
+        elif hasattr(value, "CopyFrom"):
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
 
 
 def _rotate_patchify(model: onnx.ModelProto, names: Iterable[str], group: int) -> list[tuple[onnx.NodeProto, ...]]:
@@ -257,18 +302,23 @@ def _rotate_patchify(model: onnx.ModelProto, names: Iterable[str], group: int) -
     return out
 
 
-def _store_weights(model, by_name, weights, transposed, biases) -> None:
-    g = model.graph
-    for name, w in weights.items():
+def _store_weights(out, model, inits, by_name, plan, transposed, biases) -> None:
+    """Each planned weight, one at a time: the original from `model` through its steps into `out`."""
+    g = out.graph
+    for name, steps in plan.items():
         node = by_name[name]
-        stored = w.T if transposed.get(name) else w
-        t = numpy_helper.from_array(np.ascontiguousarray(stored, np.float32), f"{name}/rotated_weight")
-        g.initializer.append(t)
-        node.input[1] = t.name
-    inits = initializer_map(model)
+        w = files.array(model, inits[node.input[1]])
+        w = w.T if transposed[name] else w
+        for kind, order in steps:
+            w = rotate_weight(w, order) if kind == "rows" else rotate_columns(w, order)
+        stored = w.T if transposed[name] else w
+        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(stored, np.float32), f"{name}/rotated_weight"))
+        node.input[1] = g.initializer[-1].name
+        del w, stored
+    out_inits = initializer_map(out)
     for name, b in biases.items():
         node = by_name[name]
-        i = next(k for k, x in enumerate(node.input) if x in inits)
+        i = next(k for k, x in enumerate(node.input) if x in out_inits)
         t = numpy_helper.from_array(np.ascontiguousarray(b, np.float32), f"{name}/rotated_bias")
         g.initializer.append(t)
         node.input[i] = t.name
