@@ -36,8 +36,8 @@ from ..families.sd import StableDiffusion
 from ..folder.manifest import Manifest
 from ..folder.paths import embedded_diffusers_folder, models_root, shown_path
 
-KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "fp8",
-                 "nvfp4")
+KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "w4a8",
+                 "weights-only", "fp8", "nvfp4")
 SUFFIXES = {"": "host", "-loop": "loop", "-unrolled": "unrolled", "-dpmpp": "dpmpp"}
 PEERS = {
     "optimum-ort": ("optimum", "fp32"),
