@@ -227,6 +227,10 @@ class Family(PictureInput):
             return int(lengths[component])
         return int(info.context_length or info.model_max_length)
 
+    def timing_feed(self, component: str, info: dict, batch: int, rng) -> dict[str, np.ndarray] | None:
+        """A component's inputs for quantize's latency runs where its manifest shapes are not enough; None: those."""
+        return None
+
     def image_seq_len(self, info: dict, height: int, width: int) -> int | None:
         """Image tokens the backbone sees (flow schedules' dynamic shift reads it); None: no tokens."""
         return None

@@ -207,6 +207,20 @@ class QwenImageEdit(QwenImage):
             out.append(vision.pixel_patches(pic, cfg))
         return out
 
+    def timing_feed(self, component: str, info: dict, batch: int, rng) -> dict[str, np.ndarray] | None:
+        """The VL text encoder's vision inputs must agree with each other and with the picture tokens in the ids
+        (the manifest's 1-sized dims do not): each row one random picture of the smallest grid and a short prompt."""
+        if component != "text_encoder":
+            return None
+        cfg = vision.VisionConfig.from_dict(info.setting("vision"))
+        grid = (1, 2 * cfg.merge, 2 * cfg.merge)
+        rows = [(rng.standard_normal((4 * cfg.merge ** 2, cfg.patch_width), dtype=np.float32), grid)] * batch
+        image, start = int(info.setting("image_token_id")), int(info.setting("vision_start_token_id"))
+        ids = np.array([[1, 2, start, *[image] * 4, 3, 4, 5, 6, 7, 8]] * batch, np.int64)
+        mask = np.ones_like(ids)
+        return {"input_ids": ids, "attention_mask": mask, **vision.vision_feeds(rows, cfg),
+                "position_ids": vision.rope_positions(ids, mask, [grid] * batch, image, start, cfg.merge)}
+
     # -- run time: the text encoder reads the pictures too --------------------------------------------
     def make_tokenizer(self, slot, folder, info: dict):
         from ..folder.manifest import confined

@@ -32,6 +32,9 @@ def component_feed(name: str, manifest: Manifest, batch: int = 1, seed: int = 0)
             "height_latent": info.default_height // f, "width_latent": info.default_width // f,
             "height": info.default_height, "width": info.default_width,
             "sequence_length": family.sequence_length(name, info)}
+    special = family.timing_feed(name, info, dims["batch_size"], rng)
+    if special is not None:
+        return special
     feed = {}
     for t in manifest.components[name].inputs:
         shape = tuple(dims.get(d, 1) if isinstance(d, str) else d for d in t.shape)
