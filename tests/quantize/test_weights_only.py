@@ -34,6 +34,25 @@ def test_text_encoder_alone_to_nbits(fixture, bits, floor, request, tmp_path):
     assert psnr(ours.images, fp32.images) >= floor
 
 
+@pytest.mark.parametrize("bits,floor", [(8, 50.0), (4, 35.0)])
+def test_vl_text_encoder_of_an_edit_model(tiny_qwenedit_onnx, bits, floor, tmp_path):
+    """Qwen-Image-Edit's text encoder holds the vision tower: quantize's latency run needs a feed whose picture
+    patches and picture tokens agree (Family.timing_feed); the edit stays close to fp32's."""
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path / "q"
+    recipe = recipe_class("weights-only").with_options({"bits": str(bits), "block_size": "16"})
+    report = quantize(tiny_qwenedit_onnx, out, QuantizeConfig(recipe=recipe, latency_runs=1, measure_memory=False))
+    assert report["sizes"]["text_encoder"]["ratio"] > 1.0 and report["latency"]["text_encoder"]["median_ms"] > 0
+    assert any(n.op_type == "MatMulNBits" for n in onnx.load(str(out / "text_encoder" / "model.onnx")).graph.node)
+    picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 80, 3), dtype=np.uint8))
+    kw = dict(image=picture, negative_prompt="blurry", steps=3, guidance=4.0, seed=4, height=64, width=96)
+    fp32 = Pipeline.from_folder(tiny_qwenedit_onnx)("make the circle blue", **kw)
+    ours = Pipeline.from_folder(out)("make the circle blue", **kw)
+    assert psnr(ours.images, fp32.images) >= floor
+
+
 @pytest.mark.parametrize("options, fragment", [({"bits": "3"}, "bits must be 4 or 8"),
                                                ({"components": "vae_decoder"}, "weights-only component"),
                                                ({"block_size": "24"}, "block_size")])
