@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Qwen-Image-Edit's VL text encoder at 8- and 4-bit weight-only (issue 42, acceptance 3): te_weight_only.py's
 measurement on an edit. `quantize --recipe weights-only` on the text encoder alone converts every MatMul with a
-constant weight, the vision tower's (patch MLPs, attention, the merger) as well as the decoder layers'; the
-transformer, the VAE encoder and decoder stay fp32. Each pair is a prompt, a seed and a reference picture of its
+constant weight (the decoder layers'); the vision tower runs its linears as Gemms over patch rows, kept float
+unless `-O gemms=quantize` (then they are rewritten as MatMuls and converted as well; the patch embedding is a
+convolution and stays float); the transformer, the VAE encoder and decoder stay fp32. Each pair is a prompt, a seed and a reference picture of its
 own (random pixels, 48 x 80); the edit is drawn at 64 x 96 with true CFG against a negative prompt, and compared
 with the fp32 folder's on the same inputs.
 
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from te_weight_only import PROMPTS, ROOT, STEPS, _weight_only, table  # noqa: E402
+from te_weight_only import BLOCK, PROMPTS, ROOT, STEPS, table  # noqa: E402
 
 H, W, GUIDANCE, NEGATIVE = 64, 96, 4.0, "blurry"
 
@@ -42,6 +43,19 @@ def _export(work: Path) -> Path:
     return out
 
 
+def _weight_only(folder: Path, out: Path, bits: int, gemms: str) -> int:
+    """`quantize --recipe weights-only -O bits=BITS,block_size=16,gemms=GEMMS`; returns the text encoder's bytes."""
+    import shutil
+
+    from onnxdiffusion.quantize import QuantizeConfig, quantize
+    from onnxdiffusion.quantize.configs import recipe_class
+
+    shutil.rmtree(out, ignore_errors=True)
+    recipe = recipe_class("weights-only").with_options({"bits": str(bits), "block_size": str(BLOCK), "gemms": gemms})
+    quantize(folder, out, QuantizeConfig(recipe=recipe, latency_runs=2, measure_memory=False))
+    return (out / "text_encoder" / "model.onnx").stat().st_size
+
+
 def _picture(seed: int):
     import numpy as np
     from PIL import Image
@@ -58,10 +72,11 @@ def measure(work: Path, pairs: int) -> dict:
     fp32 = _export(work)
     sizes = {"fp32": (fp32 / "text_encoder" / "model.onnx").stat().st_size}
     folders = {"fp32": fp32}
-    for bits in (8, 4):
-        name = f"int{bits}-weights"
-        folders[name] = work / name
-        sizes[name] = _weight_only(fp32, folders[name], bits)
+    for gemms in ("keep", "quantize"):
+        for bits in (8, 4):
+            name = f"int{bits}-weights" + ("" if gemms == "keep" else " gemms=quantize")
+            folders[name] = work / name.replace(" ", "-")
+            sizes[name] = _weight_only(fp32, folders[name], bits, gemms)
     pipes = {k: Pipeline.from_folder(f, verify=False) for k, f in folders.items()}
     images = {k: [] for k in pipes}
     for i, prompt in enumerate(PROMPTS[:pairs]):
@@ -82,7 +97,7 @@ def main() -> None:
     import onnxruntime
 
     result = {"families": measure(args.work, args.pairs), "pairs": args.pairs, "steps": STEPS, "size": [H, W],
-              "picture": [48, 80], "guidance": GUIDANCE, "block_size": 16, "onnxruntime": onnxruntime.__version__,
+              "picture": [48, 80], "guidance": GUIDANCE, "block_size": BLOCK, "onnxruntime": onnxruntime.__version__,
               "machine": platform.machine()}
     here = Path(__file__).parent
     (here / "te_weight_only_edit.json").write_text(json.dumps(result, indent=1) + "\n")

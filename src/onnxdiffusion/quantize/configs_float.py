@@ -129,7 +129,9 @@ class WeightsOnlyRecipe(Recipe):
     are MatMuls with constant weights. Every such MatMul whose weight holds at least a block is converted (min/max
     rounding, symmetric blocks of `block_size` along the input axis, ONNX Runtime's default weight-only
     quantizer, as int4-weights' `algorithm=default`); embeddings, convolutions and Gemms stay float. No calibration.
-    `accuracy_level` 4 computes in int8 (W4A8/W8A8); 0 in float."""
+    `accuracy_level` 4 computes in int8 (W4A8/W8A8); 0 in float. `gemms` quantize: constant-weight Gemms are
+    rewritten as MatMul (+ Add) and converted too (a VL text encoder's vision tower runs its linears as Gemms over
+    patch rows); keep (the default, left out of the recipe's dict): they stay float Gemms."""
 
     name: ClassVar[str] = "weights-only"
     quantizes: ClassVar[bool] = True
@@ -139,10 +141,13 @@ class WeightsOnlyRecipe(Recipe):
     bits: int = 8
     block_size: int = 32
     accuracy_level: int = 0
+    gemms: str = "keep"
+    omitted_at: ClassVar[dict] = {"gemms": "keep"}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", normalize_components(self.components))
         _check(len(self.components) > 0, "weights-only needs at least one component")
+        _choice("gemms", self.gemms, ("keep", "quantize"))
         for c in self.components:
             _choice("weights-only component", c, WEIGHTS_ONLY_COMPONENTS)
         _check(len(set(self.components)) == len(self.components), "weights-only components listed twice")

@@ -305,6 +305,10 @@ def build_weights_only(ctx: Context, recipe: WeightsOnlyRecipe) -> Built:
     out, quantized, kept = {}, [], []
     for name in recipe.targets:
         src = ctx.unet if name == BACKBONE else ctx.components[name]
+        if recipe.gemms == "quantize":  # no shape inference after: its value_info would outweigh the saving
+            from .opgroups import gemms_as_matmuls
+
+            src = gemms_as_matmuls(src, [q.name for q in quantizable_nodes(src, ("Gemm",))])[0]
         nodes = quantizable_nodes(src, ("MatMul",))
         chosen = [q.name for q in nodes if q.weight_size >= recipe.block_size]
         if not chosen:
