@@ -118,17 +118,6 @@ def replay(out: Path, previous: dict, t0: float, log) -> dict:
 
 def _measured(search, folders) -> list[dict]:
     """Every candidate scored (for the Pareto plot and the table): both decoders of each generation."""
-    rows = []
-    for (kind, _), rec in search.store.records.items():
-        if kind != "quality" or "candidate" not in rec:
-            continue
-        base = Candidate.from_dict(rec["candidate"])
-        if base.recipe not in folders:
-            continue
-        for dec in ("full", "tiny"):
-            s = rec.get(dec)
-            if s is not None:
-                c = base.with_(decoder=dec)
-                rows.append({**c.to_dict(), "key": c.key, "score": s, "passes": search.bound.passes(s),
-                             "estimate_s": rec["per_image_s"]["loop"] + rec["per_image_s"][dec]})
-    return rows
+    return [{**c.to_dict(), "key": c.key, "score": s, "passes": search.bound.passes(s),
+             "estimate_s": rec["per_image_s"]["loop"] + rec["per_image_s"][c.decoder]}
+            for c, s, rec in search.scored(folders)]

@@ -175,9 +175,9 @@ class Search:
         return points, cached
 
     # -- what passed ----------------------------------------------------------------------------------------
-    def passing(self, recipes) -> list[tuple[Candidate, dict, dict]]:
-        """(candidate, its score, its quality record) for every measured candidate of `recipes`' folders within
-        the bound (this run's measurements and the store's)."""
+    def scored(self, recipes) -> list[tuple[Candidate, dict, dict]]:
+        """(candidate, its score, its quality record) for every measured candidate of `recipes`' folders, both
+        decoders of each generation (this run's measurements and the store's)."""
         out = []
         for (kind, _), rec in self.store.records.items():
             if kind != "quality" or "candidate" not in rec:
@@ -187,9 +187,13 @@ class Search:
                 continue
             for dec in ("full", "tiny"):
                 s = rec.get(dec)
-                if s is not None and self.bound.passes(s):
+                if s is not None:
                     out.append((base.with_(decoder=dec), s, rec))
         return out
+
+    def passing(self, recipes) -> list[tuple[Candidate, dict, dict]]:
+        """`scored`, within the bound."""
+        return [row for row in self.scored(recipes) if self.bound.passes(row[1])]
 
 
 def estimate(cand: Candidate, rec: dict) -> float:
