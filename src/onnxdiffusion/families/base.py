@@ -309,7 +309,8 @@ class Family(PictureInput):
 
     def control_residuals(self, record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
         """The backbone's residual inputs for a ControlNet record, in the net's output order: (name, dims),
-        symbolic dims, or concrete ones for a (batch, latent height, latent width)."""
+        symbolic dims, or concrete ones for a (batch, latent height, latent width[, text tokens]) (the text
+        tokens: the encoded prompt's length, for residuals over the whole sequence)."""
         return self._control("backbone takes no ControlNet residuals").residuals(record, latent)
 
     def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:

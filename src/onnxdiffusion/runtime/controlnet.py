@@ -20,7 +20,7 @@ import numpy as np
 
 from ..folder.artifacts import read_json_object
 from ..errors import UserError
-from ..families.base import SAMPLE, TIMESTEP
+from ..families.base import CONTEXT, SAMPLE, TIMESTEP
 from ..families.control import COND, SCALE
 from ..folder.manifest import confined
 from .control_graph import residual_names
@@ -273,9 +273,13 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     cfg = pipe.family.true_cfg(pipe.info) and pipe.family.cfg_scale(guidance) > 1.0
     n = shape[0] * (2 if cfg else 1)
     f = int(pipe.info.vae_scale_factor)  # latent size from the pixel size: packed-token latents too
-    concrete = residuals_of(pipe.family, rec, (n, h // f, w // f))
-    names = [name for name, _ in concrete]
-    zeros = {name: np.zeros(dims, np.float32) for name, dims in concrete}
+    names = [name for name, _ in residuals_of(pipe.family, rec)]
+
+    def zeros(conditioning: dict) -> dict:
+        # residuals over the text tokens too (Z-Image's hints) are as long as this run's encoded prompts
+        text = conditioning[CONTEXT].shape[1] if CONTEXT in conditioning else 0
+        return {name: np.zeros(dims, np.float32) for name, dims in residuals_of(pipe.family, rec, (n, h // f, w // f, text))}
+
     guided = pipe.guided_backbone(prompts, negatives, guidance, h, w, shape, residual_session(pipe, rec), extra=extra,
                                   inputs=zeros)
     nets = []
