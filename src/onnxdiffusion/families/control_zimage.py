@@ -32,6 +32,8 @@ def _ints(config: dict, key: str) -> list[int]:
     if value is None:
         return []
     try:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
         return [int(v) for v in value]
     except (TypeError, ValueError):
         raise UserError(f"the ControlNet's {key} must be a list of layer indices, got {value!r}") from None
