@@ -23,12 +23,15 @@ def add_controlnet_cmd(
 ) -> None:
     """Export a ControlNet into MODEL as controlnets/NAME, validated against PyTorch; a net of another family or size is refused."""
     from ..export.controlnet import add_controlnet
+    from ..families import get_family
 
     manifest = add_controlnet(model, controlnet, name, overwrite=overwrite, backbone=backbone)
     entry = manifest.controlnet(name)
     v = entry.validation
     err = f"max abs err {v['max_abs_error']:.2e}" if v else "not validated"
-    print(f"controlnets/{name}  {entry.bytes / 1e6:.1f} MB  {len(entry.setting('residuals'))} + 1 residuals  {err}")
+    # (a transformer net's record names no UNet residuals: count what the family says it gives)
+    outputs = len(get_family(manifest.family).control_residuals(dict(manifest.controlnets[name])))
+    print(f"controlnets/{name}  {entry.bytes / 1e6:.1f} MB  {outputs} residuals  {err}")
     print(f"wrote {model}")
 
 
