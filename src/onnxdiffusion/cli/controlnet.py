@@ -37,7 +37,7 @@ def add_controlnet_cmd(
 
 def control_pairs(images: list[Path] | None, nets: list[str] | None) -> list[tuple]:
     """--control / --controlnet pairs -> [(name, picture, scale, start, end)], pictures read now."""
-    from ..runtime.controlnet import parse_cli
+    from ..techniques.controlnet import parse_cli
     from ..runtime.image_input import read_picture
 
     images, nets = images or [], nets or []
