@@ -124,11 +124,12 @@ FAMILY_NETS = {  # family: (builder, {net name: its options}); two nets each, of
     "flux": (build_tiny_flux_controlnet, {"d": dict(seed=0), "s": dict(seed=1, layers=0, single_layers=2)}),
     # qwenimage "one": a single block (its sample joins after both of the transformer's blocks), "two": one per block
     "qwenimage": (build_tiny_qwen_controlnet, {"one": dict(seed=0, layers=1), "two": dict(seed=1, layers=2)}),
-    # zimage "all": hints after both main layers (a 1.0 net); "ref": one hint after layer 0, 8 control channels
-    # (a 2.0 net: the latents zero-padded) and a control noise refiner whose hint enters the net's noise refiner
+    # zimage "all": hints after both main layers (a 1.0 net); "ref": one hint after layer 0, 9 control channels
+    # (a 2.0 net: 2 x 4 latent channels + the mask, for the inpainting pipeline; zero-padded for the plain one) and a
+    # control noise refiner whose hint enters the net's noise refiner
     "zimage": (build_tiny_zimage_controlnet, {
         "all": dict(seed=0, places=(0, 1)),
-        "ref": dict(seed=1, places=(0,), control_in_dim=8, refiner="control_noise_refiner", refiner_places=(0,))}),
+        "ref": dict(seed=1, places=(0,), control_in_dim=9, refiner="control_noise_refiner", refiner_places=(0,))}),
 }
 
 

@@ -6,8 +6,9 @@ transformer graph (zimage_transformer._inputs: image tokens padded to 32 with x_
 own padding as cap_pad_token, the rest masked) and returns the net's hints, each (B, unified tokens, dim)
 and already times the conditioning scale, for the transformer cut to add after its control places:
 
-- the control latents (B, C, h, w) are zero-padded to control_in_dim channels (ZImageControlNetPipeline's
-  2.0 nets), cut into 2x2 tokens like the sample, embedded, and padded with x_pad_token;
+- the control context (B, control_in_dim, h, w), made on the host (families/control_zimage.py: the control
+  latents, for the inpainting pipeline the mask and kept latents, zeros up to control_in_dim), is cut into 2x2
+  tokens like the sample, embedded, and padded with x_pad_token;
 - with add_control_noise_refiner, the net's control refiner runs on the image tokens first and its hints
   go into the borrowed noise refiner's layers (the net's own copy of the image tokens, not the transformer's);
 - the control layers walk [control tokens, refined caption] beside [image tokens, refined caption].
@@ -22,7 +23,7 @@ from .zimage_transformer import (ZImageTransformer, _additive, _inputs, _RealRot
 
 
 class ZImageControlNet(torch.nn.Module):
-    """sample, timestep, encoder_hidden_states, its mask, controlnet_cond (B, C, h, w) and the scale (1,) ->
+    """sample, timestep, encoder_hidden_states, its mask, controlnet_cond (B, control_in_dim, h, w) and the scale (1,) ->
     one hint per control place."""
 
     def __init__(self, net, transformer):
@@ -43,9 +44,6 @@ class ZImageControlNet(torch.nn.Module):
 
 def _control_forward(m, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask, cond, scale):
     z = _inputs(m, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask)
-    extra = int(m.config.control_in_dim) - int(cond.shape[1])
-    if extra:
-        cond = torch.cat([cond, torch.zeros_like(cond[:, :1]).expand(-1, extra, -1, -1)], dim=1)
     ctl = m.control_all_x_embedder["2-1"](patch_tokens(cond))
     ctl = torch.cat([ctl, m.x_pad_token.to(ctl.dtype).expand(ctl.shape[0], z.total - z.n, -1)], dim=1)
     x, cap, adaln = z.x, z.cap, z.adaln

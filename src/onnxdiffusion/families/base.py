@@ -319,9 +319,14 @@ class Family(PictureInput):
         or, with every reader, right after its producer for all its readers. A residual may join twice."""
         return self._control("backbone takes no ControlNet residuals").joins(nodes, record)
 
-    def control_latents(self, info: dict, record: dict, latents):
+    def control_latents(self, info: dict, record: dict, latents, inpaint=None):
         """A latent-conditioned ControlNet (record condition "latents"): the folder's scaled VAE latents of
-        the control picture -> the net's controlnet_cond."""
+        the control picture -> the net's controlnet_cond. `inpaint`: (keep mask on the latent grid, the kept
+        picture's latents) for a net whose record says `inpaint` (Z-Image's inpainting ControlNet pipeline)."""
+        if inpaint is not None:
+            if not record.get("inpaint"):
+                raise UserError(f"this {record.get('class', 'ControlNet')} takes no inpainting context (image and mask)")
+            return self.controlnet.latents(info, record, latents, inpaint)
         return latents if self.controlnet is None else self.controlnet.latents(info, record, latents)
 
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)

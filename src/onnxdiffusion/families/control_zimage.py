@@ -14,9 +14,11 @@ one hint per entry of control_layers_places, over the whole unified sequence (ca
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import UserError
 from .base import ComponentSpec, TensorSpec
-from .control import ControlNetSupport, transformer_net_spec
+from .control import COND, ControlNetSupport, transformer_net_spec
 
 CLASS = "ZImageControlNetModel"
 SEQ_MULTIPLE = 32  # the transformer pads its image tokens to a multiple of this
@@ -72,6 +74,8 @@ def check_zimage_controlnet(config: dict, transformer: dict, family: str) -> dic
         raise UserError(f"{where}'s control_in_dim {cin!r} must be at least the transformer's {latent} latent channels")
     return {"family": family, "class": CLASS, "condition": "latents", "places": places, "width": int(config["dim"]),
             "latent_channels": latent, "control_in_dim": cin, "backbone_layers": layers,
+            # room for ZImageControlNetInpaintPipeline's context: control latents, the keep mask, the kept latents
+            "inpaint": cin >= 2 * latent + 1,
             # the net reads the transformer's embedders and refiners: export needs its diffusers weights
             "shares_backbone": True}
 
@@ -90,8 +94,11 @@ def zimage_residuals(record: dict, latent: tuple[int, ...] | None = None) -> lis
 
 
 def zimage_controlnet_spec(conditioning: tuple[TensorSpec, ...], record: dict) -> ComponentSpec:
+    """The transformer's inputs, the control context (B, control_in_dim, h, w) and the scale -> the hints."""
     sample = ("batch_size", int(record["latent_channels"]), "height_latent", "width_latent")
-    return transformer_net_spec(sample, conditioning, zimage_residuals(record))
+    spec = transformer_net_spec(sample, conditioning, zimage_residuals(record))
+    context = TensorSpec(COND, "float32", ("batch_size", int(record["control_in_dim"]), "height_latent", "width_latent"))
+    return replace(spec, inputs=tuple(context if t.name == COND else t for t in spec.inputs))
 
 
 def zimage_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
@@ -118,9 +125,16 @@ def zimage_joins(nodes, record: dict) -> list[tuple[str, str, int, bool]]:
     return joins
 
 
-def zimage_control_latents(info: dict, record: dict, latents):
-    """The scaled VAE latents as they are (B, C, h, w): the exported net zero-pads them to control_in_dim."""
-    return latents
+def zimage_control_latents(info: dict, record: dict, latents, inpaint=None):
+    """The control context (B, control_in_dim, h, w): the picture's scaled VAE latents, with `inpaint` (the keep
+    mask (B, 1, h, w), the kept picture's latents) after them as ZImageControlNetInpaintPipeline joins them, then
+    zeros up to control_in_dim (ZImageControlNetPipeline's padding for the 2.0 nets)."""
+    import numpy as np
+
+    parts = [latents, *(inpaint or ())]
+    have = sum(p.shape[1] for p in parts)
+    pad = np.zeros((latents.shape[0], int(record["control_in_dim"]) - have, *latents.shape[2:]), np.float32)
+    return np.concatenate([*parts, pad], axis=1)
 
 
 SUPPORT = ControlNetSupport(

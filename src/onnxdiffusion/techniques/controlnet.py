@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
-from ..families.base import SAMPLE, TIMESTEP
+from ..families.base import CONTEXT, SAMPLE, TIMESTEP
 from ..families.control import COND, SCALE
 from ..folder.artifacts import read_json_object
 from ..folder.manifest import confined
@@ -35,12 +35,15 @@ NAME = "controlnet"
 @dataclass(frozen=True)
 class ControlNetSpec:
     """One ControlNet of a generation: the folder's net `name`, its control image (an RGB picture, (H, W, 3)
-    uint8 or PIL, or a (B, 3, H, W) float array in [0, 1]), its scale and its active share of the steps."""
+    uint8 or PIL, or a (B, 3, H, W) float array in [0, 1]), its scale and its active share of the steps.
+    `inpaint`: (picture, mask; white = repaint) for a net that takes an inpainting context (Z-Image's 2.0
+    nets, as ZImageControlNetInpaintPipeline's image and mask_image): it conditions the net only."""
     name: str
     image: object
     scale: float = 1.0
     start: float = 0.0
     end: float = 1.0
+    inpaint: object = None
 
 
 def _number(v, what: str) -> float:
@@ -57,7 +60,10 @@ def check_spec(spec: ControlNetSpec) -> ControlNetSpec:
         raise UserError(f"ControlNet {spec.name!r}: start and end must satisfy 0 <= start < end <= 1, got {start}, {end}")
     if spec.image is None:
         raise UserError(f"ControlNet {spec.name!r} needs a control image")
-    return ControlNetSpec(spec.name, spec.image, scale, start, end)
+    if spec.inpaint is not None and (not isinstance(spec.inpaint, (tuple, list)) or len(spec.inpaint) != 2
+                                     or any(v is None for v in spec.inpaint)):
+        raise UserError(f"ControlNet {spec.name!r}: inpaint must be (picture, mask)")
+    return ControlNetSpec(spec.name, spec.image, scale, start, end, spec.inpaint)
 
 
 def parse_controls(controlnets) -> list[ControlNetSpec]:
@@ -187,9 +193,25 @@ def prepare(pipe, controlnets, options, loras=None) -> list[Prepared]:
         pixels = control_pixels(spec.image, options.batch, h, w)
         if rec.get("condition") == "latents":  # the net takes the picture's VAE latents (SD3's pipeline)
             latents = pipe.encode_pixels(pixels * np.float32(2.0) - np.float32(1.0))
-            pixels = np.ascontiguousarray(pipe.family.control_latents(pipe.info, rec, latents), np.float32)
+            extra = None if spec.inpaint is None else inpaint_context(pipe, spec.inpaint, options.batch, h, w)
+            pixels = np.ascontiguousarray(pipe.family.control_latents(pipe.info, rec, latents, extra), np.float32)
+        elif spec.inpaint is not None:
+            raise UserError(f"ControlNet {spec.name!r} takes no inpainting context (image and mask)")
         out.append(Prepared(spec, rec, pixels))
     return out
+
+
+def inpaint_context(pipe, inpaint, batch: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(picture, mask) -> (the keep mask on the latent grid (B, 1, h, w), the VAE latents of the picture with
+    the part to repaint set to 0 in [-1, 1]), as ZImageControlNetInpaintPipeline makes them (mask binarized at
+    0.5 after the resize, nearest on the latent grid)."""
+    from ..runtime.image_input import image_pixels, latent_grid, mask_pixels
+
+    picture, mask = inpaint
+    m = mask_pixels(mask, h, w)
+    kept = pipe.encode_pixels(np.ascontiguousarray(image_pixels(picture, h, w) * (m < 0.5), np.float32))
+    keep = latent_grid(np.float32(1.0) - m, int(pipe.info.vae_scale_factor))
+    return np.repeat(keep, batch, axis=0), np.repeat(kept, batch, axis=0)
 
 
 class ControlledBackbone:
@@ -278,9 +300,13 @@ def controlled_backbone(pipe, prepared: list[Prepared], prompts, negatives, guid
     cfg = pipe.family.true_cfg(pipe.info) and pipe.family.cfg_scale(guidance) > 1.0
     n = shape[0] * (2 if cfg else 1)
     f = int(pipe.info.vae_scale_factor)  # latent size from the pixel size: packed-token latents too
-    concrete = residuals_of(pipe.family, rec, (n, h // f, w // f))
-    names = [name for name, _ in concrete]
-    zeros = {name: np.zeros(dims, np.float32) for name, dims in concrete}
+    names = [name for name, _ in residuals_of(pipe.family, rec)]
+
+    def zeros(conditioning: dict) -> dict:
+        # residuals over the text tokens too (Z-Image's hints) are as long as this run's encoded prompts
+        text = conditioning[CONTEXT].shape[1] if CONTEXT in conditioning else 0
+        return {name: np.zeros(dims, np.float32) for name, dims in residuals_of(pipe.family, rec, (n, h // f, w // f, text))}
+
     guided = pipe.guided_backbone(prompts, negatives, guidance, h, w, shape, residual_session(pipe, rec), extra=extra,
                                   inputs=zeros)
     nets = []
@@ -305,7 +331,9 @@ def graph_feeds(pipe, compiled: list[str], prepared: list[Prepared], steps: int,
         p = by_name.get(name)
         if p is None:  # the control image of a net left out: zeros of its layout (latents: the sampler's)
             rec = (pipe.manifest.controlnets or {}).get(name) or {}
-            shape = pipe.family.latent_shape(pipe.info, batch, h, w) if rec.get("condition") == "latents" else (
+            f = int(pipe.info.vae_scale_factor)  # zeros of the layout a latent-conditioned net makes of VAE latents
+            vae = np.zeros((batch, int(pipe.info.latent_channels), h // f, w // f), np.float32)
+            shape = pipe.family.control_latents(pipe.info, rec, vae).shape if rec.get("condition") == "latents" else (
                 batch, 3, h, w)
         feeds[f"control_image_{k}"] = p.pixels if p else np.zeros(shape, np.float32)
         feeds[f"control_scale_{k}"] = np.array(p.spec.scale if p else 0.0, np.float32)
