@@ -68,3 +68,19 @@ def test_joins_take_the_last_edge_out_of_a_place_before_its_qdq():
                                         ("controlnet_block_sample_1", "/model/2-1/norm_final/LayerNormalization", 0, True)]
     with pytest.raises(UserError, match="no edge out of /model/layers.1/"):
         zimage_joins(nodes[:-1], rec)
+
+
+def test_control_context_joins_the_inpainting_parts_and_pads_to_control_in_dim():
+    import numpy as np
+
+    from onnxdiffusion.families.control_zimage import zimage_control_latents
+
+    plain, wide = check_zimage_controlnet(NET, TR, "zimage"), check_zimage_controlnet({**NET, "control_in_dim": 9}, TR,
+                                                                                       "zimage")
+    assert not plain["inpaint"] and wide["inpaint"]
+    lat, keep, kept = (np.full((2, c, 3, 5), v, np.float32) for c, v in ((4, 1.0), (1, 2.0), (4, 3.0)))
+    ctx = zimage_control_latents({}, wide, lat)
+    assert ctx.shape == (2, 9, 3, 5) and (ctx[:, :4] == 1).all() and (ctx[:, 4:] == 0).all()
+    ctx = zimage_control_latents({}, wide, lat, (keep, kept))
+    assert [float(ctx[0, c, 0, 0]) for c in (0, 4, 5, 8)] == [1.0, 2.0, 3.0, 3.0]
+    assert zimage_control_latents({}, plain, lat).shape == (2, 4, 3, 5)

@@ -2,7 +2,8 @@
 ZImageControlNetPipeline from the same latents, control picture, scale and guidance (a negative prompt, a
 non-square size that needs the transformer's image pad tokens), in the host loop and in the Loop and unrolled
 graphs; the folder's transformer is cut at load (after each control place the unified sequence takes the net's
-hint); scale 0 is no ControlNet; int8-static runs with one; bad requests are refused in one line, nothing written.
+hint); ZImageControlNetInpaintPipeline's context too; scale 0 is no ControlNet; int8-static runs with one; bad
+requests are refused in one line, nothing written.
 
 The net borrows the transformer's embedders and refiners (`from_transformer`), so `add_controlnet` reads the
 diffusers folder the model came from (`backbone=`). diffusers encodes the control picture with the VAE's mode,
@@ -28,7 +29,8 @@ H, W = 40, 56  # 10 x 14 latents: 35 patch tokens, padded to 64 by the transform
 @pytest.fixture(scope="module")
 def zimage_cn(tiny_zimage_diffusers, tmp_path_factory):
     """The tiny Z-Image folder with its VAE encoder and two nets: "all" hints after both main layers; "ref" one
-    after layer 0, 8 control channels (the latents zero-padded: a 2.0 net) and a control noise refiner."""
+    after layer 0, 9 control channels (a 2.0 net: the inpainting context, or the latents zero-padded) and a
+    control noise refiner."""
     from controlnet_helpers import family_controlnet_folder
 
     names = ("text_encoder", "transformer", "vae_decoder", "vae_encoder")
@@ -83,6 +85,46 @@ def test_zimage_controlnet_matches_diffusers_host_and_loop(zimage_cn, tiny_zimag
           + ", ".join(f"{k} {v:.1f} dB" for k, v in got.items()) + f"; vs no ControlNet {moved:.1f} dB")
     assert min(got.values()) >= 40.0
     assert moved < 35.0  # the perturbed projections matter: parity is not vacuous
+
+
+def _inpaint_diffusers(src, net_dir, control, picture, mask, latents, guidance, scale):
+    import diffusers
+    import torch
+    from PIL import Image
+
+    net = diffusers.ZImageControlNetModel.from_pretrained(net_dir, local_files_only=True)
+    pipe = diffusers.ZImageControlNetInpaintPipeline.from_pretrained(src, controlnet=net, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt=PROMPT, image=Image.fromarray(picture), mask_image=Image.fromarray(mask),
+               control_image=Image.fromarray(control), latents=torch.from_numpy(latents), num_inference_steps=4,
+               guidance_scale=guidance, height=H, width=W, controlnet_conditioning_scale=scale, output_type="np").images
+    return (out * 255).round().astype(np.uint8)
+
+
+def test_zimage_inpaint_context_matches_diffusers_host_and_loop(zimage_cn, tiny_zimage_diffusers, tmp_path_factory):
+    """ZImageControlNetInpaintPipeline: the net's context is the control latents, the keep mask and the latents of
+    the picture with the masked part blanked (`ControlNetSpec(inpaint=(picture, mask))`); the sampling is the
+    text-to-image one (no blend)."""
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec
+
+    pipe, nets = zimage_cn
+    control, picture, lat = _picture(3), _picture(8), _latents(3)
+    mask = np.zeros((H, W), np.uint8)
+    mask[8:30, 20:50] = 255
+    kw = dict(latents=lat, steps=4, guidance=3.0, height=H, width=W)
+    spec = ControlNetSpec("ref", control, 0.8, inpaint=(picture, mask))
+    ref = _inpaint_diffusers(tiny_zimage_diffusers, nets["ref"], control, picture, mask, lat, 3.0, 0.8)
+    ours = pipe(PROMPT, controlnets=[spec], **kw)
+    looped = _looped(tmp_path_factory, pipe.folder, "ref")
+    got = {"host": psnr(ours.images, ref), "loop": psnr(looped(PROMPT, controlnets=[spec], loop="loop", **kw).images, ref)}
+    moved = psnr(ours.images, pipe(PROMPT, controlnets=[("ref", control, 0.8)], **kw).images)
+    print(f"zimage inpaint controlnet vs diffusers: host {got['host']:.1f} dB, loop {got['loop']:.1f} dB; "
+          f"vs the plain context {moved:.1f} dB")
+    assert min(got.values()) >= 40.0 and moved < 35.0
+    with pytest.raises(UserError, match="this ZImageControlNetModel takes no inpainting context"):
+        pipe(PROMPT, controlnets=[ControlNetSpec("all", control, 0.8, inpaint=(picture, mask))], **kw)
+    with pytest.raises(UserError, match="inpaint must be \\(picture, mask\\)"):
+        pipe(PROMPT, controlnets=[ControlNetSpec("ref", control, 0.8, inpaint=picture)], **kw)
 
 
 def test_zimage_start_end_loop_matches_host(zimage_cn, tmp_path_factory):
