@@ -209,3 +209,20 @@ def test_zimage_controlnet_bad_requests_are_one_line(zimage_cn, tiny_zimage_diff
     with pytest.raises(UserError, match=r"control_layers_places \[0, 2\] must name distinct main layers"):
         add_controlnet(pipe.folder, wide, "x", out=tmp_path / "d", backbone=tiny_zimage_diffusers)
     assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+def test_export_takes_a_zimage_controlnet_and_reads_the_transformer_from_src(zimage_cn, tiny_zimage_diffusers, tmp_path):
+    """`export SRC OUT --controlnet NAME=DIR`: the net borrows SRC's transformer; the same graph as add-controlnet's."""
+    import onnx
+
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    pipe, nets = zimage_cn
+    out = tmp_path / "model"
+    manifest = export_pipeline(tiny_zimage_diffusers, out, ExportOptions(components=("transformer",),
+                                                                        controlnets=(f"ref={nets['ref']}",)),
+                               progress=False)
+    entry = manifest.controlnets["ref"]
+    assert entry["places"] == [0] and entry["validation"]["max_abs_error"] < 1e-3
+    ours, theirs = (onnx.load(str(f / "controlnets" / "ref" / "model.onnx")) for f in (out, pipe.folder))
+    assert [n.op_type for n in ours.graph.node] == [n.op_type for n in theirs.graph.node]
