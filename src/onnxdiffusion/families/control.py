@@ -31,7 +31,7 @@ class ControlNetSupport:
     spec: Callable[[tuple[TensorSpec, ...], dict], ComponentSpec]  # (backbone conditioning, record)
     residuals: Callable[..., list[tuple[str, tuple]]]  # (record, latent=None)
     joins: Callable[[Any, dict], list[tuple[str, str, int, bool]]]  # (backbone NodeProtos, record)
-    latents: Callable[[dict, dict, Any], Any]  # (info, record, scaled VAE latents) -> the net's controlnet_cond
+    latents: Callable[..., Any]  # (info, record, scaled VAE latents[, inpainting parts]) -> the net's controlnet_cond
 
 
 def down_name(k: int) -> str:
