@@ -58,7 +58,7 @@ def int8_folder(work: Path) -> Path:
 
 def run_set(pipe, scenes, latents, with_net: bool):
     from onnxdiffusion.evaluate import scenes as S
-    from onnxdiffusion.runtime.controlnet import ControlNetSpec
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec
 
     images, seconds = [], []
     for sc, lat in zip(scenes, latents):

@@ -111,7 +111,7 @@ def cases() -> list[tuple[str, str, dict]]:
 
 
 def materialize(opts: dict) -> dict:
-    from onnxdiffusion.runtime.controlnet import ControlNetSpec
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec
 
     out = dict(opts)
     if "image" in out:

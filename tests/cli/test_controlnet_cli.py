@@ -91,7 +91,7 @@ def test_bad_generate_inputs_are_one_line(folder, net, control_png, tmp_path, ar
 
 
 def test_bad_python_inputs(folder, net, control_png):
-    from onnxdiffusion.runtime.controlnet import ControlNetSpec
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec
 
     if "controlnets" not in json.loads((folder / "manifest.json").read_text()):
         assert run_cli_here("add-controlnet", folder, net, "--name", "edges").returncode == 0
@@ -157,7 +157,7 @@ def test_int8_static_unet_takes_controlnet(tiny_onnx, net, tmp_path):
 
 
 def test_spec_shorthands_and_keep_column():
-    from onnxdiffusion.runtime.controlnet import ControlNetSpec, keep_column, parse_cli, parse_controls
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec, keep_column, parse_cli, parse_controls
 
     img = np.zeros((8, 8, 3), np.uint8)
     assert parse_controls(("a", img)) == parse_controls([("a", img)]) == [ControlNetSpec("a", img)]

@@ -92,6 +92,29 @@ def build_tiny_qwen_controlnet(pipeline_dir: Path, out: Path, seed: int = 0, lay
     return out
 
 
+def build_tiny_zimage_controlnet(pipeline_dir: Path, out: Path, seed: int = 0, places=(0, 1), control_in_dim: int = 4,
+                                 refiner: str | None = None, refiner_places=None, std: float = 0.3) -> Path:
+    """A `ZImageControlNetModel` for a tiny Z-Image pipeline's transformer (its width, heads and refiner count),
+    the zero-initialised before_proj / after_proj projections given random non-zero weights."""
+    import torch
+    from diffusers import ZImageControlNetModel, ZImageTransformer2DModel
+
+    tr = ZImageTransformer2DModel.load_config(pipeline_dir / "transformer")
+    torch.manual_seed(seed)
+    net = ZImageControlNetModel(
+        control_layers_places=list(places), control_refiner_layers_places=None if refiner_places is None else list(
+            refiner_places), control_in_dim=control_in_dim, add_control_noise_refiner=refiner, dim=tr["dim"],
+        n_refiner_layers=tr["n_refiner_layers"], n_heads=tr["n_heads"], n_kv_heads=tr["n_kv_heads"],
+        norm_eps=tr["norm_eps"], qk_norm=tr["qk_norm"])
+    with torch.no_grad():
+        for name, lin in net.named_modules():
+            if name.endswith(("before_proj", "after_proj")):
+                lin.weight.normal_(0.0, std)
+                lin.bias.normal_(0.0, std * 0.1)
+    net.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 # -- the transformer families' ControlNet tests (test_controlnet_{sd3,flux,qwen}.py) share these ----------------
 
 FAMILY_NETS = {  # family: (builder, {net name: its options}); two nets each, of different shapes or settings
@@ -101,6 +124,12 @@ FAMILY_NETS = {  # family: (builder, {net name: its options}); two nets each, of
     "flux": (build_tiny_flux_controlnet, {"d": dict(seed=0), "s": dict(seed=1, layers=0, single_layers=2)}),
     # qwenimage "one": a single block (its sample joins after both of the transformer's blocks), "two": one per block
     "qwenimage": (build_tiny_qwen_controlnet, {"one": dict(seed=0, layers=1), "two": dict(seed=1, layers=2)}),
+    # zimage "all": hints after both main layers (a 1.0 net); "ref": one hint after layer 0, 9 control channels
+    # (a 2.0 net: 2 x 4 latent channels + the mask, for the inpainting pipeline; zero-padded for the plain one) and a
+    # control noise refiner whose hint enters the net's noise refiner
+    "zimage": (build_tiny_zimage_controlnet, {
+        "all": dict(seed=0, places=(0, 1)),
+        "ref": dict(seed=1, places=(0,), control_in_dim=9, refiner="control_noise_refiner", refiner_places=(0,))}),
 }
 
 
@@ -124,9 +153,9 @@ def family_controlnet_folder(tmp_path_factory, family: str, src: Path, base: Pat
             export_pipeline(src, out, ExportOptions(components=components, default_size=size), progress=False)
         for i, (name, path) in enumerate(nets.items()):
             if base is not None and i == 0:
-                add_controlnet(base, path, name, out=out)
-            else:
-                add_controlnet(out, path, name)
+                add_controlnet(base, path, name, out=out, backbone=src)
+            else:  # (the backbone's diffusers folder: only a net that borrows its layers reads it)
+                add_controlnet(out, path, name, backbone=src)
         return out
 
     out = shared_folder(tmp_path_factory, f"{family}_cn", build)

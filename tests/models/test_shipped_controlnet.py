@@ -76,7 +76,7 @@ def test_the_onnx_folder_carries_the_net_and_its_objects_follow_the_condition():
     from onnxdiffusion.evaluate.judge import Judge, score_scenes
     from onnxdiffusion.evaluate.run import item_latents
     from onnxdiffusion.runtime import Pipeline
-    from onnxdiffusion.runtime.controlnet import ControlNetSpec
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec
 
     pipe = Pipeline.from_folder(ROOT / "models" / "shapes-sd-onnx")
     assert set(pipe.manifest["controlnets"]) == {"position"}

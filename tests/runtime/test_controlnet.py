@@ -13,7 +13,7 @@ import pytest
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.runtime import Pipeline
-from onnxdiffusion.runtime.controlnet import ControlNetSpec
+from onnxdiffusion.techniques.controlnet import ControlNetSpec
 
 PROMPT = "a small red circle on the left"
 

@@ -188,7 +188,7 @@ def generate(
 
         options = replace(options, loop=load_profile(profile).loop if profile is not None else "host")
     if controls:
-        from ..runtime.controlnet import check_request
+        from ..techniques.controlnet import check_request
 
         check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
     from ..techniques.active import Specs, check as check_techniques

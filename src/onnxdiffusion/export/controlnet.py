@@ -51,9 +51,44 @@ def check_source(cn_dir: Path | str, family: Family, info: dict, backbone_config
     return family.controlnet_record(config, backbone_config, info)
 
 
+def backbone_source(record: dict, backbone_dir, family: Family, config: dict) -> Path | None:
+    """A net that borrows the backbone's layers (record `shares_backbone`: Z-Image's) needs the diffusers backbone
+    it was made for: `backbone_dir` (a pipeline folder or its backbone subfolder), its config the folder's
+    backbone's. None for a standalone net."""
+    if not record.get("shares_backbone"):
+        return None
+    if backbone_dir is None:
+        raise UserError(f"a {record['class']} borrows the {family.backbone}'s embedders and refiners: give the diffusers "
+                        f"folder the model was exported from (--backbone DIR)")
+    d = Path(backbone_dir)
+    d = d / family.backbone if (d / family.backbone / "config.json").is_file() else d
+    if not (d / "config.json").is_file():
+        raise UserError(f"{backbone_dir} is not a diffusers pipeline folder or {family.backbone} folder (no config.json)")
+    theirs = read_json_object(d / "config.json")
+
+    def own(c: dict) -> dict:  # the architecture, without diffusers' bookkeeping keys
+        return {k: v for k, v in c.items() if not k.startswith("_")}
+
+    if theirs.get("_class_name") not in family.backbone_classes or own(theirs) != own(config):
+        raise UserError(f"{d}'s config is not the model folder's {family.backbone} (another model's weights?)")
+    return d
+
+
+def _load_backbone(path: Path | None):
+    if path is None:
+        return None
+    cls = _class(read_json_object(path / "config.json")["_class_name"])
+    try:
+        return cls.from_pretrained(path, local_files_only=True).eval()
+    except (OSError, ValueError, RuntimeError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not load {path}: {first}") from None
+
+
 def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Family, info: dict, dest: Path,
-                      options) -> dict:
-    """Export (validate against torch, store exact-fp16 weights as fp16) under dest/controlnets/NAME/; its draft."""
+                      options, backbone: Path | None = None) -> dict:
+    """Export (validate against torch, store exact-fp16 weights as fp16) under dest/controlnets/NAME/; its draft.
+    `backbone`: the diffusers backbone folder a net that borrows its layers needs (`backbone_source`)."""
     import shutil
 
     import onnx
@@ -71,6 +106,7 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
     except (OSError, ValueError, RuntimeError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"could not load {cn_dir}: {first}") from None
+    shared = _load_backbone(backbone)
     spec = family.controlnet_spec(info, record)
     folder = dest / "controlnets" / name
     dims = family.export_dims(family.backbone_spec(info), info)
@@ -81,9 +117,10 @@ def export_controlnet(name: str, cn_dir: Path | str, record: dict, family: Famil
         f["controlnet_cond"] = torch.rand(*f["controlnet_cond"].shape, generator=gen)
         f["conditioning_scale"] = torch.tensor([0.7])
         feeds.append(f)
-    draft = export_component(spec, _wrapper(record["class"])(module, [t.name for t in spec.inputs][2:-2]), feeds,
-                             folder, options)
-    del module
+    wrap = _wrapper(record["class"])
+    torch_net = wrap(module, shared) if shared is not None else wrap(module, [t.name for t in spec.inputs][2:-2])
+    draft = export_component(spec, torch_net, feeds, folder, options)
+    del module, shared, torch_net
     free_memory()
     path = folder / "model.onnx"
     if not draft["external_data"]:
@@ -155,6 +192,10 @@ def _wrapper(cls: str):
         from .flow_components import FluxControlNet
 
         return lambda module, added: FluxControlNet(module).eval()
+    if cls == "ZImageControlNetModel":
+        from .zimage_control import ZImageControlNet
+
+        return lambda module, transformer: ZImageControlNet(module, transformer).eval()
     if cls == "QwenImageControlNetModel":
         from .flow_components import QwenImageControlNet
 
@@ -163,9 +204,10 @@ def _wrapper(cls: str):
 
 
 def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path | str | None = None,
-                   overwrite: bool = False, options=None) -> dict:
+                   overwrite: bool = False, options=None, backbone: Path | str | None = None) -> dict:
     """Add ControlNet `name` (a diffusers ControlNet folder of the family's class) to an exported folder (in place by default);
-    an existing one of that name only with `overwrite`. Returns the new manifest."""
+    an existing one of that name only with `overwrite`. `backbone`: the diffusers folder the model was exported
+    from, for a net that borrows the backbone's layers (Z-Image's). Returns the new manifest."""
     from ..folder.artifacts import derive, read_manifest, verify_folder
     from .options import ExportOptions
 
@@ -178,7 +220,9 @@ def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path 
     have = manifest.controlnets or {}
     if name in have and not overwrite:
         raise UserError(f"{folder} already has a ControlNet named {name!r} (--overwrite replaces it)")
-    record = check_source(cn_dir, family, info, backbone_config(folder, manifest, family))
+    own = backbone_config(folder, manifest, family)
+    record = check_source(cn_dir, family, info, own)
+    shared = backbone_source(record, backbone, family, own)
     in_place = out is None or Path(out).resolve() == folder.resolve()
     target = folder if in_place else Path(out)
     with derive(folder, target, manifest, overwrite=overwrite, in_place=in_place) as d:
@@ -186,7 +230,7 @@ def add_controlnet(folder: Path | str, cn_dir: Path | str, name: str, out: Path 
         if old is not None:  # the replaced net's files are not carried over
             for rel in [old["path"], *old.get("external_data", []), f"controlnets/{name}/config.json"]:
                 d.path(rel).unlink(missing_ok=True)
-        entry = export_controlnet(name, cn_dir, record, family, info, d.tmp, options or ExportOptions())
+        entry = export_controlnet(name, cn_dir, record, family, info, d.tmp, options or ExportOptions(), shared)
         d.draft.setdefault("controlnets", {})[name] = entry
     return read_manifest(target)
 

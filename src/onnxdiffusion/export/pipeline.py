@@ -203,7 +203,7 @@ def _check_controlnets(options: ExportOptions, family: Family, configs: dict) ->
 
     info = PipelineInfo.from_dict(family.pipeline_info(configs))
     return [(name, path, check_source(path, family, info, configs[family.backbone]))
-            for name, path in parse_pairs(options.controlnets)]
+            for name, path in parse_pairs(options.controlnets)]  # a net that borrows the backbone reads it from src
 
 
 def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None,
@@ -324,8 +324,11 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         if controlnets:
             from .controlnet import export_controlnet
 
-            draft["controlnets"] = {name: export_controlnet(name, path, rec, family, info, tmp, options)
-                                       for name, path, rec in controlnets}
+            from .controlnet import backbone_source
+
+            draft["controlnets"] = {name: export_controlnet(
+                name, path, rec, family, info, tmp, options,
+                backbone_source(rec, src, family, configs[family.backbone])) for name, path, rec in controlnets}
         if any(fused.values()):
             draft["attention"] = {"fused": True, "op": DOMAIN_OP.replace("::", "."), "modules": fused}
         for slot in family.text_encoders:

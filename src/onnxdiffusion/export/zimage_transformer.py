@@ -103,8 +103,9 @@ def _rope(m, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return cos, sin
 
 
-def _batched_forward(m, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask):
-    """ZImageTransformer2DModel.forward (basic mode) on batched tensors, `m` the model."""
+def _inputs(m, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask) -> types.SimpleNamespace:
+    """What the transformer and its ControlNet both build before their layers: the timestep embedding, the
+    embedded image tokens with their pad tokens, the embedded caption, their masks and rotary angles."""
     b, c, h, w = sample.shape
     rows, cols = h // 2, w // 2
     adaln = m.t_embedder((1000 - timestep) / 1000 * m.t_scale).type_as(sample)
@@ -130,15 +131,37 @@ def _batched_forward(m, sample, timestep, encoder_hidden_states, encoder_hidden_
                            torch.where(real, k // cols, 0)[None].expand(b, -1),
                            torch.where(real, k % cols, 0)[None].expand(b, -1)], dim=-1)
     x_freqs, cap_freqs = _rope(m, img_ids), _rope(m, cap_ids)
-    for layer in m.noise_refiner:
-        x = layer(x, None, x_freqs, adaln)
-    for layer in m.context_refiner:
-        cap = layer(cap, _additive(cap_mask), cap_freqs)
+    return types.SimpleNamespace(adaln=adaln, x=x, n=n, total=total, cap=cap, cap_mask=cap_mask, x_freqs=x_freqs,
+                                 cap_freqs=cap_freqs)
+
+
+def patch_tokens(sample: torch.Tensor) -> torch.Tensor:
+    """(B, C, h, w) -> 2x2 patch tokens (B, h/2 x w/2, 4 C), (ph, pw, C) within a token, rows outer."""
+    b, c, h, w = sample.shape
+    return sample.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // 2) * (w // 2), 4 * c)
+
+
+def unified_inputs(z: types.SimpleNamespace, x: torch.Tensor, cap: torch.Tensor):
+    """The [image, caption] sequence of the main layers, its rotary angles and additive key mask."""
     unified = torch.cat([x, cap], dim=1)
-    freqs = tuple(torch.cat([a, t], dim=1) for a, t in zip(x_freqs, cap_freqs))
-    mask = _additive(torch.cat([torch.ones_like(x[..., 0], dtype=torch.bool), cap_mask], dim=1))
+    freqs = tuple(torch.cat([a, t], dim=1) for a, t in zip(z.x_freqs, z.cap_freqs))
+    mask = _additive(torch.cat([torch.ones_like(x[..., 0], dtype=torch.bool), z.cap_mask], dim=1))
+    return unified, freqs, mask
+
+
+def _batched_forward(m, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask):
+    """ZImageTransformer2DModel.forward (basic mode) on batched tensors, `m` the model."""
+    b, c, h, w = sample.shape
+    rows, cols = h // 2, w // 2
+    z = _inputs(m, sample, timestep, encoder_hidden_states, encoder_hidden_states_mask)
+    x, cap, adaln = z.x, z.cap, z.adaln
+    for layer in m.noise_refiner:
+        x = layer(x, None, z.x_freqs, adaln)
+    for layer in m.context_refiner:
+        cap = layer(cap, _additive(z.cap_mask), z.cap_freqs)
+    unified, freqs, mask = unified_inputs(z, x, cap)
     for layer in m.layers:
         unified = layer(unified, mask, freqs, adaln)
-    out = m.all_final_layer["2-1"](unified, c=adaln)[:, :n]
+    out = m.all_final_layer["2-1"](unified, c=adaln)[:, :z.n]
     out = out.reshape(b, rows, cols, 2, 2, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, h, w)
     return -out

@@ -309,7 +309,8 @@ class Family(PictureInput):
 
     def control_residuals(self, record: dict, latent: tuple[int, int, int] | None = None) -> list[tuple[str, tuple]]:
         """The backbone's residual inputs for a ControlNet record, in the net's output order: (name, dims),
-        symbolic dims, or concrete ones for a (batch, latent height, latent width)."""
+        symbolic dims, or concrete ones for a (batch, latent height, latent width[, text tokens]) (the text
+        tokens: the encoded prompt's length, for residuals over the whole sequence)."""
         return self._control("backbone takes no ControlNet residuals").residuals(record, latent)
 
     def control_joins(self, nodes, record: dict) -> list[tuple[str, str, int, bool]]:
@@ -318,9 +319,14 @@ class Family(PictureInput):
         or, with every reader, right after its producer for all its readers. A residual may join twice."""
         return self._control("backbone takes no ControlNet residuals").joins(nodes, record)
 
-    def control_latents(self, info: dict, record: dict, latents):
+    def control_latents(self, info: dict, record: dict, latents, inpaint=None):
         """A latent-conditioned ControlNet (record condition "latents"): the folder's scaled VAE latents of
-        the control picture -> the net's controlnet_cond."""
+        the control picture -> the net's controlnet_cond. `inpaint`: (keep mask on the latent grid, the kept
+        picture's latents) for a net whose record says `inpaint` (Z-Image's inpainting ControlNet pipeline)."""
+        if inpaint is not None:
+            if not record.get("inpaint"):
+                raise UserError(f"this {record.get('class', 'ControlNet')} takes no inpainting context (image and mask)")
+            return self.controlnet.latents(info, record, latents, inpaint)
         return latents if self.controlnet is None else self.controlnet.latents(info, record, latents)
 
     # true CFG rescaled to the conditional prediction's norm over the last axis (Qwen-Image)

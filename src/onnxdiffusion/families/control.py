@@ -4,7 +4,7 @@ their residuals join the UNet graph.
 A diffusers `ControlNetModel` is a copy of the UNet's encoder half: it returns one residual per skip
 connection the UNet's up blocks read (`down_block_res_samples`: conv_in's output, then each down block's
 layers and downsampler) and one for the mid block's output. `UNet2DConditionModel.forward` adds them to
-exactly those tensors, so a folder's UNet takes them by graph surgery at load time (runtime/controlnet.py)
+exactly those tensors, so a folder's UNet takes them by graph surgery at load time (techniques/controlnet.py)
 at the sites `unet_sites` names: the second input of each top-level `/model/up_blocks.i/Concat*` node (up
 block 0 reads the last residual) and the mid block's output (the first input of up block 0's first Concat).
 """
@@ -31,7 +31,7 @@ class ControlNetSupport:
     spec: Callable[[tuple[TensorSpec, ...], dict], ComponentSpec]  # (backbone conditioning, record)
     residuals: Callable[..., list[tuple[str, tuple]]]  # (record, latent=None)
     joins: Callable[[Any, dict], list[tuple[str, str, int, bool]]]  # (backbone NodeProtos, record)
-    latents: Callable[[dict, dict, Any], Any]  # (info, record, scaled VAE latents) -> the net's controlnet_cond
+    latents: Callable[..., Any]  # (info, record, scaled VAE latents[, inpainting parts]) -> the net's controlnet_cond
 
 
 def down_name(k: int) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..folder.manifest import confined
+from . import control_zimage
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, SizeLimits, TensorSpec, TextEncoderSlot
 from .flux import flow_scheduler_info, flow_sigmas, flow_start_step, flow_vae_info
 from .gguf_names import Z_IMAGE
@@ -80,6 +81,7 @@ class ZImage(Family):
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     whole_graph: ClassVar[bool] = False  # the chat template and the per-row caption lengths are host-side
     gguf_names: ClassVar[Any] = Z_IMAGE  # ComfyUI-GGUF files: label lumina2, the release's tensor names
+    controlnet: ClassVar[Any] = control_zimage.SUPPORT
 
     def cfg_scale(self, guidance: float) -> float:
         return float(guidance) + 1.0

@@ -17,7 +17,7 @@ def check_names(manifest: dict, names, form: str, whole: bool, family) -> list[d
     if len(set(names)) != len(names):
         raise UserError(f"--controlnet names must be distinct, got {names}")
     nets = manifest.controlnets or {}
-    from ..runtime.controlnet import residuals_of
+    from ..techniques.controlnet import residuals_of
 
     records = []
     for name in names:
@@ -68,7 +68,7 @@ def load_nets(folder: Path, records: list[dict], level=None) -> list:
 def graph_control(folder: Path, records: list[dict], level, family) -> list:
     """The ControlNets' Loop twin for build_sampling_graph's techniques ([] without nets)."""
     from ..runtime.control_graph import residual_names
-    from ..techniques.controlnet import ControlLoop
+    from ..techniques.controlnet_graph import ControlLoop
 
     if not records:
         return []

@@ -54,8 +54,10 @@ class GuidedBackbone:
         self.timestep = np.empty((n,), np.float32)
         self.out = np.empty((n, *latents_shape[1:]), np.float32)
         # inputs: more backbone inputs on the whole batch (ControlNet residuals), bound as they are: their
-        # owner rewrites them in place between steps
-        self.conditioning = {**batch_conditioning(cond, uncond), **(inputs or {})}
+        # owner rewrites them in place between steps; a function of the batch's conditioning where their
+        # shapes follow it (residuals over the text tokens)
+        batched = batch_conditioning(cond, uncond)
+        self.conditioning = {**batched, **((inputs(batched) if callable(inputs) else inputs) or {})}
         wanted = {i.name for i in session.get_inputs()} - {SAMPLE, TIMESTEP}
         if wanted != set(self.conditioning):
             raise ValueError(f"backbone wants conditioning {sorted(wanted)}, got {sorted(self.conditioning)}")

@@ -358,7 +358,7 @@ class Pipeline(PictureStages):
         `mask_blur` pixels of Gaussian blur first) keeps the rest of the picture. An editing model
         ("reference"): the picture to edit, or a list of pictures where the family takes several; the
         prompt is the instruction and height/width the output's exact size.
-        `controlnets`: [ControlNetSpec | (name, image[, scale[, start, end]]), ...] (runtime/controlnet.py).
+        `controlnets`: [ControlNetSpec | (name, image[, scale[, start, end]]), ...] (techniques/controlnet.py).
         `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`), or the
         AdapterFeeds `lora_feeds` returned for them (converted once, reused)."""
         from .run_loop import prepare_run, run
@@ -375,7 +375,7 @@ class Pipeline(PictureStages):
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")
         negatives = None if negative_prompt is None else guards.prompt_list(negative_prompt, b, "negative prompt")
-        from .controlnet import prepare as prepare_controls
+        from ..techniques.controlnet import prepare as prepare_controls
 
         controls = prepare_controls(self, controlnets, options, loras)
         adapter = self.lora_feeds(loras, options.loop)

@@ -221,7 +221,7 @@ def _reference_edit(body, fields: dict, files: dict, image, config, manager):
 
 def _control(fields: dict, files: dict, entry, target: tuple[int, int]) -> tuple | None:
     """The `controlnet` field (NAME[:SCALE[:START:END]]) and its `control` picture, checked against the model."""
-    from ..runtime.controlnet import parse_cli
+    from ..techniques.controlnet import parse_cli
 
     if ("controlnet" in fields) != ("control" in files):
         raise RequestError("a `controlnet` field and a `control` file go together (the net and the picture it "

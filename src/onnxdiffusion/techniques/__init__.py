@@ -15,8 +15,8 @@
                        output correction and the precision schedule: host wrapper and Loop twin each
   lora.py              run-time LoRA: host wrapper, graph twin (the insertion points as sampling-graph inputs) and
                        the graph's manifest record
-  controlnet.py        ControlNet: host wrapper and Loop twin (ControlLoop, over controlnet_graph.py's builders);
-                       the nets' loading and preparation are still runtime/controlnet.py
+  controlnet.py        ControlNet: spec, the nets' checks, loading and preparation, host wrapper (ControlHost);
+                       controlnet_graph.py its Loop twin (ControlLoop and its builders)
   inpaint.py           inpainting's blend, host side (its graph side is still loopgraph/image.py)
   state.py             TechniqueState: what techniques keep across a Pipeline's generations (pipe.technique_state)
 

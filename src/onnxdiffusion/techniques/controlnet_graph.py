@@ -1,5 +1,4 @@
-"""ControlNets inside the sampling graph (ControlLoop's builders, techniques/controlnet.py): the twin of
-runtime/controlnet.ControlledBackbone.
+"""ControlNet's Loop twin: ControlLoop and its builders, the twin of controlnet.py's ControlledBackbone.
 
 The backbone is the residual-taking cut (runtime/control_graph.py); each compiled net is inlined beside it
 in the step body, fed the step's [uncond; cond] sample, timestep and conditioning, its control image
@@ -16,6 +15,8 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..loopgraph.state import GraphState
+from .controlnet import NAME
+from .loop_base import LoopTechnique
 
 COND, SCALE = "controlnet_cond", "conditioning_scale"
 
@@ -99,3 +100,44 @@ def load_net(model, residuals: list[str], k: int):
           **{f"out:{r}": r for r in residuals}, f"cond:{COND}": COND, f"cond:{SCALE}": SCALE}
     io.update({f"cond:{i.name}": i.name for i in conditioning_inputs(model)})
     return load_component(model, io, f"controlnet_{k}/")
+
+
+class ControlLoop(LoopTechnique):
+    """The nets inlined beside the residual-taking backbone in each step (the builders above): `models` the ControlNets, `residuals` the backbone's residual inputs they feed, `cond_only[k]`: net
+    k runs on the guidance batch's conditional half."""
+
+    name = NAME
+    loop_only = False
+
+    def __init__(self, models: list, residuals: list[str], cond_only: list[bool] | None = None):
+        self.nets_models, self.residuals, self.cond_only = list(models), list(residuals), cond_only
+        self.nets: list = []
+
+    def residual_inputs(self) -> list[str]:
+        return self.residuals
+
+    def inputs(self) -> list:
+        return control_inputs([next(len(i.type.tensor_type.shape.dim) for i in m.graph.input if i.name == COND)
+                               for m in self.nets_models])
+
+    def prologue(self, b, bb, form: str, state) -> None:
+        from ..loopgraph.builder import cond_input_names
+
+        self.nets = [load_net(m, self.residuals, k) for k, m in enumerate(self.nets_models)]
+        # a cond-only net reads each conditioning input's cond half
+        control_prologue(b, state, self.nets, self.residuals, self.cond_only,
+                         {k: cond_input_names(k)[0] for k in state.context})
+
+    def initializers(self) -> list:
+        return [t for net in self.nets for t in net.initializers]
+
+    def functions(self) -> list:
+        return [f for net in self.nets for f in net.functions]
+
+    def models(self) -> list:
+        return self.nets_models
+
+    def backbone_inputs(self, b, state, bb, step) -> dict[str, str]:
+        io = {"sample": step.sample, "timestep": step.timestep, "control:sample": step.single_sample,
+              "control:t": step.t, **state.context}
+        return {bb.io[f"cond:{r}"]: v for r, v in control_residuals(b, state, io, step.i, step.tag, step.n).items()}
