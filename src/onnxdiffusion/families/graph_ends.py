@@ -1,6 +1,7 @@
-"""What the whole-pipeline graph (`compile-loop --whole`) does at its two ends where a family differs from
-Stable Diffusion's plain ids -> encoder -> combine and latents * scale + shift -> decoder, declared as data or
-written once for numpy and ONNX:
+"""`Ops`, the few array operations a family's text side is written against (numpy here, ONNX nodes in
+loopgraph/whole.GraphOps), and what the whole-pipeline graph (`compile-loop --whole`) does at its two ends where a
+family differs from Stable Diffusion's plain ids -> encoder -> combine and latents * scale + shift -> decoder,
+declared as data or written once for numpy and ONNX:
 
   - the text side of an LLM encoder read under its padding mask: each row keeps its unmasked tokens (minus the
     chat template's first `drop`), the rows zero-padded to the longest rounded up to `multiple`, with a float mask
@@ -14,8 +15,11 @@ numpy only (run-time code, no onnx here).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
+
+from ..errors import UserError
 
 
 def pad_rows(rows: list[np.ndarray], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -35,6 +39,32 @@ def kept_tokens(states: np.ndarray, mask: np.ndarray, drop: int = 0, multiple: i
     rows = [h[m.astype(bool)][drop:] for h, m in zip(states, mask)]
     longest = max(len(r) for r in rows)
     return pad_rows(rows, -(-longest // multiple) * multiple)
+
+
+class Ops(Protocol):
+    """The few array operations `combine` needs; numpy here, ONNX nodes in the whole graph."""
+
+    def concat(self, xs: list[Any], axis: int) -> Any: ...
+    def pad_last(self, x: Any, width: int) -> Any: ...
+    def zeros(self, like: Any, tail: tuple[int, ...]) -> Any: ...
+    def kept_tokens(self, x: Any, mask: Any, drop: int, multiple: int) -> tuple[Any, Any]: ...
+
+
+class NumpyOps:
+    def concat(self, xs: list[np.ndarray], axis: int) -> np.ndarray:
+        return np.concatenate(xs, axis=axis)
+
+    def pad_last(self, x: np.ndarray, width: int) -> np.ndarray:
+        if x.shape[-1] > width:
+            raise UserError(f"cannot pad width {x.shape[-1]} down to {width}")
+        return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+    def zeros(self, like: np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
+        """Zeros of shape (batch of `like`, *tail)."""
+        return np.zeros((like.shape[0], *tail), np.float32)
+
+    def kept_tokens(self, x: np.ndarray, mask: np.ndarray, drop: int, multiple: int) -> tuple[np.ndarray, np.ndarray]:
+        return kept_tokens(x, mask, drop, multiple)
 
 
 @dataclass(frozen=True)
