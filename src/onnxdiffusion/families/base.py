@@ -22,12 +22,14 @@ sampler loops, quantization and bench never need to know the family to feed a ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import UserError
 from ..folder.manifest import Manifest
+from . import graph_ends
+from .graph_ends import NumpyOps, Ops  # noqa: F401 (the families import them from here)
 from .editing import PictureInput
 
 SAMPLE, TIMESTEP, OUT = "sample", "timestep", "out_sample"
@@ -81,28 +83,6 @@ class TextEncoderSlot:
     # an LLM encoder read through its tokenizer's chat template: apply_chat_template's keyword arguments; export
     # renders the folder's template once into pipeline.chat_templates[name] (a str.format template, one {})
     chat_template: tuple[tuple[str, Any], ...] | None = None
-
-
-class Ops(Protocol):
-    """The few array operations `combine` needs; numpy here, ONNX nodes in the whole graph."""
-
-    def concat(self, xs: list[Any], axis: int) -> Any: ...
-    def pad_last(self, x: Any, width: int) -> Any: ...
-    def zeros(self, like: Any, tail: tuple[int, ...]) -> Any: ...
-
-
-class NumpyOps:
-    def concat(self, xs: list[np.ndarray], axis: int) -> np.ndarray:
-        return np.concatenate(xs, axis=axis)
-
-    def pad_last(self, x: np.ndarray, width: int) -> np.ndarray:
-        if x.shape[-1] > width:
-            raise UserError(f"cannot pad width {x.shape[-1]} down to {width}")
-        return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
-
-    def zeros(self, like: np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
-        """Zeros of shape (batch of `like`, *tail)."""
-        return np.zeros((like.shape[0], *tail), np.float32)
 
 
 def class_of(model_index: dict, name: str) -> str | None:
@@ -202,6 +182,15 @@ class Family(PictureInput):
         """Text encoders' outputs (by component, then output name) -> text conditioning by input name.
         Optional encoders the folder lacks are absent from `encoded`."""
         raise NotImplementedError
+
+    def text_outputs(self, ops: Ops, slot: TextEncoderSlot, outputs: dict[str, Any], mask: Any, info: dict) -> dict[str, Any]:
+        """One text encoder's outputs (and the attention mask it read, or None) -> what `combine` reads of it: the
+        host's encode_text and the whole graph both run it (an LLM encoder's kept tokens: Ops.kept_tokens)."""
+        return outputs
+
+    def graph_decode(self, info: dict) -> graph_ends.DecodeFeed | None:
+        """decoder_feed as the whole graph builds it, where it is more than latents * scale + shift (None)."""
+        return None
 
     def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
         """Conditioning that depends on the image size, not the text (SDXL's add_time_ids)."""
@@ -333,8 +322,8 @@ class Family(PictureInput):
     cfg_rescale: ClassVar[bool] = False
     # latents packed into p x p patch tokens [B, S, C*p*p] (Flux, Qwen-Image); None: NCHW
     latent_patch: ClassVar[int | None] = None
-    # whether `compile-loop --whole` can inline the text side (ids -> encoders -> combine)
-    whole_graph: ClassVar[bool] = True
+    # why `compile-loop --whole` cannot build this family's whole pipeline as one graph (one line); None: it can
+    whole_refusal: ClassVar[str | None] = None
     # whether an AutoencoderTiny (TAESD) can stand in for the VAE (families/tiny_vae.py)
     tiny_vae: ClassVar[bool] = True
     # how GGUF backbone files name its tensors (a families/gguf_names.GgufNames); None: no GGUF backbone read

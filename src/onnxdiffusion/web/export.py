@@ -104,11 +104,13 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
         if defaults.sampler not in tables:
             raise UserError(f"the model's default sampler {defaults.sampler!r} is not among {', '.join(tables)}")
         h, w = pipe.image_size(defaults)
-        texts = text_inputs(pipe, inputs)
-        fed = set(PAGE_FEEDS) | {t[k] for t in texts for k in ("input", "uncond_input") if t[k]}
+        # before the tokenizers are read: an LLM encoder's (chat template, attention mask) is not the page's
+        ids = {f"{side}input_ids{s.name[len('text_encoder'):]}" for s in pipe.slots for side in ("", "uncond_")}
+        fed = set(PAGE_FEEDS) | ids
         if inputs - fed:  # e.g. a packed-latent family's grid inputs: pipeline.js would not feed them
             raise UserError(f"the page cannot run {pipe.family.name} folders yet: their whole graph also takes "
                             f"{', '.join(sorted(inputs - fed))}")
+        texts = text_inputs(pipe, inputs)
         settings = {
             "kind": KIND, "format": 1,
             "model": (manifest.source_path or model.name).split("/")[-1] or model.name,
