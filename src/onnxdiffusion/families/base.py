@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..folder.manifest import Manifest
+from . import graph_ends
 from .editing import PictureInput
 
 SAMPLE, TIMESTEP, OUT = "sample", "timestep", "out_sample"
@@ -89,6 +90,7 @@ class Ops(Protocol):
     def concat(self, xs: list[Any], axis: int) -> Any: ...
     def pad_last(self, x: Any, width: int) -> Any: ...
     def zeros(self, like: Any, tail: tuple[int, ...]) -> Any: ...
+    def kept_tokens(self, x: Any, mask: Any, drop: int, multiple: int) -> tuple[Any, Any]: ...
 
 
 class NumpyOps:
@@ -103,6 +105,9 @@ class NumpyOps:
     def zeros(self, like: np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
         """Zeros of shape (batch of `like`, *tail)."""
         return np.zeros((like.shape[0], *tail), np.float32)
+
+    def kept_tokens(self, x: np.ndarray, mask: np.ndarray, drop: int, multiple: int) -> tuple[np.ndarray, np.ndarray]:
+        return graph_ends.kept_tokens(x, mask, drop, multiple)
 
 
 def class_of(model_index: dict, name: str) -> str | None:
@@ -202,6 +207,15 @@ class Family(PictureInput):
         """Text encoders' outputs (by component, then output name) -> text conditioning by input name.
         Optional encoders the folder lacks are absent from `encoded`."""
         raise NotImplementedError
+
+    def text_outputs(self, ops: Ops, slot: TextEncoderSlot, outputs: dict[str, Any], mask: Any, info: dict) -> dict[str, Any]:
+        """One text encoder's outputs (and the attention mask it read, or None) -> what `combine` reads of it: the
+        host's encode_text and the whole graph both run it (an LLM encoder's kept tokens: Ops.kept_tokens)."""
+        return outputs
+
+    def graph_decode(self, info: dict) -> graph_ends.DecodeFeed | None:
+        """decoder_feed as the whole graph builds it, where it is more than latents * scale + shift (None)."""
+        return None
 
     def size_conditioning(self, info: dict, batch: int, height: int, width: int) -> dict[str, np.ndarray]:
         """Conditioning that depends on the image size, not the text (SDXL's add_time_ids)."""
@@ -327,8 +341,8 @@ class Family(PictureInput):
     cfg_rescale: ClassVar[bool] = False
     # latents packed into p x p patch tokens [B, S, C*p*p] (Flux, Qwen-Image); None: NCHW
     latent_patch: ClassVar[int | None] = None
-    # whether `compile-loop --whole` can inline the text side (ids -> encoders -> combine)
-    whole_graph: ClassVar[bool] = True
+    # why `compile-loop --whole` cannot build this family's whole pipeline as one graph (one line); None: it can
+    whole_refusal: ClassVar[str | None] = None
     # whether an AutoencoderTiny (TAESD) can stand in for the VAE (families/tiny_vae.py)
     tiny_vae: ClassVar[bool] = True
     # how GGUF backbone files name its tensors (a families/gguf_names.GgufNames); None: no GGUF backbone read

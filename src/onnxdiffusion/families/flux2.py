@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..folder.manifest import confined
+from . import graph_ends
 from . import latents as lat
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot
 from .flux import GUIDANCE, TOKENS, PackedFlowFamily, flow_scheduler_info, grid_dims, token_grid
@@ -85,8 +86,6 @@ class Flux2Base(PackedFlowFamily):
     vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKLFlux2",)
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     latent_patch: ClassVar[int | None] = 2
-    # the text encoder reads a padding mask beside the ids, which the whole graph's id-only text side lacks
-    whole_graph: ClassVar[bool] = False
     tiny_vae: ClassVar[bool] = False  # no TAESD of this VAE's 32 batch-normalized channels here
     text_layers: ClassVar[tuple[int, ...]]  # the pipeline's text_encoder_out_layers
     embedded_guidance: ClassVar[bool]
@@ -263,6 +262,13 @@ class Flux2Base(PackedFlowFamily):
         c = d // 4
         x = patches.reshape(b, c, 2, 2, rows, cols).transpose(0, 1, 4, 2, 5, 3).reshape(b, c, 2 * rows, 2 * cols)
         return np.ascontiguousarray(x, dtype=np.float32)
+
+    def graph_decode(self, info: dict) -> graph_ends.DecodeFeed:
+        """decoder_feed's batch norm undone on the packed tokens' channels (the patch space's channels, in order)."""
+        mean, std = self._bn(info)
+        scale, shift = self.decode_scale_shift(info)
+        return graph_ends.DecodeFeed(scale=scale, shift=shift, token_mul=tuple(float(v) for v in std.ravel()),
+                                     token_add=tuple(float(v) for v in mean.ravel()))
 
     def encoder_latents(self, info: dict, mean: np.ndarray) -> np.ndarray:
         """The posterior mode (B, C, h, w) -> batch-normalized in the patch space, returned un-patchified."""

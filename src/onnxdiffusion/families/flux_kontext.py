@@ -45,8 +45,8 @@ class FluxKontext(Flux):
     image_role: ClassVar[str] = "reference"
     max_references: ClassVar[int] = 1
     controlnet: ClassVar[Any] = None  # diffusers has no Kontext ControlNet pipeline
-    # the one-graph form takes token ids only; the reference picture's encoding stays host-side (its VAE encoder)
-    whole_graph: ClassVar[bool] = False
+    whole_refusal: ClassVar[str | None] = ("its reference picture is resized and VAE-encoded host-side (the whole graph "
+                                           "takes token ids, not pictures)")
 
     def pipeline_info(self, configs: dict[str, dict]) -> dict:
         info = super().pipeline_info(configs)

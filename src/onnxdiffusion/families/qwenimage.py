@@ -2,10 +2,11 @@
 packed 2x2 latent patches with centred rotary ids and a text mask, true CFG rescaled to the
 conditional prediction's norm, and a 3D (video-style) VAE with per-channel latent normalization.
 
-Text encoding follows QwenImagePipeline._get_qwen_prompt_embeds in numpy: the template is
-tokenized (padded to the longest prompt), the encoder's last hidden state is read under the
-padding mask, each row keeps its valid tokens minus the template's first `drop` tokens, and rows
-are padded again to the longest with a mask the transformer attends under.
+Text encoding follows QwenImagePipeline._get_qwen_prompt_embeds: the template is tokenized (padded
+to the longest prompt), the encoder's last hidden state is read under the padding mask, each row
+keeps its valid tokens minus the template's first `drop` tokens, and rows are padded again to the
+longest with a mask the transformer attends under (`text_outputs`: numpy on the host, ONNX nodes in
+the `--whole` graph, which takes the template's ids and their mask).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 
 from ..errors import UserError
 from ..folder.manifest import confined
-from . import control_qwen
+from . import control_qwen, graph_ends
 from . import latents as lat
-from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot
+from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, NumpyOps, Ops, TensorSpec, TextEncoderSlot
 from .flux import TOKENS, PackedFlowFamily, flow_scheduler_info, grid_dims, token_grid
 from .gguf_names import GgufNames
 
@@ -44,15 +45,7 @@ class _TemplateTokenizer:
         return self._tok(prompts, pad_to_max=False, truncate_to=self.limit)
 
 
-def pad_tokens(rows: list[np.ndarray], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Variable-length [n_i, D] rows -> ([B, L, D] zero-padded, [B, L] float mask)."""
-    length = max(r.shape[0] for r in rows) if length is None else length
-    out = np.zeros((len(rows), length, rows[0].shape[-1]), np.float32)
-    mask = np.zeros((len(rows), length), np.float32)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-        mask[i, :len(r)] = 1.0
-    return out, mask
+pad_tokens = graph_ends.pad_rows  # (the name Qwen-Image-Edit imports)
 
 
 class QwenImage(PackedFlowFamily):
@@ -71,7 +64,6 @@ class QwenImage(PackedFlowFamily):
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     cfg_rescale: ClassVar[bool] = True
     latent_patch: ClassVar[int | None] = 2
-    whole_graph: ClassVar[bool] = False  # template, prefix drop and re-padding are host-side
     tiny_vae: ClassVar[bool] = False  # its VAE is a video VAE (frames axis, per-channel mean/std)
     # ComfyUI-GGUF's label; its files keep diffusers' names (diffusers maps them 1:1)
     gguf_names: ClassVar[Any] = GgufNames(architectures=("qwen_image",))
@@ -167,9 +159,11 @@ class QwenImage(PackedFlowFamily):
     def encode_text(self, slot: TextEncoderSlot, tokenizer, session, prompts: list[str], info: dict) -> dict[str, Any]:
         ids, mask = tokenizer(prompts)
         hidden = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})[0]
-        drop = int(info.prompt_template_drop)
-        rows = [h[m.astype(bool)][drop:] for h, m in zip(hidden, mask)]
-        states, keep = pad_tokens(rows)
+        return self.text_outputs(NumpyOps(), slot, {"last_hidden_state": hidden}, mask, info)
+
+    def text_outputs(self, ops: Ops, slot: TextEncoderSlot, outputs: dict[str, Any], mask: Any, info: dict) -> dict[str, Any]:
+        """Each row's valid tokens minus the template's first `drop`, padded again to the longest under a mask."""
+        states, keep = ops.kept_tokens(outputs["last_hidden_state"], mask, int(info.prompt_template_drop), 1)
         return {"last_hidden_state": states, "mask": keep}
 
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:
@@ -200,6 +194,12 @@ class QwenImage(PackedFlowFamily):
         mean = np.asarray(info.vae_latents_mean, np.float32).reshape(shape)
         inv_std = (np.float32(1.0) / np.asarray(info.vae_latents_std, np.float32)).reshape(shape)
         return (x / inv_std + mean).astype(np.float32)  # diffusers' arithmetic, in its order
+
+    def graph_decode(self, info: dict) -> graph_ends.DecodeFeed:
+        inv_std = np.float32(1.0) / np.asarray(info.vae_latents_std, np.float32)
+        return graph_ends.DecodeFeed(channel_div=tuple(float(v) for v in inv_std),
+                                     channel_add=tuple(float(v) for v in np.asarray(info.vae_latents_mean, np.float32)),
+                                     frames=True)
 
     def decoded_images(self, sample: np.ndarray) -> np.ndarray:
         return sample[:, :, 0]  # the one frame

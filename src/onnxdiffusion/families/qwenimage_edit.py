@@ -87,6 +87,9 @@ class QwenImageEdit(QwenImage):
     image_role: ClassVar[str] = "reference"
     max_references: ClassVar[int] = PLUS_REFERENCES  # Edit takes one (pipeline_info's max_references)
     controlnet: ClassVar[Any] = None  # diffusers has no Qwen-Image-Edit ControlNet pipeline
+    whole_refusal: ClassVar[str | None] = (
+        "its text encoder reads the picture: the processor's resize, the vision tower's patches and the 3-axis rotary "
+        "positions of the picture tokens are host-side (the whole graph takes token ids, not pictures)")
     # the source folder's JSON export reads beside the components' configs
     source_configs: ClassVar[tuple[str, ...]] = ("processor/preprocessor_config.json",)
 

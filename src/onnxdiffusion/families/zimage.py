@@ -7,8 +7,9 @@ template (rendered once at export, enable_thinking on as the pipeline asks), is 
 512 tokens, and only the tokens the attention mask keeps reach the transformer. diffusers pads every prompt
 to 512 before the encoder; a causal encoder's states for the kept tokens do not depend on the right padding,
 so the exported encoder runs on the prompt's own length (KV-free, one pass). The caption rows are padded
-here to a common multiple of 32 under a mask; the transformer graph turns each row's own padding into its
-pad token and masks the rest, as diffusers' per-sample lists do.
+here to a common multiple of 32 under a mask (`text_outputs`: numpy on the host, ONNX nodes in the `--whole`
+graph, which takes the template's ids and their mask); the transformer graph turns each row's own padding into
+its pad token and masks the rest, as diffusers' per-sample lists do.
 
 The sampler state is the unpacked latent image (B, C, h, w): the transformer graph patchifies it. Its
 timestep input is the table's t = 1000 sigma, fed to the model as (1000 - t) / 1000, and its output is
@@ -25,10 +26,11 @@ import numpy as np
 
 from ..errors import UserError
 from ..folder.manifest import confined
-from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, Ops, SizeLimits, TensorSpec, TextEncoderSlot
+from .base import (CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, SizeLimits, TensorSpec,
+                   TextEncoderSlot)
 from .flux import flow_scheduler_info, flow_sigmas, flow_start_step, flow_vae_info
 from .gguf_names import Z_IMAGE
-from .qwenimage import MASK, QwenImage, pad_tokens
+from .qwenimage import MASK, QwenImage
 
 PENULTIMATE = "penultimate_hidden_state"
 MAX_PROMPT_TOKENS = 512  # ZImagePipeline's max_sequence_length
@@ -56,14 +58,6 @@ class _ChatTokenizer:
         return self._tok(prompts, pad_to_max=False, truncate_to=self.limit)
 
 
-def caption_rows(hidden: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The encoder's (B, L, D) states under its (B, L) mask -> the kept tokens of each row, zero-padded to a
-    common multiple of 32 (B, S, D), and their (B, S) float mask."""
-    rows = [h[m.astype(bool)] for h, m in zip(hidden, mask)]
-    longest = max(len(r) for r in rows)
-    return pad_tokens(rows, -(-longest // SEQ_MULTIPLE) * SEQ_MULTIPLE)
-
-
 class ZImage(Family):
     name: ClassVar[str] = "zimage"
     pipeline_classes: ClassVar[tuple[str, ...]] = ("ZImagePipeline",)
@@ -78,7 +72,6 @@ class ZImage(Family):
                         (PENULTIMATE,), chat_template=CHAT),
     )
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
-    whole_graph: ClassVar[bool] = False  # the chat template and the per-row caption lengths are host-side
     gguf_names: ClassVar[Any] = Z_IMAGE  # ComfyUI-GGUF files: label lumina2, the release's tensor names
 
     def cfg_scale(self, guidance: float) -> float:
@@ -163,7 +156,11 @@ class ZImage(Family):
     def encode_text(self, slot: TextEncoderSlot, tokenizer, session, prompts: list[str], info: dict) -> dict[str, Any]:
         ids, mask = tokenizer(prompts)
         hidden = session.run([PENULTIMATE], {"input_ids": ids, "attention_mask": mask})[0]
-        states, keep = caption_rows(hidden, mask)
+        return self.text_outputs(NumpyOps(), slot, {PENULTIMATE: hidden}, mask, info)
+
+    def text_outputs(self, ops: Ops, slot: TextEncoderSlot, outputs: dict[str, Any], mask: Any, info: dict) -> dict[str, Any]:
+        """The kept tokens of each row, zero-padded to a common multiple of 32 under a float mask."""
+        states, keep = ops.kept_tokens(outputs[PENULTIMATE], mask, 0, SEQ_MULTIPLE)
         return {PENULTIMATE: states, "mask": keep}
 
     def combine(self, ops: Ops, encoded: dict[str, dict[str, Any]], info: dict) -> dict[str, Any]:

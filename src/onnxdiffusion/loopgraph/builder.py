@@ -257,7 +257,7 @@ def build(request: GraphRequest) -> onnx.ModelProto:
     caching, output correction, a precision schedule, adaptive stopping), called in the registry's order; what
     cannot combine is refused from techniques/registry.py's table.
     """
-    from .whole import image_epilogue, text_prologue, unpack_patches
+    from .whole import decoder_tokens, image_epilogue, text_prologue, unpack_patches
 
     r = request
     backbone, form, steps, latent_channels, text_encoders, combine = (r.backbone, r.form, r.steps, r.latent_channels,
@@ -292,7 +292,7 @@ def build(request: GraphRequest) -> onnx.ModelProto:
     id_inputs: list[onnx.ValueInfoProto] = []
     if whole:
         given, inits, funcs, id_inputs = text_prologue(b, text_encoders, combine, load_component,
-                                                       guided=guidance_mode != "none")
+                                                       guided=guidance_mode != "none", text_outputs=r.text_outputs)
         if len(dims) == 2:
             if not latent_patch:
                 raise ValueError("a whole graph over packed latent tokens needs latent_patch")
@@ -329,8 +329,12 @@ def build(request: GraphRequest) -> onnx.ModelProto:
     if whole:
         vae = load_component(vae_decoder, VAE_DECODER_IO, "vae_decoder/")
         if len(dims) == 2:
+            final = decoder_tokens(b, final, r.decode)
             final = unpack_patches(b, final, int(dims[1]) // (latent_patch * latent_patch), latent_patch)
-        image_epilogue(b, vae, final, 1.0 / r.vae_scaling_factor, r.vae_shift_factor)
+        if r.decode is None:
+            image_epilogue(b, vae, final, 1.0 / r.vae_scaling_factor, r.vae_shift_factor)
+        else:
+            image_epilogue(b, vae, final, r.decode.scale, r.decode.shift, r.decode)
         extra_inits += vae.initializers
         functions += vae.functions
         outputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "image_height", "image_width", 3])]

@@ -113,12 +113,14 @@ def _whole_parts(model: Path, manifest: Manifest, family) -> dict:
     """A whole graph's other parts: the text encoders, the family's combine, the VAE decoder and its scaling."""
     info, comps = manifest.pipeline, manifest.components
     scale, shift = family.decode_scale_shift(info)
+    slots = {s.name: s for s in family.text_encoders}
     return dict(
         text_encoders={s.name: (load_component(model, manifest, s.name), s.outputs)
                        for s in family.text_encoders if s.name in comps},
         combine=lambda ops, encoded: family.combine(ops, encoded, info),
+        text_outputs=lambda name, ops, outputs, mask: family.text_outputs(ops, slots[name], outputs, mask, info),
         vae_decoder=load_component(model, manifest, "vae_decoder"),
-        vae_scaling_factor=1.0 / scale, vae_shift_factor=shift,
+        vae_scaling_factor=1.0 / scale, vae_shift_factor=shift, decode=family.graph_decode(info),
     )
 
 
@@ -150,6 +152,8 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
     verify_folder(model, manifest)
     check_external_paths(model, manifest)  # the output copies every component: all must be clean
     family = get_family(manifest.family)
+    if whole and family.whole_refusal:
+        raise UserError(f"--whole is not available for {family.name} folders: {family.whole_refusal}")
     control = loops_control.check_names(manifest, controlnets, form, whole, family)
     backbone = backbone or family.backbone
     comps = manifest.components
@@ -209,9 +213,6 @@ def compile_loop(model: Path | str, out: Path | str, form: str = "loop", steps: 
                                   control, correction)
     extra = _whole_parts(model, manifest, family) if whole else {}
     mode = "none" if not family.true_cfg(manifest.pipeline) else ("cfg_rescale" if family.cfg_rescale else "cfg")
-    if whole and not family.whole_graph:
-        raise UserError(f"--whole is not available for {family.name} folders (its text encoding is not a plain "
-                        f"ids -> encoder -> combine)")
     inlined = tuple(extra.get("text_encoders", ()))
     techniques += loops_control.graph_control(model, control, net_level, family)
     graph = build_sampling_graph(unet, form, steps, latent_channels=int(manifest.pipeline.latent_channels),

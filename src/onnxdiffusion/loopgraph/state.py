@@ -41,3 +41,7 @@ class GraphRequest:
     guidance_mode: str = "cfg"
     latent_patch: int | None = None
     techniques: Sequence = ()
+    # a whole graph's family hooks: (encoder name, ops, its outputs, its attention mask or None) -> what combine reads
+    # (Family.text_outputs), and the decoder's input beyond scale and shift (a families.graph_ends.DecodeFeed)
+    text_outputs: Callable | None = None
+    decode: Any = None
