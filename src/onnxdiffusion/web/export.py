@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from .. import interrupts
@@ -25,7 +26,7 @@ from ..errors import UserError
 from ..onnxio.files import write
 from .npm import ensure_installed, pinned
 from .parts import PARTS, split_whole_graph
-from .settings import sampler_tables, text_inputs
+from .settings import guidance_scale, sampler_tables, size_feeds, text_inputs
 
 PAGE = Path(__file__).resolve().parent / "page"
 PAGE_FILES = ("index.html", "app.js", "pipeline.js", "prompt.js", "rng.js")
@@ -36,6 +37,7 @@ WASM_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-t
 WEBGPU_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
 PART_FILES = {part: f"model/{part}.onnx" for part in PARTS}
 PAGE_FEEDS = ("latents", "table", "init_scale", "guidance", "noise", "steps")  # what pipeline.js feeds besides ids
+TEXT_FEEDS = ("input", "uncond_input", "mask_input", "uncond_mask_input")  # a text entry's inputs pipeline.js feeds
 
 
 def _is_page_folder(path: Path) -> bool:
@@ -97,15 +99,19 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-web-") as scratch:
         log(f"compiling the whole-pipeline graph of {model} (portable form)")
         graph, entry = whole_graph(model, Path(scratch))
+        _bake(graph, size_feeds(pipe, *pipe.image_size(defaults)))
         parts, wiring = split_whole_graph(graph)
         # inputs with a default (an initializer of the same name: img2img's start row and image inputs) need no feed
-        inputs = {i.name for i in graph.graph.input} - {t.name for t in graph.graph.initializer}
+        types = {i.name: i.type.tensor_type.elem_type for i in graph.graph.input}
+        inputs = set(types) - {t.name for t in graph.graph.initializer}
         tables, rows = sampler_tables(pipe, max_steps, samplers)
         if defaults.sampler not in tables:
             raise UserError(f"the model's default sampler {defaults.sampler!r} is not among {', '.join(tables)}")
         h, w = pipe.image_size(defaults)
-        texts = text_inputs(pipe, inputs)
-        fed = set(PAGE_FEEDS) | {t[k] for t in texts for k in ("input", "uncond_input") if t[k]}
+        texts = text_inputs(pipe, {k: types[k] for k in inputs})
+        embedded = pipe.family.guidance_input_for(pipe.info)
+        guidance_input = f"cond_{embedded}" if embedded and f"cond_{embedded}" in inputs else None
+        fed = set(PAGE_FEEDS) | {t.get(k) for t in texts for k in TEXT_FEEDS} | {guidance_input} - {None}
         if inputs - fed:  # e.g. a packed-latent family's grid inputs: pipeline.js would not feed them
             raise UserError(f"the page cannot run {pipe.family.name} folders yet: their whole graph also takes "
                             f"{', '.join(sorted(inputs - fed))}")
@@ -118,6 +124,7 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "height": h, "width": w,
             "latent_shape": list(pipe.latent_shape(defaults)),
             "guided": "uncond_input_ids" in inputs,
+            "guidance_scale": guidance_scale(pipe), "guidance_input": guidance_input,
             "defaults": {"steps": defaults.steps, "guidance": defaults.guidance, "sampler": defaults.sampler, "seed": 0},
             "max_steps": max_steps,
             "samplers": tables,
@@ -152,6 +159,18 @@ def _check_rounding(model: Path, recipe: dict, allow_drift: bool, log) -> None:
         raise UserError(f"{model} is int8-static with rounding=cpu: {drift}; quantize it with -O rounding=portable "
                         f"for a page that makes generate's image, or pass --allow-drift")
     log(f"note: {drift} (--allow-drift)")
+
+
+def _bake(graph: onnx.ModelProto, feeds: dict) -> None:
+    """Each of `feeds` that is a graph input becomes a constant of the graph (an initializer of its name and type):
+    the page feeds only what a request changes."""
+    from onnx import helper, numpy_helper
+
+    for i in list(graph.graph.input):
+        if i.name in feeds:
+            value = np.asarray(feeds[i.name], helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+            graph.graph.initializer.append(numpy_helper.from_array(value, i.name))
+            graph.graph.input.remove(i)
 
 
 def graph_table_width(graph: onnx.ModelProto) -> int:

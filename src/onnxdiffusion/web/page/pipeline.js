@@ -74,8 +74,13 @@ export class WebPipeline {
         notices.push(`prompt truncated to ${spec.max_length} tokens; dropped: ${JSON.stringify(cond.dropped)}`);
       if (uncond.dropped !== null && !notices.some((n) => n.startsWith("negative")))
         notices.push(`negative prompt truncated to ${spec.max_length} tokens; dropped: ${JSON.stringify(uncond.dropped)}`);
-      feeds[spec.input] = new ort.Tensor("int32", cond.ids, [1, spec.max_length]);
-      if (s.guided) feeds[spec.uncond_input] = new ort.Tensor("int32", uncond.ids, [1, spec.max_length]);
+      const dtype = spec.dtype || "int32";
+      feeds[spec.input] = new ort.Tensor(dtype, cond.ids, [1, cond.ids.length]);
+      if (s.guided) feeds[spec.uncond_input] = new ort.Tensor(dtype, uncond.ids, [1, uncond.ids.length]);
+      if (spec.mask_input) {  // an LLM encoder: its attention masks beside the ids
+        feeds[spec.mask_input] = new ort.Tensor(dtype, cond.mask, [1, cond.mask.length]);
+        if (s.guided) feeds[spec.uncond_mask_input] = new ort.Tensor(dtype, uncond.mask, [1, uncond.mask.length]);
+      }
     }
     const t = s.samplers[r.sampler].tables[String(r.steps)];
     const shape = s.latent_shape;
@@ -89,7 +94,10 @@ export class WebPipeline {
     feeds.table = new ort.Tensor("float32", this.tables.slice(t.offset, t.offset + t.rows * width), [t.rows, width]);
     feeds.init_scale = new ort.Tensor("float32", new Float32Array([t.init_scale]), []);
     // the host loop skips guidance at scale <= 1 (cond only); u + 1*(c - u) is that
-    feeds.guidance = new ort.Tensor("float32", new Float32Array([Math.max(r.guidance, 1)]), []);
+    // the family's CFG scale of the guidance (a * g + b; Z-Image's is g + 1), or the backbone's own guidance input
+    const [ga, gb] = s.guidance_scale || [1, 0];
+    feeds.guidance = new ort.Tensor("float32", new Float32Array([Math.max(ga * r.guidance + gb, 1)]), []);
+    if (s.guidance_input) feeds[s.guidance_input] = new ort.Tensor("float32", new Float32Array([r.guidance]), [1]);
     feeds.noise = new ort.Tensor("float32", noise, [t.needs_noise ? t.rows : 1, ...shape]);
     feeds.steps = new ort.Tensor("int64", new BigInt64Array([BigInt(t.rows)]), []);
     const t1 = performance.now();
