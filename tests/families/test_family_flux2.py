@@ -117,14 +117,6 @@ def test_unrolled_form_and_taylorseer_loop_match_the_host_loop(tiny_flux2_klein_
     assert psnr(pipe(PROMPT, cache="taylorseer:2", loop="loop", **kw).images, cached.images) >= 60
 
 
-def test_whole_graph_is_refused(tiny_flux2_klein_onnx, tmp_path):
-    from onnxdiffusion.loopgraph.compile import compile_loop
-
-    with pytest.raises(UserError, match="--whole is not available for flux2_klein"):
-        compile_loop(tiny_flux2_klein_onnx, tmp_path / "out", form="loop", whole=True)
-    assert not (tmp_path / "out").exists()
-
-
 def test_runtime_lora_matches_diffusers(tiny_flux2_klein_diffusers, tiny_flux2_klein_onnx, tmp_path):
     from diffusers import DiffusionPipeline
     from lora_helpers import make_lora

@@ -231,13 +231,6 @@ def test_flux_whole_graph_from_token_ids(tiny_flux_onnx, tmp_path):
     assert psnr(image, host.images) >= 40
 
 
-def test_qwenimage_whole_graph_is_refused(tiny_qwenimage_onnx, tmp_path):
-    from onnxdiffusion.loopgraph.compile import compile_loop
-
-    with pytest.raises(UserError, match="--whole is not available for qwenimage"):
-        compile_loop(tiny_qwenimage_onnx, tmp_path / "out", form="loop", whole=True)
-
-
 def pipe_options(**kw):
     from onnxdiffusion.runtime.pipeline import GenerateOptions
 

@@ -133,14 +133,6 @@ def test_loop_and_unrolled_forms_match_the_host_loop_and_diffusers(zimage_pair, 
         assert psnr(got.images, want) >= 40.0, form
 
 
-def test_whole_graph_is_refused(tiny_zimage_onnx, tmp_path):
-    from onnxdiffusion.loopgraph.compile import compile_loop
-
-    with pytest.raises(UserError, match="--whole is not available for zimage"):
-        compile_loop(tiny_zimage_onnx, tmp_path / "out", form="loop", whole=True)
-    assert not (tmp_path / "out").exists()
-
-
 @pytest.mark.parametrize("name,options", [("int8-static", {}), ("int4-weights", {"block_size": "16"})])
 def test_quantized_backbone_runs_and_its_loop_form_matches_the_host_loop(tiny_zimage_onnx, tmp_path, name, options):
     """int8-static calibrates on the family's own conditioning (caption rows and their mask) over flow_euler
