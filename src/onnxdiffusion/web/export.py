@@ -94,6 +94,10 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses (checks the folder)
     if pipe.family.whole_refusal:  # the page runs the whole graph: a family without one says why, in one line
         raise UserError(f"the page cannot run {pipe.family.name} folders yet: {pipe.family.whole_refusal}")
+    if pipe.family.zero_negative(pipe.info):  # (the size conditioning no longer stops SDXL: say what does)
+        raise UserError(f"the page cannot run {pipe.family.name} folders yet: without a negative prompt their "
+                        "unconditional embeddings are zeros (force_zeros_for_empty_prompt), not the whole graph's "
+                        "encoding of \"\"")
     defaults = pipe.resolve(GenerateOptions())
     recipe = manifest.quantization_recipe
     _check_rounding(model, recipe, allow_drift, log)
