@@ -510,3 +510,21 @@ def test_kontext_page_in_chromium(kontext_page, driver, tmp_path):
         assert psnr(r["image"], want) >= 40
         r = generate(driver, "make the circle blue", 3, 2, picture=tmp_path / "small.png")
         assert r["status"] == "done" and "resized" in r["notice"], r
+
+
+@browser
+@pytest.mark.parametrize("fixture", ["tiny_zimage_onnx", "tiny_flux2_dev_onnx"])
+def test_llm_family_page_in_chromium(node_modules, driver, request, fixture, tmp_path):
+    """An LLM text encoder's page in the browser (the chat template, ids and masks by prompt.js): generate's image."""
+    from onnxdiffusion.web import export_web
+
+    model = request.getfixturevalue(fixture)
+    export_web(model, tmp_path / "page", max_steps=20, webgpu=False)
+    pipe = Pipeline.from_folder(model)
+    with static_server(tmp_path / "page") as url:
+        assert open_page(driver, url) == "ready"
+        r = generate(driver, "a blue star above a yellow square", 8, 3, guidance=2.5, negative="blurry")
+        assert r["status"] == "done", r
+        want = pipe("a blue star above a yellow square", negative_prompt="blurry", seed=8, steps=3, guidance=2.5).images[0]
+        print(f"{fixture}: page in Chromium vs generate {psnr(r['image'], want):.1f} dB")
+        assert psnr(r["image"], want) >= 40
