@@ -119,7 +119,8 @@ def _output_dims(model: onnx.ModelProto, name: str) -> tuple[int, int]:
 def _masked_ids(b, name: str, suffix: str, inputs: dict, guided: bool) -> tuple[str, str, list]:
     """An encoder that reads an attention mask: its ids and mask as graph inputs, in the encoder's own dtypes,
     [uncond; cond] when `guided`. Prompt and negative prompt may differ in length: the shorter is padded here with
-    masked zeros (a masked token changes no kept token's state: the encoders are causal)."""
+    masked zeros (a masked token changes no kept token's state: the encoders are causal). A family whose padded
+    tokens reach the backbone (FLUX.2) tokenizes both to its fixed length: nothing is padded here then."""
     types = {k: inputs[k].type.tensor_type.elem_type for k in ("input_ids", "attention_mask")}
     ids, mask = f"input_ids{suffix}", f"attention_mask{suffix}"
     vis = [helper.make_tensor_value_info(n, types[k], ["batch", f"sequence{suffix}"])
