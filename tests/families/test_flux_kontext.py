@@ -113,13 +113,12 @@ def test_edit_with_reference_latents_host_loop_and_unrolled_match_diffusers(kont
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", ["dpmpp_2m"])
+@pytest.mark.parametrize("sampler", ["flow_heun", "dpmpp_2m"])
 def test_other_flow_samplers_edit_as_diffusers(kontext_pair, sampler):
-    """DPM-Solver++ on the folder's flow sigmas (test_flow_families' twin), with reference latents. Not flow_heun:
-    the run time's flow_heun steps on FlowMatchHeunDiscreteScheduler's own static-shift grid (1000, 900, 750, 500
-    at 4 steps here) while flow_twins' Heun steps on the pipeline's dynamic-shift sigmas (1000, 827, 615, 347);
-    the tiny Flux of test_flow_families is too insensitive to see it, this model is not (22.8 dB). A samplers/
-    question, reported in issue 42's note, not Kontext's."""
+    """Heun and DPM-Solver++ on the pipeline's flow sigmas and mu (test_flow_families' twins), with reference
+    latents. flow_heun stepped on FlowMatchHeunDiscreteScheduler's own static-shift grid (1000, 900, 750, 500 at 4
+    steps) before samplers/config.py's _flow_heun_on_folder_grid: 22.8 dB here, where the tiny Flux of
+    test_flow_families was too insensitive to see it; now both step on (1000, 827, 615, 347)."""
     import torch
     from test_flow_families import _scheduler
 

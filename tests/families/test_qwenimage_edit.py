@@ -102,9 +102,7 @@ def test_edit_matches_diffusers_in_every_loop_form(tiny_qwenedit_diffusers, tiny
 @pytest.mark.parametrize("sampler", ["flow_heun", "dpmpp_2m"])
 def test_edit_other_flow_samplers_match_diffusers(tiny_qwenedit_diffusers, tiny_qwenedit_onnx, sampler):
     """The folder's other flow samplers against diffusers' schedulers driven on the pipeline's sigmas and mu
-    (tests/helpers/flow_twins.py, as for Qwen-Image). flow_heun's 56 dB (dpmpp_2m: 95) is the grid difference the
-    Kontext test names (the run time's Heun on FlowMatchHeunDiscreteScheduler's own grid, the twin's on the
-    pipeline's sigmas): a samplers/ question, reported, still above 40 dB on this model."""
+    (tests/helpers/flow_twins.py, as for Qwen-Image)."""
     from flow_twins import driven
     from tiny_qwenedit import load_pipeline
 

@@ -16,7 +16,9 @@ import numpy as np
 REF_SIZE = (168, 392)  # (height, width): the preferred (width 1568, height 672) at factor 2: 98 x 42 tokens
 
 
-def build_tiny_kontext(folder: Path) -> Path:
+def build_tiny_kontext(folder: Path, vae_attention: bool = True) -> Path:
+    """`vae_attention=False`: a VAE without the mid-block attention (the browser page's test: onnxruntime-web's WASM
+    build cannot run that attention over the 16384 latent tokens of a Kontext reference picture)."""
     import torch
     from diffusers import AutoencoderKL, FluxKontextPipeline, FluxTransformer2DModel
     from transformers import T5Config, T5EncoderModel
@@ -41,11 +43,11 @@ def build_tiny_kontext(folder: Path) -> Path:
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
         norm_num_groups=4, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
-        shift_factor=0.1159, scaling_factor=0.3611,
+        shift_factor=0.1159, scaling_factor=0.3611, mid_block_add_attention=vae_attention,
     )
     pipe = FluxKontextPipeline(scheduler=flux_scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                                text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
-    out = folder / "kontext"
+    out = folder / ("kontext" if vae_attention else "kontext_no_vae_attention")
     pipe.save_pretrained(out, safe_serialization=True)
     return out
 

@@ -74,6 +74,28 @@ def test_flow_euler_matches_diffusers(cfg, kw, n):
     assert max_rel(table_trajectory(table, x0), states) < 1e-5
 
 
+@pytest.mark.parametrize("n", [1, 2, 4, 7])
+@pytest.mark.parametrize("cfg,kw", [c for c in FLOW_CASES if not c[0].get("shift_terminal")])
+def test_flow_heun_steps_on_the_folders_flow_grid(cfg, kw, n):
+    """flow_heun on a FlowMatchEuler folder visits the noise levels the folder's own scheduler does (dynamic shift by
+    mu, base sigmas): diffusers' Heun update driven on those sigmas (flow_twins), not FlowMatchHeun's static grid."""
+    from flow_twins import driven
+
+    ref = FlowMatchEulerDiscreteScheduler(**cfg)
+    config = {"_class_name": FLOW, **ref.config}
+    mu = kw.get("mu")
+    if "image_seq_len" in kw:
+        mu = calculate_shift(config, kw["image_seq_len"])
+    base = np.linspace(1.0, 1 / n, n) if kw.get("base") else None
+    x0 = np.random.default_rng(n).standard_normal(SHAPE)
+    ts, states = diffusers_trajectory(driven("flow_heun", ref.config), x0, n, mu=mu, sigmas=base)
+    table = table_from_config(config, n, "flow_heun", mu=mu, sigmas=base)
+    euler = table_from_config(config, n, mu=mu, sigmas=base)
+    np.testing.assert_array_equal(table.rows64[::2, 0], euler.rows64[:, 0])  # the same levels as flow_euler's
+    np.testing.assert_allclose(table.rows64[:, 0], ts, rtol=1e-6)
+    assert max_rel(table_trajectory(table, x0), states) < 1e-5
+
+
 def test_flow_schedule_from_config_and_defaults():
     config = {"_class_name": FLOW, "_diffusers_version": "0.30.0", "num_train_timesteps": 1000, "shift": 3.0,
               "shift_terminal": None, "use_dynamic_shifting": False}

@@ -1,6 +1,7 @@
 // Runs a page folder's pipeline (page/pipeline.js) in node on the folder's own onnxruntime-web WASM build:
 //   node run_page.mjs PAGE_FOLDER REQUESTS.json OUT_PREFIX [THREADS]
-// REQUESTS.json: a list of {prompt, negative, seed, steps, guidance, sampler}; writes OUT_PREFIX<i>.rgb (uint8
+// REQUESTS.json: a list of {prompt, negative, seed, steps, guidance, sampler, image?}; image (an editing page's
+// picture): {file: raw uint8 RGB(A) bytes, width, height}; writes OUT_PREFIX<i>.rgb (uint8
 // HWC) per request and OUT_PREFIX.json ({load_ms, results: [{width, height, notices, timings} | {error}]}).
 import fs from "node:fs";
 import path from "node:path";
@@ -22,7 +23,9 @@ const results = [];
 const requests = JSON.parse(fs.readFileSync(requestsFile, "utf8"));
 for (let i = 0; i < requests.length; i++) {
   try {
-    const r = await pipe.generate(requests[i]);
+    const req = { ...requests[i] };
+    if (req.image) req.image = { ...req.image, data: new Uint8Array(fs.readFileSync(req.image.file)) };
+    const r = await pipe.generate(req);
     fs.writeFileSync(`${outPrefix}${i}.rgb`, Buffer.from(r.image.buffer, r.image.byteOffset, r.image.byteLength));
     results.push({ width: r.width, height: r.height, notices: r.notices, timings: r.timings, model_evaluations: r.model_evaluations });
   } catch (e) {

@@ -76,6 +76,9 @@ class _TemplateTokenizer:
             prompts = [p.replace(s, "") for p in prompts]
         return self._tok(prompts, pad_to_max=True, truncate_to=self.length)
 
+    def page_spec(self) -> dict:
+        return self._tok.page_spec(pad_to_max=True, truncate_to=self.length, strip=self.strip)
+
 
 class Flux2Base(PackedFlowFamily):
     """What [klein] and [dev] share; each subclass names its text encoder and whether guidance is embedded."""

@@ -45,8 +45,9 @@ class FluxKontext(Flux):
     image_role: ClassVar[str] = "reference"
     max_references: ClassVar[int] = 1
     controlnet: ClassVar[Any] = None  # diffusers has no Kontext ControlNet pipeline
-    whole_refusal: ClassVar[str | None] = ("its reference picture is resized and VAE-encoded host-side (the whole graph "
-                                           "takes token ids, not pictures)")
+    # the whole graph takes the picture's packed reference latents and their ids as inputs beside the token ids (the
+    # picture's resize and VAE encoding stay outside it: export-web's page runs them as a graph of their own)
+    whole_refusal: ClassVar[str | None] = None
 
     def pipeline_info(self, configs: dict[str, dict]) -> dict:
         info = super().pipeline_info(configs)

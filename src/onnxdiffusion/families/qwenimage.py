@@ -44,6 +44,9 @@ class _TemplateTokenizer:
     def __call__(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return self._tok(prompts, pad_to_max=False, truncate_to=self.limit)
 
+    def page_spec(self) -> dict:
+        return self._tok.page_spec(pad_to_max=False, truncate_to=self.limit)
+
 
 pad_tokens = graph_ends.pad_rows  # (the name Qwen-Image-Edit imports)
 

@@ -58,6 +58,9 @@ class _ChatTokenizer:
     def __call__(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return self._tok(prompts, pad_to_max=False, truncate_to=self.limit)
 
+    def page_spec(self) -> dict:
+        return self._tok.page_spec(pad_to_max=False, truncate_to=self.limit)
+
 
 class ZImage(Family):
     name: ClassVar[str] = "zimage"

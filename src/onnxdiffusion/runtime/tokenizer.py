@@ -106,6 +106,13 @@ class PaddedTokenizer:
         self._pad_id, self._pad = pad_id, pad
         self._special = special_tokens  # False: the template already holds them (a rendered chat template's BOS)
 
+    def page_spec(self, pad_to_max: bool, truncate_to: int | None = None, strip: tuple[str, ...] = ()) -> dict:
+        """What the browser page (web/page/prompt.js) needs to tokenize as __call__(prompts, pad_to_max,
+        truncate_to) does for one prompt: the template around it, special tokens, truncation, padding."""
+        head, tail = self.template.format("\0").split("\0")
+        return {"head": head, "tail": tail, "special_tokens": self._special, "truncate": truncate_to,
+                "pad_to": self.max_length if pad_to_max else None, "pad": self._pad_id, "strip": list(strip)}
+
     def __call__(self, prompts: list[str], pad_to_max: bool, truncate_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask), both (batch, length) int64."""
         self._tok.no_truncation()

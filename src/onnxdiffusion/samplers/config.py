@@ -183,6 +183,21 @@ def _flow_heun(c: _Config):
     return _flow_schedule(c), SamplerOptions()
 
 
+def _flow_heun_on_folder_grid(config: dict[str, Any]):
+    """flow_heun on a folder whose scheduler is not FlowMatchHeun: Heun's update on the folder's own flow grid.
+
+    diffusers' FlowMatchHeunDiscreteScheduler.set_timesteps takes neither sigmas nor mu, so it cannot run in the
+    pipelines that pass them (Flux, Kontext, FLUX.2, Qwen-Image) and its static-shift grid is not what those
+    pipelines step on (1000, 900, 750, 500 at 4 steps against Flux's dynamic 1000, 827, 615, 347). The sampler is
+    how to integrate between noise levels, not which levels: the model was trained, and the folder's scheduler
+    configured, for the levels the pipeline's own scheduler visits (its dynamic shift by mu, shift_terminal,
+    sigma shape), so Heun steps on exactly those, as DPM-Solver++ does here (flow_grid "flowmatch")."""
+    c = _Config(config, "FlowMatchEulerDiscreteScheduler")
+    c.off("invert_sigmas")
+    c.require("time_shift_type", ("exponential", "linear"))
+    return _flow_schedule(c), SamplerOptions(sigma_shape=c.sigma_shape())
+
+
 def _pndm(c: _Config):
     if not c["skip_prk_steps"]:
         raise c.refuse("skip_prk_steps", "not reproduced (the Runge-Kutta warm-up); Stable Diffusion folders "
@@ -290,6 +305,8 @@ def resolve(config: dict[str, Any], sampler: str | None = None
         dpm = _Config(config, cls, {"prediction_type": "flow_prediction", "use_flow_sigmas": True})
         _, opts = _dpm(dpm)
         return sampler, _flow_schedule(c), SamplerOptions(**{**opts.__dict__, "flow_grid": "flowmatch"})
+    if flow_folder and sampler == "flow_heun" and config.get("_class_name") not in (cls, "DPMSolverMultistepScheduler"):
+        return sampler, *_flow_heun_on_folder_grid(config)
     if flow_folder and cls in FLOW_CLASSES and config.get("_class_name") == "DPMSolverMultistepScheduler":
         overrides = {"shift": config.get("flow_shift", 1.0)}
     c = _Config(config, cls, overrides)

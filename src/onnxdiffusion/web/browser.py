@@ -79,8 +79,9 @@ def open_page(driver, url: str, timeout: float = 120) -> str:
 
 
 def generate(driver, prompt: str, seed: int | str, steps: int | str, timeout: float = 300, **fields) -> dict:
-    """Fill the contract's inputs (and optional #guidance, #sampler, #negative), click #generate, wait for
-    #status; returns {status, notice, image (uint8 HWC or None), dataset, statuses (each text #status showed)}."""
+    """Fill the contract's inputs (and optional #guidance, #sampler, #negative, #picture: a file path), click
+    #generate, wait for #status; returns {status, notice, image (uint8 HWC or None), dataset, statuses (each
+    text #status showed)}."""
     from PIL import Image
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -89,6 +90,9 @@ def generate(driver, prompt: str, seed: int | str, steps: int | str, timeout: fl
         el = driver.find_element(By.ID, key)
         if key == "sampler":
             Select(el).select_by_value(value)
+            continue
+        if key == "picture":  # an editing page's file input: the picture file's path
+            el.send_keys(str(value))
             continue
         driver.execute_script("arguments[0].value = arguments[1]", el, str(value))
     driver.execute_script(STATUS_LOG)

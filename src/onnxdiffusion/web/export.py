@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from .. import interrupts
@@ -25,7 +26,7 @@ from ..errors import UserError
 from ..onnxio.files import write
 from .npm import ensure_installed, pinned
 from .parts import PARTS, split_whole_graph
-from .settings import sampler_tables, text_inputs
+from .settings import guidance_scale, sampler_tables, size_feeds, text_inputs
 
 PAGE = Path(__file__).resolve().parent / "page"
 PAGE_FILES = ("index.html", "app.js", "pipeline.js", "prompt.js", "rng.js")
@@ -35,7 +36,9 @@ KIND = "onnxdiffusion-web"
 WASM_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 WEBGPU_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
 PART_FILES = {part: f"model/{part}.onnx" for part in PARTS}
+REFERENCE_FILE = "model/reference.onnx"
 PAGE_FEEDS = ("latents", "table", "init_scale", "guidance", "noise", "steps")  # what pipeline.js feeds besides ids
+TEXT_FEEDS = ("input", "uncond_input", "mask_input", "uncond_mask_input")  # a text entry's inputs pipeline.js feeds
 
 
 def _is_page_folder(path: Path) -> bool:
@@ -89,6 +92,12 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     manifest = read_manifest(model)
     t0 = time.time()
     pipe = Pipeline.from_folder(model)  # the tables, shapes and tokenizers `generate` uses (checks the folder)
+    if pipe.family.whole_refusal:  # the page runs the whole graph: a family without one says why, in one line
+        raise UserError(f"the page cannot run {pipe.family.name} folders yet: {pipe.family.whole_refusal}")
+    if pipe.family.zero_negative(pipe.info):  # (the size conditioning no longer stops SDXL: say what does)
+        raise UserError(f"the page cannot run {pipe.family.name} folders yet: without a negative prompt their "
+                        "unconditional embeddings are zeros (force_zeros_for_empty_prompt), not the whole graph's "
+                        "encoding of \"\"")
     defaults = pipe.resolve(GenerateOptions())
     recipe = manifest.quantization_recipe
     _check_rounding(model, recipe, allow_drift, log)
@@ -97,20 +106,24 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
     with tempfile.TemporaryDirectory(prefix="onnxdiffusion-web-") as scratch:
         log(f"compiling the whole-pipeline graph of {model} (portable form)")
         graph, entry = whole_graph(model, Path(scratch))
+        h, w = pipe.image_size(defaults)
+        _bake(graph, size_feeds(pipe, h, w))
+        reference = _reference_part(pipe, model, graph, h, w)
         parts, wiring = split_whole_graph(graph)
         # inputs with a default (an initializer of the same name: img2img's start row and image inputs) need no feed
-        inputs = {i.name for i in graph.graph.input} - {t.name for t in graph.graph.initializer}
+        types = {i.name: i.type.tensor_type.elem_type for i in graph.graph.input}
+        inputs = set(types) - {t.name for t in graph.graph.initializer}
         tables, rows = sampler_tables(pipe, max_steps, samplers)
         if defaults.sampler not in tables:
             raise UserError(f"the model's default sampler {defaults.sampler!r} is not among {', '.join(tables)}")
-        h, w = pipe.image_size(defaults)
-        # before the tokenizers are read: an LLM encoder's (chat template, attention mask) is not the page's
-        ids = {f"{side}input_ids{s.name[len('text_encoder'):]}" for s in pipe.slots for side in ("", "uncond_")}
-        fed = set(PAGE_FEEDS) | ids
+        texts = text_inputs(pipe, {k: types[k] for k in inputs})
+        embedded = pipe.family.guidance_input_for(pipe.info)
+        guidance_input = f"cond_{embedded}" if embedded and f"cond_{embedded}" in inputs else None
+        fed = set(PAGE_FEEDS) | {t.get(k) for t in texts for k in TEXT_FEEDS} | {guidance_input} - {None}
+        fed |= set(reference[1]["feeds"]) if reference else set()
         if inputs - fed:  # e.g. a packed-latent family's grid inputs: pipeline.js would not feed them
             raise UserError(f"the page cannot run {pipe.family.name} folders yet: their whole graph also takes "
                             f"{', '.join(sorted(inputs - fed))}")
-        texts = text_inputs(pipe, inputs)
         settings = {
             "kind": KIND, "format": 1,
             "model": (manifest.source_path or model.name).split("/")[-1] or model.name,
@@ -120,12 +133,14 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
             "height": h, "width": w,
             "latent_shape": list(pipe.latent_shape(defaults)),
             "guided": "uncond_input_ids" in inputs,
+            "guidance_scale": guidance_scale(pipe), "guidance_input": guidance_input,
             "defaults": {"steps": defaults.steps, "guidance": defaults.guidance, "sampler": defaults.sampler, "seed": 0},
             "max_steps": max_steps,
             "samplers": tables,
             "table_width": graph_table_width(graph),
             "tables": {"file": "tables.bin", "dtype": "float32", "byte_order": "little", "count": int(rows.size)},
             "text_inputs": texts,
+            "reference": reference[1] if reference else None,
             "graph": {"parts": {p: {"file": PART_FILES[p], "bytes": 0, "inputs": wiring["inputs"][p]} for p in PARTS},
                       "bytes": 0, "prefused": entry.setting("prefused"), "inputs": sorted(inputs),
                       "wiring": {k: wiring[k] for k in ("steps_input", "start", "carry", "final")}},
@@ -137,6 +152,11 @@ def export_web(model: Path | str, out: Path | str, max_steps: int = 50, samplers
         node_modules = ensure_installed(log)  # after every check on MODEL: a bad folder never reaches npm
         with _atomic_page(out) as tmp:
             _write_page(tmp, model, node_modules, parts, rows, settings, webgpu)
+            if reference:  # an editing page's picture -> reference latents graph
+                write(reference[0], tmp / REFERENCE_FILE)
+                settings["reference"]["bytes"] = (tmp / REFERENCE_FILE).stat().st_size
+                settings["graph"]["bytes"] += settings["reference"]["bytes"]
+                (tmp / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
     settings["export_seconds"] = round(time.time() - t0, 2)
     return settings
 
@@ -154,6 +174,35 @@ def _check_rounding(model: Path, recipe: dict, allow_drift: bool, log) -> None:
         raise UserError(f"{model} is int8-static with rounding=cpu: {drift}; quantize it with -O rounding=portable "
                         f"for a page that makes generate's image, or pass --allow-drift")
     log(f"note: {drift} (--allow-drift)")
+
+
+def _reference_part(pipe, model: Path, graph: onnx.ModelProto, h: int, w: int) -> tuple | None:
+    """An editing family's page (a picture conditions every step): (the picture -> reference latents graph, its
+    settings entry), its size-fixed reference inputs baked into `graph`; None for a text-to-image page."""
+    if pipe.family.image_role != "reference" or pipe.family.references_optional:
+        return None  # (a family that may draw without pictures, FLUX.2, runs text-to-image on the page)
+    from .reference import PICTURE, check_reference_graph, reference_graph, reference_size, reference_split
+
+    rh, rw = reference_size(pipe, h, w)
+    inputs = {i.name for i in graph.graph.input}
+    fixed, fed = reference_split(pipe, rh, rw, inputs)
+    _bake(graph, fixed)
+    part = reference_graph(pipe, model, rh, rw)
+    output = check_reference_graph(pipe, part, rh, rw)
+    return part, {"file": REFERENCE_FILE, "input": PICTURE, "output": output, "height": rh, "width": rw,
+                  "feeds": fed, "bytes": 0}
+
+
+def _bake(graph: onnx.ModelProto, feeds: dict) -> None:
+    """Each of `feeds` that is a graph input becomes a constant of the graph (an initializer of its name and type):
+    the page feeds only what a request changes."""
+    from onnx import helper, numpy_helper
+
+    for i in list(graph.graph.input):
+        if i.name in feeds:
+            value = np.asarray(feeds[i.name], helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+            graph.graph.initializer.append(numpy_helper.from_array(value, i.name))
+            graph.graph.input.remove(i)
 
 
 def graph_table_width(graph: onnx.ModelProto) -> int:

@@ -178,6 +178,7 @@ def run_parts(sessions: dict, feeds: dict[str, np.ndarray], wiring: dict, on_ste
 def page_feeds(pipe, prompt: str, seed: int, steps: int, sampler: str | None = None, negative: str = "") -> dict:
     """The whole graph's feeds as pipeline.js makes them (ids, numpy's draws for this seed, the table rows)."""
     from ..runtime.generation import GenerateOptions
+    from .settings import guidance_scale
 
     opts = pipe.resolve(GenerateOptions(steps=steps, sampler=sampler))
     t = pipe.table(opts)
@@ -188,12 +189,19 @@ def page_feeds(pipe, prompt: str, seed: int, steps: int, sampler: str | None = N
     noise = (rng.standard_normal((rows.shape[0], *shape), dtype=np.float32) if t.needs_noise
              else np.zeros((1, *shape), np.float32))
     feeds = {"latents": latents, "table": rows, "init_scale": np.array(t.init_scale, np.float32),
-             "guidance": np.array(max(opts.guidance, 1), np.float32), "noise": noise,
+             "guidance": np.array(max(np.polyval(guidance_scale(pipe), opts.guidance), 1), np.float32), "noise": noise,
              "steps": np.array(rows.shape[0], np.int64)}
+    embedded = pipe.family.guidance_input_for(pipe.info)
+    if embedded is not None:  # a guidance-distilled backbone's own input (the CFG scale above is then 1)
+        feeds[f"cond_{embedded}"] = np.array([opts.guidance], np.float32)
     for slot in pipe.slots:
         suffix = slot.name[len("text_encoder"):]
-        feeds["input_ids" + suffix] = pipe.tokenizers[slot.name]([prompt]).astype(np.int32)
-        feeds["uncond_input_ids" + suffix] = pipe.tokenizers[slot.name]([negative]).astype(np.int32)
+        for head, text in (("", prompt), ("uncond_", negative)):
+            out = pipe.tokenizers[slot.name]([text])
+            if isinstance(out, tuple):  # an LLM encoder's (ids, attention mask), int64 as its graph takes them
+                feeds[f"{head}input_ids{suffix}"], feeds[f"{head}attention_mask{suffix}"] = out
+            else:
+                feeds[f"{head}input_ids{suffix}"] = out.astype(np.int32)
     return feeds
 
 

@@ -1,6 +1,6 @@
 // The page: loads the runtime and the graph, then prompt in -> image out.
 // Test contract (tests and automated checks rely on these names): inputs #prompt, #seed, #steps, button
-// #generate; while it runs #status reads "sampling: step i/n" per denoising step (#progress follows); when an
+// #generate (an editing model's page: the picture to edit in the file input #picture); while it runs #status reads "sampling: step i/n" per denoising step (#progress follows); when an
 // image is ready <img id="result"> holds a PNG data URL and #status reads "done" ("error: ..." on failure).
 // document.body.dataset after a run: runMs, totalMs, steps, stepMs (median ms per step), stepTimes (each step, ms).
 // URL options: ?ep=wasm|webgpu (default: webgpu when the browser offers it and the folder has it),
@@ -66,6 +66,7 @@ async function start() {
   $("guidance").value = d.guidance;
   $("seed").value = d.seed;
   for (const name of Object.keys(settings.samplers)) $("sampler").add(new Option(name, name, false, name === d.sampler));
+  if (settings.reference) $("picture-row").hidden = false;
   const loadMs = performance.now() - t0;
   $("about").textContent = `${settings.model} (${settings.family}, ${settings.precision}), ${settings.height}x${settings.width}; `
     + `onnxruntime-web ${settings.runtime.version}, ${ep[0]}, ${threads} thread${threads > 1 ? "s" : ""}`
@@ -77,6 +78,22 @@ async function start() {
   status("ready");
 }
 
+// the picked picture as RGBA pixels of the reference size the page encodes at; a picture of another size is
+// resized here by the browser (generate resizes with Lanczos: that picture's edit differs from generate's)
+async function picture(notices) {
+  const ref = pipeline.settings.reference, file = $("picture").files[0];
+  if (!ref || !file) return null;
+  const bitmap = await createImageBitmap(file, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+  if (bitmap.width !== ref.width || bitmap.height !== ref.height)
+    notices.push(`the picture (${bitmap.width}x${bitmap.height}) was resized to ${ref.width}x${ref.height} by the browser`);
+  const canvas = document.createElement("canvas");
+  canvas.width = ref.width;
+  canvas.height = ref.height;
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  ctx.drawImage(bitmap, 0, 0, ref.width, ref.height);
+  return { data: ctx.getImageData(0, 0, ref.width, ref.height).data, width: ref.width, height: ref.height };
+}
+
 async function generate() {
   if (busy || !pipeline) return;
   busy = true;
@@ -86,11 +103,12 @@ async function generate() {
   const started = performance.now();
   const tick = setInterval(() => { $("timing").textContent = `${((performance.now() - started) / 1000).toFixed(1)} s`; }, 100);
   try {
+    const resized = [];
     const r = await pipeline.generate({
       prompt: $("prompt").value, negative: $("negative").value, seed: $("seed").value, steps: $("steps").value,
-      guidance: $("guidance").value, sampler: $("sampler").value,
+      guidance: $("guidance").value, sampler: $("sampler").value, image: await picture(resized),
     }, status, (i, n) => { $("progress").value = (i + 1) / n; });
-    $("notice").textContent = r.notices.join("; ");
+    $("notice").textContent = [...resized, ...r.notices].join("; ");
     let img = $("result");
     if (!img) {
       img = document.createElement("img");

@@ -31,6 +31,7 @@ export class WebPipeline {
     onStatus(`loading the graph (${(g.bytes / 1e6).toFixed(1)} MB in ${Object.keys(g.parts).length} parts)`);
     const bytes = {};
     for (const [name, part] of Object.entries(g.parts)) bytes[name] = new Uint8Array(await load(part.file));
+    if (p.settings.reference) bytes.reference = new Uint8Array(await load(p.settings.reference.file));
     onStatus("creating the sessions");
     p.sessions = {};
     try {
@@ -43,9 +44,15 @@ export class WebPipeline {
   }
 
   // the user's settings checked and completed from the folder's defaults; throws InputError
-  resolve({ prompt, negative = "", seed, steps, guidance, sampler }) {
+  resolve({ prompt, negative = "", seed, steps, guidance, sampler, image = null }) {
     const s = this.settings, d = s.defaults;
     if (typeof prompt !== "string" || prompt.trim() === "") throw new InputError("empty prompt");
+    const ref = s.reference;
+    if (ref && !image) throw new InputError("this model edits a picture: pick the picture to edit");
+    if (!ref && image) throw new InputError("this model draws from the prompt alone: it takes no picture");
+    if (ref && (image.width !== ref.width || image.height !== ref.height
+                || ![3, 4].includes(image.data.length / (ref.width * ref.height))))
+      throw new InputError(`the picture must be ${ref.width}x${ref.height} RGB or RGBA pixels, got ${image.width}x${image.height}`);
     const seedText = String(seed ?? d.seed).trim();
     if (!/^\d+$/.test(seedText) || BigInt(seedText) > MAX_SEED)
       throw new InputError(`seed must be an integer in [0, 2**63-1], got ${JSON.stringify(seedText)}`);
@@ -57,7 +64,7 @@ export class WebPipeline {
     if (!Number.isFinite(g) || g < 0 || g > 100) throw new InputError(`guidance must be in [0, 100], got ${guidance}`);
     const name = sampler || d.sampler;
     if (!(name in s.samplers)) throw new InputError(`unknown sampler ${JSON.stringify(name)}; choose from ${Object.keys(s.samplers).join(", ")}`);
-    return { prompt, negative: negative || "", seed: BigInt(seedText), steps: nSteps, guidance: g, sampler: name };
+    return { prompt, negative: negative || "", seed: BigInt(seedText), steps: nSteps, guidance: g, sampler: name, image };
   }
 
   // -> {image: Uint8Array (H*W*3), width, height, notices, timings}; throws InputError on bad input.
@@ -74,8 +81,13 @@ export class WebPipeline {
         notices.push(`prompt truncated to ${spec.max_length} tokens; dropped: ${JSON.stringify(cond.dropped)}`);
       if (uncond.dropped !== null && !notices.some((n) => n.startsWith("negative")))
         notices.push(`negative prompt truncated to ${spec.max_length} tokens; dropped: ${JSON.stringify(uncond.dropped)}`);
-      feeds[spec.input] = new ort.Tensor("int32", cond.ids, [1, spec.max_length]);
-      if (s.guided) feeds[spec.uncond_input] = new ort.Tensor("int32", uncond.ids, [1, spec.max_length]);
+      const dtype = spec.dtype || "int32";
+      feeds[spec.input] = new ort.Tensor(dtype, cond.ids, [1, cond.ids.length]);
+      if (s.guided) feeds[spec.uncond_input] = new ort.Tensor(dtype, uncond.ids, [1, uncond.ids.length]);
+      if (spec.mask_input) {  // an LLM encoder: its attention masks beside the ids
+        feeds[spec.mask_input] = new ort.Tensor(dtype, cond.mask, [1, cond.mask.length]);
+        if (s.guided) feeds[spec.uncond_mask_input] = new ort.Tensor(dtype, uncond.mask, [1, uncond.mask.length]);
+      }
     }
     const t = s.samplers[r.sampler].tables[String(r.steps)];
     const shape = s.latent_shape;
@@ -89,9 +101,20 @@ export class WebPipeline {
     feeds.table = new ort.Tensor("float32", this.tables.slice(t.offset, t.offset + t.rows * width), [t.rows, width]);
     feeds.init_scale = new ort.Tensor("float32", new Float32Array([t.init_scale]), []);
     // the host loop skips guidance at scale <= 1 (cond only); u + 1*(c - u) is that
-    feeds.guidance = new ort.Tensor("float32", new Float32Array([Math.max(r.guidance, 1)]), []);
+    // the family's CFG scale of the guidance (a * g + b; Z-Image's is g + 1), or the backbone's own guidance input
+    const [ga, gb] = s.guidance_scale || [1, 0];
+    feeds.guidance = new ort.Tensor("float32", new Float32Array([Math.max(ga * r.guidance + gb, 1)]), []);
+    if (s.guidance_input) feeds[s.guidance_input] = new ort.Tensor("float32", new Float32Array([r.guidance]), [1]);
     feeds.noise = new ort.Tensor("float32", noise, [t.needs_noise ? t.rows : 1, ...shape]);
     feeds.steps = new ort.Tensor("int64", new BigInt64Array([BigInt(t.rows)]), []);
+    if (s.reference) {  // the picture to edit -> its reference latents (web/reference.py), fed to every step
+      onStatus("encoding the picture");
+      const ref = s.reference, n = ref.width * ref.height, px = r.image.data, k = px.length / n;
+      const rgb = new Uint8Array(3 * n);
+      for (let i = 0; i < n; i++) for (let c = 0; c < 3; c++) rgb[3 * i + c] = px[k * i + c];
+      const out = await this.sessions.reference.run({ [ref.input]: new ort.Tensor("uint8", rgb, [1, ref.height, ref.width, 3]) });
+      for (const name of ref.feeds) feeds[name] = out[ref.output];
+    }
     const t1 = performance.now();
     const { parts, wiring } = s.graph;
     // fresh copies: a run in the proxy worker (app.js's default) takes its inputs' buffers away
