@@ -4,15 +4,15 @@ images. Docstrings are the help."""
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from .app import app
+from .options import from_fields
 from ..errors import UserError
-from ..families import describe_image_roles
+from ..runtime.options import GenerateOptions, GenerateRequest
 
 
 @app.command()
@@ -84,46 +84,19 @@ def export(
 
 
 @app.command()
+@from_fields(GenerateRequest, "request")
+@from_fields(GenerateOptions, "options")
 def generate(
     args: Annotated[list[str], typer.Argument(help="[MODEL] PROMPT (MODEL defaults to the embedded model)")],
-    negative_prompt: Annotated[Optional[str], typer.Option("--negative-prompt", "-n", help="what the image should not show (default: the empty prompt)")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="1..1000 (default: the model's recommended, else 20)")] = None,
-    sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the one the folder's scheduler_config.json names")] = None,
-    guidance: Annotated[Optional[float], typer.Option(
-        help="0..100, <= 1 turns guidance off (default: the model's recommended, else 7.5)")] = None,
-    seed: Annotated[int, typer.Option(help="0..2**63-1")] = 0,
-    height: Annotated[Optional[int], typer.Option(help="image height in pixels (default: the model's)")] = None,
-    width: Annotated[Optional[int], typer.Option(help="image width in pixels (default: the model's)")] = None,
-    batch: Annotated[int, typer.Option(help="images per prompt (1..4096), written as OUT-0.png, OUT-1.png, ...")] = 1,
-    spacing: Annotated[Optional[str], typer.Option(help="timestep spacing: leading | trailing | linspace (default: the scheduler config's)")] = None,
-    provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
-    loop: Annotated[Optional[str], typer.Option(help="host | loop | unrolled (the last two need compile-loop; default: the profile's, else host)")] = None,
-    cache: Annotated[Optional[str], typer.Option(help="step caching (host loop, or a Loop graph compiled with compile-loop --cache): first_block:THRESHOLD | taylorseer:INTERVAL[:ORDER] | residual:INTERVAL[:ORDER] | magcache:THRESHOLD[:MAX_SKIP[:RETENTION]] (transformers; magcache after `cache calibrate`) | deepcache:INTERVAL[:BRANCH] (UNets; BRANCH block pairs, or L<N> skip layers)")] = None,
-    stop_early: Annotated[Optional[str], typer.Option(help="THRESHOLD[:MIN_STEPS]: end sampling once the denoised estimate changes by less than THRESHOLD (mean |D_i - D_i-1| / mean |D_i-1|) after at least MIN_STEPS steps (default 1) and decode that estimate; host loop, or a Loop graph compiled with compile-loop --stop-early; 0 never stops")] = None,
+    options: GenerateOptions,
+    request: GenerateRequest,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write")] = Path("out.png"),
     overwrite: Annotated[bool, typer.Option(help="replace existing output images")] = False,
-    profile: Annotated[Optional[str], typer.Option(help="hardware profile: a name from `onnxdiffusion profiles` or a YAML file (overrides --provider)")] = None,
-    memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")] = None,
     model_option: Annotated[Optional[Path], typer.Option("--model", "-m", help="model folder (same as the positional MODEL)")] = None,
-    image: Annotated[Optional[list[Path]], typer.Option(metavar="PICTURE", help="a picture; its meaning is the model family's: " + describe_image_roles() + ". A start picture is resized to the generation size with a notice, a picture to edit to the size its family encodes references at (the output keeps --height/--width); repeatable where the family takes several references; needs the folder's vae_encoder")] = None,
-    strength: Annotated[Optional[float], typer.Option(help="with --image: share of the schedule that runs, (0, 1] (default 1; 0.8 keeps the layout, lower keeps more)")] = None,
-    mask: Annotated[Optional[Path], typer.Option(help="inpainting: white = repaint, black = keep (the image's size; needs --image)")] = None,
-    mask_blur: Annotated[float, typer.Option(help="with --mask: Gaussian blur radius in pixels before the mask is binarized")] = 0.0,
-    mask_overlay: Annotated[bool, typer.Option(help="with --mask: paste the picture's own pixels back outside the mask (the VAE round trip then leaves them unchanged)")] = False,
-    lora: Annotated[Optional[list[str]], typer.Option(
-        "--lora", help="FILE[:SCALE]: a run-time LoRA (repeatable; a folder without insertion points gets a copy with them, derived once and cached)")] = None,
-    lora_dir: Annotated[Optional[Path], typer.Option(help="where a prompt's <lora:NAME:WEIGHT> tags find NAME.safetensors (default: the shipped models/loras)")] = None,
-    decoder: Annotated[Optional[str], typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder, vae_decoder_tiny: export --tiny-vae) (default: the folder's recommended, a tuned folder's, else full)")] = None,
-    control: Annotated[Optional[list[Path]], typer.Option("--control", help="a control image (repeatable; paired in order with --controlnet; resized to the generation size with a notice)")] = None,
-    controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME[:SCALE[:START:END]]: a ControlNet of the folder (add-controlnet) steering by the matching --control image; SCALE default 1, START/END the share of the steps it acts in (default 0:1)")] = None,
 ) -> None:
     """Generate images from a prompt with ONNX Runtime (no torch)."""
-    from ..folder.artifacts import read_manifest
     from ..folder.imageio import output_paths
-    from ..folder.paths import default_model_folder
-    from ..runtime import guards
-    from ..runtime.pipeline import GenerateOptions, resolve_options
-    from ..runtime.session import resolve_provider
+    from ..runtime.request import plan
 
     if len(args) == 1:
         model, prompt = None, args[0]
@@ -135,90 +108,15 @@ def generate(
         if model is not None:
             raise UserError("give the model folder once: positional MODEL or --model, not both")
         model = model_option
-    # everything that can be checked without loading a model is checked first
-    guards.prompt_list(prompt, 1, "prompt")
-    if negative_prompt is not None:
-        guards.prompt_list(negative_prompt, 1, "negative prompt")
-    # a batch out of range is refused below (guards): naming its 100000 output files first took seconds
-    output_paths(output, batch if isinstance(batch, int) and 0 < batch <= guards.MAX_BATCH else 1, overwrite)
-    resolve_provider(provider)
-    if memory is not None:
-        from ..runtime.memory import memory_options
-
-        memory_options(memory)  # a bad setting fails before any model loads
-    from ..techniques.caching import parse_cache
-    from ..techniques.stop import parse_stop
-
-    # parsed once, before any model loads (a bad spec: one line), and passed down typed
-    cache_spec, stop_spec = parse_cache(cache), parse_stop(stop_early)
-    picture = picture_mask = None
-    if image or mask is not None or strength is not None:
-        from ..runtime.image_input import check_mask_matches, check_strength, read_picture
-
-        if not image:
-            raise UserError("--mask and --strength need --image")
-        if strength is not None:
-            check_strength(strength)
-        picture = [read_picture(p, "--image") for p in image]
-        picture_mask = read_picture(mask, "--mask") if mask is not None else None
-        check_mask_matches(picture[0], picture_mask)
-    from .controlnet import control_pairs
-
-    controls = control_pairs(control, controlnet)
-    folder = model if model is not None else default_model_folder()
-    manifest = read_manifest(folder)
-    from ..families import get_family
-    from ..runtime.references import check_image_request
-
-    family = get_family(manifest.family)  # what --image means to it: a start picture or the picture(s) to edit
-    check_image_request(family, len(picture or ()), mask is not None, strength is not None)
-    if picture is not None and family.image_role != "reference":
-        picture = picture[0]
-    if picture is not None and "vae_encoder" not in manifest.components:
-        raise UserError(f"{folder} has no vae_encoder component, which --image needs (export it without `--skip vae_encoder`)")
-    options = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance, seed=seed, height=height,
-                                              width=width, batch=batch, spacing=spacing, loop=loop, strength=strength,
-                                              mask_blur=mask_blur, mask_overlay=mask_overlay,
-                                              stop_early=stop_spec, decoder=decoder,
-                                              cache="none" if cache is not None and cache_spec is None else cache_spec),
-                              manifest.recommended)
-    cache_spec = parse_cache(options.cache)  # a tuned folder's recommended cache, where none was asked for
-    if options.loop is None:  # the profile decides, else the host loop
-        from ..profiles import load_profile
-
-        options = replace(options, loop=load_profile(profile).loop if profile is not None else "host")
-    if controls:
-        from ..runtime.controlnet import check_request
-
-        check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
-    from ..techniques.active import Specs, check as check_techniques
-
-    # what does not combine (techniques/registry.py), as far as the options say; generate checks it all again
-    # with the folder's precision schedule and the picture's mask
-    check_techniques(Specs(cache_spec, stop_spec), options.loop, lora=bool(lora), controlnet=bool(controls))
-    guards.check_request(folder, manifest, options)
-    from ..adapters.tags import split_tags, tagged_files
-
-    prompt, tagged = split_tags(prompt)  # <lora:NAME:WEIGHT> as A1111 clients write it; the encoder sees no tag
-    loras = _loras(lora) + tagged_files(tagged, lora_dir)
-    if loras:
-        from ..adapters.feeds import build_feeds
-        from ..adapters.folder import with_points
-
-        folder = with_points(folder, log=lambda m: print(m, file=sys.stderr))  # a plain export: its points copy
-        manifest = read_manifest(folder)
-        build_feeds(manifest, loras)  # a bad file, key, shape or scale fails before any model loads
-
+    # every check that needs no model, in the library (runtime/request.py), before anything loads
+    checked = plan(model, prompt, options, request, outputs=lambda n: output_paths(output, n, overwrite))
     from tqdm import tqdm
 
-    from ..runtime import GenerationResult, Pipeline
+    from ..runtime import GenerationResult
 
-    pipe = Pipeline.from_folder(folder, provider=provider, profile=profile, memory=memory)
-    events = pipe.iter_generate(prompt, negative_prompt=negative_prompt, image=picture, mask=picture_mask,
-                                loras=loras, controlnets=controls, **options.__dict__)
+    events = checked.events(checked.load())
     result = None
-    steps = options.steps
-    with tqdm(total=steps, desc="sampling", unit="step") as bar:
+    with tqdm(total=checked.options.steps, desc="sampling", unit="step") as bar:
         for event in events:
             if isinstance(event, GenerationResult):
                 result = event
@@ -226,9 +124,9 @@ def generate(
                 bar.total = event.num_steps  # model evaluations: Heun makes two per step
                 bar.update(1)
         bar.update(bar.total - bar.n)  # one-graph loops report only at the end
-    if stop_early is not None:
+    if options.stop_early is not None:
         ran, total = result.settings["steps_run"], bar.total
-        print(f"stop-early {stop_early}: ran {ran} of {total} steps" + (" (stopped early)" if ran < total else ""),
+        print(f"stop-early {options.stop_early}: ran {ran} of {total} steps" + (" (stopped early)" if ran < total else ""),
               file=sys.stderr)
     for p in result.save(output, overwrite=overwrite):
         print(p)
