@@ -52,8 +52,8 @@ def _parameter(f, hint) -> inspect.Parameter:
     meta = f.metadata
     kind = _cli_type(meta["cli_type"] if meta["cli_type"] is not None else hint)
     default = meta["cli_default"]
-    if default is dataclasses.MISSING:
-        default = f.default if f.default is not dataclasses.MISSING else None
+    if default is dataclasses.MISSING:  # a field without a default: a required option
+        default = f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty
     if _negated(f):  # --no-validate: a flag that is off by default and turns the field off
         kind, default = bool, False
     info = typer.Option(*meta["flags"], help=help_text(f), metavar=meta["metavar"])

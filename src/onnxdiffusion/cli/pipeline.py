@@ -12,29 +12,18 @@ import typer
 from .app import app
 from .options import from_fields
 from ..errors import UserError
+from ..export.options import ExportOptions
+from ..quantize.options import QuantizeOptions
 from ..runtime.options import GenerateOptions, GenerateRequest
 
 
 @app.command()
+@from_fields(ExportOptions, "options")
 def export(
     src: Annotated[Path, typer.Argument(help="local diffusers pipeline folder, a single-file .safetensors checkpoint "
                                              "(A1111/ComfyUI layout; with --config), or a GGUF backbone (with --base)")],
     out: Annotated[Path, typer.Argument(help="output model folder")],
-    opset: Annotated[int, typer.Option(help="ONNX opset of the exported graphs")] = 17,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
-    no_validate: Annotated[bool, typer.Option("--no-validate", help="skip the PyTorch comparison")] = False,
-    no_fuse_attention: Annotated[bool, typer.Option(
-        "--no-fuse-attention", help="plain ONNX attention (portable beyond ONNX Runtime, slower on it)")] = False,
-    default_size: Annotated[Optional[int], typer.Option(
-        "--default-size", help="the folder's default (square) image size; default: the pipeline's own")] = None,
-    skip: Annotated[Optional[list[str]], typer.Option(
-        "--skip", help="leave out an optional component (repeatable), e.g. vae_encoder: text-to-image never runs it")] = None,
-    lora: Annotated[Optional[list[str]], typer.Option(
-        "--lora", help="FILE[:SCALE]: merge a LoRA (.safetensors, diffusers/peft layout or `lora convert`ed) into the "
-                       "weights before export (repeatable)")] = None,
-    lora_points: Annotated[Optional[str], typer.Option(
-        "--lora-points", help="linear | all: LoRA insertion points on the backbone and text encoders for run-time "
-                              "LoRAs (generate --lora); all adds k x k convolutions")] = None,
+    options: ExportOptions,
     config: Annotated[Optional[Path], typer.Option(
         help="single-file SRC: a local diffusers folder of the same model kind (configs and tokenizers; weights "
              "only for a component the file lacks)")] = None,
@@ -43,21 +32,9 @@ def export(
         help="GGUF SRC: a local diffusers folder of the same model kind (text encoders, VAE, scheduler, tokenizers, "
              "the backbone's config.json), or an fp32 model folder exported from one; the backbone's weights stay the "
              "GGUF's low-bit blocks")] = None,
-    tiny_vae: Annotated[Optional[Path], typer.Option(
-        "--tiny-vae", help="a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: exported beside it as "
-                           "vae_decoder_tiny / vae_encoder_tiny (generate --decoder tiny)")] = None,
-    controlnet: Annotated[Optional[list[str]], typer.Option(
-        "--controlnet", help="NAME=DIR: a diffusers ControlNet folder (ControlNetModel, SD3ControlNetModel, "
-                             "FluxControlNetModel) exported beside the backbone as controlnets/NAME (repeatable; "
-                             "generate --controlnet NAME)")] = None,
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
-    from ..export import ExportOptions, export_pipeline
-
-    options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
-                            fuse_attention=not no_fuse_attention, default_size=default_size,
-                            skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points,
-                            tiny_vae=None if tiny_vae is None else str(tiny_vae), controlnets=tuple(controlnet or ()))
+    from ..export import export_pipeline
     from ..export.gguf import is_gguf
 
     if src.is_file() and is_gguf(src):
@@ -157,72 +134,20 @@ def compile_loop_cmd(
 
 
 @app.command()
+@from_fields(QuantizeOptions, "options")
 def quantize(
     model: Annotated[Path, typer.Argument(help="exported fp32 model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (same layout, quantized components)")],
-    recipe: Annotated[str, typer.Option(help="fp16 | int8-dynamic | int8-static | int8-naive | int8-timestep | mixed | int4-weights | w4a8 | fp8 | nvfp4")],
-    option: Annotated[Optional[list[str]], typer.Option("--option", "-O", help="recipe field KEY=VALUE (repeatable), e.g. -O groups=4")] = None,
-    calib_prompts: Annotated[Optional[Path], typer.Option(help="calibration prompts, one per line (default: the scene world's calib split)")] = None,
-    calib_count: Annotated[int, typer.Option(help="calibration prompts to use")] = 32,
-    calib_seed: Annotated[int, typer.Option(help="prompt i starts from the latents of seed CALIB_SEED + i")] = 10_000,
-    calib_sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else ddim")] = None,
-    calib_steps: Annotated[Optional[int], typer.Option(help="default: the model's recommended, else 20")] = None,
-    calib_guidance: Annotated[Optional[float], typer.Option(help="default: the model's recommended, else 4.0")] = None,
-    correct: Annotated[bool, typer.Option(help="fit a per-timestep scale/bias correction of the backbone output, applied in the sampler")] = False,
-    precision_schedule: Annotated[Optional[str], typer.Option(
-        help="run a higher-precision backbone at the steps where the quantized one hurts the image most, chosen by "
-             "measured per-step sensitivity: auto | K (steps) | KEY=VALUE,... (steps, target, max_latency, "
-             "precision=fp32|fp16, prompts)")] = None,
-    provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
-    threads: Annotated[int, typer.Option(help="ONNX Runtime threads for calibration and latency")] = 1,
-    latency_runs: Annotated[int, typer.Option(help="timed backbone calls per side for the report's latency ratio")] = 30,
-    quality: Annotated[bool, typer.Option(help="measure backbone SQNR and probe-image PSNR vs fp32 (--no-quality: skip, e.g. random weights)")] = True,
-    require_speedup: Annotated[bool, typer.Option(help="fail (no output) unless the backbone is measurably faster than fp32")] = False,
-    force: Annotated[bool, typer.Option(help="quantize a folder that is already quantized")] = False,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
+    options: QuantizeOptions,
 ) -> None:
     """Quantize a model folder with a typed recipe; writes the folder and quantize_report.json, prints the report."""
-    from ..quantize import CalibrationConfig, QuantizeConfig, quantize as run_quantize, recipe_class
     from ..quantize.api import SpeedGateError, stderr_log
-    from ..quantize.schedule import ScheduleConfig
     from ..quantize.report import format_table
 
-    options = {}
-    for item in option or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--option expects KEY=VALUE, got {item!r}")
-        options[key.strip()] = value.strip()
-    built = recipe_class(recipe).with_options(options)
-    if None in (calib_sampler, calib_steps, calib_guidance):
-        # calibrate on the trajectories the model is run with: its recommended settings (manifest)
-        from ..folder.artifacts import read_manifest
-
-        rec = read_manifest(model).recommended
-        calib_sampler = calib_sampler if calib_sampler is not None else (
-            rec.sampler if rec.sampler is not None else "ddim")
-        calib_steps = calib_steps if calib_steps is not None else (rec.steps if rec.steps is not None else 20)
-        calib_guidance = calib_guidance if calib_guidance is not None else (
-            rec.guidance if rec.guidance is not None else 4.0)
-    config = QuantizeConfig(
-        recipe=built,
-        calibration=CalibrationConfig(count=calib_count, prompts_file=str(calib_prompts) if calib_prompts else None,
-                                      seed=calib_seed, sampler=calib_sampler, steps=calib_steps, guidance=calib_guidance),
-        correct=correct, provider=provider, threads=threads, latency_runs=latency_runs,
-        schedule=ScheduleConfig.parse(precision_schedule) if precision_schedule is not None else None,
-    )
     try:
-        report = run_quantize(model, out, config, overwrite=overwrite, force=force, require_speedup=require_speedup,
-                              log=stderr_log, measure_quality=quality)
+        report = options.run(model, out, log=stderr_log)
     except SpeedGateError as e:
         print(format_table(e.report))
         raise
     print(format_table(report))
     print(f"wrote {out} in {report['seconds']:.1f}s")
-
-
-def _loras(values: list[str] | None) -> list[tuple[str, float]]:
-    """--lora FILE[:SCALE] (repeatable) -> [(file, scale)], scales checked."""
-    from ..adapters.feeds import normalize
-
-    return [(str(p), w) for p, w in normalize(list(values or []))]
