@@ -13,17 +13,17 @@ HELP = "help"
 
 def option(default: Any = MISSING, help: str | Callable[[], str] = "", *, flags: tuple[str, ...] = (),
            cli_default: Any = MISSING, cli_type: Any = None, metavar: str | None = None,
-           convert: Callable[[Any], Any] | None = None, default_factory: Any = MISSING) -> Any:
+           convert: Callable[[Any], Any] | None = None, invert: bool = False, default_factory: Any = MISSING) -> Any:
     """A dataclass field that is also a CLI option.
 
     `help`: its help text (a callable for text computed from the registries, read when the CLI is built);
-    `flags`: the option's names when they are not `--field-name` (a short name, `--no-X` for a field X that
-    defaults to True); `cli_default` / `cli_type`: where the CLI's differ from the field's (a CLI default None that
-    the library resolves later; a field that also takes a dict or a number in Python but a string on the CLI);
-    `convert`: the CLI value -> the field's value (e.g. a repeatable option's list -> a tuple; for a `--no-X` flag
-    the negation is automatic)."""
+    `flags`: the option's names when they are not `--field-name` (a short name, a `--no-X` flag);
+    `cli_default` / `cli_type`: where the CLI's differ from the field's (a CLI default None that the library
+    resolves later; a field that also takes a dict or a number in Python but a string on the CLI); `convert`: the
+    CLI value -> the field's value (a repeatable option's list becomes a tuple without one); `invert`: a boolean
+    field the CLI sets by the opposite flag (validate=True <- --no-validate off; progress=True <- --quiet off)."""
     meta = {HELP: help, "flags": tuple(flags), "cli_default": cli_default, "cli_type": cli_type,
-            "metavar": metavar, "convert": convert}
+            "metavar": metavar, "convert": convert, "invert": invert}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)

@@ -22,7 +22,7 @@ class Knobs:
     level: str = option(help="required: no default")
     steps: int | None = option(None, "how many steps")
     names: tuple[str, ...] = option((), "repeatable", flags=("--name", "-N"))
-    check: bool = option(True, "skip the check", flags=("--no-check",))
+    check: bool = option(True, "skip the check", flags=("--no-check",), invert=True)
     spec: str | dict | None = option(None, "a spec string (a dict in Python)", cli_type=str | None)
     budget: tuple[str, ...] = option(("a", "b"), "comma-separated", cli_type=str, cli_default="a,b",
                                      convert=lambda s: tuple(s.split(",")))

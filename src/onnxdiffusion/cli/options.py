@@ -44,18 +44,14 @@ def from_fields(cls, into: str, *, skip: tuple[str, ...] = ()):
     return decorate
 
 
-def _negated(f) -> bool:
-    return any(flag.startswith("--no-") for flag in f.metadata["flags"]) and f.default is True
-
-
 def _parameter(f, hint) -> inspect.Parameter:
     meta = f.metadata
     kind = _cli_type(meta["cli_type"] if meta["cli_type"] is not None else hint)
     default = meta["cli_default"]
     if default is dataclasses.MISSING:  # a field without a default: a required option
         default = f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty
-    if _negated(f):  # --no-validate: a flag that is off by default and turns the field off
-        kind, default = bool, False
+    if meta["invert"]:  # --no-validate, --quiet: a flag whose value is the field's negation
+        kind, default = bool, not f.default
     info = typer.Option(*meta["flags"], help=help_text(f), metavar=meta["metavar"])
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=Annotated[kind, info])
@@ -76,7 +72,7 @@ def _cli_type(hint) -> Any:
 
 def _value(f, value):
     meta = f.metadata
-    if _negated(f):
+    if meta["invert"]:
         return not value
     if meta["convert"] is not None:
         return meta["convert"](value)

@@ -13,6 +13,7 @@ from .app import app
 from .options import from_fields
 from ..errors import UserError
 from ..export.options import ExportOptions
+from ..loopgraph.options import LoopOptions
 from ..quantize.options import QuantizeOptions
 from ..runtime.options import GenerateOptions, GenerateRequest
 
@@ -110,26 +111,19 @@ def generate(
 
 
 @app.command("compile-loop")
+@from_fields(LoopOptions, "options")
 def compile_loop_cmd(
     model: Annotated[Path, typer.Argument(help="exported model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (may equal MODEL to add in place)")],
-    form: Annotated[str, typer.Option(help="loop (step count at run time) | unrolled (fixed --steps)")] = "loop",
-    steps: Annotated[Optional[int], typer.Option(help="--form unrolled: the fixed step count it unrolls")] = None,
-    whole: Annotated[bool, typer.Option(help="token ids in, uint8 image out: text encoder + loop + VAE decoder")] = False,
-    cpu_tuned: Annotated[Optional[bool], typer.Option(
-        "--cpu-tuned/--portable", help="inline ORT's fully optimized CPU graph (default for a float backbone: as fast "
-                                       "as the host loop, checked against the CPU at load) or a portable one")] = None,
-    cache: Annotated[Optional[str], typer.Option(help="--form loop: build in step caching with this method, first_block | taylorseer[:INTERVAL[:ORDER]] | residual[:INTERVAL[:ORDER]] | magcache | deepcache[:INTERVAL[:BRANCH]] (BRANCH: block pairs or L<N> skip layers; ORDER, BRANCH compiled in; generate --cache picks the interval or threshold per run)")] = None,
-    controlnet: Annotated[Optional[list[str]], typer.Option("--controlnet", help="NAME: build this ControlNet of the folder into the graph beside the backbone (repeatable; generate --controlnet NAME then runs in it)")] = None,
-    stop_early: Annotated[bool, typer.Option(help="--form loop: build in adaptive stopping (the Loop's cond output tests the denoised estimate's change; generate --stop-early picks THRESHOLD[:MIN_STEPS] per run)")] = False,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
+    options: LoopOptions,
 ) -> None:
     """Compile the N-step sampling loop into one ONNX graph (every sampler, guidance inside)."""
+    from dataclasses import asdict
+
     from ..loopgraph.compile import compile_loop
 
-    print(f"compiling the {form} sampling graph of {model}", file=sys.stderr, flush=True)
-    entry = compile_loop(model, out, form=form, steps=steps, whole=whole, overwrite=overwrite, cpu_tuned=cpu_tuned,
-                         cache=cache, controlnets=tuple(controlnet or ()), stop_early=stop_early)
+    print(f"compiling the {options.form} sampling graph of {model}", file=sys.stderr, flush=True)
+    entry = compile_loop(model, out, **asdict(options))
     print(f"{entry.path}: {entry.bytes / 1e6:.1f} MB in {entry.setting('compile_seconds'):.1f}s -> {out}")
 
 

@@ -19,11 +19,11 @@ def _loras(values) -> tuple:
 @dataclass(frozen=True)
 class ExportOptions:
     opset: int = option(17, "ONNX opset of the exported graphs")
-    validate: bool = option(True, "skip the PyTorch comparison", flags=("--no-validate",))
+    validate: bool = option(True, "skip the PyTorch comparison", flags=("--no-validate",), invert=True)
     overwrite: bool = option(False, "replace an existing output folder written by this tool")
     # diffusers attention -> one ONNX Runtime MultiHeadAttention node (see export/attention.py)
     fuse_attention: bool = option(True, "plain ONNX attention (portable beyond ONNX Runtime, slower on it)",
-                                  flags=("--no-fuse-attention",))
+                                  flags=("--no-fuse-attention",), invert=True)
     # None: every component the family declares that the source has
     components: tuple[str, ...] | None = None
     # components left out (e.g. ("vae_encoder",): text-to-image never runs it); only optional ones
