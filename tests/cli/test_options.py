@@ -85,15 +85,20 @@ def test_a_field_named_like_a_verb_parameter_is_refused():
 
 @pytest.mark.parametrize("verb, cls", [("generate", "GenerateOptions"), ("generate", "GenerateRequest"),
                                        ("export", "ExportOptions"), ("quantize", "QuantizeOptions"),
-                                       ("tune", "TuneOptions")])
+                                       ("tune", "TuneOptions"), ("compile-loop", "LoopOptions"),
+                                       ("bench", "BenchOptions"), ("serve", "ServeConfig")])
 def test_every_typed_field_with_help_is_an_option_of_its_verb(verb, cls):
     from onnxdiffusion.cli import app
     from onnxdiffusion.export.options import ExportOptions
     from onnxdiffusion.quantize.options import QuantizeOptions
     from onnxdiffusion.runtime.options import GenerateOptions, GenerateRequest
+    from onnxdiffusion.bench.options import BenchOptions
+    from onnxdiffusion.loopgraph.options import LoopOptions
+    from onnxdiffusion.serve.config import ServeConfig
     from onnxdiffusion.tune.run import TuneOptions
 
-    typed = {c.__name__: c for c in (GenerateOptions, GenerateRequest, ExportOptions, QuantizeOptions, TuneOptions)}
+    typed = {c.__name__: c for c in (GenerateOptions, GenerateRequest, ExportOptions, QuantizeOptions, TuneOptions,
+                                     LoopOptions, BenchOptions, ServeConfig)}
     helps = {p.help for p in typer.main.get_command(app).commands[verb].params if hasattr(p, "help")}
     for f in dataclasses.fields(typed[cls]):
         if help_text(f) is not None:
