@@ -179,7 +179,8 @@ def test_zimage_int8_static_runs_with_a_controlnet(zimage_cn, tmp_path):
 def test_zimage_controlnet_bad_requests_are_one_line(zimage_cn, tiny_zimage_diffusers, tmp_path):
     from controlnet_helpers import build_tiny_zimage_controlnet
 
-    from onnxdiffusion.cli.controlnet import control_pairs
+    from onnxdiffusion.runtime.options import GenerateOptions, GenerateRequest
+    from onnxdiffusion.runtime.request import plan
     from onnxdiffusion.export.controlnet import add_controlnet
     from onnxdiffusion.loopgraph.compile import compile_loop
 
@@ -192,7 +193,7 @@ def test_zimage_controlnet_bad_requests_are_one_line(zimage_cn, tiny_zimage_diff
     with pytest.raises(UserError, match="give residuals of different shapes"):
         compile_loop(pipe.folder, tmp_path / "loop", controlnets=("all", "ref"))
     with pytest.raises(UserError, match=r"give one --control image per --controlnet \(got 0 images, 1 nets\)"):
-        control_pairs([], ["all"])
+        plan(pipe.folder, PROMPT, GenerateOptions(), GenerateRequest(controlnet=("all",)))
     with pytest.raises(UserError, match="borrows the transformer's embedders and refiners: give the diffusers folder"):
         add_controlnet(pipe.folder, nets["all"], "x", out=tmp_path / "a")
     with pytest.raises(UserError, match="is not a diffusers pipeline folder or transformer folder"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..evaluate import scenes as S
@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..folder.paths import default_model_folder, shown_path
 from . import memory
 from .assemble import VariantState as _State
+from .options import BenchOptions  # noqa: F401 - re-exported: bench.BenchOptions
 from .assemble import assemble, image_sets
 from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, make_runner, probe_peer
 from .variants import PlanOptions, folder_variant, plan_variants, select, source_folder
@@ -35,35 +36,6 @@ from .variants import PlanOptions, folder_variant, plan_variants, select, source
 from .arch import ARCHES
 from .setup import (_check_out, _default_guidance, _is_folder_name, _loadavg, _Progress, _release_memory, _resolve,
                     machine_info, recommended)
-
-
-@dataclass(frozen=True)
-class BenchOptions:
-    """Settings of one bench run (None: the default for the model / --arch)."""
-
-    model: Path | None = None
-    variants: tuple[str, ...] = ()
-    variants_dir: Path | None = None
-    steps: int | None = None  # steps of the main sampler (default 20; --arch: arch.ARCHES)
-    fast_steps: int | None = None  # DPM-Solver++ 2M steps (default steps // 2)
-    repeats: int | None = None  # timed repeats (default 5); --isolate: rounds of fresh processes (default 3)
-    prompts: int | None = None  # held-out prompts for the quality columns (default 16; sd15: none)
-    batch: int = 8
-    guidance: float | None = None  # None: the model's chosen guidance (its eval.json), else 4.0
-    size: int | None = None  # image height = width (default: the model's)
-    threads: int | None = None  # intra-op threads for every runtime (None: each library's default)
-    out: Path = Path("bench-out")
-    rss: str = "subprocess"  # subprocess | off
-    arch: str | None = None  # None (the given model) | arch.ARCHES (random weights, speed/memory/size only)
-    work: Path | None = None  # --arch: where the model is built (reused when present)
-    progress: bool = True
-    judge_path: Path | None = None
-    peer_timeout: float = 3600.0
-    profile: str | None = None  # hardware profile (name or YAML) for the ONNX Runtime variants
-    embed_images: bool = True  # report.html embeds its PNGs (False: links the files beside it)
-    quantize: tuple[str, ...] = ()  # recipes whose quantized siblings the run builds first (quantized.py)
-    isolate: bool = False  # every variant in fresh processes, interleaved rounds (isolate.py)
-    memory: str | None = None  # Pipeline.from_folder(memory=...) for our ONNX Runtime variants (e.g. lean)
 
 
 def run_bench(options: BenchOptions) -> dict:

@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from .app import app
-from ..errors import UserError
 
 
 @app.command("add-controlnet")
@@ -33,15 +32,3 @@ def add_controlnet_cmd(
     outputs = len(get_family(manifest.family).control_residuals(dict(manifest.controlnets[name])))
     print(f"controlnets/{name}  {entry.bytes / 1e6:.1f} MB  {outputs} residuals  {err}")
     print(f"wrote {model}")
-
-
-def control_pairs(images: list[Path] | None, nets: list[str] | None) -> list[tuple]:
-    """--control / --controlnet pairs -> [(name, picture, scale, start, end)], pictures read now."""
-    from ..techniques.controlnet import parse_cli
-    from ..runtime.image_input import read_picture
-
-    images, nets = images or [], nets or []
-    if len(images) != len(nets):
-        raise UserError(f"give one --control image per --controlnet (got {len(images)} images, {len(nets)} nets)")
-    specs = [parse_cli(n) for n in nets]
-    return [(name, read_picture(p, "--control"), scale, start, end) for (name, scale, start, end), p in zip(specs, images)]

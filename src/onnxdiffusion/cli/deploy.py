@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from .app import app, require
+from .options import from_fields
+from ..serve.config import ServeConfig
 
 
 @app.command("profiles")
@@ -63,61 +65,37 @@ def relayout_cmd(
 
 
 @app.command()
+@from_fields(ServeConfig, "config")
 def serve(
     models: Annotated[Optional[list[str]], typer.Argument(help="model folders, FOLDER or NAME=FOLDER (default: the embedded model)")] = None,
-    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port to listen on")] = 8000,
-    buckets: Annotated[Optional[str], typer.Option(help="sizes WIDTHxHEIGHT, comma-separated; requests snap to the nearest; the first is the default (default: each model's trained size and those of 64x64,128x128,96x96,64x128,128x64 it can run)")] = None,
-    max_queue: Annotated[int, typer.Option(help="queued jobs before new ones get 503 + Retry-After")] = 64,
-    timeout: Annotated[float, typer.Option(help="per-request timeout in seconds (0: none)")] = 120.0,
-    workers: Annotated[Optional[int], typer.Option(help="concurrent backbone batches (default: one per usable core)")] = None,
-    threads: Annotated[int, typer.Option(help="ONNX Runtime threads per session")] = 1,
-    max_batch: Annotated[int, typer.Option(help="images per micro-batch of compatible requests (1: off)")] = 4,
-    golden_threshold: Annotated[float, typer.Option(help="PSNR (dB) an optimized model needs vs its full-precision sibling")] = 30.0,
-    retention: Annotated[float, typer.Option(help="seconds finished results are kept")] = 600.0,
-    grace: Annotated[float, typer.Option(help="on SIGTERM/SIGINT: seconds in-flight requests get to finish")] = 10.0,
-    profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) every model loads with; overrides the CPU default")] = None,
-    memory: Annotated[Optional[str], typer.Option(help="default | lean (text encoders let go between requests, no ORT memory pattern) | KEY=0|1,... (default: the profile's, else default)")] = None,
-    web: Annotated[Optional[Path], typer.Option(help="a page folder from `export-web`, served at /web (cross-origin isolated)")] = None,
-    max_memory: Annotated[Optional[str], typer.Option(help="memory budget of one backbone batch (4G, 512M): requests whose estimate exceeds it get 400, micro-batches stay under it")] = None,
-    max_edit_body: Annotated[str, typer.Option(help="largest /v1/images/edits request body (image + mask + fields; 16M, 4M): larger ones get 413")] = "16M",
+    config: ServeConfig = None,
     api_key: Annotated[Optional[list[str]], typer.Option("--api-key", help="require `Authorization: Bearer KEY` on the API and job routes (repeatable; a file or ONNXDIFFUSION_API_KEYS keeps keys out of `ps`)")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(help="API keys, one a line (# comments)")] = None,
-    protect_metrics: Annotated[bool, typer.Option("--protect-metrics/--open-metrics", help="with API keys: whether /metrics needs one")] = True,
-    key_max_jobs: Annotated[int, typer.Option(help="queued + running jobs one API key may hold (0: max-queue/2 with 2+ keys, else none)")] = 0,
-    lora_dir: Annotated[Optional[Path], typer.Option(help="LoRA adapters clients may name in `lora`: every *.safetensors in this folder, named by its file name without the extension")] = None,
-    lora: Annotated[Optional[list[str]], typer.Option("--lora", help="a LoRA adapter clients may name, NAME=FILE (FILE alone: named by its file name without the extension); repeatable")] = None,
-    lora_cache: Annotated[int, typer.Option(help="converted adapter sets (model, names, scales) kept in memory; the least recently used goes first")] = 8,
     ray: Annotated[bool, typer.Option("--ray", help="run as a Ray Serve deployment (the `ray` extra)")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: renderer replicas")] = 1,
     max_replicas: Annotated[Optional[int], typer.Option(help="--ray: autoscale between --replicas and this")] = None,
 ) -> None:
     """HTTP service: OpenAI-compatible images API, jobs with progress/cancel, model manager, buckets, fallback."""
-    from ..serve.auth import read_keys
-    from ..serve.config import ServeConfig, parse_bytes, usable_cores
+    from dataclasses import replace
 
-    if profile is not None:
+    from ..serve.auth import read_keys
+
+    if config.profile is not None:
         from ..profiles import resolve
 
-        note = resolve(profile).note  # one line and exit 2 now, not when the first model loads
+        note = resolve(config.profile).note  # one line and exit 2 now, not when the first model loads
         if note:
             print(f"warning: {note}", file=sys.stderr)
-    config = ServeConfig(models=tuple(models or ()), host=host, port=port, buckets=buckets, max_queue=max_queue,
-                         timeout=timeout, workers=workers or usable_cores(), threads=threads, max_batch=max_batch,
-                         golden_threshold_db=golden_threshold, retention=retention, grace=grace, profile=profile,
-                         memory=memory, api_keys=read_keys(tuple(api_key or ()), api_key_file),
-                         protect_metrics=protect_metrics, key_max_jobs=key_max_jobs, max_memory=parse_bytes(max_memory),
-                         max_edit_body=parse_bytes(max_edit_body or "16M", "--max-edit-body"), web=str(web) if web else None,
-                         lora_dir=str(lora_dir) if lora_dir else None, loras=tuple(lora or ()), lora_cache=lora_cache)
+    config = replace(config, models=tuple(models or ()), api_keys=read_keys(tuple(api_key or ()), api_key_file))
     if ray and (config.lora_dir or config.loras):
         from ..errors import UserError
 
         raise UserError("--ray does not serve LoRA adapters yet (its renderer replicas take no `lora`); "
                         "drop --lora/--lora-dir or --ray")
-    if web is not None:
+    if config.web is not None:
         from ..web.serve import check_page_folder
 
-        check_page_folder(web)  # one line and exit 2 now, not when the server starts
+        check_page_folder(Path(config.web))  # one line and exit 2 now, not when the server starts
     require("fastapi", "uvicorn", "prometheus_client", "multipart", extra="serve")
     if ray:
         require("ray", extra="ray")
@@ -128,7 +106,7 @@ def serve(
     from ..serve.app import run_server
 
     keys = f"; {len(config.api_keys)} API key(s) required" if config.api_keys else ""
-    print(f"serving on http://{host}:{port} (docs: /docs, page: /{keys})", file=sys.stderr, flush=True)
+    print(f"serving on http://{config.host}:{config.port} (docs: /docs, page: /{keys})", file=sys.stderr, flush=True)
     run_server(config)
 
 

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from .app import app
+from .options import from_fields
+from ..bench.options import BenchOptions
 from ..errors import UserError
 
 
@@ -71,59 +73,24 @@ def check_output_file(path: Path, overwrite: bool) -> None:
 
 
 @app.command()
+@from_fields(BenchOptions, "options")
 def bench(
     models: Annotated[Optional[list[Path]], typer.Argument(
         help="model folder(s) (default: the embedded model); two or more: each benched with its own defaults into "
              "OUT/<model>/, then one side-by-side report in OUT")] = None,
-    variants: Annotated[Optional[list[str]], typer.Option(
-        "--variants", help="names to run, comma-separated or repeated (default: every variant found), e.g. "
-                           "torch-fp32,ort-fp32,ort-fp32-loop,ort-fp32-dpmpp,ort-int8-dynamic,optimum-ort,openvino-fp32")] = None,
-    variants_dir: Annotated[Optional[Path], typer.Option(
-        help="folder whose sub-folders are quantized model folders (default: MODEL's siblings)")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="steps (default 20; --arch sd15: 10, the full-width families: 4)")] = None,
-    fast_steps: Annotated[Optional[int], typer.Option(help="DPM-Solver++ 2M steps for *-dpmpp (default steps/2)")] = None,
-    repeats: Annotated[Optional[int], typer.Option(
-        help="timed repeats per variant, interleaved, after warm-up (default 5); --isolate: rounds (default 3)")] = None,
-    prompts: Annotated[Optional[int], typer.Option(help="held-out prompts for the quality columns (default 16)")] = None,
-    batch: Annotated[int, typer.Option(help="batch size of the quality pass")] = 8,
-    guidance: Annotated[Optional[float], typer.Option(help="default: the model's evaluated guidance (--arch sd15: 7.5), else 4.0")] = None,
-    size: Annotated[Optional[int], typer.Option(help="image height = width (default: the model's)")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="intra-op threads for every runtime (default: libraries')")] = None,
-    rss: Annotated[str, typer.Option(help="subprocess (peak RSS per variant in a fresh process) | off")] = "subprocess",
-    arch: Annotated[Optional[str], typer.Option(help="sd15 | sd15-tiny | sdxl | sd3 | flux | qwenimage: full-size (sd15) or full-width random-weight model, speed/memory/size only")] = None,
-    work: Annotated[Optional[Path], typer.Option(
-        help="--arch: build folder (default /tmp/ARCH-bench); also where --quantize caches its folders (WORK/quantized; "
-             "default without --arch: ~/.cache/onnxdiffusion/bench-quantized) and peers their converted models")] = None,
-    quantize: Annotated[Optional[list[str]], typer.Option(
-        "--quantize", help="RECIPE[,RECIPE]: build these quantized siblings first (onnxdiffusion quantize, cached by the "
-                           "model's content hash + recipe) and bench them as ort-RECIPE")] = None,
-    isolate: Annotated[bool, typer.Option(
-        "--isolate", help="measure each variant in fresh processes, interleaved rounds: CPU time and peak RSS per phase "
-                          "(speed and memory only, no quality columns)")] = False,
-    memory: Annotated[Optional[str], typer.Option(
-        help="memory options for our ONNX Runtime variants, as generate --memory (e.g. lean)")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("bench-out"),
-    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
-    profile: Annotated[Optional[str], typer.Option(help="hardware profile (name or YAML file) for the ONNX Runtime variants")] = None,
-    link_images: Annotated[bool, typer.Option(
-        "--link-images", help="report.html links the PNGs beside it instead of embedding them (committed reports)")] = False,
+    options: BenchOptions = None,
 ) -> None:
     """Every variant side by side: latency per component, memory, size, fidelity, judge accuracy -> report.html."""
-    from ..bench import BenchOptions, run_bench
+    from dataclasses import replace
+
+    from ..bench import run_bench
     from ..bench.report import print_table
 
     models = list(models or [])
-    if len(models) > 1 and arch is not None:
+    if len(models) > 1 and options.arch is not None:
         raise UserError("--arch builds its own model; name no model folder with it")
-    from ..bench.quantized import parse_recipes
-
-    options = BenchOptions(
-        model=models[0] if models else None, variants=tuple(variants or ()), variants_dir=variants_dir, steps=steps,
-        fast_steps=fast_steps,
-        repeats=repeats, prompts=prompts, batch=batch, guidance=guidance, size=size, threads=threads, rss=rss,
-        arch=arch, work=work, out=out, progress=not quiet, profile=profile, embed_images=not link_images,
-        quantize=parse_recipes(quantize), isolate=isolate, memory=memory,
-    )
+    options = replace(options, model=models[0] if models else None)
+    profile, out = options.profile, options.out
     if profile is not None:
         from ..profiles import resolve
 

@@ -1,30 +1,54 @@
-"""What `export` takes (a typed config; the CLI maps its options onto it)."""
+"""What `export` takes: a typed config whose fields are also the `export` verb's options (help written once
+here; cli/options.py makes the options)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from ..fields import option
+
+
+def _loras(values) -> tuple:
+    """--lora FILE[:SCALE] (repeatable) -> ((file, scale), ...), scales checked."""
+    from ..adapters.feeds import normalize
+
+    return tuple((str(p), w) for p, w in normalize(list(values or [])))
 
 
 @dataclass(frozen=True)
 class ExportOptions:
-    opset: int = 17
-    validate: bool = True
-    overwrite: bool = False
+    opset: int = option(17, "ONNX opset of the exported graphs")
+    validate: bool = option(True, "skip the PyTorch comparison", flags=("--no-validate",), invert=True)
+    overwrite: bool = option(False, "replace an existing output folder written by this tool")
     # diffusers attention -> one ONNX Runtime MultiHeadAttention node (see export/attention.py)
-    fuse_attention: bool = True
+    fuse_attention: bool = option(True, "plain ONNX attention (portable beyond ONNX Runtime, slower on it)",
+                                  flags=("--no-fuse-attention",), invert=True)
     # None: every component the family declares that the source has
     components: tuple[str, ...] | None = None
     # components left out (e.g. ("vae_encoder",): text-to-image never runs it); only optional ones
-    skip: tuple[str, ...] = ()
+    skip: tuple[str, ...] = option((), "leave out an optional component (repeatable), e.g. vae_encoder: "
+                                       "text-to-image never runs it", flags=("--skip",))
     # the folder's default image size (square); None: the family's (diffusers' pipeline default)
-    default_size: int | None = None
+    default_size: int | None = option(None, "the folder's default (square) image size; default: the pipeline's own",
+                                      flags=("--default-size",))
     # LoRAs merged into the weights before export: ((path, scale), ...) (adapters/fuse.py)
-    loras: tuple = ()
+    loras: tuple = option((), "FILE[:SCALE]: merge a LoRA (.safetensors, diffusers/peft layout or `lora convert`ed) "
+                              "into the weights before export (repeatable)", flags=("--lora",),
+                          cli_type=list[str] | None, convert=_loras)
     # LoRA insertion points on the backbone and text encoders: None | "linear" | "all" (adapters/points.py)
-    lora_points: str | None = None
+    lora_points: str | None = option(None, "linear | all: LoRA insertion points on the backbone and text encoders "
+                                           "for run-time LoRAs (generate --lora); all adds k x k convolutions",
+                                     flags=("--lora-points",))
     # a diffusers AutoencoderTiny folder (TAESD) exported beside the VAE as vae_decoder_tiny / vae_encoder_tiny
-    tiny_vae: str | None = None
+    tiny_vae: str | None = option(None, "a diffusers AutoencoderTiny (TAESD) folder for this pipeline's VAE: "
+                                        "exported beside it as vae_decoder_tiny / vae_encoder_tiny (generate "
+                                        "--decoder tiny)", flags=("--tiny-vae",), cli_type=Path | None,
+                                  convert=lambda v: None if v is None else str(v))
     # ControlNets exported beside the backbone: ("NAME=DIR", ...) (export/controlnet.py)
-    controlnets: tuple = ()
+    controlnets: tuple = option((), "NAME=DIR: a diffusers ControlNet folder (ControlNetModel, SD3ControlNetModel, "
+                                    "FluxControlNetModel) exported beside the backbone as controlnets/NAME "
+                                    "(repeatable; generate --controlnet NAME)", flags=("--controlnet",),
+                                cli_type=list[str] | None)
     # a GGUF file holding the backbone (export/gguf.py): its weights replace the source folder's backbone weights
     gguf: str | None = None

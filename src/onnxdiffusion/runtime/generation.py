@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..folder.manifest import Recommended
+from .options import GenerateOptions  # noqa: F401  (re-exported: its name lives here too)
 
 
 @dataclass
@@ -36,35 +37,6 @@ class GenerationResult:
 
 
 DEFAULT_STEPS, DEFAULT_GUIDANCE = 20, 7.5
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """None for steps/sampler/guidance: the model's recommended value (manifest `recommended`), else the
-    defaults above (sampler: the one the folder's scheduler_config.json names). Ranges are in runtime/guards.py."""
-    steps: int | None = None
-    sampler: str | None = None
-    guidance: float | None = None
-    seed: int = 0
-    height: int | None = None
-    width: int | None = None
-    batch: int = 1
-    spacing: str | None = None
-    loop: str = "host"  # host | loop | unrolled
-    strength: float | None = None  # img2img / inpainting: share of the schedule that runs, (0, 1]; None: 1
-    mask_blur: float = 0.0  # inpainting: Gaussian blur radius (pixels) of the mask before it is binarized
-    # inpainting from a picture: paste its pixels back outside the mask (diffusers' apply_overlay), so the
-    # VAE's round trip does not touch them; off: the decoded image as is (diffusers' default)
-    mask_overlay: bool = False
-    # step caching (techniques/caching.py): a SPEC like "first_block:0.2", a dict {"method": ..., setting: value}
-    # or a method's spec object; host loop or a Loop graph compiled with compile-loop --cache
-    cache: str | dict | None = None
-    # adaptive stopping (techniques/stop.py): "THRESHOLD[:MIN_STEPS]" or a number; host loop or a Loop graph
-    # compiled with compile-loop --stop-early; the result's settings["steps_run"] says how many steps ran
-    stop_early: str | float | None = None
-    # full (the VAE) | tiny (the folder's vae_decoder_tiny: runtime/tiny_decoder.py); None: the folder's
-    # recommended (a tuned folder's), else full
-    decoder: str | None = None
 
 
 def resolve_options(options: GenerateOptions, recommended: Recommended | dict | None) -> GenerateOptions:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import UserError
+from ..fields import option
+
+
+def _bytes(text, what="--max-memory"):
+    return parse_bytes(text, what) if text is not None else None
 
 
 def usable_cores() -> int:
@@ -18,42 +24,43 @@ def usable_cores() -> int:
 @dataclass(frozen=True)
 class ServeConfig:
     models: tuple[str, ...] = ()  # FOLDER or NAME=FOLDER; empty: the embedded model
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(8000, "TCP port to listen on")
     # WIDTHxHEIGHT list, the first the default size and the golden-check size; None: each model's own sizes
     # (its trained size first, then manager.DEFAULT_BUCKETS it can run)
-    buckets: str | None = None
-    max_queue: int = 64
-    timeout: float = 120.0  # per request, seconds from submission (0: none)
-    workers: int = field(default_factory=usable_cores)  # concurrent backbone batches: one per core
-    threads: int = 1  # ONNX Runtime intra-op threads per session (workers x threads <= cores)
-    max_batch: int = 4  # images per backbone batch (1: no micro-batching)
+    buckets: str | None = option(None, "sizes WIDTHxHEIGHT, comma-separated; requests snap to the nearest; the first is the default (default: each model's trained size and those of 64x64,128x128,96x96,64x128,128x64 it can run)")
+    max_queue: int = option(64, "queued jobs before new ones get 503 + Retry-After")
+    timeout: float = option(120.0, "per-request timeout in seconds (0: none)")  # seconds from submission
+    workers: int = option(help="concurrent backbone batches (default: one per usable core)", default_factory=usable_cores,
+                          cli_default=None, cli_type=int | None, convert=lambda v: v or usable_cores())
+    threads: int = option(1, "ONNX Runtime threads per session")  # workers x threads <= cores
+    max_batch: int = option(4, "images per micro-batch of compatible requests (1: off)")
     max_n: int = 4  # images per request
     max_steps: int = 100
     max_side: int = 1024  # larger requested sizes are refused rather than snapped
     max_body: int = 64 * 1024  # bytes of a JSON request
-    max_edit_body: int = 16 * 1024 * 1024  # bytes of a /v1/images/edits upload (image + mask + fields)
-    retention: float = 600.0  # seconds a finished job's result is kept
+    max_edit_body: int = option(16 * 1024 * 1024, "largest /v1/images/edits request body (image + mask + fields; 16M, 4M): larger ones get 413", cli_type=str, cli_default="16M", convert=lambda v: _bytes(v or "16M", "--max-edit-body"))
+    retention: float = option(600.0, "seconds finished results are kept")
     max_finished: int = 512
-    golden_threshold_db: float = 30.0
+    golden_threshold_db: float = option(30.0, "PSNR (dB) an optimized model needs vs its full-precision sibling", flags=("--golden-threshold",))
     warmup: bool = True
-    grace: float = 10.0  # shutdown: seconds in-flight jobs get to finish before they are cancelled
+    grace: float = option(10.0, "on SIGTERM/SIGINT: seconds in-flight requests get to finish")  # then cancelled
     provider: str = "cpu"
-    profile: str | None = None  # hardware profile (name or YAML file): its provider/options for every model
-    memory: str | None = None  # runtime.memory mode (default | lean | KEY=0|1,...); None: the profile's, else default
-    web: str | None = None  # a page folder from `export-web`, served at /web
+    profile: str | None = option(None, "hardware profile (name or YAML file) every model loads with; overrides the CPU default")
+    memory: str | None = option(None, "default | lean (text encoders let go between requests, no ORT memory pattern) | KEY=0|1,... (default: the profile's, else default)")
+    web: str | None = option(None, "a page folder from `export-web`, served at /web (cross-origin isolated)", cli_type=Path | None, convert=lambda v: str(v) if v else None)
     # bytes one backbone batch may need by runtime.guards' activation estimate; a request over it is refused
     # (400) and micro-batches stop below it, instead of the OS killing the server (None: no budget)
-    max_memory: int | None = None
+    max_memory: int | None = option(None, "memory budget of one backbone batch (4G, 512M): requests whose estimate exceeds it get 400, micro-batches stay under it", cli_type=str | None, convert=lambda v: _bytes(v))
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication (see serve/auth.py)
-    protect_metrics: bool = True  # with keys: /metrics needs one too (False: open to scrapers)
+    protect_metrics: bool = option(True, "with API keys: whether /metrics needs one", flags=("--protect-metrics/--open-metrics",))
     # queued + running jobs one key may hold (0: max_queue // 2 with two or more keys, else no per-key bound);
     # workers also take jobs round-robin by key, so one caller's backlog cannot starve another's
-    key_max_jobs: int = 0
+    key_max_jobs: int = option(0, "queued + running jobs one API key may hold (0: max-queue/2 with 2+ keys, else none)")
     # named LoRA adapters (serve/loras.py): every *.safetensors of lora_dir, and NAME=FILE specs
-    lora_dir: str | None = None
-    loras: tuple[str, ...] = ()
-    lora_cache: int = 8  # converted adapter sets (model, names, scales) kept in memory, least recently used out
+    lora_dir: str | None = option(None, "LoRA adapters clients may name in `lora`: every *.safetensors in this folder, named by its file name without the extension", cli_type=Path | None, convert=lambda v: str(v) if v else None)
+    loras: tuple[str, ...] = option((), "a LoRA adapter clients may name, NAME=FILE (FILE alone: named by its file name without the extension); repeatable", flags=("--lora",))
+    lora_cache: int = option(8, "converted adapter sets (model, names, scales) kept in memory; the least recently used goes first")
 
     def __post_init__(self):
         for name in ("max_queue", "workers", "threads", "max_batch", "max_n", "max_steps", "max_side", "max_body",

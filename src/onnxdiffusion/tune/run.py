@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..fields import option
 from .space import DEFAULT_RECIPES, FP32, Candidate
 
 # scene seeds: the tuning, confirmation and held-out prompts never overlap
@@ -16,19 +17,31 @@ TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
 BUILD_GUESS_S = 120.0  # scene seeds: the tuning and held-out prompts never overlap
 
 
+def _recipes(text: str) -> tuple[str, ...]:
+    """--recipes A,B (none: fp32 only) -> (A, B)."""
+    return tuple(r.strip() for r in text.split(",") if r.strip() and r.strip() != "none")
+
+
 @dataclass(frozen=True)
 class TuneOptions:
-    min_psnr: float | None = None  # mean image PSNR vs the fp32 reference, dB
-    keep_accuracy: bool = False  # the judge's strict accuracy within 1 point of fp32's
-    time_budget: float = 20.0  # minutes
-    prompts: Path | None = None  # tuning prompts, one a line (default: the scene world's, which the judge reads)
-    tune_count: int = 16
-    holdout_count: int = 32
-    confirm_count: int = 32  # the fastest candidates are confirmed on these before one is chosen
-    recipes: tuple[str, ...] = DEFAULT_RECIPES
-    rounds: int = 5
+    """What `tune` takes; each field with help is also an option of the `tune` verb (cli/options.py)."""
+    min_psnr: float | None = option(
+        None, "bound: mean image PSNR (dB) vs the model's own fp32 pictures on the tuning prompts (on the scene "
+              "prompts the judge reads, fp32's accuracy is kept too)")
+    keep_accuracy: bool = option(False, "bound: the judge's strict accuracy within 1 point of fp32's (scene prompts)",
+                                 flags=("--keep-accuracy",))
+    time_budget: float = option(20.0, "minutes for the whole run")
+    prompts: Path | None = option(None, "tuning prompts, one a line (default: the scene world's held-out prompts, "
+                                        "which the judge reads)")
+    tune_count: int = option(16, "tuning prompts")
+    holdout_count: int = option(32, "held-out prompts of the final check")
+    confirm_count: int = option(32, "prompts the fastest candidates are confirmed on before one is chosen")
+    recipes: tuple[str, ...] = option(DEFAULT_RECIPES, "quantize recipes tried, in order, comma-separated (none: fp32 "
+                                                       "only)", cli_type=str, cli_default=",".join(DEFAULT_RECIPES),
+                                      convert=_recipes)
+    rounds: int = option(5, "interleaved timing rounds")
     top: int = 6  # timed besides the default and the best single levers
-    overwrite: bool = False
+    overwrite: bool = option(False, "write into a non-empty OUT that holds no tune journal")
 
 
 def check_options(o: TuneOptions) -> None:

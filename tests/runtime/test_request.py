@@ -1,0 +1,63 @@
+"""runtime/request.py: every check a generation needs before any model loads, in one library function that the
+CLI's generate and the Python API share; the checks keep their order (cheap ones before the folder is read)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxdiffusion.errors import UserError
+from onnxdiffusion.runtime.options import GenerateOptions, GenerateRequest
+from onnxdiffusion.runtime.request import generate, plan
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Any session made fails the test: plan() must refuse before a model loads."""
+    from onnxdiffusion.runtime import pipeline
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(pipeline.Pipeline, "__init__", refuse)
+
+
+@pytest.mark.parametrize("prompt, options, request_, message", [
+    ("a\x00b", GenerateOptions(), GenerateRequest(), "NUL"),
+    ("a", GenerateOptions(), GenerateRequest(negative_prompt="\x00"), "negative prompt"),
+    ("a", GenerateOptions(), GenerateRequest(provider="nope"), "provider"),
+    ("a", GenerateOptions(), GenerateRequest(memory="bogus=1"), "memory"),
+    ("a", GenerateOptions(cache="warp:1"), GenerateRequest(), "cache"),
+    ("a", GenerateOptions(strength=0.5), GenerateRequest(), "--mask and --strength need --image"),
+    ("a", GenerateOptions(), GenerateRequest(control=("x.png",)), "one --control image per --controlnet"),
+    ("a", GenerateOptions(steps=0), GenerateRequest(), "num_steps"),
+    ("a", GenerateOptions(loop="unrolled"), GenerateRequest(), "compile-loop"),
+    ("a", GenerateOptions(decoder="tiny"), GenerateRequest(), "tiny decoder"),
+])
+def test_bad_requests_are_refused_before_any_model_loads(tiny_onnx, no_loading, prompt, options, request_, message):
+    with pytest.raises(UserError, match=message):
+        plan(tiny_onnx, prompt, options, request_)
+
+
+def test_cheap_checks_come_before_the_folder_is_read(tmp_path, no_loading):
+    # a bad provider is named even though the folder does not exist
+    with pytest.raises(UserError, match="provider"):
+        plan(tmp_path / "missing", "a", GenerateOptions(), GenerateRequest(provider="nope"))
+    seen = []
+    with pytest.raises(UserError):
+        plan(tmp_path / "missing", "a", GenerateOptions(batch=2), outputs=seen.append)
+    assert seen == [2]  # the caller's output check ran, before the folder
+
+
+def test_plan_resolves_the_options_as_generate_runs_them(tiny_onnx, no_loading):
+    p = plan(tiny_onnx, "a red circle", GenerateOptions(steps=3), GenerateRequest())
+    assert p.options.steps == 3 and p.options.loop == "host" and p.options.decoder == "full"
+    assert p.options.guidance is not None and p.folder == tiny_onnx and p.prompt == "a red circle"
+    assert p.loras == () and p.controls == () and p.picture is None
+
+
+def test_the_python_twin_makes_the_pipelines_image(tiny_onnx):
+    from onnxdiffusion.runtime import Pipeline
+
+    got = generate(tiny_onnx, "a red circle", GenerateOptions(steps=2, seed=3))
+    want = Pipeline.from_folder(tiny_onnx)("a red circle", steps=2, seed=3)
+    np.testing.assert_array_equal(got.images, want.images)
