@@ -22,12 +22,13 @@ sampler loops, quantization and bench never need to know the family to feed a ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import UserError
 from ..folder.manifest import Manifest
+from .arrays import NumpyOps, Ops  # noqa: F401 (Ops: combine's; both re-exported)
 from .editing import PictureInput
 
 SAMPLE, TIMESTEP, OUT = "sample", "timestep", "out_sample"
@@ -81,28 +82,6 @@ class TextEncoderSlot:
     # an LLM encoder read through its tokenizer's chat template: apply_chat_template's keyword arguments; export
     # renders the folder's template once into pipeline.chat_templates[name] (a str.format template, one {})
     chat_template: tuple[tuple[str, Any], ...] | None = None
-
-
-class Ops(Protocol):
-    """The few array operations `combine` needs; numpy here, ONNX nodes in the whole graph."""
-
-    def concat(self, xs: list[Any], axis: int) -> Any: ...
-    def pad_last(self, x: Any, width: int) -> Any: ...
-    def zeros(self, like: Any, tail: tuple[int, ...]) -> Any: ...
-
-
-class NumpyOps:
-    def concat(self, xs: list[np.ndarray], axis: int) -> np.ndarray:
-        return np.concatenate(xs, axis=axis)
-
-    def pad_last(self, x: np.ndarray, width: int) -> np.ndarray:
-        if x.shape[-1] > width:
-            raise UserError(f"cannot pad width {x.shape[-1]} down to {width}")
-        return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
-
-    def zeros(self, like: np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
-        """Zeros of shape (batch of `like`, *tail)."""
-        return np.zeros((like.shape[0], *tail), np.float32)
 
 
 def class_of(model_index: dict, name: str) -> str | None:
