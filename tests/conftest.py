@@ -1,4 +1,5 @@
 import gc
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -128,14 +129,41 @@ def export_plain(src: Path, out: Path) -> Path:
     return out
 
 
+def export_every(size: int):
+    """export(src, out): every component (the VAE encoder too: editing models and reference pictures use it) at a
+    `size` x `size` default size."""
+    def export(src: Path, out: Path) -> Path:
+        from onnxdiffusion.export import ExportOptions, export_pipeline
+
+        export_pipeline(src, out, ExportOptions(default_size=size), progress=False)
+        return out
+    return export
+
+
+def built(name: str, module: str, builder: str, **kwargs):
+    """A session fixture: tests/helpers/`module`.`builder`(root, **kwargs), built once per run (shared_folder)."""
+    @pytest.fixture(scope="session")
+    def fixture(tmp_path_factory) -> Path:
+        build = getattr(importlib.import_module(module), builder)
+        return shared_folder(tmp_path_factory, name, lambda root: build(root, **kwargs))
+    return fixture
+
+
+def exported(name: str, source: str, export):
+    """A session fixture: the `source` fixture's pipeline through `export(src, root / "model")`, once per run."""
+    @pytest.fixture(scope="session")
+    def fixture(request, tmp_path_factory) -> Path:
+        src = request.getfixturevalue(source)
+        return shared_folder(tmp_path_factory, name, lambda root: export(src, root / "model"))
+    return fixture
+
+
 @pytest.fixture(scope="session")
 def tiny_diffusers(tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory, "tiny", build_tiny_pipeline)
 
 
-@pytest.fixture(scope="session")
-def tiny_onnx(tiny_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_onnx", lambda root: export_plain(tiny_diffusers, root / "model"))
+tiny_onnx = exported("tiny_onnx", "tiny_diffusers", export_plain)
 
 
 @pytest.fixture(scope="session")
@@ -144,19 +172,12 @@ def tiny_v_diffusers(tmp_path_factory) -> Path:
         root, prediction_type="v_prediction", spacing="trailing"))
 
 
-@pytest.fixture(scope="session")
-def tiny_v_onnx(tiny_v_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_v_onnx",
-                         lambda root: export_plain(tiny_v_diffusers, root / "model"))
+tiny_v_onnx = exported("tiny_v_onnx", "tiny_v_diffusers", export_plain)
 
 
 # -- other model families (tests/helpers/family_pipelines.py builds them) -------------------------------
 
-@pytest.fixture(scope="session")
-def tiny_sdxl_diffusers(tmp_path_factory) -> Path:
-    from family_pipelines import build_tiny_sdxl
-
-    return shared_folder(tmp_path_factory, "tiny_sdxl", build_tiny_sdxl)
+tiny_sdxl_diffusers = built("tiny_sdxl", "family_pipelines", "build_tiny_sdxl")
 
 
 @pytest.fixture(scope="session")
@@ -172,40 +193,15 @@ def tiny_sdxl_onnx(tiny_sdxl_diffusers, tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory, "tiny_sdxl_onnx", build)
 
 
-@pytest.fixture(scope="session")
-def tiny_sd3_diffusers(tmp_path_factory) -> Path:
-    from family_pipelines import build_tiny_sd3
-
-    return shared_folder(tmp_path_factory, "tiny_sd3", build_tiny_sd3)
-
-
-@pytest.fixture(scope="session")
-def tiny_sd3_onnx(tiny_sd3_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_sd3_onnx",
-                         lambda root: export_plain(tiny_sd3_diffusers, root / "model"))
+tiny_sd3_diffusers = built("tiny_sd3", "family_pipelines", "build_tiny_sd3")
+tiny_sd3_onnx = exported("tiny_sd3_onnx", "tiny_sd3_diffusers", export_plain)
 
 
 # -- Flux and Qwen-Image (tests/helpers/tiny_families.py builds them) -----------------------------------
 
-@pytest.fixture(scope="session")
-def tiny_flux_diffusers(tmp_path_factory) -> Path:
-    from tiny_families import build_tiny_flux
-
-    return shared_folder(tmp_path_factory, "tiny_flux", build_tiny_flux)
-
-
-@pytest.fixture(scope="session")
-def tiny_qwenimage_diffusers(tmp_path_factory) -> Path:
-    from tiny_families import build_tiny_qwenimage
-
-    return shared_folder(tmp_path_factory, "tiny_qwenimage", build_tiny_qwenimage)
-
-
-@pytest.fixture(scope="session")
-def tiny_zimage_diffusers(tmp_path_factory) -> Path:
-    from tiny_families import build_tiny_zimage
-
-    return shared_folder(tmp_path_factory, "tiny_zimage", build_tiny_zimage)
+tiny_flux_diffusers = built("tiny_flux", "tiny_families", "build_tiny_flux")
+tiny_qwenimage_diffusers = built("tiny_qwenimage", "tiny_families", "build_tiny_qwenimage")
+tiny_zimage_diffusers = built("tiny_zimage", "tiny_families", "build_tiny_zimage")
 
 
 def export_family(src: Path, out: Path) -> Path:
@@ -222,57 +218,18 @@ def export_family(src: Path, out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_flux_onnx(tiny_flux_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_flux_onnx", lambda root: export_family(tiny_flux_diffusers, root / "model"))
-
-
-@pytest.fixture(scope="session")
-def tiny_qwenimage_onnx(tiny_qwenimage_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_qwenimage_onnx",
-                         lambda root: export_family(tiny_qwenimage_diffusers, root / "model"))
-
-
-@pytest.fixture(scope="session")
-def tiny_zimage_onnx(tiny_zimage_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_zimage_onnx",
-                         lambda root: export_family(tiny_zimage_diffusers, root / "model"))
+tiny_flux_onnx = exported("tiny_flux_onnx", "tiny_flux_diffusers", export_family)
+tiny_qwenimage_onnx = exported("tiny_qwenimage_onnx", "tiny_qwenimage_diffusers", export_family)
+tiny_zimage_onnx = exported("tiny_zimage_onnx", "tiny_zimage_diffusers", export_family)
 
 
 # -- FLUX.2 (tests/helpers/tiny_flux2.py builds them) ------------------------------------------------------
 
-@pytest.fixture(scope="session")
-def tiny_flux2_klein_diffusers(tmp_path_factory) -> Path:
-    from tiny_flux2 import build_tiny_flux2_klein
-
-    return shared_folder(tmp_path_factory, "tiny_flux2_klein", build_tiny_flux2_klein)
-
-
-@pytest.fixture(scope="session")
-def tiny_flux2_dev_diffusers(tmp_path_factory) -> Path:
-    from tiny_flux2 import build_tiny_flux2_dev
-
-    return shared_folder(tmp_path_factory, "tiny_flux2_dev", build_tiny_flux2_dev)
-
-
-def _export_with_encoder(src: Path, out: Path) -> Path:
-    """Every component (the VAE encoder too: FLUX.2 takes reference pictures), a 32x32 default size."""
-    from onnxdiffusion.export import ExportOptions, export_pipeline
-
-    export_pipeline(src, out, ExportOptions(default_size=32), progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tiny_flux2_klein_onnx(tiny_flux2_klein_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_flux2_klein_onnx",
-                         lambda root: _export_with_encoder(tiny_flux2_klein_diffusers, root / "model"))
-
-
-@pytest.fixture(scope="session")
-def tiny_flux2_dev_onnx(tiny_flux2_dev_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_flux2_dev_onnx",
-                         lambda root: _export_with_encoder(tiny_flux2_dev_diffusers, root / "model"))
+tiny_flux2_klein_diffusers = built("tiny_flux2_klein", "tiny_flux2", "build_tiny_flux2_klein")
+tiny_flux2_dev_diffusers = built("tiny_flux2_dev", "tiny_flux2", "build_tiny_flux2_dev")
+# every component (FLUX.2 takes reference pictures: the VAE encoder too), a 32x32 default size
+tiny_flux2_klein_onnx = exported("tiny_flux2_klein_onnx", "tiny_flux2_klein_diffusers", export_every(32))
+tiny_flux2_dev_onnx = exported("tiny_flux2_dev_onnx", "tiny_flux2_dev_diffusers", export_every(32))
 
 
 @pytest.fixture(scope="module")  # per module: some tests hard-link its data file, which onnx.load then refuses
@@ -342,60 +299,20 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # -- FLUX.1 Kontext (editing by instruction): tests/helpers/tiny_kontext.py ------------------------------------
-@pytest.fixture(scope="session")
-def tiny_kontext_diffusers(tmp_path_factory) -> Path:
-    from tiny_kontext import build_tiny_kontext
-
-    return shared_folder(tmp_path_factory, "tiny_kontext", build_tiny_kontext)
-
-
-@pytest.fixture(scope="session")
-def tiny_kontext_onnx(tiny_kontext_diffusers, tmp_path_factory) -> Path:
-    """Every component, the VAE encoder included (an editing model encodes its reference picture)."""
-    from onnxdiffusion.export import ExportOptions, export_pipeline
-
-    def build(root: Path) -> Path:
-        export_pipeline(tiny_kontext_diffusers, root / "model", ExportOptions(default_size=32), progress=False)
-        return root / "model"
-
-    return shared_folder(tmp_path_factory, "tiny_kontext_onnx", build)
+tiny_kontext_diffusers = built("tiny_kontext", "tiny_kontext", "build_tiny_kontext")
+# every component, the VAE encoder included (an editing model encodes its reference picture)
+tiny_kontext_onnx = exported("tiny_kontext_onnx", "tiny_kontext_diffusers", export_every(32))
 
 
 SLOW_ONLY_FIXTURES |= {"tiny_kontext_diffusers", "tiny_kontext_onnx"}
 
 
 # -- Qwen-Image-Edit and -Edit-Plus (editing by instruction): tests/helpers/tiny_qwenedit.py ----------------------
-def _qwenedit_onnx(src: Path, root: Path) -> Path:
-    """Every component (an editing model encodes its reference picture), a 64 x 64 default size."""
-    from onnxdiffusion.export import ExportOptions, export_pipeline
-
-    export_pipeline(src, root / "model", ExportOptions(default_size=64), progress=False)
-    return root / "model"
-
-
-@pytest.fixture(scope="session")
-def tiny_qwenedit_diffusers(tmp_path_factory) -> Path:
-    from tiny_qwenedit import build_tiny_qwenedit
-
-    return shared_folder(tmp_path_factory, "tiny_qwenedit", build_tiny_qwenedit)
-
-
-@pytest.fixture(scope="session")
-def tiny_qwenedit_plus_diffusers(tmp_path_factory) -> Path:
-    from tiny_qwenedit import build_tiny_qwenedit
-
-    return shared_folder(tmp_path_factory, "tiny_qwenedit_plus", lambda root: build_tiny_qwenedit(root, plus=True))
-
-
-@pytest.fixture(scope="session")
-def tiny_qwenedit_onnx(tiny_qwenedit_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_qwenedit_onnx", lambda root: _qwenedit_onnx(tiny_qwenedit_diffusers, root))
-
-
-@pytest.fixture(scope="session")
-def tiny_qwenedit_plus_onnx(tiny_qwenedit_plus_diffusers, tmp_path_factory) -> Path:
-    return shared_folder(tmp_path_factory, "tiny_qwenedit_plus_onnx",
-                         lambda root: _qwenedit_onnx(tiny_qwenedit_plus_diffusers, root))
+tiny_qwenedit_diffusers = built("tiny_qwenedit", "tiny_qwenedit", "build_tiny_qwenedit")
+tiny_qwenedit_plus_diffusers = built("tiny_qwenedit_plus", "tiny_qwenedit", "build_tiny_qwenedit", plus=True)
+# every component (an editing model encodes its reference picture), a 64 x 64 default size
+tiny_qwenedit_onnx = exported("tiny_qwenedit_onnx", "tiny_qwenedit_diffusers", export_every(64))
+tiny_qwenedit_plus_onnx = exported("tiny_qwenedit_plus_onnx", "tiny_qwenedit_plus_diffusers", export_every(64))
 
 
 SLOW_ONLY_FIXTURES |= {"tiny_qwenedit_diffusers", "tiny_qwenedit_plus_diffusers", "tiny_qwenedit_onnx",

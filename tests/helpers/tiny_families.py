@@ -10,6 +10,7 @@ that the run-time side reads without transformers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 # Sentences the in-memory tokenizers are trained on: the scene words plus Qwen's prompt template.
@@ -87,33 +88,63 @@ def flux_scheduler():
                                            max_image_seq_len=4096)
 
 
-def build_tiny_flux(folder: Path, t5_length: int = 16) -> Path:
-    """FluxPipeline (dev-style: guidance embedding), 16 latent channels packed 2x2 -> 64, VAE factor 2."""
+@dataclass(frozen=True)
+class FluxSizes:
+    """A tiny FLUX.1's sizes (defaults: build_tiny_flux's; tiny_kontext.py's Kontext has its own)."""
+    seed: int = 0
+    width: int = 32  # the CLIP and T5 widths, the transformer's joint and pooled projections
+    t5_length: int = 16
+    t5_ff: int = 37
+    t5_layers: int = 2
+    t5_heads: int = 4
+    blocks: int = 1
+    single_blocks: int = 1
+    head_dim: int = 16
+    heads: int = 2
+    axes: tuple[int, ...] = (4, 4, 8)
+    vae_shift: float = 0.0609
+    vae_scale: float = 1.5035
+    vae_attention: bool = True  # the VAE's mid-block attention (diffusers' default)
+
+
+def flux_components(folder: Path, s: FluxSizes, prepare=None) -> dict:
+    """A FLUX.1 pipeline's components (FluxPipeline and FluxKontextPipeline take the same): 16 latent channels
+    packed 2x2 -> 64, a guidance embedding, VAE factor 2. `prepare(transformer)`: weights set before the VAE is
+    drawn (Kontext's sharpening)."""
     import torch
-    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import T5Config, T5EncoderModel
 
-    torch.manual_seed(0)
-    tokenizer, text_encoder = _clip(folder, 16, 32)
-    tokenizer_2 = t5_tokenizer(t5_length)
+    torch.manual_seed(s.seed)
+    tokenizer, text_encoder = _clip(folder, 16, s.width)
+    tokenizer_2 = t5_tokenizer(s.t5_length)
     text_encoder_2 = T5EncoderModel(T5Config(
-        vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
-        dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        vocab_size=len(tokenizer_2), d_model=s.width, d_kv=8, d_ff=s.t5_ff, num_layers=s.t5_layers,
+        num_heads=s.t5_heads, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
     ))
     transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=16, out_channels=None, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
-        axes_dims_rope=(4, 4, 8),
+        patch_size=1, in_channels=16, out_channels=None, num_layers=s.blocks, num_single_layers=s.single_blocks,
+        attention_head_dim=s.head_dim, num_attention_heads=s.heads, joint_attention_dim=s.width,
+        pooled_projection_dim=s.width, guidance_embeds=True, axes_dims_rope=s.axes,
     )
+    if prepare is not None:
+        prepare(transformer)
     vae = AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
         norm_num_groups=4, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
-        shift_factor=0.0609, scaling_factor=1.5035,
+        shift_factor=s.vae_shift, scaling_factor=s.vae_scale, mid_block_add_attention=s.vae_attention,
     )
-    pipe = FluxPipeline(scheduler=flux_scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
+    return dict(scheduler=flux_scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
+
+
+def build_tiny_flux(folder: Path, t5_length: int = 16) -> Path:
+    """FluxPipeline (dev-style: guidance embedding), 16 latent channels packed 2x2 -> 64, VAE factor 2."""
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline(**flux_components(folder, FluxSizes(t5_length=t5_length)))
     out = folder / "flux"
     pipe.save_pretrained(out, safe_serialization=True)
     return out

@@ -19,34 +19,14 @@ REF_SIZE = (168, 392)  # (height, width): the preferred (width 1568, height 672)
 def build_tiny_kontext(folder: Path, vae_attention: bool = True) -> Path:
     """`vae_attention=False`: a VAE without the mid-block attention (the browser page's test: onnxruntime-web's WASM
     build cannot run that attention over the 16384 latent tokens of a Kontext reference picture)."""
-    import torch
-    from diffusers import AutoencoderKL, FluxKontextPipeline, FluxTransformer2DModel
-    from transformers import T5Config, T5EncoderModel
+    from diffusers import FluxKontextPipeline
 
-    from tiny_families import _clip, flux_scheduler, t5_tokenizer
+    from tiny_families import FluxSizes, flux_components
 
-    torch.manual_seed(1)
-    tokenizer, text_encoder = _clip(folder, 16, 24)
-    tokenizer_2 = t5_tokenizer(12)
-    text_encoder_2 = T5EncoderModel(T5Config(
-        vocab_size=len(tokenizer_2), d_model=24, d_kv=8, d_ff=29, num_layers=1, num_heads=3,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
-        dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-    ))
-    transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=16, out_channels=None, num_layers=2, num_single_layers=1, attention_head_dim=8,
-        num_attention_heads=3, joint_attention_dim=24, pooled_projection_dim=24, guidance_embeds=True,
-        axes_dims_rope=(2, 2, 4),
-    )
-    _sharpen(transformer)
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-        norm_num_groups=4, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
-        shift_factor=0.1159, scaling_factor=0.3611, mid_block_add_attention=vae_attention,
-    )
-    pipe = FluxKontextPipeline(scheduler=flux_scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                               text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
+    sizes = FluxSizes(seed=1, width=24, t5_length=12, t5_ff=29, t5_layers=1, t5_heads=3, blocks=2, single_blocks=1,
+                      head_dim=8, heads=3, axes=(2, 2, 4), vae_shift=0.1159, vae_scale=0.3611,
+                      vae_attention=vae_attention)
+    pipe = FluxKontextPipeline(**flux_components(folder, sizes, prepare=_sharpen))
     out = folder / ("kontext" if vae_attention else "kontext_no_vae_attention")
     pipe.save_pretrained(out, safe_serialization=True)
     return out

@@ -33,6 +33,29 @@ def png(array: np.ndarray, fmt: str = "PNG") -> bytes:
     return buf.getvalue()
 
 
+def editing_server(model: str, folder, buckets: str):
+    """A module's server of one editing model (Kontext, Qwen-Image-Edit): one worker, a generous timeout.
+    Use as `yield from editing_server(...)` in a module-scoped fixture."""
+    srv = Server({model: folder}, "--buckets", buckets, "--workers", "1", "--max-queue", "4", "--timeout", "300")
+    yield srv
+    srv.stop()
+
+
+def edit_matches_the_library(server, folder, model: str, rgb: np.ndarray, height: int, width: int, **kw):
+    """The openai client's `images.edit` of `rgb` on an editing model gives the library's
+    `Pipeline(folder)(prompt, image=rgb, ...)` image bit for bit; returns the response for more checks."""
+    openai = pytest.importorskip("openai")
+    from onnxdiffusion.runtime import Pipeline
+
+    prompt = "make the circle blue"
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0)
+    resp = client.images.edit(image=("in.png", png(rgb), "image/png"), prompt=prompt, model=model,
+                              size=f"{width}x{height}", response_format="b64_json", extra_body=kw)
+    want = Pipeline.from_folder(folder, threads=1)(prompt, image=rgb, width=width, height=height, **kw).images
+    np.testing.assert_array_equal(decode_png(base64.b64decode(resp.data[0].b64_json)), want[0])
+    return resp
+
+
 def scene(h: int = 70, w: int = 100) -> np.ndarray:
     rgb = np.full((h, w, 3), 96, np.uint8)
     rgb[h // 6 : h // 2, w // 10 : w // 3] = (220, 30, 30)

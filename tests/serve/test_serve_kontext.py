@@ -5,17 +5,14 @@ editing model is a one-line 400."""
 
 from __future__ import annotations
 
-import base64
-
-import numpy as np
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("multipart", reason="python-multipart (the serve extra) is not installed")
 httpx = pytest.importorskip("httpx")
 
-from test_serve import Server, assert_clean_error, decode_png  # noqa: E402
-from test_serve_edits import openai_mask, png  # noqa: E402
+from test_serve import assert_clean_error  # noqa: E402
+from test_serve_edits import edit_matches_the_library, editing_server, openai_mask, png  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -24,28 +21,16 @@ KW = {"steps": 3, "seed": 5, "guidance": 2.5}
 
 @pytest.fixture(scope="module")
 def server(tiny_kontext_onnx):
-    srv = Server({"kontext": tiny_kontext_onnx}, "--buckets", "40x24,32x32", "--workers", "1", "--max-queue", "4",
-                 "--timeout", "300")
-    yield srv
-    srv.stop()
+    yield from editing_server("kontext", tiny_kontext_onnx, "40x24,32x32")
 
 
 def test_openai_client_edit_matches_the_library(server, tiny_kontext_onnx):
-    openai = pytest.importorskip("openai")
     from tiny_kontext import picture
 
-    from onnxdiffusion.runtime import Pipeline
-
-    rgb = picture(70, 100, seed=1)
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0)
-    resp = client.images.edit(image=("in.png", png(rgb), "image/png"), prompt="make the circle blue", model="kontext",
-                              size="40x24", response_format="b64_json", extra_body=KW)
+    resp = edit_matches_the_library(server, tiny_kontext_onnx, "kontext", picture(70, 100, seed=1), 24, 40, **KW)
     settings = resp.model_extra["settings"]
     assert settings["edit"] == "reference" and settings["strength"] is None and settings["image_size"] == "100x70"
     assert "notices" not in resp.model_extra  # the picture is a reference: its family sizes it, no resize notice
-    want = Pipeline.from_folder(tiny_kontext_onnx, threads=1)("make the circle blue", image=rgb, width=40, height=24,
-                                                               **KW).images
-    np.testing.assert_array_equal(decode_png(base64.b64decode(resp.data[0].b64_json)), want[0])
 
 
 def test_mask_strength_and_text_only_are_400(server):

@@ -46,7 +46,8 @@ def test_every_conflict_names_known_techniques_once():
     (dict(controlnet=True, precision_schedule=True), "loop", "precision schedule does not take ControlNet"),
     (dict(cache=FirstBlock(0.2), precision_schedule=True), "loop", "--cache first_block: step caching in the Loop"),
     (dict(cache=TaylorSeer(3)), "unrolled", "runs in the host loop and the Loop graph"),
-    (dict(stop=StopSpec(0.1)), "unrolled", "unrolled graph runs all its steps")])
+    (dict(stop=StopSpec(0.1)), "unrolled", "unrolled graph runs all its steps"),
+    (dict(lora=True, inpaint_backbone=True), "host", "run-time LoRA on an inpainting backbone")])
 def test_refusals_come_from_the_table(active, form, fragment):
     with pytest.raises(UserError, match=re.escape(fragment)) as info:
         registry.check_combination(active, form)
@@ -57,6 +58,8 @@ def test_pairs_that_combine_pass():
     registry.check_combination(dict(cache=FirstBlock(0.2), precision_schedule=True, lora=True), "host")
     registry.check_combination(dict(cache=FirstBlock(0.2), stop=StopSpec(0.1)), "loop", compiled=True)
     check(Specs(FirstBlock(0.0), StopSpec(0.1)), "host")  # a no-op cache is not active
+    check(Specs(None, None), "loop", lora=True, inpaint_backbone=True)  # refused in the host loop only
+    check(Specs(None, StopSpec(0.1)), "host", inpaint_backbone=True)  # no blend: an early stop is fine
 
 
 def test_specs_parse_once_and_pass_objects_through():

@@ -8,8 +8,6 @@ from pathlib import Path
 from ..errors import UserError
 from ..families.flux2 import Flux2Base
 
-_MARK = "\u2063PROMPT\u2063"  # invisible separators: no chat template writes them
-
 
 def _messages(family: Flux2Base, prompt: str) -> list[dict]:
     if family.embedded_guidance:  # [dev]: format_input's system + user messages, content as lists
@@ -37,21 +35,21 @@ def _load_tokenizer(folder: Path):
 
 
 def prompt_template(family: Flux2Base, folder: Path) -> str:
-    """The pipeline's chat-templated prompt as a str.format template with one `{}`: rendered once with a marker
-    in the prompt's place. The run time then formats the prompt in, as the pipeline renders it per prompt."""
+    """The pipeline's chat-templated prompt as a str.format template with one `{}` (llm_text_encoder.prompt_format,
+    the renderer Z-Image's slot template goes through too); the run time formats the prompt in, as the pipeline
+    renders it per prompt."""
+    from .llm_text_encoder import prompt_format
+
     try:
         tok = _load_tokenizer(folder)
-        text = _render(family, tok, _MARK)
+        _render(family, tok, "x")  # a template that does not render at all: one line saying why
     except (OSError, ValueError, TypeError, ImportError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{folder}: cannot render the tokenizer's chat template: {first}") from None
-    if text.count(_MARK) != 1:
-        raise UserError(f"{folder}: the chat template does not place the prompt exactly once")
-    head, tail = text.split(_MARK)
-    # the template's own text outside the prompt must be prompt-independent for one format string to serve
-    if _render(family, tok, "x") != head + "x" + tail:
-        raise UserError(f"{folder}: the chat template's text depends on the prompt; not supported")
-    return head.replace("{", "{{").replace("}", "}}") + "{}" + tail.replace("{", "{{").replace("}", "}}")
+    try:
+        return prompt_format(lambda prompt: _render(family, tok, prompt))
+    except ValueError as e:
+        raise UserError(f"{folder}: {e}") from None
 
 
 def vae_batch_norm(folder: Path) -> dict:

@@ -88,12 +88,24 @@ def decoder_stack(module):
 
 
 def chat_prompt_template(tokenizer, options: tuple[tuple[str, object], ...]) -> str:
-    """The tokenizer's chat template rendered around one user message, as a `str.format` template with one {}
-    where the prompt goes (the run time formats it without transformers or jinja). `options`: the pipeline's
-    apply_chat_template keyword arguments (add_generation_prompt, enable_thinking, ...)."""
-    sentinel = "\u0000PROMPT\u0000"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False, **dict(options))
-    if not isinstance(text, str) or text.count(sentinel) != 1:
-        raise ValueError("the chat template does not place the user message exactly once")
-    head, tail = text.split(sentinel)
+    """The tokenizer's chat template rendered around one user message (TextEncoderSlot.chat_template: `options`,
+    the pipeline's apply_chat_template keyword arguments: add_generation_prompt, enable_thinking, ...), as
+    prompt_format's template."""
+    return prompt_format(lambda prompt: tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                                      tokenize=False, **dict(options)))
+
+
+def prompt_format(render) -> str:
+    """`render(prompt)` -> the pipeline's chat-templated text, as a `str.format` template with one {} where the
+    prompt goes (the run time formats it without transformers or jinja): rendered once with a marker in the
+    prompt's place; a template that does not place it exactly once, or whose own text depends on the prompt
+    (one format string could not serve), is a ValueError. The one renderer of every chat-template encoder
+    (export/pipeline.py's slots, FLUX.2's prompt in export/flux2_prompt.py)."""
+    marker = "\u2063PROMPT\u2063"  # invisible separators: no chat template writes them
+    text = render(marker)
+    if not isinstance(text, str) or text.count(marker) != 1:
+        raise ValueError("the chat template does not place the prompt exactly once")
+    head, tail = text.split(marker)
+    if render("x") != head + "x" + tail:
+        raise ValueError("the chat template's text depends on the prompt; not supported")
     return "{}".join(part.replace("{", "{{").replace("}", "}}") for part in (head, tail))

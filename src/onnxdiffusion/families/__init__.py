@@ -6,7 +6,8 @@ Everything outside this package asks the family; nothing else branches on a mode
 from __future__ import annotations
 
 from ..errors import UserError
-from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, NumpyOps, Ops, TensorSpec, TextEncoderSlot
+from .graph_ends import NumpyOps, Ops
+from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Family, TensorSpec, TextEncoderSlot
 from .flux import Flux
 from .flux2 import Flux2Dev, Flux2Klein
 from .flux_kontext import FluxKontext

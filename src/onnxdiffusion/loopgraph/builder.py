@@ -31,7 +31,7 @@ from .backbone import (BACKBONE_IO, CONTEXT, Backbone, conditioning_inputs, late
                              inline_backbone, load_backbone, load_component, rename_outer_refs, sample_channels)
 from .correct import rescale
 from .techniques import technique_prologues
-from .image import blend_step, image_defaults, image_inputs
+from ..techniques.inpaint_graph import blend_step, image_defaults, image_inputs
 from .state import GraphRequest, GraphState
 from ..samplers.tables import COLUMNS
 from ..techniques.loop_base import StepIO

@@ -19,7 +19,7 @@ from ..folder.artifacts import component_path, read_manifest, verify_folder
 from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
-from ..folder.manifest import Manifest, confined
+from ..folder.manifest import Component, Manifest, confined
 from . import guards
 from ..folder.paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, table_from_config
@@ -63,7 +63,8 @@ class Pipeline(PictureStages):
         self.slots = [s for s in family.text_encoders if s.name in comps]
         self.tokenizers = {s.name: family.make_tokenizer(s, folder, info) for s in self.slots}
         bb = comps[family.backbone]
-        chain = session_providers(profile, bb, info, threads)
+        self._threads = threads  # (session_maker's, as the providers for each role)
+        self._chain = chain = session_providers(profile, bb, info, threads)
         # text encoders: loaded now (their I/O is checked below); with memory `release_text_encoders` they
         # are let go after each encoding and loaded again from their files for the next prompt
         # static_shapes (runtime/static_shapes.py): the backbone only, which runs every step; the text encoders and
@@ -71,9 +72,7 @@ class Pipeline(PictureStages):
         static = profile is not None and profile.profile.static_shapes
         self.text_sessions = {
             s.name: LazySession(session_factory(False, chain["other"], component_path(folder, manifest, s.name),
-                                                partial(make_session, provider=provider, threads=threads, memory=mem,
-                                                        disabled_optimizers=_disabled(comps[s.name]))),
-                                mem.release_text_encoders)
+                                                self.session_maker("other", comps[s.name])), mem.release_text_encoders)
             for s in self.slots}
         bb = backbone_entry(folder, bb, provider, profile)
         self._backbone_info = bb
@@ -86,18 +85,14 @@ class Pipeline(PictureStages):
         if note := foreign_ops_note(backbone_io.foreign_ops, provider):
             warnings.warn(f"{folder}: {note}", stacklevel=3)
         self._backbone = LazySession(session_factory(static, chain["backbone"], backbone_path,
-                                                     partial(_backbone_session, entry=bb, provider=provider,
-                                                             threads=threads, memory=mem, checked=True),
-                                                     io=backbone_io), release=False)
+                                                     self.session_maker("backbone"), io=backbone_io), release=False)
         # the run-time LoRA state (adapters/runtime.py): the pipeline calls into it, it never reads the pipeline
         self.lora = RuntimeLora(manifest, family.backbone, lora_backbone(backbone_path, bb, family.backbone, provider,
-            profile, partial(_backbone_session, entry=bb, provider=provider, threads=threads,
-                             providers=chain["backbone"], memory=mem, checked=True)))
+                                                                         profile, self.session_maker("backbone")))
         if self.lora.fused is not None:  # no adapter: the points' branches taken out (adapters/fused.py)
             self._backbone = LazySession(self.lora.fused.plain, release=False)
         self.vae_decoder = session_factory(False, chain["other"], component_path(folder, manifest, "vae_decoder"),
-                                           partial(make_session, provider=provider, threads=threads, memory=mem,
-                                                   disabled_optimizers=_disabled(comps["vae_decoder"])))()
+                                           self.session_maker("other", comps["vae_decoder"]))()
         # every family's components keep fixed I/O names: a swapped or foreign component fails here
         for slot in self.slots:
             guards.check_io(folder, slot.name, self.text_sessions[slot.name].get(), ("input_ids",), tuple(slot.outputs))
@@ -108,8 +103,6 @@ class Pipeline(PictureStages):
                                                         "vae_decoder": (self.vae_decoder, "latent_sample")})
         guards.check_declared_dims(folder, family, info, {**{s.name: self.text_sessions[s.name].get() for s in self.slots},
                                                           family.backbone: backbone_io, "vae_decoder": self.vae_decoder})
-        self._threads = threads
-        self._chain = chain
         self._graphs: dict[str, SamplingGraph] = {}
         self._init_pictures(backbone_io)
         self.device_pool = DevicePool()  # io_binding device: bound buffers reused across generations
@@ -179,9 +172,20 @@ class Pipeline(PictureStages):
     def providers_for(self, role: str) -> list | None:  # "backbone" | "other"; None: make_session's default
         return self._chain.get(role)
 
+    def session_maker(self, role: str, entry: Component | None = None):
+        """make(path, **make_session's options) -> a session of one of the folder's files with this pipeline's
+        provider chain for `role` ("backbone" | "other"), threads and memory options; the backbone's through
+        loading.backbone_session (the entry's optimizers left off, dead attention queries dropped), another
+        component's leaving off what its manifest `entry` (if given) asks to."""
+        if role == "backbone":
+            return partial(_backbone_session, entry=entry or self._backbone_info, provider=self.provider,
+                           threads=self._threads, providers=self._chain["backbone"], memory=self.memory, checked=True)
+        off = {"disabled_optimizers": _disabled(entry)} if entry is not None else {}
+        return partial(make_session, provider=self.provider, threads=self._threads, providers=self._chain[role],
+                       memory=self.memory, **off)
+
     def component_session(self, name: str, **options):  # a non-backbone component's; options: make_session's
-        return make_session(component_path(self.folder, self.manifest, name), self.provider, self._threads,
-                            providers=self._chain["other"], memory=self.memory, **options)
+        return self.session_maker("other")(component_path(self.folder, self.manifest, name), **options)
 
     # the first (SD: only) text encoder and tokenizer, for callers that time or hook them
     @property
@@ -261,8 +265,7 @@ class Pipeline(PictureStages):
             return GuidedBackbone(session, shape, cond, uncond, guidance, rescale=self.family.cfg_rescale, extra=extra,
                                   inputs=inputs)
         if adapter and adapter.for_component(self.family.backbone):  # LoRA tensors bound beside the sample (runtime.py)
-            if extra is not None:
-                raise UserError("a run-time LoRA on an inpainting backbone (extra input channels) is not supported yet")
+            # (no extra input channels here: techniques/registry.py refuses LoRA with an inpainting backbone)
             fused, bound = self.lora.step_inputs(session, adapter)
             return FedBackbone(session or fused or self.backbone, shape, cond, uncond, guidance,
                                rescale=self.family.cfg_rescale, extra=bound)

@@ -31,9 +31,10 @@ def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False
     edit = pipe.family.image_role == "reference"
     image, refs = (None, image) if edit else (start_picture(image), None)
     specs = parse_specs(options)
-    inpaint = image is not None and mask is not None and not pipe.backbone_extra_channels()
-    check_techniques(specs, options.loop, lora=lora, controlnet=controlnet,
-                     schedule=pipe.precision_schedule is not None, inpaint=inpaint)
+    masked = image is not None and mask is not None
+    check_techniques(specs, options.loop, lora=lora, controlnet=controlnet, schedule=pipe.precision_schedule is not None,
+                     inpaint=masked and not pipe.backbone_extra_channels(),
+                     inpaint_backbone=masked and pipe.backbone_extra_channels() > 0)
     specs.check_graph(options.loop, lambda: pipe.sampling_graph("loop"))  # a graph compiled without one refuses
     guards.check_request(pipe.folder, pipe.manifest, options)
     shape = pipe.latent_shape(options)  # the family's (may be packed)

@@ -285,7 +285,7 @@ def make_requests(body, picture, state: A1111State, config, manager):
 
 def with_picture(req, body: Img2ImgBody, picture, manager, extra: dict):
     """img2img: the picture (and mask) resized to the request's bucket, as an EditInput of the job."""
-    from .edits import EditInput, _resized, check_model_can_edit
+    from .edits import EditInput, _resized, check_model_can_edit, refuse_conflicts
 
     image, mask = picture
     from ..runtime.image_input import check_strength
@@ -299,6 +299,7 @@ def with_picture(req, body: Img2ImgBody, picture, manager, extra: dict):
     except UserError as e:
         raise A1111Error(f"denoising_strength: {e}", param="denoising_strength") from None
     check_model_can_edit(manager.models[req.model], req, strength, mask is not None)
+    refuse_conflicts(manager.models[req.model], req, controlnet=False, inpaint=mask is not None)
     if body.mask_blur is not None and not 0 <= body.mask_blur <= 64:
         raise A1111Error(f"mask_blur must be in [0, 64], got {body.mask_blur}", param="mask_blur")
     target = (req.width, req.height)

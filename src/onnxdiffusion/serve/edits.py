@@ -341,9 +341,6 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
     inpainting = pipe.backbone_extra_channels() > 0
     if inpainting and not masked:
         raise RequestError(f"model {entry.id} is an inpainting model: it needs a mask", "mask", code="missing_field")
-    if inpainting and req.lora is not None:  # the pipeline refuses it (runtime/backbone.FedBackbone has no extra channels)
-        raise RequestError(f"model {entry.id} is an inpainting model: run-time LoRA adapters are not supported on it "
-                           "yet", "lora", code="model_cannot_take_lora")
     table = pipe.table(GenerateOptions(steps=req.steps, sampler=req.sampler))
     if table.levels is None:
         raise RequestError(f"sampler {req.sampler!r} cannot start from a picture", "sampler")
@@ -355,7 +352,8 @@ def check_model_can_edit(entry, req, strength: float, masked: bool) -> None:
 def refuse_conflicts(entry, req, controlnet: bool, inpaint: bool = False) -> None:
     """The techniques registry's refusals (its CONFLICTS table) for this job, as `generate` checks them before any
     model runs and in its words: a 400 now instead of a failed job. The model's own techniques count too (its
-    precision schedule, a tuned folder's recommended cache), resolved as the pipeline resolves them."""
+    precision schedule, a tuned folder's recommended cache, an inpainting backbone), resolved as the pipeline
+    resolves them. `inpaint`: the job has a mask."""
     from ..runtime.pipeline import GenerateOptions
     from ..techniques.active import check, parse_specs
 
@@ -363,8 +361,8 @@ def refuse_conflicts(entry, req, controlnet: bool, inpaint: bool = False) -> Non
     try:
         options = pipe.resolve(GenerateOptions(steps=req.steps, sampler=req.sampler, guidance=req.guidance))
         check(parse_specs(options), options.loop, lora=req.lora is not None, controlnet=controlnet,
-              schedule=pipe.precision_schedule is not None,
-              inpaint=inpaint and not pipe.backbone_extra_channels())
+              schedule=pipe.precision_schedule is not None, inpaint=inpaint and not pipe.backbone_extra_channels(),
+              inpaint_backbone=inpaint and pipe.backbone_extra_channels() > 0)
     except UserError as e:
         raise RequestError(str(e), "controlnet" if controlnet else "lora", code="techniques_conflict") from None
 

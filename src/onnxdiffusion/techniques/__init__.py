@@ -17,7 +17,8 @@
                        the graph's manifest record
   controlnet.py        ControlNet: spec, the nets' checks, loading and preparation, host wrapper (ControlHost);
                        controlnet_graph.py its Loop twin (ControlLoop and its builders)
-  inpaint.py           inpainting's blend, host side (its graph side is still loopgraph/image.py)
+  inpaint.py           inpainting's blend, host side; inpaint_graph.py its Loop twin and img2img's (the graph's
+                       image inputs)
   state.py             TechniqueState: what techniques keep across a Pipeline's generations (pipe.technique_state)
 
 Adding a cache method (say ``mymethod:THRESHOLD[:K]``):

@@ -45,10 +45,12 @@ def parse_specs(options) -> Specs:
     return Specs(cache=parse_cache(options.cache), stop=parse_stop(options.stop_early))
 
 
-def check(specs: Specs, form: str, *, lora=False, controlnet=False, schedule=False, inpaint=False) -> None:
+def check(specs: Specs, form: str, *, lora=False, controlnet=False, schedule=False, inpaint=False,
+          inpaint_backbone=False) -> None:
     """The registry's refusals for this generation (one line, before any model runs)."""
     check_combination({"cache": specs.cache_on, "stop": specs.stop_on, "lora": lora, "controlnet": controlnet,
-                       "precision_schedule": schedule, "inpaint": inpaint}, form)
+                       "precision_schedule": schedule, "inpaint": inpaint, "inpaint_backbone": inpaint_backbone},
+                      form)
 
 
 def host_techniques(pipe, specs: Specs, form: str, adapter=None, controls=None, start=None, noise0=None) -> list:
@@ -64,4 +66,4 @@ def host_techniques(pipe, specs: Specs, form: str, adapter=None, controls=None, 
         "stop": StopHost(specs.stop_on) if specs.stop_on is not None else None,
         "inpaint": BlendHost(start, noise0) if start is not None and start.keep is not None and form == "host" else None,
     }
-    return [on[name] for name in ORDER if on[name] is not None]
+    return [on[name] for name in ORDER if on.get(name) is not None]  # (inpaint_backbone: no hooks)

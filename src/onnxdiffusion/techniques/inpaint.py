@@ -1,5 +1,5 @@
 """Inpainting with a regular backbone: the kept region blended back after every step (its Loop twin is
-loopgraph/image.py's blend_step, fed the image inputs by runtime/sampling_graph.py)."""
+inpaint_graph.py's blend_step, fed the image inputs by runtime/sampling_graph.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ docs (docs/techniques.md, checked against this table by tests/techniques/test_te
 
 Names: ``lora`` (run-time LoRA), ``controlnet``, ``cache`` (step caching), ``correction`` (output correction),
 ``precision_schedule``, ``stop`` (adaptive stopping), ``inpaint`` (inpainting's blend after each step with a
-regular backbone). A technique counts as active when its spec would change the image (``cache first_block:0``
+regular backbone), ``inpaint_backbone`` (inpainting with an inpainting backbone: the picture and mask as the
+backbone's extra input channels, fed beside the sample; no hooks of its own). A technique counts as active when its spec would change the image (``cache first_block:0``
 or ``stop-early 0`` is not active).
 """
 
@@ -16,10 +17,11 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 
-# the composition order, host loop and Loop graph alike: LoRA on the guided backbone; ControlNet replacing it;
+# the composition order, host loop and Loop graph alike: LoRA on the guided backbone, an inpainting backbone's extra
+# channels beside its sample; ControlNet replacing it;
 # step caching around it; output correction; the precision schedule; the stopping test inside the loop;
 # inpainting's blend after each step
-ORDER = ("lora", "controlnet", "cache", "correction", "precision_schedule", "stop", "inpaint")
+ORDER = ("lora", "inpaint_backbone", "controlnet", "cache", "correction", "precision_schedule", "stop", "inpaint")
 
 # the loop forms each technique runs in (generate --loop); a technique not listed runs in every form
 FORMS = {"cache": ("host", "loop"), "stop": ("host", "loop")}
@@ -71,6 +73,9 @@ CONFLICTS = (
     Conflict("correction", "precision_schedule", ("loop", "unrolled"), True,
              "compile-loop builds one of the two backbone remedies into a graph, not both",
              "a backbone with both a correction and a precision schedule is not supported"),
+    Conflict("lora", "inpaint_backbone", ("host",), False,
+             "the host loop's LoRA backbone (runtime/backbone.FedBackbone) binds no extra input channels yet",
+             "a run-time LoRA on an inpainting backbone (extra input channels) is not supported yet"),
 )
 
 

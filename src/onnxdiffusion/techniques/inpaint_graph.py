@@ -1,5 +1,6 @@
-"""The sampling graph's image inputs (img2img, inpainting; see graph.py's docstring) and the inpainting
-blend after each step: the twin of techniques/inpaint.blend_step (tests/runtime/test_inpaint.py runs both)."""
+"""img2img's and inpainting's Loop twin: the sampling graph's image inputs (the start row, the picture's latents,
+the kept region; loopgraph/builder.py's docstring) and the inpainting blend after each step, the twin of
+inpaint.blend_step (tests/runtime/test_inpaint.py runs both)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 from onnx import TensorProto, helper
-from .state import GraphState
+
+from ..loopgraph.state import GraphState
 
 # image inputs (module docstring): name -> default; a default makes the input optional to feed
 LATENT_SHAPED = ("image_latents", "keep")
