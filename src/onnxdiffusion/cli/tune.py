@@ -24,9 +24,12 @@ def tune(
     prompts: Annotated[Optional[Path], typer.Option(
         help="tuning prompts, one a line (default: the scene world's held-out prompts, which the judge reads)")] = None,
     tune_count: Annotated[int, typer.Option("--tune-count", help="tuning prompts")] = 16,
-    holdout_count: Annotated[int, typer.Option("--holdout-count", help="held-out prompts of the final check")] = 32,
-    confirm_count: Annotated[int, typer.Option(
-        "--confirm-count", help="prompts the fastest candidates are confirmed on before one is chosen")] = 32,
+    holdout_count: Annotated[Optional[int], typer.Option(
+        "--holdout-count", help="held-out prompts of the final check (default 96 where the judge reads them, else 32)")]
+        = None,
+    confirm_count: Annotated[Optional[int], typer.Option(
+        "--confirm-count", help="prompts the fastest candidates are confirmed on before one is chosen (default as "
+                                "--holdout-count)")] = None,
     recipes: Annotated[str, typer.Option(help="quantize recipes tried, in order, comma-separated (none: fp32 only)")]
         = "int8-static,int8-timestep",
     rounds: Annotated[int, typer.Option(help="interleaved timing rounds")] = 5,
