@@ -171,6 +171,10 @@ class Search:
             if fp32_points is not None:  # a quantized folder: its own sampler and steps first
                 d = self.default
                 rec = self.quality(folder, Candidate(folder.recipe, d.sampler, d.steps, None, "full", profile))
+                if "skipped" in rec:
+                    self.notes.append(f"{folder.recipe} on {profile}: built, but the search's share of the time "
+                                      "budget was spent before its first point")
+                    continue
                 if not self.passed(rec):
                     self.notes.append(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} "
                                       "already; its other points were not tried")
