@@ -41,13 +41,17 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
     """c -> whether the candidate keeps the bound on the confirmation prompts too (its own fp32 verdicts, the PSNR
     floor, and where the judge reads them the paired test of accuracy.py): a point that passed on the few tuning
     prompts by luck is turned down before it is chosen. `seen` gets one row per confirmation (for the report).
-    Past the time budget a candidate not confirmed before is not confirmed (the default needs no confirmation)."""
+    Past the time budget a candidate not confirmed before is not confirmed once one was (the default needs no
+    confirmation)."""
     from .accuracy import discordant, paired_ok
     from .search import Bound
 
     def confirmed(c: Candidate) -> bool:
         ident = f"{prompts.seed}+{len(prompts.prompts)}/{c.key}"
-        if search.store.get("confirm", ident) is None and search.elapsed() > CONFIRM_SHARE * search.budget_s:
+        # the budget bounds the walk, not its first step: the fastest is always confirmed (else an overrun in
+        # the timing would hand back the default however much faster the candidates were)
+        if search.store.get("confirm", ident) is None and search.elapsed() > CONFIRM_SHARE * search.budget_s \
+                and any("psnr" in r for r in seen):
             seen.append({"candidate": c.to_dict(), "confirmed": False, "why": "time budget"})
             log(f"tune: {c.label()}: not confirmed (time budget)")
             return False
