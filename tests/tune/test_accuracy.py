@@ -70,3 +70,26 @@ def test_walk_times_the_next_ones_when_every_timed_candidate_is_turned_down(monk
     assert len(timed_batches) == 2 and set(fast) <= set(picked["rejected"])
     assert picked["chosen"] == slow[1]  # the faster of the two that hold (0.5 s vs 0.6 s), not in the first batch
     assert d in timed_batches[1]  # the default is timed again beside them: one session's ratios
+
+
+def test_confirmer_past_the_budget_still_confirms_the_first_then_stops(monkeypatch):
+    from onnxdiffusion.tune import finish
+    from onnxdiffusion.tune.measure import PromptSet
+
+    calls = []
+
+    def fake_holdout(store, folders, cand, default, prompts, judged, guidance, log, kind="holdout"):
+        calls.append(cand)
+        ref = {"strict": 1.0, "attribute": 1.0, "strict_each": [1, 1]}
+        return {"psnr": 40.0, "strict": 0.5, "attribute": 1.0, "strict_each": [1, 0], "reference": ref}
+
+    monkeypatch.setattr(finish, "holdout", fake_holdout)
+    store = SimpleNamespace(get=lambda kind, ident: None)
+    search = SimpleNamespace(store=store, elapsed=lambda: 1e9, budget_s=60.0, guidance=1.0,
+                             bound=Bound(None, True, 1.0, 1.0, psnr_floor=30.0))
+    seen = []
+    confirmed = finish.confirmer(search, {}, None, PromptSet("c", ("a", "b"), 0), None, lambda m: None, seen)
+    d = Candidate("fp32", "ddim", 8, None, "full", "cpu")
+    assert not confirmed(d)  # measured (one prompt lost), though past the budget
+    assert not confirmed(d.with_(steps=12))  # not measured: the budget is spent
+    assert len(calls) == 1 and seen[0]["lost"] == 1 and seen[1]["why"] == "time budget"
