@@ -19,15 +19,22 @@ def row(out: Path) -> str:
         (f", {c['decoder']} decoder" if c["decoder"] != "full" else "") + f" [{c['profile']}]"
     strict = f"{h['strict']:.3f} / {h['reference']['strict']:.3f}" if h.get("strict") is not None else "-"
     single = f"{sp['vs_best_single_lever']:.2f}x" if sp.get("vs_best_single_lever") else "-"
+    if h.get("strict_each") is not None and h.get("reference", {}).get("strict_each") is not None:
+        lost = sum(1 for a, b in zip(h["strict_each"], h["reference"]["strict_each"]) if b and not a)
+        won = sum(1 for a, b in zip(h["strict_each"], h["reference"]["strict_each"]) if a and not b)
+        strict += f" ({lost} lost / {won} gained of {len(h['strict_each'])})"
+    floor = "-" if r.get("psnr_floor") is None else f"{r['psnr_floor']:g}"
+    conf = r.get("confirmations") or []
+    walked = f"{sum(1 for c in conf if not c['confirmed'])} down, {sum(1 for c in conf if c['confirmed'])} up"
     return (f"| {out.name} | {r['bound']} | {label} | {h['psnr']:.2f} (worst {h['psnr_worst']:.2f}) | {strict} | "
-            f"{sp['vs_default']:.2f}x | {single} | {r['seconds']:.0f} | {r['generations_this_run']} |"
-            f" {'replayed' if r.get('replayed') else ''} |")
+            f"{sp['vs_default']:.2f}x | {single} | {floor} | {walked} | {r['seconds']:.0f} | "
+            f"{r['generations_this_run']} | {'replayed' if r.get('replayed') else ''} |")
 
 
 def main(argv: list[str]) -> int:
     print("| OUT | bound | chosen | held-out PSNR dB | held-out strict (chosen / fp32) | vs default | "
-          "vs best single lever | seconds | generations | |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "vs best single lever | PSNR floor dB | confirmations | seconds | generations | |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for a in argv:
         print(row(Path(a)))
     return 0

@@ -124,7 +124,7 @@ def test_tune_with_a_tiny_budget_then_the_same_again_from_the_store(tmp_path, mo
     from onnxdiffusion.tune import TuneOptions, tune
 
     monkeypatch.setenv("ONNXDIFFUSION_CACHE", str(tmp_path / "cache"))
-    opts = TuneOptions(min_psnr=30.0, keep_accuracy=True, time_budget=1.0, tune_count=2, holdout_count=2, rounds=1,
+    opts = TuneOptions(min_psnr=30.0, keep_accuracy=True, time_budget=3.0, tune_count=2, holdout_count=2, rounds=1,
                        confirm_count=2,
                        recipes=(), top=2)
     first = tune(SD, tmp_path / "out", opts, log=lambda m: None)

@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from . import measure as M
-from .select import choose, latencies, timed_set
+from .accuracy import CONFIRM_SHARE
+from .select import walk
 from .space import FP32, Candidate
 
 
@@ -36,18 +37,40 @@ def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: 
                                    "reference": judged(ref, prompts)})
 
 
-def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, judged, log):
-    """c -> whether the candidate keeps the bound on the confirmation prompts too (its own fp32 verdicts): a point
-    that passed on the few tuning prompts by luck is turned down before it is chosen."""
+def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, judged, log, seen: list):
+    """c -> whether the candidate keeps the bound on the confirmation prompts too (its own fp32 verdicts, the PSNR
+    floor, and where the judge reads them the paired test of accuracy.py): a point that passed on the few tuning
+    prompts by luck is turned down before it is chosen. `seen` gets one row per confirmation (for the report).
+    Past the time budget a candidate not confirmed before is not confirmed once one was (the default needs no
+    confirmation)."""
+    from .accuracy import discordant, paired_ok
     from .search import Bound
 
     def confirmed(c: Candidate) -> bool:
+        ident = f"{prompts.seed}+{len(prompts.prompts)}/{c.key}"
+        # the budget bounds the walk, not its first step: the fastest is always confirmed (else an overrun in
+        # the timing would hand back the default however much faster the candidates were)
+        if search.store.get("confirm", ident) is None and search.elapsed() > CONFIRM_SHARE * search.budget_s \
+                and any("psnr" in r for r in seen):
+            seen.append({"candidate": c.to_dict(), "confirmed": False, "why": "time budget"})
+            log(f"tune: {c.label()}: not confirmed (time budget)")
+            return False
         rec = holdout(search.store, folders, c, default, prompts, judged, search.guidance, log, kind="confirm")
         ref = rec.get("reference") or {}
-        bound = Bound(search.bound.min_psnr, search.bound.keep_accuracy, ref.get("strict"), ref.get("attribute"))
+        bound = Bound(search.bound.min_psnr, search.bound.keep_accuracy, ref.get("strict"), ref.get("attribute"),
+                      search.bound.psnr_floor)
         ok = bound.passes(rec)
+        row = {"candidate": c.to_dict(), "psnr": rec["psnr"], "strict": rec.get("strict"),
+               "reference_strict": ref.get("strict")}
+        if search.bound.keep_accuracy and rec.get("strict_each") is not None and ref.get("strict_each") is not None:
+            b, cc = discordant(rec["strict_each"], ref["strict_each"])
+            row.update(lost=b, gained=cc, paired_ok=paired_ok(b, cc, len(prompts.prompts)))
+            ok = ok and row["paired_ok"]
+        row["confirmed"] = ok
+        seen.append(row)
         log(f"tune: {c.label()}: {'confirmed' if ok else 'turned down'} on the confirmation prompts "
-            f"({rec['psnr']:.1f} dB" + (f", strict {rec['strict']:.3f} vs fp32 {ref['strict']:.3f}" if ref else "") + ")")
+            f"({rec['psnr']:.1f} dB" + (f", strict {rec['strict']:.3f} vs fp32 {ref['strict']:.3f}" if ref else "")
+            + (f", {row['lost']} prompts lost / {row['gained']} gained vs fp32" if "lost" in row else "") + ")")
         return ok
 
     return confirmed
@@ -60,11 +83,15 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
     from .report import write_report
 
     confirm_set, holdout_set = sets
+    if search.bound.keep_accuracy:
+        from .accuracy import psnr_floor
+
+        search.bound.psnr_floor, floor_info = psnr_floor(search.scored(set(folders)), search.reference_each)
+        log(f"tune: PSNR floor from the tuning data: {search.bound.psnr_floor} dB ({floor_info})")
     passing = search.passing(set(folders))
-    cands = timed_set(passing, default, options.top)
-    timed = latencies(search.store, cands, _loaders(folders), holdout_set.prompts[0], search.guidance,
-                      options.rounds, log)
-    picked = choose(timed, passing, default, confirmer(search, folders, default, confirm_set, judged, log))
+    seen: list = []
+    cands, timed, picked = walk(search, passing, default, options, _loaders(folders), holdout_set.prompts[0],
+                                confirmer(search, folders, default, confirm_set, judged, log, seen), log)
     chosen = picked["chosen"]
     held = holdout(search.store, folders, chosen, default, holdout_set, judged, search.guidance, log)
     base = timed[default.key]["median_s"]
@@ -86,7 +113,8 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
                     timed[single.key]["median_s"] / timed[chosen.key]["median_s"]},
         "best_single_lever": None if single is None else single.to_dict(),
         "runner_up": {k: None if c is None else c.to_dict() for k, c in picked["runner_up"].items()},
-        "turned_down": [c.to_dict() for c in picked["rejected"]],
+        "turned_down": [c.to_dict() for c in picked["rejected"]], "confirmations": seen,
+        "psnr_floor": search.bound.psnr_floor,
         "timed": [{**c.to_dict(), "median_s": timed[c.key]["median_s"], "runs": timed[c.key].get("runs"),
                    "score": picked["scores"].get(c.key)} for c in cands],
         "measured": _measured(search, folders),

@@ -49,9 +49,14 @@ def file_set(path: Path, count: int) -> PromptSet:
     return PromptSet("file", prompts, 0)
 
 
+def per_image_psnr(images: np.ndarray, reference: np.ndarray) -> list[float]:
+    """Per-image PSNR in dB, identical images capped at PSNR_CAP."""
+    return [min(PSNR_CAP, psnr(a, b)) for a, b in zip(images, reference)]
+
+
 def mean_psnr(images: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
-    """(mean, worst) per-image PSNR in dB, identical images capped at PSNR_CAP."""
-    values = [min(PSNR_CAP, psnr(a, b)) for a, b in zip(images, reference)]
+    """(mean, worst) per-image PSNR in dB."""
+    values = per_image_psnr(images, reference)
     return float(np.mean(values)), float(np.min(values))
 
 
@@ -66,8 +71,11 @@ class Judged:
             return None
         from ..evaluate.judge import score_scenes, summarize
 
-        s = summarize(score_scenes(list(prompts.scenes), self.judge.predict(images)))
-        return {"strict": s["strict_accuracy"], "attribute": s["attribute_accuracy"]}
+        each = score_scenes(list(prompts.scenes), self.judge.predict(images))
+        s = summarize(each)
+        # per prompt: the paired test and the PSNR floor (accuracy.py) compare verdicts prompt by prompt
+        return {"strict": s["strict_accuracy"], "attribute": s["attribute_accuracy"],
+                "strict_each": [int(bool(e["strict"])) for e in each]}
 
 
 def load_judge():
@@ -108,8 +116,9 @@ def generate(pipe, cand: Candidate, prompts: PromptSet, guidance: float, batch: 
 
 
 def score(images: np.ndarray, reference: np.ndarray, prompts: PromptSet, judged: Judged) -> dict:
-    mean, worst = mean_psnr(images, reference)
-    out = {"psnr": round(mean, 3), "psnr_worst": round(worst, 3)}
+    values = per_image_psnr(images, reference)
+    out = {"psnr": round(float(np.mean(values)), 3), "psnr_worst": round(float(np.min(values)), 3),
+           "psnr_each": [round(float(v), 2) for v in values]}
     verdict = judged(images, prompts)
     if verdict is not None:
         out.update(verdict)

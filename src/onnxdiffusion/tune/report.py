@@ -39,7 +39,8 @@ def _why(result: dict) -> list[str]:
     flags = set(cpu.get("isa_flags") or ())
     amx = any(f.startswith("amx") for f in flags)
     c = Candidate.from_dict(result["chosen"])
-    lines = [f"- This CPU: {cpu['model']}, {'AMX' if amx else 'no AMX'}, int8 kernels: {cpu['int8_kernels']}. "
+    lines = [f"- This CPU: {cpu['model']}, flags seen: {' '.join(sorted(flags)) or 'none read'} "
+             f"({'AMX' if amx else 'no AMX'}), int8 kernels: {cpu['int8_kernels']}. "
              f"The profiles that could run here: {', '.join(sorted({t['profile'] for t in result['timed']}))}; "
              "not here: " + ("; ".join(f"{k} ({v})" for k, v in sorted(result["unavailable_profiles"].items())) or "none")
              + "."]
@@ -55,10 +56,40 @@ def _why(result: dict) -> list[str]:
         lines.append("- On a CPU without AMX (AVX-512 VNNI) ORT's own int8 kernels lead; there the choice stays on "
                      "cpu-int8 and the same lever search applies.")
     else:
-        lines.append("- On an AMX Xeon (Sapphire Rapids and later) the `openvino-int8` profile (onnxruntime-openvino, "
-                     "bf16 float parts, static shapes) measured 2.25x diffusers bf16 vs 1.08-1.24x for ORT's own int8 "
-                     "(experiments/amx): run `tune` there with onnxruntime-openvino installed and it times that profile "
-                     "too; the steps, cache and decoder levers are CPU-independent in quality and carry over.")
+        lines.append("- On an AMX Xeon (Sapphire Rapids and later; flags amx_tile amx_int8 amx_bf16) the expected choice "
+                     "is the same sampler, steps, cache and decoder on an int8 backbone run by the `openvino-int8` "
+                     "profile (onnxruntime-openvino: int8 convolutions and linears on AMX tiles, bf16 float parts, "
+                     "static backbone shapes): experiments/amx measured its backbone step 1.72x ORT CPU's int8-static "
+                     "(0.46 vs 0.79 s, SD1.5 size, 1 thread; 2.25x diffusers bf16 end to end vs 1.08x for ORT's "
+                     "int8) at -0.41 / -0.13 dB vs int8-static on the embedded models (64 prompts). Why: ORT's CPU "
+                     "provider has no bf16 kernels, and its QLinearConv with constant zero points runs the VNNI "
+                     "kernel, not AMX. `tune` times that profile there when onnxruntime-openvino is installed (here "
+                     "it is listed as not available); the quality levers are CPU-independent and carry over, and "
+                     "the PSNR floor and paired test are read again from that machine's own pictures.")
+    return lines
+
+
+def _confirmations(result: dict) -> list[str]:
+    """The accuracy guards' figures: the PSNR floor and each confirmation (the paired counts vs fp32)."""
+    lines = []
+    if result.get("psnr_floor") is not None:
+        lines += ["", f"PSNR floor read off the tuning data: {result['psnr_floor']:g} dB (below it the judge's verdicts "
+                  "flipped more than once in 32 neighbouring images)."]
+    rows = result.get("confirmations") or []
+    if rows:
+        n = result["options"]["confirm_count"]
+        lines += ["", f"Confirmation on {n} other prompts, fastest first (lost / gained: prompts fp32 gets right and "
+                  "the candidate wrong, and the reverse):", "",
+                  "| candidate | PSNR dB | strict / fp32 | lost / gained | |", "|---|---|---|---|---|"]
+        for r in rows:
+            acc = f"{r['strict']:.3f} / {r['reference_strict']:.3f}" if r.get("strict") is not None else "-"
+            pair = f"{r['lost']} / {r['gained']}" if "lost" in r else "-"
+            psnr = f"{r['psnr']:.1f}" if "psnr" in r else "-"
+            lines.append(f"| {Candidate.from_dict(r['candidate']).label()} | {psnr} | {acc} | {pair} | "
+                         f"{'confirmed' if r['confirmed'] else 'turned down' + (' (' + r['why'] + ')' if r.get('why') else '')} |")
+    elif result.get("turned_down"):
+        lines += ["", "Faster within the bound on the tuning prompts but turned down on the confirmation prompts: "
+                  + "; ".join(Candidate.from_dict(c).label() for c in result["turned_down"]) + "."]
     return lines
 
 
@@ -94,9 +125,7 @@ def write_report(out: Path, result: dict) -> None:
                      f"{lat['default'] / t['median_s']:.2f}x | {_q(t['score'])} | {mark} |")
     lines += ["", "Spread: (slowest - fastest round) / median; candidates closer than that are a tie on this machine "
               "at this load (the choice takes the faster median)."]
-    if result.get("turned_down"):
-        lines += ["", "Faster within the bound on the tuning prompts but turned down on the confirmation prompts: "
-                  + "; ".join(Candidate.from_dict(c).label() for c in result["turned_down"]) + "."]
+    lines += _confirmations(result)
     lines += ["", "## Runner-up per lever", "", "| lever | runner-up (fastest other value within the bound) |",
               "|---|---|"]
     for lever in LEVERS:

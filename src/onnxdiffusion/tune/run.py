@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UserError
 from ..fields import option
+from .accuracy import default_count
 from .space import DEFAULT_RECIPES, FP32, Candidate
 
 # scene seeds: the tuning, confirmation and held-out prompts never overlap
 TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
-BUILD_GUESS_S = 120.0  # scene seeds: the tuning and held-out prompts never overlap
+BUILD_GUESS_S = 120.0  # seconds a quantize build is guessed to take before one was timed
 
 
 def _recipes(text: str) -> tuple[str, ...]:
@@ -34,8 +35,11 @@ class TuneOptions:
     prompts: Path | None = option(None, "tuning prompts, one a line (default: the scene world's held-out prompts, "
                                         "which the judge reads)")
     tune_count: int = option(16, "tuning prompts")
-    holdout_count: int = option(32, "held-out prompts of the final check")
-    confirm_count: int = option(32, "prompts the fastest candidates are confirmed on before one is chosen")
+    # None: 96 where the bound reads the judge (its accuracy on a few dozen prompts is too coarse), else 32
+    holdout_count: int | None = option(None, "held-out prompts of the final check (default 96 where the judge reads "
+                                             "them, else 32)")
+    confirm_count: int | None = option(None, "prompts the fastest candidates are confirmed on before one is chosen "
+                                             "(default as --holdout-count)")
     recipes: tuple[str, ...] = option(DEFAULT_RECIPES, "quantize recipes tried, in order, comma-separated (none: fp32 "
                                                        "only)", cli_type=str, cli_default=",".join(DEFAULT_RECIPES),
                                       convert=_recipes)
@@ -57,7 +61,9 @@ def check_options(o: TuneOptions) -> None:
         raise UserError("--keep-accuracy reads the judge's verdicts on the scene prompts; leave out --prompts")
     for name, v in (("tune-count", o.tune_count), ("holdout-count", o.holdout_count),
                     ("confirm-count", o.confirm_count), ("rounds", o.rounds)):
-        if not isinstance(v, int) or not 1 <= v <= 1024:
+        if v is None and name in ("holdout-count", "confirm-count"):
+            continue  # the default for the bound
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1024:
             raise UserError(f"--{name} must be an integer in [1, 1024], got {v!r}")
     bad = [r for r in o.recipes if r not in KNOWN_RECIPES]
     if bad:
@@ -139,8 +145,6 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
         tune_set = M.file_set(options.prompts, options.tune_count)
     else:
         tune_set = M.scene_set("tune", options.tune_count, TUNE_START)
-    holdout_set = M.scene_set("holdout", options.holdout_count, HOLDOUT_START)
-    confirm_set = M.scene_set("confirm", options.confirm_count, CONFIRM_START)
     key, cpu_key = search_key(manifest, [tune_set.describe()], d.guidance, facts["cpu"]["model"])
     store = Store(cache_root() / "tune" / key, out / "journal.jsonl", cpu_key)
     judged = M.Judged(M.load_judge() if tune_set.scenes is not None else None)
@@ -159,7 +163,13 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     # the judge where the model has one: on prompts it reads, a PSNR bound keeps fp32's accuracy too
     bound = Bound(options.min_psnr, options.keep_accuracy or ref_verdict is not None, *(
         (ref_verdict["strict"], ref_verdict["attribute"]) if ref_verdict else (None, None)))
+    reads = ref_verdict is not None
+    options = replace(options, holdout_count=default_count(options.holdout_count, reads),
+                      confirm_count=default_count(options.confirm_count, reads))
+    holdout_set = M.scene_set("holdout", options.holdout_count, HOLDOUT_START)
+    confirm_set = M.scene_set("confirm", options.confirm_count, CONFIRM_START)
     search = Search(store, bound, tune_set, ref, judged, d.guidance, default, options.time_budget * 60, log, t0)
+    search.reference_each = (ref_verdict or {}).get("strict_each")
     log(f"tune: bound {bound.describe()}")
     if made_ref:  # the reference run is the default's own generation: scored once, not generated again
         search.record(default, made_ref[0])

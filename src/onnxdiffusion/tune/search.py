@@ -29,6 +29,7 @@ class Bound:
     keep_accuracy: bool
     reference_strict: float | None = None  # fp32's strict accuracy on the tuning prompts
     reference_attribute: float | None = None
+    psnr_floor: float | None = None  # dB, where the bound reads the judge: calibrated on the tuning data (accuracy.py)
 
     def passes(self, s: dict | None) -> bool:
         if s is None:
@@ -36,6 +37,8 @@ class Bound:
         if self.min_psnr is not None and s["psnr"] < self.min_psnr:
             return False
         if self.keep_accuracy:
+            if self.psnr_floor is not None and s["psnr"] < self.psnr_floor:
+                return False
             # within 1 point of fp32's strict accuracy, and no attribute lost on net: on a small tuning set one
             # prompt is several points, so the finer attribute count guards the held-out check
             if s.get("strict") is None or s["strict"] < self.reference_strict - 0.01:
@@ -50,6 +53,9 @@ class Bound:
             parts.append(f"mean PSNR >= {self.min_psnr:g} dB vs fp32")
         if self.keep_accuracy:
             parts.append(f"strict accuracy >= fp32's ({self.reference_strict:.3f}) - 1 point")
+            if self.psnr_floor is not None:
+                parts.append(f"mean PSNR >= {self.psnr_floor:g} dB (the floor below which the judge's verdicts "
+                             "flipped on the tuning images)")
         return " and ".join(parts)
 
 
@@ -78,6 +84,7 @@ class Search:
         self.evaluated = 0
         self.notes: list[str] = []
         self.share = SEARCH_SHARE  # of the budget this stage may search until (run.py narrows it for fp32)
+        self.reference_each: list | None = None  # fp32's per-prompt strict verdicts on the tuning prompts
 
     # -- time ---------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -164,6 +171,10 @@ class Search:
             if fp32_points is not None:  # a quantized folder: its own sampler and steps first
                 d = self.default
                 rec = self.quality(folder, Candidate(folder.recipe, d.sampler, d.steps, None, "full", profile))
+                if "skipped" in rec:
+                    self.notes.append(f"{folder.recipe} on {profile}: built, but the search's share of the time "
+                                      "budget was spent before its first point")
+                    continue
                 if not self.passed(rec):
                     self.notes.append(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} "
                                       "already; its other points were not tried")

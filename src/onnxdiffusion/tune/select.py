@@ -1,10 +1,12 @@
 """From what passed to the choice: which candidates are timed (the default, the best single lever of each kind by
 the quality pass's seconds, and the fastest few by the same pre-ranking), their latency (measured here, or this CPU's
 stored figures when every one of them has some: a re-run then picks the same point), the choice (the fastest
-timed candidate within the bound) and, per lever, the runner-up."""
+timed candidate within the bound that holds at confirmation; when none does, the walk goes on down the ranking)
+and, per lever, the runner-up."""
 
 from __future__ import annotations
 
+from .accuracy import CONFIRM_SHARE
 from .measure import time_candidates
 from .search import estimate
 from .space import LEVERS, Candidate, changed_levers
@@ -54,3 +56,31 @@ def choose(timed: dict, passing: list, default: Candidate, confirmed=lambda c: T
         runner_up[lever] = other[0] if other else None
     return {"chosen": best, "single": single[0] if single else None, "runner_up": runner_up,
             "scores": {k: s for k, (c, s) in ok.items()}, "rejected": rejected}
+
+
+def walk(search, passing: list, default: Candidate, options, loaders: dict, prompt: str, confirmed, log):
+    """Time and choose (the fastest confirmed); when every timed candidate faster than the default is turned down at
+    confirmation, the next ones by the pre-ranking are timed (with the default and the best single levers again,
+    so each choice reads one interleaved session) and walked in turn, while candidates estimated faster than the
+    default are left and the time budget allows. Returns (the last timed set, its latencies, choose's result with
+    every candidate turned down on the way)."""
+    rejected: list[Candidate] = []
+    dropped: set[Candidate] = set()  # timed, not turned down, but no faster than the default
+    est = {c.key: estimate(c, rec) for c, _, rec in passing}
+    while True:
+        pool = [p for p in passing if p[0] not in dropped and p[0] not in rejected]
+        cands = timed_set(pool, default, options.top)
+        timed = latencies(search.store, cands, loaders, prompt, search.guidance, options.rounds, log)
+        picked = choose(timed, pool, default, confirmed)
+        rejected += picked["rejected"]
+        picked["rejected"] = list(rejected)
+        if picked["chosen"] != default:
+            return cands, timed, picked
+        dropped |= {c for c in cands if c != default and c not in rejected}
+        base = est.get(default.key, float("inf"))
+        left = [c for c, _, _ in passing if c not in dropped and c not in rejected and c != default
+                and est[c.key] < base]
+        if not left or search.elapsed() > CONFIRM_SHARE * search.budget_s:
+            return cands, timed, picked
+        log(f"tune: every timed candidate was turned down; timing the next {min(options.top, len(left))} of "
+            f"{len(left)} left that the quality pass ranked faster than the default")

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..folder.manifest import Manifest
 
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: scores carry per-image PSNR and per-prompt verdicts
 
 
 def search_key(manifest: Manifest, sets: list[dict], guidance: float, cpu: str) -> tuple[str, str]:

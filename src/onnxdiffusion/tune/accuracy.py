@@ -1,0 +1,76 @@
+"""How `tune` keeps the judge's accuracy out of sample. The judge's strict accuracy on a few dozen prompts is a
+coarse, noisy statistic (one prompt of 32 is 3 points), and the search picks the fastest of many candidates that
+passed on the tuning prompts, so a lucky pass is what it tends to pick. Three guards, none of them luck:
+
+- a PSNR floor calibrated on the tuning data (every scored image of every candidate, by its own PSNR): the highest
+  PSNR at which the judge's verdicts (vs fp32's on the same prompt) flipped more than once within FLOOR_WINDOW
+  neighbouring images; below it a candidate wins or loses prompts by chance, so its mean PSNR must reach it (capped
+  at FLOOR_CAP: above that the pictures are close by the project's own quality gates; a lone flip up high is the
+  judge's noise on a borderline prompt, not a level it sees);
+- a paired test at confirmation: on prompts the search never scored, the candidate's verdicts against fp32's on the
+  SAME prompts, counting the discordant pairs (b: fp32 right, the candidate wrong; c: the reverse). The net loss
+  b - c plus Z one-sided standard deviations of it (sqrt(b + c)) must stay within 1 point of the prompts: a
+  candidate that swaps verdicts both ways is turned down even when it breaks even, since on other prompts the
+  swaps need not cancel;
+- more prompts where the bound reads the judge (ACCURACY_COUNT confirmation and held-out prompts by default)."""
+
+from __future__ import annotations
+
+import math
+
+FLOOR_WINDOW = 32  # images of neighbouring PSNR the flip rate is read over
+FLOOR_FLIPS = 1  # flips allowed in such a window: more and the judge sees the difference
+FLOOR_CAP = 35.0  # dB: the floor never asks more than this
+Z = 1.0  # one-sided standard deviations of the net loss the paired test adds
+POINT = 0.01  # "within 1 point" of fp32's strict accuracy
+ACCURACY_COUNT = 96  # default confirmation and held-out prompts where the bound reads the judge
+PLAIN_COUNT = 32  # ... and where it does not
+CONFIRM_SHARE = 0.9  # of the time budget: after it no new candidate is confirmed (the held-out check follows)
+
+
+def flips(cand_each, ref_each) -> list[bool]:
+    return [bool(a) != bool(b) for a, b in zip(cand_each, ref_each)]
+
+
+def psnr_floor(scored, ref_each) -> tuple[float | None, dict]:
+    """(the floor in dB or None when the tuning data shows no level the judge sees, what it was read from).
+    `scored`: (candidate, score, record) rows whose scores carry per-image `psnr_each` and `strict_each`."""
+    pts = []
+    for _, s, _ in scored:
+        if s and s.get("psnr_each") and s.get("strict_each") is not None and ref_each is not None:
+            pts += list(zip(s["psnr_each"], flips(s["strict_each"], ref_each)))
+    info = {"images": len(pts), "flips": sum(f for _, f in pts), "window": FLOOR_WINDOW, "cap_db": FLOOR_CAP}
+    if len(pts) < FLOOR_WINDOW:
+        return None, info
+    pts.sort(key=lambda p: -p[0])  # highest PSNR first
+    flipped = [f for _, f in pts]
+    floor = None
+    run = sum(flipped[:FLOOR_WINDOW])
+    for i in range(len(pts) - FLOOR_WINDOW + 1):
+        if i:
+            run += flipped[i + FLOOR_WINDOW - 1] - flipped[i - 1]
+        if run > FLOOR_FLIPS:  # the highest window where the judge sees it: the flip that made it so is the floor
+            floor = [p for p, f in pts[i:i + FLOOR_WINDOW] if f][FLOOR_FLIPS]
+            break
+    if floor is None:
+        return None, info
+    info["seen_at_db"] = round(floor, 2)
+    return round(min(floor, FLOOR_CAP), 2), info
+
+
+def discordant(cand_each, ref_each) -> tuple[int, int]:
+    """(b, c): prompts fp32 gets right and the candidate wrong, and the reverse."""
+    b = sum(1 for a, r in zip(cand_each, ref_each) if r and not a)
+    c = sum(1 for a, r in zip(cand_each, ref_each) if a and not r)
+    return b, c
+
+
+def paired_ok(b: int, c: int, n: int) -> bool:
+    """The net loss, pessimistically (b - c + Z sqrt(b + c)), within 1 point of the n prompts."""
+    return n > 0 and (b - c + Z * math.sqrt(b + c)) / n <= POINT + 1e-12
+
+
+def default_count(given: int | None, reads_judge: bool) -> int:
+    if given is not None:
+        return given
+    return ACCURACY_COUNT if reads_judge else PLAIN_COUNT
