@@ -50,6 +50,9 @@ def export(
         "--controlnet", help="NAME=DIR: a diffusers ControlNet folder (ControlNetModel, SD3ControlNetModel, "
                              "FluxControlNetModel) exported beside the backbone as controlnets/NAME (repeatable; "
                              "generate --controlnet NAME)")] = None,
+    stream_weights: Annotated[str, typer.Option(
+        "--stream-weights", help="auto | on | off: the backbone's Linear weights streamed from its safetensors shards "
+                                 "(export bounded by memory; validated on a cut-down copy); auto above 8 GiB fp32")] = "auto",
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from ..export import ExportOptions, export_pipeline
@@ -57,7 +60,8 @@ def export(
     options = ExportOptions(opset=opset, overwrite=overwrite, validate=not no_validate,
                             fuse_attention=not no_fuse_attention, default_size=default_size,
                             skip=tuple(skip or ()), loras=tuple(_loras(lora)), lora_points=lora_points,
-                            tiny_vae=None if tiny_vae is None else str(tiny_vae), controlnets=tuple(controlnet or ()))
+                            tiny_vae=None if tiny_vae is None else str(tiny_vae), controlnets=tuple(controlnet or ()),
+                            stream_weights=stream_weights)
     from ..export.gguf import is_gguf
 
     if src.is_file() and is_gguf(src):
