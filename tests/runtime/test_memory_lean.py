@@ -216,3 +216,25 @@ def test_heap_frozen_collects_what_the_block_made_and_unfreezes():
     with HeapFrozen():  # the process froze objects itself: they stay frozen after the block
         pass
     assert gc.get_freeze_count() > 0
+
+
+def test_bounded_releases_backbone_before_decode(pipes):
+    """memory=bounded: the backbone's session is let go before the VAE decode (and made again for the next
+    generation); no packed copies, no arena; the image is the default's up to the unpacked kernels' rounding."""
+    default = pipes[0]
+    bounded = Pipeline.from_folder(None, threads=1, memory="bounded")
+    assert bounded.memory.release_backbone and not bounded.memory.prepacking and not bounded.memory.arena
+    seen = []
+    decode = bounded.decode
+
+    def spy(*a, **kw):
+        seen.append(bounded.backbone_loaded)
+        return decode(*a, **kw)
+
+    bounded.decode = spy
+    for prompt in ("a red circle on the left", "a blue star above a yellow square"):
+        a, b = default(prompt, **SETTINGS), bounded(prompt, **SETTINGS)
+        assert np.abs(a.images.astype(int) - b.images.astype(int)).max() <= 2
+        assert not bounded.backbone_loaded
+    assert seen == [False, False]
+    assert memory_options("bounded,prepacking=1").prepacking is True
