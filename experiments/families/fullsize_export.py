@@ -95,17 +95,28 @@ def _base(arch: str, folder: Path) -> Path:
     return folder
 
 
-def _random(name: str, shape, gen):
+POOL = 1 << 26  # random bf16 values drawn once; each tensor is a slice of them from a random start
+
+
+def _random(name: str, shape, gen, pool=None):
+    """Norm weights 1, biases 0, the rest N(0, 0.02) bf16: drawn per tensor, or (with `pool`, `--fast`: drawing
+    billions of normals on 2 shared cores takes longer than the export) sliced from a pool of drawn values."""
     import torch
 
     if len(shape) == 1 and "norm" in name:
         return torch.ones(shape, dtype=torch.bfloat16)
     if len(shape) == 1 and name.endswith("bias"):
         return torch.zeros(shape, dtype=torch.bfloat16)
-    return (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+    if pool is None:
+        return (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+    n = int(torch.Size(shape).numel())
+    start = int(torch.randint(0, POOL, (1,), generator=gen))
+    reps = (start + n + POOL - 1) // POOL
+    flat = pool.repeat(reps)[start:start + n] if reps > 1 else pool[start:start + n]
+    return flat.clone().reshape(shape)
 
 
-def write(arch: str, folder: Path) -> dict:
+def write(arch: str, folder: Path, fast: bool = False) -> dict:
     """The folder with the backbone's random bf16 shards written tensor by tensor (one shard's tensors held)."""
     import diffusers
     import torch
@@ -132,17 +143,19 @@ def write(arch: str, folder: Path) -> dict:
         plan[-1].append((name, shape))
         size += nbytes
     gen = torch.Generator().manual_seed(0)
+    pool = (torch.randn(POOL, generator=gen) * 0.02).to(torch.bfloat16) if fast else None
     weight_map = {}
     for i, names in enumerate(plan):
         file = f"diffusion_pytorch_model-{i + 1:05d}-of-{len(plan):05d}.safetensors"
-        save_file({n: _random(n, s, gen) for n, s in names}, str(out / file), metadata={"format": "pt"})
+        save_file({n: _random(n, s, gen, pool) for n, s in names}, str(out / file), metadata={"format": "pt"})
         weight_map.update({n: file for n, _ in names})
     params = sum(int(torch.Size(s).numel()) for _, s in shapes)
     (out / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": 2 * params}, "weight_map": weight_map}, indent=1))
     desc = {"arch": arch, "backbone_class": class_name, "config": config, "params": params,
             "fp32_bytes": 4 * params, "bf16_shard_bytes": sum(f.stat().st_size for f in out.glob("*.safetensors")),
-            "shards": len(plan), "write_s": round(time.time() - t0, 1)}
+            "shards": len(plan), "write_s": round(time.time() - t0, 1),
+            "random": "pooled" if fast else "per tensor"}
     (folder / "fullsize.json").write_text(json.dumps(desc, indent=1))
     return desc
 
@@ -201,9 +214,9 @@ def child(src: Path, out: Path) -> dict:
             "versions": {k: manifest["tool_versions"][k] for k in ("torch", "diffusers", "onnx", "onnxruntime")}}
 
 
-def run(arch: str, work: Path, keep: bool) -> dict:
+def run(arch: str, work: Path, keep: bool, fast: bool = False) -> dict:
     src, out = work / f"{arch}-src", work / f"{arch}-onnx"
-    desc = json.loads((src / "fullsize.json").read_text()) if (src / "fullsize.json").is_file() else write(arch, src)
+    desc = json.loads((src / "fullsize.json").read_text()) if (src / "fullsize.json").is_file() else write(arch, src, fast)
     proc = subprocess.run([sys.executable, __file__, "export", str(src), str(out)], capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"export child failed:\n{proc.stderr[-4000:]}")
@@ -265,13 +278,15 @@ def main() -> None:
     r.add_argument("arch", choices=sorted(ARCHES))
     r.add_argument("--work", type=Path, default=Path("/tmp/fullsize"))
     r.add_argument("--keep", action="store_true")
+    for p in (w, r):
+        p.add_argument("--fast", action="store_true", help="random values sliced from one drawn pool")
     a = ap.parse_args()
     if a.cmd == "write":
-        print(json.dumps(write(a.arch, a.folder)))
+        print(json.dumps(write(a.arch, a.folder, a.fast)))
     elif a.cmd == "export":
         print(json.dumps(child(a.src, a.out)))
     else:
-        print(json.dumps(run(a.arch, a.work, a.keep)))
+        print(json.dumps(run(a.arch, a.work, a.keep, a.fast)))
 
 
 if __name__ == "__main__":
