@@ -113,3 +113,17 @@ def test_huge_header_length_refused(tmp_path):
     (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", 1 << 60) + b"{}")
     with pytest.raises(UserError, match="header length"):
         Shards(tmp_path)
+
+
+def test_streamed_folder_generates_the_plain_image(tmp_path):
+    from onnxdiffusion.runtime import Pipeline
+
+    src = _build("zimage", tmp_path)
+    images = []
+    for setting in ("off", "on"):
+        out = tmp_path / setting
+        export_pipeline(src, out, ExportOptions(stream_weights=setting, skip=("vae_encoder",)), progress=False)
+        for memory in ("default", "bounded"):
+            pipe = Pipeline.from_folder(out, threads=1, memory=memory)
+            images.append(pipe("a red circle", steps=2, seed=1, height=32, width=32).images.astype(int))
+    assert max(np.abs(images[0] - im).max() for im in images[1:]) <= 1
