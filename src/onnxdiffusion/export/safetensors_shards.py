@@ -94,6 +94,6 @@ class Shards:
             a = np.fromfile(f, dtype=np_dtype, count=e.numel)
         if a.size != e.numel:
             raise UserError(f"{e.path}: tensor {name!r} is cut short")
-        if e.dtype == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)
+        if e.dtype == "BF16":  # widened in one pass: a 6B model's weights go through here once each
+            a = np.left_shift(a, 16, dtype=np.uint32).view(np.float32)
         return a.astype(np.float32, copy=False).reshape(e.shape)

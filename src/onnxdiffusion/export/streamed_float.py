@@ -177,7 +177,7 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], np.ndarray]]
             pad = (-offset) % 4096
             out.write(b"\0" * pad)
             offset += pad
-            out.write(w.tobytes())
+            out.write(memoryview(w).cast("B"))  # no bytes copy of the layer
             _set_external(init, offset, w.nbytes)
             init.ClearField("dims")
             init.dims.extend(w.shape)
