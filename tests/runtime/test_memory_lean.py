@@ -224,17 +224,25 @@ def test_bounded_releases_backbone_before_decode(pipes):
     default = pipes[0]
     bounded = Pipeline.from_folder(None, threads=1, memory="bounded")
     assert bounded.memory.release_backbone and not bounded.memory.prepacking and not bounded.memory.arena
-    seen = []
-    decode = bounded.decode
+    seen, sessions = [], []
+    decode, make = bounded.decode, bounded._backbone._make
 
     def spy(*a, **kw):
-        seen.append(bounded.backbone_loaded)
+        gc.collect()
+        seen.append((bounded.backbone_loaded, [s() for s in sessions]))
         return decode(*a, **kw)
+
+    def made():
+        session = make()
+        sessions.append(weakref.ref(session))
+        return session
+
+    bounded._backbone._make = made
 
     bounded.decode = spy
     for prompt in ("a red circle on the left", "a blue star above a yellow square"):
         a, b = default(prompt, **SETTINGS), bounded(prompt, **SETTINGS)
         assert np.abs(a.images.astype(int) - b.images.astype(int)).max() <= 2
         assert not bounded.backbone_loaded
-    assert seen == [False, False]
+    assert seen == [(False, [None]), (False, [None, None])], "the released backbone session is still referenced"
     assert memory_options("bounded,prepacking=1").prepacking is True
