@@ -98,7 +98,16 @@ def table(rows: list[dict]) -> str:
                      f"{cell('load')} | {cell('encode')} | {cell('denoise')} ({r['step_s'][0] if r['step_s'] else '-'}) "
                      f"| {cell('decode')} |")
     lines += ["", "Cells: the phase's peak RSS (VmHWM), and in brackets the file-backed part at its end (RssFile: "
-              "weights ORT maps from the external data, pages the kernel can drop)."]
+              "weights ORT maps from the external data, pages the kernel can drop). `encode` runs once per prompt "
+              "(the prompt, then the negative/empty one), so the first `denoise` row is the gap between them.",
+              "",
+              "Modes (runtime/memory.py): `default` keeps every session, ORT pre-packs each constant weight (an "
+              "anonymous packed copy); `lean` lets the text encoders go after encoding and turns ORT's memory pattern "
+              "off; `bounded` is lean plus the backbone's session let go before the VAE decode, no pre-packing and no "
+              "CPU arena. ONNX Runtime memory-maps page-aligned external data on the CPU and uses the mapped bytes as "
+              "the initializers directly (onnxruntime PRs 11127, 11789, 21682; no session option needed, "
+              "`session.use_ort_model_bytes_directly` is for .ort files): without pre-packing the weights' only copy is "
+              "those file-backed pages, which is the `RssFile` of the denoise phase."]
     return "\n".join(lines) + "\n"
 
 
