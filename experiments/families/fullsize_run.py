@@ -67,18 +67,26 @@ def child(folder: Path, mode: str, size: int, steps: int, threads: int) -> dict:
             finally:
                 ph.mark(_after)
         setattr(pipe, attr, wrapped)
-    step_times, last = [], None
+    step_times, last, at_step = [], None, {}
     for event in pipe.iter_generate("a red fox in the snow", steps=steps, height=size, width=size, seed=0):
         if isinstance(event, StepEvent):
             now = time.time()
             step_times.append(now - (last or ph.t))
             last = now
+            at_step = _status()  # the backbone still held: its weights' anonymous / file-backed split
     ph.mark("done")
     rows = [r for r in ph.rows if r["phase"] not in ("imports", "between")]
     return {"mode": mode, "size": size, "steps": steps, "threads": threads, "phases": rows,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ph.rows),
             "step_s": [round(t, 2) for t in step_times],
+            "rss_anon_last_step": at_step.get("RssAnon"), "rss_file_last_step": at_step.get("RssFile"),
             "memory_options": pipe.memory.to_dict()}
+
+
+def split(r: dict) -> str:
+    if r.get("rss_anon_last_step") is None:
+        return "-"
+    return f"{r['rss_anon_last_step'] / GB:.2f} + {r['rss_file_last_step'] / GB:.2f}"
 
 
 def table(rows: list[dict]) -> str:
@@ -87,7 +95,7 @@ def table(rows: list[dict]) -> str:
              "mode in a fresh process; VmHWM reset at each phase boundary. CPU: AMD EPYC (avx512_vnni, avx512_bf16), "
              "2 vCPUs, shared with ~7 other jobs (times noisy). Raw rows: `fullsize_run.json`.", "",
              "| folder | backbone fp32 | mode | size, steps | peak RSS | peak / backbone fp32 | load | encode | denoise "
-             "(first step's s) | decode |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "(anon + file RSS at the last step; step s) | decode |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = {x["phase"].split(" ")[0]: x for x in r["phases"]}
 
@@ -95,10 +103,11 @@ def table(rows: list[dict]) -> str:
             return f"{p[k]['peak_rss_bytes'] / GB:.2f} GB ({p[k]['rss_file_end'] / GB:.2f} file)" if k in p else "-"
         lines.append(f"| {r['folder']} | {r['backbone_fp32_bytes'] / GB:.2f} GB | {r['mode']} | {r['size']}, {r['steps']} | "
                      f"{r['peak_rss_bytes'] / GB:.2f} GB | {r['peak_rss_bytes'] / r['backbone_fp32_bytes']:.2f}x | "
-                     f"{cell('load')} | {cell('encode')} | {cell('denoise')} ({r['step_s'][0] if r['step_s'] else '-'}) "
-                     f"| {cell('decode')} |")
+                     f"{cell('load')} | {cell('encode')} | {p['denoise']['peak_rss_bytes'] / GB:.2f} GB ({split(r)}; "
+                     f"{', '.join(str(t) for t in r['step_s'])}) | {cell('decode')} |")
     lines += ["", "Cells: the phase's peak RSS (VmHWM), and in brackets the file-backed part at its end (RssFile: "
-              "weights ORT maps from the external data, pages the kernel can drop). `encode` runs once per prompt "
+              "weights ORT maps from the external data, pages the kernel can drop); for the denoise phase, the anonymous and "
+              "file-backed RSS at its last step (the backbone still loaded). `encode` runs once per prompt "
               "(the prompt, then the negative/empty one), so the first `denoise` row is the gap between them.",
               "",
               "Modes (runtime/memory.py): `default` keeps every session, ORT pre-packs each constant weight (an "
@@ -107,7 +116,7 @@ def table(rows: list[dict]) -> str:
               "CPU arena. ONNX Runtime memory-maps page-aligned external data on the CPU and uses the mapped bytes as "
               "the initializers directly (onnxruntime PRs 11127, 11789, 21682; no session option needed, "
               "`session.use_ort_model_bytes_directly` is for .ort files): without pre-packing the weights' only copy is "
-              "those file-backed pages, which is the `RssFile` of the denoise phase."]
+              "those file-backed pages (the denoise phase's file part)."]
     return "\n".join(lines) + "\n"
 
 
