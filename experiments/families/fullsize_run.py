@@ -105,6 +105,15 @@ def table(rows: list[dict]) -> str:
                      f"{r['peak_rss_bytes'] / GB:.2f} GB | {r['peak_rss_bytes'] / r['backbone_fp32_bytes']:.2f}x | "
                      f"{cell('load')} | {cell('encode')} | {p['denoise']['peak_rss_bytes'] / GB:.2f} GB ({split(r)}; "
                      f"{', '.join(str(t) for t in r['step_s'])}) | {cell('decode')} |")
+    lines += ["", "Reading (qwen3 = the full-width 3-block Qwen-Image of fullwidth.py, 1.06 B backbone parameters, its "
+              "backbone exported with `--stream-weights on`): with `bounded` the decode phase holds what the decoder "
+              "needs (0.9-1.2 GB) where `lean` and `default` keep the backbone's pre-packed copy through it (4.6-6.5 "
+              "GB, the peak of `lean` at 512x512); while it denoises, `bounded` holds the backbone's weights as "
+              "file-backed pages (3.95 GB file + 0.36-0.38 GB anonymous) where `lean` holds an anonymous packed copy "
+              "(4.4-5.5 GB): the same resident size, but pages the kernel can drop and read back under pressure. The "
+              "peak of a generation is then the backbone plus its activations (1.2x at 256x256, 1.6x at 512x512 here). "
+              "Unpacked weights cost step time (512x512: 152 / 101 s vs lean's 86 / 61 s; 256x256: 11.2 / 8.6 s vs "
+              "14.6 / 9.8 s in a quieter moment): noisy on the shared cores, not a measured ratio."]
     lines += ["", "Cells: the phase's peak RSS (VmHWM), and in brackets the file-backed part at its end (RssFile: "
               "weights ORT maps from the external data, pages the kernel can drop); for the denoise phase, the anonymous and "
               "file-backed RSS at its last step (the backbone still loaded). `encode` runs once per prompt "
