@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -293,7 +294,7 @@ def main() -> None:
     e.add_argument("out", type=Path)
     r = sub.add_parser("run")
     r.add_argument("arch", choices=sorted(ARCHES))
-    r.add_argument("--work", type=Path, default=Path("/tmp/fullsize"))
+    r.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "fullsize")
     r.add_argument("--keep", action="store_true")
     for p in (w, r):
         p.add_argument("--fast", action="store_true", help="random values sliced from one drawn pool")
