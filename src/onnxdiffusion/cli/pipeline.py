@@ -52,7 +52,7 @@ def export(
                              "generate --controlnet NAME)")] = None,
     stream_weights: Annotated[str, typer.Option(
         "--stream-weights", help="auto | on | off: the backbone's Linear weights streamed from its safetensors shards "
-                                 "(export bounded by memory; validated on a cut-down copy); auto above 8 GiB fp32")] = "auto",
+                                 "(export bounded by memory; validated on a cut-down copy); auto above 12 GiB fp32")] = "auto",
 ) -> None:
     """Export a diffusers pipeline (SD, Flux, Qwen-Image, ...) to ONNX (validated against PyTorch)."""
     from ..export import ExportOptions, export_pipeline

@@ -29,5 +29,5 @@ class ExportOptions:
     # a GGUF file holding the backbone (export/gguf.py): its weights replace the source folder's backbone weights
     gguf: str | None = None
     # the backbone's Linear weights streamed from its safetensors shards into external data, never all in memory
-    # (export/streamed_float.py): "auto" above 8 GiB of fp32 weights, "on", "off"
+    # (export/streamed_float.py): "auto" above 12 GiB of fp32 weights, "on", "off"
     stream_weights: str = "auto"
