@@ -216,3 +216,33 @@ def test_heap_frozen_collects_what_the_block_made_and_unfreezes():
     with HeapFrozen():  # the process froze objects itself: they stay frozen after the block
         pass
     assert gc.get_freeze_count() > 0
+
+
+def test_bounded_releases_backbone_before_decode(pipes):
+    """memory=bounded: the backbone's session is let go before the VAE decode (and made again for the next
+    generation); no packed copies, no arena; the image is the default's up to the unpacked kernels' rounding."""
+    default = pipes[0]
+    bounded = Pipeline.from_folder(None, threads=1, memory="bounded")
+    assert bounded.memory.release_backbone and not bounded.memory.prepacking and not bounded.memory.arena
+    seen, sessions = [], []
+    decode, make = bounded.decode, bounded._backbone._make
+
+    def spy(*a, **kw):
+        gc.collect()
+        seen.append((bounded.backbone_loaded, [s() for s in sessions]))
+        return decode(*a, **kw)
+
+    def made():
+        session = make()
+        sessions.append(weakref.ref(session))
+        return session
+
+    bounded._backbone._make = made
+
+    bounded.decode = spy
+    for prompt in ("a red circle on the left", "a blue star above a yellow square"):
+        a, b = default(prompt, **SETTINGS), bounded(prompt, **SETTINGS)
+        assert np.abs(a.images.astype(int) - b.images.astype(int)).max() <= 2
+        assert not bounded.backbone_loaded
+    assert seen == [(False, [None]), (False, [None, None])], "the released backbone session is still referenced"
+    assert memory_options("bounded,prepacking=1").prepacking is True

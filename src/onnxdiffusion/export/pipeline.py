@@ -130,6 +130,11 @@ def _load(src: Path, name: str, class_name: str):
 def _load_source(src: Path, name: str, class_name: str, family: Family, options: ExportOptions, reports: dict):
     """A component's torch module: from the folder, or the backbone from options.gguf (its report kept)."""
     if options.gguf is None or name != family.backbone:
+        from .streamed_float import build_backbone as build_streamed
+        from .streamed_float import should_stream
+
+        if name == family.backbone and not options.loras and should_stream(src / name, options.stream_weights):
+            return build_streamed(src / name, class_name)  # Linear weights left in the shards (issue 43)
         return _load(src, name, class_name)
     from .gguf_backbone import build_backbone
     from .gguf_file import read_gguf
@@ -219,6 +224,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     if isinstance(options.opset, bool) or not isinstance(options.opset, int) \
             or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
         raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
+    if options.stream_weights not in ("auto", "on", "off"):
+        raise UserError(f"--stream-weights must be auto, on or off, got {options.stream_weights!r}")
     family, model_index, configs = _check_source(src)
     tiny_names, tiny_cfg = _check_tiny(family, configs, options)
     check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
@@ -234,6 +241,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from tqdm import tqdm
 
     from .attention import DOMAIN_OP, fuse_attention
+    from .streamed_backbone import export_streamed
+    from .streamed_float import streamed_floats
     from .validate import export_component, free_memory
 
     t_start = time.time()
@@ -303,9 +312,13 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     nonlocal loaded, module, wrapped
                     loaded = module = wrapped = None
 
-                wrapped = family_export.wrap(family, spec, module).eval()
-                entry = export_component(spec, wrapped, feed_list, tmp / name, options,
-                                         release=release if last_of_source else None)
+                if streamed_floats(module):
+                    entry = export_streamed(spec, module, lambda m: family_export.wrap(family, spec, m).eval(),
+                                            feed_list, tmp / name, options, release if last_of_source else None)
+                else:
+                    wrapped = family_export.wrap(family, spec, module).eval()
+                    entry = export_component(spec, wrapped, feed_list, tmp / name, options,
+                                             release=release if last_of_source else None)
                 wrapped = None
                 entry["family"] = family.name
                 _gguf_entry(entry, gguf_reports.get(spec.source))

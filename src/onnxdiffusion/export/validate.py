@@ -16,6 +16,8 @@ from ..families.base import ComponentSpec
 from ..onnxio import release_memory
 from .external_data import consolidate, external_files
 from .gguf_linear import streamed_layers, write_streamed
+from .streamed_float import streamed_floats
+from .streamed_float import write_streamed as write_floats
 
 
 def _compare(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
@@ -65,6 +67,7 @@ def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: li
     names_out = [t.name for t in spec.outputs]
     refs = [_outputs(module, feeds, names_in) for feeds in feed_list] if options.validate else []
     streamed = streamed_layers(module)  # GGUF layers: their blocks are written after the export, layer by layer
+    floats = streamed_floats(module)  # float layers left in the safetensors shards, written the same way
     first = feed_list[0]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -86,7 +89,11 @@ def export_component(spec: ComponentSpec, module: torch.nn.Module, feed_list: li
     if streamed:
         write_streamed(path, streamed)
         streamed = None
-    consolidate(path)
+    if floats:  # writes one page-aligned file itself: consolidating it again would copy every weight once more
+        write_floats(path, floats)
+        floats = None
+    else:
+        consolidate(path)
     info = {
         "path": f"{spec.name}/model.onnx",
         "external_data": [f"{spec.name}/{f}" for f in external_files(path)],

@@ -4,7 +4,8 @@
 kernels, a growing CPU arena, a planned activation block from the second run on). `lean` lowers
 the peak resident set at full size: the text encoders are let go as soon as the prompt is encoded
 (and loaded again, from their files, for the next prompt), and ORT's memory pattern is off (its
-block is taken beside what the arena already holds). The larger saving is the folder's layout:
+block is taken beside what the arena already holds). `bounded` also lets the backbone go before the VAE
+decode and keeps ORT from making packed copies of the weights (issue 43: a model larger than half the memory). The larger saving is the folder's layout:
 weights in external-data files (folder/relayout.py), which `quantize` writes. What each choice costs and saves at SD1.5 size is measured in
 `bench/report_sd15/README.md`; the ORT option strings themselves live in `session.py`.
 """
@@ -26,6 +27,8 @@ class MemoryOptions:
     arena: bool = True  # ORT's CPU memory arena (grows by powers of two and keeps what it took)
     mem_pattern: bool = True  # ORT plans one block for a run's activations after the first run (taken beside
     #                           what the arena already holds from that first run)
+    release_backbone: bool = False  # drop the backbone's session after the denoising loop, before the VAE decode
+    #                                 (loaded again, from its files, for the next generation)
     vae_tile: int = 0  # > 0: decode in overlapping tiles of this many image pixels a side (runtime/vae_tiling.py;
     #                    the decoder's activations are a tile's; the image changes slightly, see there)
     vae_overlap: int = 0  # image pixels two neighbouring tiles share at least (cross-faded); 0: a quarter of
@@ -45,6 +48,12 @@ MEMORY_MODES = {
     "default": MemoryOptions(),
     # pre-packing stays on: without it ORT's int8 kernels (QLinearConv) run 2.6x slower at SD1.5 size
     "lean": MemoryOptions(release_text_encoders=True, mem_pattern=False),
+    # one component resident at a time (encode, free, denoise, free, decode): a generation's peak is the largest
+    # component plus its working set. No packed copies and no arena: the weights ORT maps from page-aligned
+    # external data are the only copy (file-backed pages the kernel can drop), at some speed (measured in
+    # experiments/families/fullsize_run.md)
+    "bounded": MemoryOptions(release_text_encoders=True, mem_pattern=False, release_backbone=True, prepacking=False,
+                             arena=False),
 }
 
 

@@ -73,7 +73,9 @@ def _image_help() -> str:
 
 MEMORY_HELP = (
     "default | lean (text encoder let go after encoding, no ORT memory pattern: lower peak RSS, same image) | "
-    "KEY=0|1,... with KEY release_text_encoders, prepacking, arena, mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: "
+    "bounded (lean, and the backbone let go before the VAE decode, no packed weight copies, no arena: one component "
+    "resident at a time) | KEY=0|1,... with KEY release_text_encoders, release_backbone, prepacking, arena, "
+    "mem_pattern; vae_tile=PIXELS[,vae_overlap=PIXELS]: "
     "tiled VAE decoding (lower peak at large sizes, image close, not identical) (default: the profile's, else default)")
 
 

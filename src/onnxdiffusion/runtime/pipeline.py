@@ -157,6 +157,15 @@ class Pipeline(PictureStages):
     def backbone(self, session) -> None:  # a caller's own session (quantize); None: let it go, remade on use
         self._backbone.set(session)
 
+    def release_backbone(self) -> None:
+        """Let the backbone's session (and compiled sampling graphs, which hold its weights) go; made again from
+        the files on the next use."""
+        self._backbone.set(None)
+        self._graphs.clear()
+        from ..onnxio import release_memory
+
+        release_memory()
+
     @property
     def backbone_loaded(self) -> bool:  # False until a host step (or a caller) needs the backbone's session
         return self._backbone.loaded

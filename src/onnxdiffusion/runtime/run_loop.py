@@ -144,6 +144,9 @@ def run(pipe, options, table, latents, noise, prompts, negatives, start=None, ad
         settings.update(start_row=start.start, inpaint=start.keep is not None or start.extra is not None)
     for t in techniques:
         settings.update(t.settings())
+    if pipe.memory.release_backbone:  # memory `bounded`: the backbone's weights go before the decoder runs
+        ctx = techniques = model_fn = after = graph = b = None  # every name that held the session (b: the loop's)
+        pipe.release_backbone()
     images = pipe.decode(x, h, w, options.decoder)
     if start is not None and start.overlay is not None:
         from .image_input import apply_overlay

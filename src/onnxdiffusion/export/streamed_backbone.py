@@ -1,0 +1,33 @@
+"""Export a streamed float backbone (export/streamed_float.py) with validation that stays bounded by memory: the
+numerical comparison on a cut-down copy (its first blocks, the released width, the same weights and export code) in
+a scratch folder, then the whole backbone exported without ONNX Runtime paging in all its weights."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from .streamed_float import CUT_BLOCKS, cut_down
+from .validate import export_component, free_memory
+
+
+def export_streamed(spec, module, wrap: Callable, feed_list: list[dict], folder: Path, options,
+                    release: Callable[[], None] | None = None) -> dict:
+    """export_component for a backbone whose Linear weights stay in the shards; `wrap` makes the module the
+    exporter traces (the family's wrapper) and is called on the cut-down copy first, then on the module."""
+    check = None
+    if options.validate:
+        small, cut = cut_down(module)
+        with tempfile.TemporaryDirectory(prefix=".cutdown-", dir=folder.parent) as scratch:
+            sub = export_component(spec, wrap(small), feed_list, Path(scratch) / spec.name, options)
+        small = None
+        free_memory()
+        check = {**sub["validation"], "scope": f"cut-down copy: each block list's first {CUT_BLOCKS} blocks",
+                 "blocks_cut": cut}
+    entry = export_component(spec, wrap(module), feed_list, folder, replace(options, validate=False), release)
+    entry["streamed_weights"] = True
+    if check is not None:
+        entry["validation"] = check
+    return entry
