@@ -92,6 +92,9 @@ SUITES = {
         # the patch-embedding conv (a conv, not a linear: its 8-bit input is the latent itself) kept float
         ("w8a8-rot every-linear conv-float", "int8-static",
          {"modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        # and the final projection (a linear: no longer "every linear") float too
+        ("w8a8-rot conv-float proj_out-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv,/model/proj_out/MatMul"}, False),
         # the same with timestep-grouped activation scales (int8-timestep: one graph, weights shared)
         ("w8a8-rot-timestep every-linear", "int8-timestep",
          {"groups": "4", "modulation": "int8", "rotate": "hadamard", "float_outputs": "Conv,MatMul,Gemm"}, False),
