@@ -102,6 +102,8 @@ SUITES = {
          {"groups": "4", "modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
         ("w4a8", "int4-weights", {"accuracy_level": "4"}, False),
         ("w4a8-rot", "w4a8", {}, False),
+        ("w4a8-rot b16", "w4a8", {"block_size": "16"}, False),
+        ("w4a8-rot b64", "w4a8", {"block_size": "64"}, False),
         ("w4a8-rot gptq", "w4a8", {"algorithm": "gptq"}, False),
         ("w4a8-rot gptq b64", "w4a8", {"algorithm": "gptq", "block_size": "64"}, False),
         ("w4a8-rot gptq 8bit-sensitive", "w4a8", {"algorithm": "gptq", "target_ratio": "3.5"}, False),
