@@ -100,6 +100,8 @@ SUITES = {
          {"groups": "4", "modulation": "int8", "rotate": "hadamard", "float_outputs": "Conv,MatMul,Gemm"}, False),
         ("w8a8-rot-timestep every-linear conv-float", "int8-timestep",
          {"groups": "4", "modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        ("w8a8-rot-timestep8 every-linear conv-float", "int8-timestep",
+         {"groups": "8", "modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
         ("w4a8", "int4-weights", {"accuracy_level": "4"}, False),
         ("w4a8-rot", "w4a8", {}, False),
         ("w4a8-rot b16", "w4a8", {"block_size": "16"}, False),
