@@ -89,8 +89,29 @@ SUITES = {
         # the patch-embedding conv's output left float like the linears' (MatMulIntegerToFloat): not re-quantized
         ("w8a8-rot every-linear conv-float-out", "int8-static",
          {"modulation": "int8", "rotate": "hadamard", "float_outputs": "Conv,MatMul,Gemm"}, False),
+        # the patch-embedding conv (a conv, not a linear: its 8-bit input is the latent itself) kept float
+        ("w8a8-rot every-linear conv-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        # and the final projection (a linear: no longer "every linear") float too
+        ("w8a8-rot conv-float proj_out-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv,/model/proj_out/MatMul"}, False),
+        # the same with timestep-grouped activation scales (int8-timestep: one graph, weights shared)
+        ("w8a8-rot-timestep every-linear", "int8-timestep",
+         {"groups": "4", "modulation": "int8", "rotate": "hadamard", "float_outputs": "Conv,MatMul,Gemm"}, False),
+        ("w8a8-rot-timestep every-linear conv-float", "int8-timestep",
+         {"groups": "4", "modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        ("w8a8-rot-timestep8 every-linear conv-float", "int8-timestep",
+         {"groups": "8", "modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
         ("w4a8", "int4-weights", {"accuracy_level": "4"}, False),
         ("w4a8-rot", "w4a8", {}, False),
+        ("w4a8-rot b16", "w4a8", {"block_size": "16"}, False),
+        ("w4a8-rot b64", "w4a8", {"block_size": "64"}, False),
+        ("w4a8-rot gptq", "w4a8", {"algorithm": "gptq"}, False),
+        ("w4a8-rot gptq b64", "w4a8", {"algorithm": "gptq", "block_size": "64"}, False),
+        ("w4a8-rot gptq 8bit-sensitive", "w4a8", {"algorithm": "gptq", "target_ratio": "3.5"}, False),
+        # the UNet's linears (and convs, as int8-static quantizes them) rotated: issue 44's "UNet too"
+        ("w8a8", "int8-static", {}, False),
+        ("w8a8-rot", "int8-static", {"rotate": "hadamard"}, False),
     ],
     "issue5": [
         ("int8-static", "int8-static", {}, False),
@@ -155,6 +176,24 @@ def slower_than_fp32(sweep: dict) -> list[str]:
     return [f"{int(k[4:]) // 2} img {v['ratio']:.2f}x" for k, v in sweep.items() if v["ratio"] > 1.0]
 
 
+def fp32_reference(folder: Path, scenes, options: EvaluateOptions, settings: dict, work: Path, judge):
+    """The fp32 images and their judge scores, cached in `work` by the backbone's hash and the settings
+    (a later --only run of the same suite skips the ~8 min regeneration)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    backbone = folder / manifest["components"][get_family(manifest.get("family")).backbone]["path"]
+    key = f"{sha256_file(backbone)[:16]}_{len(scenes)}_{settings['sampler']}_{settings['steps']}_{settings['guidance']}"
+    cache = work / f"fp32_reference_{key}.npz"
+    if cache.exists():
+        with np.load(cache, allow_pickle=False) as z:
+            return z["images"], json.loads(str(z["eval"]))
+    ref = generate(folder, scenes, options)
+    ev = evaluate_images(ref, scenes, judge)
+    tmp = cache.with_suffix(".tmp.npz")
+    np.savez(tmp, images=ref, eval=json.dumps({k: ev[k] for k in ("strict_accuracy", "attribute_accuracy", "frechet_distance")}))
+    tmp.replace(cache)
+    return ref, ev
+
+
 def run_model(folder: Path, settings: dict, runs: list, args, judge) -> dict:
     manifest = json.loads((folder / "manifest.json").read_text())
     backbone = get_family(manifest.get("family")).backbone
@@ -167,8 +206,7 @@ def run_model(folder: Path, settings: dict, runs: list, args, judge) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log(f"{folder.name}: fp32 reference, {len(scenes)} held-out prompts")
     t0 = time.perf_counter()
-    ref = generate(folder, scenes, options)
-    fp32_eval = evaluate_images(ref, scenes, judge)
+    ref, fp32_eval = fp32_reference(folder, scenes, options, settings, work, judge)
     result = {
         "model": os.path.relpath(folder.resolve(), ROOT) if folder.resolve().is_relative_to(ROOT) else folder.name,
         "family": manifest.get("family", "sd"),
