@@ -37,7 +37,7 @@ from onnxdiffusion.quantize.report import component_feed  # noqa: E402
 from onnxdiffusion.quantize.runner import latency  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 from onnxdiffusion.runtime.memory import LazySession  # noqa: E402
-from onnxdiffusion.runtime.pipeline import _disabled  # noqa: E402
+from onnxdiffusion.runtime.loading import disabled as _disabled  # noqa: E402
 from onnxdiffusion.runtime.session import make_session  # noqa: E402
 
 

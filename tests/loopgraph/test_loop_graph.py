@@ -294,11 +294,11 @@ def test_tuned_loop_of_a_large_backbone_is_optimized_file_to_file(external_onnx,
 def test_a_pipeline_running_only_the_loop_never_loads_the_backbone(tiny_loops, monkeypatch):
     """The Loop graph holds the backbone's weights itself: a pipeline that only runs it makes no backbone
     session (at full size that would be a second copy of 3.4 GB); the host loop makes it on first use."""
-    from onnxdiffusion.runtime import pipeline
+    from onnxdiffusion.runtime import session_makers
 
     made = []
-    real = pipeline._backbone_session
-    monkeypatch.setattr(pipeline, "_backbone_session", lambda *a, **k: made.append(a[0]) or real(*a, **k))
+    real = session_makers._backbone_session
+    monkeypatch.setattr(session_makers, "_backbone_session", lambda *a, **k: made.append(a[0]) or real(*a, **k))
     pipe = Pipeline.from_folder(tiny_loops)
     loop = pipe("a red circle", steps=4, guidance=4.0, seed=3, loop="loop")
     assert made == []

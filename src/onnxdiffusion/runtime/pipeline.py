@@ -10,7 +10,6 @@ import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from ..folder.artifacts import component_path, read_manifest, verify_folder
 from ..cpu.check import kernels_warning
 from ..errors import UserError
 from ..families import NumpyOps, get_family
-from ..folder.manifest import Component, Manifest, confined
+from ..folder.manifest import Manifest, confined
 from . import guards
 from ..folder.paths import default_model_folder
 from ..samplers import SamplerTable, default_sampler, table_from_config
@@ -31,11 +30,11 @@ from .generation import (  # noqa: F401  (re-exported: the public names live her
 from .backbone import Conditioning, DeviceBackbone, DevicePool, FedBackbone, GuidedBackbone
 from .memory import LazySession, memory_options
 from .pictures import PictureStages  # decode, encode_image, encode_pixels, backbone_extra_channels
+from .session_makers import SessionMakers  # session_maker, component_session, backbone_session_maker
 from .sampling_graph import SamplingGraph, open_sampling_graph
 from .static_shapes import session_factory
-from .loading import (backbone_remedies, backbone_session as _backbone_session, disabled as _disabled, load_scheduler,
-                      lora_backbone)
-from .session import check_external_data, make_session
+from .loading import backbone_remedies, load_scheduler, lora_backbone
+from .session import check_external_data
 from .tokenizer import PromptTokenizer
 from .vae_tiling import check_tiling
 
@@ -43,7 +42,7 @@ from .vae_tiling import check_tiling
 LOOP_FORMS = ("host", "loop", "unrolled")
 
 
-class Pipeline(PictureStages):
+class Pipeline(SessionMakers, PictureStages):
     def __init__(self, folder: Path, manifest: Manifest, provider: str, threads: int | None, profile=None, memory=None):
         from .profiled import backbone_entry, foreign_ops_note, session_providers
 
@@ -174,28 +173,6 @@ class Pipeline(PictureStages):
     def backbone_info(self) -> dict:  # the backbone's manifest entry as run here (a profile may pick another file)
         return self._backbone_info
 
-    @property
-    def threads(self) -> int | None:  # intra-op threads of every session this pipeline makes (None: ORT's)
-        return self._threads
-
-    def providers_for(self, role: str) -> list | None:  # "backbone" | "other"; None: make_session's default
-        return self._chain.get(role)
-
-    def session_maker(self, role: str, entry: Component | None = None):
-        """make(path, **make_session's options) -> a session of one of the folder's files with this pipeline's
-        provider chain for `role` ("backbone" | "other"), threads and memory options; the backbone's through
-        loading.backbone_session (the entry's optimizers left off, dead attention queries dropped), another
-        component's leaving off what its manifest `entry` (if given) asks to."""
-        if role == "backbone":
-            return partial(_backbone_session, entry=entry or self._backbone_info, provider=self.provider,
-                           threads=self._threads, providers=self._chain["backbone"], memory=self.memory, checked=True)
-        off = {"disabled_optimizers": _disabled(entry)} if entry is not None else {}
-        return partial(make_session, provider=self.provider, threads=self._threads, providers=self._chain[role],
-                       memory=self.memory, **off)
-
-    def component_session(self, name: str, **options):  # a non-backbone component's; options: make_session's
-        return self.session_maker("other")(component_path(self.folder, self.manifest, name), **options)
-
     # the first (SD: only) text encoder and tokenizer, for callers that time or hook them
     @property
     def tokenizer(self) -> PromptTokenizer:
@@ -325,24 +302,6 @@ class Pipeline(PictureStages):
 
     def latent_shape_for(self, batch: int, height: int | None = None, width: int | None = None) -> tuple[int, ...]:
         return self.latent_shape(GenerateOptions(batch=batch, height=height, width=width))
-
-    @property
-    def backbone_path(self) -> Path:
-        """The backbone's ONNX file (inside the folder)."""
-        return confined(self.folder, self._backbone_info.path, "backbone")
-
-    def backbone_session_maker(self, disabled_optimizers: bool = False):
-        """make(bytes | path) -> a session of a backbone piece (a cut, a residual-taking copy) with the backbone's
-        threads, memory options and providers; `disabled_optimizers`: also the passes its component turns off."""
-        import onnxruntime as ort
-
-        from .loading import disabled
-        from .session import resolve_provider, session_options
-
-        opts = session_options(self._threads, self.memory)
-        chain = self._chain.get("backbone") or resolve_provider(self.provider)
-        extra = {"disabled_optimizers": off} if disabled_optimizers and (off := disabled(self._backbone_info)) else {}
-        return lambda model: ort.InferenceSession(model, sess_options=opts, providers=chain, **extra)
 
     def sampling_graph(self, form: str) -> SamplingGraph:
         if form not in self._graphs:
