@@ -10,6 +10,8 @@ import typer
 
 from .app import app, require
 from .options import from_fields
+from ..folder.relayout import RelayoutOptions
+from ..serve.batch import BatchOptions
 from ..serve.config import ServeConfig
 
 
@@ -47,12 +49,11 @@ def fixup_trt_cmd(
 
 
 @app.command("relayout")
+@from_fields(RelayoutOptions, "options")
 def relayout_cmd(
     model: Annotated[Path, typer.Argument(help="model folder")],
     out: Annotated[Path, typer.Argument(help="output model folder (other files hard-linked)")],
-    min_mb: Annotated[float, typer.Option(help="components with at least this many MB of weights get an external-data file")] = 64.0,
-    storage: Annotated[str, typer.Option(help="keep | fp16: float32 weights that are exactly float16 values stored as float16 + Cast (same numbers, half the bytes: folders exported from float16 checkpoints) | fp32: such weights back to float32")] = "keep",
-    overwrite: Annotated[bool, typer.Option(help="replace an existing output folder written by this tool")] = False,
+    options: RelayoutOptions = None,
 ) -> None:
     """Copy a model folder with its weights laid out anew: large components' weights in external-data files
     beside their graphs (ONNX Runtime then holds each weight once, inline ones twice: a lower resident set at the
@@ -60,7 +61,8 @@ def relayout_cmd(
     (the same numbers at load; the shipped folders are stored so)."""
     from ..folder.relayout import store_external
 
-    done = store_external(model, out, min_bytes=int(min_mb * (1 << 20)), overwrite=overwrite, storage=storage)
+    done = store_external(model, out, min_bytes=options.min_bytes, overwrite=options.overwrite,
+                          storage=options.storage)
     print(f"{out}: {', '.join(done) if done else 'no component'} rewritten")
 
 
@@ -111,22 +113,18 @@ def serve(
 
 
 @app.command("batch")
+@from_fields(BatchOptions, "options")
 def batch_cmd(
     prompts: Annotated[Path, typer.Argument(help="JSON lines: {\"prompt\": ..., optional id, seed, steps, sampler, guidance, negative_prompt, size}")],
     out: Annotated[Path, typer.Argument(help="output folder: one PNG per item (ID.png) + results.jsonl")],
-    model: Annotated[Optional[Path], typer.Option(help="model folder (default: the embedded model)")] = None,
-    batch_size: Annotated[int, typer.Option(help="items per backbone batch (compatible items only)")] = 4,
-    ray: Annotated[bool, typer.Option("--ray", help="render on Ray Data actors (the `ray` extra)")] = False,
-    actors: Annotated[int, typer.Option(help="--ray: actors (one model load each)")] = 2,
-    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    options: BatchOptions = None,
 ) -> None:
     """Render a prompt file offline; resumable (items whose image exists are skipped)."""
-    from ..serve.batch import BatchOptions, run_batch
+    from ..serve.batch import run_batch
 
-    if ray:
+    if options.ray:
         require("ray", extra="ray")
-    options = BatchOptions(model=model, batch_size=batch_size, ray=ray, actors=actors, progress=not quiet)
     from ..serve.ray import render_on_ray
 
-    summary = run_batch(prompts, out, options, remote=render_on_ray if ray else None)
+    summary = run_batch(prompts, out, options, remote=render_on_ray if options.ray else None)
     print(f"{summary['rendered']} rendered, {summary['skipped']} already done, {summary['total']} items -> {out}")

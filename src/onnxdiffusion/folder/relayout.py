@@ -13,13 +13,29 @@ for tools that read the weights of the ONNX files themselves.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from .artifacts import confined, derive, read_manifest, verify_folder
 from ..errors import UserError
+from ..fields import option
 
 STORAGE = ("keep", "fp16", "fp32")
 RUNTIME_EXTERNAL_BYTES = 64 << 20  # components with this many bytes of tensors or more: weights in a file
+
+
+@dataclass(frozen=True)
+class RelayoutOptions:
+    """The relayout verb's options: `store_external(model, out, min_bytes=o.min_bytes, overwrite=..., storage=...)`."""
+    min_mb: float = option(64.0, "components with at least this many MB of weights get an external-data file")
+    storage: str = option("keep", "keep | fp16: float32 weights that are exactly float16 values stored as float16 + "
+                                  "Cast (same numbers, half the bytes: folders exported from float16 checkpoints) | "
+                                  "fp32: such weights back to float32")
+    overwrite: bool = option(False, "replace an existing output folder written by this tool")
+
+    @property
+    def min_bytes(self) -> int:
+        return int(self.min_mb * (1 << 20))
 
 
 def store_external(folder: Path | str, out: Path | str, min_bytes: int = RUNTIME_EXTERNAL_BYTES,

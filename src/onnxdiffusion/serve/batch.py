@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..fields import option
 from ..folder.manifest import PipelineInfo, Recommended
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -22,12 +23,13 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 @dataclass(frozen=True)
 class BatchOptions:
-    model: Path | None = None
-    batch_size: int = 4
-    ray: bool = False
-    actors: int = 2
+    """run_batch's options (the batch verb's, made from the option fields)."""
+    model: Path | None = option(None, "model folder (default: the embedded model)")
+    batch_size: int = option(4, "items per backbone batch (compatible items only)")
+    ray: bool = option(False, "render on Ray Data actors (the `ray` extra)", flags=("--ray",))
+    actors: int = option(2, "--ray: actors (one model load each)")
     threads: int | None = 1
-    progress: bool = True
+    progress: bool = option(True, "no progress bar", flags=("--quiet/--no-quiet",), invert=True)
 
 
 @dataclass(frozen=True)

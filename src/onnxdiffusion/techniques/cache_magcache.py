@@ -26,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import UserError
+from ..fields import option
 from .cache_base import FLOAT, INT64, CacheSpec, GraphStep, Policy, same_shape
 
 MANIFEST_KEY = "magcache"  # {"ratios": [...], "steps": N, "sampler": ..., "guidance": ..., "prompts": K}
@@ -260,6 +261,16 @@ class _Policy(Policy):
         self.residual = residual
 
 # --- calibration: the ratios measured once per model, recorded in its manifest ---------------------------
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """The `cache calibrate` verb's options: `calibrate(pipe, read_prompts(o.prompts), steps=o.steps, ...)`."""
+    prompts: Path | None = option(None, "prompts file, one a line (default: 4 built-in prompts)")
+    steps: int | None = option(None, "steps of each calibration run (default: the model's)")
+    sampler: str | None = option(None, "sampler of the runs (default: the model's)")
+    guidance: float | None = option(None, "guidance scale of the runs (default: the model's)")
+    threads: int | None = option(None, "ONNX Runtime threads")
+
+
 def read_prompts(path: Path | None) -> list[str]:
     """One prompt a line (blank lines skipped); none given: DEFAULT_PROMPTS."""
     if path is None:
