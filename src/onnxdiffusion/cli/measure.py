@@ -11,28 +11,26 @@ import typer
 from .app import app
 from .options import from_fields
 from ..bench.options import BenchOptions
+from ..evaluate.options import EvaluateOptions
 from ..errors import UserError
 
 
 @app.command()
+@from_fields(EvaluateOptions, "options")
 def evaluate(
     model: Annotated[Optional[Path], typer.Argument(help="model folder (default: the embedded model)")] = None,
-    count: Annotated[int, typer.Option(help="1..4096 held-out prompts")] = 256,
-    steps: Annotated[Optional[int], typer.Option(help="default: the model's recommended, else 20")] = None,
-    sampler: Annotated[Optional[str], typer.Option(help="default: the model's recommended, else the folder's scheduler")] = None,
-    guidance: Annotated[Optional[float], typer.Option(help="default: the model's recommended, else 7.5")] = None,
-    batch: Annotated[int, typer.Option(help="1..4096 images per run")] = 32,
+    options: EvaluateOptions = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")] = "cpu",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON result (default: none, summary only)")] = None,
     grid: Annotated[Optional[Path], typer.Option(help="also save a grid of the first 64 images")] = None,
     overwrite: Annotated[bool, typer.Option(help="replace existing output files")] = False,
-    decoder: Annotated[str, typer.Option(help="full (the VAE) | tiny (the folder's tiny autoencoder)")] = "full",
 ) -> None:
     """Held-out prompts with fixed seeds: judge attribute / strict accuracy and Fréchet distance."""
     import json
+    from dataclasses import replace
 
     from ..folder.artifacts import atomic_write_bytes
-    from ..evaluate.run import EvaluateOptions, check_evaluate_options, evaluate_model
+    from ..evaluate.run import check_evaluate_options, evaluate_model
     from ..folder.imageio import image_grid, output_paths
 
     if output is not None:
@@ -44,10 +42,9 @@ def evaluate(
     from ..runtime.pipeline import GenerateOptions, resolve_options
 
     # unset steps / sampler / guidance: the model's recommended settings, as generate resolves them
-    rec = resolve_options(GenerateOptions(steps=steps, sampler=sampler, guidance=guidance),
+    rec = resolve_options(GenerateOptions(steps=options.steps, sampler=options.sampler, guidance=options.guidance),
                           read_manifest(model if model is not None else default_model_folder()).recommended)
-    options = EvaluateOptions(count=count, steps=rec.steps, sampler=rec.sampler, guidance=rec.guidance,
-                              batch=batch, decoder=decoder)
+    options = replace(options, steps=rec.steps, sampler=rec.sampler, guidance=rec.guidance)
     check_evaluate_options(options, provider)
     result = evaluate_model(model, options, provider=provider)
     images = result.pop("_images")

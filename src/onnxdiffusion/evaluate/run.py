@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -13,18 +13,7 @@ from ..errors import UserError
 from ..families.tiny_vae import DECODERS
 from .judge import Judge, score_scenes, summarize
 from .metrics import frechet_distance, gaussian_stats
-
-
-@dataclass(frozen=True)
-class EvaluateOptions:
-    count: int = 256
-    steps: int = 20
-    sampler: str | None = "ddim"  # None: the one the folder's scheduler_config.json names
-    guidance: float = 4.0
-    batch: int = 32
-    split: str = "heldout"
-    seed_offset: int = 0
-    decoder: str = "full"  # full | tiny (the folder's tiny autoencoder)
+from .options import EvaluateOptions
 
 
 def check_evaluate_options(options: EvaluateOptions, provider: str = "cpu") -> None:
