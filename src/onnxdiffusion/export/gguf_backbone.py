@@ -75,27 +75,15 @@ def _blocks(gg: GgufFile, entry, report: dict):
     return nb
 
 
-def _parent(module, dotted: str):
-    owner, _, leaf = dotted.rpartition(".")
-    return (module.get_submodule(owner) if owner else module), leaf
-
-
 def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
     """The diffusers backbone with the file's weights: (module, report for the manifest)."""
-    import diffusers
     import torch
-    from accelerate import init_empty_weights
 
     from .gguf_linear import NBitsLinear
+    from .streamed_float import empty_backbone, parent_of
 
     mapped = check_file(gg, family)
-    cls = getattr(diffusers, class_name)
-    try:
-        with init_empty_weights():
-            module = cls.from_config(cls.load_config(str(config_dir), local_files_only=True))
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise UserError(f"{config_dir}: cannot build a {class_name} from its config.json: {str(e).splitlines()[0][:200]}") \
-            from None
+    module = empty_backbone(config_dir, class_name)
     params = dict(module.named_parameters())
     missing = sorted(set(params) - set(mapped))
     unexpected = sorted(set(mapped) - set(params))
@@ -122,7 +110,7 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
             raise UserError(f"{gg.path}: {t.name!r} is a {type_name(t.ggml_type)} tensor of shape {list(t.shape)}, "
                             f"not a [N, K] matrix with K a multiple of {BLOCK}")
         bias = _float(gg, mapped[f"{name}.bias"]) if lin.bias is not None else None
-        owner, leaf = _parent(module, name)
+        owner, leaf = parent_of(module, name)
         setattr(owner, leaf, NBitsLinear(partial(_blocks, gg, mapped[f"{name}.weight"], report),
                                          EXACT.get(t.ggml_type, 8), index, lin.out_features, lin.in_features, bias))
         done.update({f"{name}.weight", f"{name}.bias"})
@@ -130,7 +118,7 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
     for name in params:
         if name in done:
             continue
-        owner, leaf = _parent(module, name)
+        owner, leaf = parent_of(module, name)
         setattr(owner, leaf, torch.nn.Parameter(_float(gg, mapped[name]), requires_grad=False))
         report["float"] += 1
     return module.eval(), report

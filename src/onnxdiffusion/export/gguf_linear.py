@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..onnxio.files import point_at_external
 from .gguf_blocks import BLOCK, NBits
 
 DOMAIN_OP = "com.microsoft::MatMulNBits"
@@ -92,17 +93,6 @@ def streamed_layers(module: torch.nn.Module) -> dict[int, Callable[[], NBits]]:
     return {m.index: m.load for m in module.modules() if isinstance(m, NBitsLinear)}
 
 
-def _set_external(tensor, location: str, offset: int, length: int) -> None:
-    import onnx
-
-    tensor.ClearField("raw_data")
-    del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
-
-
 def write_streamed(model_path: Path, layers: dict[int, Callable[[], NBits]]) -> None:
     """Replace every placeholder in the exported graph by its layer's blocks, written to the external-data file
     beside it one layer at a time (page-aligned, as external_data.consolidate lays files out)."""
@@ -133,7 +123,7 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], NBits]]) -> 
                 offset += pad
                 blob = np.ascontiguousarray(array).tobytes()
                 out.write(blob)
-                _set_external(init, DATA_NAME, offset, len(blob))
+                point_at_external(init, DATA_NAME, offset, len(blob))
                 init.ClearField("dims")
                 init.dims.extend(array.shape)
                 offset += len(blob)

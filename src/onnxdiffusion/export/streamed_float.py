@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..onnxio.files import point_at_external
 from .safetensors_shards import Shards
 
 OP = "ai.onnxdiffusion.stream::FloatMatMul"
@@ -98,7 +99,7 @@ def should_stream(folder: Path, setting: str) -> bool:
         return False
 
 
-def _parent(module, dotted: str):
+def parent_of(module, dotted: str):
     owner, _, leaf = dotted.rpartition(".")
     return (module.get_submodule(owner) if owner else module), leaf
 
@@ -107,19 +108,24 @@ def _reader(shards: Shards, name: str) -> Callable[[], np.ndarray]:
     return lambda: shards.read(name)
 
 
-def build_backbone(folder: Path, class_name: str):
-    """The diffusers backbone of `folder` with its Linear weights left in the shards."""
+def empty_backbone(config_dir: Path, class_name: str):
+    """The diffusers `class_name` built from `config_dir`'s config.json with no weights allocated (meta tensors)."""
     import diffusers
     from accelerate import init_empty_weights
 
-    shards = Shards(folder)
     cls = getattr(diffusers, class_name)
     try:
         with init_empty_weights():
-            module = cls.from_config(cls.load_config(str(folder), local_files_only=True))
+            return cls.from_config(cls.load_config(str(config_dir), local_files_only=True))
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise UserError(f"{folder}: cannot build a {class_name} from its config.json: {str(e).splitlines()[0][:200]}") \
-            from None
+        raise UserError(f"{config_dir}: cannot build a {class_name} from its config.json: "
+                        f"{str(e).splitlines()[0][:200]}") from None
+
+
+def build_backbone(folder: Path, class_name: str):
+    """The diffusers backbone of `folder` with its Linear weights left in the shards."""
+    shards = Shards(folder)
+    module = empty_backbone(folder, class_name)
     params = dict(module.named_parameters())
     missing = sorted(set(params) - set(shards.entries))
     if missing:
@@ -132,26 +138,15 @@ def build_backbone(folder: Path, class_name: str):
     linears = [(n, m) for n, m in module.named_modules() if type(m) is torch.nn.Linear]
     for index, (name, lin) in enumerate(linears):
         bias = torch.from_numpy(shards.read(f"{name}.bias")) if lin.bias is not None else None
-        owner, leaf = _parent(module, name)
+        owner, leaf = parent_of(module, name)
         setattr(owner, leaf, FloatLinear(_reader(shards, f"{name}.weight"), index, lin.out_features,
                                          lin.in_features, bias))
         done.update({f"{name}.weight", f"{name}.bias"})
     for name in params:
         if name not in done:
-            owner, leaf = _parent(module, name)
+            owner, leaf = parent_of(module, name)
             setattr(owner, leaf, torch.nn.Parameter(torch.from_numpy(shards.read(name)), requires_grad=False))
     return module.eval()
-
-
-def _set_external(tensor, offset: int, length: int) -> None:
-    import onnx
-
-    tensor.ClearField("raw_data")
-    del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", DATA_NAME), ("offset", str(offset)), ("length", str(length))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
 
 
 def write_streamed(model_path: Path, layers: dict[int, Callable[[], np.ndarray]]) -> None:
@@ -179,7 +174,7 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], np.ndarray]]
             out.write(b"\0" * pad)
             offset += pad
             out.write(memoryview(w).cast("B"))  # no bytes copy of the layer
-            _set_external(init, offset, w.nbytes)
+            point_at_external(init, DATA_NAME, offset, w.nbytes)
             init.ClearField("dims")
             init.dims.extend(w.shape)
             offset += w.nbytes
@@ -203,7 +198,7 @@ def cut_down(module: torch.nn.Module, keep: int = CUT_BLOCKS) -> tuple[torch.nn.
     cut = {}
     for name, sub in list(small.named_modules()):
         if isinstance(sub, torch.nn.ModuleList) and len(sub) > keep and len({type(b) for b in sub}) == 1:
-            owner, leaf = _parent(small, name)
+            owner, leaf = parent_of(small, name)
             setattr(owner, leaf, torch.nn.ModuleList(list(sub)[:keep]))
             cut[name] = len(sub)
     return small, cut

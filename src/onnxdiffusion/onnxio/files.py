@@ -37,6 +37,16 @@ INLINE_MAX = TWO_GB - (64 << 20)
 INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
 
 
+def point_at_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    """Make an initializer read its bytes from `location` (beside the model) at `offset`, dropping any inline copy."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
 def limit() -> int:
     """Tensor bytes from which a model goes through files (INLINE_LIMIT, read at call time: tests lower it)."""
     return INLINE_LIMIT
