@@ -92,7 +92,7 @@ def folder(tmp_path_factory, tiny_onnx):
 @pytest.fixture(scope="module", autouse=True)
 def cached_sessions():
     """One ORT session per distinct file content (the mutations never change ONNX files)."""
-    from onnxdiffusion.runtime import loading, pipeline, session
+    from onnxdiffusion.runtime import loading, session, session_makers
 
     real = session.make_session
     cache: dict = {}
@@ -104,7 +104,7 @@ def cached_sessions():
         return cache[key]
 
     mp = pytest.MonkeyPatch()
-    for module in (pipeline, loading):  # the backbone's session is made in loading
+    for module in (session_makers, loading):  # Pipeline's sessions come from session_makers, the backbone's loading
         mp.setattr(module, "make_session", make)
     yield
     mp.undo()
