@@ -28,12 +28,10 @@ GB = 1e9
 
 
 def _status() -> dict:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-            out[k] = int(v.split()[0]) * 1024
-    return out
+    """VmHWM, VmRSS, RssAnon, RssFile of this process in bytes (those /proc/self/status has)."""
+    from onnxdiffusion.bench.rss import status_bytes
+
+    return {k: v for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile") if (v := status_bytes(k)) is not None}
 
 
 class Phases:
@@ -41,11 +39,13 @@ class Phases:
         self.rows, self.label, self.t = [], "imports", time.time()
 
     def mark(self, label: str) -> None:
+        from onnxdiffusion.bench.rss import reset_peak_rss
+
         s = _status()
         now = time.time()
         self.rows.append({"phase": self.label, "peak_rss_bytes": s["VmHWM"], "rss_anon_end": s.get("RssAnon"),
                           "rss_file_end": s.get("RssFile"), "seconds": round(now - self.t, 2)})
-        Path("/proc/self/clear_refs").write_text("5")
+        reset_peak_rss()
         self.label, self.t = label, now
 
 

@@ -52,12 +52,10 @@ def convert(src: Path, qtype: str, out: Path) -> None:
 
 
 def _status() -> dict:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-            out[k] = int(v.split()[0]) * 1024
-    return out
+    """VmHWM, VmRSS, RssAnon, RssFile of this process in bytes (those /proc/self/status has)."""
+    from onnxdiffusion.bench.rss import status_bytes
+
+    return {k: v for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile") if (v := status_bytes(k)) is not None}
 
 
 def child(kind: str, args: list[str]) -> dict:
