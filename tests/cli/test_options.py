@@ -86,10 +86,11 @@ def test_a_field_named_like_a_verb_parameter_is_refused():
 @pytest.mark.parametrize("verb, cls", [("generate", "GenerateOptions"), ("generate", "GenerateRequest"),
                                        ("export", "ExportOptions"), ("quantize", "QuantizeOptions"),
                                        ("tune", "TuneOptions"), ("compile-loop", "LoopOptions"),
-                                       ("bench", "BenchOptions"), ("serve", "ServeConfig")])
+                                       ("bench", "BenchOptions"), ("serve", "ServeConfig"),
+                                       ("add-controlnet", "AddControlNetOptions")])
 def test_every_typed_field_with_help_is_an_option_of_its_verb(verb, cls):
     from onnxdiffusion.cli import app
-    from onnxdiffusion.export.options import ExportOptions
+    from onnxdiffusion.export.options import AddControlNetOptions, ExportOptions
     from onnxdiffusion.quantize.options import QuantizeOptions
     from onnxdiffusion.runtime.options import GenerateOptions, GenerateRequest
     from onnxdiffusion.bench.options import BenchOptions
@@ -98,8 +99,21 @@ def test_every_typed_field_with_help_is_an_option_of_its_verb(verb, cls):
     from onnxdiffusion.tune.run import TuneOptions
 
     typed = {c.__name__: c for c in (GenerateOptions, GenerateRequest, ExportOptions, QuantizeOptions, TuneOptions,
-                                     LoopOptions, BenchOptions, ServeConfig)}
+                                     LoopOptions, BenchOptions, ServeConfig, AddControlNetOptions)}
     helps = {p.help for p in typer.main.get_command(app).commands[verb].params if hasattr(p, "help")}
     for f in dataclasses.fields(typed[cls]):
         if help_text(f) is not None:
             assert help_text(f) in helps, f.name
+
+
+def test_add_controlnet_takes_its_options_object():
+    """add-controlnet's options are AddControlNetOptions' fields (no hand-written typer.Option left in cli/controlnet.py):
+    --name required, --overwrite off, --backbone none."""
+    from onnxdiffusion.cli import app
+    from onnxdiffusion.export.options import AddControlNetOptions
+
+    params = {p.name: p for p in typer.main.get_command(app).commands["add-controlnet"].params}
+    assert [p for p in params if p not in ("model", "controlnet")] == [f.name for f in dataclasses.fields(AddControlNetOptions)]
+    assert params["name"].required and params["overwrite"].default is False and params["backbone"].default is None
+    source = (Path(__file__).resolve().parents[2] / "src" / "onnxdiffusion" / "cli" / "controlnet.py").read_text()
+    assert "typer.Option(" not in source

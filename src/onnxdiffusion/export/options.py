@@ -57,3 +57,12 @@ class ExportOptions:
     stream_weights: str = option("auto", "auto | on | off: the backbone's Linear weights streamed from its safetensors "
                                          "shards (export bounded by memory; validated on a cut-down copy); auto above "
                                          "12 GiB fp32", flags=("--stream-weights",))
+
+
+@dataclass(frozen=True)
+class AddControlNetOptions:
+    """`add-controlnet MODEL NET`: `add_controlnet(model, net, o.name, overwrite=o.overwrite, backbone=o.backbone)`."""
+    name: str = option(help="the name generate --controlnet uses")
+    overwrite: bool = option(False, "replace a ControlNet of that name")
+    backbone: Path | None = option(None, "the diffusers folder MODEL was exported from, for a ControlNet that borrows "
+                                         "the backbone's layers (ZImageControlNetModel)")
