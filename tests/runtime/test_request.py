@@ -61,3 +61,23 @@ def test_the_python_twin_makes_the_pipelines_image(tiny_onnx):
     got = generate(tiny_onnx, "a red circle", GenerateOptions(steps=2, seed=3))
     want = Pipeline.from_folder(tiny_onnx)("a red circle", steps=2, seed=3)
     np.testing.assert_array_equal(got.images, want.images)
+
+
+def test_a_tagged_lora_that_does_not_combine_is_refused_before_it_loads(tiny_onnx, no_loading, monkeypatch, tmp_path):
+    """`<lora:NAME:W>` in the prompt counts as a run-time LoRA in the table's check: with a ControlNet it is refused
+    before the tag's file is looked up, a points copy made or the file read (each stubbed to fail)."""
+    from PIL import Image
+
+    from onnxdiffusion.adapters import feeds, folder, tags
+    from onnxdiffusion.techniques import controlnet
+
+    def loaded(*a, **k):
+        raise AssertionError("the LoRA was loaded")
+    for module, name in ((tags, "tagged_files"), (folder, "with_points"), (feeds, "build_feeds")):
+        monkeypatch.setattr(module, name, loaded)
+    monkeypatch.setattr(controlnet, "check_request", lambda *a, **k: None)  # as if the folder had the net
+    Image.new("RGB", (32, 32)).save(tmp_path / "control.png")
+    request = GenerateRequest(control=(tmp_path / "control.png",), controlnet=("edges",))
+    with pytest.raises(UserError, match="run-time LoRAs with ControlNet") as info:
+        plan(tiny_onnx, "a red circle <lora:style:0.5>", GenerateOptions(steps=2), request)
+    assert "\n" not in str(info.value)

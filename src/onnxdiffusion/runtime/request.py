@@ -145,14 +145,18 @@ def _with_folder(folder, prompt, options, request, cache_spec, stop_spec, pictur
         from ..techniques.controlnet import check_request
 
         check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
-    # what does not combine (techniques/registry.py), as far as the options say; iter_generate checks it all again
-    # with the folder's precision schedule and the picture's mask
-    check_techniques(Specs(cache_spec, stop_spec), options.loop, lora=bool(request.lora), controlnet=bool(controls))
-    guards.check_request(folder, manifest, options)
-    from ..adapters.feeds import normalize
     from ..adapters.tags import split_tags, tagged_files
 
-    prompt, tagged = split_tags(prompt)  # <lora:NAME:WEIGHT> as A1111 clients write it; the encoder sees no tag
+    # <lora:NAME:WEIGHT> as A1111 clients write it (the encoder sees no tag): split before the table's check, so a
+    # tagged LoRA that does not combine is refused before its file is looked up or a points copy is made
+    prompt, tagged = split_tags(prompt)
+    # what does not combine (techniques/registry.py), as far as the options say; iter_generate checks it all again
+    # with the folder's precision schedule and the picture's mask
+    check_techniques(Specs(cache_spec, stop_spec), options.loop, lora=bool(request.lora) or bool(tagged),
+                     controlnet=bool(controls))
+    guards.check_request(folder, manifest, options)
+    from ..adapters.feeds import normalize
+
     loras = [(str(p), w) for p, w in normalize(list(request.lora or ()))] + tagged_files(tagged, request.lora_dir)
     if loras:
         from ..adapters.feeds import build_feeds
