@@ -24,33 +24,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def convert(src: Path, qtype: str, out: Path) -> None:
-    """The backbone's safetensors as a GGUF file the way ComfyUI-GGUF writes one (2-D weights with K % 32 == 0
-    quantized), tensor by tensor."""
-    import gguf
-    from safetensors import safe_open
-
-    q = gguf.GGMLQuantizationType[qtype]
-    index = json.loads((src / "model_index.json").read_text())
-    from onnxdiffusion.families import family_for_pipeline
-
-    family = family_for_pipeline(index["_class_name"])
-    arch = family.gguf_names.architectures[0]
-    writer = gguf.GGUFWriter(str(out), arch, use_temp_file=True)
-    for f in sorted((src / family.backbone).glob("*.safetensors")):
-        with safe_open(str(f), "np") as st:
-            for name in st.keys():
-                a = st.get_tensor(name).astype("float32")
-                if a.ndim == 2 and a.shape[1] % 32 == 0:
-                    writer.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
-                else:
-                    writer.add_tensor(name, a)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def _status() -> dict:
     """VmHWM, VmRSS, RssAnon, RssFile of this process in bytes (those /proc/self/status has)."""
     from onnxdiffusion.bench.rss import status_bytes
@@ -115,7 +88,10 @@ def child(kind: str, args: list[str]) -> dict:
 def main() -> None:
     verb, *args = sys.argv[1:]
     if verb == "convert":
-        convert(Path(args[0]), args[1], Path(args[2]))
+        from onnxdiffusion.export.gguf_writer import backbone_as_gguf
+
+        # the backbone's safetensors as a GGUF file the way ComfyUI-GGUF writes one, tensor by tensor
+        backbone_as_gguf(Path(args[0]), args[1], Path(args[2]))
     elif verb == "--child":
         print(json.dumps(child(args[0], args[1:])))
     elif verb in ("gguf", "fp32"):

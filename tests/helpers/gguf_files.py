@@ -1,5 +1,6 @@
-"""Tiny GGUF backbone files written with the `gguf` package (the way ComfyUI-GGUF writes them: the 2-D weights
-whose rows split into 32-blocks quantized, everything else F32), and the diffusers-from-GGUF oracle."""
+"""Tiny GGUF backbone files written with the `gguf` package (export/gguf_writer.write_gguf, the way ComfyUI-GGUF
+writes them: the 2-D weights whose rows split into 32-blocks quantized, everything else F32), and the
+diffusers-from-GGUF oracle."""
 
 from __future__ import annotations
 
@@ -7,25 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def write_gguf(path: Path, tensors: dict[str, np.ndarray], qtype: str, arch: str) -> Path:
-    """`tensors` (name -> float array) as a GGUF file: 2-D `.weight`s with a multiple of 32 columns as `qtype` (not
-    parameters such as Z-Image's pad tokens, which diffusers reads as plain tensors)."""
-    import gguf
-
-    q = gguf.GGMLQuantizationType[qtype]
-    writer = gguf.GGUFWriter(str(path), arch)
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        if q != gguf.GGMLQuantizationType.F32 and name.endswith(".weight") and a.ndim == 2 and a.shape[1] % 32 == 0:
-            writer.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
-        else:
-            writer.add_tensor(name, a)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+from onnxdiffusion.export.gguf_writer import write_gguf  # noqa: F401 (the tests' tiny files: the one writer)
 
 
 def state_dict_arrays(folder: Path, subfolder: str) -> dict[str, np.ndarray]:
