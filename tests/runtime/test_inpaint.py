@@ -109,6 +109,32 @@ def test_inpaint_loop_form_matches_the_host_loop(tiny_onnx, inpaint_pair, tmp_pa
 
 
 @pytest.mark.slow
+def test_lora_on_the_inpainting_unet_runs_text_encoder_only(inpaint_pair, tmp_path):
+    """A run-time LoRA on the 9-channel UNet: one with UNet layers is refused in one line (the table's row); a
+    text-encoder-only one runs in the host loop (the conditioning changes, the backbone takes its extra channels),
+    and at scale 0 it is the plain image bit for bit."""
+    from lora_helpers import random_lora
+
+    from onnxdiffusion.adapters.folder import add_points
+    from onnxdiffusion.errors import UserError
+
+    points = tmp_path / "points"
+    add_points(inpaint_pair[1], points)
+    te = random_lora(points, tmp_path / "te.safetensors", seed=5, components=("text_encoder",))
+    both = random_lora(points, tmp_path / "both.safetensors", seed=6)
+    pipe = Pipeline.from_folder(points)
+    rgb = np.random.default_rng(9).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    kw = dict(image=rgb, mask=_mask(32), steps=4, sampler="euler", guidance=4.0, seed=3)
+    with pytest.raises(UserError, match="run-time LoRA on an inpainting backbone") as info:
+        pipe(PROMPT, loras=[(both, 1.0)], **kw)
+    assert "\n" not in str(info.value)
+    plain = pipe(PROMPT, **kw)
+    styled = pipe(PROMPT, loras=[(te, 1.0)], **kw)
+    assert psnr(styled.images, plain.images) < 40.0  # the text encoder's layers reached the image
+    assert np.array_equal(pipe(PROMPT, loras=[(te, 0.0)], **kw).images, plain.images)
+
+
+@pytest.mark.slow
 def test_sdxl_inpaint_matches_diffusers(tiny_sdxl_diffusers, tiny_sdxl_onnx):
     import torch
     from diffusers import StableDiffusionXLInpaintPipeline

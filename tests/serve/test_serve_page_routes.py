@@ -233,3 +233,27 @@ def test_refuse_conflicts_reads_the_table(lora, schedule, cache, inpaint, pair):
     with pytest.raises(RequestError) as e:
         refuse_conflicts(entry, req, controlnet=True, inpaint=inpaint)
     assert str(e.value) == conflict(*pair, "host").message.format(cache="first_block:0.1")
+
+
+@pytest.mark.parametrize("component, refused", [("unet", True), ("text_encoder", False)])
+def test_refuse_conflicts_keys_an_inpainting_backbone_on_the_loras_backbone_layers(component, refused):
+    """A request's LoRA set on an inpainting backbone: refused (techniques_conflict, as before) when its feeds reach
+    the backbone; a text-encoder-only set runs."""
+    from types import SimpleNamespace
+
+    from onnxdiffusion.adapters.feeds import AdapterFeeds
+    from onnxdiffusion.serve.edits import refuse_conflicts
+    from onnxdiffusion.serve.schemas import RequestError
+    from onnxdiffusion.techniques.registry import conflict
+
+    pipe = SimpleNamespace(resolve=lambda o: o, precision_schedule=None, backbone_extra_channels=lambda: 5,
+                           family=SimpleNamespace(backbone="unet"))
+    feeds = AdapterFeeds({component: {"a.lora_A": np.ones((2, 2), np.float32)}})
+    req = SimpleNamespace(steps=4, sampler="euler", guidance=5.0, lora=SimpleNamespace(feeds=feeds))
+    entry = SimpleNamespace(id="m", pipeline=pipe)
+    if not refused:
+        refuse_conflicts(entry, req, controlnet=False, inpaint=True)
+        return
+    with pytest.raises(RequestError) as e:
+        refuse_conflicts(entry, req, controlnet=False, inpaint=True)
+    assert e.value.code == "techniques_conflict" and str(e.value) == conflict("lora", "inpaint_backbone", "host").message

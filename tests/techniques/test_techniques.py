@@ -62,6 +62,30 @@ def test_pairs_that_combine_pass():
     check(Specs(None, StopSpec(0.1)), "host", inpaint_backbone=True)  # no blend: an early stop is fine
 
 
+def test_lora_on_an_inpainting_backbone_keys_on_backbone_layers():
+    """The lora x inpaint_backbone row refuses a LoRA set with backbone layers only; whether it has some is asked
+    (the files read) only when the rest of the row matches, and once."""
+    from onnxdiffusion.techniques.lora import LoraUse
+
+    asked = []
+
+    def use(backbone: bool) -> LoraUse:
+        return LoraUse(lambda: asked.append(backbone) or backbone)
+
+    check(Specs(None, None), "host", lora=use(False), inpaint_backbone=True)  # text-encoder-only: runs
+    with pytest.raises(UserError, match=re.escape("run-time LoRA on an inpainting backbone")) as info:
+        check(Specs(None, None), "host", lora=use(True), inpaint_backbone=True)
+    assert "\n" not in str(info.value) and "when it has backbone layers" in str(info.value)
+    assert asked == [False, True]
+    check(Specs(None, None), "host", lora=use(True))  # no inpainting backbone: the files are not read
+    check(Specs(None, None), "loop", lora=use(True), inpaint_backbone=True)  # nor in a form the row leaves out
+    assert asked == [False, True]
+    with pytest.raises(UserError, match="run-time LoRAs with ControlNet"):  # the other rows key on any LoRA
+        check(Specs(None, None), "host", lora=use(False), controlnet=True)
+    with pytest.raises(UserError, match="run-time LoRA on an inpainting backbone"):  # True: unknown layers count
+        check(Specs(None, None), "host", lora=True, inpaint_backbone=True)
+
+
 def test_specs_parse_once_and_pass_objects_through():
     specs = parse_specs(type("O", (), {"cache": "first_block:0.2", "stop_early": "0.1:3"})())
     assert specs.cache == FirstBlock(0.2) and specs.stop == StopSpec(0.1, 3)

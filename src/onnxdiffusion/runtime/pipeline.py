@@ -332,6 +332,7 @@ class Pipeline(SessionMakers, PictureStages):
         `controlnets`: [ControlNetSpec | (name, image[, scale[, start, end]]), ...] (techniques/controlnet.py).
         `loras`: [(path, scale), ...] run-time LoRAs (a folder with insertion points: `lora points`), or the
         AdapterFeeds `lora_feeds` returned for them (converted once, reused)."""
+        from ..techniques.lora import LoraUse, backbone_layers
         from .run_loop import prepare_run, run
 
         try:
@@ -341,7 +342,10 @@ class Pipeline(SessionMakers, PictureStages):
         from .references import edit_size
 
         options = edit_size(self, self.resolve(options), image)
-        specs, prepared, references = prepare_run(self, options, latents, noise, image, mask, lora=bool(loras),
+        # the table's lora x inpaint_backbone row keys on LoRAs with backbone layers: read only when it asks
+        lora = LoraUse(lambda: backbone_layers(self.lora_feeds(loras, options.loop), self.family.backbone)) \
+            if loras else False
+        specs, prepared, references = prepare_run(self, options, latents, noise, image, mask, lora=lora,
                                                   controlnet=bool(controlnets))
         b = options.batch
         prompts = guards.prompt_list(prompt, b, "prompt")

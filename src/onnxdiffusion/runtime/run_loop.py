@@ -22,7 +22,7 @@ def prepare(pipe, options, latents, noise, image=None, mask=None):
 def prepare_run(pipe, options, latents, noise, image=None, mask=None, lora=False, controlnet=False):
     """(the options' technique specs, parsed once; prepare's tuple; an editing model's reference inputs or None).
     `lora` / `controlnet`: whether the generation has run-time LoRAs / ControlNets (the registry's table refuses
-    what does not combine). `image` means what the family says (references.py): a start picture or references."""
+    what does not combine; `lora` may be a techniques.lora.LoraUse, which says whether they reach the backbone). `image` means what the family says (references.py): a start picture or references."""
     from .image_input import check_strength, plan_start
     from .references import check_image_request, pictures, plan_references, start_picture
 

@@ -356,11 +356,15 @@ def refuse_conflicts(entry, req, controlnet: bool, inpaint: bool = False) -> Non
     resolves them. `inpaint`: the job has a mask."""
     from ..runtime.pipeline import GenerateOptions
     from ..techniques.active import check, parse_specs
+    from ..techniques.lora import LoraUse, backbone_layers
 
     pipe = entry.pipeline
+    # the request's LoraSet holds its converted feeds: whether they reach the backbone is known without a read
+    lora = False if req.lora is None else LoraUse(
+        lambda: backbone_layers(getattr(req.lora, "feeds", None), pipe.family.backbone))
     try:
         options = pipe.resolve(GenerateOptions(steps=req.steps, sampler=req.sampler, guidance=req.guidance))
-        check(parse_specs(options), options.loop, lora=req.lora is not None, controlnet=controlnet,
+        check(parse_specs(options), options.loop, lora=lora, controlnet=controlnet,
               schedule=pipe.precision_schedule is not None, inpaint=inpaint and not pipe.backbone_extra_channels(),
               inpaint_backbone=inpaint and pipe.backbone_extra_channels() > 0)
     except UserError as e:

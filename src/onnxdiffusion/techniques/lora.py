@@ -11,7 +11,7 @@ inside it too. The sampling graph's manifest record (`lora`: the prefixes) is re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import onnx
 from onnx import TensorProto, helper
@@ -21,6 +21,29 @@ from ..folder.manifest import Component
 from .host_base import HostTechnique
 
 NAME = "lora"
+
+
+class LoraUse:
+    """A generation's run-time LoRAs as the registry's table sees them (truthy: there are some). `backbone`: whether
+    any has layers in the backbone, asked of `touches()` (which reads the files) only when a row keyed on it
+    matches the rest of the generation (lora x inpaint_backbone), and asked once."""
+
+    def __init__(self, touches: Callable[[], bool]):
+        self._touches, self._backbone = touches, None
+
+    def __bool__(self) -> bool:
+        return True
+
+    @property
+    def backbone(self) -> bool:
+        if self._backbone is None:
+            self._backbone = bool(self._touches())
+        return self._backbone
+
+
+def backbone_layers(feeds, backbone: str) -> bool:
+    """Whether adapter feeds (adapters.feeds.AdapterFeeds) have layers in `backbone`; unknown feeds (None) may."""
+    return feeds is None or bool(feeds.for_component(backbone))
 
 
 class LoraHost(HostTechnique):

@@ -7,8 +7,9 @@ docs (docs/techniques.md, checked against this table by tests/techniques/test_te
 Names: ``lora`` (run-time LoRA), ``controlnet``, ``cache`` (step caching), ``correction`` (output correction),
 ``precision_schedule``, ``stop`` (adaptive stopping), ``inpaint`` (inpainting's blend after each step with a
 regular backbone), ``inpaint_backbone`` (inpainting with an inpainting backbone: the picture and mask as the
-backbone's extra input channels, fed beside the sample; no hooks of its own). A technique counts as active when its spec would change the image (``cache first_block:0``
-or ``stop-early 0`` is not active).
+backbone's extra input channels, fed beside the sample; no hooks of its own). A technique counts as active when its
+spec would change the image (``cache first_block:0`` or ``stop-early 0`` is not active). A row may key on one
+property of its first technique's spec (``only``: ``lora (backbone)`` is a LoRA with backbone layers).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class Conflict:
     compiled: bool  # True: not even built into one sampling graph (compile-loop refuses); False: refused per run
     reason: str  # why, for the docs
     message: str  # the one-line error; {first} / {second} (and {cache}, {stop}, ...) the active specs
+    # the attribute of the first technique's spec the row keys on: refused only where it is true ("": every spec;
+    # a spec without it, such as True, counts as true); read only when the rest of the row matches
+    only: str = ""
+
+    def applies(self, values: dict) -> bool:
+        return not self.only or bool(getattr(values[self.first], self.only, True))
 
 
 ALL = ("host", "loop", "unrolled")
@@ -73,9 +80,12 @@ CONFLICTS = (
     Conflict("correction", "precision_schedule", ("loop", "unrolled"), True,
              "compile-loop builds one of the two backbone remedies into a graph, not both",
              "a backbone with both a correction and a precision schedule is not supported"),
+    # keyed on a LoRA with backbone layers: a text-encoder-only one runs (its tensors never reach the backbone)
     Conflict("lora", "inpaint_backbone", ("host",), False,
-             "the host loop's LoRA backbone (runtime/backbone.FedBackbone) binds no extra input channels yet",
-             "a run-time LoRA on an inpainting backbone (extra input channels) is not supported yet"),
+             "the host loop's LoRA backbone (runtime/backbone.FedBackbone) binds no extra input channels yet; a "
+             "text-encoder-only LoRA runs",
+             "a run-time LoRA on an inpainting backbone (extra input channels) is not supported yet when it has "
+             "backbone layers (a text-encoder-only LoRA runs)", only="backbone"),
 )
 
 
@@ -97,7 +107,8 @@ def check_combination(active: dict[str, object], form: str, compiled: bool = Fal
     if "cache" in values:
         values["cache_method"] = getattr(values["cache"], "method", values["cache"])
     for c in CONFLICTS:
-        if c.first in names and c.second in names and form in c.forms and (c.compiled or not compiled):
+        if c.first in names and c.second in names and form in c.forms and (c.compiled or not compiled) \
+                and c.applies(values):
             raise UserError(c.message.format(**values))
     if compiled:
         return
@@ -110,5 +121,6 @@ def docs_table() -> str:
     """The Markdown table docs/techniques.md carries (tests/techniques/test_techniques.py checks it is this)."""
     rows = ["| technique | with | refused in | compile-loop refuses | why |", "| --- | --- | --- | --- | --- |"]
     for c in CONFLICTS:
-        rows.append(f"| {c.first} | {c.second} | {', '.join(c.forms)} | {'yes' if c.compiled else 'no'} | {c.reason} |")
+        first = f"{c.first} ({c.only})" if c.only else c.first
+        rows.append(f"| {first} | {c.second} | {', '.join(c.forms)} | {'yes' if c.compiled else 'no'} | {c.reason} |")
     return "\n".join(rows)
