@@ -127,6 +127,43 @@ def test_zimage_inpaint_context_matches_diffusers_host_and_loop(zimage_cn, tiny_
         pipe(PROMPT, controlnets=[ControlNetSpec("ref", control, 0.8, inpaint=picture)], **kw)
 
 
+def test_control_inpaint_flag_gives_the_python_image(zimage_cn, tmp_path):
+    """`generate --control-inpaint PICTURE,MASK` is `ControlNetSpec(..., inpaint=(picture, mask))`: the same image,
+    and the Python API's refusals in one line, nothing written."""
+    from cli_helpers import assert_one_line_error, run_cli_here
+    from PIL import Image
+
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec
+
+    pipe, _ = zimage_cn
+    control, picture = _picture(3), _picture(8)
+    mask = np.zeros((H, W), np.uint8)
+    mask[8:30, 20:50] = 255
+    files = {}
+    for name, array in (("control", control), ("picture", picture), ("mask", mask)):
+        files[name] = tmp_path / f"{name}.png"
+        Image.fromarray(array).save(files[name])
+    context = f"{files['picture']},{files['mask']}"
+    common = ["--control", files["control"], "--steps", "3", "--guidance", "3", "--height", H, "--width", W,
+              "--seed", "5"]
+    out = tmp_path / "cli.png"
+    proc = run_cli_here("generate", pipe.folder, PROMPT, "--controlnet", "ref:0.8", "--control-inpaint", context,
+                        *common, "-o", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kw = dict(steps=3, guidance=3.0, height=H, width=W, seed=5)
+    want = pipe(PROMPT, controlnets=[ControlNetSpec("ref", control, 0.8, inpaint=(picture, mask))], **kw).images[0]
+    got = np.asarray(Image.open(out).convert("RGB"))
+    assert np.array_equal(got, want)
+    assert psnr(got, pipe(PROMPT, controlnets=[("ref", control, 0.8)], **kw).images[0]) < 35.0  # the context matters
+    bad = tmp_path / "bad.png"
+    for net, value, fragment in [("all:0.8", context, "this ZImageControlNetModel takes no inpainting context"),
+                                 ("ref:0.8", str(files["picture"]), "ControlNet 'ref': inpaint must be (picture, mask)")]:
+        proc = run_cli_here("generate", pipe.folder, PROMPT, "--controlnet", net, "--control-inpaint", value, *common,
+                            "-o", bad)
+        assert_one_line_error(proc, fragment)
+        assert not bad.exists()
+
+
 def test_zimage_start_end_loop_matches_host(zimage_cn, tmp_path_factory):
     """ZImageControlNetPipeline has no control_guidance_start/end: ours (diffusers' meaning in its other
     ControlNet pipelines) gives the same picture in the host loop and the graphs."""

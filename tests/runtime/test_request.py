@@ -3,6 +3,8 @@ CLI's generate and the Python API share; the checks keep their order (cheap ones
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -81,3 +83,28 @@ def test_a_tagged_lora_that_does_not_combine_is_refused_before_it_loads(tiny_onn
     with pytest.raises(UserError, match="run-time LoRAs with ControlNet") as info:
         plan(tiny_onnx, "a red circle <lora:style:0.5>", GenerateOptions(steps=2), request)
     assert "\n" not in str(info.value)
+
+
+def test_control_inpaint_contexts_are_checked_before_any_model_loads(tiny_onnx, no_loading, tmp_path):
+    """--control-inpaint PICTURE,MASK: one per --controlnet, refused as ControlNetSpec(inpaint=...) is, files read."""
+    from PIL import Image
+
+    from onnxdiffusion.techniques.controlnet import ControlNetSpec
+
+    png = tmp_path / "p.png"
+    Image.new("RGB", (32, 32)).save(png)
+    nets = dict(control=(png,), controlnet=("edges:0.5",))
+    for contexts, message in [((f"{png},{png}", f"{png},{png}"), "one --control-inpaint PICTURE,MASK per --controlnet"),
+                              ((str(png),), "ControlNet 'edges': inpaint must be (picture, mask)"),
+                              ((f"{png},",), "inpaint must be (picture, mask)"),
+                              ((f"{png},{tmp_path / 'missing.png'}",), "missing.png")]:
+        with pytest.raises(UserError, match=re.escape(message)) as info:
+            plan(tiny_onnx, "a", GenerateOptions(), GenerateRequest(**nets, control_inpaint=contexts))
+        assert "\n" not in str(info.value)
+    with pytest.raises(UserError, match="has no ControlNet 'edges'"):  # a good context: on to the folder's checks
+        plan(tiny_onnx, "a", GenerateOptions(), GenerateRequest(**nets, control_inpaint=(f"{png},{png}",)))
+    from onnxdiffusion.runtime.request import _controls
+
+    spec, = _controls(GenerateRequest(**nets, control_inpaint=(f"{png},{png}",)))
+    assert isinstance(spec, ControlNetSpec) and (spec.name, spec.scale) == ("edges", 0.5) and len(spec.inpaint) == 2
+    assert all(isinstance(p, Image.Image) for p in (spec.image, *spec.inpaint))  # read before any model loads

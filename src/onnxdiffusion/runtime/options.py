@@ -83,7 +83,8 @@ MEMORY_HELP = (
 class GenerateRequest:
     """A generation's inputs besides the prompt and its GenerateOptions. Pictures are files (read and checked
     before any model loads) or pictures already in memory (PIL, arrays); `lora` FILE[:SCALE] strings or
-    (file, scale) pairs; `controlnet` NAME[:SCALE[:START:END]] strings paired in order with `control` pictures."""
+    (file, scale) pairs; `controlnet` NAME[:SCALE[:START:END]] strings paired in order with `control` pictures
+    (and, where given, `control_inpaint` contexts)."""
     negative_prompt: str | None = option(None, "what the image should not show (default: the empty prompt)",
                                          flags=("--negative-prompt", "-n"))
     provider: str = option("cpu", "ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")
@@ -101,3 +102,10 @@ class GenerateRequest:
     controlnet: tuple[str, ...] = option((), "NAME[:SCALE[:START:END]]: a ControlNet of the folder (add-controlnet) "
                                              "steering by the matching --control image; SCALE default 1, START/END "
                                              "the share of the steps it acts in (default 0:1)", flags=("--controlnet",))
+    # ZImageControlNetInpaintPipeline's image and mask_image: ControlNetSpec(..., inpaint=(picture, mask)); a
+    # "PICTURE,MASK" string or a (picture, mask) pair per --controlnet, in order
+    control_inpaint: tuple = option((), "PICTURE,MASK: the inpainting context of the matching --controlnet (one per "
+                                        "--controlnet, in order; white = repaint) for a net that takes one (Z-Image's "
+                                        "2.0 nets, as ZImageControlNetInpaintPipeline's image and mask_image): it "
+                                        "conditions the net only, the sampling stays text-to-image",
+                                    flags=("--control-inpaint",), cli_type=list[str] | None)

@@ -30,7 +30,7 @@ class Plan:
     picture: object = None  # a start picture, or the list of pictures an editing family edits
     mask: object = None
     loras: tuple = ()  # ((path, scale), ...)
-    controls: tuple = ()  # ((name, picture, scale, start, end), ...)
+    controls: tuple = ()  # (techniques.controlnet.ControlNetSpec, ...), pictures read
 
     def load(self):
         """The Pipeline of this request's folder, as the request says it runs."""
@@ -99,17 +99,35 @@ def _read(read_picture, picture, what: str):
     return read_picture(picture, what) if isinstance(picture, (str, Path)) else picture
 
 
-def _controls(request: GenerateRequest) -> list[tuple]:
-    """--control / --controlnet pairs -> [(name, picture, scale, start, end)], pictures read now."""
-    from ..techniques.controlnet import parse_cli
+def _controls(request: GenerateRequest) -> list:
+    """--control / --controlnet pairs (and their --control-inpaint contexts) -> [ControlNetSpec], pictures read now."""
+    from ..techniques.controlnet import ControlNetSpec, check_spec, parse_cli
     from .image_input import read_picture
 
     images, nets = list(request.control or ()), list(request.controlnet or ())
     if len(images) != len(nets):
         raise UserError(f"give one --control image per --controlnet (got {len(images)} images, {len(nets)} nets)")
-    specs = [parse_cli(n) for n in nets]
-    return [(name, _read(read_picture, p, "--control"), scale, start, end)
-            for (name, scale, start, end), p in zip(specs, images)]
+    contexts = list(request.control_inpaint or ())
+    if contexts and len(contexts) != len(nets):
+        raise UserError(f"give one --control-inpaint PICTURE,MASK per --controlnet (got {len(contexts)} contexts, "
+                        f"{len(nets)} nets)")
+    specs, parsed = [], [parse_cli(n) for n in nets]
+    for k, ((name, scale, start, end), p) in enumerate(zip(parsed, images)):
+        context = _context(contexts[k]) if contexts else None
+        # checked as the Python API checks ControlNetSpec(inpaint=...): the same one-line refusals
+        spec = check_spec(ControlNetSpec(name, _read(read_picture, p, "--control"), scale, start, end, context))
+        if spec.inpaint is not None:
+            spec = replace(spec, inpaint=tuple(_read(read_picture, q, "--control-inpaint") for q in spec.inpaint))
+        specs.append(spec)
+    return specs
+
+
+def _context(value):
+    """"PICTURE,MASK" -> (picture, mask); a pair as it is; anything else left for check_spec to refuse."""
+    if isinstance(value, str):
+        parts = value.split(",")
+        return tuple(parts) if len(parts) == 2 and all(parts) else value
+    return value
 
 
 def _with_folder(folder, prompt, options, request, cache_spec, stop_spec, pictures, mask, controls, log) -> Plan:
@@ -144,7 +162,7 @@ def _with_folder(folder, prompt, options, request, cache_spec, stop_spec, pictur
     if controls:
         from ..techniques.controlnet import check_request
 
-        check_request(folder, manifest, options, [c[0] for c in controls])  # before any model loads
+        check_request(folder, manifest, options, [c.name for c in controls])  # before any model loads
     from ..adapters.tags import split_tags, tagged_files
 
     # <lora:NAME:WEIGHT> as A1111 clients write it (the encoder sees no tag): split before the table's check, so a
