@@ -28,6 +28,9 @@ class BenchOptions:
         None, "folder whose sub-folders are quantized model folders (default: MODEL's siblings)")
     # steps of the main sampler (default 20; --arch: arch.ARCHES)
     steps: int | None = option(None, "steps (default 20; --arch sd15: 10, the full-width families: 4)")
+    # every row's sampler, peers included (None: the model's own; --arch: arch.ARCHES, sd15 DDIM)
+    sampler: str | None = option(None, "the sampler every variant runs, peers included; a peer that cannot run it is "
+                                       "refused (default: the model's own; --arch sd15: ddim)")
     fast_steps: int | None = option(None, "DPM-Solver++ 2M steps for *-dpmpp (default steps/2)")
     # timed repeats (default 5); --isolate: rounds of fresh processes (default 3)
     repeats: int | None = option(None, "timed repeats per variant, interleaved, after warm-up (default 5); --isolate: "

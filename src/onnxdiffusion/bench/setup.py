@@ -71,6 +71,11 @@ def _resolve(options, rec: dict | None = None):
         raise UserError(f"--rss must be subprocess or off, got {options.rss!r}")
     if options.guidance is not None and (not math.isfinite(options.guidance) or options.guidance < 0):
         raise UserError(f"--guidance must be >= 0, got {options.guidance}")
+    if options.sampler is not None:
+        from ..samplers.tables import SAMPLERS
+
+        if options.sampler not in SAMPLERS:
+            raise UserError(f"unknown --sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
     if options.threads is not None and options.threads < 1:
         raise UserError(f"--threads must be >= 1, got {options.threads}")
     size = options.size if options.size is not None else (256 if full else None)

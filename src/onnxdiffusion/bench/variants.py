@@ -49,11 +49,38 @@ PEERS = {
 }
 PEER_VENVS = {"optimum": ".venv-optimum", "openvino": ".venv-openvino", "sdcpp": ".venv-sdcpp"}
 PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel", "sdcpp": "stable_diffusion_cpp"}
+# The samplers each peer can run, by our sampler name -> the peer's own: the diffusers-based peers swap in the
+# scheduler class diffusers reproduces that sampler with (samplers/config.SAMPLER_CLASS); stable-diffusion.cpp
+# has its own sample methods, and runs DDIM with trailing timesteps only (same update rule and backbone calls).
+_DIFFUSERS_PEER_SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m", "pndm", "unipc", "lcm", "tcd")
+SDCPP_SAMPLERS = {"ddim": "ddim_trailing", "euler": "euler", "euler_a": "euler_a", "dpmpp_2m": "dpm++2m",
+                  "lcm": "lcm", "tcd": "tcd"}
 PEER_INSTALL_HINT = {
     "optimum": "run `make peers` (creates .venv-optimum with optimum-onnx[onnxruntime])",
     "openvino": "run `make peers` (creates .venv-openvino with bench/install_openvino.sh)",
     "sdcpp": "run `bash bench/install_sdcpp.sh` (compiles stable-diffusion.cpp into .venv-sdcpp)",
 }
+
+
+def peer_sampler(peer: str, sampler: str) -> str | None:
+    """What the peer is told to run for our `sampler` (a diffusers scheduler class, or an sd.cpp sample method);
+    None where it cannot run it."""
+    if peer == "sdcpp":
+        return SDCPP_SAMPLERS.get(sampler)
+    if sampler in _DIFFUSERS_PEER_SAMPLERS:
+        from ..samplers.config import SAMPLER_CLASS
+
+        return SAMPLER_CLASS[sampler]
+    return None
+
+
+def peer_sampler_skip(peer: str, sampler: str) -> str | None:
+    """One line when a peer cannot run the bench's sampler (a row never runs another sampler than the others)."""
+    if peer_sampler(peer, sampler) is not None:
+        return None
+    can = sorted(SDCPP_SAMPLERS if peer == "sdcpp" else _DIFFUSERS_PEER_SAMPLERS)
+    return (f"the {peer} peer cannot run the {sampler} sampler the other rows run (it runs {', '.join(can)}): "
+            f"pass --sampler with one of those")
 
 
 @dataclass
@@ -226,7 +253,8 @@ class PlanOptions:
 
 
 SAMPLER_LABELS = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler ancestral", "flow_euler": "flow-match Euler",
-                  "flow_heun": "flow-match Heun", "dpmpp_2m": "DPM-Solver++ 2M"}
+                  "flow_heun": "flow-match Heun", "dpmpp_2m": "DPM-Solver++ 2M", "pndm": "PNDM (PLMS)",
+                  "unipc": "UniPC", "lcm": "LCM", "tcd": "TCD"}
 
 
 def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
@@ -310,8 +338,14 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
             skip = "no diffusers source folder for this model"
         elif peer == "sdcpp" and not _sd1_shaped(folder):
             skip = "stable-diffusion.cpp builds SD1.x/2.x/XL networks by their fixed shapes; this model is not one"
-        specs.append(VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, peer=peer,
-                                 peer_mode=mode, precision=mode, peer_python=py, skip=skip))
+        else:
+            skip = peer_sampler_skip(peer, opts.sampler)
+        spec = VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, sampler=opts.sampler,
+                           peer=peer, peer_mode=mode, precision=mode, peer_python=py, skip=skip)
+        if peer == "sdcpp" and opts.sampler == "ddim":
+            spec.notes.append("sd.cpp's DDIM spaces the timesteps trailing (its ddim_trailing): the same update rule "
+                              "and backbone calls as the other rows, other timesteps")
+        specs.append(spec)
     return specs
 
 
@@ -323,8 +357,8 @@ def _sd1_shaped(diffusers_folder: Path) -> bool:
     return list(cfg.get("block_out_channels", [])) == [320, 640, 1280, 1280] and cfg.get("cross_attention_dim") == 768
 
 
-def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int) -> VariantSpec:
-    """A model folder given by path in --variants: its host-loop DDIM variant, named after its recipe."""
+def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int, sampler: str = "ddim") -> VariantSpec:
+    """A model folder given by path in --variants: its host-loop variant (the bench's sampler), named after its recipe."""
     folder = Path(folder)
     skip = check_folder(folder)
     man = None
@@ -334,8 +368,9 @@ def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int
             skip = f"not the same model as {base.name} (its manifest's pipeline block differs)"
     recipe = recipe_of(man) or "fp32"
     name = f"ort-{recipe}@{folder.name}"
-    return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, DDIM {steps}", folder, steps=steps,
-                       precision=recipe, skip=skip, notes=[f"folder {shown_path(folder)}"])
+    return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, {SAMPLER_LABELS.get(sampler, sampler)} "
+                                    f"{steps}", folder, steps=steps, sampler=sampler, precision=recipe, skip=skip,
+                       notes=[f"folder {shown_path(folder)}"])
 
 
 def variant_pattern_ok(name: str) -> bool:
@@ -370,7 +405,7 @@ def _same_recipe(specs: list[VariantSpec], name: str) -> list[VariantSpec]:
     for s in specs:
         if s.kind != "ort" or s.other_model or s.precision != recipe or not s.name.startswith(f"ort-{recipe}@"):
             continue
-        s_form = "dpmpp" if s.sampler != "ddim" else s.loop
+        s_form = "dpmpp" if s.name.endswith("-dpmpp") else s.loop
         if s_form == form:
             out.append(s)
     return out

@@ -64,12 +64,16 @@ class Arch:
     # ranges; images are noise either way), no quality probes (meaningless on random weights)
     quantize_args: tuple[str, ...] = QUANTIZE_ARGS
     guidance: float | None = None  # the bench's default guidance (None: the folder's evaluated one, else 4.0)
+    # every row's sampler (None: the folder's own scheduler's): pinned where a peer could not run the folder's own
+    sampler: str | None = None
 
 
 ARCHES = {
+    # DDIM 10, the committed figures' sampler: the folder's own PNDM makes 11 UNet calls where the peers' DDIM
+    # makes 10, and stable-diffusion.cpp has no PNDM (one sampler for every row, issue 43)
     "sd15": Arch("Stable Diffusion v1.5-sized components", 10,
-                 ("torch-fp32", "ort-fp32", "ort-fp32-dpmpp", "optimum-ort"), _sd15,
-                 QUANTIZE_ARGS + ("--calib-guidance", "7.5"), 7.5),  # SD1.5's usual guidance (the committed figures')
+                 ("torch-fp32", "ort-fp32", "optimum-ort"), _sd15,
+                 QUANTIZE_ARGS + ("--calib-guidance", "7.5"), 7.5, "ddim"),  # SD1.5's usual guidance (the committed figures')
     "sd15-tiny": Arch("Stable Diffusion v1.5's block types, narrow (a smoke-test model)", 4,
                       ("torch-fp32", "ort-fp32"), _sd15),
     "sdxl": Arch("SDXL-base widths (UNet 320/640/1280, CLIP-L + OpenCLIP-bigG), fewer transformer blocks", 4,
