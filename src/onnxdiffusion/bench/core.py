@@ -185,6 +185,7 @@ def _plan(opts, model: Path, manifest: dict, source, sampler: str, quantized, no
         raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")
     plan = plan_variants(model, manifest, source, PlanOptions(
         steps=opts.steps, fast_steps=opts.fast_steps, variants_dir=opts.variants_dir, sampler=sampler,
+        decoder=opts.decoder,
         quantized=tuple(quantized[0]) if quantized else None))
     names = [n.strip() for item in opts.variants for n in item.split(",") if n.strip()]
     if opts.arch and not names:  # full size: the main rows, plus any quantized folder found beside the model

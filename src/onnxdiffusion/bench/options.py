@@ -31,6 +31,9 @@ class BenchOptions:
     # every row's sampler, peers included (None: the model's own; --arch: arch.ARCHES, sd15 DDIM)
     sampler: str | None = option(None, "the sampler every variant runs, peers included; a peer that cannot run it is "
                                        "refused (default: the model's own; --arch sd15: ddim)")
+    # every row's decoder: None (the VAE; --arch sd15-lcm: tiny) | full | tiny (the folder's TAESD, the peers' too)
+    decoder: str | None = option(None, "full | tiny: every row's decoder, peers included (tiny: the folder's "
+                                       "vae_decoder_tiny; default: the VAE, --arch sd15-lcm: tiny)")
     fast_steps: int | None = option(None, "DPM-Solver++ 2M steps for *-dpmpp (default steps/2)")
     # timed repeats (default 5); --isolate: rounds of fresh processes (default 3)
     repeats: int | None = option(None, "timed repeats per variant, interleaved, after warm-up (default 5); --isolate: "

@@ -132,78 +132,6 @@ def load_optimum(args):
     return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.unet, pipe.vae_decoder)
 
 
-def fp32_ir_candidates(cache: Path) -> list[Path]:
-    """Where an fp32 IR of the same source may already be: this cache, or the openvino-fp32 variant's beside it."""
-    return [cache / "ir-fp32", cache.parent / "openvino-fp32" / "ir-fp32"]
-
-
-def convert_openvino(args) -> dict | None:
-    """The diffusers folder -> OpenVINO IR under --cache (None: already there)."""
-    from optimum.intel import OVStableDiffusionPipeline
-
-    ir = Path(args.cache) / f"ir-{args.mode}"
-    info: dict = {}
-    if not (ir / "model_index.json").is_file():
-        kw = {}
-        source, export = args.folder, True
-        if args.mode == "int8-hybrid":
-            from optimum.intel import OVWeightQuantizationConfig
-
-            prompts = json.loads(Path(args.calib_prompts).read_text()) if args.calib_prompts else []
-            if len(prompts) < 2:
-                raise RuntimeError("int8-hybrid needs calibration prompts")
-            kw["quantization_config"] = OVWeightQuantizationConfig(bits=8, quant_method="hybrid", dataset=prompts,
-                                                                   num_samples=len(prompts))
-            # quantize the fp32 IR when the openvino-fp32 variant already converted it: the PyTorch export
-            # of a full-size UNet is the memory peak, and it would be the same IR
-            fp32 = next((d for d in fp32_ir_candidates(Path(args.cache)) if (d / "model_index.json").is_file()), None)
-            if fp32 is not None:
-                source, export = str(fp32), False
-                info["quantized_from"] = "fp32 IR"
-        t0 = time.perf_counter()
-        pipe = OVStableDiffusionPipeline.from_pretrained(source, export=export, compile=False,
-                                                         local_files_only=True, **kw)
-        tmp = ir.with_name(ir.name + ".part")
-        pipe.save_pretrained(tmp)
-        if ir.exists():
-            import shutil
-
-            shutil.rmtree(ir)
-        os.replace(tmp, ir)
-        info["convert_s"] = time.perf_counter() - t0
-        del pipe
-        return info
-    return None
-
-
-def load_openvino(args):
-    from optimum.intel import OVStableDiffusionPipeline
-
-    ir = Path(args.cache) / f"ir-{args.mode}"
-    info = convert_openvino(args) or {}
-    ov_config = {"PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
-    if args.mode == "fp32":  # OpenVINO's CPU default is bf16 math where the CPU has AVX512_BF16/AMX
-        ov_config["INFERENCE_PRECISION_HINT"] = "f32"
-    if args.threads:
-        ov_config["INFERENCE_NUM_THREADS"] = str(args.threads)
-    t0 = time.perf_counter()
-    pipe = OVStableDiffusionPipeline.from_pretrained(ir, compile=False, ov_config=ov_config, local_files_only=True)
-    pipe.compile()
-    info["load_s"] = time.perf_counter() - t0
-    info["ir_bytes"] = sum(p.stat().st_size for p in ir.rglob("*") if p.is_file())
-    info["ir_folder"] = str(ir)
-    try:
-        info["inference_precision"] = str(pipe.unet.request.get_property("INFERENCE_PRECISION_HINT"))
-    except Exception:  # noqa: BLE001 - informational only
-        pass
-    pipe.scheduler = scheduler_of(args.sampler, pipe.scheduler.config)
-    import openvino
-
-    versions = {"openvino": openvino.__version__ if hasattr(openvino, "__version__") else dist_version("openvino"),
-                "optimum-intel": dist_version("optimum-intel"), "nncf": dist_version("nncf")}
-    return pipe, info, versions, (pipe.text_encoder, pipe.unet, pipe.vae_decoder)
-
-
 SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0"}
 
 
@@ -320,6 +248,7 @@ def main(argv=None) -> int:
     # the peer's own name of the bench's sampler (variants.peer_sampler): a diffusers class, an sd.cpp method
     ap.add_argument("--sampler", default=None)
     ap.add_argument("--convert-only", action="store_true")
+    ap.add_argument("--tiny-vae", default=None)  # a diffusers AutoencoderTiny folder: decode with it (openvino)
     args = ap.parse_args(argv)
     if args.sampler is None:
         args.sampler = "ddim_trailing" if args.backend == "sdcpp" else "DDIMScheduler"
@@ -341,8 +270,12 @@ def main(argv=None) -> int:
             if args.threads:
                 torch.set_num_threads(args.threads)
             baseline = status_bytes("VmRSS")
-            loader = load_optimum if args.backend == "optimum" else load_openvino
-            pipe, info, versions, (te, backbone, vae) = loader(args)
+            if args.backend == "optimum":
+                pipe, info, versions, (te, backbone, vae) = load_optimum(args)
+            else:
+                from peer_openvino import load_openvino  # a sibling file: the worker runs as a script
+
+                pipe, info, versions, (te, backbone, vae) = load_openvino(args, scheduler_of)
             pipe.set_progress_bar_config(disable=True)
             sink = Sink()
             wrap_forward(te, sink, "te")
@@ -389,7 +322,12 @@ def main(argv=None) -> int:
 def convert_only(args) -> int:
     """--convert-only: the one-off conversion in this process, its time and peak RSS on the protocol."""
     try:
-        convert = {"openvino": convert_openvino, "sdcpp": convert_sdcpp}.get(args.backend)
+        if args.backend == "openvino":
+            from peer_openvino import convert_openvino  # a sibling file: the worker runs as a script
+
+            convert = convert_openvino
+        else:
+            convert = convert_sdcpp if args.backend == "sdcpp" else None
         info = convert(args) if convert is not None else None
         send({"event": "converted", **(info or {"cached": True}), "peak_rss_bytes": status_bytes("VmHWM")})
         return 0

@@ -85,6 +85,7 @@ class OrtRunner(Runner):
         events = self.pipe.iter_generate(
             job.prompts, latents=job.latents, steps=s.steps, sampler=s.sampler, guidance=job.guidance,
             batch=len(job.prompts), height=job.height, width=job.width, loop=s.loop,
+            **({"decoder": s.decoder} if s.decoder else {}),
         )
         steps: list[float] = []
         steps_cpu: list[float] = []
@@ -217,6 +218,10 @@ class PeerRunner(Runner):
         own = peer_sampler(self.spec.peer, self.spec.sampler)
         if own is None:  # the plan refuses such a row; a runner made by hand never runs another sampler silently
             raise PeerError(f"the {self.spec.peer} peer cannot run the {self.spec.sampler} sampler")
+        if self.spec.decoder == "tiny":  # the source's AutoencoderTiny, converted beside the peer's model
+            from .variants import TINY_VAE_DIR
+
+            cmd += ["--tiny-vae", str(Path(self.spec.folder).absolute() / TINY_VAE_DIR)]
         return [*cmd, "--sampler", own]
 
     def load(self) -> dict:

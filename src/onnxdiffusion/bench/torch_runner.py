@@ -61,6 +61,13 @@ class TorchRunner(Runner):
             if cls is None:
                 raise UserError(f"{self.spec.name}: diffusers has no scheduler for the {self.spec.sampler} sampler")
             pipe.scheduler = cls.from_config(pipe.scheduler.config)
+        if self.spec.decoder == "tiny":  # the source's TAESD in place of the VAE, as FastSD runs diffusers
+            from diffusers import AutoencoderTiny
+
+            from .variants import TINY_VAE_DIR
+
+            pipe.vae = AutoencoderTiny.from_pretrained(Path(self.spec.folder) / TINY_VAE_DIR, local_files_only=True,
+                                                       torch_dtype=self.dtype).eval()
         pipe.set_progress_bar_config(disable=True)
         load_s = time.perf_counter() - t0
         self.pipe = pipe

@@ -55,6 +55,7 @@ PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel", "
 _DIFFUSERS_PEER_SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m", "pndm", "unipc", "lcm", "tcd")
 SDCPP_SAMPLERS = {"ddim": "ddim_trailing", "euler": "euler", "euler_a": "euler_a", "dpmpp_2m": "dpm++2m",
                   "lcm": "lcm", "tcd": "tcd"}
+TINY_VAE_DIR = "vae_tiny"  # the diffusers source's AutoencoderTiny (TAESD) folder, for torch and the OpenVINO peer
 PEER_INSTALL_HINT = {
     "optimum": "run `make peers` (creates .venv-optimum with optimum-onnx[onnxruntime])",
     "openvino": "run `make peers` (creates .venv-openvino with bench/install_openvino.sh)",
@@ -99,6 +100,7 @@ class VariantSpec:
     peer_mode: str | None = None  # fp32 | int8-hybrid
     peer_python: Path | None = None
     skip: str | None = None
+    decoder: str | None = None  # None: the VAE; tiny: the tiny autoencoder (ours: vae_decoder_tiny; peers: TAESD)
     hidden: bool = False  # listed only when asked for by name (a loop graph never compiled, quantized + DPM++)
     other_model: bool = False  # a quantized folder of a different model (never matched by a recipe name)
     requested: bool = False
@@ -250,6 +252,7 @@ class PlanOptions:
     variants_dir: Path | None = None
     sampler: str = "ddim"  # the main rows' sampler (full-width archs: the folder's own)
     quantized: tuple[Path, ...] | None = None  # --quantize's folders: these instead of the model's siblings
+    decoder: str | None = None  # tiny: every row decodes with the folder's tiny autoencoder (TAESD)
 
 
 SAMPLER_LABELS = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler ancestral", "flow_euler": "flow-match Euler",
@@ -258,7 +261,34 @@ SAMPLER_LABELS = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler ancestral"
 
 
 def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
-    """Every variant this model can have, each runnable or carrying the reason it cannot run."""
+    """Every variant this model can have, each runnable or carrying the reason it cannot run (with --decoder tiny
+    every row decodes with the tiny autoencoder, or says why it cannot)."""
+    specs = _plan(model, manifest, source, opts)
+    if opts.decoder == "tiny":
+        for s in specs:
+            s.decoder = "tiny"
+            s.label += " + tiny decoder"
+            s.skip = s.skip or _tiny_skip(s)
+    return specs
+
+
+def _tiny_skip(spec: VariantSpec) -> str | None:
+    from ..families.tiny_vae import DECODER
+
+    if spec.kind == "ort" and spec.folder is not None:
+        try:
+            has = DECODER in read_manifest(spec.folder).components
+        except UserError as e:
+            return str(e)
+        return None if has else f"no {DECODER} in {shown_path(spec.folder)} (export it with --tiny-vae)"
+    if spec.kind == "peer" and spec.peer != "openvino":
+        return f"the {spec.peer} peer runs the VAE only (--decoder tiny: OpenVINO and ours)"
+    if spec.folder is not None and not (Path(spec.folder) / TINY_VAE_DIR).is_dir():
+        return f"no AutoencoderTiny folder {TINY_VAE_DIR}/ in the diffusers source {shown_path(spec.folder)}"
+    return None
+
+
+def _plan(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
     specs: list[VariantSpec] = []
     ddim = f"{SAMPLER_LABELS.get(opts.sampler, opts.sampler)} {opts.steps}"
     fast = f"DPM-Solver++ 2M {opts.fast_steps}"
