@@ -29,7 +29,7 @@ def test_the_fastsd_arch_runs_lcm_4_at_512_with_the_tiny_decoder():
 
 
 def test_a_peer_without_a_tiny_decoder_says_so():
-    from onnxdiffusion.bench.variants import VariantSpec, _tiny_skip
+    from onnxdiffusion.bench.variants import VariantSpec, tiny_skip as _tiny_skip
 
     assert "VAE only" in _tiny_skip(VariantSpec("optimum-ort", "peer", "x", Path("."), peer="optimum"))
     assert "vae_tiny" in _tiny_skip(VariantSpec("torch-fp32", "torch", "x", Path("/nonexistent")))

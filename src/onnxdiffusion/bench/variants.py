@@ -35,6 +35,7 @@ from ..errors import UserError
 from ..families.sd import StableDiffusion
 from ..folder.manifest import Manifest
 from ..folder.paths import embedded_diffusers_folder, models_root, shown_path
+from .alike import SDCPP_SAMPLERS, TINY_VAE_DIR, peer_sampler, peer_sampler_skip, tiny_skip  # noqa: F401 (re-exported)
 
 KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "w4a8",
                  "weights-only", "fp8", "nvfp4")
@@ -49,39 +50,11 @@ PEERS = {
 }
 PEER_VENVS = {"optimum": ".venv-optimum", "openvino": ".venv-openvino", "sdcpp": ".venv-sdcpp"}
 PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel", "sdcpp": "stable_diffusion_cpp"}
-# The samplers each peer can run, by our sampler name -> the peer's own: the diffusers-based peers swap in the
-# scheduler class diffusers reproduces that sampler with (samplers/config.SAMPLER_CLASS); stable-diffusion.cpp
-# has its own sample methods, and runs DDIM with trailing timesteps only (same update rule and backbone calls).
-_DIFFUSERS_PEER_SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m", "pndm", "unipc", "lcm", "tcd")
-SDCPP_SAMPLERS = {"ddim": "ddim_trailing", "euler": "euler", "euler_a": "euler_a", "dpmpp_2m": "dpm++2m",
-                  "lcm": "lcm", "tcd": "tcd"}
-TINY_VAE_DIR = "vae_tiny"  # the diffusers source's AutoencoderTiny (TAESD) folder, for torch and the OpenVINO peer
 PEER_INSTALL_HINT = {
     "optimum": "run `make peers` (creates .venv-optimum with optimum-onnx[onnxruntime])",
     "openvino": "run `make peers` (creates .venv-openvino with bench/install_openvino.sh)",
     "sdcpp": "run `bash bench/install_sdcpp.sh` (compiles stable-diffusion.cpp into .venv-sdcpp)",
 }
-
-
-def peer_sampler(peer: str, sampler: str) -> str | None:
-    """What the peer is told to run for our `sampler` (a diffusers scheduler class, or an sd.cpp sample method);
-    None where it cannot run it."""
-    if peer == "sdcpp":
-        return SDCPP_SAMPLERS.get(sampler)
-    if sampler in _DIFFUSERS_PEER_SAMPLERS:
-        from ..samplers.config import SAMPLER_CLASS
-
-        return SAMPLER_CLASS[sampler]
-    return None
-
-
-def peer_sampler_skip(peer: str, sampler: str) -> str | None:
-    """One line when a peer cannot run the bench's sampler (a row never runs another sampler than the others)."""
-    if peer_sampler(peer, sampler) is not None:
-        return None
-    can = sorted(SDCPP_SAMPLERS if peer == "sdcpp" else _DIFFUSERS_PEER_SAMPLERS)
-    return (f"the {peer} peer cannot run the {sampler} sampler the other rows run (it runs {', '.join(can)}): "
-            f"pass --sampler with one of those")
 
 
 @dataclass
@@ -268,24 +241,8 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
         for s in specs:
             s.decoder = "tiny"
             s.label += " + tiny decoder"
-            s.skip = s.skip or _tiny_skip(s)
+            s.skip = s.skip or tiny_skip(s)
     return specs
-
-
-def _tiny_skip(spec: VariantSpec) -> str | None:
-    from ..families.tiny_vae import DECODER
-
-    if spec.kind == "ort" and spec.folder is not None:
-        try:
-            has = DECODER in read_manifest(spec.folder).components
-        except UserError as e:
-            return str(e)
-        return None if has else f"no {DECODER} in {shown_path(spec.folder)} (export it with --tiny-vae)"
-    if spec.kind == "peer" and spec.peer != "openvino":
-        return f"the {spec.peer} peer runs the VAE only (--decoder tiny: OpenVINO and ours)"
-    if spec.folder is not None and not (Path(spec.folder) / TINY_VAE_DIR).is_dir():
-        return f"no AutoencoderTiny folder {TINY_VAE_DIR}/ in the diffusers source {shown_path(spec.folder)}"
-    return None
 
 
 def _plan(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
