@@ -31,7 +31,8 @@ from .assemble import VariantState as _State
 from .options import BenchOptions  # noqa: F401 - re-exported: bench.BenchOptions
 from .assemble import assemble, image_sets
 from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, make_runner, probe_peer
-from .variants import PlanOptions, folder_variant, peer_sampler_skip, plan_variants, select, source_folder
+from .variants import (PlanOptions, folder_variant, peer_sampler_skip, plan_variants, select, source_folder,
+                       tiny_skip)
 
 from .arch import ARCHES
 from .setup import (_check_out, _default_guidance, _is_folder_name, _loadavg, _Progress, _release_memory, _resolve,
@@ -192,6 +193,8 @@ def _plan(opts, model: Path, manifest: dict, source, sampler: str, quantized, no
         names = list(ARCHES[opts.arch].variants) + [s.name for s in plan if s.kind == "ort" and s.precision != "fp32"
                                                and s.loop == "host" and s.sampler == sampler and not s.hidden]
     extra = [folder_variant(Path(n), model, manifest, opts.steps, sampler) for n in names if _is_folder_name(n)]
+    for s in extra if opts.decoder else ():  # the decoder every other row runs
+        s.decoder, s.label, s.skip = opts.decoder, s.label + " + tiny decoder", s.skip or tiny_skip(s)
     names = [n for n in names if not _is_folder_name(n)] + [s.name for s in extra]
     chosen = select(plan + extra, names, opts.variants_dir)
     if opts.arch and not opts.variants:
