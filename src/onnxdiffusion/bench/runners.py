@@ -247,9 +247,11 @@ class PeerRunner(Runner):
                                      env=peer_env(self.threads), cwd=self.work)
         msg = self._recv()
         self.load_info = {k: v for k, v in msg.items() if k != "event"}
-        if self.convert is not None:
+        if self.convert is not None:  # what the conversion says of the model (convert_s, quantized_from) as before
             self.load_info["convert"] = self.convert
-            self.load_info.setdefault("convert_s", self.convert.get("convert_s"))
+            for k, v in self.convert.items():
+                if k != "peak_rss_bytes":
+                    self.load_info.setdefault(k, v)
         return self.load_info
 
     def reset_peak(self) -> dict:
