@@ -160,6 +160,15 @@ def _quality(st: VariantState, ref: VariantState | None, scenes, judge, prompts:
     return q
 
 
+def _like_with_like(rows: list[dict], notes: list[str]) -> None:
+    """A note when the rows compared (all but *-dpmpp) ran different numbers of backbone calls."""
+    seen = {r["name"]: r.get("backbone_calls") for r in rows
+            if r["status"] == "ok" and not r["name"].endswith("-dpmpp") and r.get("backbone_calls") is not None}
+    if len({str(v) for v in seen.values()}) > 1:
+        notes.append("NOT like with like: the rows made different numbers of backbone calls per image ("
+                     + ", ".join(f"{n} {v}" for n, v in seen.items()) + "); compare their step times, not end to end.")
+
+
 RATIO_KEYS = {"e2e_wall": ("e2e_median_s",), "e2e_cpu": ("e2e_cpu_median_s",), "step_wall": ("backbone_step_median_s",),
               "step_cpu": ("backbone_step_cpu_median_s",)}
 
@@ -201,6 +210,8 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
             row["load_s"] = st.load.get("load_s")
             row["first_call_s"] = st.first_call_s
             row["timing"] = _timing(st.gens, s.steps)
+            calls = {g.backbone_calls for g in st.gens} - {None}
+            row["backbone_calls"] = calls.pop() if len(calls) == 1 else (sorted(calls) or None)
             row["memory"] = st.memory
             row["peak_rss_bytes"] = st.memory.get("peak_rss_bytes")
             if st.rounds:  # --isolate
@@ -219,6 +230,7 @@ def assemble(opts, model: Path, manifest: dict, source: Path | None, states: lis
                     r["step_speedup_vs_ref"] = base["backbone_step_median_s"] / t["backbone_step_median_s"]
     if speed_ref:
         _ratios(rows, next(r for r in rows if r["name"] == speed_ref))
+    _like_with_like(rows, notes)
     if opts.repeats < 5 and not opts.isolate:
         notes.append(f"only {opts.repeats} timed repeats (fewer than 5): treat the latency columns as rough.")
     return {

@@ -31,7 +31,8 @@ from .assemble import VariantState as _State
 from .options import BenchOptions  # noqa: F401 - re-exported: bench.BenchOptions
 from .assemble import assemble, image_sets
 from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, make_runner, probe_peer
-from .variants import PlanOptions, folder_variant, plan_variants, select, source_folder
+from .variants import (PlanOptions, folder_variant, peer_sampler_skip, plan_variants, select, source_folder,
+                       tiny_skip)
 
 from .arch import ARCHES
 from .setup import (_check_out, _default_guidance, _is_folder_name, _loadavg, _Progress, _release_memory, _resolve,
@@ -56,6 +57,10 @@ def run_bench(options: BenchOptions) -> dict:
             for p in set(out.iterdir()) - before:
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()
         raise
+
+
+PEER_METHOD = ("the peer worker's own VmHWM per phase (load; first call; timed repeats), reset between them; its "
+               "one-off conversion in a process of its own, apart")
 
 
 def _run_bench(options: BenchOptions) -> dict:
@@ -139,7 +144,9 @@ def _model(opts, rec: dict, notes: list[str]):
         work = Path(opts.work or default_work(opts.arch)).resolve()
         model, source, note = prepare(opts.arch, work, opts.threads or 1, progress=opts.progress)
         notes.append(note)
-        sampler = default_sampler(json.loads((model / "scheduler" / "scheduler_config.json").read_text()))
+        sampler = opts.sampler or ARCHES[opts.arch].sampler or default_sampler(
+            json.loads((model / "scheduler" / "scheduler_config.json").read_text()))
+        notes.append(_sampler_note(sampler, opts.steps, "--sampler" if opts.sampler else f"--arch {opts.arch}'s"))
         return model, read_manifest(model), source, sampler, work
     model = Path(opts.model) if opts.model is not None else default_model_folder()
     manifest = read_manifest(model)
@@ -147,10 +154,18 @@ def _model(opts, rec: dict, notes: list[str]):
     verify_folder(model, manifest)
     check_external_paths(model, manifest)
     source = source_folder(model, manifest)
-    if sampler is None:
+    if opts.sampler is not None:
+        sampler = opts.sampler
+    elif sampler is None:
         sched = model / "scheduler" / "scheduler_config.json"
         sampler = default_sampler(json.loads(sched.read_text())) if sched.is_file() else "ddim"
+    notes.append(_sampler_note(sampler, opts.steps, "--sampler" if opts.sampler else "the model's own"))
     return model, manifest, source, sampler, (Path(opts.work).resolve() if opts.work is not None else None)
+
+
+def _sampler_note(sampler: str, steps: int, why: str) -> str:
+    return (f"every row runs {sampler} {steps} ({why}; peers too, or they are refused), except rows named *-dpmpp "
+            f"(DPM-Solver++ 2M at --fast-steps); the backbone-call column counts each row's UNet/transformer calls.")
 
 
 def _quantized(opts, model: Path, work: Path | None, notes: list[str]) -> tuple[list[Path], list[dict]] | None:
@@ -171,18 +186,25 @@ def _plan(opts, model: Path, manifest: dict, source, sampler: str, quantized, no
         raise UserError(f"--variants-dir is not a folder: {opts.variants_dir}")
     plan = plan_variants(model, manifest, source, PlanOptions(
         steps=opts.steps, fast_steps=opts.fast_steps, variants_dir=opts.variants_dir, sampler=sampler,
+        decoder=opts.decoder,
         quantized=tuple(quantized[0]) if quantized else None))
     names = [n.strip() for item in opts.variants for n in item.split(",") if n.strip()]
     if opts.arch and not names:  # full size: the main rows, plus any quantized folder found beside the model
         names = list(ARCHES[opts.arch].variants) + [s.name for s in plan if s.kind == "ort" and s.precision != "fp32"
-                                               and s.loop == "host" and s.sampler == "ddim" and not s.hidden]
-    extra = [folder_variant(Path(n), model, manifest, opts.steps) for n in names if _is_folder_name(n)]
+                                               and s.loop == "host" and s.sampler == sampler and not s.hidden]
+    extra = [folder_variant(Path(n), model, manifest, opts.steps, sampler) for n in names if _is_folder_name(n)]
+    for s in extra if opts.decoder else ():  # the decoder every other row runs
+        s.decoder, s.label, s.skip = opts.decoder, s.label + " + tiny decoder", s.skip or tiny_skip(s)
     names = [n for n in names if not _is_folder_name(n)] + [s.name for s in extra]
     chosen = select(plan + extra, names, opts.variants_dir)
     if opts.arch and not opts.variants:
         notes.append(f"--arch {opts.arch} runs {', '.join(ARCHES[opts.arch].variants)} by default (every variant "
                      "stays loaded so repeats interleave; other rows, e.g. OpenVINO, by --variants).")
+    named = {n.strip() for item in opts.variants for n in item.split(",")}
     for s in chosen:
+        refused = peer_sampler_skip(s.peer, s.sampler) if s.kind == "peer" else None
+        if refused and s.name in named:  # asked for by name: refused before anything runs, never a silent other sampler
+            raise UserError(f"{s.name}: {refused}")
         if s.kind == "peer" and s.skip is None:
             s.skip = probe_peer(s.peer_python, s.peer)
     return [_State(s) for s in chosen]
@@ -219,6 +241,8 @@ def _measure_in_process(opts, active: list[_State], timing_job: Job, batches: li
                 st.runner = make_runner(st.spec, threads=opts.threads, cache=cache, work=peer_dir, height=height,
                                         width=width, calib_prompts=calib)
                 st.load = st.runner.load()
+                if isinstance(st.runner, PeerRunner):
+                    st.runner.phase("load")
             except (UserError, PeerError, OSError, ImportError) as e:
                 st.error = f"load failed: {e}"
             except Exception as e:  # noqa: BLE001 - a broken variant must not end the bench
@@ -245,8 +269,7 @@ def _measure_in_process(opts, active: list[_State], timing_job: Job, batches: li
                 if isinstance(st.runner, PeerRunner):
                     st.first_call_s = g.total_s  # measured inside the peer, like its other timings
                     try:
-                        st.memory = {**st.runner.rss(), "method": "peer worker's own VmHWM after load + first call",
-                                     "baseline_rss_bytes": st.load.get("baseline_rss_bytes")}
+                        st.runner.phase("first")
                     except PeerError as e:
                         st.memory = {"error": str(e)}
             bar.step(f"first call {st.spec.name}")
@@ -265,6 +288,9 @@ def _measure_in_process(opts, active: list[_State], timing_job: Job, batches: li
                 bar.step(f"quality {st.spec.name}")
 
         # -- 5. timed repeats, interleaved ------------------------------------------------------------
+        for st in active:  # the steady phase's peak: the repeats only, not the quality pass's batches
+            if st.ok and isinstance(st.runner, PeerRunner):
+                st.runner.reset_peak()
         for r in range(opts.repeats):
             k = r % len(active)
             for st in active[k:] + active[:k]:
@@ -274,6 +300,13 @@ def _measure_in_process(opts, active: list[_State], timing_job: Job, batches: li
                     if st.timing_images is None:
                         st.timing_images, st.timing_final = g.images, g.final_latents
                 bar.step(f"repeat {r + 1}/{opts.repeats} {st.spec.name}")
+        for st in active:
+            if st.ok and isinstance(st.runner, PeerRunner):
+                try:
+                    st.runner.phase("steady")
+                    st.memory = st.runner.memory(PEER_METHOD)
+                except PeerError as e:
+                    st.memory = {"error": str(e)}
     finally:
         for st in active:
             if st.runner is not None:

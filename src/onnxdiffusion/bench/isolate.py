@@ -10,7 +10,9 @@ rotated every round: this machine's speed drifts), each in a child process that
      peak RSS of the image phase (the kernel's high-water mark is reset between the phases),
 
 and reports itself as one JSON line. A peer is its own fresh worker process per round (it times itself and
-reports its VmHWM; converted models are cached under the work folder, converted on first use). CPU time is
+reports its VmHWM per phase, reset between them as here); its one-off conversion (OpenVINO IR, GGUF) runs
+first in a process of its own, cached under the work folder, and its peak is reported apart (`convert`),
+never as the peer's peak. Every record counts the backbone calls of its image. CPU time is
 user + system of the measuring process, all its threads: with --threads 1 on a shared machine it leaves out
 the time other processes held the core, so it is the steadier figure. Medians over rounds are reported, plus
 every round's record and the load average before and after it.
@@ -36,7 +38,8 @@ from .setup import _loadavg as loadavg
 from .variants import VariantSpec
 
 METHOD = ("fresh process per variant and round (peers: a fresh worker), rounds interleaved; load, then one timed "
-          "image; CPU = user+sys of that process; peak RSS = VmHWM per phase (load, image), reset between them")
+          "image; CPU = user+sys of that process; peak RSS = VmHWM per phase (load, image), reset between them; "
+          "a peer's one-off conversion in its own process, its peak apart (not the peer's peak)")
 
 
 def _cpu() -> float:
@@ -54,7 +57,7 @@ def thread_env(threads: int | None) -> dict:
 def _record(gen: Generation, load_wall: float, load_cpu: float, phases: dict) -> dict:
     return {"load_wall_s": load_wall, "load_cpu_s": load_cpu, "e2e_wall_s": gen.total_s, "e2e_cpu_s": gen.cpu_s,
             "step_wall_s": gen.step_s or [], "step_cpu_s": gen.step_cpu_s or [], "sampling_s": gen.sampling_s,
-            "text_encoder_s": gen.text_encoder_s, "vae_s": gen.vae_s,
+            "text_encoder_s": gen.text_encoder_s, "vae_s": gen.vae_s, "backbone_calls": gen.backbone_calls,
             "peak_rss_bytes": max(v for v in phases.values() if v is not None), "phase_peak_rss_bytes": phases}
 
 
@@ -120,15 +123,19 @@ def run_peer(spec: VariantSpec, job: Job, threads: int | None, work: Path, calib
         w = time.perf_counter()
         info = runner.load()
         load_wall = time.perf_counter() - w
+        phases = {"load": runner.rss().get("peak_rss_bytes")}
+        runner.reset_peak()
         gen = runner.generate(job)
-        rss = runner.rss()
+        phases["image"] = runner.rss().get("peak_rss_bytes")
     except (PeerError, OSError) as e:
         return {"error": str(e)[:300]}
     finally:
         runner.close()
-    rec = _record(gen, info.get("load_s", load_wall), None, {"process": rss.get("peak_rss_bytes")})
+    rec = _record(gen, info.get("load_s", load_wall), None, phases)
     rec.update(convert_s=info.get("convert_s"), model_bytes=info.get("ir_bytes"), images=gen.images,
                load=info)
+    if runner.convert is not None:  # this round converted: its peak apart
+        rec["convert"] = runner.convert
     return rec
 
 
@@ -154,6 +161,11 @@ def summarize(rounds: list[dict]) -> dict:
     out["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in ok)
     out["phase_peak_rss_bytes"] = {k: max(r["phase_peak_rss_bytes"].get(k) or 0 for r in ok)
                                    for k in ok[0]["phase_peak_rss_bytes"]}
+    calls = {r.get("backbone_calls") for r in ok} - {None}
+    out["backbone_calls"] = calls.pop() if len(calls) == 1 else (sorted(calls) or None)
+    converted = [r["convert"] for r in rounds if r.get("convert")]
+    if converted:  # one-off, apart: never in peak_rss_bytes
+        out["convert"] = converted[0]
     return out
 
 
@@ -161,7 +173,8 @@ def generation_of(rec: dict, images) -> Generation:
     """The round as the report's timing columns read it (the images only of the round that kept them)."""
     return Generation(images=images, total_s=rec["e2e_wall_s"], text_encoder_s=rec["text_encoder_s"],
                       sampling_s=rec["sampling_s"], vae_s=rec["vae_s"], step_s=rec["step_wall_s"] or None,
-                      cpu_s=rec["e2e_cpu_s"], step_cpu_s=rec["step_cpu_s"] or None)
+                      cpu_s=rec["e2e_cpu_s"], step_cpu_s=rec["step_cpu_s"] or None,
+                      backbone_calls=rec.get("backbone_calls"))
 
 
 def run_isolated(states, job: Job, rounds: int, threads: int | None, profile: str | None, memory: str | None,
@@ -196,6 +209,8 @@ def run_isolated(states, job: Job, rounds: int, threads: int | None, profile: st
             continue
         st.memory = {"peak_rss_bytes": summary["peak_rss_bytes"], "phase_peak_rss_bytes": summary["phase_peak_rss_bytes"],
                      "method": METHOD}
+        if "convert" in summary:
+            st.memory["convert"] = summary["convert"]
         st.isolated = summary
 
 

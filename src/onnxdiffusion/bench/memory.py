@@ -18,10 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .rss import current_rss_bytes, peak_rss_bytes
+from .rss import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
 METHOD = ("VmHWM of a fresh child process that imports the variant's libraries, loads it and generates one "
-          "batch-1 image (peers: the worker process's own VmHWM after its first call)")
+          "batch-1 image, per phase (load; first image), reset between them (peers: the worker's own VmHWM per "
+          "phase: load, first call, timed repeats; a one-off conversion apart)")
 
 
 def probe(spec: dict, python: str | None = None, timeout: float = 1800, env: dict | None = None) -> dict:
@@ -59,10 +60,13 @@ def _child(spec_json: str) -> int:
     runner = make_runner(spec, threads=threads, height=job["height"], width=job["width"])
     info = runner.load()
     after_load = current_rss_bytes()
+    phases = {"load": peak_rss_bytes()}
+    reset_peak_rss()
     latents = np.asarray(job["latents"], dtype=np.float32).reshape(job["shape"])
     runner.generate(Job([job["prompt"]], latents, job["guidance"], job["height"], job["width"]))
-    out = {"peak_rss_bytes": peak_rss_bytes(), "baseline_rss_bytes": baseline, "after_load_rss_bytes": after_load,
-           "load_s": info.get("load_s"), "pid": os.getpid()}
+    phases["first"] = peak_rss_bytes()
+    out = {"peak_rss_bytes": max(phases.values()), "phase_peak_rss_bytes": phases, "baseline_rss_bytes": baseline,
+           "after_load_rss_bytes": after_load, "load_s": info.get("load_s"), "pid": os.getpid()}
     print(json.dumps(out), flush=True)
     return 0
 

@@ -28,6 +28,12 @@ class BenchOptions:
         None, "folder whose sub-folders are quantized model folders (default: MODEL's siblings)")
     # steps of the main sampler (default 20; --arch: arch.ARCHES)
     steps: int | None = option(None, "steps (default 20; --arch sd15: 10, the full-width families: 4)")
+    # every row's sampler, peers included (None: the model's own; --arch: arch.ARCHES, sd15 DDIM)
+    sampler: str | None = option(None, "the sampler every variant runs, peers included; a peer that cannot run it is "
+                                       "refused (default: the model's own; --arch sd15: ddim)")
+    # every row's decoder: None (the VAE; --arch sd15-lcm: tiny) | full | tiny (the folder's TAESD, the peers' too)
+    decoder: str | None = option(None, "full | tiny: every row's decoder, peers included (tiny: the folder's "
+                                       "vae_decoder_tiny; default: the VAE, --arch sd15-lcm: tiny)")
     fast_steps: int | None = option(None, "DPM-Solver++ 2M steps for *-dpmpp (default steps/2)")
     # timed repeats (default 5); --isolate: rounds of fresh processes (default 3)
     repeats: int | None = option(None, "timed repeats per variant, interleaved, after warm-up (default 5); --isolate: "
@@ -42,8 +48,9 @@ class BenchOptions:
     threads: int | None = option(None, "intra-op threads for every runtime (default: libraries')")
     rss: str = option("subprocess", "subprocess (peak RSS per variant in a fresh process) | off")
     # None (the given model) | arch.ARCHES (random weights, speed/memory/size only)
-    arch: str | None = option(None, "sd15 | sd15-tiny | sdxl | sd3 | flux | qwenimage: full-size (sd15) or "
-                                    "full-width random-weight model, speed/memory/size only")
+    arch: str | None = option(None, "sd15 | sd15-tiny | sd15-lcm | sd15-lcm-tiny | sdxl | sd3 | flux | qwenimage: "
+                                    "full-size (sd15; sd15-lcm: the FastSD CPU recipe) or full-width random-weight "
+                                    "model, speed/memory/size only")
     # --arch: where the model is built (reused when present)
     work: Path | None = option(
         None, "--arch: build folder (default /tmp/ARCH-bench); also where --quantize caches its folders "

@@ -8,10 +8,15 @@
             converted once by sd.cpp's own converter to one GGUF checkpoint under --cache, weights in
             mode f32, q8_0 or q4_0 (GGML's block formats), then loaded and run with --threads threads
 
-Protocol: one JSON object per line. On start the worker loads the pipeline and writes
+Protocol: one JSON object per line. With --convert-only the worker converts the model into --cache (the
+one-off OpenVINO IR / GGUF conversion, in a process of its own so that its memory peak is reported apart
+from the measured one), writes {"event": "converted", "convert_s", "peak_rss_bytes"} ({"cached": true} when
+there was nothing to convert) and exits. Otherwise it loads the pipeline and writes
 {"event": "loaded", "load_s": ..., ...} (or {"event": "error", "message": ...}); then it answers
 {"cmd": "generate", ...} with {"event": "done", "timings": {...}}, {"cmd": "rss"} with its VmRSS/VmHWM,
-and exits on {"cmd": "quit"} or end of input. Timings are measured here, inside the peer's process.
+{"cmd": "reset_peak"} by resetting VmHWM (the bench's per-phase peaks), and exits on {"cmd": "quit"} or end
+of input. Every row runs --sampler (a diffusers scheduler class here, an sd.cpp sample method there) and
+reports how many backbone calls it made. Timings are measured here, inside the peer's process.
 Everything the libraries print goes to stderr; stdout carries only the protocol.
 """
 
@@ -45,6 +50,15 @@ def status_bytes(key: str) -> int | None:
     return None
 
 
+def reset_peak() -> bool:
+    """As onnxdiffusion.bench.rss.reset_peak_rss (this worker never imports onnxdiffusion)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 def dist_version(name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -60,11 +74,20 @@ def ddim_from_config(cls, config):
     return cls.from_config(config, **extra)
 
 
+def scheduler_of(name: str, config):
+    """The bench's sampler as the diffusers scheduler class `name`, from the folder's scheduler config."""
+    import diffusers
+
+    cls = getattr(diffusers, name)
+    return ddim_from_config(cls, config) if name == "DDIMScheduler" else cls.from_config(config)
+
+
 class Sink:
     def __init__(self):
         self.te = 0.0
         self.te_end = 0.0
         self.vae = 0.0
+        self.calls = 0  # backbone calls of the current generation
 
 
 def wrap_forward(obj, sink: Sink, kind: str) -> None:
@@ -82,6 +105,8 @@ def wrap_forward(obj, sink: Sink, kind: str) -> None:
             if kind == "te":
                 sink.te += now - t
                 sink.te_end = now
+            elif kind == "backbone":
+                sink.calls += 1
             else:
                 sink.vae += now - t
 
@@ -90,7 +115,6 @@ def wrap_forward(obj, sink: Sink, kind: str) -> None:
 
 def load_optimum(args):
     import onnxruntime as ort
-    from diffusers import DDIMScheduler
     from optimum.onnxruntime import ORTStableDiffusionPipeline
 
     so = ort.SessionOptions()
@@ -102,85 +126,21 @@ def load_optimum(args):
     pipe = ORTStableDiffusionPipeline.from_pretrained(args.folder, export=False, provider="CPUExecutionProvider",
                                                       session_options=so, local_files_only=True)
     load_s = time.perf_counter() - t0
-    pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
+    pipe.scheduler = scheduler_of(args.sampler, pipe.scheduler.config)
     versions = {"optimum": dist_version("optimum"), "optimum-onnx": dist_version("optimum-onnx"),
                 "onnxruntime": ort.__version__}
-    return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.vae_decoder)
-
-
-def fp32_ir_candidates(cache: Path) -> list[Path]:
-    """Where an fp32 IR of the same source may already be: this cache, or the openvino-fp32 variant's beside it."""
-    return [cache / "ir-fp32", cache.parent / "openvino-fp32" / "ir-fp32"]
-
-
-def load_openvino(args):
-    from diffusers import DDIMScheduler
-    from optimum.intel import OVStableDiffusionPipeline
-
-    ir = Path(args.cache) / f"ir-{args.mode}"
-    info: dict = {}
-    if not (ir / "model_index.json").is_file():
-        kw = {}
-        source, export = args.folder, True
-        if args.mode == "int8-hybrid":
-            from optimum.intel import OVWeightQuantizationConfig
-
-            prompts = json.loads(Path(args.calib_prompts).read_text()) if args.calib_prompts else []
-            if len(prompts) < 2:
-                raise RuntimeError("int8-hybrid needs calibration prompts")
-            kw["quantization_config"] = OVWeightQuantizationConfig(bits=8, quant_method="hybrid", dataset=prompts,
-                                                                   num_samples=len(prompts))
-            # quantize the fp32 IR when the openvino-fp32 variant already converted it: the PyTorch export
-            # of a full-size UNet is the memory peak, and it would be the same IR
-            fp32 = next((d for d in fp32_ir_candidates(Path(args.cache)) if (d / "model_index.json").is_file()), None)
-            if fp32 is not None:
-                source, export = str(fp32), False
-                info["quantized_from"] = "fp32 IR"
-        t0 = time.perf_counter()
-        pipe = OVStableDiffusionPipeline.from_pretrained(source, export=export, compile=False,
-                                                         local_files_only=True, **kw)
-        tmp = ir.with_name(ir.name + ".part")
-        pipe.save_pretrained(tmp)
-        if ir.exists():
-            import shutil
-
-            shutil.rmtree(ir)
-        os.replace(tmp, ir)
-        info["convert_s"] = time.perf_counter() - t0
-        del pipe
-    ov_config = {"PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
-    if args.mode == "fp32":  # OpenVINO's CPU default is bf16 math where the CPU has AVX512_BF16/AMX
-        ov_config["INFERENCE_PRECISION_HINT"] = "f32"
-    if args.threads:
-        ov_config["INFERENCE_NUM_THREADS"] = str(args.threads)
-    t0 = time.perf_counter()
-    pipe = OVStableDiffusionPipeline.from_pretrained(ir, compile=False, ov_config=ov_config, local_files_only=True)
-    pipe.compile()
-    info["load_s"] = time.perf_counter() - t0
-    info["ir_bytes"] = sum(p.stat().st_size for p in ir.rglob("*") if p.is_file())
-    info["ir_folder"] = str(ir)
-    try:
-        info["inference_precision"] = str(pipe.unet.request.get_property("INFERENCE_PRECISION_HINT"))
-    except Exception:  # noqa: BLE001 - informational only
-        pass
-    pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
-    import openvino
-
-    versions = {"openvino": openvino.__version__ if hasattr(openvino, "__version__") else dist_version("openvino"),
-                "optimum-intel": dist_version("optimum-intel"), "nncf": dist_version("nncf")}
-    return pipe, info, versions, (pipe.text_encoder, pipe.vae_decoder)
+    return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.unet, pipe.vae_decoder)
 
 
 SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0"}
 
 
-def load_sdcpp(args):
-    import stable_diffusion_cpp as sdc
+def convert_sdcpp(args) -> dict | None:
+    """The diffusers folder -> one GGUF under --cache by sd.cpp's own converter (None: already there)."""
     from stable_diffusion_cpp import stable_diffusion_cpp as low
     from stable_diffusion_cpp.stable_diffusion import GGML_TYPE_MAP
 
     gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
-    info: dict = {}
     if not gguf.is_file():
         gguf.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -190,7 +150,15 @@ def load_sdcpp(args):
         if not ok or not tmp.is_file():
             raise RuntimeError(f"stable-diffusion.cpp could not convert {args.folder} to {SDCPP_TYPES[args.mode]}")
         os.replace(tmp, gguf)
-        info["convert_s"] = time.perf_counter() - t0
+        return {"convert_s": time.perf_counter() - t0}
+    return None
+
+
+def load_sdcpp(args):
+    import stable_diffusion_cpp as sdc
+
+    gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
+    info = convert_sdcpp(args) or {}
     threads = args.threads or os.cpu_count() or 1
     t0 = time.perf_counter()
     sd = sdc.StableDiffusion(model_path=str(gguf), n_threads=threads, verbose=False)
@@ -198,10 +166,10 @@ def load_sdcpp(args):
     info["ir_bytes"] = gguf.stat().st_size
     versions = {"stable-diffusion-cpp-python": dist_version("stable-diffusion-cpp-python"),
                 "ggml_type": SDCPP_TYPES[args.mode]}
-    return sd, info, versions, (None, None)
+    return sd, info, versions, (None, None, None)
 
 
-def generate_sdcpp(sd, msg: dict) -> dict:
+def generate_sdcpp(sd, msg: dict, sampler: str) -> dict:
     """One image; sd.cpp draws its own noise from the seed, so only speed and memory compare.
 
     Per-step times come from sd.cpp's progress callback; the first step includes text encoding (sd.cpp
@@ -214,7 +182,7 @@ def generate_sdcpp(sd, msg: dict) -> dict:
     c0 = time.process_time()
     images = sd.generate_image(prompt=msg["prompts"][0], negative_prompt="", width=int(msg["width"]),
                                height=int(msg["height"]), cfg_scale=float(msg["guidance"]),
-                               sample_method="ddim_trailing", sample_steps=int(msg["steps"]), seed=0,
+                               sample_method=sampler, sample_steps=int(msg["steps"]), seed=0,
                                progress_callback=lambda step, steps, t: marks.append(time.perf_counter()))
     total = time.perf_counter() - t0
     cpu = time.process_time() - c0
@@ -222,8 +190,10 @@ def generate_sdcpp(sd, msg: dict) -> dict:
     steps = [b - a for a, b in zip([t0, *marks[:-1]], marks)]
     arr = np.stack([np.asarray(im.convert("RGB"), np.uint8) for im in images[:1]])
     np.save(msg["out"], arr)
+    # sd.cpp reports sampling steps, not model calls: its samplers here call the model once a step (the
+    # conditional and unconditional halves run unbatched, as one batched call does elsewhere)
     return {"total_s": total, "text_encoder_s": 0.0, "vae_s": total - (marks[-1] - t0) if marks else 0.0,
-            "step_s": steps, "cpu_s": cpu}
+            "step_s": steps, "cpu_s": cpu, "backbone_calls": len(marks), "calls_counted": "sampling steps"}
 
 
 def generate(pipe, sink: Sink, msg: dict) -> dict:
@@ -247,6 +217,7 @@ def generate(pipe, sink: Sink, msg: dict) -> dict:
         return {}
 
     sink.te = sink.vae = 0.0
+    sink.calls = 0
     t0 = time.perf_counter()
     c0 = time.process_time()
     with torch.inference_mode():
@@ -260,7 +231,7 @@ def generate(pipe, sink: Sink, msg: dict) -> dict:
     if state["last"] is not None and msg.get("final_latents"):
         np.save(msg["final_latents"], state["last"])
     return {"total_s": total - state["book"], "text_encoder_s": sink.te, "vae_s": sink.vae, "step_s": steps,
-            "cpu_s": cpu}
+            "cpu_s": cpu, "backbone_calls": sink.calls}
 
 
 def main(argv=None) -> int:
@@ -274,11 +245,19 @@ def main(argv=None) -> int:
     ap.add_argument("--height", type=int, default=64)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--calib-prompts", default=None)
+    # the peer's own name of the bench's sampler (variants.peer_sampler): a diffusers class, an sd.cpp method
+    ap.add_argument("--sampler", default=None)
+    ap.add_argument("--convert-only", action="store_true")
+    ap.add_argument("--tiny-vae", default=None)  # a diffusers AutoencoderTiny folder: decode with it (openvino)
     args = ap.parse_args(argv)
+    if args.sampler is None:
+        args.sampler = "ddim_trailing" if args.backend == "sdcpp" else "DDIMScheduler"
     # the protocol gets the real stdout; anything printed by libraries (Python or C) goes to stderr
     _PROTO = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    if args.convert_only:
+        return convert_only(args)
     try:
         baseline = None
         if args.backend == "sdcpp":  # no torch in that venv
@@ -291,11 +270,16 @@ def main(argv=None) -> int:
             if args.threads:
                 torch.set_num_threads(args.threads)
             baseline = status_bytes("VmRSS")
-            loader = load_optimum if args.backend == "optimum" else load_openvino
-            pipe, info, versions, (te, vae) = loader(args)
+            if args.backend == "optimum":
+                pipe, info, versions, (te, backbone, vae) = load_optimum(args)
+            else:
+                from peer_openvino import load_openvino  # a sibling file: the worker runs as a script
+
+                pipe, info, versions, (te, backbone, vae) = load_openvino(args, scheduler_of)
             pipe.set_progress_bar_config(disable=True)
             sink = Sink()
             wrap_forward(te, sink, "te")
+            wrap_forward(backbone, sink, "backbone")
             wrap_forward(vae, sink, "vae")
             import diffusers
 
@@ -319,8 +303,10 @@ def main(argv=None) -> int:
                 break
             if cmd == "rss":
                 send({"event": "rss", "rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")})
+            elif cmd == "reset_peak":
+                send({"event": "reset", "ok": reset_peak(), "rss_bytes": status_bytes("VmRSS")})
             elif cmd == "generate":
-                timings = generate_sdcpp(pipe, msg) if args.backend == "sdcpp" else generate(pipe, sink, msg)
+                timings = generate_sdcpp(pipe, msg, args.sampler) if args.backend == "sdcpp" else generate(pipe, sink, msg)
                 send({"event": "done", "timings": timings})
             else:
                 send({"event": "error", "message": f"unknown command {cmd!r}"})
@@ -331,6 +317,27 @@ def main(argv=None) -> int:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             send({"event": "error", "message": f"{type(e).__name__}: {first}"})
     return 0
+
+
+def convert_only(args) -> int:
+    """--convert-only: the one-off conversion in this process, its time and peak RSS on the protocol."""
+    try:
+        if args.backend == "openvino":
+            from peer_openvino import convert_openvino  # a sibling file: the worker runs as a script
+
+            convert = convert_openvino
+        else:
+            convert = convert_sdcpp if args.backend == "sdcpp" else None
+        info = convert(args) if convert is not None else None
+        send({"event": "converted", **(info or {"cached": True}), "peak_rss_bytes": status_bytes("VmHWM")})
+        return 0
+    except Exception as e:  # noqa: BLE001 - reported as one line to the bench
+        import traceback
+
+        traceback.print_exc()
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        send({"event": "error", "message": f"{type(e).__name__}: {first}"})
+        return 1
 
 
 if __name__ == "__main__":

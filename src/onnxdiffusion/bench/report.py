@@ -27,7 +27,9 @@ MiB = 1024 * 1024
 COLUMNS = [
     ("name", "variant", ""),
     ("precision", "precision", ""),
-    ("sampler", "sampler", ""),
+    ("sampler", "sampler", "what every row runs (a peer that cannot run the bench's sampler is refused)"),
+    ("calls", "calls", "backbone calls per image, counted (a batched CFG pair: one); like with like: the same in "
+                       "every row but *-dpmpp"),
     ("loop", "loop", ""),
     ("size_mib", "size MiB", "on disk, components loaded"),
     ("load_s", "load s", "session creation (hash check excluded)"),
@@ -39,7 +41,10 @@ COLUMNS = [
     ("p90_s", "p90 s", "90th percentile end to end"),
     ("cpu_s", "CPU s", "median CPU time per image, all threads (1 thread: the load-proof measure)"),
     ("speedup", "speedup", "reference median / this median"),
-    ("rss_mib", "peak RSS MiB", "fresh process: load + 1 image"),
+    ("rss_mib", "peak RSS MiB", "the highest phase (load, first image, steady repeats); a peer's one-off conversion "
+                                "is not in it"),
+    ("phase_mib", "RSS by phase MiB", "peak per phase: load / first image / steady (- where not measured apart)"),
+    ("convert_mib", "convert MiB", "a peer's one-off conversion (IR, GGUF), its own process: reported apart"),
     ("psnr", "PSNR dB", "vs fp32 images, same prompt+seed"),
     ("ssim", "SSIM", "vs fp32 images"),
     ("attr", "attr acc", "judge attribute accuracy"),
@@ -67,7 +72,10 @@ def summary_rows(results: dict) -> list[dict]:
             continue
         t = r.get("timing") or {}
         q = r.get("quality") or {}
-        steps = f"{r['sampler']} {r['steps']}" if r["kind"] != "peer" else f"ddim {r['steps']}"
+        steps = f"{r['sampler']} {r['steps']}"
+        mem = r.get("memory") or {}
+        phases = mem.get("phase_peak_rss_bytes") or {}
+        conv = (mem.get("convert") or {}).get("peak_rss_bytes")
         raw = {
             "size_mib": (r.get("size_bytes") or 0) / MiB if r.get("size_bytes") else None,
             "load_s": r.get("load_s"),
@@ -80,6 +88,7 @@ def summary_rows(results: dict) -> list[dict]:
             "cpu_s": t.get("e2e_cpu_median_s"),
             "speedup": r.get("speedup_vs_ref"),
             "rss_mib": r["peak_rss_bytes"] / MiB if r.get("peak_rss_bytes") else None,
+            "convert_mib": conv / MiB if conv else None,
             "psnr": q.get("psnr_db"),
             "ssim": q.get("ssim"),
             "attr": q.get("attribute_accuracy"),
@@ -88,11 +97,15 @@ def summary_rows(results: dict) -> list[dict]:
             "rel_l2": q.get("final_latent_rel_l2"),
         }
         fmt = {"size_mib": ".1f", "load_s": ".2f", "first_call_s": ".3f", "te_ms": ".1f", "step_ms": ".1f",
-               "vae_ms": ".1f", "e2e_s": ".3f", "p90_s": ".3f", "cpu_s": ".3f", "speedup": ".2f", "rss_mib": ".0f", "psnr": ".1f",
+               "vae_ms": ".1f", "e2e_s": ".3f", "p90_s": ".3f", "cpu_s": ".3f", "speedup": ".2f", "rss_mib": ".0f",
+               "convert_mib": ".0f", "psnr": ".1f",
                "ssim": ".4f", "attr": ".3f", "strict": ".3f", "fd": ".2f", "rel_l2": ".2e"}
         row = {"name": r["name"], "precision": r["precision"], "sampler": steps,
                "loop": r["loop"] if r["kind"] != "peer" else r["name"].split("-")[0]}
         row.update({k: _f(v, fmt[k]) for k, v in raw.items()})
+        row["calls"] = _f(r.get("backbone_calls"), "")
+        row["phase_mib"] = " / ".join(_f(phases[k] / MiB if phases.get(k) else None, ".0f")
+                                      for k in (("load", "image") if "image" in phases else ("load", "first", "steady")))
         if raw["speedup"] is not None:
             row["speedup"] += "x"
         row["_raw"] = raw
@@ -105,7 +118,8 @@ def visible_columns(results: dict) -> list[tuple[str, str, str]]:
     rows = summary_rows(results)
     keep = []
     for key, head, unit in COLUMNS:
-        if key in ("psnr", "ssim", "attr", "strict", "fd", "rel_l2") and all(r["_raw"].get(key) is None for r in rows):
+        if key in ("psnr", "ssim", "attr", "strict", "fd", "rel_l2", "convert_mib") and \
+                all(r["_raw"].get(key) is None for r in rows):
             continue
         keep.append((key, head, unit))
     return keep
@@ -128,8 +142,8 @@ def text_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-SPEED_KEYS = ("name", "precision", "sampler", "loop", "size_mib", "load_s", "first_call_s", "te_ms", "step_ms", "vae_ms",
-              "e2e_s", "p90_s", "cpu_s", "speedup", "rss_mib")
+SPEED_KEYS = ("name", "precision", "sampler", "calls", "loop", "size_mib", "load_s", "first_call_s", "te_ms", "step_ms",
+              "vae_ms", "e2e_s", "p90_s", "cpu_s", "speedup", "rss_mib", "phase_mib", "convert_mib")
 QUALITY_KEYS = ("name", "psnr", "ssim", "attr", "strict", "fd", "rel_l2")
 
 
@@ -200,7 +214,7 @@ def write_csv(path: Path, results: dict) -> None:
         row = [v["name"], v["status"], v["reason"] or ""]
         for k in keys[1:]:
             if v["name"] in raw:
-                val = raw[v["name"]].get(k, by[v["name"]].get(k))
+                val = raw[v["name"]][k] if k in raw[v["name"]] else by[v["name"]].get(k)
                 if isinstance(val, float):
                     val = "inf" if math.isinf(val) else f"{val:.6g}"
                 row.append("" if val is None else val)
@@ -235,7 +249,9 @@ def write_html(path: Path, results: dict, plots: dict[str, Path], embed: bool = 
            f"<style>{_CSS}</style></head><body>"]
     title = Path(results["model"]).name if not results.get("arch") else f"--arch {results['arch']} (random weights, full size)"
     main = next((r["sampler"] for r in results["variants"] if r["name"] == "ort-fp32"), "ddim")
-    main = {"ddim": "DDIM", "euler": "Euler", "flow_euler": "flow-match Euler"}.get(main, main)
+    from .variants import SAMPLER_LABELS
+
+    main = SAMPLER_LABELS.get(main, main)
     out.append(f"<h1>onnxdiffusion bench — {e(title)}</h1>")
     out.append(f"<p class='meta'>{e(results['created'])} · model <code>{e(results['model'])}</code>"
                + (f" · diffusers source <code>{e(results['source'])}</code>" if results.get("source") else "")

@@ -25,6 +25,9 @@ class Generation:
     # processes held the core, so on a loaded machine it is the steadier measure of the work itself
     cpu_s: float | None = None
     step_cpu_s: list[float] | None = None  # CPU seconds per step, where step_s is measured in this process
+    # UNet/transformer calls of one generation (a CFG pair batched in one call counts once): rows compare only
+    # where it is the same
+    backbone_calls: int | None = None
 
 
 @dataclass

@@ -85,6 +85,7 @@ class OrtRunner(Runner):
         events = self.pipe.iter_generate(
             job.prompts, latents=job.latents, steps=s.steps, sampler=s.sampler, guidance=job.guidance,
             batch=len(job.prompts), height=job.height, width=job.width, loop=s.loop,
+            **({"decoder": s.decoder} if s.decoder else {}),
         )
         steps: list[float] = []
         steps_cpu: list[float] = []
@@ -110,11 +111,23 @@ class OrtRunner(Runner):
         cpu = time.process_time() - c_start
         host = s.loop == "host"
         sampling = sum(steps) if host else total - sink["te"] - sink["vae"]
+        # a host loop's step event is one table row, i.e. one backbone call (samplers/tables.py)
+        calls = len(steps) if host else self._table_rows()
         return Generation(
             images=result.images, total_s=total - book, text_encoder_s=sink["te"], sampling_s=sampling,
             vae_s=sink["vae"], step_s=steps if host else None, step_latents=lat if (job.capture and host) else None,
             final_latents=np.array(result.latents, copy=True), cpu_s=cpu, step_cpu_s=steps_cpu if host else None,
+            backbone_calls=calls,
         )
+
+    def _table_rows(self) -> int | None:
+        """Backbone calls of a loop graph: its sampler table's rows (the graph runs one call a row)."""
+        from ..runtime.options import GenerateOptions
+
+        try:
+            return self.pipe.table(GenerateOptions(steps=self.spec.steps, sampler=self.spec.sampler)).num_steps
+        except (UserError, TypeError, ValueError):
+            return None
 
 
 class PeerError(Exception):
@@ -162,6 +175,8 @@ class PeerRunner(Runner):
         self.proc: subprocess.Popen | None = None
         self.load_info = {}
         self.n = 0
+        self.convert: dict | None = None  # the one-off conversion's time and peak RSS, when this load made it
+        self.phases: dict[str, int | None] = {}
 
     def _send(self, msg: dict) -> dict:
         assert self.proc is not None and self.proc.stdin is not None
@@ -184,27 +199,78 @@ class PeerRunner(Runner):
 
     def _died(self) -> str:
         rc = self.proc.wait(timeout=30) if self.proc else None
-        tail = ""
-        if self.log_path.is_file():
-            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-            tail = lines[-1][:300] if lines else ""
-        return f"peer worker exited ({rc}): {tail or 'see ' + str(self.log_path)}"
+        return f"peer worker exited ({rc}): {self._tail() or 'see ' + str(self.log_path)}"
+
+    def _tail(self) -> str:
+        if not self.log_path.is_file():
+            return ""
+        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][:300] if lines else ""
+
+    def _cmd(self, calib: Path) -> list[str]:
+        # the worker runs in its own cache folder (cwd), so every path it gets is absolute (not resolved:
+        # a venv's python is a symlink whose target is not the venv)
+        from .variants import peer_sampler
+
+        cmd = [str(Path(self.spec.peer_python).absolute()), str(PEER_WORKER), "--backend", self.spec.peer, "--mode", self.spec.peer_mode,
+               "--folder", str(Path(self.spec.folder).absolute()), "--cache", str(self.work), "--threads", str(self.threads or 0),
+               "--height", str(self.height), "--width", str(self.width), "--calib-prompts", str(calib)]
+        own = peer_sampler(self.spec.peer, self.spec.sampler)
+        if own is None:  # the plan refuses such a row; a runner made by hand never runs another sampler silently
+            raise PeerError(f"the {self.spec.peer} peer cannot run the {self.spec.sampler} sampler")
+        if self.spec.decoder == "tiny":  # the source's AutoencoderTiny, converted beside the peer's model
+            from .variants import TINY_VAE_DIR
+
+            cmd += ["--tiny-vae", str(Path(self.spec.folder).absolute() / TINY_VAE_DIR)]
+        return [*cmd, "--sampler", own]
 
     def load(self) -> dict:
         self.work.mkdir(parents=True, exist_ok=True)
         calib = self.work / "calib_prompts.json"
         calib.write_text(json.dumps(self.calib_prompts))
-        # the worker runs in its own cache folder (cwd), so every path it gets is absolute (not resolved:
-        # a venv's python is a symlink whose target is not the venv)
-        cmd = [str(Path(self.spec.peer_python).absolute()), str(PEER_WORKER), "--backend", self.spec.peer, "--mode", self.spec.peer_mode,
-               "--folder", str(Path(self.spec.folder).absolute()), "--cache", str(self.work), "--threads", str(self.threads or 0),
-               "--height", str(self.height), "--width", str(self.width), "--calib-prompts", str(calib)]
+        cmd = self._cmd(calib)
         self.log = open(self.log_path, "w")
+        # the one-off conversion (IR / GGUF) in a process of its own: its peak is reported apart, never as the
+        # peer's peak, and none of its memory stays in the measured worker
+        try:
+            conv = subprocess.run([*cmd, "--convert-only"], stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                  env=peer_env(self.threads), cwd=self.work, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise PeerError(f"peer conversion timed out after {self.timeout:.0f} s") from None
+        lines = [ln for ln in conv.stdout.splitlines() if ln.startswith("{")]
+        rec = json.loads(lines[-1]) if lines else {}
+        if conv.returncode != 0 or rec.get("event") != "converted":
+            raise PeerError(rec.get("message") or self._tail() or f"peer conversion exited ({conv.returncode})")
+        if not rec.get("cached"):
+            self.convert = {k: v for k, v in rec.items() if k != "event"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=peer_env(self.threads), cwd=self.work)
         msg = self._recv()
         self.load_info = {k: v for k, v in msg.items() if k != "event"}
+        if self.convert is not None:  # what the conversion says of the model (convert_s, quantized_from) as before
+            self.load_info["convert"] = self.convert
+            for k, v in self.convert.items():
+                if k != "peak_rss_bytes":
+                    self.load_info.setdefault(k, v)
         return self.load_info
+
+    def reset_peak(self) -> dict:
+        """Reset the worker's VmHWM: the next `rss()` is the peak of what ran since (one phase)."""
+        return self._send({"cmd": "reset_peak"})
+
+    def phase(self, name: str) -> None:
+        """Record the worker's peak RSS since the last reset as phase `name` (load, first, steady), then reset."""
+        self.phases[name] = self.rss().get("peak_rss_bytes")
+        self.reset_peak()
+
+    def memory(self, method: str) -> dict:
+        """The per-phase peaks; the peer's peak is theirs, its one-off conversion's apart under `convert`."""
+        peaks = [v for v in self.phases.values() if v]
+        out = {"peak_rss_bytes": max(peaks) if peaks else None, "phase_peak_rss_bytes": dict(self.phases),
+               "method": method, "baseline_rss_bytes": self.load_info.get("baseline_rss_bytes")}
+        if self.convert is not None:
+            out["convert"] = self.convert
+        return out
 
     def generate(self, job: Job) -> Generation:
         self.n += 1
@@ -218,13 +284,16 @@ class PeerRunner(Runner):
         t = msg["timings"]
         return Generation(images=np.load(out_path), total_s=t["total_s"], text_encoder_s=t["text_encoder_s"],
                           sampling_s=sum(t["step_s"]), vae_s=t["vae_s"], step_s=t["step_s"],
-                          final_latents=np.load(fin_path) if fin_path.is_file() else None, cpu_s=t.get("cpu_s"))
+                          final_latents=np.load(fin_path) if fin_path.is_file() else None, cpu_s=t.get("cpu_s"),
+                          backbone_calls=t.get("backbone_calls"))
 
     def rss(self) -> dict:
         return self._send({"cmd": "rss"})
 
     def close(self) -> None:
         if self.proc is None:
+            if getattr(self, "log", None) is not None:
+                self.log.close()
             return
         try:
             if self.proc.poll() is None:

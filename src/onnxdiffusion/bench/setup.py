@@ -71,14 +71,23 @@ def _resolve(options, rec: dict | None = None):
         raise UserError(f"--rss must be subprocess or off, got {options.rss!r}")
     if options.guidance is not None and (not math.isfinite(options.guidance) or options.guidance < 0):
         raise UserError(f"--guidance must be >= 0, got {options.guidance}")
+    if options.sampler is not None:
+        from ..samplers.tables import SAMPLERS
+
+        if options.sampler not in SAMPLERS:
+            raise UserError(f"unknown --sampler {options.sampler!r}; choose from {', '.join(SAMPLERS)}")
     if options.threads is not None and options.threads < 1:
         raise UserError(f"--threads must be >= 1, got {options.threads}")
-    size = options.size if options.size is not None else (256 if full else None)
+    size = options.size if options.size is not None else (ARCHES[options.arch].size if full else None)
+    decoder = options.decoder if options.decoder is not None else (ARCHES[options.arch].decoder if full else None)
+    if decoder not in (None, "full", "tiny"):
+        raise UserError(f"--decoder must be full or tiny, got {decoder!r}")
     if options.memory is not None:
         from ..runtime.memory import memory_options
 
         memory_options(options.memory)  # a bad --memory fails here, before anything runs
-    return replace(options, steps=steps, fast_steps=fast, prompts=prompts, size=size, repeats=repeats)
+    return replace(options, steps=steps, fast_steps=fast, prompts=prompts, size=size, repeats=repeats,
+                   decoder=None if decoder == "full" else decoder)
 
 
 def _default_guidance(source: Path | None, rec: dict | None = None) -> float:

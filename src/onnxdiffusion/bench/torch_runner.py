@@ -52,9 +52,22 @@ class TorchRunner(Runner):
         own = default_sampler(dict(pipe.scheduler.config))
         if self.spec.sampler == "ddim" and own != "ddim":
             pipe.scheduler = ddim_from_config(DDIMScheduler, pipe.scheduler.config)
-        elif self.spec.sampler != own:
-            raise UserError(f"{self.spec.name}: the PyTorch reference runs DDIM or the folder's own sampler ({own}), "
-                            f"not {self.spec.sampler}")
+        elif self.spec.sampler != own:  # the bench's sampler: the diffusers class our runtime reproduces it by
+            import diffusers
+
+            from ..samplers.config import SAMPLER_CLASS
+
+            cls = getattr(diffusers, SAMPLER_CLASS.get(self.spec.sampler, ""), None)
+            if cls is None:
+                raise UserError(f"{self.spec.name}: diffusers has no scheduler for the {self.spec.sampler} sampler")
+            pipe.scheduler = cls.from_config(pipe.scheduler.config)
+        if self.spec.decoder == "tiny":  # the source's TAESD in place of the VAE, as FastSD runs diffusers
+            from diffusers import AutoencoderTiny
+
+            from .variants import TINY_VAE_DIR
+
+            pipe.vae = AutoencoderTiny.from_pretrained(Path(self.spec.folder) / TINY_VAE_DIR, local_files_only=True,
+                                                       torch_dtype=self.dtype).eval()
         pipe.set_progress_bar_config(disable=True)
         load_s = time.perf_counter() - t0
         self.pipe = pipe
@@ -75,6 +88,12 @@ class TorchRunner(Runner):
                 encoder.register_forward_pre_hook(pre)
                 encoder.register_forward_hook(post)
         pipe.vae.decode = _Timed(pipe.vae.decode, sink, "vae")
+        sink["calls"] = 0
+
+        def count(module, args):
+            sink["calls"] += 1
+
+        getattr(pipe, self.family.backbone).register_forward_pre_hook(count)
         self.load_info = {"load_s": load_s, "import_s": import_s, "rss_delta_bytes": _delta(rss0),
                           "versions": {"torch": torch.__version__, "diffusers": _version("diffusers")}}
         return self.load_info
@@ -83,6 +102,7 @@ class TorchRunner(Runner):
         torch = self.torch
         sink = self.sink
         sink["te"] = sink["vae"] = 0.0
+        sink["calls"] = 0
         steps: list[float] = []
         lat: list[np.ndarray] = []
         steps_cpu: list[float] = []
@@ -119,7 +139,7 @@ class TorchRunner(Runner):
         return Generation(images=images, total_s=total - state["book"], text_encoder_s=sink["te"],
                           sampling_s=sum(steps), vae_s=sink["vae"], step_s=steps,
                           step_latents=lat if job.capture else None, final_latents=state["last"], cpu_s=cpu,
-                          step_cpu_s=steps_cpu)
+                          step_cpu_s=steps_cpu, backbone_calls=sink["calls"])
 
     def close(self) -> None:
         self.pipe = None

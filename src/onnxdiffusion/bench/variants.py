@@ -35,6 +35,7 @@ from ..errors import UserError
 from ..families.sd import StableDiffusion
 from ..folder.manifest import Manifest
 from ..folder.paths import embedded_diffusers_folder, models_root, shown_path
+from .alike import SDCPP_SAMPLERS, TINY_VAE_DIR, peer_sampler, peer_sampler_skip, tiny_skip  # noqa: F401 (re-exported)
 
 KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "w4a8",
                  "weights-only", "fp8", "nvfp4")
@@ -72,6 +73,7 @@ class VariantSpec:
     peer_mode: str | None = None  # fp32 | int8-hybrid
     peer_python: Path | None = None
     skip: str | None = None
+    decoder: str | None = None  # None: the VAE; tiny: the tiny autoencoder (ours: vae_decoder_tiny; peers: TAESD)
     hidden: bool = False  # listed only when asked for by name (a loop graph never compiled, quantized + DPM++)
     other_model: bool = False  # a quantized folder of a different model (never matched by a recipe name)
     requested: bool = False
@@ -223,14 +225,27 @@ class PlanOptions:
     variants_dir: Path | None = None
     sampler: str = "ddim"  # the main rows' sampler (full-width archs: the folder's own)
     quantized: tuple[Path, ...] | None = None  # --quantize's folders: these instead of the model's siblings
+    decoder: str | None = None  # tiny: every row decodes with the folder's tiny autoencoder (TAESD)
 
 
 SAMPLER_LABELS = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler ancestral", "flow_euler": "flow-match Euler",
-                  "flow_heun": "flow-match Heun", "dpmpp_2m": "DPM-Solver++ 2M"}
+                  "flow_heun": "flow-match Heun", "dpmpp_2m": "DPM-Solver++ 2M", "pndm": "PNDM (PLMS)",
+                  "unipc": "UniPC", "lcm": "LCM", "tcd": "TCD"}
 
 
 def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
-    """Every variant this model can have, each runnable or carrying the reason it cannot run."""
+    """Every variant this model can have, each runnable or carrying the reason it cannot run (with --decoder tiny
+    every row decodes with the tiny autoencoder, or says why it cannot)."""
+    specs = _plan(model, manifest, source, opts)
+    if opts.decoder == "tiny":
+        for s in specs:
+            s.decoder = "tiny"
+            s.label += " + tiny decoder"
+            s.skip = s.skip or tiny_skip(s)
+    return specs
+
+
+def _plan(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -> list[VariantSpec]:
     specs: list[VariantSpec] = []
     ddim = f"{SAMPLER_LABELS.get(opts.sampler, opts.sampler)} {opts.steps}"
     fast = f"DPM-Solver++ 2M {opts.fast_steps}"
@@ -310,8 +325,14 @@ def plan_variants(model: Path, manifest: dict, source: Path | None, opts: PlanOp
             skip = "no diffusers source folder for this model"
         elif peer == "sdcpp" and not _sd1_shaped(folder):
             skip = "stable-diffusion.cpp builds SD1.x/2.x/XL networks by their fixed shapes; this model is not one"
-        specs.append(VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, peer=peer,
-                                 peer_mode=mode, precision=mode, peer_python=py, skip=skip))
+        else:
+            skip = peer_sampler_skip(peer, opts.sampler)
+        spec = VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, sampler=opts.sampler,
+                           peer=peer, peer_mode=mode, precision=mode, peer_python=py, skip=skip)
+        if peer == "sdcpp" and opts.sampler == "ddim":
+            spec.notes.append("sd.cpp's DDIM spaces the timesteps trailing (its ddim_trailing): the same update rule "
+                              "and backbone calls as the other rows, other timesteps")
+        specs.append(spec)
     return specs
 
 
@@ -323,8 +344,8 @@ def _sd1_shaped(diffusers_folder: Path) -> bool:
     return list(cfg.get("block_out_channels", [])) == [320, 640, 1280, 1280] and cfg.get("cross_attention_dim") == 768
 
 
-def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int) -> VariantSpec:
-    """A model folder given by path in --variants: its host-loop DDIM variant, named after its recipe."""
+def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int, sampler: str = "ddim") -> VariantSpec:
+    """A model folder given by path in --variants: its host-loop variant (the bench's sampler), named after its recipe."""
     folder = Path(folder)
     skip = check_folder(folder)
     man = None
@@ -334,8 +355,9 @@ def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int
             skip = f"not the same model as {base.name} (its manifest's pipeline block differs)"
     recipe = recipe_of(man) or "fp32"
     name = f"ort-{recipe}@{folder.name}"
-    return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, DDIM {steps}", folder, steps=steps,
-                       precision=recipe, skip=skip, notes=[f"folder {shown_path(folder)}"])
+    return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, {SAMPLER_LABELS.get(sampler, sampler)} "
+                                    f"{steps}", folder, steps=steps, sampler=sampler, precision=recipe, skip=skip,
+                       notes=[f"folder {shown_path(folder)}"])
 
 
 def variant_pattern_ok(name: str) -> bool:
@@ -370,7 +392,7 @@ def _same_recipe(specs: list[VariantSpec], name: str) -> list[VariantSpec]:
     for s in specs:
         if s.kind != "ort" or s.other_model or s.precision != recipe or not s.name.startswith(f"ort-{recipe}@"):
             continue
-        s_form = "dpmpp" if s.sampler != "ddim" else s.loop
+        s_form = "dpmpp" if s.name.endswith("-dpmpp") else s.loop
         if s_form == form:
             out.append(s)
     return out

@@ -2,6 +2,9 @@
 
   sd15       Stable Diffusion v1.5's architecture at full size (arch/sd15.py), exported by `onnxdiffusion export`
   sd15-tiny  the same block types, narrow: builds, exports and benches in about a minute (tests, smoke runs)
+  sd15-lcm, sd15-lcm-tiny
+             the FastSD CPU recipe at SD1.5 size (or narrow): LCM-distilled UNet, LCM 4 steps, 512x512, TAESD as
+             the tiny decoder (`--decoder tiny`), against OpenVINO's pipeline of the same folder with TAESD
   sdxl, sd3, flux, qwenimage
              the released widths (hidden sizes, heads, channels) with fewer blocks/layers so that diffusers and
              ONNX Runtime fit side by side on a 24 GB CPU machine, built by arch/fullwidth.py (profile
@@ -34,7 +37,7 @@ def _run(cmd: list[str], arch: str, what: str, progress: bool) -> None:
 
 def _sd15(arch: str, work: Path, threads: int, progress: bool) -> None:
     """sd15.py's build (skipped when the diffusers folder is there) and export phases."""
-    tiny = ["--tiny"] if arch.endswith("-tiny") else []
+    tiny = (["--tiny"] if arch.endswith("-tiny") else []) + (["--lcm"] if "-lcm" in arch else [])
     mod = [sys.executable, "-m", "onnxdiffusion.bench.arch.sd15"]
     if not (work / "diffusers" / "model_index.json").is_file():
         _run([*mod, "build", str(work), *tiny], arch, "building the model", progress)
@@ -64,12 +67,24 @@ class Arch:
     # ranges; images are noise either way), no quality probes (meaningless on random weights)
     quantize_args: tuple[str, ...] = QUANTIZE_ARGS
     guidance: float | None = None  # the bench's default guidance (None: the folder's evaluated one, else 4.0)
+    # every row's sampler (None: the folder's own scheduler's): pinned where a peer could not run the folder's own
+    sampler: str | None = None
+    size: int = 256  # the bench's default image size
+    decoder: str | None = None  # our rows' and the peers' decoder (None: the VAE; tiny: the folder's TAESD)
 
 
 ARCHES = {
+    # DDIM 10, the committed figures' sampler: the folder's own PNDM makes 11 UNet calls where the peers' DDIM
+    # makes 10, and stable-diffusion.cpp has no PNDM (one sampler for every row, issue 43)
     "sd15": Arch("Stable Diffusion v1.5-sized components", 10,
-                 ("torch-fp32", "ort-fp32", "ort-fp32-dpmpp", "optimum-ort"), _sd15,
-                 QUANTIZE_ARGS + ("--calib-guidance", "7.5"), 7.5),  # SD1.5's usual guidance (the committed figures')
+                 ("torch-fp32", "ort-fp32", "optimum-ort"), _sd15,
+                 QUANTIZE_ARGS + ("--calib-guidance", "7.5"), 7.5, "ddim"),  # SD1.5's usual guidance (the committed figures')
+    # FastSD CPU's recipe (LCM 4 steps + TAESD, 512x512) against OpenVINO's pipeline of the same folder + TAESD
+    "sd15-lcm": Arch("Stable Diffusion v1.5-sized, LCM-distilled UNet + TAESD (the FastSD CPU recipe)", 4,
+                     ("ort-fp32", "openvino-fp32"), _sd15, QUANTIZE_ARGS + ("--calib-guidance", "8.0"), 8.0, "lcm",
+                     512, "tiny"),
+    "sd15-lcm-tiny": Arch("the FastSD recipe's model, narrow (a smoke-test model)", 4, ("ort-fp32", "openvino-fp32"),
+                          _sd15, QUANTIZE_ARGS, 8.0, "lcm", 512, "tiny"),
     "sd15-tiny": Arch("Stable Diffusion v1.5's block types, narrow (a smoke-test model)", 4,
                       ("torch-fp32", "ort-fp32"), _sd15),
     "sdxl": Arch("SDXL-base widths (UNet 320/640/1280, CLIP-L + OpenCLIP-bigG), fewer transformer blocks", 4,

@@ -7,8 +7,13 @@ calibration and its latency feed) works at the size the bench measures. The weig
 (the committed full-size figures used a copy of the 512-default folder whose manifest said 256: the same graphs).
 The tokenizer is the scene vocabulary's (nothing from the hub).
 
-    python -m onnxdiffusion.bench.arch.sd15 build WORK [--tiny] [--seed 0]   # WORK/diffusers
-    python -m onnxdiffusion.bench.arch.sd15 export WORK [--threads 1]        # WORK/onnx
+`--lcm` builds the FastSD CPU recipe's model instead: an LCM-distilled UNet (`time_cond_proj_dim`, the guidance
+scale embedded, no CFG) with an LCMScheduler, 512x512 by default, and a tiny autoencoder (TAESD's AutoencoderTiny
+config, random weights) in WORK/diffusers/vae_tiny, exported beside the VAE as vae_decoder_tiny (`--decoder tiny`;
+the OpenVINO peer converts the same folder).
+
+    python -m onnxdiffusion.bench.arch.sd15 build WORK [--tiny] [--lcm] [--seed 0]   # WORK/diffusers
+    python -m onnxdiffusion.bench.arch.sd15 export WORK [--threads 1]                # WORK/onnx
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from ..variants import TINY_VAE_DIR
 
 UNET_CONFIG = {
     "sample_size": 32,
@@ -78,6 +85,13 @@ SCHEDULER_CONFIG = {  # SD1.5 ships a PNDMScheduler with these values; the runti
     "prediction_type": "epsilon",
     "timestep_spacing": "leading",
 }
+LCM_SCHEDULER_CONFIG = {  # LCM-distilled SD1.5 checkpoints ship an LCMScheduler with these values
+    "num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+    "trained_betas": None, "set_alpha_to_one": True, "steps_offset": 1, "prediction_type": "epsilon",
+    "original_inference_steps": 50, "clip_sample": False, "timestep_spacing": "leading", "timestep_scaling": 10.0,
+}
+LCM_TIME_COND_DIM = 256  # LCM-Dreamshaper-v7's w-embedding width
+TINY_VAE = TINY_VAE_DIR  # where --lcm puts the AutoencoderTiny folder, inside WORK/diffusers
 TOKENIZER_MAX_LENGTH = 77
 # the same block types, narrow: builds and exports in seconds (tests, a non-editable install's smoke run)
 TINY = {"backbone": {"block_out_channels": (32, 64, 64, 64), "layers_per_block": 1, "norm_num_groups": 8,
@@ -87,11 +101,14 @@ TINY = {"backbone": {"block_out_channels": (32, 64, 64, 64), "layers_per_block":
                          "num_attention_heads": 4}}
 
 
-def configs(tiny: bool = False) -> dict[str, dict]:
+def configs(tiny: bool = False, lcm: bool = False) -> dict[str, dict]:
     out = {"backbone": dict(UNET_CONFIG), "vae": dict(VAE_CONFIG), "text_encoder": dict(TEXT_ENCODER_CONFIG)}
     if tiny:
         for name, change in TINY.items():
             out[name].update(change)
+    if lcm:  # the FastSD recipe's size: 512x512
+        out["backbone"].update(sample_size=64, time_cond_proj_dim=LCM_TIME_COND_DIM)
+        out["vae"].update(sample_size=512)
     return out
 
 
@@ -99,16 +116,17 @@ def _log(msg: str) -> None:
     print(f"sd15: {msg}", file=sys.stderr, flush=True)
 
 
-def build(work: Path, tiny: bool = False, seed: int = 0) -> Path:
+def build(work: Path, tiny: bool = False, seed: int = 0, lcm: bool = False) -> Path:
     """WORK/diffusers: an SD1.5-shaped StableDiffusionPipeline folder (safetensors), written atomically."""
     import torch
-    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import (AutoencoderKL, AutoencoderTiny, LCMScheduler, PNDMScheduler, StableDiffusionPipeline,
+                           UNet2DConditionModel)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     from ...evaluate import scenes
     from .tokenizers import build_tokenizer_files
 
-    cfg = configs(tiny)
+    cfg = configs(tiny, lcm)
     work = Path(work)
     target, tmp = work / "diffusers", work / "diffusers.partial"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -123,9 +141,11 @@ def build(work: Path, tiny: bool = False, seed: int = 0) -> Path:
     pipe = StableDiffusionPipeline(
         vae=AutoencoderKL(**cfg["vae"]).eval(), text_encoder=CLIPTextModel(CLIPTextConfig(**text_cfg)).eval(),
         tokenizer=tokenizer, unet=UNet2DConditionModel(**cfg["backbone"]).eval(),
-        scheduler=PNDMScheduler(**SCHEDULER_CONFIG), safety_checker=None, feature_extractor=None,
-        requires_safety_checker=False)
+        scheduler=LCMScheduler(**LCM_SCHEDULER_CONFIG) if lcm else PNDMScheduler(**SCHEDULER_CONFIG),
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     pipe.save_pretrained(tmp, safe_serialization=True)
+    if lcm:  # TAESD's shape at full size whatever --tiny says: it is the recipe's decoder, and small already
+        AutoencoderTiny().eval().save_pretrained(tmp / TINY_VAE, safe_serialization=True)
     shutil.rmtree(tok_dir, ignore_errors=True)
     if target.exists():
         shutil.rmtree(target)
@@ -143,7 +163,9 @@ def export(work: Path, threads: int = 1) -> Path:
     work = Path(work)
     src, out = work / "diffusers", work / "onnx"
     _log(f"exporting {src} -> {out}")
-    export_pipeline(src, out, ExportOptions(overwrite=True), progress=False)
+    tiny = src / TINY_VAE
+    export_pipeline(src, out, ExportOptions(overwrite=True, tiny_vae=str(tiny) if tiny.is_dir() else None),
+                    progress=False)
     return out
 
 
@@ -152,6 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("phase", choices=("build", "export"))
     ap.add_argument("work", type=Path)
     ap.add_argument("--tiny", action="store_true", help="the same block types, narrow (seconds)")
+    ap.add_argument("--lcm", action="store_true", help="the FastSD recipe's model: LCM UNet + LCMScheduler + TAESD")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -159,7 +182,7 @@ def main(argv=None) -> int:
         os.environ.setdefault(var, str(args.threads))
     args.work.mkdir(parents=True, exist_ok=True)
     if args.phase == "build":
-        build(args.work, args.tiny, args.seed)
+        build(args.work, args.tiny, args.seed, args.lcm)
     else:
         export(args.work, args.threads)
     return 0
