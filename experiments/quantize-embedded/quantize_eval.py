@@ -102,6 +102,13 @@ SUITES = {
          {"groups": "4", "modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
         ("w8a8-rot-timestep8 every-linear conv-float", "int8-timestep",
          {"groups": "8", "modulation": "int8", "rotate": "hadamard", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        # per-token dynamic int8 activations (int8-static -O activations=dynamic-token): no calibrated linear scale
+        ("w8a8-rot dynamic-token conv-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        ("w8a8-rot dynamic-token", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token", "float_outputs": "Conv,MatMul,Gemm"}, False),
+        ("w8a8 dynamic-token conv-float", "int8-static",
+         {"modulation": "int8", "activations": "dynamic-token", "keep_float": "/model/pos_embed/proj/Conv"}, False),
         ("w4a8", "int4-weights", {"accuracy_level": "4"}, False),
         ("w4a8-rot", "w4a8", {}, False),
         ("w4a8-rot b16", "w4a8", {"block_size": "16"}, False),
