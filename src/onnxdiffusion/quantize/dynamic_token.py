@@ -43,6 +43,18 @@ def token_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.round(x / s).astype(np.int8), s
 
 
+def token_quantize_asym(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(uint8 codes, per-row scale, per-row zero point as float) of x: each row's [min, max] (zero included)
+    over 255 steps, as the graph computes them with `zero_point=True`."""
+    x = np.asarray(x, np.float32)
+    lo = np.minimum(x.min(axis=-1, keepdims=True), np.float32(0))
+    hi = np.maximum(x.max(axis=-1, keepdims=True), np.float32(0))
+    s = (np.maximum(hi - lo, np.float32(TINY)) / np.float32(2 * QMAX + 1)).astype(np.float32)
+    z = np.round(-lo / s).astype(np.float32)
+    q = np.clip(np.round(x / s) + z, 0, 2 * QMAX + 1).astype(np.uint8)
+    return q, s, z
+
+
 def weight_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(int8 (K, N) codes, float32 (N,) scales): symmetric per output channel; an all-zero column gets scale 1."""
     w = np.asarray(w, np.float64)
@@ -52,11 +64,15 @@ def weight_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale.astype(np.float32)
 
 
-def dynamic_token_linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+def dynamic_token_linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, zero_point: bool = False) -> np.ndarray:
     """The eager twin of one rewritten linear: x (..., K) @ w (K, N) [+ bias] with per-token int8 x."""
-    xq, s = token_quantize(x)
     wq, ws = weight_quantize(w)
-    acc = (xq.astype(np.int64) @ wq.astype(np.int64)).astype(np.float32)
+    if zero_point:
+        xq, s, z = token_quantize_asym(x)
+        acc = (xq.astype(np.int64) @ wq.astype(np.int64)).astype(np.float32) - z * wq.astype(np.float32).sum(axis=0)
+    else:
+        xq, s = token_quantize(x)
+        acc = (xq.astype(np.int64) @ wq.astype(np.int64)).astype(np.float32)
     y = acc * s * ws
     return y if bias is None else y + np.asarray(bias, np.float32)
 
@@ -110,7 +126,33 @@ def _token_nodes(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     return nodes, p + "/codes", p + "/scale"
 
 
-def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str]) -> tuple[onnx.ModelProto, dict]:
+def _token_nodes_asym(x: str) -> tuple[list[onnx.NodeProto], str, str, str]:
+    """Nodes that quantize x per token to uint8 with a per-row zero point: codes, (..., 1) scales, zero points."""
+    p = x + SUFFIX
+    nodes = [
+        _const(p + "/tiny", np.float32(TINY)),
+        _const(p + "/zero", np.float32(0)),
+        _const(p + "/levels", np.float32(2 * QMAX + 1)),
+        helper.make_node("ReduceMin", [x], [p + "/min"], name=p + "/ReduceMin", axes=[-1], keepdims=1),
+        helper.make_node("ReduceMax", [x], [p + "/max"], name=p + "/ReduceMax", axes=[-1], keepdims=1),
+        helper.make_node("Min", [p + "/min", p + "/zero"], [p + "/lo"], name=p + "/Lo"),
+        helper.make_node("Max", [p + "/max", p + "/zero"], [p + "/hi"], name=p + "/Hi"),
+        helper.make_node("Sub", [p + "/hi", p + "/lo"], [p + "/span"], name=p + "/Span"),
+        helper.make_node("Max", [p + "/span", p + "/tiny"], [p + "/span_safe"], name=p + "/SpanSafe"),
+        helper.make_node("Div", [p + "/span_safe", p + "/levels"], [p + "/scale"], name=p + "/Scale"),
+        helper.make_node("Div", [p + "/lo", p + "/scale"], [p + "/lo_codes"], name=p + "/LoCodes"),
+        helper.make_node("Neg", [p + "/lo_codes"], [p + "/neg_lo"], name=p + "/Neg"),
+        helper.make_node("Round", [p + "/neg_lo"], [p + "/zp"], name=p + "/ZeroPoint"),
+        helper.make_node("Div", [x, p + "/scale"], [p + "/scaled"], name=p + "/Div"),
+        helper.make_node("Round", [p + "/scaled"], [p + "/rounded"], name=p + "/Round"),
+        helper.make_node("Add", [p + "/rounded", p + "/zp"], [p + "/shifted"], name=p + "/Shift"),
+        helper.make_node("Clip", [p + "/shifted", p + "/zero", p + "/levels"], [p + "/clipped"], name=p + "/Clip"),
+        helper.make_node("Cast", [p + "/clipped"], [p + "/codes"], name=p + "/Cast", to=TensorProto.UINT8),
+    ]
+    return nodes, p + "/codes", p + "/scale", p + "/zp"
+
+
+def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str], zero_point: bool = False) -> tuple[onnx.ModelProto, dict]:
     """Every named MatMul / Gemm with a constant 2-D float weight: per-token dynamic int8 input, int8
     per-channel weight (a copy of `model` is returned). A Gemm keeps its bias, added in float."""
     out = onnx.ModelProto()
@@ -134,10 +176,10 @@ def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str]) -> tuple
         w, b = taken[n.name]
         x = n.input[0]
         if x not in token:
-            nodes, codes, scale = _token_nodes(x)
+            nodes, *names_ = _token_nodes_asym(x) if zero_point else (*_token_nodes(x), "")
             new_nodes.extend(nodes)
-            token[x] = (codes, scale)
-        codes, scale = token[x]
+            token[x] = tuple(names_)
+        codes, scale, zp = token[x]
         wq, ws = weight_quantize(w)
         p = n.name + SUFFIX
         g.initializer.append(numpy_helper.from_array(wq, p + "/W_int8"))
@@ -147,7 +189,15 @@ def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str]) -> tuple
         seq = [
             helper.make_node("MatMulInteger", [codes, p + "/W_int8"], [p + "/acc"], name=p + "/MatMulInteger"),
             helper.make_node("Cast", [p + "/acc"], [p + "/accf"], name=p + "/CastF", to=TensorProto.FLOAT),
-            helper.make_node("Mul", [p + "/accf", scale], [p + "/rows"], name=p + "/MulRows"),
+        ]
+        acc = p + "/accf"
+        if zp:  # (q - z) Wq = q Wq - z colsum(Wq): the zero point's share, per row and column
+            g.initializer.append(numpy_helper.from_array(wq.astype(np.float32).sum(axis=0), p + "/W_colsum"))
+            seq += [helper.make_node("Mul", [zp, p + "/W_colsum"], [p + "/zterm"], name=p + "/ZeroTerm"),
+                    helper.make_node("Sub", [acc, p + "/zterm"], [p + "/acc_z"], name=p + "/SubZero")]
+            acc = p + "/acc_z"
+        seq += [
+            helper.make_node("Mul", [acc, scale], [p + "/rows"], name=p + "/MulRows"),
             helper.make_node("Mul", [p + "/rows", p + "/W_scale"], [p + "/y" if b is not None else y], name=p + "/MulCols"),
         ]
         if b is not None:
