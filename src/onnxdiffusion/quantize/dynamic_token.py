@@ -8,12 +8,12 @@ each row (token) of a linear's input gets its own scale at run time, as QuaRot a
 their rotated activations:
 
     s = max(max|x_row|, tiny) / 127              ReduceMax over the last axis, keepdims
-    xq = Cast<int8>(Round(x / s))                 |x / s| <= 127 by construction: no Clip needed
-    y = Cast<float>(MatMulInteger(xq, Wq)) * s * w_scale + b
+    xq = Cast<uint8>(Round(x / s) + 128)          |x / s| <= 127 by construction: no Clip needed
+    y = Cast<float>(MatMulInteger(xq, Wq, zero point 128)) * s * w_scale + b
 
 Weights: symmetric int8 per output channel (w_scale = max|W[:, n]| / 127), stored int8. The
 token quantization of a tensor is shared by every rewritten linear reading it (q, k, v read one).
-ONNX Runtime's CPU provider runs MatMulInteger int8 x int8 with its integer GEMM; no
+ONNX Runtime's CPU provider runs MatMulInteger uint8 x int8 with its VNNI integer GEMM; no
 calibration is involved, so nothing here depends on the sampling trajectories.
 Pure `onnx` + numpy; nothing here runs a model.
 """
@@ -32,6 +32,10 @@ from .graphs import initializer_map, remove_dead_nodes
 QMAX = 127.0
 TINY = 1e-30  # an all-zero row: scale TINY / 127, its codes 0 (never 0 / 0)
 SUFFIX = "/token_int8"
+# the int8 codes are stored uint8 + 128 with MatMulInteger's scalar zero point 128: ORT's u8 x s8 GEMM is its
+# VNNI kernel, its s8 x s8 one a slow path (measured 10x slower at width 1024: dynamic_token_speed.py)
+OFFSET = 128
+OFFSET_NAME = "token_int8/zero_point_128"
 
 
 # --- the numpy twin --------------------------------------------------------------------------
@@ -115,13 +119,15 @@ def _token_nodes(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     nodes = [
         _const(p + "/tiny", np.float32(TINY)),
         _const(p + "/qmax", np.float32(QMAX)),
+        _const(p + "/offset", np.float32(OFFSET)),
         helper.make_node("Abs", [x], [p + "/abs"], name=p + "/Abs"),
         helper.make_node("ReduceMax", [p + "/abs"], [p + "/amax"], name=p + "/ReduceMax", axes=[-1], keepdims=1),
         helper.make_node("Max", [p + "/amax", p + "/tiny"], [p + "/amax_safe"], name=p + "/Max"),
         helper.make_node("Div", [p + "/amax_safe", p + "/qmax"], [p + "/scale"], name=p + "/Scale"),
         helper.make_node("Div", [x, p + "/scale"], [p + "/scaled"], name=p + "/Div"),
         helper.make_node("Round", [p + "/scaled"], [p + "/rounded"], name=p + "/Round"),
-        helper.make_node("Cast", [p + "/rounded"], [p + "/codes"], name=p + "/Cast", to=TensorProto.INT8),
+        helper.make_node("Add", [p + "/rounded", p + "/offset"], [p + "/shifted"], name=p + "/Offset"),
+        helper.make_node("Cast", [p + "/shifted"], [p + "/codes"], name=p + "/Cast", to=TensorProto.UINT8),
     ]
     return nodes, p + "/codes", p + "/scale"
 
@@ -168,6 +174,7 @@ def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str], zero_poi
                 taken[n.name] = lin
     token: dict[str, tuple[str, str]] = {}
     new_nodes: list[onnx.NodeProto] = []
+    added: set[str] = set()
     weights = 0
     for n in g.node:
         if n.name not in taken:
@@ -180,6 +187,9 @@ def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str], zero_poi
             new_nodes.extend(nodes)
             token[x] = tuple(names_)
         codes, scale, zp = token[x]
+        if not zp and OFFSET_NAME not in added:
+            g.initializer.append(numpy_helper.from_array(np.uint8(OFFSET), OFFSET_NAME))
+            added.add(OFFSET_NAME)
         wq, ws = weight_quantize(w)
         p = n.name + SUFFIX
         g.initializer.append(numpy_helper.from_array(wq, p + "/W_int8"))
@@ -187,7 +197,8 @@ def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str], zero_poi
         weights += wq.size
         y = n.output[0]
         seq = [
-            helper.make_node("MatMulInteger", [codes, p + "/W_int8"], [p + "/acc"], name=p + "/MatMulInteger"),
+            helper.make_node("MatMulInteger", [codes, p + "/W_int8"] + ([] if zp else [OFFSET_NAME]), [p + "/acc"],
+                             name=p + "/MatMulInteger"),
             helper.make_node("Cast", [p + "/acc"], [p + "/accf"], name=p + "/CastF", to=TensorProto.FLOAT),
         ]
         acc = p + "/accf"
