@@ -177,7 +177,10 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
     weight_nodes, kept = selection(model, recipe, recipe.op_types, allow_empty="dynamic_token" in details)
     if not weight_nodes:  # every linear dynamic, the convs kept float: nothing to calibrate, op groups float
         empty = np.zeros((calib.num_steps, 0))
-        details["op_groups"] = {"quantized": [], "decision": "float: no static linear left to calibrate against"}
+        why = {g: "float: no static linear left to calibrate against" for g in ("modulation", "attention", "softmax", "norms")}
+        details["op_groups"] = {"quantized": [], "by_error": [], "decision": why, "sizes": {}, "base_linears": 0,
+                                "budget": recipe.group_budget, "base_relative_mse": None, "added_relative_mse": {},
+                                "attention": "fused (float)" if fused_attention_count(model) else "float"}
         return StaticPlan(model, [], kept, recipe.op_types, [], StepRanges([], empty, empty), details, dynamic)
     modulation = set(modulation_nodes(model, recipe.op_types, recipe.keep_float))
     base = [n for n in weight_nodes if n not in modulation]
