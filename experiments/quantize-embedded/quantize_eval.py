@@ -105,6 +105,8 @@ SUITES = {
         # per-token dynamic int8 activations (int8-static -O activations=dynamic-token): no calibrated linear scale
         ("w8a8-rot dynamic-token conv-float", "int8-static",
          {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        ("w8a8-rot dynamic-token-asym conv-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token-asym", "keep_float": "/model/pos_embed/proj/Conv"}, False),
         ("w8a8-rot dynamic-token", "int8-static",
          {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token", "float_outputs": "Conv,MatMul,Gemm"}, False),
         ("w8a8 dynamic-token conv-float", "int8-static",

@@ -10,7 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxdiffusion.errors import UserError
 from onnxdiffusion.quantize import Int8StaticRecipe, recipe_class, recipe_from_dict
-from onnxdiffusion.quantize.dynamic_token import dynamic_token_linear, dynamic_token_linears, token_quantize, weight_quantize
+from onnxdiffusion.quantize.dynamic_token import (dynamic_token_linear, dynamic_token_linears, token_quantize,
+                                                  token_quantize_asym, weight_quantize)
 
 F = TensorProto.FLOAT
 B, T, K, N = 2, 5, 64, 24
@@ -86,5 +87,25 @@ def test_activations_option_parses_and_is_recorded_only_when_dynamic():
     on = recipe_class("int8-static").with_options({"activations": "dynamic-token", "rotate": "hadamard"})
     assert on.to_dict()["activations"] == "dynamic-token" and recipe_from_dict(on.to_dict()) == on
     assert recipe_from_dict(Int8StaticRecipe().to_dict()).activations == "static"
+    asym = recipe_class("int8-static").with_options({"activations": "dynamic-token-asym"})
+    assert recipe_from_dict(asym.to_dict()) == asym
     with pytest.raises(UserError, match="activations"):
         recipe_class("int8-static").with_options({"activations": "dynamic"})
+
+
+def test_the_zero_point_form_agrees_with_its_twin_and_fits_one_sided_rows_better():
+    rng = np.random.default_rng(3)
+    model, w = _graph(rng)
+    x = np.abs(rng.standard_normal((B, T, K))).astype(np.float32) + 0.5  # every row positive: symmetric wastes half
+    q, s, z = token_quantize_asym(x)
+    assert q.dtype == np.uint8 and np.all(z == 0)  # the zero point clamps to code 0 when the row's min is above 0
+    out, _ = dynamic_token_linears(model, ["q", "gemm"], zero_point=True)
+    onnx.checker.check_model(out)
+    got = run(out, {"x": x})[0]
+    np.testing.assert_allclose(got, dynamic_token_linear(x, w["wq"], zero_point=True), rtol=1e-5, atol=1e-4)
+    centred = x - 1.0  # rows straddling zero: a zero point of its own per row
+    assert (token_quantize_asym(centred)[2] > 0).all()
+    ref = centred @ w["wq"]
+    err_asym = np.abs(dynamic_token_linear(centred, w["wq"], zero_point=True) - ref).mean()
+    err_sym = np.abs(dynamic_token_linear(centred, w["wq"]) - ref).mean()
+    assert err_asym < err_sym

@@ -12,7 +12,8 @@ from .configs_base import BACKBONE, Recipe, _check, _choice, normalize_component
 INT8_COMPONENTS = (BACKBONE, "text_encoder", "text_encoder_2", "text_encoder_3", "vae_decoder")
 OP_GROUPS = ("attention", "softmax", "norms", "modulation")  # see opgroups.py
 GROUP_CHOICES = ("auto", "int8", "float")
-ACTIVATION_CHOICES = ("static", "dynamic-token")  # int8-static's weight linears: calibrated or per-token at run time
+# int8-static's weight linears: calibrated scales, or per-token int8 at run time (symmetric, or with a zero point)
+ACTIVATION_CHOICES = ("static", "dynamic-token", "dynamic-token-asym")
 
 @register
 @dataclass(frozen=True)
@@ -154,11 +155,11 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     is rotated by a block-diagonal regular Hadamard matrix (per GROUP channels; a patchify conv's patches) and
     its weight by the inverse offline, so per-channel outliers are spread over their group (quantize/rotation.py,
     docs/recipes/rotation.md). A dict without it means none (none is left out of the dict: older bytes kept).
-    `activations`: static (calibrated scales) | dynamic-token: every weight MatMul / Gemm it would quantize
-    (after rotation, when on; float modulation and keep_float excepted) gets per-token int8 activations
-    measured at run time and int8 per-channel weights, in plain ONNX (ReduceMax, Round, MatMulInteger:
-    quantize/dynamic_token.py); calibration is left to what remains static (convs, op groups). A dict
-    without it means static.
+    `activations`: static (calibrated scales) | dynamic-token | dynamic-token-asym: every weight MatMul / Gemm
+    it would quantize (after rotation, when on; float modulation and keep_float excepted) gets per-token int8
+    activations measured at run time (symmetric, or -asym: each token's [min, max] with a zero point) and
+    int8 per-channel weights, in plain ONNX (ReduceMax, Round, MatMulInteger: quantize/dynamic_token.py);
+    calibration is left to what remains static (convs, op groups). A dict without it means static.
     """
 
     name: ClassVar[str] = "int8-static"

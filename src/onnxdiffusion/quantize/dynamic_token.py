@@ -11,6 +11,9 @@ their rotated activations:
     xq = Cast<uint8>(Round(x / s) + 128)          |x / s| <= 127 by construction: no Clip needed
     y = Cast<float>(MatMulInteger(xq, Wq, zero point 128)) * s * w_scale + b
 
+`zero_point=True` (int8-static's `activations=dynamic-token-asym`): each token's [min, max] (zero included) over
+255 levels, uint8 codes with a per-token zero point whose share, z * colsum(Wq), is subtracted from the int32
+sums (measured on the MMDiT: the rotated post-GELU / post-norm rows are not centred on zero).
 Weights: symmetric int8 per output channel (w_scale = max|W[:, n]| / 127), stored int8. The
 token quantization of a tensor is shared by every rewritten linear reading it (q, k, v read one).
 ONNX Runtime's CPU provider runs MatMulInteger uint8 x int8 with its VNNI integer GEMM; no

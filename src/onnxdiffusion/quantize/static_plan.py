@@ -148,7 +148,7 @@ def dynamic_token(model: onnx.ModelProto, recipe: Int8StaticRecipe) -> tuple[onn
     ops = tuple(op for op in recipe.op_types if op in ("MatMul", "Gemm"))
     skip = set(modulation_nodes(model, recipe.op_types, recipe.keep_float)) if recipe.modulation == "float" else set()
     linears = [q.name for q in quantizable_nodes(model, ops, recipe.keep_float) if q.name not in skip]
-    model, report = dynamic_token_linears(model, linears)
+    model, report = dynamic_token_linears(model, linears, zero_point=recipe.activations == "dynamic-token-asym")
     report["nodes"] = linears
     return _infer(model), report
 
@@ -169,7 +169,7 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
         model, details["rotation"] = rotate_linears(model, linears, group)
         model = _infer(model)
         ctx.log(f"rotated the inputs of {details['rotation']['linears']} linears (Hadamard, group {group})")
-    if getattr(recipe, "activations", "static") == "dynamic-token":  # int8-static's option
+    if getattr(recipe, "activations", "static").startswith("dynamic-token"):  # int8-static's option
         model, report = dynamic_token(model, recipe)
         dynamic = report.pop("nodes")
         details["dynamic_token"] = report
