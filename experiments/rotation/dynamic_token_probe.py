@@ -8,7 +8,8 @@ optionally Hadamard-rotated (group 64), then
   builds, quantize/dynamic_token.py; the recipe's own row is quantize_eval.py's);
 - dynz: the same with a per-token zero point (uint8 codes);
 - wonly: the int8 per-channel weights alone (dequantized into float), activations float: the weight side's
-  share of the error, which no activation scheme can remove.
+  share of the error, which no activation scheme can remove;
+- aonly-asym: dynz's per-token activation codes alone (dequantized in float), weights float.
 Images vs the fp32 folder's at its recommended settings (quantize_eval.py's generate / fp32 cache /
 PSNR / judge); appends one line to WORK/results.jsonl.
 """
@@ -61,10 +62,37 @@ def weights_only(m: onnx.ModelProto, linears: list[str]) -> onnx.ModelProto:
     return m
 
 
+def activations_only(m: onnx.ModelProto, linears: list[str]) -> onnx.ModelProto:
+    """Each linear's input fake-quantized per token with a zero point (dynamic-token-asym's codes, dequantized
+    in float), the float weights kept: the activation side's share of the error."""
+    from onnx import helper
+
+    from onnxdiffusion.quantize.dynamic_token import _token_nodes_asym
+
+    done: dict[str, str] = {}
+    nodes = []
+    for n in m.graph.node:
+        if n.name in set(linears) and n.input[0] not in done:
+            x = n.input[0]
+            q_nodes, codes, scale, zp = _token_nodes_asym(x)
+            p = x + "/fake"
+            nodes += q_nodes + [
+                helper.make_node("Cast", [codes], [p + "/codesf"], to=onnx.TensorProto.FLOAT),
+                helper.make_node("Sub", [p + "/codesf", zp], [p + "/centred"]),
+                helper.make_node("Mul", [p + "/centred", scale], [p + "/deq"])]
+            done[x] = p + "/deq"
+        if n.name in set(linears):
+            n.input[0] = done[n.input[0]]
+        nodes.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("label")
-    ap.add_argument("--mode", choices=("dyn", "dynz", "wonly"), default="dyn")
+    ap.add_argument("--mode", choices=("dyn", "dynz", "wonly", "aonly-asym"), default="dyn")
     ap.add_argument("--rotate", type=int, default=64, help="Hadamard group (0: none)")
     ap.add_argument("--model", default=str(ROOT / "models" / "shapes-mmdit-onnx"))
     ap.add_argument("--work", type=Path, required=True)
@@ -81,6 +109,8 @@ def main() -> int:
         m, _ = rotate_linears(m, linears, args.rotate)
     if args.mode == "wonly":
         m = weights_only(m, linears)
+    elif args.mode == "aonly-asym":
+        m = activations_only(m, linears)
     else:
         m, _ = dynamic_token_linears(m, linears, zero_point=args.mode == "dynz")
     onnx.save(m, str(out / rel))
