@@ -138,7 +138,7 @@ def _build_qdq(ctx: Context, recipe: Int8StaticRecipe | Int8NaiveRecipe, bias_co
     calib = ctx.get_calibration()
     plan = plan_static(ctx, recipe, calib)
     ranges = _ranges(ctx, recipe, calib, plan)
-    if bias_correction:
+    if bias_correction and plan.nodes:  # nothing static (activations=dynamic-token, convs float): no bias to correct
         from .bias_correction import correct_biases
 
         def quantized(model):
