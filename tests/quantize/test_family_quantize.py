@@ -18,7 +18,10 @@ pytestmark = pytest.mark.slow
 RECIPES = [("fp16", {}), ("int8-dynamic", {}), ("int8-static", {}), ("int4-weights", {"block_size": "16"}),
            ("int8-static", {"attention": "int8", "smooth_alpha": "0.5"}), ("int8-timestep", {"groups": "2"}),
            ("int8-static", {"smooth_alpha": "0.5", "keep_sensitive": "0.1"}), ("int8-static", {"bias_correction": "1"}),
-           ("mixed", {"target_psnr": "60", "probe_prompts": "2", "sensitivity_steps": "1"})]
+           ("mixed", {"target_psnr": "60", "probe_prompts": "2", "sensitivity_steps": "1"}),
+           # per-token dynamic linears: after rotation, convs static; and with no static node left (convs float)
+           ("int8-static", {"rotate": "hadamard:16", "activations": "dynamic-token"}),
+           ("int8-static", {"activations": "dynamic-token", "op_types": "MatMul,Gemm"})]
 # family fixture -> (backbone folder, a deterministic sampler of its parameterization)
 FAMILIES = {"tiny_sdxl_onnx": ("unet", "ddim"), "tiny_sd3_onnx": ("transformer", "flow_euler")}
 

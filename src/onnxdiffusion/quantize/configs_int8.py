@@ -12,6 +12,8 @@ from .configs_base import BACKBONE, Recipe, _check, _choice, normalize_component
 INT8_COMPONENTS = (BACKBONE, "text_encoder", "text_encoder_2", "text_encoder_3", "vae_decoder")
 OP_GROUPS = ("attention", "softmax", "norms", "modulation")  # see opgroups.py
 GROUP_CHOICES = ("auto", "int8", "float")
+# int8-static's weight linears: calibrated scales, or per-token int8 at run time (symmetric, or with a zero point)
+ACTIVATION_CHOICES = ("static", "dynamic-token", "dynamic-token-asym")
 
 @register
 @dataclass(frozen=True)
@@ -153,12 +155,17 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     is rotated by a block-diagonal regular Hadamard matrix (per GROUP channels; a patchify conv's patches) and
     its weight by the inverse offline, so per-channel outliers are spread over their group (quantize/rotation.py,
     docs/recipes/rotation.md). A dict without it means none (none is left out of the dict: older bytes kept).
+    `activations`: static (calibrated scales) | dynamic-token | dynamic-token-asym: every weight MatMul / Gemm
+    it would quantize (after rotation, when on; float modulation and keep_float excepted) gets per-token int8
+    activations measured at run time (symmetric, or -asym: each token's [min, max] with a zero point) and
+    int8 per-channel weights, in plain ONNX (ReduceMax, Round, MatMulInteger: quantize/dynamic_token.py);
+    calibration is left to what remains static (convs, op groups). A dict without it means static.
     """
 
     name: ClassVar[str] = "int8-static"
     version: ClassVar[int] = _INT8_VERSION
     legacy: ClassVar[dict[int, dict]] = _INT8_LEGACY
-    omitted_at: ClassVar[dict] = _INT8_OMITTED
+    omitted_at: ClassVar[dict] = {**_INT8_OMITTED, "activations": "static"}
     calibrated: ClassVar[bool] = True
     takes_skeleton: ClassVar[bool] = True
     components: tuple[str, ...] = (BACKBONE,)
@@ -168,9 +175,11 @@ class Int8StaticRecipe(Recipe, Int8Settings):
     bias_correction: int = 0
     kernels: str = "auto"
     rounding: str = "cpu"
+    activations: str = "static"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", normalize_components(self.components))
+        _choice("activations", self.activations, ACTIVATION_CHOICES)
         _choice("kernels", self.kernels, ("auto", "amx", "vnni", "portable"))
         _check(self.kernels in ("auto", "portable") or self.stored == "cpu-fused",
                f"kernels={self.kernels} lays out the CPU-fused graph: it needs stored=cpu-fused")

@@ -138,14 +138,15 @@ def _build_qdq(ctx: Context, recipe: Int8StaticRecipe | Int8NaiveRecipe, bias_co
     calib = ctx.get_calibration()
     plan = plan_static(ctx, recipe, calib)
     ranges = _ranges(ctx, recipe, calib, plan)
-    if bias_correction:
+    if bias_correction and plan.nodes:  # nothing static (activations=dynamic-token, convs float): no bias to correct
         from .bias_correction import correct_biases
 
         def quantized(model):
             return _ort.qdq_quantize(model, ranges, plan.nodes, plan.op_types, recipe.activation_type, recipe.float_outputs)
 
         plan.model, plan.details["bias_correction"] = correct_biases(plan.model, quantized, plan.nodes, calib, ctx.threads, ctx.log)
-    model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, ranges))
+    # no static node left (activations=dynamic-token, convs float): the graph is stored as planned
+    model, stored = stored_form(ctx, recipe, _qdq(ctx, recipe, plan, ranges) if plan.nodes else compact_names(plan.model))
     kernels = getattr(recipe, "kernels", "portable")  # int8-static's option; int8-naive has none
     if recipe.stored == "cpu-fused" and kernels != "portable":  # conv kernels for this CPU (AMX: QGEMM)
         from .amx_lowering import apply
@@ -155,7 +156,7 @@ def _build_qdq(ctx: Context, recipe: Int8StaticRecipe | Int8NaiveRecipe, bias_co
         from .portable_rounding import portable_rounding
 
         plan.details["portable_rounding"] = portable_rounding(model)
-    built = Built({BACKBONE: model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.nodes,
+    built = Built({BACKBONE: model}, recipe.name, float_nodes=plan.kept, quantized_nodes=plan.dynamic + plan.nodes,
                   details={"calibrated_tensors": len(plan.tensors), **plan.details}, stored_as=stored)
     for name in recipe.targets:
         if name != BACKBONE:  # the VAE decoder, text encoders: quantize/components.py

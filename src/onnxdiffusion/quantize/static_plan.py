@@ -47,6 +47,7 @@ class StaticPlan:
     tensors: list[str]
     stats: StepRanges
     details: dict = field(default_factory=dict)
+    dynamic: list[str] = field(default_factory=list)  # weight linears with per-token dynamic activations
 
 
 _copy = copy_model  # a ModelProto deep copy (onnxio.files)
@@ -91,11 +92,11 @@ def smooth(model: onnx.ModelProto, calib: CalibrationSet, alpha: float, names: l
                               "median_channel_outlier_ratio_before": round(float(np.median(spread)), 2) if spread else None}
 
 
-def selection(model: onnx.ModelProto, recipe, op_types) -> tuple[list[str], list[str]]:
+def selection(model: onnx.ModelProto, recipe, op_types, allow_empty: bool = False) -> tuple[list[str], list[str]]:
     """(nodes to quantize, quantizable nodes kept float by the recipe's keep_float patterns)."""
     every = quantizable_nodes(model, op_types)
     chosen = quantizable_nodes(model, op_types, recipe.keep_float)
-    if not chosen:
+    if not chosen and not allow_empty:
         raise UserError(f"recipe {recipe.name}: no {'/'.join(op_types)} node with a constant weight to quantize")
     names = {q.name for q in chosen}
     return [q.name for q in chosen], [q.name for q in every if q.name not in names]
@@ -139,10 +140,24 @@ def sensitive_linears(ctx, recipe: Int8StaticRecipe, work: onnx.ModelProto, stat
                                   for n in ranked[:10]]}
 
 
+def dynamic_token(model: onnx.ModelProto, recipe: Int8StaticRecipe) -> tuple[onnx.ModelProto, dict]:
+    """The weight linears int8-static would quantize, with per-token dynamic activations (dynamic_token.py):
+    what is left to calibrate is the rest (convs, op groups). Float modulation stays float."""
+    from .dynamic_token import dynamic_token_linears
+
+    ops = tuple(op for op in recipe.op_types if op in ("MatMul", "Gemm"))
+    skip = set(modulation_nodes(model, recipe.op_types, recipe.keep_float)) if recipe.modulation == "float" else set()
+    linears = [q.name for q in quantizable_nodes(model, ops, recipe.keep_float) if q.name not in skip]
+    model, report = dynamic_token_linears(model, linears, zero_point=recipe.activations == "dynamic-token-asym")
+    report["nodes"] = linears
+    return _infer(model), report
+
+
 def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticPlan:
     from .sensitivity import choose_groups, probe_subset, relative_error
 
     details: dict = {}
+    dynamic: list[str] = []
     model = ctx.unet
     if recipe.smooth_alpha > 0:
         mm = [q.name for q in quantizable_nodes(model, ("MatMul",), recipe.keep_float)]
@@ -154,7 +169,19 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
         model, details["rotation"] = rotate_linears(model, linears, group)
         model = _infer(model)
         ctx.log(f"rotated the inputs of {details['rotation']['linears']} linears (Hadamard, group {group})")
-    weight_nodes, kept = selection(model, recipe, recipe.op_types)
+    if getattr(recipe, "activations", "static").startswith("dynamic-token"):  # int8-static's option
+        model, report = dynamic_token(model, recipe)
+        dynamic = report.pop("nodes")
+        details["dynamic_token"] = report
+        ctx.log(f"per-token dynamic int8 activations for {report['linears']} linears")
+    weight_nodes, kept = selection(model, recipe, recipe.op_types, allow_empty="dynamic_token" in details)
+    if not weight_nodes:  # every linear dynamic, the convs kept float: nothing to calibrate, op groups float
+        empty = np.zeros((calib.num_steps, 0))
+        why = {g: "float: no static linear left to calibrate against" for g in ("modulation", "attention", "softmax", "norms")}
+        details["op_groups"] = {"quantized": [], "by_error": [], "decision": why, "sizes": {}, "base_linears": 0,
+                                "budget": recipe.group_budget, "base_relative_mse": None, "added_relative_mse": {},
+                                "attention": "fused (float)" if fused_attention_count(model) else "float"}
+        return StaticPlan(model, [], kept, recipe.op_types, [], StepRanges([], empty, empty), details, dynamic)
     modulation = set(modulation_nodes(model, recipe.op_types, recipe.keep_float))
     base = [n for n in weight_nodes if n not in modulation]
     forced = {g: getattr(recipe, g) for g in ("modulation", "attention", "softmax", "norms")}
@@ -236,4 +263,4 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
         "attention": "decomposed, matmuls int8" if "attention" in chosen else ("fused (float)" if fused else "float"),
     }
     kept = kept + [n for n in weight_nodes if n in modulation and "modulation" not in chosen]
-    return StaticPlan(work, nodes, kept, op_types, final_tensors, sub_stats, details)
+    return StaticPlan(work, nodes, kept, op_types, final_tensors, sub_stats, details, dynamic)
