@@ -6,7 +6,8 @@
             8-bit weights everywhere + 8-bit activations in the UNet, calibrated on --calib-prompts)
   sdcpp     stable-diffusion.cpp (GGML) through stable-diffusion-cpp-python: the diffusers source folder
             converted once by sd.cpp's own converter to one GGUF checkpoint under --cache, weights in
-            mode f32, q8_0 or q4_0 (GGML's block formats), then loaded and run with --threads threads
+            mode f32, q8_0 or q4_0 (GGML's block formats), then loaded and run with --threads threads; Z-Image and
+            FLUX.2 [klein] from split files (arch/sdcpp_files.py: the original names), q8_0 or q4_K
 
 Protocol: one JSON object per line. On start the worker loads the pipeline and writes
 {"event": "loaded", "load_s": ..., ...} (or {"event": "error", "message": ...}); then it answers
@@ -171,7 +172,38 @@ def load_openvino(args):
     return pipe, info, versions, (pipe.text_encoder, pipe.vae_decoder)
 
 
-SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0"}
+SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0", "q4_K": "q4_K"}
+SDCPP_SAMPLE = {"method": "ddim_trailing"}  # flow families: "euler" (set by load_sdcpp_split)
+
+
+def load_sdcpp_split(args, sdc, low, type_map) -> tuple:
+    """Z-Image / FLUX.2 [klein]: the backbone and the LLM rewritten to the names sd.cpp reads (arch/sdcpp_files.py,
+    once per source), each converted once by sd.cpp's own converter to a GGUF of the mode; the VAE as it is."""
+    sys.path.insert(0, str(Path(__file__).with_name("arch")))
+    import sdcpp_files
+
+    info: dict = {}
+    t0 = time.perf_counter()
+    src = sdcpp_files.prepare(Path(args.folder), Path(args.cache).parent / "sdcpp-src")
+    ggufs = {}
+    for part in ("diffusion", "llm"):
+        gguf = Path(args.cache) / f"{part}-{args.mode}.gguf"
+        if not gguf.is_file():
+            gguf.parent.mkdir(parents=True, exist_ok=True)
+            tmp = gguf.with_suffix(".part.gguf")
+            if not low.convert(str(src[part]).encode(), b"", str(tmp).encode(), type_map[SDCPP_TYPES[args.mode]], b"",
+                               False) or not tmp.is_file():
+                raise RuntimeError(f"stable-diffusion.cpp could not convert {src[part].name} to {args.mode}")
+            os.replace(tmp, gguf)
+        ggufs[part] = gguf
+    info["convert_s"] = time.perf_counter() - t0
+    SDCPP_SAMPLE["method"] = "euler"  # flow-match Euler, as the diffusers pipelines and ours
+    t0 = time.perf_counter()
+    sd = sdc.StableDiffusion(diffusion_model_path=str(ggufs["diffusion"]), llm_path=str(ggufs["llm"]),
+                             vae_path=str(src["vae"]), n_threads=args.threads or os.cpu_count() or 1, verbose=False)
+    info["load_s"] = time.perf_counter() - t0
+    info["ir_bytes"] = sum(g.stat().st_size for g in ggufs.values())
+    return sd, info
 
 
 def load_sdcpp(args):
@@ -179,6 +211,12 @@ def load_sdcpp(args):
     from stable_diffusion_cpp import stable_diffusion_cpp as low
     from stable_diffusion_cpp.stable_diffusion import GGML_TYPE_MAP
 
+    versions = {"stable-diffusion-cpp-python": dist_version("stable-diffusion-cpp-python"),
+                "ggml_type": SDCPP_TYPES[args.mode]}
+    index = json.loads((Path(args.folder) / "model_index.json").read_text())
+    if index.get("_class_name") in ("ZImagePipeline", "Flux2KleinPipeline"):
+        sd, info = load_sdcpp_split(args, sdc, low, GGML_TYPE_MAP)
+        return sd, info, versions, (None, None)
     gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
     info: dict = {}
     if not gguf.is_file():
@@ -196,8 +234,6 @@ def load_sdcpp(args):
     sd = sdc.StableDiffusion(model_path=str(gguf), n_threads=threads, verbose=False)
     info["load_s"] = time.perf_counter() - t0
     info["ir_bytes"] = gguf.stat().st_size
-    versions = {"stable-diffusion-cpp-python": dist_version("stable-diffusion-cpp-python"),
-                "ggml_type": SDCPP_TYPES[args.mode]}
     return sd, info, versions, (None, None)
 
 
@@ -214,7 +250,7 @@ def generate_sdcpp(sd, msg: dict) -> dict:
     c0 = time.process_time()
     images = sd.generate_image(prompt=msg["prompts"][0], negative_prompt="", width=int(msg["width"]),
                                height=int(msg["height"]), cfg_scale=float(msg["guidance"]),
-                               sample_method="ddim_trailing", sample_steps=int(msg["steps"]), seed=0,
+                               sample_method=SDCPP_SAMPLE["method"], sample_steps=int(msg["steps"]), seed=0,
                                progress_callback=lambda step, steps, t: marks.append(time.perf_counter()))
     total = time.perf_counter() - t0
     cpu = time.process_time() - c0
@@ -267,7 +303,7 @@ def main(argv=None) -> int:
     global _PROTO
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("optimum", "openvino", "sdcpp"), required=True)
-    ap.add_argument("--mode", default="fp32", choices=("fp32", "int8-hybrid", "q8_0", "q4_0"))
+    ap.add_argument("--mode", default="fp32", choices=("fp32", "int8-hybrid", "q8_0", "q4_0", "q4_K"))
     ap.add_argument("--folder", required=True)
     ap.add_argument("--cache", default=".")
     ap.add_argument("--threads", type=int, default=0)
