@@ -176,7 +176,9 @@ def _plan(opts, model: Path, manifest: dict, source, sampler: str, quantized, no
     if opts.arch and not names:  # full size: the main rows, plus any quantized folder found beside the model
         names = list(ARCHES[opts.arch].variants) + [s.name for s in plan if s.kind == "ort" and s.precision != "fp32"
                                                and s.loop == "host" and s.sampler == "ddim" and not s.hidden]
-    extra = [folder_variant(Path(n), model, manifest, opts.steps) for n in names if _is_folder_name(n)]
+    # --arch: a folder row runs the arch's own sampler as the main rows do (flow families); else DDIM as before
+    extra = [folder_variant(Path(n), model, manifest, opts.steps, sampler if opts.arch else "ddim")
+             for n in names if _is_folder_name(n)]
     names = [n for n in names if not _is_folder_name(n)] + [s.name for s in extra]
     chosen = select(plan + extra, names, opts.variants_dir)
     if opts.arch and not opts.variants:

@@ -329,8 +329,8 @@ def _sd1_shaped(diffusers_folder: Path) -> bool:
     return list(cfg.get("block_out_channels", [])) == [320, 640, 1280, 1280] and cfg.get("cross_attention_dim") == 768
 
 
-def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int) -> VariantSpec:
-    """A model folder given by path in --variants: its host-loop DDIM variant, named after its recipe."""
+def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int, sampler: str = "ddim") -> VariantSpec:
+    """A model folder given by path in --variants: its host-loop variant of the main sampler, named after its recipe."""
     folder = Path(folder)
     skip = check_folder(folder)
     man = None
@@ -340,8 +340,9 @@ def folder_variant(folder: Path, base: Path, base_manifest: Manifest, steps: int
             skip = f"not the same model as {base.name} (its manifest's pipeline block differs)"
     recipe = recipe_of(man) or "fp32"
     name = f"ort-{recipe}@{folder.name}"
-    return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, DDIM {steps}", folder, steps=steps,
-                       precision=recipe, skip=skip, notes=[f"folder {shown_path(folder)}"])
+    return VariantSpec(name, "ort", f"ORT {recipe} ({folder.name}), host loop, {SAMPLER_LABELS.get(sampler, sampler)} "
+                                    f"{steps}", folder, steps=steps, sampler=sampler, precision=recipe, skip=skip,
+                       notes=[f"folder {shown_path(folder)}"])
 
 
 def variant_pattern_ok(name: str) -> bool:
