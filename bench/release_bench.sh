@@ -11,7 +11,9 @@
 # Needs the export extra (torch, diffusers) in the project's venv and bench/install_sdcpp.sh's .venv-sdcpp
 # (stable-diffusion-cpp-python 0.4.7: sd.cpp with Z-Image and FLUX.2 [klein]); absent peers are skipped rows.
 # Z-Image's int8 row is our export of the very Q8_0 GGUF the sdcpp-q8_0 row runs (MatMulNBits, 8-bit blocks of 32):
-# the fp32 ONNX of a 6B backbone (24.6 GB) is too big for `--quantize` on a 24 GB machine.
+# the fp32 ONNX of a 6B backbone (24.6 GB) is too big for `--quantize` on a 24 GB machine (klein's 15.5 GB too:
+# its ort-int8-dynamic row fails at release size until klein's GGUF names exist -- release_bench.md, blocker 2).
+# Ours run with `--memory lean` (text encoder let go after encoding), as a user short of memory would.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OD=${ONNXDIFFUSION:-onnxdiffusion}
@@ -39,13 +41,13 @@ for arch in $ARCHES; do
   for t in $THREADS; do
     # a round's rows run interleaved; a folder row that is not there yet (Z-Image's GGUF export) is a skipped row
     $OD bench --arch "$arch" $depth --work "$w" --size "$SIZE" $STEPS_ARG --threads "$t" --isolate \
-      --repeats "$ROUNDS" --variants "$variants" $quantize --out "$OUT/$arch-t$t"
+      --repeats "$ROUNDS" --variants "$variants" $quantize --memory lean --out "$OUT/$arch-t$t"
     if [ "$arch" = zimage ] && [ ! -f "$w/onnx-q8_0/manifest.json" ]; then
       # the first pass converted the backbone to Q8_0 for sd.cpp: export that GGUF for ours, then bench again
       # --base the exported folder: its text encoder and VAE are reused, only the backbone is exported
       $OD export "$w/peers/sdcpp-q8_0/diffusion-q8_0.gguf" "$w/onnx-q8_0" --base "$w/onnx" --overwrite
       $OD bench --arch "$arch" $depth --work "$w" --size "$SIZE" $STEPS_ARG --threads "$t" --isolate \
-        --repeats "$ROUNDS" --variants "$variants" --out "$OUT/$arch-t$t"
+        --repeats "$ROUNDS" --variants "$variants" --memory lean --out "$OUT/$arch-t$t"
     fi
   done
 done

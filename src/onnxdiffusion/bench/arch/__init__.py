@@ -74,6 +74,11 @@ def _fullwidth(arch: str, work: Path, threads: int, progress: bool, depth: str |
 QUANTIZE_ARGS = ("--calib-count", "4", "--calib-steps", "4", "--latency-runs", "3", "--no-quality")
 
 
+# the release-size rows by default (the quantized folders found beside the export are added): an fp32 ONNX Runtime
+# row of a 6B backbone holds 24.6 GB of weights
+RELEASE_ROWS = ("torch-bf16", "sdcpp-q8_0", "sdcpp-q4_K")
+
+
 @dataclass(frozen=True)
 class Arch:
     what: str
@@ -103,9 +108,9 @@ ARCHES = {
     # release size (arch/release.py): the eager peer in bf16 (fp32 of a 6B backbone beside its 4B encoder is 40 GB);
     # both are step-distilled, run without CFG (guidance 1) as their model cards do
     "zimage": Arch("Z-Image-Turbo at release size (6.15B DiT 3840 wide, 30+2 layers; Qwen3-4B; FLUX.1 VAE)", 8,
-                   ("torch-bf16", "ort-fp32"), _fullwidth, guidance=1.0),
+                   RELEASE_ROWS, _fullwidth, guidance=1.0),
     "flux2_klein": Arch("FLUX.2 [klein] 4B at release size (3.88B DiT 3072 wide, 5+20 blocks; Qwen3-4B; FLUX.2 VAE)",
-                        4, ("torch-bf16", "ort-fp32"), _fullwidth, guidance=1.0),
+                        4, RELEASE_ROWS, _fullwidth, guidance=1.0),
 }
 
 
