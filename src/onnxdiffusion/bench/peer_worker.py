@@ -201,6 +201,9 @@ def load_sdcpp_split(args, sdc, low, type_map) -> tuple:
     t0 = time.perf_counter()
     sd = sdc.StableDiffusion(diffusion_model_path=str(ggufs["diffusion"]), llm_path=str(ggufs["llm"]),
                              vae_path=str(src["vae"]), n_threads=args.threads or os.cpu_count() or 1, verbose=False)
+    if not getattr(getattr(sd, "_model", None), "model", True):  # 0.4.7 lets a NULL context through as an object
+        raise RuntimeError("stable-diffusion.cpp could not load the files (below release size its Z-Image layers and "
+                           "Qwen3 heads are constants: it runs these families at release size only)")
     info["load_s"] = time.perf_counter() - t0
     info["ir_bytes"] = sum(g.stat().st_size for g in ggufs.values())
     return sd, info
