@@ -177,3 +177,13 @@ def test_base_can_be_an_exported_folder(bases, tmp_path):
     assert Pipeline.from_folder(from_folder)(PROMPT, steps=2, height=H, width=W).images.shape == (1, H, W, 3)
     with pytest.raises(UserError, match="plain fp32 export"):
         export_gguf(gguf_path, tmp_path / "c", ExportOptions(), base=from_folder, progress=False)
+
+
+def test_size_one_dimensions_dropped_by_ggml_are_the_same_tensor(bases, tmp_path):
+    # stable-diffusion.cpp's converter writes Z-Image's [1, dim] pad tokens as [dim] (GGML drops size-1 dimensions)
+    tensors = zimage_original_names(state_dict_arrays(bases["zimage"], "transformer"))
+    squeezed = {k: (v.reshape(-1) if k.endswith("pad_token") else v) for k, v in tensors.items()}
+    assert any(v.ndim == 1 and k.endswith("pad_token") for k, v in squeezed.items())
+    path = write_gguf(tmp_path / "squeezed.gguf", squeezed, "Q8_0", "lumina2")
+    export_gguf(path, tmp_path / "out", options=ExportOptions(validate=False), base=bases["zimage"], progress=False)
+    assert (tmp_path / "out" / "manifest.json").is_file()

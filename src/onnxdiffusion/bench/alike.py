@@ -19,7 +19,8 @@ TINY_VAE_DIR = "vae_tiny"  # the diffusers source's AutoencoderTiny (TAESD) fold
 # scheduler class diffusers reproduces that sampler with (samplers/config.SAMPLER_CLASS); stable-diffusion.cpp
 # has its own sample methods, and runs DDIM with trailing timesteps only (same update rule and backbone calls).
 _DIFFUSERS_PEER_SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m", "pndm", "unipc", "lcm", "tcd")
-SDCPP_SAMPLERS = {"ddim": "ddim_trailing", "euler": "euler", "euler_a": "euler_a", "dpmpp_2m": "dpm++2m",
+# flow_euler: sd.cpp's euler on a flow-matching model (Z-Image, FLUX.2) is the flow-match Euler step
+SDCPP_SAMPLERS = {"ddim": "ddim_trailing", "euler": "euler", "flow_euler": "euler", "euler_a": "euler_a", "dpmpp_2m": "dpm++2m",
                   "lcm": "lcm", "tcd": "tcd"}
 
 

@@ -142,7 +142,7 @@ def _model(opts, rec: dict, notes: list[str]):
         from .arch import default_work, prepare
 
         work = Path(opts.work or default_work(opts.arch)).resolve()
-        model, source, note = prepare(opts.arch, work, opts.threads or 1, progress=opts.progress)
+        model, source, note = prepare(opts.arch, work, opts.threads or 1, progress=opts.progress, depth=opts.arch_depth)
         notes.append(note)
         sampler = opts.sampler or ARCHES[opts.arch].sampler or default_sampler(
             json.loads((model / "scheduler" / "scheduler_config.json").read_text()))

@@ -48,9 +48,13 @@ class BenchOptions:
     threads: int | None = option(None, "intra-op threads for every runtime (default: libraries')")
     rss: str = option("subprocess", "subprocess (peak RSS per variant in a fresh process) | off")
     # None (the given model) | arch.ARCHES (random weights, speed/memory/size only)
-    arch: str | None = option(None, "sd15 | sd15-tiny | sd15-lcm | sd15-lcm-tiny | sdxl | sd3 | flux | qwenimage: "
-                                    "full-size (sd15; sd15-lcm: the FastSD CPU recipe) or full-width random-weight "
-                                    "model, speed/memory/size only")
+    arch: str | None = option(None, "sd15 | sd15-tiny | sd15-lcm | sd15-lcm-tiny | sdxl | sd3 | flux | qwenimage | "
+                                    "zimage | flux2_klein: full-size (sd15, zimage, flux2_klein; sd15-lcm: the FastSD CPU "
+                                    "recipe) or full-width random-weight model, speed/memory/size only")
+    # --arch zimage / flux2_klein: depth overrides for proof runs (arch/release.py); None: release size
+    arch_depth: str | None = option(
+        None, "--arch zimage | flux2_klein: BACKBONE[/ENCODER] depth for proof runs, e.g. 1,1/2 (Z-Image main,refiner "
+              "layers / narrow text-encoder layers; klein double,single / >= 28); default: release size")
     # --arch: where the model is built (reused when present)
     work: Path | None = option(
         None, "--arch: build folder (default /tmp/ARCH-bench); also where --quantize caches its folders "

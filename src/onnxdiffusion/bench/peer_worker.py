@@ -6,7 +6,8 @@
             8-bit weights everywhere + 8-bit activations in the UNet, calibrated on --calib-prompts)
   sdcpp     stable-diffusion.cpp (GGML) through stable-diffusion-cpp-python: the diffusers source folder
             converted once by sd.cpp's own converter to one GGUF checkpoint under --cache, weights in
-            mode f32, q8_0 or q4_0 (GGML's block formats), then loaded and run with --threads threads
+            mode f32, q8_0 or q4_0 (GGML's block formats), then loaded and run with --threads threads; Z-Image and
+            FLUX.2 [klein] from split files (arch/sdcpp_files.py: the original names), q8_0 or q4_K
 
 Protocol: one JSON object per line. With --convert-only the worker converts the model into --cache (the
 one-off OpenVINO IR / GGUF conversion, in a process of its own so that its memory peak is reported apart
@@ -132,14 +133,46 @@ def load_optimum(args):
     return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.unet, pipe.vae_decoder)
 
 
-SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0"}
+SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0", "q4_K": "q4_K"}
+SPLIT_PIPELINES = ("ZImagePipeline", "Flux2KleinPipeline")  # sd.cpp reads these from split files
+
+
+def _split_sources(args) -> dict:
+    """Z-Image / FLUX.2 [klein]: the backbone and the LLM rewritten to the names sd.cpp reads (arch/sdcpp_files.py,
+    once per source) and the GGUF each converts to under --cache; the VAE as it is."""
+    sys.path.insert(0, str(Path(__file__).with_name("arch")))
+    import sdcpp_files
+
+    src = sdcpp_files.prepare(Path(args.folder), Path(args.cache).parent / "sdcpp-src")
+    return {"src": src, "gguf": {part: Path(args.cache) / f"{part}-{args.mode}.gguf" for part in ("diffusion", "llm")}}
+
+
+def _is_split(args) -> bool:
+    return json.loads((Path(args.folder) / "model_index.json").read_text()).get("_class_name") in SPLIT_PIPELINES
 
 
 def convert_sdcpp(args) -> dict | None:
-    """The diffusers folder -> one GGUF under --cache by sd.cpp's own converter (None: already there)."""
+    """The diffusers folder -> GGUF under --cache by sd.cpp's own converter (one checkpoint for SD1.x, the
+    backbone and the LLM apart for the split families); None: already there."""
     from stable_diffusion_cpp import stable_diffusion_cpp as low
     from stable_diffusion_cpp.stable_diffusion import GGML_TYPE_MAP
 
+    if _is_split(args):
+        t0 = time.perf_counter()
+        files = _split_sources(args)
+        done = True
+        for part, gguf in files["gguf"].items():
+            if gguf.is_file():
+                continue
+            done = False
+            gguf.parent.mkdir(parents=True, exist_ok=True)
+            tmp = gguf.with_suffix(".part.gguf")
+            ok = low.convert(str(files["src"][part]).encode(), b"", str(tmp).encode(),
+                             GGML_TYPE_MAP[SDCPP_TYPES[args.mode]], b"", False)
+            if not ok or not tmp.is_file():
+                raise RuntimeError(f"stable-diffusion.cpp could not convert {files['src'][part].name} to {args.mode}")
+            os.replace(tmp, gguf)
+        return None if done else {"convert_s": time.perf_counter() - t0}
     gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
     if not gguf.is_file():
         gguf.parent.mkdir(parents=True, exist_ok=True)
@@ -157,13 +190,23 @@ def convert_sdcpp(args) -> dict | None:
 def load_sdcpp(args):
     import stable_diffusion_cpp as sdc
 
-    gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
     info = convert_sdcpp(args) or {}
     threads = args.threads or os.cpu_count() or 1
     t0 = time.perf_counter()
-    sd = sdc.StableDiffusion(model_path=str(gguf), n_threads=threads, verbose=False)
+    if _is_split(args):
+        files = _split_sources(args)
+        sd = sdc.StableDiffusion(diffusion_model_path=str(files["gguf"]["diffusion"]),
+                                 llm_path=str(files["gguf"]["llm"]), vae_path=str(files["src"]["vae"]),
+                                 n_threads=threads, verbose=False)
+        if not getattr(getattr(sd, "_model", None), "model", True):  # 0.4.7 lets a NULL context through as an object
+            raise RuntimeError("stable-diffusion.cpp could not load the files (below release size its Z-Image layers "
+                               "and Qwen3 heads are constants: it runs these families at release size only)")
+        info["ir_bytes"] = sum(g.stat().st_size for g in files["gguf"].values())
+    else:
+        gguf = Path(args.cache) / f"sd15-{args.mode}.gguf"
+        sd = sdc.StableDiffusion(model_path=str(gguf), n_threads=threads, verbose=False)
+        info["ir_bytes"] = gguf.stat().st_size
     info["load_s"] = time.perf_counter() - t0
-    info["ir_bytes"] = gguf.stat().st_size
     versions = {"stable-diffusion-cpp-python": dist_version("stable-diffusion-cpp-python"),
                 "ggml_type": SDCPP_TYPES[args.mode]}
     return sd, info, versions, (None, None, None)
@@ -238,7 +281,7 @@ def main(argv=None) -> int:
     global _PROTO
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("optimum", "openvino", "sdcpp"), required=True)
-    ap.add_argument("--mode", default="fp32", choices=("fp32", "int8-hybrid", "q8_0", "q4_0"))
+    ap.add_argument("--mode", default="fp32", choices=("fp32", "int8-hybrid", "q8_0", "q4_0", "q4_K"))
     ap.add_argument("--folder", required=True)
     ap.add_argument("--cache", default=".")
     ap.add_argument("--threads", type=int, default=0)

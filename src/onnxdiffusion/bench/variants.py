@@ -15,9 +15,10 @@ A variant is one way to turn a prompt into an image:
   optimum-ort             Hugging Face Optimum's ORTStableDiffusionPipeline on our folder (.venv-optimum)
   openvino-fp32, openvino-int8-hybrid
                           optimum-intel's OVStableDiffusionPipeline on the diffusers source (.venv-openvino)
-  sdcpp-fp32, sdcpp-q8_0, sdcpp-q4_0
+  sdcpp-fp32, sdcpp-q8_0, sdcpp-q4_0, sdcpp-q4_K
                           stable-diffusion.cpp on the diffusers source converted to GGUF (.venv-sdcpp);
-                          SD1.x-shaped models only (--arch sd15)
+                          SD1.x-shaped models (--arch sd15: fp32, q8_0, q4_0) and Z-Image / FLUX.2 [klein]
+                          (--arch zimage, flux2_klein: q8_0, q4_K)
 
 A variant that cannot run here is kept with a `skip` reason (shown in the report), never dropped silently.
 """
@@ -36,6 +37,7 @@ from ..families.sd import StableDiffusion
 from ..folder.manifest import Manifest
 from ..folder.paths import embedded_diffusers_folder, models_root, shown_path
 from .alike import SDCPP_SAMPLERS, TINY_VAE_DIR, peer_sampler, peer_sampler_skip, tiny_skip  # noqa: F401 (re-exported)
+from .arch.sdcpp_files import layout as sdcpp_layout
 
 KNOWN_RECIPES = ("fp16", "int8-dynamic", "int8-static", "int8-naive", "int8-timestep", "mixed", "int4-weights", "w4a8",
                  "weights-only", "fp8", "nvfp4")
@@ -47,6 +49,7 @@ PEERS = {
     "sdcpp-fp32": ("sdcpp", "fp32"),
     "sdcpp-q8_0": ("sdcpp", "q8_0"),
     "sdcpp-q4_0": ("sdcpp", "q4_0"),
+    "sdcpp-q4_K": ("sdcpp", "q4_K"),  # Z-Image / FLUX.2 [klein] (arch/sdcpp_files.py)
 }
 PEER_VENVS = {"optimum": ".venv-optimum", "openvino": ".venv-openvino", "sdcpp": ".venv-sdcpp"}
 PEER_MODULES = {"optimum": "optimum.onnxruntime", "openvino": "optimum.intel", "sdcpp": "stable_diffusion_cpp"}
@@ -323,8 +326,11 @@ def _plan(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -
             skip = f"peer not installed: no {shown_path(py)} ({PEER_INSTALL_HINT[peer]})"
         elif folder is None:
             skip = "no diffusers source folder for this model"
-        elif peer == "sdcpp" and not _sd1_shaped(folder):
-            skip = "stable-diffusion.cpp builds SD1.x/2.x/XL networks by their fixed shapes; this model is not one"
+        elif peer == "sdcpp" and not _sd1_shaped(folder) and sdcpp_layout(folder) is None:
+            skip = ("stable-diffusion.cpp builds SD1.x/2.x/XL networks by their fixed shapes (and Z-Image / FLUX.2 "
+                    "[klein] from split files); this model is none of them")
+        elif peer == "sdcpp" and mode not in (("q8_0", "q4_K") if sdcpp_layout(folder) else ("fp32", "q8_0", "q4_0")):
+            skip = "sdcpp-fp32/q4_0 run SD1.x-shaped models, sdcpp-q4_K Z-Image / FLUX.2 [klein] (q8_0 both)"
         else:
             skip = peer_sampler_skip(peer, opts.sampler)
         spec = VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, sampler=opts.sampler,

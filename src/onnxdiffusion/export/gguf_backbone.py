@@ -94,7 +94,8 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
     for name, p in params.items():
         t, i, n = mapped[name]
         shape = (t.shape[0] // n, *t.shape[1:])
-        if tuple(p.shape) != shape:
+        # GGML drops size-1 dimensions (sd.cpp writes Z-Image's [1, 3840] pad tokens as [3840]): the same tensor
+        if tuple(p.shape) != shape and [d for d in p.shape if d != 1] != [d for d in shape if d != 1]:
             raise UserError(f"{gg.path}: tensor {t.name!r} has shape {list(shape)}; --base's {class_name} wants "
                             f"{list(p.shape)} for {name!r} (another size of the model?)")
     types = Counter(type_name(t.ggml_type) for t in gg.tensors.values())
@@ -119,7 +120,8 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
         if name in done:
             continue
         owner, leaf = parent_of(module, name)
-        setattr(owner, leaf, torch.nn.Parameter(_float(gg, mapped[name]), requires_grad=False))
+        value = _float(gg, mapped[name]).reshape(params[name].shape)
+        setattr(owner, leaf, torch.nn.Parameter(value, requires_grad=False))
         report["float"] += 1
     return module.eval(), report
 

@@ -5,6 +5,9 @@
   sd15-lcm, sd15-lcm-tiny
              the FastSD CPU recipe at SD1.5 size (or narrow): LCM-distilled UNet, LCM 4 steps, 512x512, TAESD as
              the tiny decoder (`--decoder tiny`), against OpenVINO's pipeline of the same folder with TAESD
+  zimage, flux2_klein
+             Z-Image-Turbo and FLUX.2 [klein] 4B at release size (arch/release.py: random bf16 shards written
+             tensor by tensor; `--arch-depth` cuts them down for proof runs)
   sdxl, sd3, flux, qwenimage
              the released widths (hidden sizes, heads, channels) with fewer blocks/layers so that diffusers and
              ONNX Runtime fit side by side on a 24 GB CPU machine, built by arch/fullwidth.py (profile
@@ -35,7 +38,7 @@ def _run(cmd: list[str], arch: str, what: str, progress: bool) -> None:
         raise UserError(f"--arch {arch}: {what} failed (exit {proc.returncode})")
 
 
-def _sd15(arch: str, work: Path, threads: int, progress: bool) -> None:
+def _sd15(arch: str, work: Path, threads: int, progress: bool, depth: str | None = None) -> None:
     """sd15.py's build (skipped when the diffusers folder is there) and export phases."""
     tiny = (["--tiny"] if arch.endswith("-tiny") else []) + (["--lcm"] if "-lcm" in arch else [])
     mod = [sys.executable, "-m", "onnxdiffusion.bench.arch.sd15"]
@@ -44,12 +47,29 @@ def _sd15(arch: str, work: Path, threads: int, progress: bool) -> None:
     _run([*mod, "export", str(work), "--threads", str(threads)], arch, "exporting it", progress)
 
 
-def _fullwidth(arch: str, work: Path, threads: int, progress: bool) -> None:
+def depth_args(arch: str, depth: str | None) -> list[str]:
+    """--arch-depth BACKBONE[/ENCODER] -> fullwidth.py's --depth / --encoder-layers (checked here: one-line errors)."""
+    if depth is None:
+        return []
+    backbone, _, encoder = depth.partition("/")
+    try:
+        parts = [int(p) for p in backbone.split(",")]
+        layers = int(encoder) if encoder else None
+    except ValueError:
+        raise UserError(f"--arch-depth {depth!r}: expected BACKBONE[/ENCODER], e.g. 1,1/2") from None
+    if not parts or min(parts) < 1 or (layers is not None and layers < 1):
+        raise UserError(f"--arch-depth {depth!r}: depths are positive integers")
+    if encoder and arch not in ("zimage", "flux2_klein"):
+        raise UserError(f"--arch-depth {depth!r}: /ENCODER applies to --arch zimage and flux2_klein only")
+    return ["--depth", ",".join(map(str, parts)), *(["--encoder-layers", str(layers)] if layers else [])]
+
+
+def _fullwidth(arch: str, work: Path, threads: int, progress: bool, depth: str | None = None) -> None:
     """fullwidth.py builds the diffusers folder (profile `bench`); `onnxdiffusion export` exports it."""
     diff_dir, onnx_dir = work / "diffusers", work / "onnx"
     if not (diff_dir / "model_index.json").is_file():
         _run([sys.executable, "-m", "onnxdiffusion.bench.arch.fullwidth", "build", arch, str(diff_dir),
-              "--profile", "bench"], arch, "building the full-width model", progress)
+              "--profile", "bench", *depth_args(arch, depth)], arch, "building the full-width model", progress)
     _run([sys.executable, "-m", "onnxdiffusion.cli", "export", str(diff_dir), str(onnx_dir), "--overwrite"],
          arch, "exporting it", progress)
 
@@ -57,12 +77,17 @@ def _fullwidth(arch: str, work: Path, threads: int, progress: bool) -> None:
 QUANTIZE_ARGS = ("--calib-count", "4", "--calib-steps", "4", "--latency-runs", "3", "--no-quality")
 
 
+# the release-size rows by default (the quantized folders found beside the export are added): an fp32 ONNX Runtime
+# row of a 6B backbone holds 24.6 GB of weights
+RELEASE_ROWS = ("torch-bf16", "sdcpp-q8_0", "sdcpp-q4_K")
+
+
 @dataclass(frozen=True)
 class Arch:
     what: str
     steps: int  # default sampling steps
     variants: tuple[str, ...]  # default rows
-    build: Callable[[str, Path, int, bool], None]
+    build: Callable[..., None]  # (arch, work, threads, progress, depth)
     # `bench --quantize` on this random-weight model: calibration kept small (its statistics only set the int8
     # ranges; images are noise either way), no quality probes (meaningless on random weights)
     quantize_args: tuple[str, ...] = QUANTIZE_ARGS
@@ -95,6 +120,12 @@ ARCHES = {
                  ("torch-fp32", "ort-fp32"), _fullwidth),
     "qwenimage": Arch("Qwen-Image widths (MMDiT 3072 wide, 24 heads; Qwen2.5-VL-7B text width), fewer blocks", 4,
                       ("torch-fp32", "ort-fp32"), _fullwidth),
+    # release size (arch/release.py): the eager peer in bf16 (fp32 of a 6B backbone beside its 4B encoder is 40 GB);
+    # both are step-distilled, run without CFG (guidance 1) as their model cards do
+    "zimage": Arch("Z-Image-Turbo at release size (6.15B DiT 3840 wide, 30+2 layers; Qwen3-4B; FLUX.1 VAE)", 8,
+                   RELEASE_ROWS, _fullwidth, guidance=1.0),
+    "flux2_klein": Arch("FLUX.2 [klein] 4B at release size (3.88B DiT 3072 wide, 5+20 blocks; Qwen3-4B; FLUX.2 VAE)",
+                        4, RELEASE_ROWS, _fullwidth, guidance=1.0),
 }
 
 
@@ -102,7 +133,8 @@ def default_work(arch: str) -> Path:
     return Path(f"/tmp/{arch}-bench")
 
 
-def prepare(arch: str, work: Path, threads: int = 1, progress: bool = True) -> tuple[Path, Path, str]:
+def prepare(arch: str, work: Path, threads: int = 1, progress: bool = True,
+            depth: str | None = None) -> tuple[Path, Path, str]:
     """(exported model folder, diffusers folder, note stating the config) of `arch` under `work`, built if needed."""
     spec = ARCHES[arch]
     work = Path(work).resolve()
@@ -115,7 +147,10 @@ def prepare(arch: str, work: Path, threads: int = 1, progress: bool = True) -> t
         except ImportError:
             raise UserError(f"--arch {arch} builds the model with torch and diffusers: install the export extra") from None
         work.mkdir(parents=True, exist_ok=True)
-        spec.build(arch, work, threads, progress)
+        if depth is not None and spec.build is _sd15:
+            raise UserError(f"--arch-depth applies to the full-width arches, not --arch {arch}")
+        depth_args(arch, depth)  # bad input fails before anything is built
+        spec.build(arch, work, threads, progress, depth)
     if not (onnx_dir / "manifest.json").is_file():
         raise UserError(f"--arch {arch}: no exported model at {onnx_dir} after the build")
     return onnx_dir, diff_dir, _note(arch, diff_dir)
@@ -125,8 +160,9 @@ def _note(arch: str, diff_dir: Path) -> str:
     note = f"--arch {arch}: {ARCHES[arch].what}, random weights; quality columns are left out (the images are noise)."
     try:
         d = json.loads((diff_dir / "fullwidth.json").read_text())
+        width = "narrow internals at the release width" if d.get("encoder") == "narrow" else "full width"
         note += (f" Built: {d['backbone_class']} depth {d['backbone_depth']} (released {d['released_depth']}), text "
-                 f"encoders {d['encoder_layers']} layer(s) each at full width; config in the model's diffusers folder.")
+                 f"encoders {d['encoder_layers']} layer(s) each, {width}; config in the model's diffusers folder.")
     except (OSError, ValueError, KeyError):
         pass
     return note

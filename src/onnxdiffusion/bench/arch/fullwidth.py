@@ -25,7 +25,11 @@ import json
 import sys
 from pathlib import Path
 
-ARCHES = ("sdxl", "sd3", "flux", "qwenimage")
+from . import release
+
+ARCHES = ("sdxl", "sd3", "flux", "qwenimage", "zimage", "flux2_klein")
+# built at release size by release.py (random bf16 shards written tensor by tensor, Qwen3-4B text encoder)
+RELEASE_ARCHES = ("zimage", "flux2_klein")
 
 # the backbone's depth knob per arch and profile; the released depth for reference
 DEPTHS = {
@@ -37,6 +41,9 @@ DEPTHS = {
     "flux": {"full": (19, 38), "memory": (3, 6), "bench": (1, 1)},
     # Qwen-Image: 60 blocks
     "qwenimage": {"full": 60, "memory": 6, "bench": 1},
+    # Z-Image-Turbo: 30 main + 2 refiner layers; FLUX.2 [klein] 4B: 5 double + 20 single blocks (bench: release)
+    "zimage": {"full": (30, 2), "memory": (30, 2), "bench": (30, 2)},
+    "flux2_klein": {"full": (5, 20), "memory": (5, 20), "bench": (5, 20)},
 }
 # text-encoder layers per profile (released: CLIP-L 12, OpenCLIP-bigG 32, T5-XXL 24, Qwen2.5-VL-7B 28)
 ENCODER_LAYERS = {"memory": 1, "bench": 1}
@@ -94,6 +101,8 @@ def backbone_config(arch: str, depth) -> tuple[str, dict]:
             patch_size=2, in_channels=64, out_channels=16, num_layers=int(d), attention_head_dim=128,
             num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))),
     }
+    if arch in RELEASE_ARCHES:
+        return release.backbone_config(arch, depth)
     return configs[arch](depth)
 
 
@@ -229,6 +238,8 @@ BUILDERS = {"sdxl": _sdxl, "sd3": _sd3, "flux": _flux, "qwenimage": _qwenimage}
 
 
 def describe(arch: str, profile: str, depth=None) -> dict:
+    if arch in RELEASE_ARCHES:
+        return {"arch": arch, "profile": "release", "backbone_depth": DEPTHS[arch]["full"] if depth is None else depth}
     depth = DEPTHS[arch][profile] if depth is None else depth
     name, cfg = backbone_config(arch, depth)
     return {"arch": arch, "profile": profile, "backbone_class": name, "backbone_depth": depth,
@@ -236,8 +247,10 @@ def describe(arch: str, profile: str, depth=None) -> dict:
             "backbone_config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
 
 
-def build(arch: str, folder: Path, profile: str, depth=None) -> dict:
+def build(arch: str, folder: Path, profile: str, depth=None, encoder_layers: int | None = None) -> dict:
     """Write a diffusers pipeline folder at `folder` (seeded random weights); returns describe()."""
+    if arch in RELEASE_ARCHES:  # release size: never instantiated, written shard by shard
+        return release.build(arch, folder, depth, encoder_layers)
     import shutil
     import tempfile
 
@@ -271,7 +284,11 @@ def main() -> None:
     ap.add_argument("arch", choices=ARCHES)
     ap.add_argument("folder", nargs="?", type=Path)
     ap.add_argument("--profile", default="bench", choices=("memory", "bench"))
-    ap.add_argument("--depth", help="backbone depth: N, or a,b(,c) (SDXL: blocks per level; Flux: double,single)")
+    ap.add_argument("--depth", help="backbone depth: N, or a,b(,c) (SDXL: blocks per level; Flux, klein: double,single; "
+                                    "Z-Image: main,refiner)")
+    ap.add_argument("--encoder-layers", type=int, default=None,
+                    help="zimage / flux2_klein: N narrow text-encoder layers at the release width (proof runs; "
+                         "default: Qwen3-4B at release size)")
     args = ap.parse_args()
     depth = _depth_arg(args.depth)
     if args.verb == "params":
@@ -282,7 +299,7 @@ def main() -> None:
         return
     if args.folder is None:
         ap.error("build needs FOLDER")
-    print(json.dumps(build(args.arch, args.folder, args.profile, depth)))
+    print(json.dumps(build(args.arch, args.folder, args.profile, depth, args.encoder_layers)))
 
 
 if __name__ == "__main__":
