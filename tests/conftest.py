@@ -291,6 +291,16 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         raise pytest.UsageError("tests that build a slow fixture must be marked slow (pytest.mark.slow):\n  "
                                 + "\n  ".join(unmarked))
+    first = {name: rank for rank, name in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable: the rest keep their order
+
+
+# Modules of long single tests (a quantization, a bench or tune run, a browser, peer venvs), run first: `make test`'s
+# two workers each take half the tests in this order and steal from the other's tail, so a long test there would
+# run last on one worker while the other idles (collected by path, tests/web and tests/tune came last).
+RUN_FIRST = ("tests/web/test_web.py", "tests/tune/test_tune.py", "tests/bench/test_peers.py", "tests/bench/test_bench.py",
+             "tests/models/test_mmdit_model.py", "tests/models/test_embedded_model.py",
+             "tests/quantize/test_family_quantize.py", "tests/serve/test_serve_page.py")
 
 
 _FROZEN_AT: list = [None]
