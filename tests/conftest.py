@@ -204,9 +204,9 @@ tiny_qwenimage_diffusers = built("tiny_qwenimage", "tiny_families", "build_tiny_
 tiny_zimage_diffusers = built("tiny_zimage", "tiny_families", "build_tiny_zimage")
 
 
-def export_family(src: Path, out: Path) -> Path:
+def export_family(src: Path, out: Path, **options) -> Path:
     """Export the components generate needs (the VAE encoder is left out to keep tests fast), with a
-    32x32 default size (the pipelines' own default is 128 latent patches a side)."""
+    32x32 default size (the pipelines' own default is 128 latent patches a side); `options`: more ExportOptions."""
     import json
 
     from onnxdiffusion.export import ExportOptions, export_pipeline
@@ -214,13 +214,26 @@ def export_family(src: Path, out: Path) -> Path:
 
     family = family_for_pipeline(json.loads((src / "model_index.json").read_text())["_class_name"])
     names = (*(s.name for s in family.text_encoders), family.backbone, "vae_decoder")
-    export_pipeline(src, out, ExportOptions(components=names, default_size=32), progress=False)
+    export_pipeline(src, out, ExportOptions(components=names, default_size=32, **options), progress=False)
     return out
 
 
 tiny_flux_onnx = exported("tiny_flux_onnx", "tiny_flux_diffusers", export_family)
 tiny_qwenimage_onnx = exported("tiny_qwenimage_onnx", "tiny_qwenimage_diffusers", export_family)
 tiny_zimage_onnx = exported("tiny_zimage_onnx", "tiny_zimage_diffusers", export_family)
+
+
+def export_family_encoder(src: Path, out: Path) -> Path:
+    """export_family's components and the VAE encoder (img2img, inpainting and ControlNet encode a picture)."""
+    from onnxdiffusion.export import ExportOptions, export_pipeline
+
+    names = ("text_encoder", "transformer", "vae_decoder", "vae_encoder")
+    export_pipeline(src, out, ExportOptions(components=names, default_size=32), progress=False)
+    return out
+
+
+# one export shared by the img2img, inpainting and ControlNet tests (it was one per test module)
+tiny_qwenimage_enc_onnx = exported("tiny_qwenimage_enc_onnx", "tiny_qwenimage_diffusers", export_family_encoder)
 
 
 # -- FLUX.2 (tests/helpers/tiny_flux2.py builds them) ------------------------------------------------------
@@ -266,7 +279,8 @@ SLOW_ONLY_FIXTURES = {
     "bench_models", "bench_run", "calib", "flux", "flux_pair", "peer_bench", "quantized", "qwen", "qwen_pair",
     "rendered", "scheduled", "sd3_loops", "sd3_without_t5", "sdxl_loops", "serve_models", "server",
     "static_folder", "tiny_flux_diffusers", "tiny_flux_onnx", "tiny_loops", "tiny_qwenimage_diffusers",
-    "tiny_qwenimage_onnx", "tiny_sd3_onnx", "tiny_sdxl_onnx", "tiny_zimage_diffusers", "tiny_zimage_onnx",
+    "tiny_qwenimage_onnx", "tiny_qwenimage_enc_onnx", "tiny_sd3_onnx", "tiny_sdxl_onnx", "tiny_zimage_diffusers",
+    "tiny_zimage_onnx",
     "tiny_flux2_klein_diffusers", "tiny_flux2_dev_diffusers", "tiny_flux2_klein_onnx", "tiny_flux2_dev_onnx", "flux2_loops"
 }
 
@@ -277,6 +291,16 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         raise pytest.UsageError("tests that build a slow fixture must be marked slow (pytest.mark.slow):\n  "
                                 + "\n  ".join(unmarked))
+    first = {name: rank for rank, name in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable: the rest keep their order
+
+
+# Modules of long single tests (a quantization, a bench or tune run, a browser, peer venvs), run first: `make test`'s
+# two workers each take half the tests in this order and steal from the other's tail, so a long test there would
+# run last on one worker while the other idles (collected by path, tests/web and tests/tune came last).
+RUN_FIRST = ("tests/web/test_web.py", "tests/tune/test_tune.py", "tests/bench/test_peers.py", "tests/bench/test_bench.py",
+             "tests/models/test_mmdit_model.py", "tests/models/test_embedded_model.py",
+             "tests/quantize/test_family_quantize.py", "tests/serve/test_serve_page.py")
 
 
 _FROZEN_AT: list = [None]

@@ -25,18 +25,9 @@ from onnxdiffusion.export.streamed_float import should_stream
 pytestmark = pytest.mark.slow
 
 
-def _build(kind: str, root: Path) -> Path:
-    if kind == "zimage":
-        from tiny_families import build_tiny_zimage
-
-        return build_tiny_zimage(root)
-    if kind == "qwenimage":
-        from tiny_families import build_tiny_qwenimage
-
-        return build_tiny_qwenimage(root)
-    from tiny_flux2 import build_tiny_flux2_klein
-
-    return build_tiny_flux2_klein(root)
+def _src(request, kind: str) -> Path:
+    """The tiny `kind` pipeline (conftest's session fixture: built once per run, read-only here)."""
+    return request.getfixturevalue(f"tiny_{kind}_diffusers")
 
 
 def _backbone_out(src: Path, out: Path) -> np.ndarray:
@@ -48,8 +39,8 @@ def _backbone_out(src: Path, out: Path) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["zimage", "qwenimage", "flux2_klein"])
-def test_streamed_matches_plain(tmp_path, kind):
-    src = _build(kind, tmp_path)
+def test_streamed_matches_plain(request, tmp_path, kind):
+    src = _src(request, kind)
     family, _ = source_info(src)
     base = ExportOptions(components=(family.backbone,))
     plain = export_pipeline(src, tmp_path / "plain", replace(base, stream_weights="off"), progress=False)
@@ -67,10 +58,10 @@ def test_streamed_matches_plain(tmp_path, kind):
     assert np.abs(ref - got).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
 
 
-def test_bf16_shards_read_exactly(tmp_path):
+def test_bf16_shards_read_exactly(tiny_zimage_diffusers, tmp_path):
     from diffusers import ZImageTransformer2DModel
 
-    src = _build("zimage", tmp_path)
+    src = tiny_zimage_diffusers
     model = ZImageTransformer2DModel.from_pretrained(src / "transformer")
     bf16 = tmp_path / "bf16"
     model.to(torch.bfloat16).save_pretrained(bf16, safe_serialization=True, max_shard_size="20KB")
@@ -80,8 +71,8 @@ def test_bf16_shards_read_exactly(tmp_path):
         assert torch.equal(torch.from_numpy(shards.read(name)), p.float())
 
 
-def test_auto_keeps_small_backbones_plain(tmp_path):
-    src = _build("zimage", tmp_path)
+def test_auto_keeps_small_backbones_plain(tiny_zimage_diffusers, tmp_path):
+    src = tiny_zimage_diffusers
     assert not should_stream(src / "transformer", "auto")
     assert should_stream(src / "transformer", "on")
     with pytest.raises(UserError, match="stream"):
@@ -115,14 +106,18 @@ def test_huge_header_length_refused(tmp_path):
         Shards(tmp_path)
 
 
-def test_streamed_folder_generates_the_plain_image(tmp_path):
+def test_streamed_folder_generates_the_plain_image(tiny_zimage_diffusers, tiny_zimage_onnx, tmp_path):
+    """The plain folder is conftest's (export_family: every component but the VAE encoder, stream_weights "auto",
+    which is "off" for a tiny backbone: test_auto_keeps_small_backbones_plain); the streamed one is exported alike."""
+    from conftest import export_family
+
     from onnxdiffusion.runtime import Pipeline
 
-    src = _build("zimage", tmp_path)
+    folders = {"off": tiny_zimage_onnx, "on": export_family(tiny_zimage_diffusers, tmp_path / "on", stream_weights="on")}
     images = []
-    for setting in ("off", "on"):
-        out = tmp_path / setting
-        export_pipeline(src, out, ExportOptions(stream_weights=setting, skip=("vae_encoder",)), progress=False)
+    for setting, out in folders.items():
+        streamed = json.loads((out / "manifest.json").read_text())["components"]["transformer"].get("streamed_weights")
+        assert streamed is (True if setting == "on" else None), setting
         for memory in ("default", "bounded"):
             pipe = Pipeline.from_folder(out, threads=1, memory=memory)
             images.append(pipe("a red circle", steps=2, seed=1, height=32, width=32).images.astype(int))

@@ -113,16 +113,22 @@ def test_dynamic_shift_scheduler_matches_diffusers(zimage_pair, tiny_zimage_onnx
     assert psnr(got.images, want) >= 40.0
 
 
-@pytest.mark.parametrize("negative", [None, LONG_NEGATIVE])
-def test_loop_and_unrolled_forms_match_the_host_loop_and_diffusers(zimage_pair, tiny_zimage_onnx, tmp_path, negative):
+@pytest.fixture(scope="module")
+def zimage_loops(tiny_zimage_onnx, tmp_path_factory):
+    """The folder with its Loop graph and a STEPS-step unrolled graph: both negative-prompt cases read it."""
     from onnxdiffusion.loopgraph.compile import compile_loop
 
-    ref, _ = zimage_pair
-    folder = tmp_path / "model"
+    folder = tmp_path_factory.mktemp("zimage_loops") / "model"
     shutil.copytree(tiny_zimage_onnx, folder)
     compile_loop(folder, folder, form="loop")
     compile_loop(folder, folder, form="unrolled", steps=STEPS)
-    pipe = Pipeline.from_folder(folder)
+    return Pipeline.from_folder(folder)
+
+
+@pytest.mark.parametrize("negative", [None, LONG_NEGATIVE])
+def test_loop_and_unrolled_forms_match_the_host_loop_and_diffusers(zimage_pair, zimage_loops, negative):
+    ref, _ = zimage_pair
+    pipe = zimage_loops
     latents = _latents(3)
     want = _diffusers(ref, 3.0, negative, latents)
     kw = dict(steps=STEPS, guidance=3.0, height=H, width=W, latents=latents.numpy(), negative_prompt=negative)

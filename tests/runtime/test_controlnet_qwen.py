@@ -25,14 +25,14 @@ SIZE = 32
 
 
 @pytest.fixture(scope="module")
-def qwen_cn(tiny_qwenimage_diffusers, tmp_path_factory):
-    """The tiny Qwen-Image folder with its VAE encoder and controlnet_helpers.FAMILY_NETS["qwenimage"]: "one" a
-    single block (its sample joins after both of the transformer's blocks), "two" one per block."""
+def qwen_cn(tiny_qwenimage_diffusers, tiny_qwenimage_enc_onnx, tmp_path_factory):
+    """The tiny Qwen-Image folder with its VAE encoder (conftest's, exported at SIZE) and
+    controlnet_helpers.FAMILY_NETS["qwenimage"]: "one" a single block (its sample joins after both of the
+    transformer's blocks), "two" one per block."""
     from controlnet_helpers import family_controlnet_folder
 
-    names = ("text_encoder", "transformer", "vae_decoder", "vae_encoder")
-    out, nets = family_controlnet_folder(tmp_path_factory, "qwenimage", tiny_qwenimage_diffusers, components=names,
-                                         size=SIZE)
+    out, nets = family_controlnet_folder(tmp_path_factory, "qwenimage", tiny_qwenimage_diffusers,
+                                         base=tiny_qwenimage_enc_onnx)
     return Pipeline.from_folder(out), nets
 
 

@@ -133,14 +133,9 @@ def test_qwenimage_img2img_matches_diffusers(tiny_qwenimage_diffusers, tiny_qwen
 
 
 @pytest.fixture(scope="module")
-def qwen_with_encoder(tiny_qwenimage_diffusers, tmp_path_factory):
-    """The tiny Qwen-Image folder as export_family makes it, plus its VAE encoder."""
-    from onnxdiffusion.export import ExportOptions, export_pipeline
-
-    out = tmp_path_factory.mktemp("qwen_encoder") / "model"
-    names = ("text_encoder", "transformer", "vae_decoder", "vae_encoder")
-    export_pipeline(tiny_qwenimage_diffusers, out, ExportOptions(components=names, default_size=32), progress=False)
-    return out
+def qwen_with_encoder(tiny_qwenimage_enc_onnx):
+    """The tiny Qwen-Image folder as export_family makes it, plus its VAE encoder (conftest: once per run)."""
+    return tiny_qwenimage_enc_onnx
 
 
 @pytest.mark.slow

@@ -49,13 +49,9 @@ def _loop_matches_host(folder, tmp_path, kwargs_list) -> None:
 # -- Qwen-Image: latent blending -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def qwen_with_encoder(tiny_qwenimage_diffusers, tmp_path_factory):
-    from onnxdiffusion.export import ExportOptions, export_pipeline
-
-    out = tmp_path_factory.mktemp("qwen_inpaint") / "model"
-    names = ("text_encoder", "transformer", "vae_decoder", "vae_encoder")
-    export_pipeline(tiny_qwenimage_diffusers, out, ExportOptions(components=names, default_size=32), progress=False)
-    return out
+def qwen_with_encoder(tiny_qwenimage_enc_onnx):
+    """The tiny Qwen-Image folder as export_family makes it, plus its VAE encoder (conftest: once per run)."""
+    return tiny_qwenimage_enc_onnx
 
 
 @pytest.mark.parametrize("sampler,strength,true_cfg", [("flow_euler", 0.8, 4.0), ("dpmpp_2m", 1.0, 4.0),

@@ -80,28 +80,32 @@ def test_rng_is_numpy_bit_for_bit(tmp_path):
 # -- the page folder ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pages(node_modules, tmp_path_factory):
-    """Page folders, made on first use: sd / mmdit x fp32 / int8 (int8-static, quantized here) / int8p
-    (int8-static rounding=portable)."""
+    """Page folders, made on first use, once per test run (conftest.shared_folder: under xdist a module's tests
+    run on both workers, and each would quantize again): sd / mmdit x fp32 / int8 (int8-static, quantized here) /
+    int8p (int8-static rounding=portable)."""
+    from conftest import shared_folder
+
     from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize, recipe_class
     from onnxdiffusion.web import export_web
 
-    root = tmp_path_factory.mktemp("web")
-    made = {}
-
     def get(name: str) -> tuple[Path, Path]:
-        if name not in made:
-            family, precision = name.split("-")
-            model = MODELS[family]
+        family, precision = name.split("-")
+
+        def model_in(root: Path) -> Path:
+            return MODELS[family] if precision == "fp32" else root / f"{family}-{precision}-model"
+
+        def build(root: Path) -> Path:
             if precision in ("int8", "int8p"):
                 sampler = "ddim" if family == "sd" else "flow_euler"
-                model = root / f"{family}-{precision}-model"
                 options = {"rounding": "portable"} if precision == "int8p" else {}
-                quantize(MODELS[family], model, QuantizeConfig(
+                quantize(MODELS[family], model_in(root), QuantizeConfig(
                     recipe=recipe_class("int8-static").with_options(options), latency_runs=1, measure_memory=False,
                     calibration=CalibrationConfig(count=8, steps=10, batch=4, sampler=sampler)), measure_quality=False)
-            export_web(model, root / name, webgpu=False, allow_drift=precision == "int8")
-            made[name] = (model, root / name)
-        return made[name]
+            export_web(model_in(root), root / name, webgpu=False, allow_drift=precision == "int8")
+            return root / name
+
+        page = shared_folder(tmp_path_factory, f"web_{name}", build)
+        return model_in(page.parent), page
 
     return get
 
@@ -372,6 +376,29 @@ def test_page_at_serve_web(pages, driver):
         srv.stop()
 
 
+def _family_page(request, fixture: str) -> tuple[Path, Path, dict]:
+    """(model folder, page folder, settings) of the `fixture` folder's page (20 steps at most, no WebGPU), exported
+    once per test run: three tests read the same page. A refusal is raised again, nothing written."""
+    from conftest import shared_folder
+
+    from onnxdiffusion.errors import UserError
+    from onnxdiffusion.web import export_web
+
+    model, tried = request.getfixturevalue(fixture), []
+
+    def build(root: Path) -> Path:
+        tried.append(root / "page")
+        export_web(model, root / "page", max_steps=20, webgpu=False)
+        return root / "page"
+
+    try:
+        page = shared_folder(request.getfixturevalue("tmp_path_factory"), f"web_{fixture}", build)
+    except UserError:
+        assert not tried[0].exists()
+        raise
+    return model, page, json.loads((page / "settings.json").read_text())
+
+
 # the families of issue 42 whose whole graph the page runs (text-to-image; the editing ones are refused)
 LLM_FAMILIES = ["tiny_zimage_onnx", "tiny_flux2_klein_onnx", "tiny_flux2_dev_onnx", "tiny_qwenimage_onnx"]
 
@@ -383,14 +410,11 @@ def test_other_families_run_or_refuse_in_one_line(node_modules, request, fixture
     """Beyond the two embedded models: a family's page gives generate's image, or export-web says in one line
     why the page cannot run it (never a page that fails in the browser)."""
     from onnxdiffusion.errors import UserError
-    from onnxdiffusion.web import export_web
 
-    model = request.getfixturevalue(fixture)
     try:
-        settings = export_web(model, tmp_path / "page", max_steps=20, webgpu=False)
-    except UserError as e:
+        model, page, settings = _family_page(request, fixture)
+    except UserError as e:  # (_family_page checked that nothing was written)
         assert "\n" not in str(e) and "cannot" in str(e), str(e)
-        assert not (tmp_path / "page").exists()
         print(f"{fixture}: refused: {e}")
         return
     pipe = Pipeline.from_folder(model)
@@ -401,7 +425,7 @@ def test_other_families_run_or_refuse_in_one_line(node_modules, request, fixture
                 {"prompt": "a blue star above a yellow square", "negative": "blurry", "seed": "8", "steps": 3,
                  "guidance": 2.5}]
     (tmp_path / "req.json").write_text(json.dumps(requests))
-    _node(JS / "run_page.mjs", tmp_path / "page", tmp_path / "req.json", tmp_path / "img", 1)
+    _node(JS / "run_page.mjs", page, tmp_path / "req.json", tmp_path / "img", 1)
     results = json.loads((tmp_path / "img.json").read_text())["results"]
     images = []
     for i, r in enumerate(requests):
@@ -422,13 +446,10 @@ def test_other_families_run_or_refuse_in_one_line(node_modules, request, fixture
 def test_llm_prompt_ids_and_masks_match_python(node_modules, request, fixture, tmp_path):
     """An LLM encoder's ids and attention mask on the page (prompt.js: the rendered chat template, padded or not,
     truncated) are its PaddedTokenizer's, for prompts past the folder's prompt length too."""
-    from onnxdiffusion.web import export_web
-
-    model = request.getfixturevalue(fixture)
-    export_web(model, tmp_path / "page", max_steps=20, webgpu=False)
+    model, page, _ = _family_page(request, fixture)
     prompts = _prompts(60) + [" ".join(PROMPTS * 30), "<|im_end|> a red circle"]
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    _node(JS / "check_tokens.mjs", tmp_path / "page", tmp_path / "prompts.json", tmp_path / "out.json")
+    _node(JS / "check_tokens.mjs", page, tmp_path / "prompts.json", tmp_path / "out.json")
     got = json.loads((tmp_path / "out.json").read_text())
     pipe = Pipeline.from_folder(model)
     for name, tok in pipe.tokenizers.items():
@@ -516,12 +537,9 @@ def test_kontext_page_in_chromium(kontext_page, driver, tmp_path):
 @pytest.mark.parametrize("fixture", ["tiny_zimage_onnx", "tiny_flux2_dev_onnx"])
 def test_llm_family_page_in_chromium(node_modules, driver, request, fixture, tmp_path):
     """An LLM text encoder's page in the browser (the chat template, ids and masks by prompt.js): generate's image."""
-    from onnxdiffusion.web import export_web
-
-    model = request.getfixturevalue(fixture)
-    export_web(model, tmp_path / "page", max_steps=20, webgpu=False)
+    model, page, _ = _family_page(request, fixture)
     pipe = Pipeline.from_folder(model)
-    with static_server(tmp_path / "page") as url:
+    with static_server(page) as url:
         assert open_page(driver, url) == "ready"
         r = generate(driver, "a blue star above a yellow square", 8, 3, guidance=2.5, negative="blurry")
         assert r["status"] == "done", r
