@@ -104,3 +104,17 @@ def test_w4a8_gptq_clip_quantizes_the_tiny_pipeline(tiny_onnx, tmp_path):
     assert nbits and all(len(n.input) == 4 for n in nbits)  # zero points: asymmetric
     images = Pipeline.from_folder(tmp_path / "q")(["a red circle on the left"], steps=2, guidance=4.0, seed=1).images
     assert np.all(np.isfinite(images))
+
+
+@pytest.mark.slow
+def test_gptq_clip_refuses_a_backbone_past_the_inline_limit(tiny_onnx, monkeypatch):
+    from onnxdiffusion.onnxio import files as onnxio_files
+    from onnxdiffusion.quantize import files
+    from onnxdiffusion.quantize.graphs import quantizable_nodes
+    from onnxdiffusion.quantize.recipes import prepare_unet
+
+    monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", 64 << 10)
+    sk = prepare_unet(files.load_backbone(tiny_onnx / "unet" / "model.onnx"))
+    names = [q.name for q in quantizable_nodes(sk, ("MatMul",))]
+    with pytest.raises(UserError, match="only backbones under 2 GB"):
+        gptq.gptq_clip_quantize(sk, sk, names, None, Int4WeightsRecipe(algorithm="gptq-clip"))
