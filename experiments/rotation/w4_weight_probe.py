@@ -213,13 +213,19 @@ def main() -> None:
     del sess
     eval_steps = calib.spread_steps(10)
     ref = calib.outputs[eval_steps]
+    # EIGHT=sub1,sub2: the linears whose names hold one of these get 8-bit asymmetric weights in every variant
+    eight = [n for n in W if any(p and p in n for p in os.environ.get("EIGHT", "").split(","))]
+    if eight:
+        print("8-bit:", len(eight), "of", len(W), "linears,", sum(W[n].size for n in eight), "weights:", eight, flush=True)
     for v in variants:
         t0 = time.time()
         deq = {}
         for n, w in W.items():
             h = H[nodes[n].input[0]]
             d = np.diag(h)
-            if v == "sym":
+            if n in eight:
+                deq[n] = _unblocks(q_asym(_blocks(w, bs)[0], bits=8), w.shape[0])
+            elif v == "sym":
                 deq[n] = rtn(w, bs, True)
             elif v == "asym":
                 deq[n] = rtn(w, bs, False)
