@@ -118,6 +118,11 @@ SUITES = {
         ("w4a8-rot gptq", "w4a8", {"algorithm": "gptq"}, False),
         ("w4a8-rot gptq b64", "w4a8", {"algorithm": "gptq", "block_size": "64"}, False),
         ("w4a8-rot gptq 8bit-sensitive", "w4a8", {"algorithm": "gptq", "target_ratio": "3.5"}, False),
+        # GPTQ written here (quantize/gptq.py): Hessians of the rotated inputs, per-block clip search, zero points
+        ("w4a8-rot gptq-clip", "w4a8", {"algorithm": "gptq-clip", "symmetric": "false"}, False),
+        ("w4a8-rot gptq-clip b16", "w4a8", {"algorithm": "gptq-clip", "symmetric": "false", "block_size": "16"}, False),
+        # the linears whose 4-bit weights add the most output error per byte saved at 8 bits, the backbone >= 3x smaller than fp32
+        ("w4a8-rot gptq-clip 8bit-sensitive", "w4a8", {"algorithm": "gptq-clip", "symmetric": "false", "target_ratio": "3.0"}, False),
         # the UNet's linears (and convs, as int8-static quantizes them) rotated: issue 44's "UNet too"
         ("w8a8", "int8-static", {}, False),
         ("w8a8-rot", "int8-static", {"rotate": "hadamard"}, False),

@@ -134,18 +134,19 @@ class _Hqq:
 
 
 def int4_quantize(model: onnx.ModelProto, nodes: Sequence[str], block_size: int, symmetric: bool,
-                  accuracy_level: int, bits: int = 4, algorithm: str = "default") -> onnx.ModelProto:
+                  accuracy_level: int, bits: int = 4, algorithm: str = "default", quantizer=None) -> onnx.ModelProto:
     """The named MatMuls' weights to `bits`-bit (4 or 8) blocks: MatMul -> com.microsoft.MatMulNBits; other MatMuls untouched.
 
     Tensor by tensor with ORT's own blockwise quantizer (DefaultWeightOnlyQuantizer, what its
     MatMulNBitsQuantizer runs per node): each weight is read alone (through files.array, so a > 2 GB
     skeleton stays a skeleton, its other weights left in their file), quantized, and dropped once no
     node reads it. ORT's whole-model quantizer held the full-size UNet in memory several times over
-    (10.6 GB at SD1.5 size)."""
+    (10.6 GB at SD1.5 size). `quantizer`: a per-node quantizer made elsewhere (gptq.weight_quantizer), in
+    place of `algorithm`'s."""
     from onnx import numpy_helper
 
     _quiet()
-    quantizer = _weight_quantizer(algorithm, block_size, symmetric, accuracy_level, bits)
+    quantizer = quantizer or _weight_quantizer(algorithm, block_size, symmetric, accuracy_level, bits)
     work = files.copy(model)  # a skeleton's copy holds no weights; an in-memory model's copy is what we return
     g = work.graph
     wanted = set(nodes)

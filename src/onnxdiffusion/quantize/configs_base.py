@@ -24,7 +24,7 @@ KNOWN_PROVIDERS = ("cpu", "cuda", "tensorrt", "openvino", "dml", "coreml")
 BACKBONE = backbone_key("backbone")
 FP16_COMPONENTS = (BACKBONE, "text_encoder", "vae_decoder", "vae_encoder")
 MIN_CALIBRATION_PROMPTS = 4
-INT4_ALGORITHMS = ("default", "hqq", "gptq")  # int4-weights `algorithm` (quantize/_ort.py runs them)
+INT4_ALGORITHMS = ("default", "hqq", "gptq", "gptq-clip")  # int4-weights `algorithm` (quantize/_ort.py, quantize/gptq.py)
 SAMPLER_NAMES = SAMPLERS  # calibration samples as `generate` does: every sampler the run time has
 # The layers NVIDIA Model Optimizer's diffusers examples leave unquantized (its `filter_func`),
 # as node-name patterns; the fp8 / nvfp4 recipes keep them float by default. Measured on the

@@ -258,7 +258,7 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
 
     def nbits(model, nodes, bits):
         # 8-bit weights always by min/max rounding: ORT's CPU MatMulNBits has no 8-bit kernel with HQQ's float zero points
-        algorithm = "default" if recipe.algorithm == "gptq" or bits == 8 else recipe.algorithm
+        algorithm = "default" if recipe.algorithm in ("gptq", "gptq-clip") or bits == 8 else recipe.algorithm
         return _ort.int4_quantize(model, nodes, recipe.block_size, recipe.symmetric, recipe.accuracy_level, bits, algorithm)
 
     details = {"gemms_as_int4_matmuls": len(rewritten), "accuracy_level": recipe.accuracy_level,
@@ -287,6 +287,10 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         model = _ort.gptq_int4_quantize(model, four, recipe.block_size, recipe.accuracy_level,
                                         (feed for _, feed in calib.feeds(steps)))
         details["gptq_timesteps"] = len(steps)
+    elif recipe.algorithm == "gptq-clip":
+        from .gptq import gptq_clip_quantize
+
+        model, details["gptq_timesteps"] = gptq_clip_quantize(base, model, four, ctx.get_calibration(), recipe, ctx.threads)
     else:
         model = nbits(model, four, 4)
     if ranges is not None:
