@@ -177,3 +177,32 @@ def test_base_can_be_an_exported_folder(bases, tmp_path):
     assert Pipeline.from_folder(from_folder)(PROMPT, steps=2, height=H, width=W).images.shape == (1, H, W, 3)
     with pytest.raises(UserError, match="plain fp32 export"):
         export_gguf(gguf_path, tmp_path / "c", ExportOptions(), base=from_folder, progress=False)
+
+
+def test_large_backbone_validates_on_a_cut_down_copy(bases, tmp_path):
+    """stream_weights "on" (what "auto" picks above 12 GiB of fp32 weights, a 20B Qwen-Image): the GGUF backbone is
+    validated on its first blocks, not paged in whole by ONNX Runtime; the full graph still matches diffusers'
+    GGUF loading. "auto" on a tiny backbone keeps the whole-model check."""
+    import shutil
+
+    from diffusers import QwenImageTransformer2DModel
+
+    base = tmp_path / "base3"
+    shutil.copytree(bases["qwenimage"], base)
+    config = QwenImageTransformer2DModel.load_config(str(base / "transformer"))
+    torch.manual_seed(0)
+    deeper = QwenImageTransformer2DModel.from_config({**config, "num_layers": 3})
+    shutil.rmtree(base / "transformer")
+    deeper.save_pretrained(base / "transformer")
+    tensors = {k: v.numpy() for k, v in deeper.state_dict().items()}
+    gguf_path = write_gguf(tmp_path / "q4_0.gguf", tensors, "Q4_0", "qwen_image")
+    entries = {}
+    for setting in ("on", "auto"):
+        out = tmp_path / setting
+        export_gguf(gguf_path, out, ExportOptions(components=("transformer",), stream_weights=setting), base=base,
+                    progress=False)
+        entries[setting] = json.loads((out / "manifest.json").read_text())["components"]["transformer"]
+        assert _backbone_snr("qwenimage", base, gguf_path, out) >= 40
+    assert entries["on"]["validation"]["scope"].startswith("cut-down copy")
+    assert entries["on"]["validation"]["blocks_cut"] == {"transformer_blocks": 3}
+    assert "scope" not in entries["auto"]["validation"]
