@@ -45,11 +45,13 @@ class Phases:
         now = time.time()
         self.rows.append({"phase": self.label, "peak_rss_bytes": s["VmHWM"], "rss_anon_end": s.get("RssAnon"),
                           "rss_file_end": s.get("RssFile"), "seconds": round(now - self.t, 2)})
+        print(json.dumps(self.rows[-1]), file=sys.stderr, flush=True)  # progress of a long run (the log)
         reset_peak_rss()
         self.label, self.t = label, now
 
 
-def child(folder: Path, mode: str, size: int, steps: int, threads: int, guidance: float | None = None) -> dict:
+def child(folder: Path, mode: str, size: int, steps: int, threads: int, guidance: float | None = None,
+          save: Path | None = None) -> dict:
     from onnxdiffusion.runtime import Pipeline
     from onnxdiffusion.runtime.generation import StepEvent
 
@@ -75,7 +77,15 @@ def child(folder: Path, mode: str, size: int, steps: int, threads: int, guidance
             step_times.append(now - (last or ph.t))
             last = now
             at_step = _status()  # the backbone still held: its weights' anonymous / file-backed split
+            print(json.dumps({"step": len(step_times), "s": round(step_times[-1], 2), **at_step}), file=sys.stderr,
+                  flush=True)
+        else:
+            image = event.images[0]
     ph.mark("done")
+    if save is not None:
+        from PIL import Image
+
+        Image.fromarray(image).save(save)
     rows = [r for r in ph.rows if r["phase"] not in ("imports", "between")]
     return {"mode": mode, "size": size, "steps": steps, "threads": threads, **extra, "phases": rows,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ph.rows),
@@ -138,6 +148,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--guidance", type=float, help="the generation's guidance (default: the folder's)")
+    ap.add_argument("--save", type=Path, help="--child: the image as a PNG here")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--table", action="store_true")
     a = ap.parse_args()
@@ -145,7 +156,7 @@ def main() -> None:
         TABLE.write_text(table(json.loads(RESULTS.read_text())))
         return
     if a.child:
-        print(json.dumps(child(a.folder, a.modes, a.size, a.steps, a.threads, a.guidance)))
+        print(json.dumps(child(a.folder, a.modes, a.size, a.steps, a.threads, a.guidance, a.save)))
         return
     manifest = json.loads((a.folder / "manifest.json").read_text())
     bb = next(c for c in manifest["components"].values() if c.get("kind") in ("transformer", "unet")
