@@ -179,13 +179,19 @@ def test_base_can_be_an_exported_folder(bases, tmp_path):
         export_gguf(gguf_path, tmp_path / "c", ExportOptions(), base=from_folder, progress=False)
 
 
-def test_large_backbone_validates_on_a_cut_down_copy(bases, tmp_path):
+def test_large_backbone_validates_on_a_cut_down_copy(bases, tmp_path, monkeypatch):
     """stream_weights "on" (what "auto" picks above 12 GiB of fp32 weights, a 20B Qwen-Image): the GGUF backbone is
     validated on its first blocks, not paged in whole by ONNX Runtime; the full graph still matches diffusers'
-    GGUF loading. "auto" on a tiny backbone keeps the whole-model check."""
+    GGUF loading. "auto" on a tiny backbone keeps the whole-model check. The blocks are written once: no
+    consolidation copies the external data after them (at 20B that was 11.5 GB more, twice the bytes on disk)."""
     import shutil
 
     from diffusers import QwenImageTransformer2DModel
+
+    import onnxdiffusion.export.validate as validate_mod
+
+    copies = []
+    monkeypatch.setattr(validate_mod, "consolidate", lambda *a, **k: copies.append(a))
 
     base = tmp_path / "base3"
     shutil.copytree(bases["qwenimage"], base)
@@ -206,3 +212,6 @@ def test_large_backbone_validates_on_a_cut_down_copy(bases, tmp_path):
     assert entries["on"]["validation"]["scope"].startswith("cut-down copy")
     assert entries["on"]["validation"]["blocks_cut"] == {"transformer_blocks": 3}
     assert "scope" not in entries["auto"]["validation"]
+    assert copies == []
+    assert sorted(p.name for p in (tmp_path / "on" / "transformer").iterdir()) == ["config.json", "model.onnx",
+                                                                                   "model.onnx_data"]
