@@ -45,11 +45,13 @@ class Phases:
         now = time.time()
         self.rows.append({"phase": self.label, "peak_rss_bytes": s["VmHWM"], "rss_anon_end": s.get("RssAnon"),
                           "rss_file_end": s.get("RssFile"), "seconds": round(now - self.t, 2)})
+        print(json.dumps(self.rows[-1]), file=sys.stderr, flush=True)  # progress of a long run (the log)
         reset_peak_rss()
         self.label, self.t = label, now
 
 
-def child(folder: Path, mode: str, size: int, steps: int, threads: int) -> dict:
+def child(folder: Path, mode: str, size: int, steps: int, threads: int, guidance: float | None = None,
+          save: Path | None = None) -> dict:
     from onnxdiffusion.runtime import Pipeline
     from onnxdiffusion.runtime.generation import StepEvent
 
@@ -68,15 +70,24 @@ def child(folder: Path, mode: str, size: int, steps: int, threads: int) -> dict:
                 ph.mark(_after)
         setattr(pipe, attr, wrapped)
     step_times, last, at_step = [], None, {}
-    for event in pipe.iter_generate("a red fox in the snow", steps=steps, height=size, width=size, seed=0):
+    extra = {} if guidance is None else {"guidance": guidance}  # 1.0: one backbone call a step (no CFG)
+    for event in pipe.iter_generate("a red fox in the snow", steps=steps, height=size, width=size, seed=0, **extra):
         if isinstance(event, StepEvent):
             now = time.time()
             step_times.append(now - (last or ph.t))
             last = now
             at_step = _status()  # the backbone still held: its weights' anonymous / file-backed split
+            print(json.dumps({"step": len(step_times), "s": round(step_times[-1], 2), **at_step}), file=sys.stderr,
+                  flush=True)
+        else:
+            image = event.images[0]
     ph.mark("done")
+    if save is not None:
+        from PIL import Image
+
+        Image.fromarray(image).save(save)
     rows = [r for r in ph.rows if r["phase"] not in ("imports", "between")]
-    return {"mode": mode, "size": size, "steps": steps, "threads": threads, "phases": rows,
+    return {"mode": mode, "size": size, "steps": steps, "threads": threads, **extra, "phases": rows,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ph.rows),
             "step_s": [round(t, 2) for t in step_times],
             "rss_anon_last_step": at_step.get("RssAnon"), "rss_file_last_step": at_step.get("RssFile"),
@@ -136,6 +147,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--guidance", type=float, help="the generation's guidance (default: the folder's)")
+    ap.add_argument("--save", type=Path, help="--child: the image as a PNG here")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--table", action="store_true")
     a = ap.parse_args()
@@ -143,7 +156,7 @@ def main() -> None:
         TABLE.write_text(table(json.loads(RESULTS.read_text())))
         return
     if a.child:
-        print(json.dumps(child(a.folder, a.modes, a.size, a.steps, a.threads)))
+        print(json.dumps(child(a.folder, a.modes, a.size, a.steps, a.threads, a.guidance, a.save)))
         return
     manifest = json.loads((a.folder / "manifest.json").read_text())
     bb = next(c for c in manifest["components"].values() if c.get("kind") in ("transformer", "unet")
@@ -151,7 +164,8 @@ def main() -> None:
     rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
     for mode in a.modes.split(";") if ";" in a.modes else a.modes.split(","):
         proc = subprocess.run([sys.executable, __file__, str(a.folder), "--child", "--modes", mode, "--size",
-                               str(a.size), "--steps", str(a.steps), "--threads", str(a.threads)],
+                               str(a.size), "--steps", str(a.steps), "--threads", str(a.threads),
+                               *([] if a.guidance is None else ["--guidance", str(a.guidance)])],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"{mode}: child failed:\n{proc.stderr[-3000:]}")

@@ -187,3 +187,41 @@ def test_size_one_dimensions_dropped_by_ggml_are_the_same_tensor(bases, tmp_path
     path = write_gguf(tmp_path / "squeezed.gguf", squeezed, "Q8_0", "lumina2")
     export_gguf(path, tmp_path / "out", options=ExportOptions(validate=False), base=bases["zimage"], progress=False)
     assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_large_backbone_validates_on_a_cut_down_copy(bases, tmp_path, monkeypatch):
+    """stream_weights "on" (what "auto" picks above 12 GiB of fp32 weights, a 20B Qwen-Image): the GGUF backbone is
+    validated on its first blocks, not paged in whole by ONNX Runtime; the full graph still matches diffusers'
+    GGUF loading. "auto" on a tiny backbone keeps the whole-model check. The blocks are written once: no
+    consolidation copies the external data after them (at 20B that was 11.5 GB more, twice the bytes on disk)."""
+    import shutil
+
+    from diffusers import QwenImageTransformer2DModel
+
+    import onnxdiffusion.export.validate as validate_mod
+
+    copies = []
+    monkeypatch.setattr(validate_mod, "consolidate", lambda *a, **k: copies.append(a))
+
+    base = tmp_path / "base3"
+    shutil.copytree(bases["qwenimage"], base)
+    config = QwenImageTransformer2DModel.load_config(str(base / "transformer"))
+    torch.manual_seed(0)
+    deeper = QwenImageTransformer2DModel.from_config({**config, "num_layers": 3})
+    shutil.rmtree(base / "transformer")
+    deeper.save_pretrained(base / "transformer")
+    tensors = {k: v.numpy() for k, v in deeper.state_dict().items()}
+    gguf_path = write_gguf(tmp_path / "q4_0.gguf", tensors, "Q4_0", "qwen_image")
+    entries = {}
+    for setting in ("on", "auto"):
+        out = tmp_path / setting
+        export_gguf(gguf_path, out, ExportOptions(components=("transformer",), stream_weights=setting), base=base,
+                    progress=False)
+        entries[setting] = json.loads((out / "manifest.json").read_text())["components"]["transformer"]
+        assert _backbone_snr("qwenimage", base, gguf_path, out) >= 40
+    assert entries["on"]["validation"]["scope"].startswith("cut-down copy")
+    assert entries["on"]["validation"]["blocks_cut"] == {"transformer_blocks": 3}
+    assert "scope" not in entries["auto"]["validation"]
+    assert copies == []
+    assert sorted(p.name for p in (tmp_path / "on" / "transformer").iterdir()) == ["config.json", "model.onnx",
+                                                                                   "model.onnx_data"]

@@ -47,6 +47,7 @@ def export_into_folder(gguf_path: Path, out: Path, options, base: Path) -> Manif
     from .attention import DOMAIN_OP, fuse_attention
     from .gguf_backbone import build_backbone, check_file, precision_label
     from .gguf_file import read_gguf
+    from .streamed_backbone import cut_validation, export_streamed
     from .validate import export_component
 
     manifest, family, class_name = _check_base(base)
@@ -64,10 +65,14 @@ def export_into_folder(gguf_path: Path, out: Path, options, base: Path) -> Manif
         dims = family.export_dims(spec, info)
         gen = torch.Generator().manual_seed(0)
         feeds = [family_export.export_feeds(family, spec, d, gen, 0) for d in dims]
-        wrapped = family_export.wrap(family, spec, module).eval()
-        module = None
-        entry = export_component(spec, wrapped, feeds, tmp / family.backbone, options)
-        wrapped = None
+        if cut_validation(module, options.stream_weights):
+            entry = export_streamed(spec, module, lambda m: family_export.wrap(family, spec, m).eval(), feeds,
+                                    tmp / family.backbone, options)
+        else:
+            wrapped = family_export.wrap(family, spec, module).eval()
+            module = None
+            entry = export_component(spec, wrapped, feeds, tmp / family.backbone, options)
+        module = wrapped = None
         shutil.copy2(base / family.backbone / "config.json", tmp / family.backbone / "config.json")
         entry.update(family=family.name, shapes_validated=dims, precision=precision_label(report), gguf=report)
         draft = manifest.to_dict()

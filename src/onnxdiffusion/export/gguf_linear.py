@@ -99,8 +99,10 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], NBits]]) -> 
     import onnx
 
     from ..onnxio.files import write
+    from .external_data import consolidate
 
     model_path = Path(model_path)
+    consolidate(model_path, DATA_NAME)  # the exporter's own external files (a > 2 GB graph) into one, first
     model = onnx.load(str(model_path), load_external_data=False)
     slots: dict[int, list] = {}
     for init in model.graph.initializer:
@@ -111,10 +113,8 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], NBits]]) -> 
     if missing:  # a dead layer (its output unused) is pruned from the graph; every other one must be there
         layers = {i: f for i, f in layers.items() if i in slots}
     data = model_path.parent / DATA_NAME
-    if data.exists():
-        raise FileExistsError(f"{data} exists before the blocks are written")
-    offset = 0
-    with open(data, "wb") as out:
+    with open(data, "ab") as out:
+        offset = out.tell()
         for index, (b_init, s_init) in sorted(slots.items()):
             nb = layers[index]()
             for init, array in ((b_init, nb.b), (s_init, nb.scales)):

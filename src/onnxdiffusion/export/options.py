@@ -53,10 +53,11 @@ class ExportOptions:
     # a GGUF file holding the backbone (export/gguf.py): its weights replace the source folder's backbone weights
     gguf: str | None = None
     # the backbone's Linear weights streamed from its safetensors shards into external data, never all in memory
-    # (export/streamed_float.py): "auto" above 12 GiB of fp32 weights, "on", "off"
+    # (export/streamed_float.py): "auto" above 12 GiB of fp32 weights, "on", "off". A GGUF backbone's blocks are
+    # always streamed; the setting says whether it validates on a cut-down copy (streamed_backbone.cut_validation)
     stream_weights: str = option("auto", "auto | on | off: the backbone's Linear weights streamed from its safetensors "
-                                         "shards (export bounded by memory; validated on a cut-down copy); auto above "
-                                         "12 GiB fp32", flags=("--stream-weights",))
+                                         "shards (export bounded by memory; validated on a cut-down copy, as a GGUF "
+                                         "backbone then is); auto above 12 GiB fp32", flags=("--stream-weights",))
 
 
 @dataclass(frozen=True)

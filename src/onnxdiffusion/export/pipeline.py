@@ -241,7 +241,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     from tqdm import tqdm
 
     from .attention import DOMAIN_OP, fuse_attention
-    from .streamed_backbone import export_streamed
+    from .streamed_backbone import cut_validation, export_streamed
     from .streamed_float import streamed_floats
     from .validate import export_component, free_memory
 
@@ -312,7 +312,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     nonlocal loaded, module, wrapped
                     loaded = module = wrapped = None
 
-                if streamed_floats(module):
+                if streamed_floats(module) or cut_validation(module, options.stream_weights):
                     entry = export_streamed(spec, module, lambda m: family_export.wrap(family, spec, m).eval(),
                                             feed_list, tmp / name, options, release if last_of_source else None)
                 else:

@@ -9,8 +9,24 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from .streamed_float import CUT_BLOCKS, cut_down
+from .streamed_float import CUT_BLOCKS, STREAM_ABOVE, cut_down
 from .validate import export_component, free_memory
+
+
+def cut_validation(module, setting: str) -> bool:
+    """Whether a backbone of GGUF blocks (export/gguf_linear.py: already streamed layer by layer) validates on a
+    cut-down copy as a streamed float backbone does: stream_weights "on", or "auto" above STREAM_ABOVE of fp32
+    weights. Validating the whole of a 20B backbone would page in every block under ONNX Runtime and run PyTorch
+    over every layer; small ones keep their whole-model check."""
+    from .gguf_linear import NBitsLinear
+
+    layers = [m for m in module.modules() if isinstance(m, NBitsLinear)]
+    if not layers or setting == "off":
+        return False
+    if setting == "on":
+        return True
+    weights = sum(m.in_features * m.out_features for m in layers) + sum(p.numel() for p in module.parameters())
+    return 4 * weights > STREAM_ABOVE
 
 
 def export_streamed(spec, module, wrap: Callable, feed_list: list[dict], folder: Path, options,
