@@ -25,7 +25,6 @@ Z = 1.0  # one-sided standard deviations of the net loss the paired test adds
 POINT = 0.01  # "within 1 point" of fp32's strict accuracy
 ACCURACY_COUNT = 96  # default confirmation and held-out prompts where the bound reads the judge
 PLAIN_COUNT = 32  # ... and where it does not
-CONFIRM_SHARE = 0.9  # of the time budget: after it no new candidate is confirmed (the held-out check follows)
 
 
 def flips(cand_each, ref_each) -> list[bool]:

@@ -2,7 +2,9 @@
 last: a sampler stops at its first step count that misses the bound), then each step-cache spec on the points that
 passed; every generation is scored through both decoders (the tiny one decodes the same latents). Then the
 quantized folders, each built once (`quantize` in a subprocess, cached by content hash) only while the time budget
-allows, and tried first at the folder's own sampler and steps: quantization only adds error, so a recipe that
+allows (the fp32 folder's search holds back the time of one build and its first points, so a quantized point is
+reached inside the budget; the checks after the search are held back too, budget.py), and tried first at the
+folder's own sampler and steps: quantization only adds error, so a recipe that
 misses there is dropped, and otherwise only the points that passed in fp32 are tried on it. A staged search
 suffices here: the levers' effects on quality are close to monotone (fewer steps, a cache, a quantized backbone
 each only add error), which is what lets each stage prune the next."""
@@ -10,17 +12,14 @@ each only add error), which is what lets each stage prune the next."""
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from .budget import Budget
 from .measure import Judged, PromptSet, generate, score
 from .space import CACHES, FP32, Candidate, samplers, step_counts
 
-SEARCH_SHARE = 0.7  # of the time budget; the rest is for timing, the held-out check and writing OUT
-# the fp32 folder's search stops here, so the quantize builds (the largest lever on a UNet) get their turn
-FP32_SHARE = 0.35
 
 
 @dataclass
@@ -76,22 +75,36 @@ class Folder:
 
 class Search:
     def __init__(self, store, bound: Bound, prompts: PromptSet, reference, judged: Judged, guidance: float,
-                 default: Candidate, budget_s: float, log=None, t0: float | None = None):
+                 default: Candidate, budget: Budget, log=None):
         self.store, self.bound, self.prompts, self.reference = store, bound, prompts, reference
-        self.judged, self.guidance, self.default, self.budget_s = judged, guidance, default, budget_s
-        self.t0 = time.monotonic() if t0 is None else t0  # the run's start: the budget covers all of it
+        self.judged, self.guidance, self.default, self.budget = judged, guidance, default, budget
+        self.budget_s = budget.budget_s
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.evaluated = 0
         self.notes: list[str] = []
-        self.share = SEARCH_SHARE  # of the budget this stage may search until (run.py narrows it for fp32)
+        self.hold_back = 0.0  # seconds this stage leaves besides the reserve (run.py: a build's, during fp32's)
         self.reference_each: list | None = None  # fp32's per-prompt strict verdicts on the tuning prompts
+        self.reference_seconds: dict | None = None  # the reference's per_image_s: what the load factor reads
 
     # -- time ---------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        return self.budget.elapsed()
 
     def searching(self) -> bool:
-        return self.elapsed() < self.share * self.budget_s
+        return self.budget.searching(self.hold_back)
+
+    def generation_s(self, share: float = 1.0) -> float:
+        """Seconds one generation on the tuning prompts takes now, `share` of the reference's cost."""
+        return self.budget.pictures_s(share * len(self.prompts.prompts))
+
+    def _observe(self, cand: Candidate, seconds: dict) -> None:
+        """The load factor from an fp32 generation without a cache (its cost is the reference's, by the steps)."""
+        r = self.reference_seconds
+        if r is None or cand.recipe != FP32 or cand.cache is not None:
+            return
+        n = len(self.prompts.prompts)
+        expected = n * (r["loop"] * cand.steps / self.default.steps + r["full"])
+        self.budget.observe(expected, seconds["loop"] + seconds["full"])
 
     # -- one generation, both decoders ----------------------------------------------------------------
     def quality(self, folder: Folder, cand: Candidate) -> dict:
@@ -105,6 +118,7 @@ class Search:
                 rec = self.store.put("quality", cand.generation, {"error": str(e)})
             else:
                 rec = self.record(cand, out)
+                self._observe(cand, out["seconds"])
             self.evaluated += 1
             self._say(cand, rec)
         return rec
@@ -172,7 +186,7 @@ class Search:
                 d = self.default
                 rec = self.quality(folder, Candidate(folder.recipe, d.sampler, d.steps, None, "full", profile))
                 if "skipped" in rec:
-                    self.notes.append(f"{folder.recipe} on {profile}: built, but the search's share of the time "
+                    self.notes.append(f"{folder.recipe} on {profile}: built, but the search's part of the time "
                                       "budget was spent before its first point")
                     continue
                 if not self.passed(rec):

@@ -1,0 +1,89 @@
+"""The time budget of a `tune` run covers all of it, the checks after the search included. Before the search
+stops, the time the rest of the run will take is held back (the reserve): the latency timing, the confirmation
+and the held-out check (their fp32 references and the candidate's own pictures), in units of the reference's
+measured seconds per picture, scaled by how much slower the machine runs now than when that was measured (the load
+factor, re-estimated from each fp32 generation of the search and each reference of the checks). The search goes
+on while the budget left exceeds the reserve; one candidate started just before that point is the most a run can
+overrun by (its cost is the search's step, not a guess the reserve could be wrong about)."""
+
+from __future__ import annotations
+
+import time
+
+# a quantize build costs about this many reference pictures (issue 46 r3: 243-511 s at 4-6.7 s a picture, load 25;
+# 30-40 s at ~0.8 s a picture idle)
+BUILD_PICTURES = 80.0
+# a timed candidate's one picture vs the reference's (the timed ones are the faster ones, besides the default)
+TIMED_SHARE = 0.8
+# a checked candidate's picture vs the reference's: the chosen one is at most the default's cost, held at it so a
+# slow candidate confirmed first still fits
+CHECKED_SHARE = 1.0
+OVERHEAD_S = 20.0  # loading sessions and the judge, the floor, writing OUT (seconds on an idle machine)
+LOAD_WEIGHT = 0.5  # of the latest measurement in the re-estimated load factor
+
+
+class Budget:
+    """`budget_s` from `t0` on `clock`; `per_picture`: the reference's seconds per picture when it was measured."""
+
+    def __init__(self, budget_s: float, clock=time.monotonic, t0: float | None = None):
+        self.budget_s, self.clock = budget_s, clock
+        self.t0 = clock() if t0 is None else t0
+        self.per_picture = 1.0  # until the reference's generation says otherwise
+        self.load = 1.0
+        self.build_seen: float | None = None  # seconds the last quantize build took
+        # what is still to come after the search (run.py fills these in, finish.py crosses them off)
+        self.references = 0  # fp32 reference pictures of the checks not made yet
+        self.checked = 0  # the candidate's pictures of the checks not made yet
+        self.timed = 0  # candidates to time
+        self.rounds = 5
+
+    # -- the clock ----------------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    # -- what things cost now ------------------------------------------------------------------------------------
+    def pictures_s(self, n: float) -> float:
+        """Seconds `n` reference pictures take now."""
+        return n * self.per_picture * self.load
+
+    def build_s(self) -> float:
+        return self.build_seen if self.build_seen is not None else self.pictures_s(BUILD_PICTURES)
+
+    def timing_s(self, candidates: int | None = None) -> float:
+        n = self.timed if candidates is None else candidates
+        return self.pictures_s(n * (self.rounds + 1) * TIMED_SHARE)
+
+    def checks_s(self, references: int | None = None, checked: int | None = None) -> float:
+        r = self.references if references is None else references
+        c = self.checked if checked is None else checked
+        return self.pictures_s(r + c * CHECKED_SHARE)
+
+    def reserve(self) -> float:
+        """Seconds the rest of the run after the search is expected to take now."""
+        return self.timing_s() + self.checks_s() + OVERHEAD_S * self.load
+
+    def searching(self, need: float = 0.0) -> bool:
+        """Whether a search step that takes `need` seconds (besides the one it is about to start) still leaves
+        the reserve."""
+        return self.left() - need > self.reserve()
+
+    def fits(self, seconds: float) -> bool:
+        return self.left() >= seconds
+
+    # -- learning as the run goes ----------------------------------------------------------------------------
+    def observe(self, expected_s: float, actual_s: float) -> None:
+        """A measurement that was expected to take `expected_s` at the reference's speed took `actual_s`."""
+        if expected_s > 0 and actual_s > 0:
+            self.load = (1 - LOAD_WEIGHT) * self.load + LOAD_WEIGHT * actual_s / expected_s
+
+    def observe_build(self, seconds: float) -> None:
+        # kept apart from the load factor: a build's cost does not scale with the load as a generation's does
+        self.build_seen = seconds
+
+    def describe(self) -> str:
+        return (f"{self.elapsed():.0f} s of {self.budget_s:.0f} s spent; reserve {self.reserve():.0f} s (timing "
+                f"{self.timing_s():.0f}, checks {self.checks_s():.0f}; {self.per_picture:.2f} s a reference picture, "
+                f"load x{self.load:.2f})")
