@@ -117,3 +117,29 @@ def test_the_defaults_held_out_pictures_are_its_reference(tmp_path, monkeypatch)
     rec = finish.holdout(search.store, {FP32: fp32}, DEFAULT, DEFAULT, PromptSet("h", ("x",), 9), Judged(None),
                          1.0, lambda m: None)
     assert len(costs) == 1 and rec["psnr"] == 100.0  # the reference only
+
+
+def test_the_first_recipe_is_built_after_the_fp32_folders_own_sampler_then_the_rest(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from onnxdiffusion.folder.paths import default_model_folder
+    from onnxdiffusion.tune import run
+    from onnxdiffusion.tune.run import TuneOptions
+
+    monkeypatch.setenv("ONNXDIFFUSION_CACHE", str(tmp_path / "cache"))
+    calls, held = [], []
+
+    def run_folder(folder, fp32_points=None, fp32_cached=None, quick=False):
+        held.append(search.hold_back())
+        calls.append(("search", folder.recipe, quick))
+        return [], []
+
+    budget = Budget(600.0, clock=Clock())
+    search = SimpleNamespace(run_folder=run_folder, searching=lambda: True, budget=budget,
+                             generation_s=lambda: 10.0, hold_back=lambda: 0.0)
+    monkeypatch.setattr(run, "_quantized", lambda model, recipes, *a: calls.append(("build", recipes)) or [])
+    opts = TuneOptions(min_psnr=35.0, recipes=("int8-timestep", "int8-static"))
+    run._search(default_model_folder(), opts, search, {FP32: Folder(FP32, tmp_path, ("cpu",))}, {}, print)
+    assert calls == [("search", FP32, True), ("build", ("int8-timestep",)), ("search", FP32, False),
+                     ("build", ("int8-static",))]
+    assert held[0] == pytest.approx(budget.build_s() + 3 * 10.0) and held[1] == 0.0  # the build held back first

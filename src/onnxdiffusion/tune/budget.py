@@ -15,8 +15,8 @@ import time
 BUILD_PICTURES = 80.0
 # a timed candidate's one picture vs the reference's (the timed ones are the faster ones, besides the default)
 TIMED_SHARE = 0.8
-# a checked candidate's picture vs the reference's: the chosen one is at most the default's cost, held at it so a
-# slow candidate confirmed first still fits
+# a checked candidate's picture vs the reference's until the search found one that passed (search.py then holds
+# the most of those that ran faster than the default: only they can be chosen)
 CHECKED_SHARE = 1.0
 OVERHEAD_S = 20.0  # loading sessions and the judge, the floor, writing OUT (seconds on an idle machine)
 LOAD_WEIGHT = 0.5  # of the latest measurement in the re-estimated load factor
@@ -31,6 +31,7 @@ class Budget:
         self.per_picture = 1.0  # until the reference's generation says otherwise
         self.load = 1.0
         self.build_seen: float | None = None  # seconds the last quantize build took
+        self.checked_share = CHECKED_SHARE
         # what is still to come after the search (run.py fills these in, finish.py crosses them off)
         self.references = 0  # fp32 reference pictures of the checks not made yet
         self.checked = 0  # the candidate's pictures of the checks not made yet
@@ -59,7 +60,7 @@ class Budget:
     def checks_s(self, references: int | None = None, checked: int | None = None) -> float:
         r = self.references if references is None else references
         c = self.checked if checked is None else checked
-        return self.pictures_s(r + c * CHECKED_SHARE)
+        return self.pictures_s(r + c * self.checked_share)
 
     def reserve(self) -> float:
         """Seconds the rest of the run after the search is expected to take now."""

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from . import measure as M
-from .budget import CHECKED_SHARE, OVERHEAD_S
+from .budget import OVERHEAD_S
 from .select import walk
 from .space import FP32, Candidate
 
@@ -92,7 +92,7 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
         # the timing would hand back the default however much faster the candidates were)
         budget = search.budget
         further = search.store.get("confirm", ident) is None and any("psnr" in r for r in seen)
-        if further and not budget.fits(budget.pictures_s(len(prompts.prompts) * CHECKED_SHARE) + budget.checks_s()
+        if further and not budget.fits(budget.pictures_s(len(prompts.prompts) * budget.checked_share) + budget.checks_s()
                                        + OVERHEAD_S * budget.load):
             seen.append({"candidate": c.to_dict(), "confirmed": False, "why": "time budget"})
             log(f"tune: {c.label()}: not confirmed (time budget: {budget.describe()})")

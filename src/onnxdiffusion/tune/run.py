@@ -223,30 +223,34 @@ def _reserve(budget, search, store, default: Candidate, sets: tuple, options: Tu
 
 
 def _search(model: Path, options: TuneOptions, search, folders: dict, unavailable: dict, log) -> list[dict]:
-    """The fp32 folder (holding back one build and its first generations while a recipe is left to build), each
-    recipe's folder while the budget allows, then, with time left, both again with what the others found."""
+    """Cheap first, but one quantize build early enough: the fp32 folder's own sampler down its steps (holding
+    back the first recipe's build and a few generations on it while it is unbuilt), the first recipe's folder, then
+    with time left the rest of the fp32 search (the other samplers, the caches), the quantized folder following it
+    to its new points, and the other recipes."""
     from ..adapters.folder import cache_root
     from ..bench.quantized import sibling_folder
     from ..folder.artifacts import MANIFEST
 
     fp32 = folders[FP32]
-    args = ("--no-quality", "--latency-runs", "3")
-    unbuilt = [r for r in options.recipes if not (sibling_folder(cache_root() / "quantized", model, r, (
-        *args, "--threads", "1")) / MANIFEST).is_file()]
-    search.hold_back = ((search.budget.build_s() if unbuilt else 0.0) + HELD_BACK_GENERATIONS * search.generation_s()
-                        if options.recipes else 0.0)
-    points, cached = search.run_folder(fp32)
-    search.hold_back = 0.0
-    built = _quantized(model, options, search, folders, points, cached, unavailable, log)
-    if search.searching():  # the fp32 points cut short by the hold-back, then the quantized folders on them
+    first, rest = options.recipes[:1], options.recipes[1:]
+    args = ("--no-quality", "--latency-runs", "3", "--threads", "1")
+    unbuilt = bool(first) and not (sibling_folder(cache_root() / "quantized", model, first[0], args)
+                                   / MANIFEST).is_file()
+    if first:  # re-read at each step: the build's and the generations' cost follow the load
+        search.hold_back = lambda: ((search.budget.build_s() if unbuilt else 0.0)
+                                    + HELD_BACK_GENERATIONS * search.generation_s())
+    points, cached = search.run_folder(fp32, quick=bool(first))
+    search.hold_back = lambda: 0.0
+    built = _quantized(model, first, search, folders, points, cached, unavailable, log)
+    if search.searching():
         points, cached = search.run_folder(fp32)
         for recipe, folder in folders.items():
             if recipe != FP32 and search.searching():
                 search.run_folder(folder, fp32_points=points, fp32_cached=cached)
-    return built
+    return built + _quantized(model, rest, search, folders, points, cached, unavailable, log)
 
 
-def _quantized(model: Path, options: TuneOptions, search, folders: dict, points, cached, unavailable: dict,
+def _quantized(model: Path, recipes: tuple[str, ...], search, folders: dict, points, cached, unavailable: dict,
                log) -> list[dict]:
     """Each recipe's folder built (or found in the cache) while the budget allows a build and a generation on
     it, then searched."""
@@ -257,7 +261,7 @@ def _quantized(model: Path, options: TuneOptions, search, folders: dict, points,
 
     args = ("--no-quality", "--latency-runs", "3")
     records = []
-    for recipe in options.recipes:
+    for recipe in recipes:
         cache = cache_root() / "quantized"
         folder = sibling_folder(cache, model, recipe, (*args, "--threads", "1"))
         have = (folder / MANIFEST).is_file()

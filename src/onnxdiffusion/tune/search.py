@@ -82,7 +82,8 @@ class Search:
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.evaluated = 0
         self.notes: list[str] = []
-        self.hold_back = 0.0  # seconds this stage leaves besides the reserve (run.py: a build's, during fp32's)
+        # seconds this stage leaves besides the reserve, re-read at each step (run.py: a build's, during fp32's)
+        self.hold_back = lambda: 0.0
         self.reference_each: list | None = None  # fp32's per-prompt strict verdicts on the tuning prompts
         self.reference_seconds: dict | None = None  # the reference's per_image_s: what the load factor reads
 
@@ -91,7 +92,7 @@ class Search:
         return self.budget.elapsed()
 
     def searching(self) -> bool:
-        return self.budget.searching(self.hold_back)
+        return self.budget.searching(self.hold_back())
 
     def generation_s(self, share: float = 1.0) -> float:
         """Seconds one generation on the tuning prompts takes now, `share` of the reference's cost."""
@@ -119,6 +120,7 @@ class Search:
             else:
                 rec = self.record(cand, out)
                 self._observe(cand, out["seconds"])
+                self._checked_share()
             self.evaluated += 1
             self._say(cand, rec)
         return rec
@@ -149,11 +151,23 @@ class Search:
             self.bound.passes(rec.get("full")) or self.bound.passes(rec.get("tiny")))
 
     # -- the stages -------------------------------------------------------------------------------------
-    def sampling_stage(self, folder: Folder, profile: str, allowed=None) -> list[tuple[str, int]]:
-        """(sampler, steps) points that pass without a cache; `allowed`: only these (a quantized folder)."""
+    def _checked_share(self) -> None:
+        """What a checked candidate's pictures cost vs the reference's: the most of any that passed so far and ran
+        faster than the default (only those can be chosen; the default's checks cost their references alone)."""
+        base = self.store.get("quality", self.default.generation)
+        if base is None or "per_image_s" not in base:
+            return
+        top = estimate(self.default, base)
+        shares = [estimate(c, rec) / top for c, _, rec in self.passing(None)
+                  if c.generation != self.default.generation and estimate(c, rec) < top]
+        self.budget.checked_share = max(shares, default=0.0)
+
+    def sampling_stage(self, folder: Folder, profile: str, allowed=None, quick: bool = False) -> list[tuple[str, int]]:
+        """(sampler, steps) points that pass without a cache; `allowed`: only these (a quantized folder); `quick`:
+        the folder's own sampler only."""
         d = self.default
         points = []
-        for sampler in samplers(d.sampler):
+        for sampler in (d.sampler,) if quick else samplers(d.sampler):
             for steps in step_counts(d.steps):
                 if allowed is not None and (sampler, steps) not in allowed:
                     continue
@@ -179,36 +193,42 @@ class Search:
                     missed.add((sampler, cache))  # with fewer steps it only loses more
         return passed
 
-    def run_folder(self, folder: Folder, fp32_points=None, fp32_cached=None) -> tuple[list, list]:
+    def _note(self, text: str) -> None:
+        if text not in self.notes:  # a second pass over a folder says it once
+            self.notes.append(text)
+
+    def run_folder(self, folder: Folder, fp32_points=None, fp32_cached=None, quick: bool = False) -> tuple[list, list]:
+        """`quick`: the folder's own sampler down its steps, no cache (the fp32 folder's first pass, before a
+        quantize build)."""
         points, cached = [], []
         for profile in folder.profiles:
             if fp32_points is not None:  # a quantized folder: its own sampler and steps first
                 d = self.default
                 rec = self.quality(folder, Candidate(folder.recipe, d.sampler, d.steps, None, "full", profile))
                 if "skipped" in rec:
-                    self.notes.append(f"{folder.recipe} on {profile}: built, but the search's part of the time "
-                                      "budget was spent before its first point")
+                    self._note(f"{folder.recipe} on {profile}: built, but the search's part of the time budget was "
+                               "spent before its first point")
                     continue
                 if not self.passed(rec):
-                    self.notes.append(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} "
-                                      "already; its other points were not tried")
+                    self._note(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} already; its "
+                               "other points were not tried")
                     continue
-            p = self.sampling_stage(folder, profile, None if fp32_points is None else set(fp32_points))
-            c = self.cache_stage(folder, profile, p, None if fp32_cached is None else set(fp32_cached))
+            p = self.sampling_stage(folder, profile, None if fp32_points is None else set(fp32_points), quick)
+            c = [] if quick else self.cache_stage(folder, profile, p, None if fp32_cached is None else set(fp32_cached))
             points += p
             cached += c
         return points, cached
 
     # -- what passed ----------------------------------------------------------------------------------------
     def scored(self, recipes) -> list[tuple[Candidate, dict, dict]]:
-        """(candidate, its score, its quality record) for every measured candidate of `recipes`' folders, both
-        decoders of each generation (this run's measurements and the store's)."""
+        """(candidate, its score, its quality record) for every measured candidate of `recipes`' folders (None:
+        every folder's), both decoders of each generation (this run's measurements and the store's)."""
         out = []
         for (kind, _), rec in self.store.records.items():
             if kind != "quality" or "candidate" not in rec:
                 continue
             base = Candidate.from_dict(rec["candidate"])
-            if base.recipe not in recipes:
+            if recipes is not None and base.recipe not in recipes:
                 continue
             for dec in ("full", "tiny"):
                 s = rec.get(dec)
