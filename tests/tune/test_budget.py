@@ -127,19 +127,17 @@ def test_the_first_recipe_is_built_after_the_fp32_folders_own_sampler_then_the_r
     from onnxdiffusion.tune.run import TuneOptions
 
     monkeypatch.setenv("ONNXDIFFUSION_CACHE", str(tmp_path / "cache"))
-    calls, held = [], []
+    calls = []
 
     def run_folder(folder, fp32_points=None, fp32_cached=None, quick=False):
-        held.append(search.hold_back())
         calls.append(("search", folder.recipe, quick))
         return [], []
 
     budget = Budget(600.0, clock=Clock())
     search = SimpleNamespace(run_folder=run_folder, searching=lambda: True, budget=budget,
-                             generation_s=lambda: 10.0, hold_back=lambda: 0.0)
+                             generation_s=lambda: 10.0)
     monkeypatch.setattr(run, "_quantized", lambda model, recipes, *a: calls.append(("build", recipes)) or [])
     opts = TuneOptions(min_psnr=35.0, recipes=("int8-timestep", "int8-static"))
     run._search(default_model_folder(), opts, search, {FP32: Folder(FP32, tmp_path, ("cpu",))}, {}, print)
     assert calls == [("search", FP32, True), ("build", ("int8-timestep",)), ("search", FP32, False),
                      ("build", ("int8-static",))]
-    assert held[0] == pytest.approx(budget.build_s() + 3 * 10.0) and held[1] == 0.0  # the build held back first

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-# a quantize build costs about this many reference pictures (issue 46 r3: 243-511 s at 4-6.7 s a picture, load 25;
-# 30-40 s at ~0.8 s a picture idle)
-BUILD_PICTURES = 80.0
+# a quantize build costs about this many reference pictures (issue 46 r3 at load 25, 4-6.7 s a picture: int8-timestep
+# 243-296 s, int8-static 384-511 s; 30-40 s at ~0.8 s a picture idle)
+BUILD_PICTURES = 60.0
 # a timed candidate's one picture vs the reference's (the timed ones are the faster ones, besides the default)
 TIMED_SHARE = 0.8
 # a checked candidate's picture vs the reference's until the search found one that passed (search.py then holds

@@ -15,7 +15,6 @@ from .space import DEFAULT_RECIPES, FP32, Candidate
 
 # scene seeds: the tuning, confirmation and held-out prompts never overlap
 TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
-HELD_BACK_GENERATIONS = 3  # the fp32 folder's search leaves a build and this many generations of its folder
 
 
 def _recipes(text: str) -> tuple[str, ...]:
@@ -223,24 +222,14 @@ def _reserve(budget, search, store, default: Candidate, sets: tuple, options: Tu
 
 
 def _search(model: Path, options: TuneOptions, search, folders: dict, unavailable: dict, log) -> list[dict]:
-    """Cheap first, but one quantize build early enough: the fp32 folder's own sampler down its steps (holding
-    back the first recipe's build and a few generations on it while it is unbuilt), the first recipe's folder, then
-    with time left the rest of the fp32 search (the other samplers, the caches), the quantized folder following it
-    to its new points, and the other recipes."""
-    from ..adapters.folder import cache_root
-    from ..bench.quantized import sibling_folder
-    from ..folder.artifacts import MANIFEST
-
+    """Cheap first, but one quantize build early enough: the fp32 folder's own sampler down its steps, the first
+    recipe's folder, then with time left the rest of the fp32 search (the other samplers, the caches), the quantized
+    folder following it to its new points, and the other recipes."""
     fp32 = folders[FP32]
     first, rest = options.recipes[:1], options.recipes[1:]
-    args = ("--no-quality", "--latency-runs", "3", "--threads", "1")
-    unbuilt = bool(first) and not (sibling_folder(cache_root() / "quantized", model, first[0], args)
-                                   / MANIFEST).is_file()
-    if first:  # re-read at each step: the build's and the generations' cost follow the load
-        search.hold_back = lambda: ((search.budget.build_s() if unbuilt else 0.0)
-                                    + HELD_BACK_GENERATIONS * search.generation_s())
+    # the quick pass is a few generations, each cheaper than the last (what passes there also sets the checks'
+    # cost, so the build is weighed against the reserve it really leaves)
     points, cached = search.run_folder(fp32, quick=bool(first))
-    search.hold_back = lambda: 0.0
     built = _quantized(model, first, search, folders, points, cached, unavailable, log)
     if search.searching():
         points, cached = search.run_folder(fp32)

@@ -2,8 +2,8 @@
 last: a sampler stops at its first step count that misses the bound), then each step-cache spec on the points that
 passed; every generation is scored through both decoders (the tiny one decodes the same latents). Then the
 quantized folders, each built once (`quantize` in a subprocess, cached by content hash) only while the time budget
-allows (the fp32 folder's search holds back the time of one build and its first points, so a quantized point is
-reached inside the budget; the checks after the search are held back too, budget.py), and tried first at the
+allows (the fp32 folder's first pass walks only its own sampler down its steps, so a quantized point is reached
+inside the budget; the checks after the search are held back, budget.py), and tried first at the
 folder's own sampler and steps: quantization only adds error, so a recipe that
 misses there is dropped, and otherwise only the points that passed in fp32 are tried on it. A staged search
 suffices here: the levers' effects on quality are close to monotone (fewer steps, a cache, a quantized backbone
@@ -82,8 +82,6 @@ class Search:
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.evaluated = 0
         self.notes: list[str] = []
-        # seconds this stage leaves besides the reserve, re-read at each step (run.py: a build's, during fp32's)
-        self.hold_back = lambda: 0.0
         self.reference_each: list | None = None  # fp32's per-prompt strict verdicts on the tuning prompts
         self.reference_seconds: dict | None = None  # the reference's per_image_s: what the load factor reads
 
@@ -92,7 +90,7 @@ class Search:
         return self.budget.elapsed()
 
     def searching(self) -> bool:
-        return self.budget.searching(self.hold_back())
+        return self.budget.searching()
 
     def generation_s(self, share: float = 1.0) -> float:
         """Seconds one generation on the tuning prompts takes now, `share` of the reference's cost."""
