@@ -87,6 +87,7 @@ def test_confirmer_past_the_budget_still_confirms_the_first_then_stops(monkeypat
     monkeypatch.setattr(finish, "holdout", fake_holdout)
     store = SimpleNamespace(get=lambda kind, ident: None)
     search = SimpleNamespace(store=store, budget=Budget(60.0, clock=lambda: 1e9, t0=0.0), guidance=1.0,
+                             share=lambda c: 1.0,
                              bound=Bound(None, True, 1.0, 1.0, psnr_floor=30.0))
     seen = []
     confirmed = finish.confirmer(search, {}, None, PromptSet("c", ("a", "b"), 0), None, lambda m: None, seen)

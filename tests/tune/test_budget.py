@@ -101,8 +101,9 @@ def test_the_whole_run_overruns_the_budget_by_at_most_one_candidate(tmp_path, mo
     folders = {FP32: fp32}
     seen = []
     confirmed = finish.confirmer(search, folders, DEFAULT, confirm, Judged(None), lambda m: None, seen)
-    # the costliest point the search passed besides the default (whose checks cost only their references)
-    chosen = max((c for c, _, _ in search.passing({FP32}) if c != DEFAULT), key=lambda c: (c.steps, c.key))
+    # the walk confirms the fastest point that passed first (the default's checks cost only their references)
+    chosen = min((c for c, _, _ in search.passing({FP32}) if c != DEFAULT), key=lambda c: (search.share(c), c.key))
+    assert budget.checked_share == pytest.approx(search.share(chosen))
     assert confirmed(chosen) and seen[0]["confirmed"]
     finish.holdout(search.store, folders, chosen, DEFAULT, held, Judged(None), 1.0, lambda m: None,
                    budget=budget)

@@ -92,8 +92,9 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
         # the timing would hand back the default however much faster the candidates were)
         budget = search.budget
         further = search.store.get("confirm", ident) is None and any("psnr" in r for r in seen)
-        if further and not budget.fits(budget.pictures_s(len(prompts.prompts) * budget.checked_share) + budget.checks_s()
-                                       + OVERHEAD_S * budget.load):
+        share = search.share(c)  # its confirmation and the held-out check left, at its own cost
+        if further and not budget.fits(budget.pictures_s(budget.references + (len(prompts.prompts) + budget.checked)
+                                                         * share) + OVERHEAD_S * budget.load):
             seen.append({"candidate": c.to_dict(), "confirmed": False, "why": "time budget"})
             log(f"tune: {c.label()}: not confirmed (time budget: {budget.describe()})")
             return False

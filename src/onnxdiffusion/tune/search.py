@@ -149,16 +149,19 @@ class Search:
             self.bound.passes(rec.get("full")) or self.bound.passes(rec.get("tiny")))
 
     # -- the stages -------------------------------------------------------------------------------------
+    def share(self, cand: Candidate) -> float:
+        """What the candidate's pictures cost vs the reference's (the quality pass's seconds; 1 when unknown)."""
+        base, rec = self.store.get("quality", self.default.generation), self.store.get("quality", cand.generation)
+        if not base or not rec or "per_image_s" not in base or "per_image_s" not in rec:
+            return 1.0
+        return estimate(cand, rec) / estimate(self.default, base)
+
     def _checked_share(self) -> None:
-        """What a checked candidate's pictures cost vs the reference's: the most of any that passed so far and ran
-        faster than the default (only those can be chosen; the default's checks cost their references alone)."""
-        base = self.store.get("quality", self.default.generation)
-        if base is None or "per_image_s" not in base:
-            return
-        top = estimate(self.default, base)
-        shares = [estimate(c, rec) / top for c, _, rec in self.passing(None)
-                  if c.generation != self.default.generation and estimate(c, rec) < top]
-        self.budget.checked_share = max(shares, default=0.0)
+        """What the checked candidate's pictures cost vs the reference's: the fastest that passed so far (the walk
+        confirms the fastest first; a further confirmation is weighed at its own cost, finish.confirmer; the
+        default's checks cost their references alone)."""
+        shares = [self.share(c) for c, _, _ in self.passing(None) if c.generation != self.default.generation]
+        self.budget.checked_share = min((x for x in shares if x < 1.0), default=0.0)
 
     def sampling_stage(self, folder: Folder, profile: str, allowed=None, quick: bool = False) -> list[tuple[str, int]]:
         """(sampler, steps) points that pass without a cache; `allowed`: only these (a quantized folder); `quick`:
