@@ -19,6 +19,9 @@ TIMED_SHARE = 0.8
 # the most of those that ran faster than the default: only they can be chosen)
 CHECKED_SHARE = 1.0
 OVERHEAD_S = 20.0  # loading sessions and the judge, the floor, writing OUT (seconds on an idle machine)
+# the reserve's margin over its estimate: on the shared 2-core EPYC the load swung by a third within minutes (17 to
+# 29 in r4's first UNet run, whose checks then took twice the reserve at a load factor read at 0.78)
+MARGIN = 1.4
 LOAD_WEIGHT = 0.5  # of the latest measurement in the re-estimated load factor
 
 
@@ -63,8 +66,10 @@ class Budget:
         return self.pictures_s(r + c * self.checked_share)
 
     def reserve(self) -> float:
-        """Seconds the rest of the run after the search is expected to take now."""
-        return self.timing_s() + self.checks_s() + OVERHEAD_S * self.load
+        """Seconds the rest of the run after the search may take: its estimate at the load factor, never below the
+        reference's own (a lull in the load is not counted on), times MARGIN."""
+        load = max(1.0, self.load)
+        return MARGIN * load / self.load * (self.timing_s() + self.checks_s() + OVERHEAD_S * self.load)
 
     def searching(self, need: float = 0.0) -> bool:
         """Whether a search step that takes `need` seconds (besides the one it is about to start) still leaves
