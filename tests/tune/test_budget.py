@@ -51,7 +51,7 @@ def _search(tmp_path, budget: Budget) -> tuple[Search, Folder]:
 def test_reserve_is_the_checks_and_the_timing_at_the_reference_speed_and_load():
     clock = Clock()
     b = Budget(600.0, clock=clock)
-    b.per_picture, b.references, b.checked, b.timed, b.rounds = 2.0, 10, 10, 2, 4
+    b.per_picture, b.references, b.checked, b.timed, b.rounds, b.checked_share = 2.0, 10, 10, 2, 4, 1.0
     assert b.reserve() == pytest.approx(MARGIN * (2.0 * (10 + 10 + 2 * 5 * 0.8) + OVERHEAD_S))
     b.observe(10.0, 30.0)  # three times slower than at the reference: the load factor moves halfway there
     assert b.load == pytest.approx(2.0)

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import time
 
+from .space import STEP_FRACTIONS
+
 # a quantize build costs about this many reference pictures (issue 46 r3 at load 25, 4-6.7 s a picture: int8-timestep
 # 243-296 s, int8-static 384-511 s; 30-40 s at ~0.8 s a picture idle)
 BUILD_PICTURES = 60.0
 # a timed candidate's one picture vs the reference's (the timed ones are the faster ones, besides the default)
 TIMED_SHARE = 0.8
-# a checked candidate's picture vs the reference's until the search found one that passed (search.py then holds
-# the most of those that ran faster than the default: only they can be chosen)
-CHECKED_SHARE = 1.0
+# a checked candidate's picture vs the reference's until the search found one that passed (search.py then holds the
+# fastest that passed): the first point of fewer steps the search tries (space.STEP_FRACTIONS), the fastest a
+# choice other than the default costs before anything is known (1.0 would leave a loaded machine no search at all)
+CHECKED_SHARE = STEP_FRACTIONS[1]
 OVERHEAD_S = 20.0  # loading sessions and the judge, the floor, writing OUT (seconds on an idle machine)
 # the reserve's margin over its estimate: on the shared 2-core EPYC the load swung by a third within minutes (17 to
-# 29 in r4's first UNet run, whose checks then took twice the reserve at a load factor read at 0.78)
-MARGIN = 1.4
+# 29 in r4's first UNet run, whose checks then overran the reserve read at a load factor of 0.78); 1.4 left no search
+# at load 25 (the 96 + 96 prompts' checks alone are 70% of 20 minutes there), so the floor on the load factor does
+# most of the work and this covers a moderate rise
+MARGIN = 1.1
 LOAD_WEIGHT = 0.5  # of the latest measurement in the re-estimated load factor
 
 
