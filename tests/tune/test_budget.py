@@ -144,3 +144,21 @@ def test_the_first_recipe_is_built_after_the_fp32_folders_own_sampler_then_the_r
     run._search(default_model_folder(), opts, search, {FP32: Folder(FP32, tmp_path, ("cpu",))}, {}, print)
     assert calls == [("search", FP32, True), ("build", ("int8-timestep",)), ("search", FP32, False),
                      ("build", ("int8-static",))]
+
+
+def test_the_defaults_tiny_decoder_is_checked_from_the_reference_generation(tmp_path, monkeypatch):
+    clock, costs = Clock(), []
+    _stub_generation(monkeypatch, clock, costs=costs)
+    real = measure.generate
+
+    def with_tiny(*a, **k):
+        out = real(*a, **k)
+        return {**out, "tiny": out["full"] + 1.0}
+
+    monkeypatch.setattr(measure, "generate", with_tiny)
+    search, fp32 = _search(tmp_path, Budget(600.0, clock=clock))
+    prompts = PromptSet("h", ("x", "y"), 9)
+    finish.holdout(search.store, {FP32: fp32}, DEFAULT, DEFAULT, prompts, Judged(None), 1.0, lambda m: None)
+    rec = finish.holdout(search.store, {FP32: fp32}, DEFAULT.with_(decoder="tiny"), DEFAULT, prompts, Judged(None),
+                         1.0, lambda m: None)
+    assert len(costs) == 1 and rec["psnr"] < 100.0  # one generation: the reference's, both decoders

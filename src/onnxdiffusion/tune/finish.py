@@ -25,6 +25,14 @@ def reference_name(kind: str, prompts: M.PromptSet) -> str:
     return f"reference-{kind}-{prompts.seed}-{len(prompts.prompts)}"
 
 
+def picture_name(kind: str, prompts: M.PromptSet, generation: str, decoder: str) -> str:
+    """The store's name of one generation's pictures through one decoder on a check's prompts."""
+    import hashlib
+
+    tag = hashlib.sha256(generation.encode()).hexdigest()[:16]
+    return f"{kind}-{prompts.seed}-{len(prompts.prompts)}-{tag}-{decoder}"
+
+
 def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: M.PromptSet, judged, guidance,
             log, kind: str = "holdout", budget=None) -> dict:
     """The candidate's quality on another prompt set (the confirmation's, or the held-out one the search and the
@@ -42,6 +50,8 @@ def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: 
         if budget is not None:
             budget.observe(n * budget.per_picture, made["seconds"]["loop"] + made["seconds"]["full"])
             budget.references = max(0, budget.references - n)
+        if made["tiny"] is not None:  # the default's tiny-decoder pictures: that candidate then costs no generation
+            store.array(picture_name(kind, prompts, default.generation, "tiny"), lambda: made["tiny"])
         return made["full"]
 
     ref = store.array(reference_name(kind, prompts), reference)
@@ -58,12 +68,8 @@ def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: 
 def _pictures(store, folders: dict, cand: Candidate, prompts: M.PromptSet, guidance, kind: str):
     """The candidate's pictures on a check's prompts. One generation gives both decoders' pictures, each kept in
     the store: a candidate that differs from a checked one only by its decoder costs a lookup, not a generation."""
-    import hashlib
-
-    tag = hashlib.sha256(cand.generation.encode()).hexdigest()[:16]
-
     def name(decoder: str) -> str:
-        return f"{kind}-{prompts.seed}-{len(prompts.prompts)}-{tag}-{decoder}"
+        return picture_name(kind, prompts, cand.generation, decoder)
 
     made: dict = {}
 
