@@ -25,6 +25,8 @@ def test_floor_is_the_highest_psnr_where_verdicts_flip_more_than_once_in_a_windo
     assert psnr_floor([_row([60.0] * 16, [1] * 16)], ref)[0] is None  # too few images to read a rate
     many = [_row([50.0] * 16, [0, 0] + [1] * 14)] * 2
     assert psnr_floor(many, ref)[0] == FLOOR_CAP  # flips even at 50 dB: the floor asks no more than the cap
+    thin = [_row([31.0] * 16, [0, 1, 1, 0] + [1] * 12), _row([29.0] * 16, [0] * 8 + [1] * 8)]
+    assert psnr_floor(thin, ref)[0] == FLOOR_CAP  # 32 images: the judge sees it, but where cannot be told
 
 
 def test_paired_test_counts_discordant_prompts():
