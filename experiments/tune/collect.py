@@ -1,6 +1,7 @@
 """The acceptance table of issue 46 from finished `tune` runs: for each OUT folder given, the choice, its held-out
-PSNR and strict accuracy (and fp32's), its speed-ups, the search's seconds and generations; a re-run's OUT beside its
-first run's says whether the same point came back and how long the re-run took.
+PSNR and strict accuracy (and fp32's), its speed-ups, the search's seconds and generations, and where the run's folder
+holds them, the process's wall clock (time.txt, /usr/bin/time -v) and the load average through it (load.txt); a
+re-run's OUT beside its first run's says whether the same point came back and how long the re-run took.
 
     python experiments/tune/collect.py RUN_OUT [RUN_OUT ...] > table.md
 """
@@ -27,14 +28,35 @@ def row(out: Path) -> str:
     conf = r.get("confirmations") or []
     walked = f"{sum(1 for c in conf if not c['confirmed'])} down, {sum(1 for c in conf if c['confirmed'])} up"
     return (f"| {out.name} | {r['bound']} | {label} | {h['psnr']:.2f} (worst {h['psnr_worst']:.2f}) | {strict} | "
-            f"{sp['vs_default']:.2f}x | {single} | {floor} | {walked} | {r['seconds']:.0f} | "
-            f"{r['generations_this_run']} | {'replayed' if r.get('replayed') else ''} |")
+            f"{sp['vs_default']:.2f}x | {single} | {floor} | {walked} | {r['seconds']:.0f} | {_wall(out)} | "
+            f"{_load(out)} | {r['generations_this_run']} | {'replayed' if r.get('replayed') else ''} |")
+
+
+def _wall(out: Path) -> str:
+    """The process's wall clock, from /usr/bin/time -v's lines kept beside the run (time.txt), if any."""
+    t = out / "time.txt"
+    if not t.is_file():
+        return "-"
+    for line in t.read_text().splitlines():
+        if "Elapsed (wall clock)" in line:
+            return line.rsplit(": ", 1)[-1].strip()
+    return "-"
+
+
+def _load(out: Path) -> str:
+    """The 1-minute load average through the run (load.txt: one `HH:MM:SS 1min 5min 15min` line each 30 s)."""
+    t = out / "load.txt"
+    vals = [float(ln.split()[1]) for ln in t.read_text().splitlines() if len(ln.split()) >= 2] if t.is_file() else []
+    if not vals:
+        return "-"
+    return f"{min(vals):.1f}-{max(vals):.1f} (mean {sum(vals) / len(vals):.1f})"
 
 
 def main(argv: list[str]) -> int:
     print("| OUT | bound | chosen | held-out PSNR dB | held-out strict (chosen / fp32) | vs default | "
-          "vs best single lever | PSNR floor dB | confirmations | seconds | generations | |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "vs best single lever | PSNR floor dB | confirmations | seconds in tune | wall | load avg 1 min | "
+          "generations | |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for a in argv:
         print(row(Path(a)))
     return 0

@@ -5,6 +5,7 @@ down."""
 from types import SimpleNamespace
 
 from onnxdiffusion.tune.accuracy import FLOOR_CAP, default_count, discordant, paired_ok, psnr_floor
+from onnxdiffusion.tune.budget import Budget
 from onnxdiffusion.tune.search import Bound
 from onnxdiffusion.tune.select import walk
 from onnxdiffusion.tune.space import Candidate
@@ -24,6 +25,8 @@ def test_floor_is_the_highest_psnr_where_verdicts_flip_more_than_once_in_a_windo
     assert psnr_floor([_row([60.0] * 16, [1] * 16)], ref)[0] is None  # too few images to read a rate
     many = [_row([50.0] * 16, [0, 0] + [1] * 14)] * 2
     assert psnr_floor(many, ref)[0] == FLOOR_CAP  # flips even at 50 dB: the floor asks no more than the cap
+    thin = [_row([31.0] * 16, [0, 1, 1, 0] + [1] * 12), _row([29.0] * 16, [0] * 8 + [1] * 8)]
+    assert psnr_floor(thin, ref)[0] == FLOOR_CAP  # 32 images: the judge sees it, but where cannot be told
 
 
 def test_paired_test_counts_discordant_prompts():
@@ -63,7 +66,7 @@ def test_walk_times_the_next_ones_when_every_timed_candidate_is_turned_down(monk
         return {c.key: {"median_s": lat[c.key]} for c in cands}
 
     monkeypatch.setattr(select, "latencies", fake_latencies)
-    search = SimpleNamespace(store=None, guidance=1.0, budget_s=100.0, elapsed=lambda: 0.0)
+    search = SimpleNamespace(store=None, guidance=1.0, budget=Budget(1e6, clock=lambda: 0.0))
     opts = SimpleNamespace(top=3, rounds=1)
     confirmed = lambda c: c.steps >= 12 or c.recipe != "fp32"  # noqa: E731 - every 4-8 step point fails
     cands, timed, picked = walk(search, passing, d, opts, {}, "p", confirmed, lambda m: None)
@@ -78,14 +81,15 @@ def test_confirmer_past_the_budget_still_confirms_the_first_then_stops(monkeypat
 
     calls = []
 
-    def fake_holdout(store, folders, cand, default, prompts, judged, guidance, log, kind="holdout"):
+    def fake_holdout(store, folders, cand, default, prompts, judged, guidance, log, kind="holdout", budget=None):
         calls.append(cand)
         ref = {"strict": 1.0, "attribute": 1.0, "strict_each": [1, 1]}
         return {"psnr": 40.0, "strict": 0.5, "attribute": 1.0, "strict_each": [1, 0], "reference": ref}
 
     monkeypatch.setattr(finish, "holdout", fake_holdout)
     store = SimpleNamespace(get=lambda kind, ident: None)
-    search = SimpleNamespace(store=store, elapsed=lambda: 1e9, budget_s=60.0, guidance=1.0,
+    search = SimpleNamespace(store=store, budget=Budget(60.0, clock=lambda: 1e9, t0=0.0), guidance=1.0,
+                             share=lambda c: 1.0,
                              bound=Bound(None, True, 1.0, 1.0, psnr_floor=30.0))
     seen = []
     confirmed = finish.confirmer(search, {}, None, PromptSet("c", ("a", "b"), 0), None, lambda m: None, seen)

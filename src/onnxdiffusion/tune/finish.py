@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from . import measure as M
-from .accuracy import CONFIRM_SHARE
+from .budget import OVERHEAD_S
 from .select import walk
 from .space import FP32, Candidate
 
@@ -20,29 +20,75 @@ def _loaders(folders: dict) -> dict:
     return {(r, p): make(f.path, p) for r, f in folders.items() for p in f.profiles}
 
 
+def reference_name(kind: str, prompts: M.PromptSet) -> str:
+    """The store's name of fp32's pictures on a check's prompts (made once, whichever candidate is checked)."""
+    return f"reference-{kind}-{prompts.seed}-{len(prompts.prompts)}"
+
+
+def picture_name(kind: str, prompts: M.PromptSet, generation: str, decoder: str) -> str:
+    """The store's name of one generation's pictures through one decoder on a check's prompts."""
+    import hashlib
+
+    tag = hashlib.sha256(generation.encode()).hexdigest()[:16]
+    return f"{kind}-{prompts.seed}-{len(prompts.prompts)}-{tag}-{decoder}"
+
+
 def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: M.PromptSet, judged, guidance,
-            log, kind: str = "holdout") -> dict:
+            log, kind: str = "holdout", budget=None) -> dict:
     """The candidate's quality on another prompt set (the confirmation's, or the held-out one the search and the
-    confirmation never saw), and fp32's judge verdict on it."""
+    confirmation never saw), and fp32's judge verdict on it. `budget` (budget.Budget): crossed off as the pictures
+    are made, its load factor re-read from the reference's."""
     ident = f"{prompts.seed}+{len(prompts.prompts)}/{cand.key}"
     rec = store.get(kind, ident)
     if rec is not None:
         return rec
-    log(f"tune: {kind} check of {cand.label()} on {len(prompts.prompts)} other prompts")
-    ref = store.array(f"reference-{kind}-{prompts.seed}-{len(prompts.prompts)}",
-                      lambda: M.generate(folders[FP32].pipe(default.profile), default, prompts, guidance)["full"])
-    made = M.generate(folders[cand.recipe].pipe(cand.profile), cand, prompts, guidance)
-    images = made[cand.decoder]
+    n = len(prompts.prompts)
+    log(f"tune: {kind} check of {cand.label()} on {n} other prompts")
+
+    def reference():
+        made = M.generate(folders[FP32].pipe(default.profile), default, prompts, guidance)
+        if budget is not None:
+            budget.observe(n * budget.per_picture, made["seconds"]["loop"] + made["seconds"]["full"])
+            budget.references = max(0, budget.references - n)
+        if made["tiny"] is not None:  # the default's tiny-decoder pictures: that candidate then costs no generation
+            store.array(picture_name(kind, prompts, default.generation, "tiny"), lambda: made["tiny"])
+        return made["full"]
+
+    ref = store.array(reference_name(kind, prompts), reference)
+    if cand.generation == default.generation and cand.decoder == "full":
+        images = ref  # the default's pictures are the reference itself: not generated again
+    else:
+        images = _pictures(store, folders, cand, prompts, guidance, kind)
+    if budget is not None:
+        budget.checked = max(0, budget.checked - n)
     return store.put(kind, ident, {"candidate": cand.to_dict(), **M.score(images, ref, prompts, judged),
                                    "reference": judged(ref, prompts)})
+
+
+def _pictures(store, folders: dict, cand: Candidate, prompts: M.PromptSet, guidance, kind: str):
+    """The candidate's pictures on a check's prompts. One generation gives both decoders' pictures, each kept in
+    the store: a candidate that differs from a checked one only by its decoder costs a lookup, not a generation."""
+    def name(decoder: str) -> str:
+        return picture_name(kind, prompts, cand.generation, decoder)
+
+    made: dict = {}
+
+    def make():
+        made.update(M.generate(folders[cand.recipe].pipe(cand.profile), cand, prompts, guidance))
+        for other in ("full", "tiny"):
+            if other != cand.decoder and made[other] is not None:
+                store.array(name(other), lambda o=other: made[o])
+        return made[cand.decoder]
+
+    return store.array(name(cand.decoder), make)
 
 
 def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, judged, log, seen: list):
     """c -> whether the candidate keeps the bound on the confirmation prompts too (its own fp32 verdicts, the PSNR
     floor, and where the judge reads them the paired test of accuracy.py): a point that passed on the few tuning
     prompts by luck is turned down before it is chosen. `seen` gets one row per confirmation (for the report).
-    Past the time budget a candidate not confirmed before is not confirmed once one was (the default needs no
-    confirmation)."""
+    A candidate not confirmed before is not confirmed once one was when its confirmation and the held-out check
+    left would overrun the budget (the default needs no confirmation)."""
     from .accuracy import discordant, paired_ok
     from .search import Bound
 
@@ -50,12 +96,18 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
         ident = f"{prompts.seed}+{len(prompts.prompts)}/{c.key}"
         # the budget bounds the walk, not its first step: the fastest is always confirmed (else an overrun in
         # the timing would hand back the default however much faster the candidates were)
-        if search.store.get("confirm", ident) is None and search.elapsed() > CONFIRM_SHARE * search.budget_s \
-                and any("psnr" in r for r in seen):
+        budget = search.budget
+        further = search.store.get("confirm", ident) is None and any("psnr" in r for r in seen)
+        share = search.share(c)  # its confirmation and the held-out check left, at its own cost
+        if further and not budget.fits(budget.pictures_s(budget.references + (len(prompts.prompts) + budget.checked)
+                                                         * share) + OVERHEAD_S * budget.load):
             seen.append({"candidate": c.to_dict(), "confirmed": False, "why": "time budget"})
-            log(f"tune: {c.label()}: not confirmed (time budget)")
+            log(f"tune: {c.label()}: not confirmed (time budget: {budget.describe()})")
             return False
-        rec = holdout(search.store, folders, c, default, prompts, judged, search.guidance, log, kind="confirm")
+        if further:
+            budget.checked += len(prompts.prompts)  # the reserve held one confirmation; holdout() crosses it off
+        rec = holdout(search.store, folders, c, default, prompts, judged, search.guidance, log, kind="confirm",
+                      budget=budget)
         ref = rec.get("reference") or {}
         bound = Bound(search.bound.min_psnr, search.bound.keep_accuracy, ref.get("strict"), ref.get("attribute"),
                       search.bound.psnr_floor)
@@ -93,7 +145,8 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
     cands, timed, picked = walk(search, passing, default, options, _loaders(folders), holdout_set.prompts[0],
                                 confirmer(search, folders, default, confirm_set, judged, log, seen), log)
     chosen = picked["chosen"]
-    held = holdout(search.store, folders, chosen, default, holdout_set, judged, search.guidance, log)
+    held = holdout(search.store, folders, chosen, default, holdout_set, judged, search.guidance, log,
+                   budget=search.budget)
     base = timed[default.key]["median_s"]
     single = picked["single"]
     result = {

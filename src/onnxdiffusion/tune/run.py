@@ -15,7 +15,6 @@ from .space import DEFAULT_RECIPES, FP32, Candidate
 
 # scene seeds: the tuning, confirmation and held-out prompts never overlap
 TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
-BUILD_GUESS_S = 120.0  # seconds a quantize build is guessed to take before one was timed
 
 
 def _recipes(text: str) -> tuple[str, ...]:
@@ -120,7 +119,8 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     from ..runtime import Pipeline
     from ..runtime.generation import GenerateOptions
     from . import measure as M
-    from .search import FP32_SHARE, SEARCH_SHARE, Bound, Folder, Search
+    from .budget import Budget
+    from .search import Bound, Folder, Search
     from .store import Store, search_key
 
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -168,22 +168,23 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
                       confirm_count=default_count(options.confirm_count, reads))
     holdout_set = M.scene_set("holdout", options.holdout_count, HOLDOUT_START)
     confirm_set = M.scene_set("confirm", options.confirm_count, CONFIRM_START)
-    search = Search(store, bound, tune_set, ref, judged, d.guidance, default, options.time_budget * 60, log, t0)
+    budget = Budget(options.time_budget * 60, t0=t0)
+    search = Search(store, bound, tune_set, ref, judged, d.guidance, default, budget, log)
     search.reference_each = (ref_verdict or {}).get("strict_each")
     log(f"tune: bound {bound.describe()}")
     if made_ref:  # the reference run is the default's own generation: scored once, not generated again
         search.record(default, made_ref[0])
+    _reserve(budget, search, store, default, (confirm_set, holdout_set), options)
+    log(f"tune: budget: {budget.describe()}")
     run_id = _run_id(bound, options, default)
     done = store.get("run", run_id)
     if done is not None and Path(done["result"]["chosen_folder"]).is_dir():
         from .finish import replay
 
         return replay(out, done["result"], t0, log)
-    search.share = FP32_SHARE
-    points, cached = search.run_folder(fp32)
-    search.share = SEARCH_SHARE
     folders = {FP32: fp32}
-    built = _quantized(model, options, search, folders, points, cached, unavailable, log)
+    built = _search(model, options, search, folders, unavailable, log)
+    log(f"tune: search done: {budget.describe()}")
     from .finish import finish
 
     result = finish(out, model, manifest, options, search, folders, default, (confirm_set, holdout_set), judged,
@@ -205,25 +206,59 @@ def _run_id(bound, options: TuneOptions, default: Candidate) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _quantized(model: Path, options: TuneOptions, search, folders: dict, points, cached, unavailable: dict,
+def _reserve(budget, search, store, default: Candidate, sets: tuple, options: TuneOptions) -> None:
+    """What the run after the search will take, in reference pictures: its speed from the reference's own
+    generation (measured now, or kept in the store by the run that made it)."""
+    from .finish import reference_name
+
+    rec = store.get("quality", default.generation)
+    if rec is not None and "per_image_s" in rec:
+        search.reference_seconds = rec["per_image_s"]
+        budget.per_picture = rec["per_image_s"]["loop"] + rec["per_image_s"]["full"]
+    budget.references = sum(len(p.prompts) for kind, p in zip(("confirm", "holdout"), sets)
+                            if not store.has_array(reference_name(kind, p)))
+    budget.checked = sum(len(p.prompts) for p in sets)
+    budget.timed, budget.rounds = options.top + 3, options.rounds  # the default, two single levers, the top
+
+
+def _search(model: Path, options: TuneOptions, search, folders: dict, unavailable: dict, log) -> list[dict]:
+    """Cheap first, but one quantize build early enough: the fp32 folder's own sampler down its steps, the first
+    recipe's folder, then with time left the rest of the fp32 search (the other samplers, the caches), the quantized
+    folder following it to its new points, and the other recipes."""
+    fp32 = folders[FP32]
+    first, rest = options.recipes[:1], options.recipes[1:]
+    # the quick pass is a few generations, each cheaper than the last (what passes there also sets the checks'
+    # cost, so the build is weighed against the reserve it really leaves)
+    points, cached = search.run_folder(fp32, quick=bool(first))
+    built = _quantized(model, first, search, folders, points, cached, unavailable, log)
+    if search.searching():
+        points, cached = search.run_folder(fp32)
+        for recipe, folder in folders.items():
+            if recipe != FP32 and search.searching():
+                search.run_folder(folder, fp32_points=points, fp32_cached=cached)
+    return built + _quantized(model, rest, search, folders, points, cached, unavailable, log)
+
+
+def _quantized(model: Path, recipes: tuple[str, ...], search, folders: dict, points, cached, unavailable: dict,
                log) -> list[dict]:
-    """Each recipe's folder built (or found in the cache) while the budget allows, then searched."""
+    """Each recipe's folder built (or found in the cache) while the budget allows a build and a generation on
+    it, then searched."""
     from ..adapters.folder import cache_root
     from ..bench.quantized import build_siblings, sibling_folder
     from ..folder.artifacts import MANIFEST
     from .search import Folder
 
     args = ("--no-quality", "--latency-runs", "3")
-    records, build_s = [], None
-    for recipe in options.recipes:
+    records = []
+    for recipe in recipes:
         cache = cache_root() / "quantized"
         folder = sibling_folder(cache, model, recipe, (*args, "--threads", "1"))
         have = (folder / MANIFEST).is_file()
-        # a build costs about what the last one did (the embedded models': 30-40 s on an idle 2-core EPYC)
-        need = 0 if have else (build_s or BUILD_GUESS_S)
-        if not search.searching() or search.elapsed() + need > 0.6 * search.budget_s:
+        need = (0 if have else search.budget.build_s()) + search.generation_s()
+        if not search.budget.searching(need):
             records.append({"recipe": recipe, "skipped": "time budget"})
-            log(f"tune: {recipe}: not built (time budget)")
+            log(f"tune: {recipe}: not built (time budget: {need:.0f} s to build and try it; "
+                f"{search.budget.describe()})")
             continue
         log(f"tune: {recipe}: {'cached' if have else 'building'} ({folder})")
         t = time.monotonic()
@@ -234,7 +269,7 @@ def _quantized(model: Path, options: TuneOptions, search, folders: dict, points,
             log(f"tune: {recipe}: {e}")
             continue
         if not rec.get("cached"):
-            build_s = time.monotonic() - t
+            search.budget.observe_build(time.monotonic() - t)
         profiles, why = profiles_for(_precision(path))
         unavailable.update(why)
         rec["profiles"] = list(profiles)

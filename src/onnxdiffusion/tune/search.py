@@ -2,7 +2,9 @@
 last: a sampler stops at its first step count that misses the bound), then each step-cache spec on the points that
 passed; every generation is scored through both decoders (the tiny one decodes the same latents). Then the
 quantized folders, each built once (`quantize` in a subprocess, cached by content hash) only while the time budget
-allows, and tried first at the folder's own sampler and steps: quantization only adds error, so a recipe that
+allows (the fp32 folder's first pass walks only its own sampler down its steps, so a quantized point is reached
+inside the budget; the checks after the search are held back, budget.py), and tried first at the
+folder's own sampler and steps: quantization only adds error, so a recipe that
 misses there is dropped, and otherwise only the points that passed in fp32 are tried on it. A staged search
 suffices here: the levers' effects on quality are close to monotone (fewer steps, a cache, a quantized backbone
 each only add error), which is what lets each stage prune the next."""
@@ -10,17 +12,14 @@ each only add error), which is what lets each stage prune the next."""
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from .budget import Budget
 from .measure import Judged, PromptSet, generate, score
 from .space import CACHES, FP32, Candidate, samplers, step_counts
 
-SEARCH_SHARE = 0.7  # of the time budget; the rest is for timing, the held-out check and writing OUT
-# the fp32 folder's search stops here, so the quantize builds (the largest lever on a UNet) get their turn
-FP32_SHARE = 0.35
 
 
 @dataclass
@@ -76,22 +75,35 @@ class Folder:
 
 class Search:
     def __init__(self, store, bound: Bound, prompts: PromptSet, reference, judged: Judged, guidance: float,
-                 default: Candidate, budget_s: float, log=None, t0: float | None = None):
+                 default: Candidate, budget: Budget, log=None):
         self.store, self.bound, self.prompts, self.reference = store, bound, prompts, reference
-        self.judged, self.guidance, self.default, self.budget_s = judged, guidance, default, budget_s
-        self.t0 = time.monotonic() if t0 is None else t0  # the run's start: the budget covers all of it
+        self.judged, self.guidance, self.default, self.budget = judged, guidance, default, budget
+        self.budget_s = budget.budget_s
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.evaluated = 0
         self.notes: list[str] = []
-        self.share = SEARCH_SHARE  # of the budget this stage may search until (run.py narrows it for fp32)
         self.reference_each: list | None = None  # fp32's per-prompt strict verdicts on the tuning prompts
+        self.reference_seconds: dict | None = None  # the reference's per_image_s: what the load factor reads
 
     # -- time ---------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        return self.budget.elapsed()
 
     def searching(self) -> bool:
-        return self.elapsed() < self.share * self.budget_s
+        return self.budget.searching()
+
+    def generation_s(self, share: float = 1.0) -> float:
+        """Seconds one generation on the tuning prompts takes now, `share` of the reference's cost."""
+        return self.budget.pictures_s(share * len(self.prompts.prompts))
+
+    def _observe(self, cand: Candidate, seconds: dict) -> None:
+        """The load factor from an fp32 generation without a cache (its cost is the reference's, by the steps)."""
+        r = self.reference_seconds
+        if r is None or cand.recipe != FP32 or cand.cache is not None:
+            return
+        n = len(self.prompts.prompts)
+        expected = n * (r["loop"] * cand.steps / self.default.steps + r["full"])
+        self.budget.observe(expected, seconds["loop"] + seconds["full"])
 
     # -- one generation, both decoders ----------------------------------------------------------------
     def quality(self, folder: Folder, cand: Candidate) -> dict:
@@ -105,6 +117,8 @@ class Search:
                 rec = self.store.put("quality", cand.generation, {"error": str(e)})
             else:
                 rec = self.record(cand, out)
+                self._observe(cand, out["seconds"])
+                self._checked_share()
             self.evaluated += 1
             self._say(cand, rec)
         return rec
@@ -135,11 +149,26 @@ class Search:
             self.bound.passes(rec.get("full")) or self.bound.passes(rec.get("tiny")))
 
     # -- the stages -------------------------------------------------------------------------------------
-    def sampling_stage(self, folder: Folder, profile: str, allowed=None) -> list[tuple[str, int]]:
-        """(sampler, steps) points that pass without a cache; `allowed`: only these (a quantized folder)."""
+    def share(self, cand: Candidate) -> float:
+        """What the candidate's pictures cost vs the reference's (the quality pass's seconds; 1 when unknown)."""
+        base, rec = self.store.get("quality", self.default.generation), self.store.get("quality", cand.generation)
+        if not base or not rec or "per_image_s" not in base or "per_image_s" not in rec:
+            return 1.0
+        return estimate(cand, rec) / estimate(self.default, base)
+
+    def _checked_share(self) -> None:
+        """What the checked candidate's pictures cost vs the reference's: the fastest that passed so far (the walk
+        confirms the fastest first; a further confirmation is weighed at its own cost, finish.confirmer; the
+        default's checks cost their references alone)."""
+        shares = [self.share(c) for c, _, _ in self.passing(None) if c.generation != self.default.generation]
+        self.budget.checked_share = min((x for x in shares if x < 1.0), default=0.0)
+
+    def sampling_stage(self, folder: Folder, profile: str, allowed=None, quick: bool = False) -> list[tuple[str, int]]:
+        """(sampler, steps) points that pass without a cache; `allowed`: only these (a quantized folder); `quick`:
+        the folder's own sampler only."""
         d = self.default
         points = []
-        for sampler in samplers(d.sampler):
+        for sampler in (d.sampler,) if quick else samplers(d.sampler):
             for steps in step_counts(d.steps):
                 if allowed is not None and (sampler, steps) not in allowed:
                     continue
@@ -165,36 +194,42 @@ class Search:
                     missed.add((sampler, cache))  # with fewer steps it only loses more
         return passed
 
-    def run_folder(self, folder: Folder, fp32_points=None, fp32_cached=None) -> tuple[list, list]:
+    def _note(self, text: str) -> None:
+        if text not in self.notes:  # a second pass over a folder says it once
+            self.notes.append(text)
+
+    def run_folder(self, folder: Folder, fp32_points=None, fp32_cached=None, quick: bool = False) -> tuple[list, list]:
+        """`quick`: the folder's own sampler down its steps, no cache (the fp32 folder's first pass, before a
+        quantize build)."""
         points, cached = [], []
         for profile in folder.profiles:
             if fp32_points is not None:  # a quantized folder: its own sampler and steps first
                 d = self.default
                 rec = self.quality(folder, Candidate(folder.recipe, d.sampler, d.steps, None, "full", profile))
                 if "skipped" in rec:
-                    self.notes.append(f"{folder.recipe} on {profile}: built, but the search's share of the time "
-                                      "budget was spent before its first point")
+                    self._note(f"{folder.recipe} on {profile}: built, but the search's part of the time budget was "
+                               "spent before its first point")
                     continue
                 if not self.passed(rec):
-                    self.notes.append(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} "
-                                      "already; its other points were not tried")
+                    self._note(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} already; its "
+                               "other points were not tried")
                     continue
-            p = self.sampling_stage(folder, profile, None if fp32_points is None else set(fp32_points))
-            c = self.cache_stage(folder, profile, p, None if fp32_cached is None else set(fp32_cached))
+            p = self.sampling_stage(folder, profile, None if fp32_points is None else set(fp32_points), quick)
+            c = [] if quick else self.cache_stage(folder, profile, p, None if fp32_cached is None else set(fp32_cached))
             points += p
             cached += c
         return points, cached
 
     # -- what passed ----------------------------------------------------------------------------------------
     def scored(self, recipes) -> list[tuple[Candidate, dict, dict]]:
-        """(candidate, its score, its quality record) for every measured candidate of `recipes`' folders, both
-        decoders of each generation (this run's measurements and the store's)."""
+        """(candidate, its score, its quality record) for every measured candidate of `recipes`' folders (None:
+        every folder's), both decoders of each generation (this run's measurements and the store's)."""
         out = []
         for (kind, _), rec in self.store.records.items():
             if kind != "quality" or "candidate" not in rec:
                 continue
             base = Candidate.from_dict(rec["candidate"])
-            if base.recipe not in recipes:
+            if recipes is not None and base.recipe not in recipes:
                 continue
             for dec in ("full", "tiny"):
                 s = rec.get(dec)

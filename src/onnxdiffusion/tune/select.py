@@ -6,7 +6,7 @@ and, per lever, the runner-up."""
 
 from __future__ import annotations
 
-from .accuracy import CONFIRM_SHARE
+from .budget import OVERHEAD_S
 from .measure import time_candidates
 from .search import estimate
 from .space import LEVERS, Candidate, changed_levers
@@ -62,8 +62,8 @@ def walk(search, passing: list, default: Candidate, options, loaders: dict, prom
     """Time and choose (the fastest confirmed); when every timed candidate faster than the default is turned down at
     confirmation, the next ones by the pre-ranking are timed (with the default and the best single levers again,
     so each choice reads one interleaved session) and walked in turn, while candidates estimated faster than the
-    default are left and the time budget allows. Returns (the last timed set, its latencies, choose's result with
-    every candidate turned down on the way)."""
+    default are left and the time budget allows another timing, a confirmation and the held-out check. Returns
+    (the last timed set, its latencies, choose's result with every candidate turned down on the way)."""
     rejected: list[Candidate] = []
     dropped: set[Candidate] = set()  # timed, not turned down, but no faster than the default
     est = {c.key: estimate(c, rec) for c, _, rec in passing}
@@ -71,6 +71,7 @@ def walk(search, passing: list, default: Candidate, options, loaders: dict, prom
         pool = [p for p in passing if p[0] not in dropped and p[0] not in rejected]
         cands = timed_set(pool, default, options.top)
         timed = latencies(search.store, cands, loaders, prompt, search.guidance, options.rounds, log)
+        search.budget.timed = 0  # timed: no longer held back
         picked = choose(timed, pool, default, confirmed)
         rejected += picked["rejected"]
         picked["rejected"] = list(rejected)
@@ -80,7 +81,8 @@ def walk(search, passing: list, default: Candidate, options, loaders: dict, prom
         base = est.get(default.key, float("inf"))
         left = [c for c, _, _ in passing if c not in dropped and c not in rejected and c != default
                 and est[c.key] < base]
-        if not left or search.elapsed() > CONFIRM_SHARE * search.budget_s:
+        b = search.budget
+        if not left or not b.fits(b.timing_s(min(options.top + 3, len(left) + 3)) + b.checks_s() + OVERHEAD_S * b.load):
             return cands, timed, picked
         log(f"tune: every timed candidate was turned down; timing the next {min(options.top, len(left))} of "
             f"{len(left)} left that the quality pass ranked faster than the default")

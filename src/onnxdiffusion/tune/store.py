@@ -51,6 +51,9 @@ class Store:
             _append(path, line)
         return rec
 
+    def has_array(self, name: str) -> bool:
+        return (self.root / f"{name}.npy").is_file()
+
     def array(self, name: str, make) -> np.ndarray:
         """A reference array kept in the store (made once by `make()`)."""
         path = self.root / f"{name}.npy"

@@ -1,0 +1,100 @@
+"""The time budget of a `tune` run covers all of it, the checks after the search included. Before the search
+stops, the time the rest of the run will take is held back (the reserve): the latency timing, the confirmation
+and the held-out check (their fp32 references and the candidate's own pictures), in units of the reference's
+measured seconds per picture, scaled by how much slower the machine runs now than when that was measured (the load
+factor, re-estimated from each fp32 generation of the search and each reference of the checks). The search goes
+on while the budget left exceeds the reserve; one candidate started just before that point is the most a run can
+overrun by (its cost is the search's step, not a guess the reserve could be wrong about)."""
+
+from __future__ import annotations
+
+import time
+
+from .space import STEP_FRACTIONS
+
+# a quantize build costs about this many reference pictures (issue 46 r3 at load 25, 4-6.7 s a picture: int8-timestep
+# 243-296 s, int8-static 384-511 s; 30-40 s at ~0.8 s a picture idle)
+BUILD_PICTURES = 60.0
+# a timed candidate's one picture vs the reference's (the timed ones are the faster ones, besides the default)
+TIMED_SHARE = 0.8
+# a checked candidate's picture vs the reference's until the search found one that passed (search.py then holds the
+# fastest that passed): the first point of fewer steps the search tries (space.STEP_FRACTIONS), the fastest a
+# choice other than the default costs before anything is known (1.0 would leave a loaded machine no search at all)
+CHECKED_SHARE = STEP_FRACTIONS[1]
+OVERHEAD_S = 20.0  # loading sessions and the judge, the floor, writing OUT (seconds on an idle machine)
+# the reserve's margin over its estimate: on the shared 2-core EPYC the load swung by a third within minutes (17 to
+# 29 in r4's first UNet run, whose checks then overran the reserve read at a load factor of 0.78); 1.4 left no search
+# at load 25 (the 96 + 96 prompts' checks alone are 70% of 20 minutes there), so the floor on the load factor does
+# most of the work and this covers a moderate rise
+MARGIN = 1.1
+LOAD_WEIGHT = 0.5  # of the latest measurement in the re-estimated load factor
+
+
+class Budget:
+    """`budget_s` from `t0` on `clock`; `per_picture`: the reference's seconds per picture when it was measured."""
+
+    def __init__(self, budget_s: float, clock=time.monotonic, t0: float | None = None):
+        self.budget_s, self.clock = budget_s, clock
+        self.t0 = clock() if t0 is None else t0
+        self.per_picture = 1.0  # until the reference's generation says otherwise
+        self.load = 1.0
+        self.build_seen: float | None = None  # seconds the last quantize build took
+        self.checked_share = CHECKED_SHARE
+        # what is still to come after the search (run.py fills these in, finish.py crosses them off)
+        self.references = 0  # fp32 reference pictures of the checks not made yet
+        self.checked = 0  # the candidate's pictures of the checks not made yet
+        self.timed = 0  # candidates to time
+        self.rounds = 5
+
+    # -- the clock ----------------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    # -- what things cost now ------------------------------------------------------------------------------------
+    def pictures_s(self, n: float) -> float:
+        """Seconds `n` reference pictures take now."""
+        return n * self.per_picture * self.load
+
+    def build_s(self) -> float:
+        return self.build_seen if self.build_seen is not None else self.pictures_s(BUILD_PICTURES)
+
+    def timing_s(self, candidates: int | None = None) -> float:
+        n = self.timed if candidates is None else candidates
+        return self.pictures_s(n * (self.rounds + 1) * TIMED_SHARE)
+
+    def checks_s(self, references: int | None = None, checked: int | None = None) -> float:
+        r = self.references if references is None else references
+        c = self.checked if checked is None else checked
+        return self.pictures_s(r + c * self.checked_share)
+
+    def reserve(self) -> float:
+        """Seconds the rest of the run after the search may take: its estimate at the load factor, never below the
+        reference's own (a lull in the load is not counted on), times MARGIN."""
+        load = max(1.0, self.load)
+        return MARGIN * load / self.load * (self.timing_s() + self.checks_s() + OVERHEAD_S * self.load)
+
+    def searching(self, need: float = 0.0) -> bool:
+        """Whether a search step that takes `need` seconds (besides the one it is about to start) still leaves
+        the reserve."""
+        return self.left() - need > self.reserve()
+
+    def fits(self, seconds: float) -> bool:
+        return self.left() >= seconds
+
+    # -- learning as the run goes ----------------------------------------------------------------------------
+    def observe(self, expected_s: float, actual_s: float) -> None:
+        """A measurement that was expected to take `expected_s` at the reference's speed took `actual_s`."""
+        if expected_s > 0 and actual_s > 0:
+            self.load = (1 - LOAD_WEIGHT) * self.load + LOAD_WEIGHT * actual_s / expected_s
+
+    def observe_build(self, seconds: float) -> None:
+        # kept apart from the load factor: a build's cost does not scale with the load as a generation's does
+        self.build_seen = seconds
+
+    def describe(self) -> str:
+        return (f"{self.elapsed():.0f} s of {self.budget_s:.0f} s spent; reserve {self.reserve():.0f} s (timing "
+                f"{self.timing_s():.0f}, checks {self.checks_s():.0f}; {self.per_picture:.2f} s a reference picture, "
+                f"load x{self.load:.2f})")
