@@ -203,7 +203,10 @@ def _plan(opts, model: Path, manifest: dict, source, sampler: str, quantized, no
     named = {n.strip() for item in opts.variants for n in item.split(",")}
     for s in chosen:
         refused = peer_sampler_skip(s.peer, s.sampler) if s.kind == "peer" else None
-        if refused and s.name in named:  # asked for by name: refused before anything runs, never a silent other sampler
+        # asked for by name: refused before anything runs, never a silent other sampler (a peer that cannot take
+        # this model at all stays an n/a row with its own reason, as in a bench of several models)
+        takes_model = s.skip in (None, refused) or s.skip.startswith("peer not installed")
+        if refused and s.name in named and takes_model:
             raise UserError(f"{s.name}: {refused}")
         if s.kind == "peer" and s.skip is None:
             s.skip = probe_peer(s.peer_python, s.peer)
