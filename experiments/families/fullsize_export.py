@@ -96,33 +96,12 @@ def _base(arch: str, folder: Path) -> Path:
     return folder
 
 
-POOL = 1 << 26  # random bf16 values drawn once; each tensor is a slice of them from a random start
-
-
-def _random(name: str, shape, gen, pool=None):
-    """Norm weights 1, biases 0, the rest N(0, 0.02) bf16: drawn per tensor, or (with `pool`, `--fast`: drawing
-    billions of normals on 2 shared cores takes longer than the export) sliced from a pool of drawn values."""
-    import torch
-
-    if len(shape) == 1 and "norm" in name:
-        return torch.ones(shape, dtype=torch.bfloat16)
-    if len(shape) == 1 and name.endswith("bias"):
-        return torch.zeros(shape, dtype=torch.bfloat16)
-    if pool is None:
-        return (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
-    n = int(torch.Size(shape).numel())
-    start = int(torch.randint(0, POOL, (1,), generator=gen))
-    reps = (start + n + POOL - 1) // POOL
-    flat = pool.repeat(reps)[start:start + n] if reps > 1 else pool[start:start + n]
-    return flat.clone().reshape(shape)
-
-
 def write(arch: str, folder: Path, fast: bool = False) -> dict:
     """The folder with the backbone's random bf16 shards written tensor by tensor (one shard's tensors held)."""
     import diffusers
-    import torch
     from accelerate import init_empty_weights
-    from safetensors.torch import save_file
+
+    from onnxdiffusion.bench.arch.release import write_random
 
     class_name, config = ARCHES[arch]
     t0 = time.time()
@@ -133,29 +112,13 @@ def write(arch: str, folder: Path, fast: bool = False) -> dict:
     out = folder / "transformer"
     out.mkdir()
     meta.save_config(out)
-    shapes = [(n, tuple(p.shape)) for n, p in meta.named_parameters()]
+    params = write_random(meta, out, "diffusion_pytorch_model.safetensors",
+                          "diffusion_pytorch_model.safetensors.index.json", shard_bytes=SHARD_BYTES, pooled=fast)
     del meta
-    plan, size = [[]], 0
-    for name, shape in shapes:
-        nbytes = 2 * int(torch.Size(shape).numel())
-        if plan[-1] and size + nbytes > SHARD_BYTES:
-            plan.append([])
-            size = 0
-        plan[-1].append((name, shape))
-        size += nbytes
-    gen = torch.Generator().manual_seed(0)
-    pool = (torch.randn(POOL, generator=gen) * 0.02).to(torch.bfloat16) if fast else None
-    weight_map = {}
-    for i, names in enumerate(plan):
-        file = f"diffusion_pytorch_model-{i + 1:05d}-of-{len(plan):05d}.safetensors"
-        save_file({n: _random(n, s, gen, pool) for n, s in names}, str(out / file), metadata={"format": "pt"})
-        weight_map.update({n: file for n, _ in names})
-    params = sum(int(torch.Size(s).numel()) for _, s in shapes)
-    (out / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": 2 * params}, "weight_map": weight_map}, indent=1))
+    shards = sorted(out.glob("*.safetensors"))
     desc = {"arch": arch, "backbone_class": class_name, "config": config, "params": params,
-            "fp32_bytes": 4 * params, "bf16_shard_bytes": sum(f.stat().st_size for f in out.glob("*.safetensors")),
-            "shards": len(plan), "write_s": round(time.time() - t0, 1),
+            "fp32_bytes": 4 * params, "bf16_shard_bytes": sum(f.stat().st_size for f in shards),
+            "shards": len(shards), "write_s": round(time.time() - t0, 1),
             "random": "pooled" if fast else "per tensor"}
     (folder / "fullsize.json").write_text(json.dumps(desc, indent=1))
     return desc

@@ -112,14 +112,17 @@ def _small_parts(arch: str, tmp: Path):
     return diffusers.Flux2KleinPipeline, vae, sched, tok, "Qwen3ForCausalLM"
 
 
-def _random(name: str, shape, gen, pool):
-    """Norm weights 1, biases 0, the rest N(0, 0.02) bf16 sliced from `pool` at a drawn offset."""
+def _random(name: str, shape, gen, pool=None):
+    """Norm weights 1, biases 0, the rest N(0, 0.02) bf16: sliced from `pool` at a drawn offset, or (no pool) drawn
+    for the tensor itself."""
     import torch
 
     if len(shape) == 1 and ("norm" in name or name.endswith("running_var")):
         return torch.ones(shape, dtype=torch.bfloat16)
     if len(shape) == 1 and name.endswith("bias"):
         return torch.zeros(shape, dtype=torch.bfloat16)
+    if pool is None:
+        return (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
     n = int(torch.Size(shape).numel())
     start = int(torch.randint(0, POOL, (1,), generator=gen))
     reps = (start + n + POOL - 1) // POOL
@@ -127,9 +130,11 @@ def _random(name: str, shape, gen, pool):
     return flat.clone().reshape(shape)
 
 
-def write_random(meta, out: Path, weights: str, index: str, skip: tuple[str, ...] = (), seed: int = 0) -> int:
-    """`meta`'s state (a module on the meta device) as random bf16 safetensors shards under `out`, one shard's
-    tensors in memory at a time, with the sharded-checkpoint index both libraries read; returns the parameter count."""
+def write_random(meta, out: Path, weights: str, index: str, skip: tuple[str, ...] = (), seed: int = 0,
+                 shard_bytes: int = SHARD_BYTES, pooled: bool = True) -> int:
+    """`meta`'s state (a module on the meta device) as random bf16 safetensors shards of at most `shard_bytes` under
+    `out`, one shard's tensors in memory at a time, with the sharded-checkpoint index both libraries read (values
+    sliced from one drawn pool, or drawn per tensor when not `pooled`); returns the parameter count."""
     import torch
     from safetensors.torch import save_file
 
@@ -137,13 +142,13 @@ def write_random(meta, out: Path, weights: str, index: str, skip: tuple[str, ...
     plan, size = [[]], 0
     for name, shape in shapes:
         nbytes = 2 * int(torch.Size(shape).numel())
-        if plan[-1] and size + nbytes > SHARD_BYTES:
+        if plan[-1] and size + nbytes > shard_bytes:
             plan.append([])
             size = 0
         plan[-1].append((name, shape))
         size += nbytes
     gen = torch.Generator().manual_seed(seed)
-    pool = (torch.randn(POOL, generator=gen) * 0.02).to(torch.bfloat16)
+    pool = (torch.randn(POOL, generator=gen) * 0.02).to(torch.bfloat16) if pooled else None
     out.mkdir(parents=True, exist_ok=True)
     weight_map = {}
     stem, ext = weights.rsplit(".", 1)
