@@ -31,7 +31,7 @@ from .assemble import VariantState as _State
 from .options import BenchOptions  # noqa: F401 - re-exported: bench.BenchOptions
 from .assemble import assemble, image_sets
 from .runners import Generation, Job, PeerError, PeerRunner, _PipelineCache, make_runner, probe_peer
-from .variants import (PlanOptions, folder_variant, peer_sampler_skip, plan_variants, select, source_folder,
+from .variants import (PlanOptions, folder_variant, plan_variants, select, source_folder,
                        tiny_skip)
 
 from .arch import ARCHES
@@ -202,12 +202,8 @@ def _plan(opts, model: Path, manifest: dict, source, sampler: str, quantized, no
                      "stays loaded so repeats interleave; other rows, e.g. OpenVINO, by --variants).")
     named = {n.strip() for item in opts.variants for n in item.split(",")}
     for s in chosen:
-        refused = peer_sampler_skip(s.peer, s.sampler) if s.kind == "peer" else None
-        # asked for by name: refused before anything runs, never a silent other sampler (a peer that cannot take
-        # this model at all stays an n/a row with its own reason, as in a bench of several models)
-        takes_model = s.skip in (None, refused) or s.skip.startswith("peer not installed")
-        if refused and s.name in named and takes_model:
-            raise UserError(f"{s.name}: {refused}")
+        if s.sampler_refusal and s.name in named:  # asked for by name: refused before anything runs, never a
+            raise UserError(f"{s.name}: {s.sampler_refusal}")  # silent other sampler
         if s.kind == "peer" and s.skip is None:
             s.skip = probe_peer(s.peer_python, s.peer)
     return [_State(s) for s in chosen]

@@ -76,6 +76,7 @@ class VariantSpec:
     peer_mode: str | None = None  # fp32 | int8-hybrid
     peer_python: Path | None = None
     skip: str | None = None
+    sampler_refusal: str | None = None  # a peer's one line when it cannot run the bench's sampler (variants._plan)
     decoder: str | None = None  # None: the VAE; tiny: the tiny autoencoder (ours: vae_decoder_tiny; peers: TAESD)
     hidden: bool = False  # listed only when asked for by name (a loop graph never compiled, quantized + DPM++)
     other_model: bool = False  # a quantized folder of a different model (never matched by a recipe name)
@@ -84,6 +85,7 @@ class VariantSpec:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["sampler_refusal"]  # already the row's skip reason where it applies
         for k in ("folder", "peer_python"):
             d[k] = str(d[k]) if d[k] is not None else None
         return d
@@ -320,6 +322,10 @@ def _plan(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -
             folder, what = source, f"OpenVINO (optimum-intel) {mode} on the diffusers source"
         skip = None
         kind = manifest.source_class or "StableDiffusionPipeline"
+        # a peer that runs this kind of pipeline but not the bench's sampler is refused when named (core.py); one that
+        # cannot take the pipeline at all stays an n/a row with that reason (as in a bench of several models)
+        refusal = None if peer in ("optimum", "openvino") and kind != "StableDiffusionPipeline" else \
+            peer_sampler_skip(peer, opts.sampler)
         if peer in ("optimum", "openvino") and kind != "StableDiffusionPipeline":  # peer_worker's SD1.x/2.x classes
             skip = f"the {peer} peer runs StableDiffusionPipeline folders only; this model is a {kind}"
         elif not py.exists():
@@ -332,9 +338,10 @@ def _plan(model: Path, manifest: dict, source: Path | None, opts: PlanOptions) -
         elif peer == "sdcpp" and mode not in (("q8_0", "q4_K") if sdcpp_layout(folder) else ("fp32", "q8_0", "q4_0")):
             skip = "sdcpp-fp32/q4_0 run SD1.x-shaped models, sdcpp-q4_K Z-Image / FLUX.2 [klein] (q8_0 both)"
         else:
-            skip = peer_sampler_skip(peer, opts.sampler)
+            skip = refusal
         spec = VariantSpec(name, "peer", f"{what}, {ddim}", folder, steps=opts.steps, sampler=opts.sampler,
-                           peer=peer, peer_mode=mode, precision=mode, peer_python=py, skip=skip)
+                           peer=peer, peer_mode=mode, precision=mode, peer_python=py, skip=skip,
+                           sampler_refusal=refusal)
         if peer == "sdcpp" and opts.sampler == "ddim":
             spec.notes.append("sd.cpp's DDIM spaces the timesteps trailing (its ddim_trailing): the same update rule "
                               "and backbone calls as the other rows, other timesteps")
