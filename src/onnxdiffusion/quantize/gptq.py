@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
 CLIP_GRID = tuple(float(r) for r in np.linspace(1.0, 0.5, 11))  # the block's range scaled by each; 1.0 = min/max
 DAMP = 0.01  # of the Hessian's mean diagonal, added to it: GPTQ's default
@@ -31,15 +30,12 @@ DAMP = 0.01  # of the Hessian's mean diagonal, added to it: GPTQ's default
 def input_hessians(model: onnx.ModelProto, names: Iterable[str], calib, steps: Sequence[int], threads: int = 1) -> dict[str, np.ndarray]:
     """E[x^T x] (float64, K x K) of each named MatMul's input tensor over the calibration feeds at `steps`,
     every token of every row a sample. Keyed by tensor name (q, k and v read one)."""
+    from .graphs import with_outputs
     from .runner import session
 
     nodes = {n.name: n for n in model.graph.node}
     tensors = sorted({nodes[n].input[0] for n in names})
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    del probe.graph.output[:]
-    probe.graph.output.extend([helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in tensors])
-    sess = session(probe, threads)
+    sess = session(with_outputs(model, tensors, only=True), threads)
     sums: dict[str, np.ndarray] = {}
     count = dict.fromkeys(tensors, 0)
     for _, feed in calib.feeds(steps):

@@ -108,10 +108,13 @@ def activation_tensors(model: onnx.ModelProto, node_names: Iterable[str]) -> lis
     return list(out)
 
 
-def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
-    """A copy whose graph also outputs the named intermediate tensors."""
+def with_outputs(model: onnx.ModelProto, names: Iterable[str], only: bool = False) -> onnx.ModelProto:
+    """A copy whose graph also outputs the named intermediate tensors (`only`: outputs those alone, so the session
+    can drop what comes after them)."""
     aug = onnx.ModelProto()
     aug.CopyFrom(model)
+    if only:
+        del aug.graph.output[:]
     have = {o.name for o in aug.graph.output}
     for x in names:
         if x not in have:
