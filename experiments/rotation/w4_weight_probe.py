@@ -12,6 +12,15 @@ rounding, symmetric with the largest magnitude at -8), *clip (per block, the cli
 error, *H: weighted by diag H), gptq* (GPTQ over the input axis, each block's grid fixed at its first row;
 a: asymmetric, clip: grid by clip search: what quantize/gptq.py does), awqALPHA[a] (channels scaled by
 mean|x|^ALPHA before rounding, then clip search), w8 (8-bit asymmetric: the weights' floor).
+
+Mixed precision (issue 44's second W4A8 session): `... mmdit rank` measures every linear's 4-bit error alone
+(gptqaclip, the rest float, backbone SQNR on RANK_STEPS steps), ranks them by that error per byte its 8-bit form
+costs, then gives the top k 8-bit asymmetric weights (the rest gptqaclip 4-bit) for each k in KS and prints the
+backbone SQNR with the 4-bit share of the linears' weight bytes (MatMulNBits' layout: 4- or 8-bit codes, a float
+scale and a packed zero point per block). `... mmdit groups`: each group of linears (adaln: the timestep / text
+embedders and every norm's modulation linear; attn; ff; embed_out: the context embedder and the final projection)
+8-bit, the rest 4-bit. HSTEPS (6): calibration steps the Hessians come from; `gptqaclipact`: GPTQ in descending
+diag-H order (act-order, each block's grid fixed before, static groups).
 """
 
 import json
@@ -128,6 +137,26 @@ def clip_search(W, bs, sym=True, d=None, grid=None):
             best = np.where(m, Q, best); berr = np.where(m, err, berr)
     return _unblocks(best, K)
 
+def gptq_act(W, bs, H, sym=False, damp=0.01):
+    """GPTQ in descending diag-H order (act-order) with static groups: every block's grid (clip search on the
+    original weights, diag-H weighted) fixed first, then channels rounded in act order."""
+    W = W.astype(np.float64).copy(); K, N = W.shape
+    d = np.diag(H).astype(np.float64)
+    params = [_grid_params(W[k0:k0 + bs][None], sym, d[k0:k0 + bs], np.linspace(1.0, 0.5, 11)) for k0 in range(0, K, bs)]
+    perm = np.argsort(-d, kind="stable")
+    Wp, Hp = W[perm], H.astype(np.float64)[np.ix_(perm, perm)].copy()
+    dead = np.diag(Hp) == 0
+    Hp[dead, dead] = 1; Wp[dead] = 0
+    Hp += damp * np.mean(np.diag(Hp)) * np.eye(K)
+    Hinv = np.linalg.cholesky(np.linalg.inv(Hp)).T
+    Q = np.zeros_like(Wp)
+    for i in range(K):
+        q = _apply(Wp[i], params[perm[i] // bs], sym)
+        Q[i] = q
+        Wp[i + 1:] -= np.outer(Hinv[i, i + 1:], (Wp[i] - q) / Hinv[i, i])
+    out = np.zeros_like(Q); out[perm] = Q
+    return out
+
 def gptq(W, bs, H, sym=True, damp=0.01, clip=False, d=None):
     """GPTQ over the K (input) axis; each block's scale fixed from the (partly updated) weights at its first row."""
     W = W.astype(np.float64).copy(); K, N = W.shape
@@ -201,7 +230,7 @@ def main() -> None:
     m.graph.output.extend([helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in xs])
     sess = session(m, 1)
     H, cnt, absm = dict.fromkeys(xs, 0), dict.fromkeys(xs, 0), dict.fromkeys(xs, 0)
-    for _, feed in calib.feeds(calib.spread_steps(6)):
+    for _, feed in calib.feeds(calib.spread_steps(int(os.environ.get("HSTEPS", "6")))):
         for x, v in zip(xs, sess.run(xs, feed)):
             v = v.reshape(-1, v.shape[-1]).astype(np.float64)
             H[x] = H[x] + v.T @ v
@@ -213,6 +242,8 @@ def main() -> None:
     del sess
     eval_steps = calib.spread_steps(10)
     ref = calib.outputs[eval_steps]
+    if variants[0] in ("rank", "groups"):
+        return mixed(variants[0], base, calib, W, H, nodes, bs, eval_steps)
     # EIGHT=sub1,sub2: the linears whose names hold one of these get 8-bit asymmetric weights in every variant
     eight = [n for n in W if any(p and p in n for p in os.environ.get("EIGHT", "").split(","))]
     if eight:
@@ -237,6 +268,8 @@ def main() -> None:
                 deq[n] = clip_search(w, bs, True, d=d)
             elif v == "asymclipH":
                 deq[n] = clip_search(w, bs, False, d=d, grid=np.linspace(1, 0.6, 9))
+            elif v == "gptqaclipact":
+                deq[n] = gptq_act(w, bs, h)
             elif v in ("gptq", "gptqa", "gptqclip", "gptqaclip"):
                 deq[n] = gptq(w, bs, h, v.startswith("gptq") and "a" not in v[4:], clip=v.endswith("clip"))
             elif v.startswith("awq"):
@@ -260,6 +293,62 @@ def main() -> None:
                        / np.trace(W[n].T @ H[nodes[n].input[0]] @ W[n]) for n in deq])
         print(json.dumps({"label": f"{v} b{bs}", "sqnr": round(sqnr_db(ref, got), 2), "layer_db": round(-10 * math.log10(rel), 2),
                           "s": round(time.time() - t0, 1)}), flush=True)
+
+
+def nbits_bytes(w, bs, bits):
+    """MatMulNBits' bytes for a (K, N) weight: codes, a float32 scale and a packed zero point per block."""
+    nb = -(-w.shape[0] // bs)
+    return nb * w.shape[1] * (bs * bits / 8 + 4 + bits / 8)
+
+
+GROUPS = {"adaln": ("time_text_embed", "norm1/linear", "norm1_context/linear", "norm_out/linear"),
+          "attn": ("/attn/",), "ff": ("/ff/", "/ff_context/"), "embed_out": ("context_embedder", "proj_out")}
+
+
+def mixed(mode, base, calib, W, H, nodes, bs, eval_steps) -> None:
+    cache = SCRATCH / f"deq_gptqaclip_b{bs}_h{os.environ.get('HSTEPS', '6')}.pkl"
+    if cache.exists():
+        deq4 = pickle.loads(cache.read_bytes())
+    else:
+        deq4 = {n: gptq(w, bs, H[nodes[n].input[0]], False, clip=True) for n, w in W.items()}
+        cache.write_bytes(pickle.dumps(deq4))
+    deq8 = {n: _unblocks(q_asym(_blocks(w, bs)[0], bits=8), w.shape[0]) for n, w in W.items()}
+    b4 = {n: nbits_bytes(w, bs, 4) for n, w in W.items()}
+    b8 = {n: nbits_bytes(w, bs, 8) for n, w in W.items()}
+    ref = calib.outputs[eval_steps]
+
+    def sqnr(eight, four, steps=eval_steps):
+        mm = onnx.ModelProto()
+        mm.CopyFrom(base)
+        by_init = {nodes[n].input[1]: (deq8[n] if n in eight else deq4[n]) for n in set(eight) | set(four)}
+        for i, t in enumerate(mm.graph.initializer):
+            if t.name in by_init:
+                mm.graph.initializer[i].CopyFrom(numpy_helper.from_array(by_init[t.name].astype(np.float32), t.name))
+        return sqnr_db(calib.outputs[steps], backbone_outputs(mm, calib, steps, 1))
+
+    def row(label, eight):
+        four = [n for n in W if n not in set(eight)]
+        t0 = time.time()
+        db = sqnr(eight, four)
+        frac = sum(b4[n] for n in four) / (sum(b4[n] for n in four) + sum(b8[n] for n in eight))
+        print(json.dumps({"label": label, "bs": bs, "n8": len(eight), "sqnr": round(db, 2), "frac4_bytes": round(frac, 4),
+                          "frac8_weights": round(sum(W[n].size for n in eight) / sum(w.size for w in W.values()), 4),
+                          "s": round(time.time() - t0, 1), "eight": eight}), flush=True)
+
+    if mode == "groups":
+        row("all 4-bit", [])
+        for g, subs in GROUPS.items():
+            row(f"{g} 8-bit", [n for n in W if any(x in n for x in subs)])
+        return
+    steps = calib.spread_steps(int(os.environ.get("RANK_STEPS", "4")))
+    err = {}
+    for n in W:
+        err[n] = 10 ** (-sqnr([], [n], steps) / 10)
+    ranked = sorted(W, key=lambda n: -err[n] / (b8[n] - b4[n]))
+    print(json.dumps({"ranking": [{"node": n, "alone_sqnr_db": round(-10 * math.log10(err[n]), 2),
+                                   "err_per_kb": err[n] / (b8[n] - b4[n]) * 1024} for n in ranked]}), flush=True)
+    for k in [int(x) for x in os.environ.get("KS", "0,1,2,3,4,6,8,12,16,24,32").split(",")]:
+        row(f"top {k} 8-bit", ranked[:k])
 
 
 if __name__ == "__main__":
