@@ -106,3 +106,25 @@ def test_added_initializers_follow_the_kept_ones_in_name_order():
     model = helper.make_model(graph)
     _ort._new_initializers_by_name(model, {"k1", "k2"})
     assert [t.name for t in model.graph.initializer] == ["k2", "k1", "new_a", "new_b"]
+
+
+def test_weights_8bit_is_a_typed_option_left_out_of_the_dict_when_empty():
+    assert "weights_8bit" not in Int4WeightsRecipe().to_dict() and "weights_8bit" not in recipe_class("w4a8")().to_dict()
+    recipe = recipe_class("w4a8").with_options({"weights_8bit": "*/proj_out/*, */ff/net.2/*"})
+    assert recipe.weights_8bit == ("*/proj_out/*", "*/ff/net.2/*")
+    assert recipe.to_dict()["weights_8bit"] == ["*/proj_out/*", "*/ff/net.2/*"] and recipe_from_dict(recipe.to_dict()) == recipe
+
+
+def test_weights_8bit_gives_the_named_linears_8bit_weights_and_refuses_a_pattern_that_matches_none(tiny_onnx, tmp_path):
+    sk = prepare_unet(files.load_backbone(tiny_onnx / "unet" / "model.onnx"))
+    first = quantizable_nodes(sk, ("MatMul",))[0].name
+    recipe = recipe_class("w4a8").with_options({"block_size": "16", "weights_8bit": first})
+    report = quantize(tiny_onnx, tmp_path / "q", QuantizeConfig(recipe=recipe, **FAST))
+    assert report["details"]["weights_8bit_named"] == [first]
+    model = onnx.load(str(tmp_path / "q" / "unet" / "model.onnx"))
+    bits = [a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"]
+    assert bits.count(8) == 1 and bits.count(4) > 0
+    bad = recipe_class("w4a8").with_options({"block_size": "16", "weights_8bit": "*/no_such_linear/*"})
+    with pytest.raises(UserError, match="matches no MatMul"):
+        quantize(tiny_onnx, tmp_path / "bad", QuantizeConfig(recipe=bad, **FAST))
+    assert not (tmp_path / "bad").exists()

@@ -65,13 +65,16 @@ class Int4WeightsRecipe(Recipe):
     Version 4: `algorithm`, `gptq_steps` (older dicts mean default).
     `rotate`: none | hadamard[:GROUP]: every 4-bit MatMul's input group-Hadamard rotated, its weight
     rotated before the blocks are quantized (quantize/rotation.py); a dict without it means none.
+    `weights_8bit`: node-name patterns (fnmatch, as keep_float) of MatMuls (Gemms under gemms=int4) given 8-bit
+    MatMulNBits weights (min/max rounding), chosen by the user, besides any target_ratio picks; a pattern
+    matching none is an error. A dict without it means none (every older folder keeps its manifest's bytes).
     """
 
     name: ClassVar[str] = "int4-weights"
     takes_skeleton: ClassVar[bool] = True
     version: ClassVar[int] = 4
     legacy: ClassVar[dict[int, dict]] = {2: {"gemms": "keep", "algorithm": "default"}, 3: {"algorithm": "default"}}
-    omitted_at: ClassVar[dict] = {"rotate": "none"}
+    omitted_at: ClassVar[dict] = {"rotate": "none", "weights_8bit": ()}
     block_size: int = 32
     symmetric: bool = True
     accuracy_level: int = 0  # 0: ORT default (float compute); 4: int8 compute
@@ -83,6 +86,7 @@ class Int4WeightsRecipe(Recipe):
     algorithm: str = "default"
     gptq_steps: int = 8
     rotate: str = "none"
+    weights_8bit: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         parse_rotate(self.rotate)
@@ -116,7 +120,7 @@ class W4A8Recipe(Int4WeightsRecipe):
     name: ClassVar[str] = "w4a8"
     version: ClassVar[int] = 1
     legacy: ClassVar[dict[int, dict]] = {}
-    omitted_at: ClassVar[dict] = {}
+    omitted_at: ClassVar[dict] = {"weights_8bit": ()}
     accuracy_level: int = 4
     rotate: str = "hadamard"
 

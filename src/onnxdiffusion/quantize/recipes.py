@@ -279,6 +279,12 @@ def build_int4(ctx: Context, recipe: Int4WeightsRecipe) -> Built:
         details["weights_8bit"] = choose_8bit_weights(ctx, base, names, ctx.get_calibration(), nbits,
                                                       fp32.ByteSize(), recipe.target_ratio)
         eight = details["weights_8bit"]["int8_weights"]
+    if recipe.weights_8bit:
+        from .sensitivity import named_8bit_weights
+
+        named = named_8bit_weights(names, recipe.weights_8bit)
+        details["weights_8bit_named"] = named
+        eight = eight + [n for n in named if n not in set(eight)]
     model = nbits(base, eight, 8) if eight else base
     four = [n for n in names if n not in set(eight)]
     if recipe.algorithm == "gptq":  # the 8-bit ones (and the ranking above) stay round-to-nearest

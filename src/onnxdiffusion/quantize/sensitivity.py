@@ -12,10 +12,12 @@ The mixed int8 recipe and the fp8 / nvfp4 recipes' 16-bit layers (lowbit_plan.py
 
 from __future__ import annotations
 
+import fnmatch
 import math
 
 import numpy as np
 
+from ..errors import UserError
 from .runner import backbone_outputs, session
 
 MAX_SENSITIVITY_ROWS = 32
@@ -146,3 +148,12 @@ def choose_8bit_weights(ctx, base, names: list[str], calib, quantize, fp32_bytes
     return {"int8_weights": chosen, "budget_bytes": int(budget), "spent_bytes": int(spent),
             "error_sum_4bit": float(sum(err.values())), "error_sum_kept_4bit": float(sum(err[x] for x in names if x not in chosen)),
             "ranking": [{"node": x, "added_relative_mse": err[x], "bytes_for_8bit": int(cost[x])} for x in ranked[:30]]}
+
+
+def named_8bit_weights(names: list[str], patterns: tuple[str, ...]) -> list[str]:
+    """int4-weights' `weights_8bit`: the MatMuls bound for 4-bit weights (`names`) matching a pattern (fnmatch).
+    A pattern that matches none is a user error: a typo would otherwise quietly leave every linear 4-bit."""
+    for p in patterns:
+        if not any(fnmatch.fnmatchcase(n, p) for n in names):
+            raise UserError(f"int4-weights weights_8bit: {p!r} matches no MatMul bound for 4-bit weights")
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
