@@ -19,7 +19,8 @@ costs, then gives the top k 8-bit asymmetric weights (the rest gptqaclip 4-bit) 
 backbone SQNR with the 4-bit share of the linears' weight bytes (MatMulNBits' layout: 4- or 8-bit codes, a float
 scale and a packed zero point per block). `... mmdit groups`: each group of linears (adaln: the timestep / text
 embedders and every norm's modulation linear; attn; ff; embed_out: the context embedder and the final projection)
-8-bit, the rest 4-bit. HSTEPS (6): calibration steps the Hessians come from; `gptqaclipact`: GPTQ in descending
+8-bit, the rest 4-bit; `... mmdit cumul`: those groups made 8-bit one after another (embed_out, the MLPs' down
+projections, the rest of the MLPs, attn, adaln). HSTEPS (6): calibration steps the Hessians come from; `gptqaclipact`: GPTQ in descending
 diag-H order (act-order, each block's grid fixed before, static groups).
 """
 
@@ -242,7 +243,7 @@ def main() -> None:
     del sess
     eval_steps = calib.spread_steps(10)
     ref = calib.outputs[eval_steps]
-    if variants[0] in ("rank", "groups"):
+    if variants[0] in ("rank", "groups", "cumul"):
         return mixed(variants[0], base, calib, W, H, nodes, bs, eval_steps)
     # EIGHT=sub1,sub2: the linears whose names hold one of these get 8-bit asymmetric weights in every variant
     eight = [n for n in W if any(p and p in n for p in os.environ.get("EIGHT", "").split(","))]
@@ -305,6 +306,9 @@ GROUPS = {"adaln": ("time_text_embed", "norm1/linear", "norm1_context/linear", "
           "attn": ("/attn/",), "ff": ("/ff/", "/ff_context/"), "embed_out": ("context_embedder", "proj_out")}
 
 
+CUMUL = ("embed_out", "net.2/MatMul", "ff", "attn", "adaln")  # net.2: the MLPs' down projections
+
+
 def mixed(mode, base, calib, W, H, nodes, bs, eval_steps) -> None:
     cache = SCRATCH / f"deq_gptqaclip_b{bs}_h{os.environ.get('HSTEPS', '6')}.pkl"
     if cache.exists():
@@ -339,6 +343,12 @@ def mixed(mode, base, calib, W, H, nodes, bs, eval_steps) -> None:
         row("all 4-bit", [])
         for g, subs in GROUPS.items():
             row(f"{g} 8-bit", [n for n in W if any(x in n for x in subs)])
+        return
+    if mode == "cumul":  # groups made 8-bit one after another, in the order of the groups run's gain per byte
+        eight: list[str] = []
+        for g in CUMUL:
+            eight += [n for n in W if n not in eight and any(x in n for x in (GROUPS.get(g) or (g,)))]
+            row(f"+ {g} 8-bit", list(eight))
         return
     steps = calib.spread_steps(int(os.environ.get("RANK_STEPS", "4")))
     err = {}
