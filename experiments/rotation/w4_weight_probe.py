@@ -20,7 +20,8 @@ backbone SQNR with the 4-bit share of the linears' weight bytes (MatMulNBits' la
 scale and a packed zero point per block). `... mmdit groups`: each group of linears (adaln: the timestep / text
 embedders and every norm's modulation linear; attn; ff; embed_out: the context embedder and the final projection)
 8-bit, the rest 4-bit; `... mmdit cumul`: those groups made 8-bit one after another (embed_out, the MLPs' down
-projections, the rest of the MLPs, attn, adaln). HSTEPS (6): calibration steps the Hessians come from; `gptqaclipact`: GPTQ in descending
+projections, the rest of the MLPs, attn, adaln); `SETS="embed_out+attn;..." ... mmdit sets`: each set 8-bit.
+HSTEPS (6): calibration steps the Hessians come from; `gptqaclipact`: GPTQ in descending
 diag-H order (act-order, each block's grid fixed before, static groups).
 """
 
@@ -243,7 +244,7 @@ def main() -> None:
     del sess
     eval_steps = calib.spread_steps(10)
     ref = calib.outputs[eval_steps]
-    if variants[0] in ("rank", "groups", "cumul"):
+    if variants[0] in ("rank", "groups", "cumul", "sets"):
         return mixed(variants[0], base, calib, W, H, nodes, bs, eval_steps)
     # EIGHT=sub1,sub2: the linears whose names hold one of these get 8-bit asymmetric weights in every variant
     eight = [n for n in W if any(p and p in n for p in os.environ.get("EIGHT", "").split(","))]
@@ -343,6 +344,11 @@ def mixed(mode, base, calib, W, H, nodes, bs, eval_steps) -> None:
         row("all 4-bit", [])
         for g, subs in GROUPS.items():
             row(f"{g} 8-bit", [n for n in W if any(x in n for x in subs)])
+        return
+    if mode == "sets":  # SETS="g1+g2;g3": each set of groups (or name substrings) 8-bit, the rest 4-bit
+        for spec in os.environ["SETS"].split(";"):
+            subs = [x for g in spec.split("+") for x in (GROUPS.get(g) or (g,))]
+            row(spec, [n for n in W if any(x in n for x in subs)])
         return
     if mode == "cumul":  # groups made 8-bit one after another, in the order of the groups run's gain per byte
         eight: list[str] = []
