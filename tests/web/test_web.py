@@ -295,20 +295,23 @@ def test_page_in_chromium_int8_static(pages, driver, family, rounding):
     QuantizeLinears and 20 guided steps amplify those ulps; measured (2-core Xeon and EPYC, ORT-web 1.30):
     sd 32-56 dB (median 45), mmdit 41-55 dB. The 40 dB acceptance holds for the median there, not for every
     prompt. rounding=portable rewrites those kernels into float64 arithmetic both builds round alike
-    (quantize/portable_rounding.py): every image >= 40 dB (measured: >= 84 dB, most identical)."""
+    (quantize/portable_rounding.py): every image >= 60 dB (measured: >= 84 dB, most identical). With a norm or the
+    attention left out of that rewrite (bench/results/web_drift.md) every prompt's image stays below 59 dB, where a
+    40 dB bar over six prompts missed mmdit's (LayerNormalization 46.5-58.6 dB, MultiHeadAttention 44.3-53.7): at
+    60 dB each prompt decides alone, so three of the six suffice (half this slowest case's 20-step runs)."""
     model, page = pages(f"{family}-{'int8p' if rounding == 'portable' else 'int8'}")
     assert json.loads((page / "settings.json").read_text())["rounding"] == rounding
     ref = _reference(model)
     scores = []
     with static_server(page) as url:
         assert open_page(driver, url) == "ready"
-        for seed, prompt in enumerate(PROMPTS):
+        for seed, prompt in enumerate(PROMPTS[::2] if rounding == "portable" else PROMPTS):
             r = generate(driver, prompt, seed, 20)
             assert r["status"] == "done", r
             scores.append(psnr(r["image"], ref(prompt, seed, 20)))
     print(f"{family} int8-static rounding={rounding} page vs generate (dB):", [round(s, 1) for s in scores])
     if rounding == "portable":
-        assert min(scores) >= 40, scores
+        assert min(scores) >= 60, scores
     else:
         assert float(np.median(scores)) >= 40, scores
         assert min(scores) >= 30, scores
