@@ -24,7 +24,8 @@ from onnxdiffusion.runtime.generation import GenerateOptions
 from onnxdiffusion.web import npm
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from cli_helpers import assert_one_line_error, run_cli  # noqa: E402
+# the verbs in-process (run_cli_here: run_cli's checks without an interpreter start per case, ~1.3 s CPU each)
+from cli_helpers import assert_one_line_error, run_cli_here  # noqa: E402
 from onnxdiffusion.web.browser import chrome, generate, have_chromium, open_page, static_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -140,18 +141,18 @@ def test_export_web_folder(pages):
 
 def test_export_web_bad_input(pages, tmp_path):
     model, page = pages("sd-fp32")
-    assert_one_line_error(run_cli("export-web", model, page), "already exists")
-    assert_one_line_error(run_cli("export-web", model, model / "page"), "overlaps")
+    assert_one_line_error(run_cli_here("export-web", model, page), "already exists")
+    assert_one_line_error(run_cli_here("export-web", model, model / "page"), "overlaps")
     other = tmp_path / "notapage"
     other.mkdir()
     (other / "keep.txt").write_text("x")
-    assert_one_line_error(run_cli("export-web", model, other, "--overwrite"), "only a page folder")
+    assert_one_line_error(run_cli_here("export-web", model, other, "--overwrite"), "only a page folder")
     assert (other / "keep.txt").is_file()
-    assert_one_line_error(run_cli("export-web", model, tmp_path / "p", "--max-steps", "0"), "max-steps")
-    assert_one_line_error(run_cli("export-web", model, tmp_path / "p2", "--sampler", "flow_euler"), "flow_euler")
-    assert_one_line_error(run_cli("export-web", tmp_path / "nomodel", tmp_path / "p3"), "nomodel")
+    assert_one_line_error(run_cli_here("export-web", model, tmp_path / "p", "--max-steps", "0"), "max-steps")
+    assert_one_line_error(run_cli_here("export-web", model, tmp_path / "p2", "--sampler", "flow_euler"), "flow_euler")
+    assert_one_line_error(run_cli_here("export-web", tmp_path / "nomodel", tmp_path / "p3"), "nomodel")
     assert not any(p.name.startswith(("p", ".p")) for p in tmp_path.iterdir())  # nothing half-written
-    assert_one_line_error(run_cli("serve", "--web", other), "not a page folder")
+    assert_one_line_error(run_cli_here("serve", "--web", other), "not a page folder")
 
 
 @pytest.mark.parametrize("name", ["sd-fp32", "mmdit-fp32", "sd-int8"])
@@ -191,9 +192,9 @@ def test_export_web_refuses_rounding_cpu_int8_unless_allowed(pages, tmp_path):
     differently; page vs generate 33-55 dB, bench/results/web_quality.md): refused in one line naming the fix,
     nothing written; --allow-drift exports it anyway."""
     model, _ = pages("sd-int8")
-    assert_one_line_error(run_cli("export-web", model, tmp_path / "p"), "rounding=portable")
+    assert_one_line_error(run_cli_here("export-web", model, tmp_path / "p"), "rounding=portable")
     assert not list(tmp_path.iterdir())
-    r = run_cli("export-web", model, tmp_path / "p", "--allow-drift", "--no-webgpu", "--max-steps", "20")
+    r = run_cli_here("export-web", model, tmp_path / "p", "--allow-drift", "--no-webgpu", "--max-steps", "20")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p" / "settings.json").read_text())["rounding"] == "cpu" and "allow-drift" in r.stderr
 
