@@ -182,11 +182,11 @@ tiny_sdxl_diffusers = built("tiny_sdxl", "family_pipelines", "build_tiny_sdxl")
 
 @pytest.fixture(scope="session")
 def tiny_sdxl_onnx(tiny_sdxl_diffusers, tmp_path_factory) -> Path:
-    """Exported with the CLI verb, as a user would."""
-    from cli_helpers import run_cli
+    """Exported with the CLI verb, as a user would (in-process: the verb without an interpreter start)."""
+    from cli_helpers import run_cli_here
 
     def build(root: Path) -> Path:
-        proc = run_cli("export", tiny_sdxl_diffusers, root / "model")
+        proc = run_cli_here("export", tiny_sdxl_diffusers, root / "model")
         assert proc.returncode == 0, proc.stderr[-2000:]
         return root / "model"
 

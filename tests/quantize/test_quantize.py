@@ -361,9 +361,10 @@ def test_speed_gate_fails_without_output(tiny_onnx, tmp_path, monkeypatch):
 
 
 def _cli(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", "quantize", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    """The verb in-process (run_cli_here): an interpreter start per case imported torch, ~3 CPU s each."""
+    from cli_helpers import run_cli_here
+
+    return run_cli_here("quantize", *args)
 
 
 @pytest.mark.parametrize("args, fragment", [

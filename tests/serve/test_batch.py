@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import run_cli_here
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +88,7 @@ def test_batch_matches_generate_and_resumes(rendered):
 def test_batch_bad_input(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    proc = _cli("batch", path, tmp_path / "out", "--quiet")
+    proc = run_cli_here("batch", path, tmp_path / "out", "--quiet")  # in-process: no interpreter start per case
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not list((tmp_path / "out").glob("*.png")) if (tmp_path / "out").exists() else True
 
