@@ -15,6 +15,7 @@ from .space import DEFAULT_RECIPES, FP32, Candidate
 
 # scene seeds: the tuning, confirmation and held-out prompts never overlap
 TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
+QUANTIZE_ARGS = ("--no-quality", "--latency-runs", "3")  # a build's arguments (with --threads 1): its cache key
 
 
 def _recipes(text: str) -> tuple[str, ...]:
@@ -248,7 +249,7 @@ def _quantized(model: Path, recipes: tuple[str, ...], search, folders: dict, poi
     from ..folder.artifacts import MANIFEST
     from .search import Folder
 
-    args = ("--no-quality", "--latency-runs", "3")
+    args = QUANTIZE_ARGS
     records = []
     for recipe in recipes:
         cache = cache_root() / "quantized"
