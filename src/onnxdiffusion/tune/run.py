@@ -121,6 +121,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     from ..runtime.generation import GenerateOptions
     from . import measure as M
     from .budget import Budget
+    from .machine import session_facts
     from .search import Bound, Folder, Search
     from .store import Store, search_key
 
@@ -134,7 +135,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
                         "from the fp32 folder (its own reference)")
     _prepare_out(out, model, options.overwrite)
     t0 = time.monotonic()
-    facts = machine_facts()
+    facts = {**machine_facts(), "session": session_facts()}
     fp32_profiles, unavailable = profiles_for(_precision(model))
     if not fp32_profiles:
         raise UserError(f"no shipped profile runs {model}'s backbone here ({'; '.join(unavailable.values())})")
