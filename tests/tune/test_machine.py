@@ -16,7 +16,7 @@ def _result(flags, kind, session=True) -> dict:
     machine = {"cpu": {"model": "Test CPU 9000", "machine": "x86_64", "cores": 8, "isa_flags": flags,
                        "int8_kernels": kind}, "onnxruntime": "1.32.0", "loadavg": [1.0, 2.0, 3.0]}
     if session:
-        machine["session"] = {"threads": 8, "threads_how": "ONNX Runtime's default intra-op pool (tune sets none)",
+        machine["session"] = {"threads": 8, "threads_how": "ONNX Runtime's default intra-op pool, one per core; tune sets none",
                               "providers": ["CPUExecutionProvider"]}
     return {"machine": machine, "default": DEFAULT.to_dict(), "chosen": CHOSEN.to_dict(),
             "latency_s": {"default": 1.0, "chosen": 0.4},
@@ -31,7 +31,7 @@ def test_the_machine_section_names_the_cpu_its_kernels_threads_and_ort():
     text = "\n".join(machine_section(_result(["avx2", "avx512_vnni", "avx512_bf16"], "vnni")))
     assert "## Machine" in text and "Test CPU 9000, 8 logical cores" in text
     assert "VNNI: yes (avx512_vnni)" in text and "AMX int8: no" in text and "**vnni**" in text
-    assert "bf16 | yes (avx512_bf16)" in text and "| threads | 8 (" in text
+    assert "bf16 | yes (avx512_bf16)" in text and "| threads | 8: ONNX Runtime's default" in text
     assert "1.32.0; providers: CPUExecutionProvider" in text
     amx = "\n".join(machine_section(_result(["avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"], "amx", session=False)))
     assert "AMX int8: yes (amx_int8, amx_tile)" in amx and "**amx**" in amx and "default intra-op pool" in amx

@@ -22,7 +22,7 @@ def session_facts() -> dict:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         usable = os.cpu_count()
-    return {"threads": usable, "threads_how": "ONNX Runtime's default intra-op pool (tune sets none)",
+    return {"threads": usable, "threads_how": "ONNX Runtime's default intra-op pool, one per core; tune sets none",
             "providers": providers}
 
 
@@ -41,7 +41,7 @@ def machine_section(result: dict) -> list[str]:
     cpu, session = m["cpu"], m.get("session") or {}
     flags = set(cpu.get("isa_flags") or ())
     kind = cpu_kind(cpu)
-    threads = (f"{session['threads']} ({session['threads_how']}), one image per timed call" if session
+    threads = (f"{session['threads']}: {session['threads_how']}; one image per timed call" if session
                else "ONNX Runtime's default intra-op pool (one per core)")
     load = m.get("loadavg")
     return ["## Machine", "", "| | |", "|---|---|",
