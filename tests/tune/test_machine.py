@@ -16,8 +16,8 @@ def _result(flags, kind, session=True) -> dict:
     machine = {"cpu": {"model": "Test CPU 9000", "machine": "x86_64", "cores": 8, "isa_flags": flags,
                        "int8_kernels": kind}, "onnxruntime": "1.32.0", "loadavg": [1.0, 2.0, 3.0]}
     if session:
-        machine["session"] = {"threads": 8, "threads_how": "ONNX Runtime's default intra-op pool, one per core; tune sets none",
-                              "providers": ["CPUExecutionProvider"]}
+        machine["session"] = {"threads": 8, "providers": ["CPUExecutionProvider"],
+                              "threads_how": "ONNX Runtime's default intra-op pool, one per core; tune sets none"}
     return {"machine": machine, "default": DEFAULT.to_dict(), "chosen": CHOSEN.to_dict(),
             "latency_s": {"default": 1.0, "chosen": 0.4},
             "timed": [{**c.to_dict(), "median_s": s} for c, s in timed],

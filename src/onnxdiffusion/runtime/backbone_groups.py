@@ -4,11 +4,12 @@ backbone (backbone_split.split), and each of the three pieces switches between i
 switched between its groups.
 
 The groups are one graph quantized with K sets of activation scales, so their cuts have the same structure; a
-branch's local names are made the same in every group (from the structure: each node's name) so the K cuts share their inputs
-and outputs. The first piece also computes the switch and hands its conditions on (the rest and the tail read
-them). A quantized (uint8) span output is handed on as float: DeepCache reuses the feature of one step at later
-ones, which may fall in another group with other scales, so the rest dequantizes it with its own group's scale and
-the tail quantizes it again with its own (a full step is bit-identical: the round trip of an integer is exact).
+branch's local names are made the same in every group (from the structure: each node's name) so the K cuts share
+their inputs and outputs. The first piece also computes the switch and hands its conditions on (the rest and the
+tail read them). A quantized (uint8) span output is handed on as float: DeepCache reuses the feature of one step at
+later ones, which may fall in another group with other scales, so the rest dequantizes it with its own group's
+scale and the tail quantizes it again with its own (a full step is bit-identical: the round trip of an integer is
+exact).
 """
 
 from __future__ import annotations
@@ -19,14 +20,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .backbone_split import _ZP_INPUT as _ZP  # output zero point's input index (its scale is the one before)
 from .backbone_split import SplitGraphs, split
 
 _IF = re.compile(r"^groups/if(\d+)$")
 LOCAL = "grp/"  # a branch's local names, the same in every group
-# output zero point's input index of the integer ops a quantized span may end in (its scale is the one before)
-_ZP = {"QuantizeLinear": 2, "QLinearConv": 7, "QLinearMatMul": 7, "QLinearAdd": 7, "QLinearMul": 7, "QGemm": 8,
-       "QLinearConcat": 1, "QLinearSigmoid": 4, "QLinearLeakyRelu": 4, "QLinearSoftmax": 4,
-       "QLinearAveragePool": 4, "QLinearGlobalAveragePool": 4}
 
 
 def switches(model: onnx.ModelProto) -> list[onnx.NodeProto]:
