@@ -97,20 +97,9 @@ def test_groups_without_module_names_are_refused_in_one_line():
 
 # --- on a quantized tiny folder (slow: quantize with calibration) ---------------------------------
 
-@pytest.fixture(scope="module")
-def timestep_folder(tiny_onnx, tmp_path_factory):
-    from onnxdiffusion.quantize import CalibrationConfig, Int8TimestepRecipe, QuantizeConfig, quantize
-
-    out = tmp_path_factory.mktemp("cache_groups") / "int8-timestep"
-    quantize(tiny_onnx, out, QuantizeConfig(recipe=Int8TimestepRecipe(groups=2),
-                                            calibration=CalibrationConfig(count=4, steps=4, batch=4, sampler="ddim"),
-                                            latency_runs=1, measure_memory=False))
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["deepcache:2", "deepcache:3:L1"])
-def test_deepcache_on_int8_timestep_host_and_loop(timestep_folder, tiny_onnx, spec, tmp_path):
+def test_deepcache_on_int8_timestep_host_and_loop(tiny_int8_timestep, tiny_onnx, spec, tmp_path):
     """DeepCache runs on an int8-timestep folder (it used to find no skip layers: the branches' nodes had lost their
     names); the no-op spec is the plain run bit for bit, the Loop graph gives the host loop's images, and the
     pictures stay near DeepCache on the fp32 folder."""
@@ -119,13 +108,13 @@ def test_deepcache_on_int8_timestep_host_and_loop(timestep_folder, tiny_onnx, sp
     from onnxdiffusion.runtime import Pipeline
 
     kw = dict(steps=8, seed=3, sampler="ddim")
-    pipe = Pipeline.from_folder(timestep_folder, verify=False)
+    pipe = Pipeline.from_folder(tiny_int8_timestep, verify=False)
     base = pipe(PROMPT, **kw).images
     assert np.array_equal(pipe(PROMPT, **kw, cache="deepcache:1").images, base)
     cached = pipe(PROMPT, **kw, cache=spec).images
     fp32 = Pipeline.from_folder(tiny_onnx, verify=False)(PROMPT, **kw, cache=spec).images
     assert np.isfinite(cached).all() and psnr(cached, fp32) > 20
-    compile_loop(timestep_folder, tmp_path / "loop", form="loop", cache=spec)
+    compile_loop(tiny_int8_timestep, tmp_path / "loop", form="loop", cache=spec)
     looped = Pipeline.from_folder(tmp_path / "loop", verify=False)
     host = looped(PROMPT, **kw, cache=spec).images
     assert np.array_equal(host, cached)
