@@ -166,6 +166,20 @@ def tiny_diffusers(tmp_path_factory) -> Path:
 tiny_onnx = exported("tiny_onnx", "tiny_diffusers", export_plain)
 
 
+
+@pytest.fixture(scope="session")
+def tiny_int8_timestep(tiny_onnx, tmp_path_factory) -> Path:
+    """tiny_onnx quantized by int8-timestep (2 groups; 4 calibration prompts x 4 steps), once per run: the bytes
+    test and the step caches on grouped backbones read the same folder."""
+    def build(root: Path) -> Path:
+        from onnxdiffusion.quantize import CalibrationConfig, Int8TimestepRecipe, QuantizeConfig, quantize
+
+        quantize(tiny_onnx, root / "model", QuantizeConfig(recipe=Int8TimestepRecipe(groups=2),
+                                                           calibration=CalibrationConfig(count=4, steps=4, batch=4),
+                                                           latency_runs=2, measure_memory=False))
+        return root / "model"
+    return shared_folder(tmp_path_factory, "tiny_int8_timestep", build)
+
 @pytest.fixture(scope="session")
 def tiny_v_diffusers(tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory, "tiny_v", lambda root: build_tiny_pipeline(
