@@ -185,7 +185,8 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
         model, report = dynamic_token(model, recipe, calib, ctx.threads)
         dynamic = report.pop("nodes")
         details["dynamic_token"] = report
-        ctx.log(f"per-token dynamic int8 activations for {report['linears']} linears")
+        ctx.log(f"per-token dynamic int8 activations for {report['linears']} linears"
+                + (f", int8 weights by GPTQ ({report['gptq_timesteps']} timesteps' Hessians)" if "gptq_timesteps" in report else ""))
     weight_nodes, kept = selection(model, recipe, recipe.op_types, allow_empty="dynamic_token" in details)
     if not weight_nodes:  # every linear dynamic, the convs kept float: nothing to calibrate, op groups float
         empty = np.zeros((calib.num_steps, 0))
