@@ -11,7 +11,7 @@ optionally Hadamard-rotated (group 64), then
   share of the error, which no activation scheme can remove;
 - aonly-asym: dynz's per-token activation codes alone (dequantized in float), weights float;
 - wonly-gptq / dynz-gptq / dyn-gptq: wonly / dynz / dyn with the int8 weights rounded by GPTQ (what `-O weights=gptq`
-  builds: quantize/gptq.py's int8_channels, Hessians of the rotated float inputs at 8 of the 20 steps of
+  builds: quantize/gptq.py's int8_channels, Hessians of the rotated float inputs at all 20 steps (--gptq-steps) of
   --calib-count calibration prompts' fp32 trajectories, captured as `quantize` does, seeds 10000 + i).
 Images vs the fp32 folder's at its recommended settings (quantize_eval.py's generate / fp32 cache /
 PSNR / judge); appends one line to WORK/results.jsonl.
@@ -119,7 +119,7 @@ def main() -> int:
     ap.add_argument("label")
     ap.add_argument("--mode", choices=("dyn", "dynz", "wonly", "aonly-asym", "wonly-gptq", "dynz-gptq", "dyn-gptq"), default="dyn")
     ap.add_argument("--calib-count", type=int, default=32, help="calibration prompts for the GPTQ Hessians")
-    ap.add_argument("--gptq-steps", type=int, default=8)
+    ap.add_argument("--gptq-steps", type=int, default=20)
     ap.add_argument("--rotate", type=int, default=64, help="Hadamard group (0: none)")
     ap.add_argument("--model", default=str(ROOT / "models" / "shapes-mmdit-onnx"))
     ap.add_argument("--work", type=Path, required=True)
@@ -160,6 +160,8 @@ def main() -> int:
            "worst": float(per.min()), "median": float(np.median(per)), "under35": int((per < 35).sum()),
            "worst5": [(int(i), round(float(per[i]), 2)) for i in order[:5]], "strict": ev["strict_accuracy"],
            "strict_fp32": ev0["strict_accuracy"], "seconds": round(time.time() - t0, 1)}
+    if hessians is not None:
+        res.update(gptq_steps=args.gptq_steps, calib_count=args.calib_count)
     print(json.dumps(res))
     with open(args.work / "results.jsonl", "a") as f:
         f.write(json.dumps(res) + "\n")

@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--model", default=str(ROOT / "models" / "shapes-mmdit-onnx"))
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--calib-count", type=int, default=32)
-    ap.add_argument("--gptq-steps", type=int, default=8)
+    ap.add_argument("--gptq-steps", type=int, default=20)
     ap.add_argument("--leave-one-float", action="store_true")
     args = ap.parse_args()
     src, settings = model_settings(args.model)
