@@ -141,3 +141,13 @@ def test_weights_option_is_recorded_only_when_gptq_and_needs_dynamic_activations
         recipe_class("int8-static").with_options({"weights": "gptq"})
     with pytest.raises(UserError, match="weights must be one of"):
         recipe_class("int8-static").with_options({"activations": "dynamic-token", "weights": "awq"})
+
+
+def test_gptq_weights_refuse_a_backbone_past_the_inline_limit(monkeypatch):
+    from onnxdiffusion.quantize import static_plan
+
+    model, _ = _graph(np.random.default_rng(0))
+    monkeypatch.setattr(static_plan.files, "is_large", lambda m: True)  # its Hessians run the whole backbone
+    recipe = recipe_class("int8-static").with_options({"activations": "dynamic-token", "weights": "gptq"})
+    with pytest.raises(UserError, match="only backbones under 2 GB"):
+        static_plan.dynamic_token(model, recipe, None)
