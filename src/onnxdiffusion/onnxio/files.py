@@ -70,6 +70,16 @@ def all_graphs(graph: onnx.GraphProto):
             yield from all_graphs(g)
 
 
+def attribute_tensors(graph: onnx.GraphProto):
+    """The tensors held in node attributes (a Constant's value), this graph's and its subgraphs'."""
+    for g in all_graphs(graph):
+        for n in g.node:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
+
+
 def _external_length(t: TensorProto) -> int:
     for e in t.external_data:
         if e.key == "length":
@@ -124,6 +134,9 @@ def load_backbone(path: Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
+    # a Constant's value in external data (torch's exporter writes them there past 2 GB): graph, not weights, and
+    # every graph tool (shape inference, ORT's quantizer, a model rewritten to a temp folder) wants it inline
+    _read_external(attribute_tensors(model.graph), path.parent)
     fp16_storage.expand(model, str(path))  # graph tools rewrite float32 initializers
     _drop_key(model)  # never trust a folder named by the input file
     check_ir_version(model, path)
@@ -156,33 +169,40 @@ def check_ir_version(model: onnx.ModelProto, path: Path) -> None:
 
 
 def read_external_data(model: onnx.ModelProto, folder: Path) -> None:
-    """Read every external tensor's bytes into it, in place.
+    """Read every external tensor's bytes into it, in place (initializers and node attributes).
 
     The locations were checked to stay inside `folder` (runtime.session.check_external_data) before
     the model got here. onnx's own reader is not used: it refuses data files with more than one hard
     link, and model folders written by this tool link the files they share with their source.
     """
+    inits = (t for g in all_graphs(model.graph) for t in g.initializer)
+    _read_external(inits, folder)
+    _read_external(attribute_tensors(model.graph), folder)
+
+
+def _read_external(tensors, folder: Path) -> None:
     from ..folder.manifest import confined
 
     handles: dict[str, object] = {}
     try:
-        for g in all_graphs(model.graph):
-            for t in g.initializer:
-                if t.data_location != TensorProto.EXTERNAL:
-                    continue
-                info = {e.key: e.value for e in t.external_data}
-                loc = info["location"]
-                if loc not in handles:
-                    handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
-                f = handles[loc]
-                f.seek(int(info.get("offset", 0)))
-                n = int(info["length"]) if "length" in info else -1
-                data = f.read(n)
-                if n >= 0 and len(data) != n:
-                    raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
-                t.raw_data = data
-                t.data_location = TensorProto.DEFAULT
-                del t.external_data[:]
+        for t in tensors:
+            if t.data_location != TensorProto.EXTERNAL:
+                continue
+            info = {e.key: e.value for e in t.external_data}
+            loc = info.get("location")
+            if loc is None:
+                raise UserError(f"external data of tensor {t.name!r} names no file")
+            if loc not in handles:
+                handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
+            f = handles[loc]
+            f.seek(int(info.get("offset", 0)))
+            n = int(info["length"]) if "length" in info else -1
+            data = f.read(n)
+            if n >= 0 and len(data) != n:
+                raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
+            t.raw_data = data
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
     finally:
         for f in handles.values():
             f.close()
