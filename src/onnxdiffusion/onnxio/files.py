@@ -224,12 +224,16 @@ def array(model: onnx.ModelProto, tensor: TensorProto) -> np.ndarray:
     """One initializer's values, also when `model` is a skeleton whose weights stay in external data."""
     folder = data_dir(model)
     if tensor.data_location == TensorProto.EXTERNAL and folder is not None:
-        holder = onnx.ModelProto()
-        one = holder.graph.initializer.add()
-        one.CopyFrom(tensor)
-        read_external_data(holder, folder)
-        tensor = one
+        return tensor_array(tensor, folder)
     return numpy_helper.to_array(tensor)
+
+
+def tensor_array(tensor: TensorProto, folder: Path) -> np.ndarray:
+    """An external tensor's values read from `folder` (the tensor itself left a reference)."""
+    one = TensorProto()
+    one.CopyFrom(tensor)
+    _read_external([one], folder)
+    return numpy_helper.to_array(one)
 
 
 def weights_copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -318,7 +322,7 @@ def save(model: onnx.ModelProto, path: Path, keep: bool = True, external_from: i
     Returns the external files' names. keep=False: the model's large tensors are left pointing at
     the written file (not read back): for a model the caller is done with."""
     if data_dir(model) is not None:
-        raise ValueError("save(): a skeleton has no weights in memory; use with_weights() first")
+        return _save_skeleton(model, Path(path), keep)
     inline_below = min(limit(), INLINE_MAX, TWO_GB if external_from is None else external_from)
     if tensor_bytes(model) < inline_below:
         write(model, path)
@@ -327,6 +331,49 @@ def save(model: onnx.ModelProto, path: Path, keep: bool = True, external_from: i
     if keep:  # onnx.save_model moved the tensors out in place: read them back
         read_external_data(model, Path(path).parent)
     return [data]
+
+
+def _save_skeleton(model: onnx.ModelProto, path: Path, keep: bool) -> list[str]:
+    """A skeleton written with every external tensor copied, one at a time, into one file beside `path` (page-aligned,
+    as export lays files out): a model whose weights were never in memory (quantize/streamed.py) stays so.
+    keep=True: `model` stays a skeleton, of the new folder."""
+    from ..folder.manifest import confined
+
+    folder, location = data_dir(model), path.name + "_data"
+    work = model if not keep else copy(model)
+    _drop_key(work)
+    offset, handles = 0, {}
+    try:
+        with open(path.parent / location, "wb") as out:
+            for g in all_graphs(work.graph):
+                for t in g.initializer:
+                    if t.data_location != TensorProto.EXTERNAL:
+                        continue
+                    info = {e.key: e.value for e in t.external_data}
+                    loc = info["location"]
+                    if loc not in handles:
+                        handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
+                    src, n = handles[loc], int(info["length"])
+                    src.seek(int(info.get("offset", 0)))
+                    pad = (-offset) % 4096
+                    out.write(b"\0" * pad)
+                    offset += pad
+                    point_at_external(t, location, offset, n)
+                    while n > 0:  # in pieces: one full-size weight is up to a few hundred MB
+                        chunk = src.read(min(n, 64 << 20))
+                        if not chunk:
+                            raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
+                        out.write(chunk)
+                        n -= len(chunk)
+                        offset += len(chunk)
+    finally:
+        for f in handles.values():
+            f.close()
+    write(work, path)
+    if keep:
+        model.CopyFrom(work)
+        model.metadata_props.add(key=DATA_DIR_KEY, value=str(path.parent.resolve()))
+    return [location]
 
 
 def session_source(model: onnx.ModelProto, options) -> bytes | None:

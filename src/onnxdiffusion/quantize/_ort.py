@@ -82,6 +82,10 @@ def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Seq
     from onnxruntime.quantization import quantize_dynamic
 
     _quiet()
+    if files.data_dir(model) is not None:  # a skeleton: weights streamed, never the whole model in memory
+        from .streamed import dynamic_quantize as streamed
+
+        return streamed(model, nodes, op_types, _qtype(weight_type), per_channel)
     large = files.is_large(model)
     with files.as_file(model, "in.onnx") as src, tempfile.TemporaryDirectory(prefix="onnxdiffusion-dyn-") as tmp:
         dst = Path(tmp) / "out.onnx"
