@@ -25,6 +25,7 @@ from ..folder import tempfiles
 from ..onnxio.files import DATA_DIR_KEY, all_graphs, copy, data_dir, infer_shapes, point_at_external, tensor_array
 
 SPILL_NAME = "weights.bin"
+SPILL_PREFIX = "onnxdiffusion-spill-"
 SPILL_FROM = 1024  # bytes: what files.write_external would move out of the graph anyway
 _PATCHING = threading.Lock()
 
@@ -66,7 +67,7 @@ def spilled(model: onnx.ModelProto):
     folder = data_dir(model)
     if folder is None:
         raise ValueError("spilled(): not a skeleton")
-    spill = Spill(tempfiles.mkdtemp("onnxdiffusion-spill-"))
+    spill = Spill(tempfiles.mkdtemp(SPILL_PREFIX))
     original = quant_utils.tensor_proto_to_array
 
     def values(tensor: TensorProto):
@@ -131,6 +132,11 @@ def finish(result: onnx.ModelProto, spill: Spill, source: Path) -> onnx.ModelPro
     result.metadata_props.extend(kept)
     result.metadata_props.add(key=DATA_DIR_KEY, value=str(spill.folder))
     return result
+
+
+def spill_folders(models) -> list[Path]:
+    """The spill folders the given models read their weights from (removed once they are saved)."""
+    return [d for m in models if (d := data_dir(m)) is not None and d.name.startswith(SPILL_PREFIX)]
 
 
 def _location(t: TensorProto) -> str | None:
