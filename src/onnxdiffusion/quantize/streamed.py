@@ -84,11 +84,7 @@ def spilled(model: onnx.ModelProto):
         return values(tensor)
 
     def hook(ort_model) -> None:
-        """After the quantizer's constructor (which transposes Gemm weights in memory): every large tensor it holds
-        spilled, and each one it adds from now on."""
-        for g in all_graphs(ort_model.model.graph):
-            for t in g.initializer:
-                spill.take(t)
+        """After the quantizer's constructor: each large tensor it adds from now on spilled before it is added."""
         extend, add = ort_model.initializer_extend, ort_model.add_initializer
         ort_model.initializer_extend = lambda inits: extend([spill.take(t) for t in inits])
         ort_model.add_initializer = lambda tensor: add(spill.take(tensor))
@@ -104,8 +100,11 @@ def spilled(model: onnx.ModelProto):
     with _PATCHING:
         for m in modules:
             m.tensor_proto_to_array = read
-        onnx_model.onnx_numpy_helper = SimpleNamespace(to_array=lambda t, base_dir="": values(t),
-                                                       from_array=onnx.numpy_helper.from_array)
+        # a tensor ORT makes straight into the graph (a Gemm's transposed weight) is spilled before it gets there:
+        # bytes once in the graph's protobuf arena stay allocated with the graph, cleared or not
+        onnx_model.onnx_numpy_helper = SimpleNamespace(
+            to_array=lambda t, base_dir="": values(t),
+            from_array=lambda a, name=None: spill.take(onnx.numpy_helper.from_array(a, name)))
         onnx_quantizer.save_and_reload_model_with_shape_infer = reinferred
         try:
             yield spill, hook
@@ -167,6 +166,7 @@ def dynamic_quantize(model: onnx.ModelProto, nodes, op_types, weight_type, per_c
     with spilled(work) as (spill, hook):
         quantizer = ONNXQuantizer(work, per_channel, False, QuantizationMode.IntegerOps, False, weight_type,
                                   QuantType.QUInt8, None, list(nodes), [], list(op_types), {"MatMulConstBOnly": True})
+        del work  # the quantizer holds its own (shape-inferred) copy
         hook(quantizer.model)
         quantizer.quantize_model()
         quantizer.model.topological_sort()
