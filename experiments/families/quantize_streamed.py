@@ -11,7 +11,7 @@ fresh process (`ru_maxrss`), PYTHONPATH naming the code under test; the inline l
 take their skeleton path at every size.
 
     python experiments/families/quantize_streamed.py WORK --src-before MAIN/src --src-after BRANCH/src \
-        --blocks 2 4 5 [--before-max 3]   # results into quantize_streamed.json beside this script
+        --blocks 1 3 5 --before-max 1 [--recipe dynamic|static]   # into quantize_streamed.json beside this script
 """
 
 from __future__ import annotations
@@ -90,8 +90,10 @@ def build(path: Path, blocks: int) -> int:
     return offset  # fails on Constants in external data: tests/quantize/test_quantize_external.py)
 
 
-def run(path: Path, out: Path) -> dict:
-    """One measured build in this process: load (skeleton), int8-dynamic on every MatMul/Gemm, save."""
+def run(path: Path, out: Path, recipe: str) -> dict:
+    """One measured build in this process: load (skeleton), quantize every MatMul/Gemm, save. dynamic: int8-dynamic's
+    builder; static: int8-static's QDQ build and its cpu-fused stored form with fixed activation ranges (the
+    calibration, which runs the fp32 backbone, is not part of the build)."""
     import resource
 
     from onnxdiffusion.onnxio import files as onnxio_files
@@ -102,7 +104,17 @@ def run(path: Path, out: Path) -> dict:
     model = files.load_backbone(path)
     assert files.data_dir(model) is not None
     nodes = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")]
-    q = _ort.dynamic_quantize(model, nodes, ("Conv", "MatMul", "Gemm"), "uint8", False)
+    if recipe == "dynamic":
+        q = _ort.dynamic_quantize(model, nodes, ("Conv", "MatMul", "Gemm"), "uint8", False)
+    else:
+        from onnxdiffusion.quantize.components import stored_graph
+        from onnxdiffusion.quantize.graphs import activation_tensors, compact_names, prepare_unet, reroute_shape_reads
+
+        work = prepare_unet(model)
+        ranges = {t: (-4.0, 4.0) for t in activation_tensors(work, nodes)}
+        q = _ort.qdq_quantize(work, ranges, nodes, ("MatMul", "Gemm"), "uint8", ("MatMul", "Gemm"))
+        reroute_shape_reads(q)
+        q, _ = stored_graph(compact_names(q), "cpu-fused", 1)
     out.mkdir(parents=True, exist_ok=True)
     files.save(q, out / "model.onnx")
     seconds = time.perf_counter() - t0
@@ -134,11 +146,12 @@ def main() -> None:
     ap.add_argument("--src-after", type=Path)
     ap.add_argument("--blocks", type=int, nargs="+", default=[2, 4, 5])
     ap.add_argument("--before-max", type=int, default=2, help="largest block count the before side runs (its memory)")
+    ap.add_argument("--recipe", choices=("dynamic", "static"), default="dynamic")
     ap.add_argument("--child", nargs=2, type=Path)
     ap.add_argument("--digest", type=Path)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(run(*a.child)))
+        print(json.dumps(run(*a.child, a.recipe)))
         return
     if a.digest:
         print(json.dumps(digest(a.digest)))
@@ -153,7 +166,8 @@ def main() -> None:
         for side, src in sides:
             env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1"}
             out = a.work / f"b{blocks}-{side}"
-            proc = subprocess.run([sys.executable, __file__, str(a.work), "--child", str(folder / "model.onnx"), str(out)],
+            proc = subprocess.run([sys.executable, __file__, str(a.work), "--recipe", a.recipe, "--child",
+                                   str(folder / "model.onnx"), str(out)],
                                   env=env, capture_output=True, text=True)
             if proc.returncode:
                 row[side] = {"failed": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
@@ -172,8 +186,11 @@ def main() -> None:
             for f in p.iterdir():
                 f.unlink()
             p.rmdir()
-    (Path(__file__).parent / "quantize_streamed.json").write_text(json.dumps(
-        {"cpu": _cpu(), "width": WIDTH, "tokens": TOKENS, "results": results}, indent=1) + "\n")
+    path = Path(__file__).parent / "quantize_streamed.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    done = done if "recipes" in done else {"cpu": _cpu(), "width": WIDTH, "tokens": TOKENS, "recipes": {}}
+    done["recipes"][a.recipe] = results
+    path.write_text(json.dumps(done, separators=(",", ":")) + "\n")
 
 
 def _cpu() -> str:

@@ -62,7 +62,7 @@ def spilled(model: onnx.ModelProto):
     time; yields (the spill, a function that hooks an ORT ONNXModel's initializer adders onto the spill)."""
     from types import SimpleNamespace
 
-    from onnxruntime.quantization import base_quantizer, onnx_model, onnx_quantizer, quant_utils
+    from onnxruntime.quantization import base_quantizer, onnx_model, onnx_quantizer, qdq_quantizer, quant_utils
 
     folder = data_dir(model)
     if folder is None:
@@ -95,7 +95,7 @@ def spilled(model: onnx.ModelProto):
         quant_utils.add_infer_metadata(out)
         return out
 
-    modules = (quant_utils, base_quantizer, onnx_quantizer)
+    modules = (quant_utils, base_quantizer, onnx_quantizer, qdq_quantizer)
     helper, reload = onnx_model.onnx_numpy_helper, onnx_quantizer.save_and_reload_model_with_shape_infer
     with _PATCHING:
         for m in modules:
