@@ -35,6 +35,7 @@ DATA_DIR_KEY = "onnxdiffusion.external_data_dir"
 TWO_GB = 1 << 31
 INLINE_MAX = TWO_GB - (64 << 20)
 INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
+SPILL_PREFIX = "onnxdiffusion-spill-"  # temporary folders holding a streamed quantize's weights
 
 
 def point_at_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
@@ -146,6 +147,15 @@ def load_backbone(path: Path) -> onnx.ModelProto:
         return model
     if external:
         read_external_data(model, path.parent)
+    return model
+
+
+def skeleton_of(path: Path) -> onnx.ModelProto:
+    """The model at `path`, which this package wrote into a folder of its own, as a skeleton of that folder."""
+    model = onnx.load(str(path), load_external_data=False)
+    _drop_key(model)
+    _read_external(attribute_tensors(model.graph), path.parent)
+    model.metadata_props.add(key=DATA_DIR_KEY, value=str(Path(path).parent.resolve()))
     return model
 
 

@@ -3,14 +3,18 @@ time from their file and the quantized ones written to a spill file as they are 
 its quantized copy is ever held whole (the FLUX.2 [klein] backbone is 15.5 GB of fp32 weights, Z-Image's 24.6 GB).
 
 ORT's quantizer wants a ModelProto: it gets the skeleton, whose large initializers keep their external-data
-references. Two of its functions are swapped inside `spilled` (a lock held; nothing else quantizes meanwhile):
-`tensor_proto_to_array`, so an external weight is read from the source folder without its bytes being kept in the
-tensor (onnx's reader caches them there), and the model's `initializer_extend` / `add_initializer`, so each tensor
-it adds over SPILL_FROM bytes goes to the spill file and stays in the graph as a reference. At the end the float
+references. Inside `spilled` (a lock held; nothing else quantizes meanwhile) ORT's readers are swapped:
+`tensor_proto_to_array` (ONNXQuantizer's, QDQQuantizer's) and onnx's `to_array` in its Gemm transposition, so an
+external weight is read from its file without its bytes being kept in the tensor (onnx's reader caches them there);
+and its writers: the model's `initializer_extend` / `add_initializer` and the Gemm transposition's `from_array`, so
+each tensor it makes over SPILL_FROM bytes goes to the spill file before it reaches the graph (bytes once in the
+graph's protobuf arena stay allocated with the graph, cleared or not) and stays there as a reference; ORT's
+save-and-reload for shape inference becomes shape inference on the skeleton. At the end the float
 weights the quantizer left (biases, norms, the linears kept in float) are copied beside the quantized ones, one at a
 time, and the result is a skeleton of the spill folder (removed with the run's temporary files; `files.save` writes
 it into the model folder tensor by tensor). Same integers, scales and graph as the in-memory path
-(tests/quantize/test_quantize_external.py)."""
+(tests/quantize/test_quantize_files.py, test_quantize_external.py); peak RSS flat in the model's size
+(experiments/families/quantize_streamed.md)."""
 
 from __future__ import annotations
 
@@ -22,10 +26,9 @@ import onnx
 from onnx import TensorProto
 
 from ..folder import tempfiles
-from ..onnxio.files import DATA_DIR_KEY, all_graphs, copy, data_dir, infer_shapes, point_at_external, tensor_array
+from ..onnxio.files import DATA_DIR_KEY, SPILL_PREFIX, all_graphs, copy, data_dir, infer_shapes, point_at_external, tensor_array
 
 SPILL_NAME = "weights.bin"
-SPILL_PREFIX = "onnxdiffusion-spill-"
 SPILL_FROM = 1024  # bytes: what files.write_external would move out of the graph anyway
 _PATCHING = threading.Lock()
 
