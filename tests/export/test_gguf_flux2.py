@@ -64,12 +64,14 @@ def test_release_names_map_onto_diffusers_names():
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-def test_release_named_gguf_exports_like_diffusers_named_and_matches_diffusers(tiny_flux2_klein_diffusers, tmp_path,
+def test_release_named_gguf_exports_like_diffusers_named_and_matches_diffusers(tiny_flux2_klein_diffusers,
+                                                                              tiny_flux2_klein_onnx, tmp_path,
                                                                               qtype, monkeypatch):
     base = tiny_flux2_klein_diffusers
+    exported = tiny_flux2_klein_onnx  # --base an fp32 export: only the backbone is exported here
     path = write_gguf(tmp_path / f"release-{qtype}.gguf", original_tensors(base, tmp_path), qtype, "flux2")
     out = tmp_path / "release"
-    export_gguf(path, out, ExportOptions(), base=base, progress=False)
+    export_gguf(path, out, ExportOptions(), base=exported, progress=False)
     entry = json.loads((out / "manifest.json").read_text())["components"]["transformer"]
     assert entry["precision"] == f"gguf-{qtype.lower()}" and entry["gguf"]["exact"] > 0
     assert entry["gguf"]["requantized"] == 0  # splits and the reorder are on whole rows: blocks kept as they are
@@ -77,7 +79,7 @@ def test_release_named_gguf_exports_like_diffusers_named_and_matches_diffusers(t
     # the same blocks under diffusers' names (no split, no reorder), read with an identity map
     named = write_gguf(tmp_path / f"diffusers-{qtype}.gguf", state_dict_arrays(base, "transformer"), qtype, "flux2")
     monkeypatch.setattr(get_family("flux2_klein"), "gguf_names", GgufNames(architectures=("flux2",)))
-    export_gguf(named, tmp_path / "named", ExportOptions(), base=base, progress=False)
+    export_gguf(named, tmp_path / "named", ExportOptions(), base=exported, progress=False)
     monkeypatch.undo()
 
     family, spec, feeds = _feeds(base)

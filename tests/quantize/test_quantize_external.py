@@ -43,6 +43,20 @@ def constants_external(tiny_onnx, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def inline_ref(tiny_onnx, tmp_path_factory):
+    """The recipe on the inline folder, once per recipe for both limits."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            folder = tmp_path_factory.mktemp("ref") / name
+            made[name] = {"folder": folder,
+                          "report": quantize(tiny_onnx, folder, QuantizeConfig(recipe=recipe_class(name)(), **FAST))}
+        return made[name]
+    return get
+
+
 def _weights(folder):
     model = onnx.load(str(folder / "unet" / "model.onnx"))
     return model, {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -50,20 +64,20 @@ def _weights(folder):
 
 @pytest.mark.parametrize("name", ["int8-dynamic", "int8-static"])
 @pytest.mark.parametrize("limit", [None, 64 << 10])  # in memory; past the (lowered) inline limit: a skeleton
-def test_constants_in_external_data_quantize_as_inline_ones(name, limit, constants_external, tiny_onnx, tmp_path,
+def test_constants_in_external_data_quantize_as_inline_ones(name, limit, constants_external, inline_ref, tmp_path,
                                                             monkeypatch):
     from onnxdiffusion.onnxio import files as onnxio_files
 
     recipe = recipe_class(name)()
-    ref = quantize(tiny_onnx, tmp_path / "ref", QuantizeConfig(recipe=recipe, **FAST))
+    ref = inline_ref(name)
     if limit is not None:
         monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", limit)
     report = quantize(constants_external, tmp_path / "ext", QuantizeConfig(recipe=recipe, **FAST))
     monkeypatch.undo()
-    (a, wa), (b, wb) = _weights(tmp_path / "ref"), _weights(tmp_path / "ext")
+    (a, wa), (b, wb) = _weights(ref["folder"]), _weights(tmp_path / "ext")
     assert [n.op_type for n in a.graph.node] == [n.op_type for n in b.graph.node]
     assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
-    assert report["quality"]["probe_psnr_db"] == ref["quality"]["probe_psnr_db"]
-    x = Pipeline.from_folder(tmp_path / "ref")("a red circle on the left", **GEN).images
+    assert report["quality"]["probe_psnr_db"] == ref["report"]["quality"]["probe_psnr_db"]
+    x = Pipeline.from_folder(ref["folder"])("a red circle on the left", **GEN).images
     y = Pipeline.from_folder(tmp_path / "ext")("a red circle on the left", **GEN).images
     assert np.array_equal(x, y)
