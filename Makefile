@@ -7,7 +7,7 @@ MODEL_CONFIG ?= models/training/configs/shapes-sd.json
 MMDIT_CONFIG ?= models/training/configs/shapes-mmdit.json
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test test-fast install-run install-dev model model-export model-mmdit model-mmdit-export peers web-deps web clean
+.PHONY: demo test test-fast install-run install-dev model model-export controlnet-weights model-mmdit model-mmdit-export peers web-deps web clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -87,7 +87,14 @@ model-mmdit-export: $(VENV)/.dev-installed
 	$(BIN)/python models/training/finish_mmdit.py $(MMDIT_CONFIG) --work runs/shapes-mmdit --model models/shapes-mmdit \
 		--card-only --onnx models/shapes-mmdit-onnx --onnx-eval models/shapes-mmdit/eval_onnx.json
 
-model-export: $(VENV)/.dev-installed
+# The shipped ControlNet's diffusers weights: only the ONNX folder's copy of the net is tracked, this writes the
+# diffusers file back from it, byte for byte (checked against the folder's weights.sha256)
+NET_WEIGHTS := models/controlnets/shapes-sd-position/diffusion_pytorch_model.safetensors
+controlnet-weights: $(NET_WEIGHTS)
+$(NET_WEIGHTS): | $(VENV)/.dev-installed
+	$(BIN)/python models/training/controlnet_weights.py
+
+model-export: $(VENV)/.dev-installed $(NET_WEIGHTS)
 	$(BIN)/python models/training/export_shipped.py models/shapes-sd models/shapes-sd-onnx position=models/controlnets/shapes-sd-position
 
 # Peers live in their own venvs so they never pin our dependencies (interop tests and bench). Each install

@@ -166,6 +166,20 @@ def tiny_diffusers(tmp_path_factory) -> Path:
 tiny_onnx = exported("tiny_onnx", "tiny_diffusers", export_plain)
 
 
+
+@pytest.fixture(scope="session")
+def tiny_int8_timestep(tiny_onnx, tmp_path_factory) -> Path:
+    """tiny_onnx quantized by int8-timestep (2 groups; 4 calibration prompts x 4 steps), once per run: the bytes
+    test and the step caches on grouped backbones read the same folder."""
+    def build(root: Path) -> Path:
+        from onnxdiffusion.quantize import CalibrationConfig, Int8TimestepRecipe, QuantizeConfig, quantize
+
+        quantize(tiny_onnx, root / "model", QuantizeConfig(recipe=Int8TimestepRecipe(groups=2),
+                                                           calibration=CalibrationConfig(count=4, steps=4, batch=4),
+                                                           latency_runs=2, measure_memory=False))
+        return root / "model"
+    return shared_folder(tmp_path_factory, "tiny_int8_timestep", build)
+
 @pytest.fixture(scope="session")
 def tiny_v_diffusers(tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory, "tiny_v", lambda root: build_tiny_pipeline(
@@ -182,11 +196,11 @@ tiny_sdxl_diffusers = built("tiny_sdxl", "family_pipelines", "build_tiny_sdxl")
 
 @pytest.fixture(scope="session")
 def tiny_sdxl_onnx(tiny_sdxl_diffusers, tmp_path_factory) -> Path:
-    """Exported with the CLI verb, as a user would."""
-    from cli_helpers import run_cli
+    """Exported with the CLI verb, as a user would (in-process: the verb without an interpreter start)."""
+    from cli_helpers import run_cli_here
 
     def build(root: Path) -> Path:
-        proc = run_cli("export", tiny_sdxl_diffusers, root / "model")
+        proc = run_cli_here("export", tiny_sdxl_diffusers, root / "model")
         assert proc.returncode == 0, proc.stderr[-2000:]
         return root / "model"
 

@@ -52,6 +52,7 @@ def int8_folder(work: Path) -> Path:
         subprocess.run(["onnxdiffusion", "quantize", str(MODEL), str(out), "--recipe", "int8-static", "--threads", "1"],
                        check=True)
     if NET not in (read_manifest(out).get("controlnets") or {}):
+        # the diffusers folder's weights are not tracked: `make controlnet-weights` writes them from the ONNX copy
         add_controlnet(out, ROOT / "models" / "controlnets" / "shapes-sd-position", NET)
     return out
 

@@ -32,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MODEL = ROOT / "models" / "shapes-sd"
-CONTROLNET = ROOT / "models" / "controlnets" / "shapes-sd-position"
+CONTROLNET = ROOT / "models" / "controlnets" / "shapes-sd-position"  # its weights: `make controlnet-weights` first
 KEYS = ("position_accuracy", "shape_accuracy", "colour_accuracy", "size_accuracy", "attribute_accuracy",
         "strict_accuracy", "extra_object_rate")
 

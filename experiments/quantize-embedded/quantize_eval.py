@@ -129,6 +129,17 @@ SUITES = {
          {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token", "float_outputs": "Conv,MatMul,Gemm"}, False),
         ("w8a8 dynamic-token conv-float", "int8-static",
          {"modulation": "int8", "activations": "dynamic-token", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        # the same linears' int8 weights rounded by GPTQ (quantize/gptq.py; Hessians of the rotated float inputs
+        # at every calibration step: gptq_steps 20, the default; gptq8: 8 of the 20)
+        ("w8a8-rot dynamic-token-asym gptq conv-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token-asym", "weights": "gptq",
+          "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        ("w8a8-rot dynamic-token-asym gptq8 conv-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token-asym", "weights": "gptq",
+          "gptq_steps": "8", "keep_float": "/model/pos_embed/proj/Conv"}, False),
+        ("w8a8-rot dynamic-token gptq conv-float", "int8-static",
+         {"modulation": "int8", "rotate": "hadamard", "activations": "dynamic-token", "weights": "gptq",
+          "keep_float": "/model/pos_embed/proj/Conv"}, False),
         ("w4a8", "int4-weights", {"accuracy_level": "4"}, False),
         ("w4a8-rot", "w4a8", {}, False),
         ("w4a8-rot b16", "w4a8", {"block_size": "16"}, False),

@@ -76,8 +76,14 @@ def save_controlnet(cn, out: Path) -> None:
     """float16 diffusers folder, written next to `out` and renamed into place."""
     import copy
 
-    save_folder(copy.deepcopy(cn).half(), out, keep=("README.md",))  # the hand-written card survives a re-save
-    size = (out / "diffusion_pytorch_model.safetensors").stat().st_size
+    import hashlib
+
+    # the hand-written card survives a re-save, and the weights' hash: only the ONNX copy of the net is tracked,
+    # controlnet_weights.py rebuilds this file from it and checks it against weights.sha256
+    save_folder(copy.deepcopy(cn).half(), out, keep=("README.md",))
+    weights = out / "diffusion_pytorch_model.safetensors"
+    size = weights.stat().st_size
+    (out / "weights.sha256").write_text(f"{hashlib.sha256(weights.read_bytes()).hexdigest()}  {weights.name}\n")
     print(f"wrote {out} (weights {size} bytes)")
 
 

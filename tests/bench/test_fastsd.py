@@ -1,5 +1,5 @@
-"""Issue 43's FastSD CPU recipe as bench rows: `--arch sd15-lcm[-tiny]` (LCM-distilled UNet, LCM 4 steps, 512x512,
-TAESD as the tiny decoder) for ours, diffusers and OpenVINO's LCM pipeline with TAESD. The full-size run:
+"""Issue 43's FastSD CPU recipe as bench rows: `--arch sd15-lcm[-tiny]` (LCM-distilled UNet, LCM 4 steps, 512x512;
+-tiny 128x128, TAESD as the tiny decoder) for ours, diffusers and OpenVINO's LCM pipeline with TAESD. The full-size run:
 
     onnxdiffusion bench --arch sd15-lcm --isolate --threads 1 --variants ort-fp32,openvino-fp32 --out out/fastsd
 """
@@ -18,9 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_fastsd_arch_runs_lcm_4_at_512_with_the_tiny_decoder():
-    for arch in ("sd15-lcm", "sd15-lcm-tiny"):
+    """The recipe at its 512x512; the narrow smoke model at 128x128 (its build, export and rows in seconds)."""
+    from onnxdiffusion.bench.arch.sd15 import configs
+
+    for arch, size in (("sd15-lcm", 512), ("sd15-lcm-tiny", 128)):
         opts = _resolve(BenchOptions(arch=arch))
-        assert (opts.steps, opts.size, opts.decoder) == (4, 512, "tiny")
+        assert (opts.steps, opts.size, opts.decoder) == (4, size, "tiny")
+        cfg = configs(tiny=arch.endswith("-tiny"), lcm=True)  # the folder's default size is the arch's
+        assert (cfg["backbone"]["sample_size"] * 8, cfg["vae"]["sample_size"]) == (size, size)
         assert ARCHES[arch].sampler == "lcm" and "openvino-fp32" in ARCHES[arch].variants
     assert _resolve(BenchOptions(arch="sd15-lcm", decoder="full")).decoder is None  # the VAE, by asking
     assert _resolve(BenchOptions(arch="sd15")).decoder is None and _resolve(BenchOptions(arch="sd15")).size == 256
@@ -43,7 +48,8 @@ def _openvino_python() -> Path:
 @pytest.mark.slow
 def test_fastsd_rows_at_the_tiny_depth(tmp_path):
     """ours (LCM 4 + TAESD) and, where .venv-openvino is installed, OpenVINO's OVLatentConsistencyModelPipeline +
-    TAESD IR: one isolated round each, 512x512, the same 4 backbone calls, each under 3 GB peak RSS."""
+    TAESD IR: one isolated round each, 128x128 (the narrow arch's size), the same 4 backbone calls, each under 3 GB
+    peak RSS."""
     from onnxdiffusion.bench import run_bench
 
     peer = _openvino_python().exists()

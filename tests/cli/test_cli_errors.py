@@ -29,8 +29,8 @@ def test_export_crafted_gguf(tmp_path, tiny_qwenimage_diffusers):
     import struct
 
     header = b"GGUF" + struct.pack("<IQQ", 3, 1, 2**62)  # a key-value count no file can hold
-    proc = run_cli("export", _gguf(tmp_path, header + b"\0" * 64), tmp_path / "out", "--base", tiny_qwenimage_diffusers)
-    assert_one_line_error(proc, "not a readable GGUF file", "key-value count")
+    assert_one_line_error(run("export", _gguf(tmp_path, header + b"\0" * 64), tmp_path / "out", "--base",
+                              tiny_qwenimage_diffusers), "not a readable GGUF file", "key-value count")
     for data, fragment in ((b"GGUF" + struct.pack("<I", 99) + b"\0" * 40, "version 99"), (b"GGUF\3", "shorter than")):
         assert_one_line_error(run("export", _gguf(tmp_path, data), tmp_path / "out", "--base", tiny_qwenimage_diffusers),
                               fragment)

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli_here  # the verb in-process: no interpreter and torch import of its own
 from onnxdiffusion.folder.artifacts import read_manifest
 from onnxdiffusion.evaluate.metrics import psnr
 from onnxdiffusion.quantize.graphs import fold_matmul_bias
@@ -39,7 +39,7 @@ def test_every_diffusers_attention_becomes_one_fused_node(tiny_diffusers, tiny_o
 
 def test_unfused_export_is_plain_onnx_and_gives_the_same_images(tiny_diffusers, tiny_onnx, tmp_path):
     out = tmp_path / "plain"
-    proc = run_cli("export", tiny_diffusers, out, "--no-fuse-attention")
+    proc = run_cli_here("export", tiny_diffusers, out, "--no-fuse-attention")
     assert proc.returncode == 0, proc.stderr
     assert read_manifest(out)["attention"] == {"fused": False}
     for component in ("unet", "vae_decoder"):

@@ -1,11 +1,10 @@
 """The shipped model: diffusers loads it, the exported ONNX folder reproduces it, and it follows prompts."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli_helpers import run_cli_here
 
 from onnxdiffusion.evaluate import scenes as S
 from onnxdiffusion.evaluate.metrics import psnr
@@ -47,8 +46,8 @@ def test_onnx_folder_matches_diffusers_per_image():
 
 def test_default_model_from_the_cli(tmp_path):
     out = tmp_path / "circle.png"
-    proc = subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", "generate", "a large red circle on the left",
-                           "-o", str(out)], capture_output=True, text=True, timeout=300)
+    # in-process: the default model's lookup is the library's; an interpreter start would add ~1 CPU s
+    proc = run_cli_here("generate", "a large red circle on the left", "-o", out, timeout=300)
     assert proc.returncode == 0, proc.stderr
     from PIL import Image
 

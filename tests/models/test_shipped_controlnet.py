@@ -1,4 +1,7 @@
-"""The shipped ControlNet (models/controlnets/shapes-sd-position) puts objects where its condition says."""
+"""The shipped ControlNet (models/controlnets/shapes-sd-position) puts objects where its condition says.
+
+Only its ONNX copy (models/shapes-sd-onnx/controlnets/position) is tracked; the diffusers folder's weights are
+rebuilt from it (models/training/controlnet_weights.py, `make controlnet-weights`), here once per run."""
 
 from __future__ import annotations
 
@@ -11,17 +14,39 @@ import pytest
 from onnxdiffusion.evaluate import scenes as S
 
 ROOT = Path(__file__).resolve().parents[2]
-NET = ROOT / "models" / "controlnets" / "shapes-sd-position"
+SHIPPED = ROOT / "models" / "controlnets" / "shapes-sd-position"
 
 
-def test_the_folder_is_small_fp16_diffusers_controlnet():
+@pytest.fixture(scope="session")
+def net(tmp_path_factory) -> Path:
+    """The diffusers ControlNet folder: its config and the weights rebuilt from the ONNX copy (checked byte for
+    byte against the folder's weights.sha256 before they are written)."""
+    from conftest import shared_folder
+    from controlnet_weights import write_weights
+
+    return shared_folder(tmp_path_factory, "shipped_controlnet", lambda root: write_weights(out=root / "net"))
+
+
+def test_the_weights_are_rebuilt_byte_for_byte(net):
+    import hashlib
+
+    from controlnet_weights import parameters
+
+    want = (SHIPPED / "weights.sha256").read_text().split()
+    assert want[1] == "diffusion_pytorch_model.safetensors"
+    assert hashlib.sha256((net / want[1]).read_bytes()).hexdigest() == want[0]
+    # every constant of the graph is one parameter: none left over, none twice (parameters() raises otherwise)
+    assert len(parameters(ROOT / "models" / "shapes-sd-onnx" / "controlnets" / "position" / "model.onnx")) == 168
+
+
+def test_the_folder_is_small_fp16_diffusers_controlnet(net):
     from onnxdiffusion.adapters.safetensors_io import read
 
-    cfg = json.loads((NET / "config.json").read_text())
+    cfg = json.loads((net / "config.json").read_text())
     assert cfg["_class_name"] == "ControlNetModel"
     # two stride-2 convolutions: 64x64 conditions -> the 16x16 latents of shapes-sd (VAE factor 4)
     assert len(cfg["conditioning_embedding_out_channels"]) == 3
-    weights = NET / "diffusion_pytorch_model.safetensors"
+    weights = net / "diffusion_pytorch_model.safetensors"
     assert weights.stat().st_size < 5_200_000
     tensors, _ = read(weights)
     assert {a.dtype for a in tensors.values()} == {np.dtype(np.float16)}
@@ -31,7 +56,7 @@ def test_the_folder_is_small_fp16_diffusers_controlnet():
 
 
 @pytest.mark.slow
-def test_objects_land_in_the_conditioned_slots():
+def test_objects_land_in_the_conditioned_slots(net):
     """Position-free prompts: the condition alone decides where the objects go (experiments/controlnet)."""
     import torch
     from diffusers import ControlNetModel, DDIMScheduler, StableDiffusionControlNetPipeline
@@ -40,7 +65,7 @@ def test_objects_land_in_the_conditioned_slots():
 
     model = ROOT / "models" / "shapes-sd"
     pipe = StableDiffusionControlNetPipeline.from_pretrained(
-        model, controlnet=ControlNetModel.from_pretrained(NET, torch_dtype=torch.float32),
+        model, controlnet=ControlNetModel.from_pretrained(net, torch_dtype=torch.float32),
         torch_dtype=torch.float32, safety_checker=None, requires_safety_checker=False)
     pipe.scheduler = DDIMScheduler.from_pretrained(model / "scheduler")
     pipe.set_progress_bar_config(disable=True)

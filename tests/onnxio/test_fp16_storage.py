@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -92,9 +90,11 @@ def test_the_shipped_sd_model_has_no_float16_exact_weights():
 @pytest.mark.slow
 def test_relayout_storage_round_trip_gives_identical_folders_and_images(tmp_path):
     plain, again = tmp_path / "fp32", tmp_path / "fp16"
-    cli = [sys.executable, "-m", "onnxdiffusion.cli", "relayout"]
-    subprocess.run([*cli, str(MMDIT_MODEL), str(plain), "--storage", "fp32"], check=True, capture_output=True)
-    subprocess.run([*cli, str(plain), str(again), "--storage", "fp16"], check=True, capture_output=True)
+    from cli_helpers import run_cli_here  # the verb in-process: no interpreter start per call
+
+    for src, out, storage in ((MMDIT_MODEL, plain, "fp32"), (plain, again, "fp16")):
+        r = run_cli_here("relayout", src, out, "--storage", storage)
+        assert r.returncode == 0, r.stderr
     manifest = read_manifest(MMDIT_MODEL)
     for info in manifest["components"].values():
         rel = info["path"]
@@ -109,8 +109,9 @@ def test_relayout_storage_round_trip_gives_identical_folders_and_images(tmp_path
 
 
 def test_bad_storage_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", "relayout", str(MMDIT_MODEL), str(tmp_path / "o"),
-                        "--storage", "bf16"], capture_output=True, text=True)
+    from cli_helpers import run_cli_here  # in-process: no interpreter start for a one-line refusal
+
+    r = run_cli_here("relayout", MMDIT_MODEL, tmp_path / "o", "--storage", "bf16")
     assert r.returncode != 0 and "storage must be one of keep, fp16, fp32" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
 

@@ -109,3 +109,45 @@ def test_the_zero_point_form_agrees_with_its_twin_and_fits_one_sided_rows_better
     err_asym = np.abs(dynamic_token_linear(centred, w["wq"], zero_point=True) - ref).mean()
     err_sym = np.abs(dynamic_token_linear(centred, w["wq"]) - ref).mean()
     assert err_asym < err_sym
+
+
+def test_gptq_weights_keep_the_grid_lower_the_output_error_and_are_deterministic():
+    from onnxdiffusion.quantize.gptq import int8_channels
+
+    rng = np.random.default_rng(4)
+    model, w = _graph(rng)
+    mix = rng.standard_normal((K, K)) * (rng.random(K) ** 2)  # correlated channels of unequal scale
+    calib = (rng.standard_normal((64, K)) @ mix).astype(np.float32)
+    hessians = {"x": calib.T.astype(np.float64) @ calib / len(calib)}
+    out, report = dynamic_token_linears(model, ["q"], zero_point=True, hessians=hessians)
+    again, _ = dynamic_token_linears(model, ["q"], zero_point=True, hessians=hessians)
+    assert out.SerializeToString() == again.SerializeToString() and report["linears"] == 1
+    stored = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    codes, scales = int8_channels(w["wq"], hessians["x"])
+    np.testing.assert_array_equal(stored["q/token_int8/W_int8"], codes)
+    nearest, _ = dynamic_token_linears(model, ["q"], zero_point=True)
+    feed = {"x": calib[: B * T].reshape(B, T, K)}  # a calibration sample: what GPTQ minimized the error on
+    exact = feed["x"] @ w["wq"]
+    err = np.mean((run(out, feed)[0] - exact) ** 2)
+    err_nearest = np.mean((run(nearest, feed)[0] - exact) ** 2)
+    assert err < err_nearest
+
+
+def test_weights_option_is_recorded_only_when_gptq_and_needs_dynamic_activations():
+    assert "weights" not in Int8StaticRecipe().to_dict() and "gptq_steps" not in Int8StaticRecipe().to_dict()
+    on = recipe_class("int8-static").with_options({"activations": "dynamic-token-asym", "weights": "gptq", "gptq_steps": "4"})
+    assert on.to_dict()["weights"] == "gptq" and on.to_dict()["gptq_steps"] == 4 and recipe_from_dict(on.to_dict()) == on
+    with pytest.raises(UserError, match="needs activations=dynamic-token"):
+        recipe_class("int8-static").with_options({"weights": "gptq"})
+    with pytest.raises(UserError, match="weights must be one of"):
+        recipe_class("int8-static").with_options({"activations": "dynamic-token", "weights": "awq"})
+
+
+def test_gptq_weights_refuse_a_backbone_past_the_inline_limit(monkeypatch):
+    from onnxdiffusion.quantize import static_plan
+
+    model, _ = _graph(np.random.default_rng(0))
+    monkeypatch.setattr(static_plan.files, "is_large", lambda m: True)  # its Hessians run the whole backbone
+    recipe = recipe_class("int8-static").with_options({"activations": "dynamic-token", "weights": "gptq"})
+    with pytest.raises(UserError, match="only backbones under 2 GB"):
+        static_plan.dynamic_token(model, recipe, None)

@@ -21,7 +21,9 @@ RECIPES = [("fp16", {}), ("int8-dynamic", {}), ("int8-static", {}), ("int4-weigh
            ("mixed", {"target_psnr": "60", "probe_prompts": "2", "sensitivity_steps": "1"}),
            # per-token dynamic linears: after rotation, convs static; and with no static node left (convs float)
            ("int8-static", {"rotate": "hadamard:16", "activations": "dynamic-token"}),
-           ("int8-static", {"activations": "dynamic-token", "op_types": "MatMul,Gemm"})]
+           ("int8-static", {"activations": "dynamic-token", "op_types": "MatMul,Gemm"}),
+           # and their int8 weights rounded by GPTQ on the rotated inputs' Hessians
+           ("int8-static", {"rotate": "hadamard:16", "activations": "dynamic-token-asym", "weights": "gptq"})]
 # family fixture -> (backbone folder, a deterministic sampler of its parameterization)
 FAMILIES = {"tiny_sdxl_onnx": ("unet", "ddim"), "tiny_sd3_onnx": ("transformer", "flow_euler")}
 

@@ -226,10 +226,10 @@ def test_already_quantized_is_refused_unless_forced(static_folder, tmp_path):
 
 
 @pytest.mark.slow
-def test_quantized_files_are_byte_identical_across_runs(tiny_onnx, tmp_path):
-    """Same inputs and seeds: same bytes, also from another process with another hash seed."""
-    a = tmp_path / "a"
-    quantize(tiny_onnx, a, config(Int8TimestepRecipe(groups=2)))
+def test_quantized_files_are_byte_identical_across_runs(tiny_onnx, tiny_int8_timestep, tmp_path):
+    """Same inputs and seeds: same bytes, also from another process with another hash seed (`tiny_int8_timestep`
+    is this file's `config(Int8TimestepRecipe(groups=2))`, built in-process once per run)."""
+    a = tiny_int8_timestep
     env = {**os.environ, "PYTHONHASHSEED": "123", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", "quantize", str(tiny_onnx), str(tmp_path / "b"),
                            "--recipe", "int8-timestep", "-O", "groups=2", "--calib-count", "4", "--calib-steps", "4",
@@ -361,9 +361,10 @@ def test_speed_gate_fails_without_output(tiny_onnx, tmp_path, monkeypatch):
 
 
 def _cli(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", "quantize", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    """The verb in-process (run_cli_here): an interpreter start per case imported torch, ~3 CPU s each."""
+    from cli_helpers import run_cli_here
+
+    return run_cli_here("quantize", *args)
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import run_cli_here
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +50,7 @@ def rendered(tmp_path_factory):
     root = tmp_path_factory.mktemp("batch")
     prompts = _prompts(root / "prompts.jsonl", 7)
     out = root / "out"
-    proc = _cli("batch", prompts, out, "--batch-size", 3)
+    proc = run_cli_here("batch", prompts, out, "--batch-size", 3)  # in-process: test_faults runs batch's process
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "7 rendered, 0 already done" in proc.stdout
     return prompts, out
@@ -70,7 +71,7 @@ def test_batch_matches_generate_and_resumes(rendered):
     assert [r["id"] for r in results] == [f"p{i:03d}" for i in range(7)]
     before = {p.name: p.read_bytes() for p in out.glob("*.png")}
     (out / "p004.png").unlink()
-    proc = _cli("batch", prompts, out, "--quiet")
+    proc = run_cli_here("batch", prompts, out, "--quiet")
     assert proc.returncode == 0 and "1 rendered, 6 already done" in proc.stdout, proc.stdout + proc.stderr
     assert {p.name: p.read_bytes() for p in out.glob("*.png")} == before
 
@@ -87,7 +88,7 @@ def test_batch_matches_generate_and_resumes(rendered):
 def test_batch_bad_input(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    proc = _cli("batch", path, tmp_path / "out", "--quiet")
+    proc = run_cli_here("batch", path, tmp_path / "out", "--quiet")  # in-process: no interpreter start per case
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not list((tmp_path / "out").glob("*.png")) if (tmp_path / "out").exists() else True
 

@@ -39,11 +39,6 @@ def _env() -> dict:
     return env
 
 
-def _cli(*args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", *map(str, args)], env=_env(),
-                          capture_output=True, text=True, **kw)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,8 +70,10 @@ def serve_models(tmp_path_factory) -> dict[str, Path]:
     from conftest import shared_folder
 
     def build(root: Path) -> Path:
-        proc = _cli("quantize", EMBEDDED, root / "int8", "--recipe", "int8-dynamic", "--calib-count", 4,
-                    "--calib-steps", 4, "--latency-runs", 2)
+        from cli_helpers import run_cli_here  # the verb in-process: no interpreter (and torch import) of its own
+
+        proc = run_cli_here("quantize", EMBEDDED, root / "int8", "--recipe", "int8-dynamic", "--calib-count", 4,
+                            "--calib-steps", 4, "--latency-runs", 2)
         assert proc.returncode == 0, proc.stderr[-2000:]
         shutil.copytree(root / "int8", root / "broken")
         break_backbone(root / "broken")
@@ -470,13 +467,17 @@ def test_graceful_shutdown_finishes_in_flight_request(serve_models):
 
 
 def test_serve_cli_errors():
-    proc = _cli("serve", "--profile", "x", timeout=60)
+    """Refused before anything is served; in-process (run_cli_here: no interpreter start per case; the process
+    entry of `serve` is what the Server cases run)."""
+    from cli_helpers import run_cli_here
+
+    proc = run_cli_here("serve", "--profile", "x", timeout=60)
     assert proc.returncode != 0 and "profile" in proc.stderr and "Traceback" not in proc.stderr
-    proc = _cli("serve", "--buckets", "65x64", "--port", _free_port(), timeout=120)
+    proc = run_cli_here("serve", "--buckets", "65x64", "--port", _free_port(), timeout=120)
     assert proc.returncode == 2 and "multiple of 16" in proc.stderr, proc.stderr
-    proc = _cli("serve", "--buckets", "64by64", timeout=60)
+    proc = run_cli_here("serve", "--buckets", "64by64", timeout=60)
     assert proc.returncode == 2 and "WIDTHxHEIGHT" in proc.stderr, proc.stderr
-    proc = _cli("serve", "/nonexistent-model-folder", timeout=60)
+    proc = run_cli_here("serve", "/nonexistent-model-folder", timeout=60)
     assert proc.returncode == 2 and "not found" in proc.stderr, proc.stderr
 
 

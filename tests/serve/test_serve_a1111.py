@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import run_cli_here
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 webuiapi = pytest.importorskip("webuiapi", reason="webuiapi (the dev extra) is not installed")
@@ -288,9 +289,8 @@ def test_serve_with_no_flags_serves_any_embedded_model():
     assert by_id["shapes-sd-onnx"]["buckets"][0] == "64x64" and len(by_id["shapes-sd-onnx"]["buckets"]) == 5
     assert by_id["shapes-mmdit-onnx"]["buckets"] == ["64x64"]
     print(f"both: ready in {seconds:.1f}s")
-    # an explicit --buckets that fits no served model is still an error
-    proc = subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", "serve", str(MMDIT), "--buckets", "128x128",
-                           "--port", str(_free_port())], env=_env(), capture_output=True, text=True, timeout=120)
+    # an explicit --buckets that fits no served model is still an error (in-process: refused before serving)
+    proc = run_cli_here("serve", MMDIT, "--buckets", "128x128", "--port", _free_port(), timeout=120)
     assert proc.returncode != 0 and "128x128" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -6,8 +6,6 @@ models: the SD UNet takes any multiple of 16, the MMDiT at most 64x64 (its posit
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,19 +13,13 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
+from cli_helpers import run_cli_here  # noqa: E402  (the verbs in-process: no interpreter start per case)
+
 from onnxdiffusion.errors import UserError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SD = ROOT / "models" / "shapes-sd-onnx"
 MMDIT = ROOT / "models" / "shapes-mmdit-onnx"
-
-
-def _cli(*args) -> subprocess.CompletedProcess:
-    import os
-
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "onnxdiffusion.cli", *map(str, args)], env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_families_declare_their_limits():
@@ -45,7 +37,7 @@ def test_families_declare_their_limits():
 
 @pytest.mark.parametrize("args", [("--height", 128, "--width", 128), ("--height", 64, "--width", 72)])
 def test_generate_refuses_sizes_beyond_the_model_in_one_line(tmp_path, args):
-    proc = _cli("generate", MMDIT, "a red circle", *args, "--steps", 1, "-o", tmp_path / "x.png")
+    proc = run_cli_here("generate", MMDIT, "a red circle", *args, "--steps", 1, "-o", tmp_path / "x.png")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in proc.stderr, proc.stderr
@@ -56,7 +48,7 @@ def test_generate_refuses_sizes_beyond_the_model_in_one_line(tmp_path, args):
 def test_batch_refuses_sizes_beyond_the_model(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "a red circle", "size": "128x128"}\n')
-    proc = _cli("batch", prompts, tmp_path / "out", "--model", MMDIT, "--quiet")
+    proc = run_cli_here("batch", prompts, tmp_path / "out", "--model", MMDIT, "--quiet")
     assert proc.returncode == 2 and "at most 64" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not list((tmp_path / "out").glob("*.png"))
 

@@ -24,7 +24,8 @@ from onnxdiffusion.runtime.generation import GenerateOptions
 from onnxdiffusion.web import npm
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from cli_helpers import assert_one_line_error, run_cli  # noqa: E402
+# the verbs in-process (run_cli_here: run_cli's checks without an interpreter start per case, ~1.3 s CPU each)
+from cli_helpers import assert_one_line_error, run_cli_here  # noqa: E402
 from onnxdiffusion.web.browser import chrome, generate, have_chromium, open_page, static_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -140,18 +141,18 @@ def test_export_web_folder(pages):
 
 def test_export_web_bad_input(pages, tmp_path):
     model, page = pages("sd-fp32")
-    assert_one_line_error(run_cli("export-web", model, page), "already exists")
-    assert_one_line_error(run_cli("export-web", model, model / "page"), "overlaps")
+    assert_one_line_error(run_cli_here("export-web", model, page), "already exists")
+    assert_one_line_error(run_cli_here("export-web", model, model / "page"), "overlaps")
     other = tmp_path / "notapage"
     other.mkdir()
     (other / "keep.txt").write_text("x")
-    assert_one_line_error(run_cli("export-web", model, other, "--overwrite"), "only a page folder")
+    assert_one_line_error(run_cli_here("export-web", model, other, "--overwrite"), "only a page folder")
     assert (other / "keep.txt").is_file()
-    assert_one_line_error(run_cli("export-web", model, tmp_path / "p", "--max-steps", "0"), "max-steps")
-    assert_one_line_error(run_cli("export-web", model, tmp_path / "p2", "--sampler", "flow_euler"), "flow_euler")
-    assert_one_line_error(run_cli("export-web", tmp_path / "nomodel", tmp_path / "p3"), "nomodel")
+    assert_one_line_error(run_cli_here("export-web", model, tmp_path / "p", "--max-steps", "0"), "max-steps")
+    assert_one_line_error(run_cli_here("export-web", model, tmp_path / "p2", "--sampler", "flow_euler"), "flow_euler")
+    assert_one_line_error(run_cli_here("export-web", tmp_path / "nomodel", tmp_path / "p3"), "nomodel")
     assert not any(p.name.startswith(("p", ".p")) for p in tmp_path.iterdir())  # nothing half-written
-    assert_one_line_error(run_cli("serve", "--web", other), "not a page folder")
+    assert_one_line_error(run_cli_here("serve", "--web", other), "not a page folder")
 
 
 @pytest.mark.parametrize("name", ["sd-fp32", "mmdit-fp32", "sd-int8"])
@@ -191,9 +192,9 @@ def test_export_web_refuses_rounding_cpu_int8_unless_allowed(pages, tmp_path):
     differently; page vs generate 33-55 dB, bench/results/web_quality.md): refused in one line naming the fix,
     nothing written; --allow-drift exports it anyway."""
     model, _ = pages("sd-int8")
-    assert_one_line_error(run_cli("export-web", model, tmp_path / "p"), "rounding=portable")
+    assert_one_line_error(run_cli_here("export-web", model, tmp_path / "p"), "rounding=portable")
     assert not list(tmp_path.iterdir())
-    r = run_cli("export-web", model, tmp_path / "p", "--allow-drift", "--no-webgpu", "--max-steps", "20")
+    r = run_cli_here("export-web", model, tmp_path / "p", "--allow-drift", "--no-webgpu", "--max-steps", "20")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p" / "settings.json").read_text())["rounding"] == "cpu" and "allow-drift" in r.stderr
 
@@ -295,20 +296,23 @@ def test_page_in_chromium_int8_static(pages, driver, family, rounding):
     QuantizeLinears and 20 guided steps amplify those ulps; measured (2-core Xeon and EPYC, ORT-web 1.30):
     sd 32-56 dB (median 45), mmdit 41-55 dB. The 40 dB acceptance holds for the median there, not for every
     prompt. rounding=portable rewrites those kernels into float64 arithmetic both builds round alike
-    (quantize/portable_rounding.py): every image >= 40 dB (measured: >= 84 dB, most identical)."""
+    (quantize/portable_rounding.py): every image >= 60 dB (measured: >= 84 dB, most identical). With a norm or the
+    attention left out of that rewrite (bench/results/web_drift.md) every prompt's image stays below 59 dB, where a
+    40 dB bar over six prompts missed mmdit's (LayerNormalization 46.5-58.6 dB, MultiHeadAttention 44.3-53.7): at
+    60 dB each prompt decides alone, so three of the six suffice (half this slowest case's 20-step runs)."""
     model, page = pages(f"{family}-{'int8p' if rounding == 'portable' else 'int8'}")
     assert json.loads((page / "settings.json").read_text())["rounding"] == rounding
     ref = _reference(model)
     scores = []
     with static_server(page) as url:
         assert open_page(driver, url) == "ready"
-        for seed, prompt in enumerate(PROMPTS):
+        for seed, prompt in enumerate(PROMPTS[::2] if rounding == "portable" else PROMPTS):
             r = generate(driver, prompt, seed, 20)
             assert r["status"] == "done", r
             scores.append(psnr(r["image"], ref(prompt, seed, 20)))
     print(f"{family} int8-static rounding={rounding} page vs generate (dB):", [round(s, 1) for s in scores])
     if rounding == "portable":
-        assert min(scores) >= 40, scores
+        assert min(scores) >= 60, scores
     else:
         assert float(np.median(scores)) >= 40, scores
         assert min(scores) >= 30, scores

@@ -21,34 +21,39 @@ def _names(family):
     return family.gguf_names
 
 
-def check_file(gg: GgufFile, family) -> dict[str, tuple[GgufTensor, int, int]]:
-    """The file's tensors under diffusers' names: {name: (tensor, chunk index, chunk count)}; the architecture
-    label and the fused tensors' row counts checked."""
+def check_file(gg: GgufFile, family) -> dict[str, tuple[GgufTensor, tuple[int, ...], int]]:
+    """The file's tensors under diffusers' names: {name: (tensor, its row chunks in order, chunk count)}; the
+    architecture label and the split tensors' row counts checked."""
     names = _names(family)
     if gg.architecture is not None and names.architectures and gg.architecture not in names.architectures:
         raise UserError(f"{gg.path}: a GGUF of a {gg.architecture!r} model; --base is a {family.name} pipeline "
                         f"(its GGUF files say {', '.join(names.architectures)})")
-    mapped: dict[str, tuple[GgufTensor, int, int]] = {}
+    mapped: dict[str, tuple[GgufTensor, tuple[int, ...], int]] = {}
     for t in gg.tensors.values():
-        for name, i, n in names.map(t.name):
-            if n > 1 and t.shape[0] % n:
-                raise UserError(f"{gg.path}: fused tensor {t.name!r} has {t.shape[0]} rows, not {n} equal parts")
+        for name, chunks, n in names.map(t.name):
+            if n > 1 and (not t.shape or t.shape[0] % n):
+                rows = t.shape[0] if t.shape else 0
+                raise UserError(f"{gg.path}: tensor {t.name!r} has {rows} rows, not {n} equal parts to split")
             if name in mapped:
                 raise UserError(f"{gg.path}: two tensors map to {name!r}")
-            mapped[name] = (t, i, n)
+            mapped[name] = (t, chunks, n)
     if not mapped:
         raise UserError(f"{gg.path}: the file holds no tensors")
     return mapped
 
 
-def _chunk(gg: GgufFile, t: GgufTensor, i: int, n: int):
-    """The raw bytes and shape of chunk i of n (rows) of a tensor."""
+def _chunk(gg: GgufFile, t: GgufTensor, chunks: tuple[int, ...], n: int):
+    """The raw bytes and shape of a tensor's row chunks `chunks` (of n equal ones), in that order: whole rows, so
+    whole blocks (a copy only when they are reordered)."""
+    import numpy as np
+
     raw = gg.raw(t)
     if n == 1:
         return raw, t.shape
     rows = t.shape[0] // n
-    row_bytes = t.nbytes // t.shape[0]
-    return raw[i * rows * row_bytes:(i + 1) * rows * row_bytes], (rows, *t.shape[1:])
+    size = rows * (t.nbytes // t.shape[0])
+    parts = [raw[i * size:(i + 1) * size] for i in chunks]
+    return (parts[0] if len(parts) == 1 else np.concatenate(parts)), (rows * len(chunks), *t.shape[1:])
 
 
 def _float(gg: GgufFile, entry) -> "torch.Tensor":
@@ -56,8 +61,8 @@ def _float(gg: GgufFile, entry) -> "torch.Tensor":
 
     from .gguf_blocks import dequantize, finite
 
-    t, i, n = entry
-    raw, shape = _chunk(gg, t, i, n)
+    t = entry[0]
+    raw, shape = _chunk(gg, *entry)
     return torch.from_numpy(finite(dequantize(raw, t.ggml_type, shape), f"tensor {t.name!r}"))
 
 
@@ -66,8 +71,8 @@ def _blocks(gg: GgufFile, entry, report: dict):
     re-quantization's worst signal-to-noise kept in the report."""
     from .gguf_blocks import to_nbits
 
-    t, i, n = entry
-    raw, shape = _chunk(gg, t, i, n)
+    t = entry[0]
+    raw, shape = _chunk(gg, *entry)
     nb = to_nbits(raw, t.ggml_type, shape)
     if nb.snr_db is not None:
         low = report["requantized_min_snr_db"]
@@ -92,8 +97,8 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
                 else f"holds {len(unexpected)} tensor(s) the {class_name} of --base has not (first: {unexpected[0]!r})")
         raise UserError(f"{gg.path}: not this backbone's weights: the file {what}")
     for name, p in params.items():
-        t, i, n = mapped[name]
-        shape = (t.shape[0] // n, *t.shape[1:])
+        t, chunks, n = mapped[name]
+        shape = (t.shape[0] // n * len(chunks), *t.shape[1:]) if n > 1 else tuple(t.shape)
         # GGML drops size-1 dimensions (sd.cpp writes Z-Image's [1, 3840] pad tokens as [3840]): the same tensor
         if tuple(p.shape) != shape and [d for d in p.shape if d != 1] != [d for d in shape if d != 1]:
             raise UserError(f"{gg.path}: tensor {t.name!r} has shape {list(shape)}; --base's {class_name} wants "
@@ -104,7 +109,7 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
     done: set[str] = set()
     linears = [(n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
     for index, (name, lin) in enumerate(linears):
-        t, i, n = mapped[f"{name}.weight"]
+        t = mapped[f"{name}.weight"][0]
         if t.ggml_type in FLOAT_TYPES:
             continue
         if len(t.shape) != 2 or t.shape[1] % BLOCK:

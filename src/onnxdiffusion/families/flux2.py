@@ -31,6 +31,7 @@ from . import graph_ends
 from . import latents as lat
 from .base import CONTEXT, OUT, SAMPLE, TIMESTEP, ComponentSpec, Ops, TensorSpec, TextEncoderSlot
 from .flux import GUIDANCE, TOKENS, PackedFlowFamily, flow_scheduler_info, grid_dims, token_grid
+from .gguf_names import FLUX2
 from .sd import vae_specs
 
 IMG_IDS, PROMPT_EMBEDS = "img_ids", "prompt_embeds"
@@ -86,6 +87,7 @@ class Flux2Base(PackedFlowFamily):
     backbone: ClassVar[str] = "transformer"
     backbone_classes: ClassVar[tuple[str, ...]] = ("Flux2Transformer2DModel",)
     backbone_kind: ClassVar[str] = "flux2_transformer"
+    gguf_names: ClassVar[Any] = FLUX2  # city96's / sd.cpp's files: the release's names, fused qkv
     vae_classes: ClassVar[tuple[str, ...]] = ("AutoencoderKLFlux2",)
     predictions: ClassVar[tuple[str, ...]] = ("flow",)
     latent_patch: ClassVar[int | None] = 2

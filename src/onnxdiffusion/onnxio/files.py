@@ -35,6 +35,7 @@ DATA_DIR_KEY = "onnxdiffusion.external_data_dir"
 TWO_GB = 1 << 31
 INLINE_MAX = TWO_GB - (64 << 20)
 INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
+SPILL_PREFIX = "onnxdiffusion-spill-"  # temporary folders holding a streamed quantize's weights
 
 
 def point_at_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
@@ -68,6 +69,16 @@ def all_graphs(graph: onnx.GraphProto):
     for n in graph.node:
         for g in subgraphs(n):
             yield from all_graphs(g)
+
+
+def attribute_tensors(graph: onnx.GraphProto):
+    """The tensors held in node attributes (a Constant's value), this graph's and its subgraphs'."""
+    for g in all_graphs(graph):
+        for n in g.node:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
 
 
 def _external_length(t: TensorProto) -> int:
@@ -124,6 +135,9 @@ def load_backbone(path: Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf and onnx raise several types
         raise UserError(f"cannot load {path}: {type(e).__name__}") from None
+    # a Constant's value in external data (torch's exporter writes them there past 2 GB): graph, not weights, and
+    # every graph tool (shape inference, ORT's quantizer, a model rewritten to a temp folder) wants it inline
+    _read_external(attribute_tensors(model.graph), path.parent)
     fp16_storage.expand(model, str(path))  # graph tools rewrite float32 initializers
     _drop_key(model)  # never trust a folder named by the input file
     check_ir_version(model, path)
@@ -133,6 +147,15 @@ def load_backbone(path: Path) -> onnx.ModelProto:
         return model
     if external:
         read_external_data(model, path.parent)
+    return model
+
+
+def skeleton_of(path: Path) -> onnx.ModelProto:
+    """The model at `path`, which this package wrote into a folder of its own, as a skeleton of that folder."""
+    model = onnx.load(str(path), load_external_data=False)
+    _drop_key(model)
+    _read_external(attribute_tensors(model.graph), path.parent)
+    model.metadata_props.add(key=DATA_DIR_KEY, value=str(Path(path).parent.resolve()))
     return model
 
 
@@ -156,33 +179,40 @@ def check_ir_version(model: onnx.ModelProto, path: Path) -> None:
 
 
 def read_external_data(model: onnx.ModelProto, folder: Path) -> None:
-    """Read every external tensor's bytes into it, in place.
+    """Read every external tensor's bytes into it, in place (initializers and node attributes).
 
     The locations were checked to stay inside `folder` (runtime.session.check_external_data) before
     the model got here. onnx's own reader is not used: it refuses data files with more than one hard
     link, and model folders written by this tool link the files they share with their source.
     """
+    inits = (t for g in all_graphs(model.graph) for t in g.initializer)
+    _read_external(inits, folder)
+    _read_external(attribute_tensors(model.graph), folder)
+
+
+def _read_external(tensors, folder: Path) -> None:
     from ..folder.manifest import confined
 
     handles: dict[str, object] = {}
     try:
-        for g in all_graphs(model.graph):
-            for t in g.initializer:
-                if t.data_location != TensorProto.EXTERNAL:
-                    continue
-                info = {e.key: e.value for e in t.external_data}
-                loc = info["location"]
-                if loc not in handles:
-                    handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
-                f = handles[loc]
-                f.seek(int(info.get("offset", 0)))
-                n = int(info["length"]) if "length" in info else -1
-                data = f.read(n)
-                if n >= 0 and len(data) != n:
-                    raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
-                t.raw_data = data
-                t.data_location = TensorProto.DEFAULT
-                del t.external_data[:]
+        for t in tensors:
+            if t.data_location != TensorProto.EXTERNAL:
+                continue
+            info = {e.key: e.value for e in t.external_data}
+            loc = info.get("location")
+            if loc is None:
+                raise UserError(f"external data of tensor {t.name!r} names no file")
+            if loc not in handles:
+                handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
+            f = handles[loc]
+            f.seek(int(info.get("offset", 0)))
+            n = int(info["length"]) if "length" in info else -1
+            data = f.read(n)
+            if n >= 0 and len(data) != n:
+                raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
+            t.raw_data = data
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
     finally:
         for f in handles.values():
             f.close()
@@ -204,12 +234,16 @@ def array(model: onnx.ModelProto, tensor: TensorProto) -> np.ndarray:
     """One initializer's values, also when `model` is a skeleton whose weights stay in external data."""
     folder = data_dir(model)
     if tensor.data_location == TensorProto.EXTERNAL and folder is not None:
-        holder = onnx.ModelProto()
-        one = holder.graph.initializer.add()
-        one.CopyFrom(tensor)
-        read_external_data(holder, folder)
-        tensor = one
+        return tensor_array(tensor, folder)
     return numpy_helper.to_array(tensor)
+
+
+def tensor_array(tensor: TensorProto, folder: Path) -> np.ndarray:
+    """An external tensor's values read from `folder` (the tensor itself left a reference)."""
+    one = TensorProto()
+    one.CopyFrom(tensor)
+    _read_external([one], folder)
+    return numpy_helper.to_array(one)
 
 
 def weights_copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -298,7 +332,7 @@ def save(model: onnx.ModelProto, path: Path, keep: bool = True, external_from: i
     Returns the external files' names. keep=False: the model's large tensors are left pointing at
     the written file (not read back): for a model the caller is done with."""
     if data_dir(model) is not None:
-        raise ValueError("save(): a skeleton has no weights in memory; use with_weights() first")
+        return _save_skeleton(model, Path(path), keep)
     inline_below = min(limit(), INLINE_MAX, TWO_GB if external_from is None else external_from)
     if tensor_bytes(model) < inline_below:
         write(model, path)
@@ -307,6 +341,49 @@ def save(model: onnx.ModelProto, path: Path, keep: bool = True, external_from: i
     if keep:  # onnx.save_model moved the tensors out in place: read them back
         read_external_data(model, Path(path).parent)
     return [data]
+
+
+def _save_skeleton(model: onnx.ModelProto, path: Path, keep: bool) -> list[str]:
+    """A skeleton written with every external tensor copied, one at a time, into one file beside `path` (page-aligned,
+    as export lays files out): a model whose weights were never in memory (quantize/streamed.py) stays so.
+    keep=True: `model` stays a skeleton, of the new folder."""
+    from ..folder.manifest import confined
+
+    folder, location = data_dir(model), path.name + "_data"
+    work = model if not keep else copy(model)
+    _drop_key(work)
+    offset, handles = 0, {}
+    try:
+        with open(path.parent / location, "wb") as out:
+            for g in all_graphs(work.graph):
+                for t in g.initializer:
+                    if t.data_location != TensorProto.EXTERNAL:
+                        continue
+                    info = {e.key: e.value for e in t.external_data}
+                    loc = info["location"]
+                    if loc not in handles:
+                        handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
+                    src, n = handles[loc], int(info["length"])
+                    src.seek(int(info.get("offset", 0)))
+                    pad = (-offset) % 4096
+                    out.write(b"\0" * pad)
+                    offset += pad
+                    point_at_external(t, location, offset, n)
+                    while n > 0:  # in pieces: one full-size weight is up to a few hundred MB
+                        chunk = src.read(min(n, 64 << 20))
+                        if not chunk:
+                            raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
+                        out.write(chunk)
+                        n -= len(chunk)
+                        offset += len(chunk)
+    finally:
+        for f in handles.values():
+            f.close()
+    write(work, path)
+    if keep:
+        model.CopyFrom(work)
+        model.metadata_props.add(key=DATA_DIR_KEY, value=str(path.parent.resolve()))
+    return [location]
 
 
 def session_source(model: onnx.ModelProto, options) -> bytes | None:

@@ -235,29 +235,43 @@ def session(model: onnx.ModelProto | str | Path, threads: int = 1, provider: str
 
 
 def ort_optimized(model: onnx.ModelProto, threads: int = 1,
-                  level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED) -> onnx.ModelProto:
+                  level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, skeleton: bool = False) -> onnx.ModelProto:
     """The graph ONNX Runtime's CPU provider actually runs after its fusions (QDQ -> QLinearConv, ...).
 
     Level EXTENDED: every fusion, no NCHWc layout rewrite, so the result is still a portable
     CPU graph that can be saved, inspected and inlined (e.g. into a Loop body).
+    skeleton: a skeleton in gives a skeleton out (its weights left in a tracked temporary folder, not loaded:
+    a streamed quantize's output stays out of memory); otherwise the graph with its weights.
     """
     import tempfile
 
+    from . import files
+
+    if skeleton and files.data_dir(model) is not None:
+        from ..folder import tempfiles
+
+        folder = tempfiles.mkdtemp(files.SPILL_PREFIX + "opt-")
+        _optimize(model, threads, level, folder)
+        return files.skeleton_of(folder / "optimized.onnx")
+    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-opt-") as tmp:
+        return _optimize(model, threads, level, Path(tmp), load=True)
+
+
+def _optimize(model: onnx.ModelProto, threads: int, level, tmp: Path, load: bool = False):
     import onnx
 
     from . import files
 
-    with tempfile.TemporaryDirectory(prefix="onnxdiffusion-opt-") as tmp:
-        path = str(Path(tmp) / "optimized.onnx")
-        opts = tool_options(threads, level, path)
-        if files.is_large(model):  # the optimized graph is written with its weights in external data
-            opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx_data")
-            opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        disabled = [d for d in disabled_for(model) if d == "QDQSelectorActionTransformer"]
-        source = files.session_source(model, opts)
-        if source is not None:
-            ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
-        else:
-            with files.as_file(model) as src:
-                ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
-        return onnx.load(path)
+    path = str(Path(tmp) / "optimized.onnx")
+    opts = tool_options(threads, level, path)
+    if files.is_large(model):  # the optimized graph is written with its weights in external data
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx_data")
+        opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    disabled = [d for d in disabled_for(model) if d == "QDQSelectorActionTransformer"]
+    source = files.session_source(model, opts)
+    if source is not None:
+        ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+    else:
+        with files.as_file(model) as src:
+            ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+    return onnx.load(path) if load else None

@@ -46,18 +46,36 @@ def qdq_quantize(model: onnx.ModelProto, ranges: dict[str, Range], nodes: Sequen
     makes ORT honour node selection). Outputs of `float_outputs` op types get no Q/DQ pair: ORT
     then runs DQ->MatMul as MatMulIntegerToFloat (int8 in, float out).
     """
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.calibrate import TensorData
 
     _quiet()
     data = {k: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32)) for k, (lo, hi) in ranges.items()}
-    # a > 2 GB skeleton's weights are read here, once; `owned`: the caller hands `model` over (no copy)
-    work = model if owned and files.data_dir(model) is None else files.weights_copy(model)
+    # `owned`: the caller hands `model` over (no copy); a skeleton's weights are streamed (quantize/streamed.py)
+    work = model if owned and files.data_dir(model) is None else files.copy(model)
     if len(work.graph.value_info) and not any(p.key == "onnx.infer" for p in work.metadata_props):
         # already shape-inferred (recipes.prepare_unet): without ORT's marker its quantizer deep-copies
         # the model, saves it and loads it back to infer shapes again (two more copies of the weights;
         # at SD1.5 size that took the quantizer past 10 GB)
         work.metadata_props.add(key="onnx.infer", value="onnxruntime.quant")
+    if files.data_dir(work) is not None:
+        from .streamed import finish, spilled
+
+        with spilled(work) as (spill, hook):
+            quantizer = _qdq_quantizer(work, data, nodes, op_types, activation_type, float_outputs)
+            hook(quantizer.model)
+            with weights_remembered():
+                quantizer.quantize_model()
+            return finish(quantizer.model.model, spill, files.data_dir(work))
+    quantizer = _qdq_quantizer(work, data, nodes, op_types, activation_type, float_outputs)
+    with weights_remembered():
+        quantizer.quantize_model()
+    return quantizer.model.model
+
+
+def _qdq_quantizer(work: onnx.ModelProto, data: dict, nodes, op_types, activation_type: str, float_outputs):
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
     quantizer = QDQQuantizer(
         work,
         True,  # per_channel
@@ -72,9 +90,7 @@ def qdq_quantize(model: onnx.ModelProto, ranges: dict[str, Range], nodes: Sequen
          "OpTypesToExcludeOutputQuantization": list(float_outputs)},
     )
     quantizer.model.__class__ = consumer_indexed_model()
-    with weights_remembered():
-        quantizer.quantize_model()
-    return quantizer.model.model
+    return quantizer
 
 
 def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Sequence[str], weight_type: str,
@@ -82,6 +98,10 @@ def dynamic_quantize(model: onnx.ModelProto, nodes: Sequence[str], op_types: Seq
     from onnxruntime.quantization import quantize_dynamic
 
     _quiet()
+    if files.data_dir(model) is not None:  # a skeleton: weights streamed, never the whole model in memory
+        from .streamed import dynamic_quantize as streamed
+
+        return streamed(model, nodes, op_types, _qtype(weight_type), per_channel)
     large = files.is_large(model)
     with files.as_file(model, "in.onnx") as src, tempfile.TemporaryDirectory(prefix="onnxdiffusion-dyn-") as tmp:
         dst = Path(tmp) / "out.onnx"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..folder import tempfiles
 from ..folder.artifacts import derive, sha256_file, write_json
 from ..errors import UserError
 from ..folder.manifest import Component
@@ -22,6 +23,7 @@ from .configs import BACKBONE, QuantizeConfig
 from .report import REPORT_NAME, SPEEDUP_THRESHOLD
 from .runner import disabled_for
 from .stages import build, calibrate, open_source, plan
+from .streamed import spill_folders
 
 
 class SpeedGateError(UserError):
@@ -55,15 +57,20 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     data = calibrate(source, config, log)
     ctx = plan(source, data, config, log, measure_quality)
     built = build(ctx, source)
-    measured = measure(source, data, ctx, built, config, measure_quality, log)
-    report = make_report(source, out, config, built, measured)
-    if require_speedup and not report["pays"]:
-        report["seconds"] = round(time.time() - t_start, 1)
-        ratio = report["latency_ratio"]
-        measured_ratio = "not measurable here" if ratio is None else f"{ratio:.2f}x fp32"
-        raise SpeedGateError(f"{config.recipe.name} does not pay on {config.provider}: backbone latency {measured_ratio} "
-                             f"(--require-speedup)", report)
-    save(source, out, config, built, measured, data.provenance(), report, overwrite, t_start)
+    spills = spill_folders(built.components.values())  # a streamed build's weights: gone once saved (or on failure)
+    try:
+        measured = measure(source, data, ctx, built, config, measure_quality, log)
+        report = make_report(source, out, config, built, measured)
+        if require_speedup and not report["pays"]:
+            report["seconds"] = round(time.time() - t_start, 1)
+            ratio = report["latency_ratio"]
+            measured_ratio = "not measurable here" if ratio is None else f"{ratio:.2f}x fp32"
+            raise SpeedGateError(f"{config.recipe.name} does not pay on {config.provider}: backbone latency "
+                                 f"{measured_ratio} (--require-speedup)", report)
+        save(source, out, config, built, measured, data.provenance(), report, overwrite, t_start)
+    finally:
+        for folder in spills:
+            tempfiles.remove(folder)
     return report
 
 

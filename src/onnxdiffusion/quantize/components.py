@@ -81,7 +81,7 @@ def stored_graph(model: onnx.ModelProto, stored: str, threads: int) -> tuple[onn
         return decompose_attention(model), QDQ_STORED_AS
     from .runner import ort_optimized
 
-    fused = ort_optimized(model, threads)
+    fused = ort_optimized(model, threads, skeleton=True)  # a streamed build's output stays a skeleton
     fold_matmul_bias(fused)
     return compact_names(fused), CPU_STORED_AS
 

@@ -30,6 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import files
+from .gptq import int8_channels
 from .graphs import initializer_map, remove_dead_nodes
 
 QMAX = 127.0
@@ -161,9 +162,12 @@ def _token_nodes_asym(x: str) -> tuple[list[onnx.NodeProto], str, str, str]:
     return nodes, p + "/codes", p + "/scale", p + "/zp"
 
 
-def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str], zero_point: bool = False) -> tuple[onnx.ModelProto, dict]:
+def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str], zero_point: bool = False,
+                          hessians: dict[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, dict]:
     """Every named MatMul / Gemm with a constant 2-D float weight: per-token dynamic int8 input, int8
-    per-channel weight (a copy of `model` is returned). A Gemm keeps its bias, added in float."""
+    per-channel weight (a copy of `model` is returned). A Gemm keeps its bias, added in float.
+    `hessians` (input tensor -> E[x^T x]): the weights rounded by GPTQ on the same grid (gptq.int8_channels)
+    instead of to nearest."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -193,7 +197,7 @@ def dynamic_token_linears(model: onnx.ModelProto, names: Iterable[str], zero_poi
         if not zp and OFFSET_NAME not in added:
             g.initializer.append(numpy_helper.from_array(np.uint8(OFFSET), OFFSET_NAME))
             added.add(OFFSET_NAME)
-        wq, ws = weight_quantize(w)
+        wq, ws = weight_quantize(w) if hessians is None else int8_channels(w, hessians[x])
         p = n.name + SUFFIX
         g.initializer.append(numpy_helper.from_array(wq, p + "/W_int8"))
         g.initializer.append(numpy_helper.from_array(ws, p + "/W_scale"))

@@ -14,6 +14,10 @@ Why not ONNX Runtime's vendored GPTQ (int4-weights `algorithm=gptq`): on the rot
 made the backbone worse than round-to-nearest (SQNR 13.9 vs 17.0 dB on calibration trajectories); this
 one lifts it to 23.6 dB (experiments/quantize-embedded/quantize_issue44.md). The Hessians come from the
 graph being quantized (the rotated one under `rotate`), so they are the rotated activations'.
+
+int8-static's `weights=gptq` (per-token linears, dynamic_token.py) uses the same loop for 8-bit per-channel
+weights: `int8_channels`, one block of K rows per column on dynamic_token's symmetric [-127, 127] grid. It
+took the rotated W8A8 MMDiT's worst held-out image from 33.8 to 37.0 dB (docs/recipes/rotation.md).
 """
 
 from __future__ import annotations
@@ -77,10 +81,12 @@ def _grid(block: np.ndarray, symmetric: bool, weight: np.ndarray, top: int) -> t
 
 
 def gptq_blocks(w: np.ndarray, hessian: np.ndarray, block_size: int, symmetric: bool, bits: int = 4,
-                damp: float = DAMP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """GPTQ of w (K x N) with per-block clip-searched grids. Returns (q: (K, N) integers in [0, 2^bits),
-    scales, zero points: (blocks, N)); w is approximated by (q - zp[k // block_size]) * scale[k // block_size]."""
-    top = 2 ** bits - 1
+                damp: float = DAMP, top: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPTQ of w (K x N) with per-block clip-searched grids. Returns (q: (K, N) integers in [0, top],
+    scales, zero points: (blocks, N)); w is approximated by (q - zp[k // block_size]) * scale[k // block_size].
+    `top` (default 2^bits - 1): the largest code; an even one with `symmetric` is a grid symmetric about zero
+    (254: int8's [-127, 127] around zero point 127)."""
+    top = 2 ** bits - 1 if top is None else top
     w = np.array(w, np.float64)
     k_dim, n_dim = w.shape
     h = np.array(hessian, np.float64)
@@ -102,6 +108,16 @@ def gptq_blocks(w: np.ndarray, hessian: np.ndarray, block_size: int, symmetric: 
             err = (w[k] - (q[k] - zp) * scale) / upper[k, k]
             w[k + 1:] -= np.outer(upper[k, k + 1:], err)
     return q, scales, zps
+
+
+def int8_channels(w: np.ndarray, hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ rounding of w (K x N) to the grid dynamic_token.weight_quantize rounds to: symmetric int8 per output
+    channel, codes in [-127, 127] (one block of K rows per column; its scale by the clip search, ratio 1.0 being
+    max|W[:, n]| / 127). Returns (int8 (K, N) codes, float32 (N,) positive scales)."""
+    q, scales, zps = gptq_blocks(w, hessian, w.shape[0], True, top=2 * 127)
+    sign = np.where(scales[0] < 0, -1, 1)  # the symmetric grid's scale carries the sign of the column's extreme
+    codes = (q - zps[0].astype(np.int64)) * sign
+    return codes.astype(np.int8), (scales[0] * sign).astype(np.float32)
 
 
 def pack(q: np.ndarray, scales: np.ndarray, zps: np.ndarray, block_size: int, bits: int = 4):

@@ -71,7 +71,7 @@ def fused_summary(model: onnx.ModelProto, threads: int = 1) -> dict:
     """What ONNX Runtime's CPU provider turns the graph into: integer kernels vs leftover Q/DQ."""
     from .runner import ort_optimized
 
-    counts = op_counts(ort_optimized(model, threads))
+    counts = op_counts(ort_optimized(model, threads, skeleton=True))
     return {
         "integer_ops": {k: counts[k] for k in INTEGER_OPS if counts.get(k)},
         "quantize_linear": counts.get("QuantizeLinear", 0),

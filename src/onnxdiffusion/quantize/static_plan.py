@@ -140,15 +140,27 @@ def sensitive_linears(ctx, recipe: Int8StaticRecipe, work: onnx.ModelProto, stat
                                   for n in ranked[:10]]}
 
 
-def dynamic_token(model: onnx.ModelProto, recipe: Int8StaticRecipe) -> tuple[onnx.ModelProto, dict]:
+def dynamic_token(model: onnx.ModelProto, recipe: Int8StaticRecipe, calib: CalibrationSet,
+                  threads: int = 1) -> tuple[onnx.ModelProto, dict]:
     """The weight linears int8-static would quantize, with per-token dynamic activations (dynamic_token.py):
-    what is left to calibrate is the rest (convs, op groups). Float modulation stays float."""
+    what is left to calibrate is the rest (convs, op groups). Float modulation stays float. `weights=gptq`:
+    their int8 weights by GPTQ, the Hessians of the float inputs the codes quantize (rotated, when on)."""
     from .dynamic_token import dynamic_token_linears
+    from .gptq import input_hessians
 
     ops = tuple(op for op in recipe.op_types if op in ("MatMul", "Gemm"))
     skip = set(modulation_nodes(model, recipe.op_types, recipe.keep_float)) if recipe.modulation == "float" else set()
     linears = [q.name for q in quantizable_nodes(model, ops, recipe.keep_float) if q.name not in skip]
-    model, report = dynamic_token_linears(model, linears, zero_point=recipe.activations == "dynamic-token-asym")
+    hessians, steps = None, []
+    if getattr(recipe, "weights", "nearest") == "gptq":
+        if files.is_large(model):
+            raise UserError("int8-static weights=gptq runs the whole backbone for its Hessians: only backbones under 2 GB")
+        steps = calib.spread_steps(recipe.gptq_steps)
+        hessians = input_hessians(model, linears, calib, steps, threads)
+    model, report = dynamic_token_linears(model, linears, zero_point=recipe.activations == "dynamic-token-asym",
+                                          hessians=hessians)
+    if hessians is not None:
+        report.update(weights="gptq", gptq_timesteps=len(steps), hessian_inputs=len(hessians))
     report["nodes"] = linears
     return _infer(model), report
 
@@ -170,10 +182,11 @@ def plan_static(ctx, recipe: Int8StaticRecipe, calib: CalibrationSet) -> StaticP
         model = _infer(model)
         ctx.log(f"rotated the inputs of {details['rotation']['linears']} linears (Hadamard, group {group})")
     if getattr(recipe, "activations", "static").startswith("dynamic-token"):  # int8-static's option
-        model, report = dynamic_token(model, recipe)
+        model, report = dynamic_token(model, recipe, calib, ctx.threads)
         dynamic = report.pop("nodes")
         details["dynamic_token"] = report
-        ctx.log(f"per-token dynamic int8 activations for {report['linears']} linears")
+        ctx.log(f"per-token dynamic int8 activations for {report['linears']} linears"
+                + (f", int8 weights by GPTQ ({report['gptq_timesteps']} timesteps' Hessians)" if "gptq_timesteps" in report else ""))
     weight_nodes, kept = selection(model, recipe, recipe.op_types, allow_empty="dynamic_token" in details)
     if not weight_nodes:  # every linear dynamic, the convs kept float: nothing to calibrate, op groups float
         empty = np.zeros((calib.num_steps, 0))

@@ -19,9 +19,10 @@ def merge_timestep_groups(models: list[onnx.ModelProto], boundaries: list[float]
     `models` are the K per-group graphs (same inputs/outputs), ordered from the noisiest group
     (highest t) down; `boundaries` (K-1, descending): group k runs while t >= boundaries[k]
     and t < boundaries[k-1]. The switch is a chain of `If` nodes on t = max(timestep); each
-    branch is one group's graph with its intermediate names shortened. Initializers that are
-    byte-identical in every group (the quantized weights) are stored once, in the outer graph;
-    branches hold only their own scales, zero points and int32 biases.
+    branch is one group's graph with its intermediate names shortened (node names keep their module path behind
+    the group's prefix: step caching cuts each branch by it). Initializers that are byte-identical in every
+    group (the quantized weights) are stored once, in the outer graph; branches hold only their own scales,
+    zero points and int32 biases.
     """
     k = len(models)
     if k < 2 or len(boundaries) != k - 1:
@@ -122,7 +123,8 @@ def _branch(model: onnx.ModelProto, j: int, shared: set[str], io: dict[str, str]
         del new.output[:]
         new.input.extend(rename(x) for x in n.input)
         new.output.extend(rename(x) for x in n.output)
-        new.name = f"g{j}/n{i}"
+        # the module path stays in the name (behind the group's prefix): step caching cuts each branch by it
+        new.name = f"g{j}{n.name}" if n.name.startswith("/") else f"g{j}/n{i}"
         new.doc_string = ""
         rename_outer_refs(new, rename)
         nodes.append(new)

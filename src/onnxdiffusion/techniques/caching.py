@@ -131,14 +131,19 @@ def cut(model, family, spec: CacheSpec, label: str):
     """The backbone cut for `spec` (host loop and Loop graph alike): SplitGraphs, or a one-line UserError."""
     import onnx
 
+    from ..runtime.backbone_groups import split_groups, switches
     from ..runtime.backbone_split import split
     from ..runtime.dead_queries import without_dead_queries
 
     without_dead_queries(model)  # as the uncached backbone's session has it (runtime.loading)
     try:
-        names = [n.name for n in model.graph.node]
-        span, probe = family.cache_span(spec.method, names, **spec.span_args())
-        sg = split(model, span, probe, sample=SAMPLE)
+        if switches(model):  # int8-timestep: each group's graph cut alike, each piece switching as the backbone did
+            sg = split_groups(model, lambda names: family.cache_span(spec.method, names, **spec.span_args()),
+                              sample=SAMPLE)
+        else:
+            names = [n.name for n in model.graph.node]
+            span, probe = family.cache_span(spec.method, names, **spec.span_args())
+            sg = split(model, span, probe, sample=SAMPLE)
     except ValueError as e:
         raise UserError(f"{label}: {e}") from None
     if len(sg.span_outputs) != 1:

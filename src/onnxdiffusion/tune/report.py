@@ -1,12 +1,13 @@
-"""report.md and pareto.png of a `tune` run, in the bench report's style: the machine named first, one table,
-one plot (speed vs quality, the chosen point marked), then the choice, the runner-up per lever and why."""
+"""report.md and pareto.png of a `tune` run, in the bench report's style: the machine section first (machine.py),
+one table, one plot (speed vs quality, the chosen point marked), then the choice, the runner-up per lever and why
+it won on this CPU kind (machine.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..bench.machine import machine_line
 from ..folder.artifacts import atomic_write_bytes
+from .machine import machine_section, why_section
 from .space import LEVERS, Candidate
 
 
@@ -31,42 +32,6 @@ def hand_spelled(result: dict, model: str = "MODEL") -> list[str]:
         flags += f" --cache {c.cache}"
     cmds.append(f'onnxdiffusion generate {folder} "PROMPT" {flags}')
     return cmds
-
-
-def _why(result: dict) -> list[str]:
-    """Why this choice on this CPU kind, and what another kind would change."""
-    cpu = result["machine"]["cpu"]
-    flags = set(cpu.get("isa_flags") or ())
-    amx = any(f.startswith("amx") for f in flags)
-    c = Candidate.from_dict(result["chosen"])
-    lines = [f"- This CPU: {cpu['model']}, flags seen: {' '.join(sorted(flags)) or 'none read'} "
-             f"({'AMX' if amx else 'no AMX'}), int8 kernels: {cpu['int8_kernels']}. "
-             f"The profiles that could run here: {', '.join(sorted({t['profile'] for t in result['timed']}))}; "
-             "not here: " + ("; ".join(f"{k} ({v})" for k, v in sorted(result["unavailable_profiles"].items())) or "none")
-             + "."]
-    if c.recipe != "fp32":
-        lines.append(f"- The int8 backbone ({c.recipe}) on ONNX Runtime's CPU provider is the fastest point within the "
-                     "bound here: its matrix products run on " + ("AMX tiles" if amx else "AVX-512 VNNI's u8 x s8 dot "
-                     "products") + " (the measured speed-up of each lever is in the table above; the quantization's "
-                     "error left room for the other levers only where the table shows them).")
-    else:
-        lines.append("- No quantized folder beat the fp32 one within the bound here (or none was built in the time "
-                     "budget): the picture's error budget went to the sampler, the steps and the cache instead.")
-    if amx:
-        lines.append("- On a CPU without AMX (AVX-512 VNNI) ORT's own int8 kernels lead; there the choice stays on "
-                     "cpu-int8 and the same lever search applies.")
-    else:
-        lines.append("- On an AMX Xeon (Sapphire Rapids and later; flags amx_tile amx_int8 amx_bf16) the expected choice "
-                     "is the same sampler, steps, cache and decoder on an int8 backbone run by the `openvino-int8` "
-                     "profile (onnxruntime-openvino: int8 convolutions and linears on AMX tiles, bf16 float parts, "
-                     "static backbone shapes): experiments/amx measured its backbone step 1.72x ORT CPU's int8-static "
-                     "(0.46 vs 0.79 s, SD1.5 size, 1 thread; 2.25x diffusers bf16 end to end vs 1.08x for ORT's "
-                     "int8) at -0.41 / -0.13 dB vs int8-static on the embedded models (64 prompts). Why: ORT's CPU "
-                     "provider has no bf16 kernels, and its QLinearConv with constant zero points runs the VNNI "
-                     "kernel, not AMX. `tune` times that profile there when onnxruntime-openvino is installed (here "
-                     "it is listed as not available); the quality levers are CPU-independent and carry over, and "
-                     "the PSNR floor and paired test are read again from that machine's own pictures.")
-    return lines
 
 
 def _confirmations(result: dict) -> list[str]:
@@ -96,7 +61,7 @@ def _confirmations(result: dict) -> list[str]:
 def write_report(out: Path, result: dict) -> None:
     chosen = Candidate.from_dict(result["chosen"])
     sp, lat, held = result["speedup"], result["latency_s"], result["holdout"]
-    lines = [f"# tune: {result['model']}", "", f"Machine: {machine_line(result['machine'])}", "",
+    lines = [f"# tune: {result['model']}", "", *machine_section(result),
              f"Bound: {result['bound']} on {result['options']['tune_count']} tuning prompts; "
              + (f"the store's finished search with this bound, written again in {result['seconds']:.0f} s."
                 if result.get("replayed") else
@@ -131,7 +96,7 @@ def write_report(out: Path, result: dict) -> None:
     for lever in LEVERS:
         r = result["runner_up"].get(lever)
         lines.append(f"| {lever} | {Candidate.from_dict(r).label() if r else '- (no other value timed within the bound)'} |")
-    lines += ["", "## Why this choice on this CPU", "", *_why(result), ""]
+    lines += ["", *why_section(result), ""]
     if result["notes"]:
         lines += ["## Notes", "", *[f"- {n}" for n in result["notes"]], ""]
     lines += ["![speed vs quality](pareto.png)", "",

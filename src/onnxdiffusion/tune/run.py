@@ -15,6 +15,7 @@ from .space import DEFAULT_RECIPES, FP32, Candidate
 
 # scene seeds: the tuning, confirmation and held-out prompts never overlap
 TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
+QUANTIZE_ARGS = ("--no-quality", "--latency-runs", "3")  # a build's arguments (with --threads 1): its cache key
 
 
 def _recipes(text: str) -> tuple[str, ...]:
@@ -120,6 +121,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     from ..runtime.generation import GenerateOptions
     from . import measure as M
     from .budget import Budget
+    from .machine import session_facts
     from .search import Bound, Folder, Search
     from .store import Store, search_key
 
@@ -133,7 +135,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
                         "from the fp32 folder (its own reference)")
     _prepare_out(out, model, options.overwrite)
     t0 = time.monotonic()
-    facts = machine_facts()
+    facts = {**machine_facts(), "session": session_facts()}
     fp32_profiles, unavailable = profiles_for(_precision(model))
     if not fp32_profiles:
         raise UserError(f"no shipped profile runs {model}'s backbone here ({'; '.join(unavailable.values())})")
@@ -248,7 +250,7 @@ def _quantized(model: Path, recipes: tuple[str, ...], search, folders: dict, poi
     from ..folder.artifacts import MANIFEST
     from .search import Folder
 
-    args = ("--no-quality", "--latency-runs", "3")
+    args = QUANTIZE_ARGS
     records = []
     for recipe in recipes:
         cache = cache_root() / "quantized"

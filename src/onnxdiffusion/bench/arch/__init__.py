@@ -3,8 +3,9 @@
   sd15       Stable Diffusion v1.5's architecture at full size (arch/sd15.py), exported by `onnxdiffusion export`
   sd15-tiny  the same block types, narrow: builds, exports and benches in about a minute (tests, smoke runs)
   sd15-lcm, sd15-lcm-tiny
-             the FastSD CPU recipe at SD1.5 size (or narrow): LCM-distilled UNet, LCM 4 steps, 512x512, TAESD as
-             the tiny decoder (`--decoder tiny`), against OpenVINO's pipeline of the same folder with TAESD
+             the FastSD CPU recipe at SD1.5 size (or narrow): LCM-distilled UNet, LCM 4 steps, 512x512 (the
+             narrow one 128x128), TAESD as the tiny decoder (`--decoder tiny`), against OpenVINO's pipeline of the
+             same folder with TAESD
   zimage, flux2_klein
              Z-Image-Turbo and FLUX.2 [klein] 4B at release size (arch/release.py: random bf16 shards written
              tensor by tensor; `--arch-depth` cuts them down for proof runs)
@@ -108,8 +109,8 @@ ARCHES = {
     "sd15-lcm": Arch("Stable Diffusion v1.5-sized, LCM-distilled UNet + TAESD (the FastSD CPU recipe)", 4,
                      ("ort-fp32", "openvino-fp32"), _sd15, QUANTIZE_ARGS + ("--calib-guidance", "8.0"), 8.0, "lcm",
                      512, "tiny"),
-    "sd15-lcm-tiny": Arch("the FastSD recipe's model, narrow (a smoke-test model)", 4, ("ort-fp32", "openvino-fp32"),
-                          _sd15, QUANTIZE_ARGS, 8.0, "lcm", 512, "tiny"),
+    "sd15-lcm-tiny": Arch("the FastSD recipe's model, narrow, 128x128 (a smoke-test model)", 4,
+                          ("ort-fp32", "openvino-fp32"), _sd15, QUANTIZE_ARGS, 8.0, "lcm", 128, "tiny"),
     "sd15-tiny": Arch("Stable Diffusion v1.5's block types, narrow (a smoke-test model)", 4,
                       ("torch-fp32", "ort-fp32"), _sd15),
     "sdxl": Arch("SDXL-base widths (UNet 320/640/1280, CLIP-L + OpenCLIP-bigG), fewer transformer blocks", 4,

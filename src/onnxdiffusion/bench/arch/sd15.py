@@ -8,7 +8,7 @@ calibration and its latency feed) works at the size the bench measures. The weig
 The tokenizer is the scene vocabulary's (nothing from the hub).
 
 `--lcm` builds the FastSD CPU recipe's model instead: an LCM-distilled UNet (`time_cond_proj_dim`, the guidance
-scale embedded, no CFG) with an LCMScheduler, 512x512 by default, and a tiny autoencoder (TAESD's AutoencoderTiny
+scale embedded, no CFG) with an LCMScheduler, 512x512 by default (128x128 with --tiny), and a tiny autoencoder (TAESD's AutoencoderTiny
 config, random weights) in WORK/diffusers/vae_tiny, exported beside the VAE as vae_decoder_tiny (`--decoder tiny`;
 the OpenVINO peer converts the same folder).
 
@@ -101,14 +101,18 @@ TINY = {"backbone": {"block_out_channels": (32, 64, 64, 64), "layers_per_block":
                          "num_attention_heads": 4}}
 
 
+LCM_TINY_SIZE = 128  # `--arch sd15-lcm-tiny`'s default image size
+
+
 def configs(tiny: bool = False, lcm: bool = False) -> dict[str, dict]:
     out = {"backbone": dict(UNET_CONFIG), "vae": dict(VAE_CONFIG), "text_encoder": dict(TEXT_ENCODER_CONFIG)}
     if tiny:
         for name, change in TINY.items():
             out[name].update(change)
-    if lcm:  # the FastSD recipe's size: 512x512
-        out["backbone"].update(sample_size=64, time_cond_proj_dim=LCM_TIME_COND_DIM)
-        out["vae"].update(sample_size=512)
+    if lcm:  # the FastSD recipe's size, 512x512; the narrow smoke model's 128x128 (TAESD's 512 decode was most of it)
+        side = LCM_TINY_SIZE if tiny else 512
+        out["backbone"].update(sample_size=side // 8, time_cond_proj_dim=LCM_TIME_COND_DIM)
+        out["vae"].update(sample_size=side)
     return out
 
 
