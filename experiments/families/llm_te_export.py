@@ -53,10 +53,79 @@ def build(name: str, work: Path) -> dict:
     return {"step": "build", "model": name, "params": params, "seconds": round(time.time() - t, 1), "peak_gb": peak_gb()}
 
 
+def _spec(name: str):
+    from onnxdiffusion.families.base import ComponentSpec, TensorSpec
+
+    _, cfg, options = CONFIGS[name]
+    ids = ("batch_size", "sequence_length")
+    out = "penultimate_hidden_state" if options.get("layers") == (-2,) else "last_hidden_state"
+    return ComponentSpec("text_encoder", (TensorSpec("input_ids", "int64", ids), TensorSpec("attention_mask", "int64", ids)),
+                         (TensorSpec(out, "float32", (*ids, cfg["hidden_size"])),), atol=1e-4,
+                         kind="decoder_text_encoder", source="text_encoder",
+                         options={**options, "rope_axes": 3} if name.startswith("qwen25vl") else options)
+
+
+def feeds(vocab: int, batch: int, length: int, seed: int) -> dict:
+    """Random token ids, the last row right-padded by a third (the mask must matter)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, length), generator=gen)
+    mask = torch.ones(batch, length, dtype=torch.int64)
+    if batch > 1:
+        mask[-1, length - length // 3:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def export(folder: Path, weights: str, out: Path) -> dict:
+    """The text encoder exported streamed (validated on its first 2 layers), as `export` does it."""
+    from onnxdiffusion.export.llm_streamed import build_encoder
+    from onnxdiffusion.export.options import ExportOptions
+    from onnxdiffusion.export.streamed_backbone import export_streamed
+    from onnxdiffusion.export.wrappers import wrap
+
+    name = folder.name
+    cls_name, cfg, _ = CONFIGS[name]
+    spec = _spec(name)
+    t = time.time()
+    module = build_encoder(folder / "text_encoder", cls_name, weights)
+    built = time.time() - t
+    feed_list = [feeds(cfg["vocab_size"], 2, 40, 0), feeds(cfg["vocab_size"], 1, 23, 1)]
+    entry = export_streamed(spec, module, lambda m: wrap(spec, m).eval(), feed_list, out, ExportOptions())
+    files = {p.name: p.stat().st_size for p in out.iterdir()}
+    return {"step": "export", "model": name, "weights": weights, "build_s": round(built, 1),
+            "seconds": round(time.time() - t, 1), "peak_gb": round(peak_gb(), 2), "files": files,
+            "validation": entry.get("validation")}
+
+
+def encode(out: Path, tokens: int) -> dict:
+    """One text encode of a batch of one `tokens`-token prompt in ORT (session as the run time makes it)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    t = time.time()
+    so = ort.SessionOptions()
+    sess = ort.InferenceSession(str(out / "model.onnx"), sess_options=so, providers=["CPUExecutionProvider"])
+    load = time.time() - t
+    load_gb = peak_gb()
+    ids = np.random.default_rng(0).integers(1, 150000, (1, tokens)).astype(np.int64)
+    times = []
+    for _ in range(2):
+        t = time.time()
+        y = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+        times.append(round(time.time() - t, 2))
+    return {"step": "encode", "folder": out.name, "tokens": tokens, "load_s": round(load, 1), "load_peak_gb": round(load_gb, 2),
+            "encode_s": times, "peak_gb": round(peak_gb(), 2), "finite": bool(np.isfinite(y).all()), "shape": list(y.shape)}
+
+
 if __name__ == "__main__":
     step = sys.argv[1]
     if step == "build":
         out = build(sys.argv[2], Path(sys.argv[3]))
+    elif step == "export":
+        out = export(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
+    elif step == "encode":
+        out = encode(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 64)
     else:
         raise SystemExit(__doc__)
     print(json.dumps(out))
