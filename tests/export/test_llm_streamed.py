@@ -63,7 +63,7 @@ def _wide(src: Path, out: Path, kind: str) -> Path:
     shutil.copytree(src, out)
     shutil.rmtree(out / "text_encoder")
     torch.manual_seed(0)
-    text = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+    text = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=512, rope_theta=1e6)
     if kind == "zimage":
         model = transformers.Qwen3Model(transformers.Qwen3Config(head_dim=16, **text))
@@ -73,7 +73,7 @@ def _wide(src: Path, out: Path, kind: str) -> Path:
             text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
             vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
                                fullatt_block_indexes=[0], window_size=16, patch_size=14, temporal_patch_size=2),
-            vocab_size=320, hidden_size=64)
+            vocab_size=512, hidden_size=64)
         model = transformers.Qwen2_5_VLForConditionalGeneration(cfg)
         key = "joint_attention_dim"
     model.save_pretrained(out / "text_encoder")
