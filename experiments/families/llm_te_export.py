@@ -3,6 +3,7 @@
   python experiments/families/llm_te_export.py build qwen3_4b WORK      # WORK/qwen3_4b/text_encoder: random bf16 shards
   python experiments/families/llm_te_export.py export WORK/qwen3_4b WEIGHTS OUT   # int8 | int4 | float: OUT/model.onnx
   python experiments/families/llm_te_export.py encode OUT [TOKENS]      # one text encode in ORT: seconds, peak RSS
+  python experiments/families/llm_te_export.py accuracy WORK/qwen3_4b SCRATCH     # int8/int4 vs fp32 on 2 layers
 
 Each step in its own process, under /usr/bin/time -v for its wall time and peak RSS (see llm_te_export.md).
 """
@@ -118,12 +119,69 @@ def encode(out: Path, tokens: int) -> dict:
             "encode_s": times, "peak_gb": round(peak_gb(), 2), "finite": bool(np.isfinite(y).all()), "shape": list(y.shape)}
 
 
+def _snr_db(ref, got) -> float:
+    import numpy as np
+
+    noise = float(np.square(ref.astype(np.float64) - got).sum())
+    return float("inf") if noise == 0 else round(10 * np.log10(float(np.square(ref, dtype=np.float64).sum()) / noise), 2)
+
+
+def accuracy(folder: Path, scratch: Path, keep: int = 2) -> dict:
+    """int8 / int4 on a cut-down copy (the first `keep` layers at the released width, the full embedding table) vs
+    PyTorch fp32 over the same bf16 weights: max abs and hidden-state SNR; and the embedding table's own SNR per
+    block width (rows drawn at random), which is what chose int8 blocks for it."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from onnxdiffusion.export.gguf_blocks import nbits_to_float
+    from onnxdiffusion.export.llm_streamed import build_encoder, quantize
+    from onnxdiffusion.export.options import ExportOptions
+    from onnxdiffusion.export.safetensors_shards import Shards
+    from onnxdiffusion.export.streamed_float import cut_down
+    from onnxdiffusion.export.validate import export_component
+    from onnxdiffusion.export.wrappers import wrap
+
+    name = folder.name
+    cls_name, cfg, _ = CONFIGS[name]
+    spec = _spec(name)
+    feed = feeds(cfg["vocab_size"], 2, 64, 5)
+    np_feed = {k: v.numpy() for k, v in feed.items()}
+    small, _ = cut_down(build_encoder(folder / "text_encoder", cls_name, "float"), keep)
+    with torch.no_grad():
+        ref = wrap(spec, small).eval()(feed["input_ids"], feed["attention_mask"]).numpy()
+    small = None
+    kept = np_feed["attention_mask"].astype(bool)
+    out = {"step": "accuracy", "model": name, "layers": keep, "tokens": int(kept.sum()), "weights": {}}
+    for weights in ("int8", "int4"):
+        small, _ = cut_down(build_encoder(folder / "text_encoder", cls_name, weights), keep)
+        t = time.time()
+        entry = export_component(spec, wrap(spec, small).eval(), [feed], scratch / weights, ExportOptions())
+        small = None
+        sess = ort.InferenceSession(str(scratch / weights / "model.onnx"), providers=["CPUExecutionProvider"])
+        got = sess.run(None, np_feed)[0]
+        out["weights"][weights] = {
+            "vs_fp32_max_abs": float(np.abs(ref - got)[kept].max()), "ref_max_abs": float(np.abs(ref[kept]).max()),
+            "hidden_snr_db": _snr_db(ref[kept], got[kept]),
+            "vs_own_dequantized_max_abs": entry["validation"]["max_abs_error"], "seconds": round(time.time() - t, 1)}
+        sess = None
+    shards = Shards(folder / "text_encoder")
+    table = next(n for n in shards.entries if n.endswith("embed_tokens.weight"))
+    rows = np.sort(np.random.default_rng(0).choice(cfg["vocab_size"], 2048, replace=False))
+    w = np.stack([shards.read(table, (int(r), int(r) + 1))[0] for r in rows])
+    out["embedding_snr_db"] = {f"int{b}": _snr_db(w, nbits_to_float(quantize(w, b), w.shape)) for b in (8, 4)}
+    out["peak_gb"] = round(peak_gb(), 2)
+    return out
+
+
 if __name__ == "__main__":
     step = sys.argv[1]
     if step == "build":
         out = build(sys.argv[2], Path(sys.argv[3]))
     elif step == "export":
         out = export(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
+    elif step == "accuracy":
+        out = accuracy(Path(sys.argv[2]), Path(sys.argv[3]))
     elif step == "encode":
         out = encode(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 64)
     else:

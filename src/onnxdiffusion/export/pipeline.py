@@ -217,6 +217,16 @@ def _check_controlnets(options: ExportOptions, family: Family, configs: dict) ->
             for name, path in parse_pairs(options.controlnets)]  # a net that borrows the backbone reads it from src
 
 
+def _check_options(options: ExportOptions) -> None:
+    if isinstance(options.opset, bool) or not isinstance(options.opset, int) \
+            or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
+        raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
+    if options.stream_weights not in ("auto", "on", "off"):
+        raise UserError(f"--stream-weights must be auto, on or off, got {options.stream_weights!r}")
+    if options.text_encoder_weights not in ("float", "int8", "int4"):
+        raise UserError(f"--text-encoder-weights must be float, int8 or int4, got {options.text_encoder_weights!r}")
+
+
 def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None,
                     progress: bool = True) -> Manifest:
     """Export every component of a local diffusers pipeline to ONNX, validate it, write a draft.
@@ -227,13 +237,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     """
     options = options or ExportOptions()
     src, out = Path(src), Path(out)
-    if isinstance(options.opset, bool) or not isinstance(options.opset, int) \
-            or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
-        raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
-    if options.stream_weights not in ("auto", "on", "off"):
-        raise UserError(f"--stream-weights must be auto, on or off, got {options.stream_weights!r}")
-    if options.text_encoder_weights not in ("float", "int8", "int4"):
-        raise UserError(f"--text-encoder-weights must be float, int8 or int4, got {options.text_encoder_weights!r}")
+    _check_options(options)
     family, model_index, configs = _check_source(src)
     tiny_names, tiny_cfg = _check_tiny(family, configs, options)
     check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
