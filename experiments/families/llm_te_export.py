@@ -11,6 +11,7 @@ Each step in its own process, under /usr/bin/time -v for its wall time and peak 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -110,13 +111,15 @@ def encode(out: Path, tokens: int) -> dict:
     load = time.time() - t
     load_gb = peak_gb()
     ids = np.random.default_rng(0).integers(1, 150000, (1, tokens)).astype(np.int64)
-    times = []
-    for _ in range(2):
-        t = time.time()
+    times, cpu = [], []
+    for _ in range(3):
+        t, c = time.time(), time.process_time()
         y = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
         times.append(round(time.time() - t, 2))
+        cpu.append(round(time.process_time() - c, 2))
     return {"step": "encode", "folder": out.name, "tokens": tokens, "load_s": round(load, 1), "load_peak_gb": round(load_gb, 2),
-            "encode_s": times, "peak_gb": round(peak_gb(), 2), "finite": bool(np.isfinite(y).all()), "shape": list(y.shape)}
+            "encode_s": times, "encode_cpu_s": cpu,
+            "threads": os.cpu_count(), "peak_gb": round(peak_gb(), 2), "finite": bool(np.isfinite(y).all()), "shape": list(y.shape)}
 
 
 def _snr_db(ref, got) -> float:
