@@ -26,10 +26,12 @@ CONFIGS = {
                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                     tie_word_embeddings=True), {"layers": (-2,), "positions": "arange"}),
-    "qwen25vl_7b": ("Qwen2Model", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-                                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                                       max_position_embeddings=128000, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                                       tie_word_embeddings=False), {"layers": (-1,)}),
+    # the language model of Qwen2_5_VLForConditionalGeneration (Qwen-Image's text encoder); its vision tower and LM
+    # head are not written (the text encoder never reads them)
+    "qwen25vl_7b": ("Qwen2_5_VLForConditionalGeneration", dict(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, max_position_embeddings=128000, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}), {"layers": (-1,)}),
 }
 
 
@@ -45,9 +47,16 @@ def build(name: str, work: Path) -> dict:
 
     cls_name, cfg, _ = CONFIGS[name]
     folder = work / name / "text_encoder"
-    config = getattr(transformers, cls_name.replace("Model", "Config"))(**cfg)
+    if cls_name.startswith("Qwen2_5_VL"):
+        vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                      fullatt_block_indexes=[7, 15, 23, 31])
+        config = transformers.Qwen2_5_VLConfig(text_config=cfg, vision_config=vision, **cfg)
+    else:
+        config = getattr(transformers, cls_name.replace("Model", "Config"))(**cfg)
     with init_empty_weights():
         meta = getattr(transformers, cls_name)(config)
+    meta = getattr(getattr(meta, "model", meta), "language_model", meta)  # the decoder stack only
     config.torch_dtype = "bfloat16"
     config.save_pretrained(folder)
     t = time.time()
@@ -177,6 +186,34 @@ def accuracy(folder: Path, scratch: Path, keep: int = 2) -> dict:
     return out
 
 
+def collect(work: Path, out: Path) -> dict:
+    """Every step's JSON line and /usr/bin/time -v figures from WORK/*.log into one results file (no machine paths)."""
+    import platform
+    import re
+
+    keys = {"Elapsed (wall clock) time (h:mm:ss or m:ss)": "wall", "Maximum resident set size (kbytes)": "max_rss_kb",
+            "User time (seconds)": "user_s", "System time (seconds)": "sys_s"}
+    runs = {}
+    for log in sorted(work.glob("*.log")):
+        text = log.read_text()
+        line = next((ln for ln in text.splitlines() if ln.startswith("{")), None)
+        rec = json.loads(line) if line else {"failed": text.strip().splitlines()[-1:]}
+        for key, short in keys.items():
+            m = re.search(re.escape(key) + r": (\S+)", text)
+            if m:
+                rec[short] = m.group(1)
+        if "max_rss_kb" in rec:
+            rec["max_rss_gb"] = round(int(rec.pop("max_rss_kb")) / 2**20, 2)
+        runs[log.stem] = rec
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    result = {"cpu": cpu, "vcpus": os.cpu_count(), "runs": runs,
+              "commands": "python experiments/families/llm_te_export.py {build,export,encode,accuracy} ... under "
+                          "/usr/bin/time -v, WORK a scratch folder (see llm_te_export.md)"}
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return {"step": "collect", "runs": len(runs)}
+
+
 if __name__ == "__main__":
     step = sys.argv[1]
     if step == "build":
@@ -185,6 +222,8 @@ if __name__ == "__main__":
         out = export(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
     elif step == "accuracy":
         out = accuracy(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif step == "collect":
+        out = collect(Path(sys.argv[2]), Path(sys.argv[3]))
     elif step == "encode":
         out = encode(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 64)
     else:
