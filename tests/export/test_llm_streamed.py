@@ -1,5 +1,6 @@
 """LLM text encoders exported streamed from their shards (export/llm_streamed.py, issue 43): float == the whole-model
-export on tiny Z-Image (Qwen3) and Qwen-Image (Qwen2.5-VL) pipelines, int8 / int4 within a stated distance of float
+export on tiny Z-Image (Qwen3), Qwen-Image (Qwen2.5-VL) and FLUX.2 [klein] (Qwen3ForCausalLM, three layers read)
+pipelines, int8 / int4 within a stated distance of float
 on tiny Qwen3 and Qwen2.5-VL text models wide enough for blocks of 32, the pipelines' images unchanged in float, the
 int8 folder generating through the run time unchanged, the manifest's record, and one-line refusals."""
 
@@ -40,7 +41,7 @@ def _snr_db(ref: np.ndarray, got: np.ndarray) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["zimage", "qwenimage"])
+@pytest.mark.parametrize("kind", ["zimage", "qwenimage", "flux2_klein"])
 def test_streamed_float_is_the_whole_export(request, tmp_path, kind):
     src = request.getfixturevalue(f"tiny_{kind}_diffusers")
     whole = export_pipeline(src, tmp_path / "whole", replace(TE, stream_weights="off"), progress=False)

@@ -224,3 +224,20 @@ def record(entry: dict, weights: str) -> None:
     entry["streamed_weights"] = True
     entry["precision"] = "fp32" if weights == "float" else weights
     entry["weights"] = precision(weights)
+
+
+def cut_copy(module, options: dict, keep: int) -> tuple[object, dict]:
+    """The cut-down copy a streamed encoder validates on: its first `keep` layers (streamed_float.cut_down), or, when
+    the encoder reads several hidden layers (FLUX.2 [klein]: 9, 18, 27), every layer kept with the first `keep`
+    layers' modules repeated in turn, so the reads exist while only `keep` layers' weights are ever loaded."""
+    import copy
+
+    from .streamed_float import cut_down
+
+    if len(options.get("layers", (-1,))) < 2:
+        return cut_down(module, keep)
+    small = copy.deepcopy(module)
+    stack = decoder_stack(small)
+    n = len(stack.layers)
+    stack.layers = torch.nn.ModuleList([stack.layers[i % keep] for i in range(n)])
+    return small, {"layers": f"{n} kept, the first {keep} layers' weights repeated"}
