@@ -106,6 +106,24 @@ def requantize8(w: np.ndarray) -> NBits:
     return NBits((q + 128).astype(np.uint8), scale.reshape(-1), 8, False, snr)
 
 
+def requantize4(w: np.ndarray) -> NBits:
+    """float [N, K] -> symmetric 4-bit blocks of 32 as Q4_0 rounds them (the signed value of largest magnitude is
+    -8 steps, so a block's range uses all 16 levels), fp32 scales, zero point 8 (MatMulNBits' default)."""
+    n, k = w.shape
+    blocks = finite(w, "a weight").reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    idx = np.abs(blocks).argmax(axis=-1)[..., None]
+    peak = np.take_along_axis(blocks, idx, axis=-1)
+    scale = np.where(peak != 0, peak / -8.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(blocks / scale), -8, 7).astype(np.int16)
+    u = (q + 8).astype(np.uint8)
+    packed = u[..., 0::2] | (u[..., 1::2] << 4)
+    err = (q * scale - blocks).astype(np.float64)
+    noise = float(np.square(err).sum())
+    signal = float(np.square(blocks, dtype=np.float64).sum())
+    snr = float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-300) / noise)
+    return NBits(np.ascontiguousarray(packed, dtype=np.uint8), scale.reshape(-1), 4, False, snr)
+
+
 def to_nbits(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> NBits:
     """A quantized 2-D weight [N, K] (K a multiple of 32) as MatMulNBits blocks: exact where the format allows."""
     if len(shape) != 2 or shape[1] % BLOCK:

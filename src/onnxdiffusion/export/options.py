@@ -57,7 +57,13 @@ class ExportOptions:
     # always streamed; the setting says whether it validates on a cut-down copy (streamed_backbone.cut_validation)
     stream_weights: str = option("auto", "auto | on | off: the backbone's Linear weights streamed from its safetensors "
                                          "shards (export bounded by memory; validated on a cut-down copy, as a GGUF "
-                                         "backbone then is); auto above 12 GiB fp32", flags=("--stream-weights",))
+                                         "backbone then is); auto above 12 GiB fp32. LLM text encoders alike",
+                                 flags=("--stream-weights",))
+    # an LLM text encoder's weights (export/llm_streamed.py): float, or int8 / int4 MatMulNBits blocks written from
+    # the shards one layer at a time (streamed whatever --stream-weights says)
+    text_encoder_weights: str = option("float", "float | int8 | int4: an LLM text encoder's (Qwen3, Qwen2.5-VL, ...) "
+                                                "Linear weights, int8/int4 as block-wise MatMulNBits (embedding int8 "
+                                                "blocks), streamed from its shards", flags=("--text-encoder-weights",))
 
 
 @dataclass(frozen=True)

@@ -127,8 +127,14 @@ def _load(src: Path, name: str, class_name: str):
         raise UserError(f"could not load {src / name}: {first}") from None
 
 
-def _load_source(src: Path, name: str, class_name: str, family: Family, options: ExportOptions, reports: dict):
+def _load_source(src: Path, name: str, class_name: str, family: Family, options: ExportOptions, reports: dict,
+                 kind: str = ""):
     """A component's torch module: from the folder, or the backbone from options.gguf (its report kept)."""
+    if kind == "decoder_text_encoder":
+        from . import llm_streamed
+
+        if llm_streamed.wanted(src / name, options):  # an LLM's weights left in its shards (issue 43)
+            return llm_streamed.build_encoder(src / name, class_name, options.text_encoder_weights)
     if options.gguf is None or name != family.backbone:
         from .streamed_float import build_backbone as build_streamed
         from .streamed_float import should_stream
@@ -211,6 +217,16 @@ def _check_controlnets(options: ExportOptions, family: Family, configs: dict) ->
             for name, path in parse_pairs(options.controlnets)]  # a net that borrows the backbone reads it from src
 
 
+def _check_options(options: ExportOptions) -> None:
+    if isinstance(options.opset, bool) or not isinstance(options.opset, int) \
+            or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
+        raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
+    if options.stream_weights not in ("auto", "on", "off"):
+        raise UserError(f"--stream-weights must be auto, on or off, got {options.stream_weights!r}")
+    if options.text_encoder_weights not in ("float", "int8", "int4"):
+        raise UserError(f"--text-encoder-weights must be float, int8 or int4, got {options.text_encoder_weights!r}")
+
+
 def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None,
                     progress: bool = True) -> Manifest:
     """Export every component of a local diffusers pipeline to ONNX, validate it, write a draft.
@@ -221,11 +237,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
     """
     options = options or ExportOptions()
     src, out = Path(src), Path(out)
-    if isinstance(options.opset, bool) or not isinstance(options.opset, int) \
-            or not OPSET_RANGE[0] <= options.opset <= OPSET_RANGE[1]:
-        raise UserError(f"--opset must be in [{OPSET_RANGE[0]}, {OPSET_RANGE[1]}], got {options.opset!r}")
-    if options.stream_weights not in ("auto", "on", "off"):
-        raise UserError(f"--stream-weights must be auto, on or off, got {options.stream_weights!r}")
+    _check_options(options)
     family, model_index, configs = _check_source(src)
     tiny_names, tiny_cfg = _check_tiny(family, configs, options)
     check_output_folder(out, options.overwrite, inputs=(src,))  # before torch is imported (seconds)
@@ -240,6 +252,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
         raise UserError(f"export needs the export extra (pip install 'onnxdiffusion[export]'): {e}") from None
     from tqdm import tqdm
 
+    from . import llm_streamed
     from .attention import DOMAIN_OP, fuse_attention
     from .streamed_backbone import cut_validation, export_streamed
     from .streamed_float import streamed_floats
@@ -270,6 +283,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
             raise UserError(f"cannot skip {bad}: a {family.name} pipeline's optional components here are "
                             f"{[n for n in specs if n not in needed]}")
         specs = {k: v for k, v in specs.items() if k not in options.skip}
+    if options.text_encoder_weights != "float" and not any(s.kind == "decoder_text_encoder" for s in specs.values()):
+        raise UserError(f"--text-encoder-weights {options.text_encoder_weights}: this export has no LLM text encoder")
     fused: dict[str, int] = {}
     gguf_reports: dict[str, dict] = {}
     draft: dict = {
@@ -295,7 +310,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     loaded = module = None  # release the previous source's weights before loading the next
                     heap.settle()
                     module = _load_source(src, spec.source, class_of(model_index, spec.source), family, options,
-                                          gguf_reports)
+                                          gguf_reports, spec.kind)
                     export_lora.fuse(module, spec.source, lora_records)
                     if options.fuse_attention and spec.kind != "text_encoder":
                         fused[spec.source] = fuse_attention(module)
@@ -306,6 +321,7 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                 gen = torch.Generator().manual_seed(0)
                 feed_list = [family_export.export_feeds(family, spec, d, gen, vocab) for d in dims]
                 last_of_source = i + 1 == len(order) or order[i + 1].source != spec.source
+                llm_weights = llm_streamed.streams(module)  # an LLM text encoder left in its shards
 
                 def release() -> None:
                     # the source's last component: drop the torch weights before ONNX Runtime loads the export
@@ -320,6 +336,8 @@ def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | N
                     entry = export_component(spec, wrapped, feed_list, tmp / name, options,
                                              release=release if last_of_source else None)
                 wrapped = None
+                if llm_weights:
+                    llm_streamed.record(entry, options.text_encoder_weights)
                 entry["family"] = family.name
                 _gguf_entry(entry, gguf_reports.get(spec.source))
                 entry["shapes_validated"] = dims

@@ -85,15 +85,21 @@ class Shards:
     def fp32_bytes(self) -> int:
         return 4 * sum(e.numel for e in self.entries.values())
 
-    def read(self, name: str) -> np.ndarray:
-        """The tensor as float32 (bf16 widened exactly)."""
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The tensor as float32 (bf16 widened exactly); `rows` (start, stop): only those of its first axis (an
+        embedding table read a slice at a time)."""
         e = self.entries[name]
-        np_dtype, _ = _DTYPES[e.dtype]
+        np_dtype, size = _DTYPES[e.dtype]
+        shape, offset, count = e.shape, e.offset, e.numel
+        if rows is not None:
+            start, stop = max(0, rows[0]), min(shape[0], rows[1])
+            row = count // shape[0] if shape[0] else 0
+            shape, offset, count = (max(0, stop - start), *shape[1:]), offset + start * row * size, max(0, stop - start) * row
         with open(e.path, "rb") as f:
-            f.seek(e.offset)
-            a = np.fromfile(f, dtype=np_dtype, count=e.numel)
-        if a.size != e.numel:
+            f.seek(offset)
+            a = np.fromfile(f, dtype=np_dtype, count=count)
+        if a.size != count:
             raise UserError(f"{e.path}: tensor {name!r} is cut short")
         if e.dtype == "BF16":  # widened in one pass: a 6B model's weights go through here once each
             a = np.left_shift(a, 16, dtype=np.uint32).view(np.float32)
-        return a.astype(np.float32, copy=False).reshape(e.shape)
+        return a.astype(np.float32, copy=False).reshape(shape)

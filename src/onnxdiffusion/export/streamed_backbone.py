@@ -35,7 +35,9 @@ def export_streamed(spec, module, wrap: Callable, feed_list: list[dict], folder:
     exporter traces (the family's wrapper) and is called on the cut-down copy first, then on the module."""
     check = None
     if options.validate:
-        small, cut = cut_down(module)
+        from .llm_streamed import cut_copy, streams
+
+        small, cut = cut_copy(module, spec.options, CUT_BLOCKS) if streams(module) else cut_down(module)
         with tempfile.TemporaryDirectory(prefix=".cutdown-", dir=folder.parent) as scratch:
             sub = export_component(spec, wrap(small), feed_list, Path(scratch) / spec.name, options)
         small = None

@@ -30,8 +30,12 @@ from ..onnxio.files import point_at_external
 from .safetensors_shards import Shards
 
 OP = "ai.onnxdiffusion.stream::FloatMatMul"
+GATHER_OP = "ai.onnxdiffusion.stream::FloatGather"  # an embedding table left in the shards (export/llm_streamed.py)
 _DOMAIN = OP.split("::")[0]
-_MAGIC = b"ODFLOAT"  # + one byte 0 + the layer's u64 index: a placeholder's 16 bytes (4 float32)
+_PLAIN = {OP.split("::")[1]: "MatMul", GATHER_OP.split("::")[1]: "Gather"}
+_MAGIC = b"ODFLOAT"  # + one flag byte + the layer's u64 index: a placeholder's 16 bytes (4 float32)
+# the flag: 0 a Linear weight [out, in], written transposed (what MatMul takes); 1 a table written as it is
+EMBEDDING_FLAG = 1
 DATA_NAME = "model.onnx_data"
 # a backbone whose fp32 weights pass this is streamed by default (ExportOptions.stream_weights "auto"): the DiTs of
 # 4B and up; SDXL's UNet (10.3 GB) stays below (its resnet lists cannot be cut for the cut-down copy). Below it
@@ -54,14 +58,33 @@ class _FloatMatMul(torch.autograd.Function):
         return y
 
 
+class _FloatGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, table, k: int):
+        return torch.zeros((*ids.shape, k), dtype=torch.float32)  # traced over a placeholder: only the shape matters
+
+    @staticmethod
+    def symbolic(g, ids, table, k: int):
+        y = g.op(GATHER_OP, table, ids)
+        sizes = ids.type().varyingSizes()
+        if sizes is not None:
+            y.setType(ids.type().with_sizes([*sizes, k]).with_dtype(torch.float32))
+        return y
+
+
+def gather_op(ids: torch.Tensor, placeholder: torch.Tensor, k: int) -> torch.Tensor:
+    """A traced Gather of rows of width `k` from a table that a placeholder stands for."""
+    return _FloatGather.apply(ids, placeholder, k)
+
+
 class FloatLinear(torch.nn.Module):
     """nn.Linear's interface over a weight `load()` reads from the shards when needed ([out, in] float32)."""
 
     def __init__(self, load: Callable[[], np.ndarray], index: int, out_features: int, in_features: int,
-                 bias: torch.Tensor | None):
+                 bias: torch.Tensor | None, flag: int = 0):
         super().__init__()
         self.in_features, self.out_features, self.index, self.load = in_features, out_features, index, load
-        raw = _MAGIC + b"\0" + struct.pack("<Q", index)
+        raw = _MAGIC + bytes([flag]) + struct.pack("<Q", index)
         self.register_buffer("placeholder", torch.from_numpy(np.frombuffer(raw, np.uint8).copy().view(np.float32)))
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
@@ -160,16 +183,19 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], np.ndarray]]
     model_path = Path(model_path)
     consolidate(model_path, DATA_NAME)  # the exporter's own external files (a > 2 GB graph) into one, first
     model = onnx.load(str(model_path), load_external_data=False)
-    slots = {}
+    slots, tables = {}, set()
     for init in model.graph.initializer:
         raw = init.raw_data
         if len(raw) == len(_MAGIC) + 9 and raw.startswith(_MAGIC):
             slots[struct.unpack("<Q", raw[-8:])[0]] = init
+            if raw[len(_MAGIC)] == EMBEDDING_FLAG:
+                tables.add(struct.unpack("<Q", raw[-8:])[0])
     data = model_path.parent / DATA_NAME
     with open(data, "ab") as out:
         offset = out.tell()
         for index, init in sorted(slots.items()):
-            w = np.ascontiguousarray(layers[index]().T)
+            w = layers[index]()
+            w = np.ascontiguousarray(w if index in tables else w.T)
             pad = (-offset) % 4096
             out.write(b"\0" * pad)
             offset += pad
@@ -181,7 +207,7 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], np.ndarray]]
             del w
     for node in model.graph.node:
         if node.domain == _DOMAIN:
-            node.domain, node.op_type = "", "MatMul"
+            node.domain, node.op_type = "", _PLAIN[node.op_type]
             del node.attribute[:]
     kept = [o for o in model.opset_import if o.domain != _DOMAIN]
     del model.opset_import[:]

@@ -170,7 +170,7 @@ _ENTRY_FIELDS = {
     "lora": OBJECT, "validation": OBJECT, "quantized_from": OBJECT,
     "kind": STRING, "family": STRING, "precision": STRING, "requires_provider": STRING, "form": STRING,
     "bytes": COUNT, "steps": COUNT, "scaling_factor": NUMBER, "shift_factor": NUMBER, "controlnets": NAMES,
-    "fallback": OBJECT,
+    "fallback": OBJECT, "weights": OBJECT,
 }
 
 
