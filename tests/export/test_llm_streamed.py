@@ -43,17 +43,18 @@ def _snr_db(ref: np.ndarray, got: np.ndarray) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["zimage", "qwenimage", "flux2_klein"])
 def test_streamed_float_is_the_whole_export(request, tmp_path, kind):
+    """The session's folder (stream_weights "auto": whole at the tiny sizes) vs the encoder exported streamed."""
     src = request.getfixturevalue(f"tiny_{kind}_diffusers")
-    whole = export_pipeline(src, tmp_path / "whole", replace(TE, stream_weights="off"), progress=False)
+    whole_folder = request.getfixturevalue(f"tiny_{kind}_onnx")
     streamed = export_pipeline(src, tmp_path / "streamed", replace(TE, stream_weights="on"), progress=False)
-    assert "streamed_weights" not in whole.to_dict()["components"]["text_encoder"]
+    assert "streamed_weights" not in json.loads((whole_folder / "manifest.json").read_text())["components"]["text_encoder"]
     entry = streamed.to_dict()["components"]["text_encoder"]
     assert entry["streamed_weights"] is True and entry["precision"] == "fp32"
     assert entry["weights"] == {"linear": "fp32", "embedding": "fp32"}
     assert entry["validation"]["scope"].startswith("cut-down copy")
     model = onnx.load(str(tmp_path / "streamed" / "text_encoder" / "model.onnx"), load_external_data=False)
     assert {n.domain for n in model.graph.node} <= {"", "com.microsoft"}
-    ref, got = _encode(tmp_path / "whole", 300), _encode(tmp_path / "streamed", 300)
+    ref, got = _encode(whole_folder, 300), _encode(tmp_path / "streamed", 300)
     assert np.abs(ref - got).max() <= 1e-6 * max(1.0, float(np.abs(ref).max()))
 
 
