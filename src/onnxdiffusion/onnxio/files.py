@@ -238,12 +238,17 @@ def array(model: onnx.ModelProto, tensor: TensorProto) -> np.ndarray:
     return numpy_helper.to_array(tensor)
 
 
-def tensor_array(tensor: TensorProto, folder: Path) -> np.ndarray:
-    """An external tensor's values read from `folder` (the tensor itself left a reference)."""
+def read_tensor(tensor: TensorProto, folder: Path) -> TensorProto:
+    """A copy of `tensor` with its external bytes read in from `folder` (the tensor itself left a reference)."""
     one = TensorProto()
     one.CopyFrom(tensor)
     _read_external([one], folder)
-    return numpy_helper.to_array(one)
+    return one
+
+
+def tensor_array(tensor: TensorProto, folder: Path) -> np.ndarray:
+    """An external tensor's values read from `folder` (the tensor itself left a reference)."""
+    return numpy_helper.to_array(read_tensor(tensor, folder))
 
 
 def weights_copy(model: onnx.ModelProto) -> onnx.ModelProto:

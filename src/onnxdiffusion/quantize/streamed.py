@@ -26,7 +26,8 @@ import onnx
 from onnx import TensorProto
 
 from ..folder import tempfiles
-from ..onnxio.files import DATA_DIR_KEY, SPILL_PREFIX, all_graphs, copy, data_dir, infer_shapes, point_at_external, tensor_array
+from ..onnxio.files import (DATA_DIR_KEY, SPILL_PREFIX, all_graphs, copy, data_dir, infer_shapes, point_at_external,
+                            read_tensor, tensor_array)
 
 SPILL_NAME = "weights.bin"
 SPILL_FROM = 1024  # bytes: what files.write_external would move out of the graph anyway
@@ -127,7 +128,7 @@ def finish(result: onnx.ModelProto, spill: Spill, source: Path) -> onnx.ModelPro
     for g in all_graphs(result.graph):
         for t in g.initializer:
             if t.data_location == TensorProto.EXTERNAL and _location(t) != SPILL_NAME:
-                spill.put(t, _read_bytes(t, source))
+                spill.put(t, read_tensor(t, source).raw_data)
     spill.close()
     kept = [p for p in result.metadata_props if p.key != DATA_DIR_KEY]
     del result.metadata_props[:]
@@ -143,17 +144,6 @@ def spill_folders(models) -> list[Path]:
 
 def _location(t: TensorProto) -> str | None:
     return next((e.value for e in t.external_data if e.key == "location"), None)
-
-
-def _read_bytes(t: TensorProto, folder: Path) -> bytes:
-    one = TensorProto()
-    one.CopyFrom(t)
-    holder = onnx.ModelProto()
-    holder.graph.initializer.append(one)
-    from ..onnxio.files import read_external_data
-
-    read_external_data(holder, folder)
-    return holder.graph.initializer[0].raw_data
 
 
 def dynamic_quantize(model: onnx.ModelProto, nodes, op_types, weight_type, per_channel: bool) -> onnx.ModelProto:
