@@ -8,6 +8,7 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+from ..onnxio.aligned import AlignedData
 from ..onnxio.files import write
 
 
@@ -19,19 +20,6 @@ def _external_tensors(model: onnx.ModelProto):
         for attr in node.attribute:
             if attr.HasField("t") and uses_external_data(attr.t):
                 yield attr.t
-
-
-def _point_to(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
-    """Rewrite an external tensor's location entries in place.
-
-    (onnx's `set_external_data` refuses tensors without `raw_data`, and tensors loaded with
-    `load_external_data=False` never have it.)
-    """
-    del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
 
 
 def consolidate(model_path: Path, data_name: str = "model.onnx_data") -> None:
@@ -52,8 +40,8 @@ def consolidate(model_path: Path, data_name: str = "model.onnx_data") -> None:
     target = folder / data_name
     tmp = folder / (data_name + ".tmp")
     old_files: set[Path] = set()
-    offset = 0
     with open(tmp, "wb") as out:
+        aligned = AlignedData(out, data_name)
         for t in tensors:
             info = ExternalDataInfo(t)
             src = (folder / info.location).resolve()
@@ -63,13 +51,7 @@ def consolidate(model_path: Path, data_name: str = "model.onnx_data") -> None:
             with open(src, "rb") as f:
                 if info.offset:
                     f.seek(info.offset)
-                data = f.read(info.length) if info.length else f.read()
-            pad = (-offset) % 4096  # page-aligned so ORT can mmap
-            out.write(b"\0" * pad)
-            offset += pad
-            out.write(data)
-            _point_to(t, data_name, offset, len(data))
-            offset += len(data)
+                aligned.put(t, f.read(info.length) if info.length else f.read())
     model_tmp = folder / (model_path.name + ".tmp")
     write(model, model_tmp)
     for f in old_files:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..onnxio.files import point_at_external
+from ..onnxio.aligned import AlignedData
 from .gguf_blocks import BLOCK, NBits
 
 DOMAIN_OP = "com.microsoft::MatMulNBits"
@@ -114,19 +114,13 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], NBits]]) -> 
         layers = {i: f for i, f in layers.items() if i in slots}
     data = model_path.parent / DATA_NAME
     with open(data, "ab") as out:
-        offset = out.tell()
+        aligned = AlignedData(out, DATA_NAME)
         for index, (b_init, s_init) in sorted(slots.items()):
             nb = layers[index]()
             for init, array in ((b_init, nb.b), (s_init, nb.scales)):
-                pad = (-offset) % 4096
-                out.write(b"\0" * pad)
-                offset += pad
-                blob = np.ascontiguousarray(array).tobytes()
-                out.write(blob)
-                point_at_external(init, DATA_NAME, offset, len(blob))
+                aligned.put(init, np.ascontiguousarray(array))
                 init.ClearField("dims")
                 init.dims.extend(array.shape)
-                offset += len(blob)
             del nb
     tmp = model_path.with_name(model_path.name + ".tmp")
     write(model, tmp)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..onnxio.files import point_at_external
+from ..onnxio.aligned import AlignedData
 from .safetensors_shards import Shards
 
 OP = "ai.onnxdiffusion.stream::FloatMatMul"
@@ -192,18 +192,13 @@ def write_streamed(model_path: Path, layers: dict[int, Callable[[], np.ndarray]]
                 tables.add(struct.unpack("<Q", raw[-8:])[0])
     data = model_path.parent / DATA_NAME
     with open(data, "ab") as out:
-        offset = out.tell()
+        aligned = AlignedData(out, DATA_NAME)
         for index, init in sorted(slots.items()):
             w = layers[index]()
             w = np.ascontiguousarray(w if index in tables else w.T)
-            pad = (-offset) % 4096
-            out.write(b"\0" * pad)
-            offset += pad
-            out.write(memoryview(w).cast("B"))  # no bytes copy of the layer
-            point_at_external(init, DATA_NAME, offset, w.nbytes)
+            aligned.put(init, w)  # no bytes copy of the layer
             init.ClearField("dims")
             init.dims.extend(w.shape)
-            offset += w.nbytes
             del w
     for node in model.graph.node:
         if node.domain == _DOMAIN:

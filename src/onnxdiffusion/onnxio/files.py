@@ -26,6 +26,7 @@ from onnx import TensorProto, numpy_helper
 
 from ..errors import UserError
 from . import fp16_storage
+from .aligned import AlignedData
 from .graph_order import subgraphs
 
 DATA_DIR_KEY = "onnxdiffusion.external_data_dir"
@@ -36,16 +37,6 @@ TWO_GB = 1 << 31
 INLINE_MAX = TWO_GB - (64 << 20)
 INLINE_LIMIT = 1 << 30  # serialize in memory below this; larger models go through a temp file
 SPILL_PREFIX = "onnxdiffusion-spill-"  # temporary folders holding a streamed quantize's weights
-
-
-def point_at_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
-    """Make an initializer read its bytes from `location` (beside the model) at `offset`, dropping any inline copy."""
-    tensor.ClearField("raw_data")
-    del tensor.external_data[:]
-    tensor.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
 
 
 def limit() -> int:
@@ -357,9 +348,10 @@ def _save_skeleton(model: onnx.ModelProto, path: Path, keep: bool) -> list[str]:
     folder, location = data_dir(model), path.name + "_data"
     work = model if not keep else copy(model)
     _drop_key(work)
-    offset, handles = 0, {}
+    handles = {}
     try:
         with open(path.parent / location, "wb") as out:
+            data = AlignedData(out, location)
             for g in all_graphs(work.graph):
                 for t in g.initializer:
                     if t.data_location != TensorProto.EXTERNAL:
@@ -368,19 +360,9 @@ def _save_skeleton(model: onnx.ModelProto, path: Path, keep: bool) -> list[str]:
                     loc = info["location"]
                     if loc not in handles:
                         handles[loc] = open(confined(folder, loc, f"external data of tensor {t.name!r}"), "rb")
-                    src, n = handles[loc], int(info["length"])
+                    src = handles[loc]
                     src.seek(int(info.get("offset", 0)))
-                    pad = (-offset) % 4096
-                    out.write(b"\0" * pad)
-                    offset += pad
-                    point_at_external(t, location, offset, n)
-                    while n > 0:  # in pieces: one full-size weight is up to a few hundred MB
-                        chunk = src.read(min(n, 64 << 20))
-                        if not chunk:
-                            raise UserError(f"external data of tensor {t.name!r} is truncated ({loc})")
-                        out.write(chunk)
-                        n -= len(chunk)
-                        offset += len(chunk)
+                    data.copy(t, src, int(info["length"]), f"external data of tensor {t.name!r} ({loc})")
     finally:
         for f in handles.values():
             f.close()

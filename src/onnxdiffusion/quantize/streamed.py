@@ -26,7 +26,8 @@ import onnx
 from onnx import TensorProto
 
 from ..folder import tempfiles
-from ..onnxio.files import (DATA_DIR_KEY, SPILL_PREFIX, all_graphs, copy, data_dir, infer_shapes, point_at_external,
+from ..onnxio.aligned import AlignedData
+from ..onnxio.files import (DATA_DIR_KEY, SPILL_PREFIX, all_graphs, copy, data_dir, infer_shapes,
                             read_tensor, tensor_array)
 
 SPILL_NAME = "weights.bin"
@@ -40,15 +41,10 @@ class Spill:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.file = open(self.folder / SPILL_NAME, "wb")
-        self.offset = 0
+        self.data = AlignedData(self.file, SPILL_NAME)
 
     def put(self, tensor: TensorProto, data: bytes) -> None:
-        pad = (-self.offset) % 4096
-        self.file.write(b"\0" * pad)
-        self.offset += pad
-        self.file.write(data)
-        point_at_external(tensor, SPILL_NAME, self.offset, len(data))
-        self.offset += len(data)
+        self.data.put(tensor, data)
 
     def take(self, tensor: TensorProto) -> TensorProto:
         """`tensor` with its bytes moved here when they are over SPILL_FROM (raw_data only: what ORT writes)."""

@@ -7,6 +7,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..loopgraph.builder import rename_outer_refs
+from ..onnxio.group_names import branch_node_name, branch_tag, switch_name
 from .graphs import tensor_key, toposort
 
 BACKBONE_INPUTS = ("sample", "timestep", "encoder_hidden_states")
@@ -78,7 +79,7 @@ def _switch_chain(branches: list[onnx.GraphProto], output: str, inits: list) -> 
         passthrough = helper.make_graph([helper.make_node("Identity", [prev], [f"groups/pass{j}"], name=f"groups/pass{j}")],
                                         f"groups_pass{j}", [],
                                         [helper.make_tensor_value_info(f"groups/pass{j}", TensorProto.FLOAT, None)])
-        nodes.append(helper.make_node("If", [sel[j]], [out], name=f"groups/if{j}", then_branch=branches[j],
+        nodes.append(helper.make_node("If", [sel[j]], [out], name=switch_name(j), then_branch=branches[j],
                                       else_branch=passthrough))
         prev = out
     return nodes
@@ -98,7 +99,7 @@ def _branch(model: onnx.ModelProto, j: int, shared: set[str], io: dict[str, str]
 
     def local(x: str) -> str:
         if x not in names:
-            names[x] = f"g{j}/{len(names)}"
+            names[x] = f"{branch_tag(j)}/{len(names)}"
         return names[x]
 
     for t in local_inits:
@@ -124,7 +125,7 @@ def _branch(model: onnx.ModelProto, j: int, shared: set[str], io: dict[str, str]
         new.input.extend(rename(x) for x in n.input)
         new.output.extend(rename(x) for x in n.output)
         # the module path stays in the name (behind the group's prefix): step caching cuts each branch by it
-        new.name = f"g{j}{n.name}" if n.name.startswith("/") else f"g{j}/n{i}"
+        new.name = branch_node_name(j, n.name, i)
         new.doc_string = ""
         rename_outer_refs(new, rename)
         nodes.append(new)

@@ -14,23 +14,21 @@ exact).
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..onnxio.group_names import branch_tag, switch_index
 from .backbone_split import _ZP_INPUT as _ZP  # output zero point's input index (its scale is the one before)
 from .backbone_split import SplitGraphs, split
 
-_IF = re.compile(r"^groups/if(\d+)$")
 LOCAL = "grp/"  # a branch's local names, the same in every group
 
 
 def switches(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The group switches of a timestep-grouped backbone, in order (none: a plain backbone)."""
-    ifs = [n for n in model.graph.node if n.op_type == "If" and _IF.match(n.name)]
-    return sorted(ifs, key=lambda n: int(_IF.match(n.name).group(1)))
+    ifs = [n for n in model.graph.node if n.op_type == "If" and switch_index(n.name) is not None]
+    return sorted(ifs, key=lambda n: switch_index(n.name))
 
 
 def _then(node: onnx.NodeProto) -> onnx.GraphProto:
@@ -39,7 +37,7 @@ def _then(node: onnx.NodeProto) -> onnx.GraphProto:
 
 def _node_name(name: str, j: int) -> str:
     """g{j}/model/... (a node's module path) -> /model/...; g{j}/nI (an unnamed node, I its place) -> grp/nI."""
-    tag = f"g{j}"
+    tag = branch_tag(j)
     rest = name[len(tag):] if name.startswith(tag + "/") else "/" + name
     return rest if rest.startswith("/model/") else LOCAL + rest[1:]
 
