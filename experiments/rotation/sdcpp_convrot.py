@@ -14,10 +14,12 @@ sdcpp_convrot/ggml_linear.c built against it.
 Rows, each on the same x and W (seeded): sd.cpp f32 / f16 / q8_0 (ggml_mul_mat) and int8 ConvRot, the
 ConvRot quantize op alone; ours (ONNX Runtime) fp32, static W8A8 (per-tensor activation scale from this very
 x: the best a calibration can do), rotated static W8A8 (`rotate=hadamard:256`), rotated per-token dynamic
-(`rotate=hadamard:256 -O activations=dynamic-token`: the peer's arithmetic in plain ONNX). Quality = output
+(`rotate=hadamard:256 -O activations=dynamic-token`: the peer's arithmetic in plain ONNX) and with a per-token
+zero point (`activations=dynamic-token-asym`, the docs' choice). Quality = output
 SQNR in dB against the float64 product; time = median over `--rounds` interleaved rounds (each sd.cpp row a
 fresh process, 3 calls, the first dropped; each ORT row one session, 1 warm-up call). Resumable: WORK keeps
-the data files and rounds.jsonl (a rerun adds rounds until `--rounds` are there per row).
+the data files and rounds.jsonl (a rerun adds rounds until `--rounds` are there per thread count; a row added
+later has its median over the rounds that timed it).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from onnxdiffusion.quantize.rotation import rotate_activation, rotate_linears  #
 F = TensorProto.FLOAT
 GROUP = 256
 SDCPP_ROWS = ("sdcpp-f32", "sdcpp-f16", "sdcpp-q8_0", "sdcpp-int8-convrot", "sdcpp-convrot-quantize-op")
-OURS_ROWS = ("ours-fp32", "ours-w8a8-static", "ours-w8a8-static-rot256", "ours-w8a8-dyntoken-rot256")
+OURS_ROWS = ("ours-fp32", "ours-w8a8-static", "ours-w8a8-static-rot256", "ours-w8a8-dyntoken-rot256",
+             "ours-w8a8-dyntoken-asym-rot256")
 
 
 def sd_hadamard(order: int) -> np.ndarray:
@@ -125,7 +128,8 @@ def ours(w: np.ndarray, x: np.ndarray) -> dict:
     return {"ours-fp32": fp32,
             "ours-w8a8-static": with_static(fp32, float(np.abs(x).max())),
             "ours-w8a8-static-rot256": with_static(rot, float(np.abs(rotate_activation(x, GROUP)).max())),
-            "ours-w8a8-dyntoken-rot256": dynamic_token_linears(rot, ["lin"])[0]}
+            "ours-w8a8-dyntoken-rot256": dynamic_token_linears(rot, ["lin"])[0],
+            "ours-w8a8-dyntoken-asym-rot256": dynamic_token_linears(rot, ["lin"], zero_point=True)[0]}
 
 
 def doc_emulation(x: np.ndarray, d: Path, n: int) -> np.ndarray:
@@ -154,12 +158,11 @@ def run_sdcpp(binary: str, row: str, d: Path, shape, threads: int) -> list[float
     return json.loads(out.strip().splitlines()[-1])["ms"][1:]
 
 
-def sizes(k: int, n: int) -> dict:
-    """Weight bytes of the linear (what a checkpoint holds for it)."""
+def sizes(k: int, n: int, onnx_bytes: dict) -> dict:
+    """Bytes of the linear: sd.cpp's weight tensors as its file holds them (f32 / f16 / q8_0 blocks of 32 with an
+    f16 scale / int8 + one f32 scale per row), ours the serialized ONNX model (weights, scales, rotation constant)."""
     return {"sdcpp-f32": 4 * k * n, "sdcpp-f16": 2 * k * n, "sdcpp-q8_0": k * n // 32 * 34,
-            "sdcpp-int8-convrot": k * n + 4 * n, "ours-fp32": 4 * k * n, "ours-w8a8-static": k * n + 5 * n,
-            "ours-w8a8-static-rot256": k * n + 5 * n + 4 * GROUP * GROUP,
-            "ours-w8a8-dyntoken-rot256": k * n + 4 * n + 4 * GROUP * GROUP}
+            "sdcpp-int8-convrot": k * n + 4 * n, **onnx_bytes}
 
 
 def main() -> int:
@@ -177,7 +180,7 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     log = args.work / "rounds.jsonl"
     done = [json.loads(s) for s in log.read_text().splitlines()] if log.exists() else []
-    quality = {}
+    quality, onnx_bytes = {}, {}
     for acts in args.acts.split(","):
         d = prepare(args.work, acts, *shape)
         x, w = np.load(d / "x.npy"), np.load(d / "w.npy")
@@ -188,6 +191,7 @@ def main() -> int:
             v = {"f32": "f32", "f16": "f16", "q8_0": "q8_0", "int8-convrot": "i8convrot"}[row[6:]]
             q[row] = np.fromfile(d / f"y_{v}.f32", np.float32).reshape(args.tokens, args.n)
         for name, m in ours(w, x).items():
+            onnx_bytes[name] = m.ByteSize()
             s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
             q[name] = s.run(None, {"x": x})[0]
         quality[acts] = {k: round(sqnr(ref, y), 2) for k, y in q.items()}
@@ -222,12 +226,14 @@ def main() -> int:
     speed = {}
     for threads in map(int, args.threads.split(",")):
         rs = [r for r in done if r["threads"] == threads and r["shape"] == list(shape)]
-        med = {k: float(np.median([r["ms"][k] for r in rs])) for k in rs[0]["ms"]}
-        speed[str(threads)] = {"rounds": len(rs), "median_ms": {k: round(v, 1) for k, v in med.items()},
+        rows = [k for k in SDCPP_ROWS + OURS_ROWS if any(k in r["ms"] for r in rs)]
+        med = {k: float(np.median([r["ms"][k] for r in rs if k in r["ms"]])) for k in rows}
+        speed[str(threads)] = {"rounds": {k: sum(1 for r in rs if k in r["ms"]) for k in rows},
+                               "median_ms": {k: round(v, 1) for k, v in med.items()},
                                "vs_sdcpp_f32": {k: round(v / med["sdcpp-f32"], 3) for k, v in med.items()},
                                "vs_ours_fp32": {k: round(v / med["ours-fp32"], 3) for k, v in med.items()}}
     out = {"shape": {"tokens": args.tokens, "k": args.k, "n": args.n}, "group": GROUP,
-           "output_sqnr_db": quality, "speed": speed, "weight_bytes": sizes(args.k, args.n),
+           "output_sqnr_db": quality, "speed": speed, "bytes": sizes(args.k, args.n, onnx_bytes),
            "cpu": subprocess.run(["bash", "-c", "lscpu | grep 'Model name' | sed 's/.*: *//'"],
                                  capture_output=True, text=True).stdout.strip()}
     (args.work / "result.json").write_text(json.dumps(out, indent=1))
