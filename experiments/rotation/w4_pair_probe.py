@@ -15,7 +15,8 @@ batch 1: the per-pair PSNR of the 128-pair run). A variant is WEIGHTS:ACTIVATION
   codes) | centred (the per-token midpoint (max + min) / 2 subtracted, then blocksym, the midpoint's share added back
   exactly) | blockcent (each 32-block's own midpoint subtracted, then blocksym).
 --leave-one act|weight: the first variant again with each linear alone given float activations (or float weights):
-the linears whose float twin lifts the pair most set it. --per-step: the pair's latent PSNR vs fp32 after every step.
+the linears whose float twin lifts the pair most set it. Environment: BS (32) the block size of weights and
+activations; ACT_ORDER=1 GPTQ in act order.
 Prints and appends one JSON line per pair and variant to WORK/w4_pairs.jsonl.
 """
 
@@ -42,6 +43,8 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from w4_weight_probe import gptq_act  # noqa: E402  (sets its own env defaults, as this script does)
 from quantize_eval import RANKED_8BIT, generate, model_settings  # noqa: E402
 
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
@@ -54,7 +57,8 @@ from onnxdiffusion.quantize.rotation import rotate_linears  # noqa: E402
 from onnxdiffusion.quantize.static_plan import _infer  # noqa: E402
 
 REL = "transformer/model.onnx"
-BS = 32
+BS = int(os.environ.get("BS", "32"))  # the 4-bit blocks and MatMulNBits' activation blocks
+ACT_ORDER = os.environ.get("ACT_ORDER") == "1"  # GPTQ in descending diag-H order, static groups (w4_weight_probe's gptq_act)
 
 
 def rotated_base(src: Path) -> tuple[onnx.ModelProto, list[str]]:
@@ -99,18 +103,34 @@ def minmax8(w: np.ndarray, bs: int) -> np.ndarray:
 
 
 def weight_sets(base, names, hessians, work: Path, gptq_steps: int) -> dict[str, dict[str, np.ndarray]]:
-    cached = work / f"deq_w4_h{gptq_steps}.pkl"
+    cached = work / f"deq_w4_h{gptq_steps}_b{BS}{'_act' if ACT_ORDER else ''}.pkl"
     inits = initializer_map(base)
     nodes = {n.name: n for n in base.graph.node}
     w = {n: numpy_helper.to_array(inits[nodes[n].input[1]]) for n in names}
     if cached.exists():
         w4 = pickle.loads(cached.read_bytes())
     else:
-        w4 = {n: dequantized(*gptq_blocks(w[n], hessians[nodes[n].input[0]], BS, False), BS) for n in names}
+        w4 = {n: dequantized(*gptq_blocks(w[n], hessians[nodes[n].input[0]], BS, False), BS) for n in names} if not ACT_ORDER \
+            else {n: gptq_act(w[n], hessians[nodes[n].input[0]], BS) for n in names}
         cached.write_bytes(pickle.dumps(w4))
+    w4 = {n: v.astype(np.float32) for n, v in w4.items()}
     w8 = {n: minmax8(w[n], BS) for n in names}
     top = set(RANKED_8BIT[:36])
-    return {"w4": w4, "w8": w8, "top36": {n: (w8[n] if n in top else w4[n]) for n in names}}
+    return {"float": w, "w4": w4, "w8": w8, "top36": {n: (w8[n] if n in top else w4[n]) for n in names}}
+
+
+def with_8bit(sets: dict, spec: str) -> dict:
+    """BASE[+GROUP-or-substring...]: BASE's weights with the linears of each group (w4_weight_probe's GROUPS) or
+    whose name holds the substring 8-bit."""
+    from w4_weight_probe import GROUPS
+
+    spec, _, alpha = spec.partition("@")  # @ALPHA: the weights' error scaled by ALPHA (W + ALPHA (Q - W))
+    first, *more = spec.split("+")
+    subs = [x for g in more for x in (GROUPS.get(g) or (g,))]
+    out = {n: (sets["w8"][n] if any(x in n for x in subs) else w) for n, w in sets[first].items()}
+    if alpha:
+        out = {n: (sets["float"][n] + float(alpha) * (q - sets["float"][n])).astype(np.float32) for n, q in out.items()}
+    return out
 
 
 def _const(name: str, value) -> onnx.NodeProto:
@@ -180,7 +200,10 @@ def fake_act(x: str, mode: str, bs: int = BS) -> tuple[list[onnx.NodeProto], str
     raise SystemExit(f"unknown activation mode {mode}")
 
 
-def build(base: onnx.ModelProto, names: list[str], weights: dict | None, act: str, float_act=(), float_w=()) -> onnx.ModelProto:
+def build(base: onnx.ModelProto, names: list[str], weights: dict | None, act: str, float_act=(), float_w=(),
+          bias: dict | None = None) -> onnx.ModelProto:
+    """`base` with `names`' weights replaced (but float_w's), their inputs fake-quantized by `act` (but float_act's)
+    and, with `bias`, each quantized linear's mean output error (name -> E[x] (W - Q)) subtracted after it."""
     m = onnx.ModelProto()
     m.CopyFrom(base)
     del m.graph.value_info[:]
@@ -190,21 +213,51 @@ def build(base: onnx.ModelProto, names: list[str], weights: dict | None, act: st
         for t in m.graph.initializer:
             if t.name in by_init:
                 t.CopyFrom(numpy_helper.from_array(by_init[t.name], t.name))
-    if act == "float":
-        return m
     done: dict[str, str] = {}
     out = []
     for n in m.graph.node:
-        if n.name in set(names) and n.name not in set(float_act):
+        if act != "float" and n.name in set(names) and n.name not in set(float_act):
             x = n.input[0]
             if x not in done:
                 extra, done[x] = fake_act(x, act)
                 out += extra
             n.input[0] = done[x]
         out.append(n)
+        if bias and n.name in bias and n.name not in set(float_w):
+            y = n.output[0]
+            n.output[0] = y + "/uncorrected"
+            out += [_const(y + "/bc", -bias[n.name]), helper.make_node("Add", [y + "/uncorrected", y + "/bc"], [y])]
     del m.graph.node[:]
     m.graph.node.extend(out)
     return m
+
+
+def input_means(base, names, calib, steps) -> dict[str, np.ndarray]:
+    from onnxdiffusion.quantize.graphs import with_outputs
+    from onnxdiffusion.quantize.runner import session
+
+    nodes = {n.name: n for n in base.graph.node}
+    tensors = sorted({nodes[n].input[0] for n in names})
+    sess = session(with_outputs(base, tensors, only=True), 1)
+    sums, count = {}, dict.fromkeys(tensors, 0)
+    for _, feed in calib.feeds(steps):
+        for t, x in zip(tensors, sess.run(tensors, feed)):
+            x = x.reshape(-1, x.shape[-1]).astype(np.float64)
+            sums[t] = sums.get(t, 0) + x.sum(0)
+            count[t] += len(x)
+    return {t: sums[t] / count[t] for t in tensors}
+
+
+def hessians_at(base, names, calib, args) -> tuple[dict, str]:
+    """The inputs' Hessians at --gptq-steps spread steps, or at the --hessian-steps listed (0 = the noisiest)."""
+    steps = [int(x) for x in args.hessian_steps.split(",")] if args.hessian_steps else calib.spread_steps(args.gptq_steps)
+    tag = ("s" + "_".join(map(str, steps))) if args.hessian_steps else str(args.gptq_steps)
+    hcache = args.work / f"hessians_{tag}.pkl"
+    if hcache.exists():
+        return pickle.loads(hcache.read_bytes()), tag
+    hessians = input_hessians(base, names, calib, steps)
+    hcache.write_bytes(pickle.dumps(hessians))
+    return hessians, tag
 
 
 def main() -> int:
@@ -214,19 +267,17 @@ def main() -> int:
     ap.add_argument("--model", default=str(ROOT / "models" / "shapes-mmdit-onnx"))
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--gptq-steps", type=int, default=8)
+    ap.add_argument("--hessian-steps", default="", help="comma-separated calibration step indices (0: the noisiest)")
+    ap.add_argument("--bias-correct", default="", help="each 4-/8-bit linear's mean output error E[x] (W - Q) subtracted, "
+                    "E[x] over these calibration steps ('all' or indices)")
     ap.add_argument("--leave-one", choices=("act", "weight"))
     args = ap.parse_args()
     src, settings = model_settings(args.model)
     args.work.mkdir(parents=True, exist_ok=True)
     base, names = rotated_base(src)
     calib = calibration(src, settings, args.work)
-    hcache = args.work / f"hessians_{args.gptq_steps}.pkl"
-    if hcache.exists():
-        hessians = pickle.loads(hcache.read_bytes())
-    else:
-        hessians = input_hessians(base, names, calib, calib.spread_steps(args.gptq_steps))
-        hcache.write_bytes(pickle.dumps(hessians))
-    sets = weight_sets(base, names, hessians, args.work, args.gptq_steps)
+    hessians, tag = hessians_at(base, names, calib, args)
+    sets = weight_sets(base, names, hessians, args.work, tag)
     out = args.work / "pair_probe_folder"
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(src, out)
@@ -246,14 +297,23 @@ def main() -> int:
             f.write(json.dumps(res) + "\n")
 
     fp32 = load_backbone(src / REL)
+    inits, nodes = initializer_map(base), {n.name: n for n in base.graph.node}
+    if args.bias_correct:
+        bsteps = list(range(calib.num_steps)) if args.bias_correct == "all" else [int(x) for x in args.bias_correct.split(",")]
+        means = input_means(base, names, calib, bsteps)
     for pair in args.pairs:
         ref = image(fp32, pair)
         for variant in args.variants.split(","):
             wname, act = variant.split(":")
-            weights = None if wname == "float" else sets[wname]
+            weights = None if wname == "float" else with_8bit(sets, wname)
+            bias = None
+            if args.bias_correct and weights is not None:
+                w = {n: numpy_helper.to_array(inits[nodes[n].input[1]]) for n in names}
+                bias = {n: (means[nodes[n].input[0]] @ (weights[n] - w[n])).astype(np.float32) for n in names}
             t0 = time.time()
-            res = {"pair": pair, "variant": variant, "gptq_steps": args.gptq_steps,
-                   "psnr": round(float(psnr(image(build(base, names, weights, act), pair), ref)), 2)}
+            res = {"pair": pair, "variant": variant, "gptq_steps": args.gptq_steps, "hessian_steps": args.hessian_steps, "bs": BS,
+                   "bias_correct": args.bias_correct,
+                   "psnr": round(float(psnr(image(build(base, names, weights, act, bias=bias), pair), ref)), 2)}
             if args.leave_one:
                 lifted = {}
                 for n in names:
