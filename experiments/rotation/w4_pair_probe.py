@@ -321,6 +321,13 @@ def main() -> int:
                     lifted[n] = round(float(psnr(image(build(base, names, weights, act, fa, fw), pair), ref)), 2)
                 res["leave_one"] = args.leave_one
                 res["float_one"] = dict(sorted(lifted.items(), key=lambda kv: -kv[1]))
+            if weights is not None:  # the 4-bit linears' share of all the linears' MatMulNBits bytes
+                from w4_weight_probe import nbits_bytes
+
+                eight = [n for n in names if weights[n] is not None and np.array_equal(weights[n], sets["w8"][n])]
+                b = {n: nbits_bytes(sets["float"][n], BS, 8 if n in eight else 4) for n in names}
+                res["n8"] = len(eight)
+                res["frac4_bytes"] = round(sum(v for n, v in b.items() if n not in eight) / sum(b.values()), 4)
             res["seconds"] = round(time.time() - t0, 1)
             record(res)
     shutil.rmtree(out)

@@ -6,6 +6,11 @@ The quantized backbone of w4_pair_probe.py's VARIANT (its fake-quantized weights
 but those a row names, which run the fp32 backbone instead: the image's PSNR vs fp32 for the first k steps fp32,
 the last k, and each single step, plus the latent's PSNR vs the fp32 trajectory after each step with no step fp32
 (where the trajectories part). Appends one JSON line to WORK/w4_steps.jsonl.
+
+    python experiments/rotation/w4_step_probe.py --heldout 128 --first 4 [--high w8:blocksym] --variant top36:blocksym --work DIR
+
+--heldout N: the N held-out pairs (batch 32, quantize_eval.py's generation, fp32 images and judge) with the first
+--first steps run by the fp32 backbone (or by the --high variant's): mean / worst / pooled / median PSNR, judge.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ def main() -> int:
     ap.add_argument("--model", default=str(ROOT / "models" / "shapes-mmdit-onnx"))
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--gptq-steps", type=int, default=20)
+    ap.add_argument("--heldout", type=int, default=0)
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--high", default="", help="the variant the first steps run (default: fp32)")
     args = ap.parse_args()
     src, settings = model_settings(args.model)
     base, names = rotated_base(src)
@@ -57,7 +65,8 @@ def main() -> int:
     wname, act = args.variant.split(":")
     quant = session(build(base, names, None if wname == "float" else with_8bit(sets, wname), act), 1)
     fp32 = session(load_backbone(src / REL), 1)
-    state = {"high": set(), "step": 0, "latents": []}
+    high = session(build(base, names, with_8bit(sets, args.high.split(":")[0]), args.high.split(":")[1]), 1) if args.high else fp32
+    state = {"high": set(), "step": 0, "latents": [], "high_session": fp32}
     original = rb.GuidedBackbone.__call__
 
     def call(self, x, t):
@@ -67,7 +76,7 @@ def main() -> int:
         if self.guided:
             self.sample[(slice(b, None), *part)] = x
         self.timestep.fill(t)
-        sess = fp32 if state["step"] in state["high"] else quant
+        sess = state["high_session"] if state["step"] in state["high"] else quant
         state["step"] += 1
         self.out[...] = sess.run([rb.OUT], {rb.SAMPLE: self.sample, rb.TIMESTEP: self.timestep, **self.conditioning})[0]
         if not self.guided:
@@ -84,6 +93,8 @@ def main() -> int:
         state.update(high=set(high), step=0, latents=[])
         return generate_set(pipe, heldout_scenes(opts), opts, progress=False)
 
+    if args.heldout:
+        return heldout(args, settings, src, pipe, state, high)
     n = settings["steps"]
     ref = image(range(n))
     ref_lat = state["latents"]
@@ -99,6 +110,43 @@ def main() -> int:
     rb.GuidedBackbone.__call__ = original
     print(json.dumps(res), flush=True)
     with open(args.work / "w4_steps.jsonl", "a") as f:
+        f.write(json.dumps(res) + "\n")
+    return 0
+
+
+def heldout(args, settings, src, pipe, state, high) -> int:
+    import time
+
+    from quantize_eval import fp32_reference
+
+    from onnxdiffusion.evaluate.judge import Judge
+    from onnxdiffusion.evaluate.run import evaluate_images, generate_set
+
+    opts = EvaluateOptions(count=args.heldout, steps=settings["steps"], sampler=settings["sampler"],
+                           guidance=settings["guidance"], batch=32)
+    scenes = heldout_scenes(opts)
+    judge = Judge.from_file(threads=1)
+    ref, ev0 = fp32_reference(src, scenes, opts, settings, args.work.parent / "quantize" / src.name, judge)
+    t0 = time.time()
+    images = []
+    for i in range(0, len(scenes), opts.batch):  # the step counter restarts with each batch's trajectory
+        state.update(high=set(range(args.first)), step=0, latents=[], high_session=high)
+        part = EvaluateOptions(count=min(opts.batch, len(scenes) - i), steps=opts.steps, sampler=opts.sampler,
+                               guidance=opts.guidance, batch=opts.batch, seed_offset=i)
+        images.append(generate_set(pipe, heldout_scenes(part), part, progress=False))
+    images = np.concatenate(images)
+    ev = evaluate_images(images, scenes, judge)
+    per = np.array([psnr(a, b) for a, b in zip(images, ref)])
+    mse = ((images.astype(np.float64) - ref.astype(np.float64)) ** 2).mean()
+    order = np.argsort(per)
+    res = {"variant": args.variant, "first_steps": args.first, "high": args.high or "fp32", "gptq_steps": args.gptq_steps,
+           "count": len(per), "mean": round(float(per[np.isfinite(per)].mean()), 2), "worst": round(float(per.min()), 2),
+           "pooled": round(float(10 * np.log10(255 ** 2 / mse)), 2), "median": round(float(np.median(per)), 2),
+           "under30": int((per < 30).sum()), "under35": int((per < 35).sum()),
+           "worst5": [(int(i), round(float(per[i]), 2)) for i in order[:5]],
+           "strict": ev["strict_accuracy"], "strict_fp32": ev0["strict_accuracy"], "seconds": round(time.time() - t0, 1)}
+    print(json.dumps(res), flush=True)
+    with open(args.work / "w4_heldout.jsonl", "a") as f:
         f.write(json.dumps(res) + "\n")
     return 0
 
