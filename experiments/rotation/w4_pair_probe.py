@@ -111,7 +111,7 @@ def weight_sets(base, names, hessians, work: Path, gptq_steps: int) -> dict[str,
         w4 = pickle.loads(cached.read_bytes())
     else:
         w4 = {n: dequantized(*gptq_blocks(w[n], hessians[nodes[n].input[0]], BS, False), BS) for n in names} if not ACT_ORDER \
-            else {n: gptq_act(w[n], hessians[nodes[n].input[0]], BS) for n in names}
+            else {n: gptq_act(w[n], BS, hessians[nodes[n].input[0]]) for n in names}
         cached.write_bytes(pickle.dumps(w4))
     w4 = {n: v.astype(np.float32) for n, v in w4.items()}
     w8 = {n: minmax8(w[n], BS) for n in names}
@@ -311,7 +311,7 @@ def main() -> int:
                 w = {n: numpy_helper.to_array(inits[nodes[n].input[1]]) for n in names}
                 bias = {n: (means[nodes[n].input[0]] @ (weights[n] - w[n])).astype(np.float32) for n in names}
             t0 = time.time()
-            res = {"pair": pair, "variant": variant, "gptq_steps": args.gptq_steps, "hessian_steps": args.hessian_steps, "bs": BS,
+            res = {"pair": pair, "variant": variant, "gptq_steps": args.gptq_steps, "hessian_steps": args.hessian_steps, "bs": BS, "act_order": ACT_ORDER,
                    "bias_correct": args.bias_correct,
                    "psnr": round(float(psnr(image(build(base, names, weights, act, bias=bias), pair), ref)), 2)}
             if args.leave_one:
