@@ -14,9 +14,13 @@ batch 1: the per-pair PSNR of the 128-pair run). A variant is WEIGHTS:ACTIVATION
   token, scale max|x| / 127; matches ORT's kernel to 3e-5) | tokasym (per-token asymmetric uint8, dynamic-token-asym's
   codes) | centred (the per-token midpoint (max + min) / 2 subtracted, then blocksym, the midpoint's share added back
   exactly) | blockcent (each 32-block's own midpoint subtracted, then blocksym).
---leave-one act|weight: the first variant again with each linear alone given float activations (or float weights):
-the linears whose float twin lifts the pair most set it. Environment: BS (32) the block size of weights and
-activations; ACT_ORDER=1 GPTQ in act order.
+WEIGHTS may add `+GROUP` (w4_weight_probe.py's GROUPS, or a name substring: those linears 8-bit) and `@ALPHA` (the
+weight error scaled: W + ALPHA (Q - W)). --leave-one act|weight: each variant again with each linear alone given
+float activations (or float weights): the linears whose float twin lifts the pair most set it. --hessian-steps
+I,J,...: the GPTQ Hessians from those calibration steps only (0: the noisiest); --bias-correct all|I,J,...: each
+linear's mean output error E[x] (W - Q) subtracted. Environment: BS (32) the block size of weights and
+activations; ACT_ORDER=1 GPTQ in act order (w4_weight_probe.py's gptq_act). Each row gives the 4-bit share of the
+linears' MatMulNBits bytes.
 Prints and appends one JSON line per pair and variant to WORK/w4_pairs.jsonl.
 """
 
