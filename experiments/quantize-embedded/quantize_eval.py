@@ -168,6 +168,11 @@ SUITES = {
         ("w4a8-rot gptq-clip top30-8bit", "w4a8", {"algorithm": "gptq-clip", "symmetric": "false", "weights_8bit": ",".join(RANKED_8BIT[:30])}, False),
         ("w4a8-rot gptq-clip top34-8bit", "w4a8", {"algorithm": "gptq-clip", "symmetric": "false", "weights_8bit": ",".join(RANKED_8BIT[:34])}, False),
         ("w4a8-rot gptq-clip top36-8bit", "w4a8", {"algorithm": "gptq-clip", "symmetric": "false", "weights_8bit": ",".join(RANKED_8BIT[:36])}, False),
+        # pair 101 flips under any 4-bit weights in the first 4 of the 20 steps (experiments/rotation/w4_step_probe.py):
+        # the same with a precision schedule, its 4 most sensitive steps run by an fp16 copy of the backbone
+        ("w4a8-rot gptq-clip top36-8bit schedule4-fp16", "w4a8", {"algorithm": "gptq-clip", "symmetric": "false",
+                                                                  "weights_8bit": ",".join(RANKED_8BIT[:36]),
+                                                                  "precision_schedule": "steps=4,precision=fp16"}, False),
         # the UNet's linears (and convs, as int8-static quantizes them) rotated: issue 44's "UNet too"
         ("w8a8", "int8-static", {}, False),
         ("w8a8-rot", "int8-static", {"rotate": "hadamard"}, False),
