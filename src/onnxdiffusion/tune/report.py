@@ -44,7 +44,8 @@ def _confirmations(result: dict) -> list[str]:
     if rows:
         n = result["options"]["confirm_count"]
         lines += ["", f"Confirmation on {n} other prompts, fastest first (lost / gained: prompts fp32 gets right and "
-                  "the candidate wrong, and the reverse; expected: from the judge's margins, accuracy.expected_discordant):", "",
+                  "the candidate wrong, and the reverse; expected: from the judge's margins, "
+                  "accuracy.expected_discordant):", "",
                   "| candidate | PSNR dB | strict / fp32 | lost / gained | |", "|---|---|---|---|---|"]
         for r in rows:
             acc = f"{r['strict']:.3f} / {r['reference_strict']:.3f}" if r.get("strict") is not None else "-"
