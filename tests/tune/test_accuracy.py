@@ -104,7 +104,7 @@ def test_confirmer_past_the_budget_still_confirms_the_first_then_stops(monkeypat
 
 
 def test_expected_discordance_reads_every_prompts_distance_to_its_flip():
-    from onnxdiffusion.tune.accuracy import expected_discordant
+    from onnxdiffusion.tune.accuracy import expected_discordant, expected_ok
 
     ref = [3.0, 2.0, 0.3, -0.2, 5.0]
     assert expected_discordant(ref, ref) == (0.0, 0.0)  # the same margins: nothing flips
@@ -115,4 +115,6 @@ def test_expected_discordance_reads_every_prompts_distance_to_its_flip():
     b, c = expected_discordant([4.0, 1.0, 1.3, -1.2, 6.0], ref)
     assert discordant([m > 0 for m in [4.0, 1.0, 1.3, -1.2, 6.0]], [m > 0 for m in ref]) == (0, 0)
     assert b == pytest.approx(2 / 5) and c == pytest.approx(3 / 5)
-    assert paired_ok(0, 0, 5) and not paired_ok(b, c, 5)  # the counts pass it, the expected counts do not
+    assert paired_ok(0, 0, 5) and not expected_ok(b, 5)  # the counts pass it, the expected losses do not
+    # on 96 prompts: 0.07 expected losses pass (r5's psnr35 choice), 0.41 do not (r6's keep choice, which lost 2 net)
+    assert expected_ok(0.07, 96) and not expected_ok(0.41, 96)

@@ -17,9 +17,10 @@ passed on the tuning prompts, so a lucky pass is what it tends to pick. Three gu
   margins 0.49 logits at the median): on n prompts a candidate whose verdicts flip on ~1% of them shows 0 or 1
   discordant pairs by chance, so the counts alone pass it half the time. Each confirmation prompt's margin change
   (candidate - fp32, `Judged`'s margin_each) is a draw of what the candidate does to a picture; each fp32 margin a
-  draw of how near a prompt's verdict is to flipping; the expected lost (gained) prompts are, summed over the
-  fp32-right (wrong) prompts, the share of changes that would flip it. That counts every prompt's distance to its
-  flip, not only the few that happened to flip, and needs no more prompts;
+  draw of how near a prompt's verdict is to flipping; the expected lost prompts are, summed over the fp32-right
+  prompts, the share of changes that would flip it; plus Z standard deviations they must stay within 1 point
+  (expected_ok: the expected gains are not counted on). That counts every prompt's distance to its flip, not only
+  the few that happened to flip, and needs no more prompts;
 - more prompts where the bound reads the judge (ACCURACY_COUNT confirmation and held-out prompts by default)."""
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ def discordant(cand_each, ref_each) -> tuple[int, int]:
     b = sum(1 for a, r in zip(cand_each, ref_each) if r and not a)
     c = sum(1 for a, r in zip(cand_each, ref_each) if a and not r)
     return b, c
+
+
+def expected_ok(b: float, n: int) -> bool:
+    """The expected losses, pessimistically (b + Z sqrt(b)), within 1 point of the n prompts. The expected gains
+    are not counted on: they come of the few prompts fp32 gets wrong near the boundary in this sample (fp32 is
+    right on ~95% of prompts, so a new set holds many more right prompts near it than wrong ones), and r6's keep
+    run chose a point whose 0.41 expected losses the confirmation's 0.51 expected gains covered, which then lost
+    2 held-out prompts net."""
+    return n > 0 and (b + Z * math.sqrt(b)) / n <= POINT + 1e-12
 
 
 def paired_ok(b: int, c: int, n: int) -> bool:

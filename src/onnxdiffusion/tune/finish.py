@@ -105,7 +105,7 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
     prompts by luck is turned down before it is chosen. `seen` gets one row per confirmation (for the report).
     A candidate not confirmed before is not confirmed once one was when its confirmation and the held-out check
     left would overrun the budget (the default needs no confirmation)."""
-    from .accuracy import discordant, expected_discordant, paired_ok
+    from .accuracy import discordant, expected_discordant, expected_ok, paired_ok
     from .search import Bound
 
     def confirmed(c: Candidate) -> bool:
@@ -137,7 +137,7 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
             if rec.get("margin_each") is not None and ref.get("margin_each") is not None:
                 eb, ec = expected_discordant(rec["margin_each"], ref["margin_each"])
                 row.update(expected_lost=round(eb, 2), expected_gained=round(ec, 2),
-                           expected_ok=paired_ok(eb, ec, n))
+                           expected_ok=expected_ok(eb, n))
                 row["paired_ok"] = row["paired_ok"] and row["expected_ok"]
             ok = ok and row["paired_ok"]
         row["confirmed"] = ok
