@@ -95,6 +95,17 @@ def test_judge_reads_heldout_scenes(judge, heldout):
     assert summary["strict_accuracy"] >= 0.9, summary
 
 
+def test_strict_margin_is_positive_exactly_where_the_verdict_is_strict(judge, heldout):
+    scs, images = heldout
+    scs, images = scs[:200], images[:200]
+    noisy = np.clip(images.astype(np.int16) + np.random.default_rng(0).integers(-60, 61, images.shape), 0, 255)
+    for batch in (images, noisy.astype(np.uint8)):
+        strict = [s["strict"] for s in score_scenes(scs, judge.predict(batch))]
+        margins = J.strict_margins(scs, judge.logits(batch))
+        assert [m > 0 for m in margins] == strict
+    assert not all(strict)  # the noisy pictures lose some verdicts: both signs were read
+
+
 def test_embedding_separates_real_from_degraded(judge, heldout):
     from onnxdiffusion.evaluate.metrics import frechet_distance, gaussian_stats
 

@@ -4,6 +4,8 @@ down."""
 
 from types import SimpleNamespace
 
+import pytest
+
 from onnxdiffusion.tune.accuracy import FLOOR_CAP, default_count, discordant, paired_ok, psnr_floor
 from onnxdiffusion.tune.budget import Budget
 from onnxdiffusion.tune.search import Bound
@@ -61,11 +63,12 @@ def test_walk_times_the_next_ones_when_every_timed_candidate_is_turned_down(monk
     lat[d.key] = 1.0
     timed_batches = []
 
-    def fake_latencies(store, cands, loaders, prompt, guidance, rounds, log):
+    def fake_latencies(store, cands, loaders, prompt, guidance, rounds, log, stop=None):
         timed_batches.append(list(cands))
         return {c.key: {"median_s": lat[c.key]} for c in cands}
 
     monkeypatch.setattr(select, "latencies", fake_latencies)
+    monkeypatch.setattr(select, "stored", lambda store, cands: False)
     search = SimpleNamespace(store=None, guidance=1.0, budget=Budget(1e6, clock=lambda: 0.0))
     opts = SimpleNamespace(top=3, rounds=1)
     confirmed = lambda c: c.steps >= 12 or c.recipe != "fp32"  # noqa: E731 - every 4-8 step point fails
@@ -81,7 +84,8 @@ def test_confirmer_past_the_budget_still_confirms_the_first_then_stops(monkeypat
 
     calls = []
 
-    def fake_holdout(store, folders, cand, default, prompts, judged, guidance, log, kind="holdout", budget=None):
+    def fake_holdout(store, folders, cand, default, prompts, judged, guidance, log, kind="holdout", budget=None,
+                     share=1.0):
         calls.append(cand)
         ref = {"strict": 1.0, "attribute": 1.0, "strict_each": [1, 1]}
         return {"psnr": 40.0, "strict": 0.5, "attribute": 1.0, "strict_each": [1, 0], "reference": ref}
@@ -97,3 +101,20 @@ def test_confirmer_past_the_budget_still_confirms_the_first_then_stops(monkeypat
     assert not confirmed(d)  # measured (one prompt lost), though past the budget
     assert not confirmed(d.with_(steps=12))  # not measured: the budget is spent
     assert len(calls) == 1 and seen[0]["lost"] == 1 and seen[1]["why"] == "time budget"
+
+
+def test_expected_discordance_reads_every_prompts_distance_to_its_flip():
+    from onnxdiffusion.tune.accuracy import expected_discordant, expected_ok
+
+    ref = [3.0, 2.0, 0.3, -0.2, 5.0]
+    assert expected_discordant(ref, ref) == (0.0, 0.0)  # the same margins: nothing flips
+    # changes of -0.5, 0, 0, 0, +0.5: the 0.3 prompt is lost by 1 change in 5, the -0.2 one gained by 1 in 5
+    b, c = expected_discordant([2.5, 2.0, 0.3, -0.2, 5.5], ref)
+    assert b == pytest.approx(0.2) and c == pytest.approx(0.2)
+    # no prompt flipped, but a candidate that moves margins by a logit either way is expected to flip the near ones
+    b, c = expected_discordant([4.0, 1.0, 1.3, -1.2, 6.0], ref)
+    assert discordant([m > 0 for m in [4.0, 1.0, 1.3, -1.2, 6.0]], [m > 0 for m in ref]) == (0, 0)
+    assert b == pytest.approx(2 / 5) and c == pytest.approx(3 / 5)
+    assert paired_ok(0, 0, 5) and not expected_ok(b, 5)  # the counts pass it, the expected losses do not
+    # on 96 prompts: 0.07 expected losses pass (r5's psnr35 choice), 0.41 do not (r6's keep choice, which lost 2 net)
+    assert expected_ok(0.07, 96) and not expected_ok(0.41, 96)

@@ -94,12 +94,6 @@ class Judge:
         float32.
         """
         x = _as_uint8_batch(images)
-        outs: dict[str, list[np.ndarray]] = {k: [] for k in self.output_names}
-        for i in range(0, len(x), batch_size):
-            chunk = x[i : i + batch_size].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
-            res = self.session.run(self.output_names, {self.input_name: np.ascontiguousarray(chunk)})
-            for k, v in zip(self.output_names, res):
-                outs[k].append(v)
         if len(x) == 0:
             d = self.embedding_dim
             empty = np.zeros((0, len(S.POSITION_NAMES)), np.int64)
@@ -110,7 +104,7 @@ class Judge:
                 "occupied": empty.astype(bool),
                 "embedding": np.zeros((0, d), np.float32),
             }
-        cat = {k: np.concatenate(v) for k, v in outs.items()}
+        cat = self.logits(x, batch_size)
         shape = cat["shape_logits"].argmax(-1).astype(np.int64)
         return {
             "shape": shape,
@@ -119,6 +113,18 @@ class Judge:
             "occupied": shape > 0,
             "embedding": cat["embedding"].astype(np.float32),
         }
+
+    def logits(self, images, batch_size: int = 256) -> dict[str, np.ndarray]:
+        """The model's raw outputs (``shape_logits``, ``colour_logits``, ``size_logits``: (N, 5, classes);
+        ``embedding``) for N >= 1 images (``predict``'s input)."""
+        x = _as_uint8_batch(images)
+        outs: dict[str, list[np.ndarray]] = {k: [] for k in self.output_names}
+        for i in range(0, len(x), batch_size):
+            chunk = x[i : i + batch_size].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+            res = self.session.run(self.output_names, {self.input_name: np.ascontiguousarray(chunk)})
+            for k, v in zip(self.output_names, res):
+                outs[k].append(v)
+        return {k: np.concatenate(v) for k, v in outs.items()}
 
     def embed(self, images, batch_size: int = 256) -> np.ndarray:
         """(N, D) embeddings only (for ``metrics.gaussian_stats`` / ``frechet_distance``)."""
@@ -216,6 +222,34 @@ def score_scenes(scenes: Sequence[S.Scene], prediction: Mapping[str, np.ndarray]
     if len(preds) != len(scenes):
         raise ValueError(f"{len(scenes)} scenes but {len(preds)} predictions")
     return [score(sc.objects, sc.size_in_caption, p) for sc, p in zip(scenes, preds)]
+
+
+def strict_margin(scene_objects: Sequence[Any], size_in_caption: bool, logits: Mapping[str, np.ndarray]) -> float:
+    """How far one image's ``strict`` verdict is from flipping, in logits: the smallest margin of the decisions
+    ``score`` reads (at a prompted slot, its shape, colour and, when the caption names it, size class against the
+    best other class; at any other slot, "empty" against the best shape). > 0: strict; < 0: not; near 0: a
+    verdict a small change to the picture flips. ``logits``: one image's (5, classes) rows of ``Judge.logits``."""
+    wanted = {S.POSITION_NAMES.index(_field(o, "position")): o for o in scene_objects}
+    margins = []
+    for j in range(len(S.POSITION_NAMES)):
+        o = wanted.get(j)
+        if o is None:
+            heads = [("shape_logits", 0)]
+        else:
+            heads = [("shape_logits", S.SHAPES.index(_field(o, "shape")) + 1),
+                     ("colour_logits", S.COLOUR_NAMES.index(_field(o, "colour")) + 1)]
+            if size_in_caption:
+                heads.append(("size_logits", S.SIZE_NAMES.index(_field(o, "size")) + 1))
+        for head, c in heads:
+            row = np.asarray(logits[head][j], dtype=np.float64)
+            margins.append(float(row[c] - np.delete(row, c).max()))
+    return min(margins)
+
+
+def strict_margins(scenes: Sequence[S.Scene], logits: Mapping[str, np.ndarray]) -> list[float]:
+    """``strict_margin`` of each scene against a batch of ``Judge.logits``."""
+    return [strict_margin(sc.objects, sc.size_in_caption, {k: v[i] for k, v in logits.items()})
+            for i, sc in enumerate(scenes)]
 
 
 def summarize(scores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

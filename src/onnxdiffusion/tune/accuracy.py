@@ -12,6 +12,15 @@ passed on the tuning prompts, so a lucky pass is what it tends to pick. Three gu
   b - c plus Z one-sided standard deviations of it (sqrt(b + c)) must stay within 1 point of the prompts: a
   candidate that swaps verdicts both ways is turned down even when it breaks even, since on other prompts the
   swaps need not cancel;
+- the same test on the discordance expected from the judge's margins (issue 46 r5: a point confirmed with 0 lost /
+  1 gained lost 1 of 96 held-out prompts, fp32's verdict there right by 0.37 logits, the candidate's change to the
+  margins 0.49 logits at the median): on n prompts a candidate whose verdicts flip on ~1% of them shows 0 or 1
+  discordant pairs by chance, so the counts alone pass it half the time. Each confirmation prompt's margin change
+  (candidate - fp32, `Judged`'s margin_each) is a draw of what the candidate does to a picture; each fp32 margin a
+  draw of how near a prompt's verdict is to flipping; the expected lost prompts are, summed over the fp32-right
+  prompts, the share of changes that would flip it; plus Z standard deviations they must stay within 1 point
+  (expected_ok: the expected gains are not counted on). That counts every prompt's distance to its flip, not only
+  the few that happened to flip, and needs no more prompts;
 - more prompts where the bound reads the judge (ACCURACY_COUNT confirmation and held-out prompts by default)."""
 
 from __future__ import annotations
@@ -71,9 +80,32 @@ def discordant(cand_each, ref_each) -> tuple[int, int]:
     return b, c
 
 
+def expected_ok(b: float, n: int) -> bool:
+    """The expected losses, pessimistically (b + Z sqrt(b)), within 1 point of the n prompts. The expected gains
+    are not counted on: they come of the few prompts fp32 gets wrong near the boundary in this sample (fp32 is
+    right on ~95% of prompts, so a new set holds many more right prompts near it than wrong ones), and r6's keep
+    run chose a point whose 0.41 expected losses the confirmation's 0.51 expected gains covered, which then lost
+    2 held-out prompts net."""
+    return n > 0 and (b + Z * math.sqrt(b)) / n <= POINT + 1e-12
+
+
 def paired_ok(b: int, c: int, n: int) -> bool:
     """The net loss, pessimistically (b - c + Z sqrt(b + c)), within 1 point of the n prompts."""
     return n > 0 and (b - c + Z * math.sqrt(b + c)) / n <= POINT + 1e-12
+
+
+def expected_discordant(cand_margins, ref_margins) -> tuple[float, float]:
+    """(expected b, expected c) on prompts like these: each fp32-right prompt (margin > 0) lost with the share of
+    the observed margin changes that would take it below 0, each fp32-wrong one gained with the share that would
+    take it above."""
+    ref = [float(m) for m in ref_margins]
+    change = sorted(float(a) - r for a, r in zip(cand_margins, ref))
+    if not change:
+        return 0.0, 0.0
+    n = len(change)
+    b = sum(sum(1 for d in change if d < -m) / n for m in ref if m > 0)
+    c = sum(sum(1 for d in change if d > -m) / n for m in ref if m <= 0)
+    return b, c
 
 
 def default_count(given: int | None, reads_judge: bool) -> int:

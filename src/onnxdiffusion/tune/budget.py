@@ -4,7 +4,14 @@ and the held-out check (their fp32 references and the candidate's own pictures),
 measured seconds per picture, scaled by how much slower the machine runs now than when that was measured (the load
 factor, re-estimated from each fp32 generation of the search and each reference of the checks). The search goes
 on while the budget left exceeds the reserve; one candidate started just before that point is the most a run can
-overrun by (its cost is the search's step, not a guess the reserve could be wrong about)."""
+overrun by (its cost is the search's step, not a guess the reserve could be wrong about).
+
+The checks' fp32 references are made before the search (they do not depend on the choice), so what follows the
+search is only the timing and the chosen candidate's own pictures. The reserve holds them at the load read now with
+MARGIN, and at RISE times that load with the timing cut to MIN_ROUNDS rounds: a load that doubles during the checks
+still ends inside the budget, since the timing's rounds are then cut (stop_timing: after each round, whether the
+next and the checks after it still fit at RISE times the load re-read from every batch of the checks' pictures),
+and where the load rose before the timing starts, fewer candidates are timed (plan_timing)."""
 
 from __future__ import annotations
 
@@ -28,6 +35,12 @@ OVERHEAD_S = 20.0  # loading sessions and the judge, the floor, writing OUT (sec
 # most of the work and this covers a moderate rise
 MARGIN = 1.1
 LOAD_WEIGHT = 0.5  # of the latest measurement in the re-estimated load factor
+# the rise of the load during the checks a run must survive: r5's MMDiT psnr35 run read x0.97 when its search stopped
+# and its checks then ran at load 20-23 against ~16 (21:26 against 20 min); the shared 2-core EPYC doubles its load
+# within minutes when a neighbour starts a build
+RISE = 2.0
+MIN_ROUNDS = 3  # timing rounds a cut timing keeps: a median of fewer is one noisy run
+MIN_TOP = 1  # of the pre-ranking's fastest, a shrunk timing keeps this many besides the default and the single levers
 
 
 class Budget:
@@ -45,6 +58,7 @@ class Budget:
         self.checked = 0  # the candidate's pictures of the checks not made yet
         self.timed = 0  # candidates to time
         self.rounds = 5
+        self.shrunk: list[str] = []  # what the run shrank to keep to the budget, and why (for the report)
 
     # -- the clock ----------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -61,20 +75,60 @@ class Budget:
     def build_s(self) -> float:
         return self.build_seen if self.build_seen is not None else self.pictures_s(BUILD_PICTURES)
 
-    def timing_s(self, candidates: int | None = None) -> float:
+    def timing_s(self, candidates: int | None = None, rounds: int | None = None) -> float:
         n = self.timed if candidates is None else candidates
-        return self.pictures_s(n * (self.rounds + 1) * TIMED_SHARE)
+        r = self.rounds if rounds is None else rounds
+        return self.pictures_s(n * (r + 1) * TIMED_SHARE)
 
-    def checks_s(self, references: int | None = None, checked: int | None = None) -> float:
+    def floor_timing_s(self) -> float:
+        """The timing cut to MIN_ROUNDS rounds (stop_timing's floor)."""
+        return self.timing_s(rounds=min(self.rounds, MIN_ROUNDS))
+
+    def checks_s(self, references: int | None = None, checked: int | None = None, share: float | None = None) -> float:
         r = self.references if references is None else references
         c = self.checked if checked is None else checked
-        return self.pictures_s(r + c * self.checked_share)
+        return self.pictures_s(r + c * (self.checked_share if share is None else share))
 
     def reserve(self) -> float:
         """Seconds the rest of the run after the search may take: its estimate at the load factor, never below the
-        reference's own (a lull in the load is not counted on), times MARGIN."""
-        load = max(1.0, self.load)
-        return MARGIN * load / self.load * (self.timing_s() + self.checks_s() + OVERHEAD_S * self.load)
+        reference's own (a lull in the load is not counted on), times MARGIN; and at least what it takes at RISE
+        times that load with the timing at its floor."""
+        scale = max(1.0, self.load) / self.load
+        rest = self.checks_s() + OVERHEAD_S * self.load
+        return scale * max(MARGIN * (self.timing_s() + rest), RISE * (self.floor_timing_s() + rest))
+
+    def after_s(self, timing_s: float, checked: int | None = None, share: float | None = None) -> float:
+        """What the run still needs after a timing of `timing_s` seconds (now's load), with the checks left (or
+        `checked` of the candidate's pictures at `share`), at RISE times the load (never below the reference's)."""
+        scale = max(1.0, self.load) / self.load
+        return scale * RISE * (timing_s + self.checks_s(checked=checked, share=share) + OVERHEAD_S * self.load)
+
+    def plan_timing(self, top: int, rounds: int, levers: int) -> int:
+        """How many of the pre-ranking's fastest the timing about to start takes besides the `levers` (the default
+        and the single levers): `top` when the budget left holds MIN_ROUNDS rounds of them and the checks after it
+        at RISE times the load, else fewer (to MIN_TOP), the shrinking said in `shrunk`. Its rounds are cut as it
+        goes (stop_timing)."""
+        self.rounds = rounds
+        t = top
+        while t > min(top, MIN_TOP) and self.left() < self.after_s(self.timing_s(levers + t, MIN_ROUNDS)):
+            t -= 1
+        if t != top:
+            self.shrunk.append(f"timing: {levers + t} candidates instead of {levers + top} ({self.left():.0f} s "
+                               f"left at {self.elapsed():.0f} s, load x{self.load:.2f}: {MIN_ROUNDS} rounds of them "
+                               f"and the checks after need {self.after_s(self.timing_s(levers + t, MIN_ROUNDS)):.0f} "
+                               f"s at {RISE:g}x that load)")
+        return t
+
+    def stop_timing(self, done: int, round_s: float) -> bool:
+        """After `done` timing rounds of `round_s` seconds the last: whether to stop (the next round and the
+        checks after it at RISE times the load no longer fit; never below MIN_ROUNDS)."""
+        if done < MIN_ROUNDS or done >= self.rounds:
+            return False
+        if self.left() >= self.after_s(round_s):  # a measured round: already at now's load
+            return False
+        self.shrunk.append(f"timing: stopped after {done} of {self.rounds} rounds ({self.left():.0f} s left at "
+                           f"{self.elapsed():.0f} s, {round_s:.0f} s a round, load x{self.load:.2f})")
+        return True
 
     def searching(self, need: float = 0.0) -> bool:
         """Whether a search step that takes `need` seconds (besides the one it is about to start) still leaves
@@ -93,6 +147,11 @@ class Budget:
     def observe_build(self, seconds: float) -> None:
         # kept apart from the load factor: a build's cost does not scale with the load as a generation's does
         self.build_seen = seconds
+
+    def stamp(self, message: str) -> str:
+        """A phase's log line with the seconds elapsed: `tune: ...` -> `tune [  NNNs]: ...`."""
+        head = "tune: "
+        return f"tune [{self.elapsed():5.0f}s]: {message[len(head):]}" if message.startswith(head) else message
 
     def describe(self) -> str:
         return (f"{self.elapsed():.0f} s of {self.budget_s:.0f} s spent; reserve {self.reserve():.0f} s (timing "

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 from . import measure as M
-from .budget import OVERHEAD_S
 from .select import walk
 from .space import FP32, Candidate
 
@@ -33,39 +32,56 @@ def picture_name(kind: str, prompts: M.PromptSet, generation: str, decoder: str)
     return f"{kind}-{prompts.seed}-{len(prompts.prompts)}-{tag}-{decoder}"
 
 
+def _watch(budget, share: float, attr: str):
+    """on_batch for measure.generate: the load factor re-read from each batch of pictures (`share` of the
+    reference's cost each), and the batch crossed off what the budget holds back for `attr`."""
+    if budget is None:
+        return None
+
+    def seen(images: int, seconds: float) -> None:
+        budget.observe(images * budget.per_picture * share, seconds)
+        setattr(budget, attr, max(0, getattr(budget, attr) - images))
+
+    return seen
+
+
+def reference(store, folders: dict, default: Candidate, prompts: M.PromptSet, guidance, kind: str, budget=None):
+    """fp32's pictures on a check's prompts (made once, whichever candidate is checked; run.py makes them before
+    the search, so the time after it holds only the chosen candidate's own pictures)."""
+    def make():
+        made = M.generate(folders[FP32].pipe(default.profile), default, prompts, guidance,
+                          on_batch=_watch(budget, 1.0, "references"))
+        if made["tiny"] is not None:  # the default's tiny-decoder pictures: that candidate then costs no generation
+            store.array(picture_name(kind, prompts, default.generation, "tiny"), lambda: made["tiny"])
+        return made["full"]
+
+    return store.array(reference_name(kind, prompts), make)
+
+
 def holdout(store, folders: dict, cand: Candidate, default: Candidate, prompts: M.PromptSet, judged, guidance,
-            log, kind: str = "holdout", budget=None) -> dict:
+            log, kind: str = "holdout", budget=None, share: float = 1.0) -> dict:
     """The candidate's quality on another prompt set (the confirmation's, or the held-out one the search and the
     confirmation never saw), and fp32's judge verdict on it. `budget` (budget.Budget): crossed off as the pictures
-    are made, its load factor re-read from the reference's."""
+    are made, its load factor re-read from each batch (`share`: the candidate's cost vs the reference's)."""
     ident = f"{prompts.seed}+{len(prompts.prompts)}/{cand.key}"
     rec = store.get(kind, ident)
     if rec is not None:
         return rec
     n = len(prompts.prompts)
     log(f"tune: {kind} check of {cand.label()} on {n} other prompts")
-
-    def reference():
-        made = M.generate(folders[FP32].pipe(default.profile), default, prompts, guidance)
-        if budget is not None:
-            budget.observe(n * budget.per_picture, made["seconds"]["loop"] + made["seconds"]["full"])
-            budget.references = max(0, budget.references - n)
-        if made["tiny"] is not None:  # the default's tiny-decoder pictures: that candidate then costs no generation
-            store.array(picture_name(kind, prompts, default.generation, "tiny"), lambda: made["tiny"])
-        return made["full"]
-
-    ref = store.array(reference_name(kind, prompts), reference)
+    ref = reference(store, folders, default, prompts, guidance, kind, budget)
+    before = 0 if budget is None else budget.checked
     if cand.generation == default.generation and cand.decoder == "full":
         images = ref  # the default's pictures are the reference itself: not generated again
     else:
-        images = _pictures(store, folders, cand, prompts, guidance, kind)
-    if budget is not None:
-        budget.checked = max(0, budget.checked - n)
+        images = _pictures(store, folders, cand, prompts, guidance, kind, _watch(budget, share, "checked"))
+    if budget is not None:  # what the batches did not cross off (the default's, pictures found in the store)
+        budget.checked = max(0, budget.checked - (n - (before - budget.checked)))
     return store.put(kind, ident, {"candidate": cand.to_dict(), **M.score(images, ref, prompts, judged),
                                    "reference": judged(ref, prompts)})
 
 
-def _pictures(store, folders: dict, cand: Candidate, prompts: M.PromptSet, guidance, kind: str):
+def _pictures(store, folders: dict, cand: Candidate, prompts: M.PromptSet, guidance, kind: str, on_batch=None):
     """The candidate's pictures on a check's prompts. One generation gives both decoders' pictures, each kept in
     the store: a candidate that differs from a checked one only by its decoder costs a lookup, not a generation."""
     def name(decoder: str) -> str:
@@ -74,7 +90,7 @@ def _pictures(store, folders: dict, cand: Candidate, prompts: M.PromptSet, guida
     made: dict = {}
 
     def make():
-        made.update(M.generate(folders[cand.recipe].pipe(cand.profile), cand, prompts, guidance))
+        made.update(M.generate(folders[cand.recipe].pipe(cand.profile), cand, prompts, guidance, on_batch=on_batch))
         for other in ("full", "tiny"):
             if other != cand.decoder and made[other] is not None:
                 store.array(name(other), lambda o=other: made[o])
@@ -89,7 +105,7 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
     prompts by luck is turned down before it is chosen. `seen` gets one row per confirmation (for the report).
     A candidate not confirmed before is not confirmed once one was when its confirmation and the held-out check
     left would overrun the budget (the default needs no confirmation)."""
-    from .accuracy import discordant, paired_ok
+    from .accuracy import discordant, expected_discordant, expected_ok, paired_ok
     from .search import Bound
 
     def confirmed(c: Candidate) -> bool:
@@ -98,16 +114,16 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
         # the timing would hand back the default however much faster the candidates were)
         budget = search.budget
         further = search.store.get("confirm", ident) is None and any("psnr" in r for r in seen)
-        share = search.share(c)  # its confirmation and the held-out check left, at its own cost
-        if further and not budget.fits(budget.pictures_s(budget.references + (len(prompts.prompts) + budget.checked)
-                                                         * share) + OVERHEAD_S * budget.load):
+        share = search.share(c.with_(decoder="full"))  # a generation's cost (both decoders come of it)
+        if further and budget.left() < budget.after_s(0.0, len(prompts.prompts) + budget.checked, share):
             seen.append({"candidate": c.to_dict(), "confirmed": False, "why": "time budget"})
             log(f"tune: {c.label()}: not confirmed (time budget: {budget.describe()})")
             return False
         if further:
             budget.checked += len(prompts.prompts)  # the reserve held one confirmation; holdout() crosses it off
+        budget.checked_share = share
         rec = holdout(search.store, folders, c, default, prompts, judged, search.guidance, log, kind="confirm",
-                      budget=budget)
+                      budget=budget, share=share)
         ref = rec.get("reference") or {}
         bound = Bound(search.bound.min_psnr, search.bound.keep_accuracy, ref.get("strict"), ref.get("attribute"),
                       search.bound.psnr_floor)
@@ -115,14 +131,22 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
         row = {"candidate": c.to_dict(), "psnr": rec["psnr"], "strict": rec.get("strict"),
                "reference_strict": ref.get("strict")}
         if search.bound.keep_accuracy and rec.get("strict_each") is not None and ref.get("strict_each") is not None:
+            n = len(prompts.prompts)
             b, cc = discordant(rec["strict_each"], ref["strict_each"])
-            row.update(lost=b, gained=cc, paired_ok=paired_ok(b, cc, len(prompts.prompts)))
+            row.update(lost=b, gained=cc, paired_ok=paired_ok(b, cc, n))
+            if rec.get("margin_each") is not None and ref.get("margin_each") is not None:
+                eb, ec = expected_discordant(rec["margin_each"], ref["margin_each"])
+                row.update(expected_lost=round(eb, 2), expected_gained=round(ec, 2),
+                           expected_ok=expected_ok(eb, n))
+                row["paired_ok"] = row["paired_ok"] and row["expected_ok"]
             ok = ok and row["paired_ok"]
         row["confirmed"] = ok
         seen.append(row)
         log(f"tune: {c.label()}: {'confirmed' if ok else 'turned down'} on the confirmation prompts "
             f"({rec['psnr']:.1f} dB" + (f", strict {rec['strict']:.3f} vs fp32 {ref['strict']:.3f}" if ref else "")
-            + (f", {row['lost']} prompts lost / {row['gained']} gained vs fp32" if "lost" in row else "") + ")")
+            + (f", {row['lost']} prompts lost / {row['gained']} gained vs fp32" if "lost" in row else "")
+            + (f", expected from the judge's margins {row['expected_lost']:.2f} / {row['expected_gained']:.2f}"
+               if "expected_lost" in row else "") + ")")
         return ok
 
     return confirmed
@@ -146,7 +170,7 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
                                 confirmer(search, folders, default, confirm_set, judged, log, seen), log)
     chosen = picked["chosen"]
     held = holdout(search.store, folders, chosen, default, holdout_set, judged, search.guidance, log,
-                   budget=search.budget)
+                   budget=search.budget, share=search.share(chosen.with_(decoder="full")))
     base = timed[default.key]["median_s"]
     single = picked["single"]
     result = {
@@ -172,6 +196,7 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
                    "score": picked["scores"].get(c.key)} for c in cands],
         "measured": _measured(search, folders),
         "unavailable_profiles": unavailable, "quantize_builds": built, "notes": search.notes,
+        "shrunk": list(search.budget.shrunk),
         "generations_this_run": search.evaluated,
     }
     result["seconds"] = round(time.monotonic() - t0, 1)

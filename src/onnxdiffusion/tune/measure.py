@@ -69,13 +69,16 @@ class Judged:
     def __call__(self, images: np.ndarray, prompts: PromptSet) -> dict | None:
         if self.judge is None or prompts.scenes is None:
             return None
-        from ..evaluate.judge import score_scenes, summarize
+        from ..evaluate.judge import score_scenes, strict_margins, summarize
 
         each = score_scenes(list(prompts.scenes), self.judge.predict(images))
         s = summarize(each)
-        # per prompt: the paired test and the PSNR floor (accuracy.py) compare verdicts prompt by prompt
+        # per prompt: the paired test and the PSNR floor (accuracy.py) compare verdicts prompt by prompt; the
+        # margins say how near each verdict is to flipping (the confirmation's expected discordance)
+        margins = strict_margins(list(prompts.scenes), self.judge.logits(images))
         return {"strict": s["strict_accuracy"], "attribute": s["attribute_accuracy"],
-                "strict_each": [int(bool(e["strict"])) for e in each]}
+                "strict_each": [int(bool(e["strict"])) for e in each],
+                "margin_each": [round(m, 4) for m in margins]}
 
 
 def load_judge():
@@ -87,9 +90,10 @@ def load_judge():
         return None
 
 
-def generate(pipe, cand: Candidate, prompts: PromptSet, guidance: float, batch: int = 16) -> dict:
+def generate(pipe, cand: Candidate, prompts: PromptSet, guidance: float, batch: int = 16, on_batch=None) -> dict:
     """Both decoders' images of one generation (the tiny decoder reads the same final latents), with the seconds
-    each part took (a pre-ranking of candidates, not their latency)."""
+    each part took (a pre-ranking of candidates, not their latency). `on_batch(images, seconds)` after each batch
+    (its loop and full decode, as its per_image_s reads them): the time budget re-reads the load from it."""
     full, tiny, t_loop, t_full, t_tiny = [], [], 0.0, 0.0, 0.0
     has_tiny = "vae_decoder_tiny" in pipe.manifest.components
     for start in range(0, len(prompts.prompts), batch):
@@ -111,6 +115,8 @@ def generate(pipe, cand: Candidate, prompts: PromptSet, guidance: float, batch: 
         t_loop += (t1 - t0) - (t3 - t2)
         t_full += t3 - t2
         t_tiny += t4 - t3
+        if on_batch is not None:
+            on_batch(len(chunk), t1 - t0)
     return {"full": np.concatenate(full), "tiny": np.concatenate(tiny) if tiny else None,
             "seconds": {"loop": t_loop, "full": t_full, "tiny": t_tiny}}
 
@@ -126,10 +132,11 @@ def score(images: np.ndarray, reference: np.ndarray, prompts: PromptSet, judged:
 
 
 def time_candidates(loaders: dict, cands: list[Candidate], prompt: str, guidance: float, rounds: int,
-                    progress=None) -> dict[str, dict]:
+                    progress=None, stop=None) -> dict[str, dict]:
     """Median end-to-end seconds of one image per candidate: each candidate's pipeline loaded fresh
     (`loaders[(recipe, profile)]()`), one untimed call each, then `rounds` interleaved rounds, the order
-    rotated each round (a load change on this shared machine then hits every candidate alike)."""
+    rotated each round (a load change on this shared machine then hits every candidate alike). `stop(done,
+    round_s)` after each round: True ends the timing there (the time budget's call)."""
     pipes = {}
     for c in cands:
         k = (c.recipe, c.profile)
@@ -149,8 +156,11 @@ def time_candidates(loaders: dict, cands: list[Candidate], prompt: str, guidance
     times: dict[str, list[float]] = {c.key: [] for c in cands}
     for r in range(rounds):
         order = cands[r % len(cands):] + cands[:r % len(cands)]
+        t0 = time.perf_counter()
         for c in order:
             times[c.key].append(once(c))
         if progress:
             progress(r + 1, rounds)
+        if stop is not None and stop(r + 1, time.perf_counter() - t0):
+            break
     return {k: {"median_s": statistics.median(v), "runs": [round(x, 5) for x in v]} for k, v in times.items()}

@@ -44,11 +44,14 @@ def _confirmations(result: dict) -> list[str]:
     if rows:
         n = result["options"]["confirm_count"]
         lines += ["", f"Confirmation on {n} other prompts, fastest first (lost / gained: prompts fp32 gets right and "
-                  "the candidate wrong, and the reverse):", "",
+                  "the candidate wrong, and the reverse; expected: from the judge's margins, "
+                  "accuracy.expected_discordant):", "",
                   "| candidate | PSNR dB | strict / fp32 | lost / gained | |", "|---|---|---|---|---|"]
         for r in rows:
             acc = f"{r['strict']:.3f} / {r['reference_strict']:.3f}" if r.get("strict") is not None else "-"
             pair = f"{r['lost']} / {r['gained']}" if "lost" in r else "-"
+            if "expected_lost" in r:
+                pair += f" (expected {r['expected_lost']:.2f} / {r['expected_gained']:.2f})"
             psnr = f"{r['psnr']:.1f}" if "psnr" in r else "-"
             lines.append(f"| {Candidate.from_dict(r['candidate']).label()} | {psnr} | {acc} | {pair} | "
                          f"{'confirmed' if r['confirmed'] else 'turned down' + (' (' + r['why'] + ')' if r.get('why') else '')} |")
@@ -97,6 +100,8 @@ def write_report(out: Path, result: dict) -> None:
         r = result["runner_up"].get(lever)
         lines.append(f"| {lever} | {Candidate.from_dict(r).label() if r else '- (no other value timed within the bound)'} |")
     lines += ["", *why_section(result), ""]
+    if result.get("shrunk"):
+        lines += ["## Shrunk to keep to the time budget", "", *[f"- {n}" for n in result["shrunk"]], ""]
     if result["notes"]:
         lines += ["## Notes", "", *[f"- {n}" for n in result["notes"]], ""]
     lines += ["![speed vs quality](pareto.png)", "",

@@ -125,7 +125,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     from .search import Bound, Folder, Search
     from .store import Store, search_key
 
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     check_options(options)
     model = Path(model) if model is not None else default_model_folder()
     out = Path(out)
@@ -135,6 +135,11 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
                         "from the fp32 folder (its own reference)")
     _prepare_out(out, model, options.overwrite)
     t0 = time.monotonic()
+    budget = Budget(options.time_budget * 60, t0=t0)
+
+    def log(message: str) -> None:  # every phase's line with the seconds elapsed
+        say(budget.stamp(message))
+
     facts = {**machine_facts(), "session": session_facts()}
     fp32_profiles, unavailable = profiles_for(_precision(model))
     if not fp32_profiles:
@@ -170,7 +175,6 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
                       confirm_count=default_count(options.confirm_count, reads))
     holdout_set = M.scene_set("holdout", options.holdout_count, HOLDOUT_START)
     confirm_set = M.scene_set("confirm", options.confirm_count, CONFIRM_START)
-    budget = Budget(options.time_budget * 60, t0=t0)
     search = Search(store, bound, tune_set, ref, judged, d.guidance, default, budget, log)
     search.reference_each = (ref_verdict or {}).get("strict_each")
     log(f"tune: bound {bound.describe()}")
@@ -185,6 +189,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
 
         return replay(out, done["result"], t0, log)
     folders = {FP32: fp32}
+    _references(store, folders, default, (confirm_set, holdout_set), d.guidance, budget, log)
     built = _search(model, options, search, folders, unavailable, log)
     log(f"tune: search done: {budget.describe()}")
     from .finish import finish
@@ -221,6 +226,20 @@ def _reserve(budget, search, store, default: Candidate, sets: tuple, options: Tu
                             if not store.has_array(reference_name(kind, p)))
     budget.checked = sum(len(p.prompts) for p in sets)
     budget.timed, budget.rounds = options.top + 3, options.rounds  # the default, two single levers, the top
+
+
+def _references(store, folders: dict, default: Candidate, sets: tuple, guidance: float, budget, log) -> None:
+    """The checks' fp32 references, before the search: they do not depend on the choice, and made now their time
+    is what it is (the search gets what is left) instead of a guess the reserve holds against a rising load."""
+    from .finish import reference, reference_name
+
+    todo = [(kind, p) for kind, p in zip(("confirm", "holdout"), sets) if not store.has_array(reference_name(kind, p))]
+    if not todo:
+        return
+    log(f"tune: fp32 references of the checks: {' + '.join(str(len(p.prompts)) for _, p in todo)} prompts")
+    for kind, p in todo:
+        reference(store, folders, default, p, guidance, kind, budget)
+    log(f"tune: references made: {budget.describe()}")
 
 
 def _search(model: Path, options: TuneOptions, search, folders: dict, unavailable: dict, log) -> list[dict]:

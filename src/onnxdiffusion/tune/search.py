@@ -159,8 +159,16 @@ class Search:
     def _checked_share(self) -> None:
         """What the checked candidate's pictures cost vs the reference's: the fastest that passed so far (the walk
         confirms the fastest first; a further confirmation is weighed at its own cost, finish.confirmer; the
-        default's checks cost their references alone)."""
-        shares = [self.share(c) for c, _, _ in self.passing(None) if c.generation != self.default.generation]
+        default's checks cost their references alone), a generation's cost (both decoders come of one). Where the
+        bound reads the judge, only among those at or above the most the PSNR floor can ask: the floor is read
+        after the search, and r6's keep run held back the checks at the cost of a 4-step point it then turned down
+        (35 s for the checks against the 214 s the chosen 12-step point took)."""
+        from .accuracy import FLOOR_CAP
+
+        floor = self.bound.psnr_floor if self.bound.psnr_floor is not None else (
+            FLOOR_CAP if self.bound.keep_accuracy else None)
+        shares = [self.share(c.with_(decoder="full")) for c, s, _ in self.passing(None)
+                  if c.generation != self.default.generation and (floor is None or s["psnr"] >= floor)]
         self.budget.checked_share = min((x for x in shares if x < 1.0), default=0.0)
 
     def sampling_stage(self, folder: Folder, profile: str, allowed=None, quick: bool = False) -> list[tuple[str, int]]:

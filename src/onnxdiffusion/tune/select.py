@@ -6,14 +6,13 @@ and, per lever, the runner-up."""
 
 from __future__ import annotations
 
-from .budget import OVERHEAD_S
 from .measure import time_candidates
 from .search import estimate
 from .space import LEVERS, Candidate, changed_levers
 
 
 def timed_set(passing: list, default: Candidate, top: int) -> list[Candidate]:
-    ranked = sorted(passing, key=lambda p: (estimate(p[0], p[2]), p[0]))
+    ranked = sorted(passing, key=lambda p: (estimate(p[0], p[2]), p[0].key))  # a tie: by key (None < str fails)
     chosen = [default]
     for lever in LEVERS:
         single = [c for c, _, _ in ranked if changed_levers(c, default) == (lever,)]
@@ -22,14 +21,19 @@ def timed_set(passing: list, default: Candidate, top: int) -> list[Candidate]:
     return list(dict.fromkeys(chosen))
 
 
-def latencies(store, cands: list[Candidate], loaders: dict, prompt: str, guidance: float, rounds: int, log) -> dict:
-    stored = {c.key: store.get("timing", c.key) for c in cands}
-    if all(stored.values()):
+def stored(store, cands: list[Candidate]) -> bool:
+    return all(store.get("timing", c.key) for c in cands)
+
+
+def latencies(store, cands: list[Candidate], loaders: dict, prompt: str, guidance: float, rounds: int, log,
+              stop=None) -> dict:
+    """`stop(done, round_s)`: time_candidates' (the time budget's call after each round)."""
+    if stored(store, cands):
         log(f"tune: latencies of the {len(cands)} timed candidates: this CPU's stored figures")
-        return {k: v for k, v in stored.items()}
+        return {c.key: store.get("timing", c.key) for c in cands}
     log(f"tune: timing {len(cands)} candidates: fresh sessions, {rounds} interleaved rounds of one image each")
     measured = time_candidates(loaders, cands, prompt, guidance, rounds,
-                               progress=lambda r, n: log(f"tune: timing round {r}/{n}"))
+                               progress=lambda r, n: log(f"tune: timing round {r}/{n}"), stop=stop)
     return {c.key: store.put("timing", c.key, {"candidate": c.to_dict(), **measured[c.key]}) for c in cands}
 
 
@@ -40,7 +44,7 @@ def choose(timed: dict, passing: list, default: Candidate, confirmed=lambda c: T
     the bound and not turned down by `confirmed`."""
     ok = {c.key: (c, s) for c, s, _ in passing}
     rows = sorted(((timed[k]["median_s"], len(changed_levers(c, default)), c) for k, (c, s) in ok.items() if k in timed),
-                  key=lambda r: (r[0], r[1], r[2]))
+                  key=lambda r: (r[0], r[1], r[2].key))
     rejected = []
     best = default
     for r in rows:
@@ -69,9 +73,18 @@ def walk(search, passing: list, default: Candidate, options, loaders: dict, prom
     est = {c.key: estimate(c, rec) for c, _, rec in passing}
     while True:
         pool = [p for p in passing if p[0] not in dropped and p[0] not in rejected]
-        cands = timed_set(pool, default, options.top)
-        timed = latencies(search.store, cands, loaders, prompt, search.guidance, options.rounds, log)
-        search.budget.timed = 0  # timed: no longer held back
+        b = search.budget
+        cands, rounds = timed_set(pool, default, options.top), options.rounds
+        if not stored(search.store, cands):  # fewer where the checks after it would not fit at a rising load
+            noted = len(b.shrunk)
+            cands = timed_set(pool, default, b.plan_timing(options.top, rounds, len(timed_set(pool, default, 0))))
+            for note in b.shrunk[noted:]:
+                log(f"tune: shrunk: {note}")
+        noted = len(b.shrunk)
+        timed = latencies(search.store, cands, loaders, prompt, search.guidance, rounds, log, stop=b.stop_timing)
+        for note in b.shrunk[noted:]:
+            log(f"tune: shrunk: {note}")
+        b.timed = 0  # timed: no longer held back
         picked = choose(timed, pool, default, confirmed)
         rejected += picked["rejected"]
         picked["rejected"] = list(rejected)
@@ -81,8 +94,7 @@ def walk(search, passing: list, default: Candidate, options, loaders: dict, prom
         base = est.get(default.key, float("inf"))
         left = [c for c, _, _ in passing if c not in dropped and c not in rejected and c != default
                 and est[c.key] < base]
-        b = search.budget
-        if not left or not b.fits(b.timing_s(min(options.top + 3, len(left) + 3)) + b.checks_s() + OVERHEAD_S * b.load):
+        if not left or b.left() < b.after_s(b.timing_s(min(options.top, len(left)) + 3, options.rounds)):
             return cands, timed, picked
         log(f"tune: every timed candidate was turned down; timing the next {min(options.top, len(left))} of "
             f"{len(left)} left that the quality pass ranked faster than the default")

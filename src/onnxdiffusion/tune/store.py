@@ -15,7 +15,7 @@ import numpy as np
 
 from ..folder.manifest import Manifest
 
-STORE_VERSION = 2  # 2: scores carry per-image PSNR and per-prompt verdicts
+STORE_VERSION = 3  # 2: scores carry per-image PSNR and per-prompt verdicts; 3: and the verdicts' margins
 
 
 def search_key(manifest: Manifest, sets: list[dict], guidance: float, cpu: str) -> tuple[str, str]:
