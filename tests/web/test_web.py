@@ -7,6 +7,7 @@ Chromium is (`bash bench/install_chromium.sh`); CI installs all three (.ci/run).
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -48,6 +49,13 @@ def node_modules():
     if found is None:
         pytest.skip("the page's pinned npm packages are not installed (make web-deps)")
     return found
+
+
+@functools.cache
+def _pipeline(model: Path) -> Pipeline:
+    """One Pipeline per model folder for the module (the pages' tests only call it; ~1 CPU s of sessions and first
+    call per load of the embedded SD model, which seven tests here loaded each)."""
+    return Pipeline.from_folder(model)
 
 
 def _node(*args, timeout=600):
@@ -124,7 +132,7 @@ def pages(node_modules, tmp_path_factory):
 def test_export_web_folder(pages):
     model, page = pages("sd-fp32")
     settings = json.loads((page / "settings.json").read_text())
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     assert settings["kind"] == "onnxdiffusion-web" and settings["runtime"]["version"] == npm.pinned()["onnxruntime-web"]
     for rel in ["index.html", "app.js", "pipeline.js", "prompt.js", "rng.js", "lib/tokenizers.min.mjs", "tables.bin",
                 "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm",
@@ -174,7 +182,7 @@ def test_page_parts_on_cpu_are_generate(pages, name):
 
     model, page = pages(name)
     sessions, wiring = cpu_sessions(page)
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     seen = []
     for prompt, seed, steps, sampler in [(PROMPTS[4], 4, 20, None), (PROMPTS[1], 7, 9, "dpmpp_2m")]:
         got = run_parts(sessions, page_feeds(pipe, prompt, seed, steps, sampler), wiring,
@@ -218,7 +226,7 @@ def test_tokenizer_ids_match_python(pages, family, tmp_path):
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
     _node(JS / "check_tokens.mjs", page, tmp_path / "prompts.json", tmp_path / "out.json")
     got = json.loads((tmp_path / "out.json").read_text())
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     assert set(got) == {s.name for s in pipe.slots}
     truncated = 0
     for name, tok in pipe.tokenizers.items():
@@ -242,7 +250,7 @@ def test_page_pipeline_in_node_matches_generate(pages, family, tmp_path):
     (tmp_path / "req.json").write_text(json.dumps(requests))
     _node(JS / "run_page.mjs", page, tmp_path / "req.json", tmp_path / "img", 1)
     out = json.loads((tmp_path / "img.json").read_text())
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     for i, r in enumerate(requests):
         assert "error" not in out["results"][i], out["results"][i]
         want = pipe(r["prompt"], seed=int(r["seed"]), steps=r["steps"], sampler=r.get("sampler")).images
@@ -261,7 +269,7 @@ def driver():
 
 
 def _reference(model: Path):
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     return lambda prompt, seed, steps, **kw: pipe(prompt, seed=int(seed), steps=int(steps), **kw).images[0]
 
 
@@ -431,7 +439,7 @@ def test_other_families_run_or_refuse_in_one_line(node_modules, request, fixture
         assert "\n" not in str(e) and "cannot" in str(e), str(e)
         print(f"{fixture}: refused: {e}")
         return
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     steps = min(4, settings["max_steps"])
     # the second: a negative prompt of another token length and a guidance (Z-Image's CFG scale is guidance + 1,
     # FLUX.2 [dev]'s an input of its backbone)
@@ -465,7 +473,7 @@ def test_llm_prompt_ids_and_masks_match_python(node_modules, request, fixture, t
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
     _node(JS / "check_tokens.mjs", page, tmp_path / "prompts.json", tmp_path / "out.json")
     got = json.loads((tmp_path / "out.json").read_text())
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     for name, tok in pipe.tokenizers.items():
         for prompt, js in zip(prompts, got[name]):
             ids, mask = tok([prompt])
@@ -515,7 +523,7 @@ def test_kontext_page_edits_as_generate(kontext_page, tmp_path):
     (tmp_path / "req.json").write_text(json.dumps(requests))
     _node(JS / "run_page.mjs", page, tmp_path / "req.json", tmp_path / "img", 1)
     results = json.loads((tmp_path / "img.json").read_text())["results"]
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     for i, r in enumerate(requests[:2]):
         assert "error" not in results[i], results[i]
         want = pipe(r["prompt"], image=Image.fromarray(picture), seed=int(r["seed"]), steps=r["steps"],
@@ -535,7 +543,7 @@ def test_kontext_page_in_chromium(kontext_page, driver, tmp_path):
     model, page, picture = kontext_page
     Image.fromarray(picture).save(tmp_path / "pic.png")
     Image.fromarray(picture[::2, ::2]).save(tmp_path / "small.png")
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     with static_server(page) as url:
         assert open_page(driver, url) == "ready"
         r = generate(driver, "make the circle blue", 3, 4, picture=tmp_path / "pic.png")
@@ -552,7 +560,7 @@ def test_kontext_page_in_chromium(kontext_page, driver, tmp_path):
 def test_llm_family_page_in_chromium(node_modules, driver, request, fixture, tmp_path):
     """An LLM text encoder's page in the browser (the chat template, ids and masks by prompt.js): generate's image."""
     model, page, _ = _family_page(request, fixture)
-    pipe = Pipeline.from_folder(model)
+    pipe = _pipeline(model)
     with static_server(page) as url:
         assert open_page(driver, url) == "ready"
         r = generate(driver, "a blue star above a yellow square", 8, 3, guidance=2.5, negative="blurry")
