@@ -1,8 +1,7 @@
 """LLM text encoders exported streamed from their shards (export/llm_streamed.py, issue 43): float == the whole-model
-export on tiny Z-Image (Qwen3), Qwen-Image (Qwen2.5-VL) and FLUX.2 [klein] (Qwen3ForCausalLM, three layers read)
-pipelines, int8 / int4 within a stated distance of float
-on tiny Qwen3 and Qwen2.5-VL text models wide enough for blocks of 32, the pipelines' images unchanged in float, the
-int8 folder generating through the run time unchanged, the manifest's record, and one-line refusals."""
+export on tiny Z-Image (Qwen3), Qwen-Image (Qwen2.5-VL) and FLUX.2 [klein] (Qwen3ForCausalLM, three layers read;
+4 layers deep here) pipelines, int8 / int4 within a stated distance of float on tiny Qwen3 and Qwen2.5-VL text models
+wide enough for blocks of 32, the pipelines' images unchanged in float, the int8 folder generating through the run time unchanged, the manifest's record, and one-line refusals."""
 
 from __future__ import annotations
 
@@ -40,12 +39,37 @@ def _snr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return float("inf") if noise == 0 else 10 * np.log10(float(np.square(ref, dtype=np.float64).sum()) / noise)
 
 
+def _shallow_klein(src: Path, out: Path, monkeypatch) -> Path:
+    """The tiny [klein] pipeline with a 4-layer encoder that the family reads at layers 1, 2 and 3 instead of a
+    28-layer one read at 9, 18 and 27: the same shape of problem (three reads, the last layer unread, more layers
+    than the cut-down copy keeps, so its repeated layers are exercised) at a seventh of the tracing, which was
+    nearly all of this case's time (two traces of 28 layers, ~19 s)."""
+    import transformers
+
+    from onnxdiffusion.families.flux2 import Flux2Klein
+
+    shutil.copytree(src, out)
+    config = transformers.Qwen3Config.from_pretrained(out / "text_encoder")
+    config.num_hidden_layers, config.layer_types = 4, config.layer_types[:4]
+    shutil.rmtree(out / "text_encoder")
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(config).eval().save_pretrained(out / "text_encoder")
+    monkeypatch.setattr(Flux2Klein, "text_layers", (1, 2, 3))
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["zimage", "qwenimage", "flux2_klein"])
-def test_streamed_float_is_the_whole_export(request, tmp_path, kind):
-    """The session's folder (stream_weights "auto": whole at the tiny sizes) vs the encoder exported streamed."""
+def test_streamed_float_is_the_whole_export(request, tmp_path, kind, monkeypatch):
+    """The session's folder (stream_weights "auto": whole at the tiny sizes) vs the encoder exported streamed;
+    [klein] on a shallower encoder, its whole export made here (text encoder only)."""
     src = request.getfixturevalue(f"tiny_{kind}_diffusers")
-    whole_folder = request.getfixturevalue(f"tiny_{kind}_onnx")
+    if kind == "flux2_klein":
+        src = _shallow_klein(src, tmp_path / "src", monkeypatch)
+        whole_folder = tmp_path / "whole"
+        export_pipeline(src, whole_folder, TE, progress=False)
+    else:
+        whole_folder = request.getfixturevalue(f"tiny_{kind}_onnx")
     streamed = export_pipeline(src, tmp_path / "streamed", replace(TE, stream_weights="on"), progress=False)
     assert "streamed_weights" not in json.loads((whole_folder / "manifest.json").read_text())["components"]["text_encoder"]
     entry = streamed.to_dict()["components"]["text_encoder"]

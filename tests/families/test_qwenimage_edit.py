@@ -133,15 +133,22 @@ def test_default_output_size_follows_the_picture(tiny_qwenedit_onnx):
 @pytest.mark.slow
 def test_int8_static_edits(tiny_qwenedit_onnx, tmp_path):
     """int8-static calibrates on the probe picture (no picture is given to quantize) and the quantized model
-    edits; its PSNR against fp32 is printed (random weights: reported, not judged)."""
+    edits; its PSNR against fp32 is printed (random weights: reported, not judged).
+
+    The op groups are named as `auto` picks them here (modulation int8; norms and softmax over the error budget,
+    attention float as not faster): auto's error probes and timings on this 1,024-token sequence were ~12 of
+    the quantization's ~21 CPU s, and the folder is the same (the same SQNR 40.68 dB and probe 59.09 dB both ways).
+    auto's choosing on this backbone class is test_flow_families' int8-static case on Qwen-Image."""
     from onnxdiffusion.quantize import CalibrationConfig, QuantizeConfig, quantize
     from onnxdiffusion.quantize.configs import recipe_class
     from onnxdiffusion.runtime import Pipeline
 
     out = tmp_path / "int8"
     cal = CalibrationConfig(count=4, steps=3, batch=2, sampler="flow_euler")
-    report = quantize(tiny_qwenedit_onnx, out, QuantizeConfig(recipe=recipe_class("int8-static")(), calibration=cal,
-                                                              latency_runs=1, measure_memory=False))
+    recipe = recipe_class("int8-static").with_options({"modulation": "int8", "attention": "float", "softmax": "float",
+                                                       "norms": "float"})
+    report = quantize(tiny_qwenedit_onnx, out, QuantizeConfig(recipe=recipe, calibration=cal, latency_runs=1,
+                                                              measure_memory=False))
     print(f"qwen-image-edit int8-static probe PSNR (the quantize report's): {report['quality']['probe_psnr_db']:.1f} dB")
     kw = dict(image=_picture(48, 80), negative_prompt=NEGATIVE, steps=STEPS, guidance=GUIDANCE, height=H, width=W, seed=4)
     fp32 = Pipeline.from_folder(tiny_qwenedit_onnx)(PROMPT, **kw)

@@ -80,15 +80,14 @@ def test_a_piece_over_the_inline_limit_goes_through_a_file(monkeypatch):
 # --- on quantized tiny folders (slow: quantize with calibration) ------------------------------------
 
 @pytest.fixture(scope="module")
-def int8_folders(tiny_onnx, tiny_sd3_onnx, tmp_path_factory):
+def int8_folders(tiny_int8_static, tiny_sd3_onnx, tmp_path_factory):
+    """sd: conftest's shared tiny_int8_static (this module's own quantization before, the same config); sd3 here."""
     from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize
 
-    out = {}
-    for name, folder, sampler in (("sd", tiny_onnx, "ddim"), ("sd3", tiny_sd3_onnx, "flow_euler")):
-        cal = CalibrationConfig(count=4, steps=3, batch=4, sampler=sampler)
-        out[name] = tmp_path_factory.mktemp("cache_int8") / name
-        quantize(folder, out[name], QuantizeConfig(recipe=Int8StaticRecipe(), calibration=cal, latency_runs=1,
-                                                   measure_memory=False))
+    out = {"sd": tiny_int8_static, "sd3": tmp_path_factory.mktemp("cache_int8") / "sd3"}
+    cal = CalibrationConfig(count=4, steps=3, batch=4, sampler="flow_euler")
+    quantize(tiny_sd3_onnx, out["sd3"], QuantizeConfig(recipe=Int8StaticRecipe(), calibration=cal, latency_runs=1,
+                                                       measure_memory=False))
     return out
 
 
