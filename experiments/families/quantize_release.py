@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""`quantize` at release size without fp32 sessions (issue 43): FLUX.2 [klein] 4B's backbone at its released config
+(5 double + 20 single blocks, 3.88 B parameters, 15.5 GB of fp32 weights) with random weights, its text encoder 28
+narrow Qwen3 layers at the release width (quantize reads the backbone; the encoder only has to be there).
+
+    python experiments/families/quantize_release.py WORK [--steps build,export,dynamic,static,generate]
+
+Each step is skipped when its output exists (resumable); each command runs under `/usr/bin/time -v` in its own
+process (peak RSS = GNU time's "Maximum resident set size", wall = its elapsed time) and its row is merged into
+quantize_release.json. Steps:
+  build     WORK/klein-src: the diffusers folder, random bf16 shards written tensor by tensor (bench/arch/release.py)
+  export    WORK/klein-onnx: `onnxdiffusion export --stream-weights on --skip vae_encoder` (the fp32 ONNX is written
+            without building the model); the bf16 shards are deleted once it is complete
+  dynamic   WORK/klein-int8d: `onnxdiffusion quantize ... int8-dynamic --no-quality` (latency pair: auto)
+  static    WORK/klein-int8s: the same with int8-static, 4 calibration prompts x 4 steps at 512x512
+  generate  one 512x512 4-step image from the int8-dynamic folder, `--memory bounded`, 2 threads
+Before each big write the free disk is checked (>= 15 GB left after it, the brief's margin for the other sessions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "quantize_release.json"
+GB = 1e9
+MARGIN = 15 * GB
+PROMPT = "a red circle above a blue square"
+
+
+def cli() -> list[str]:
+    return [sys.executable, "-m", "onnxdiffusion.cli"]
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def need_disk(nbytes: float, what: str) -> None:
+    free = shutil.disk_usage("/").free
+    if free - nbytes < MARGIN:
+        sys.exit(f"{what}: {free / GB:.1f} GB free, {nbytes / GB:.1f} GB to write would leave under "
+                 f"{MARGIN / GB:.0f} GB; wait for disk")
+
+
+def timed(cmd: list[str], log: Path) -> dict:
+    """`cmd` under /usr/bin/time -v; its peak RSS, wall and exit status (stderr kept in `log`)."""
+    t0 = time.time()
+    with open(log, "w") as err:
+        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=err, stderr=subprocess.STDOUT)
+    text = log.read_text()
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    return {"command": " ".join(["onnxdiffusion" if c == "onnxdiffusion.cli" else c for c in cmd[2:]]),
+            "rc": proc.returncode, "peak_rss_bytes": int(rss.group(1)) * 1024 if rss else None,
+            "wall_s": round(time.time() - t0, 1), "load_avg_end": os.getloadavg()}
+
+
+def record(step: str, row: dict) -> None:
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data.setdefault("machine", {"cpu": _cpu(), "python": platform.python_version()})
+    data.setdefault("rows", {})[step] = row
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    print(step, json.dumps(row), flush=True)
+
+
+def _cpu() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return platform.processor()
+    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    flags = next((line for line in out.splitlines() if line.startswith("Flags")), "")
+    have = [f for f in ("avx512_vnni", "avx512_bf16", "amx_tile") if f in flags.split()]
+    return f"{name} ({', '.join(have) or 'no avx512_vnni'}), {os.cpu_count()} vCPUs"
+
+
+def step_build(work: Path) -> None:
+    src = work / "klein-src"
+    if src.exists() or (work / "klein-onnx").exists():
+        return
+    need_disk(8.2 * GB, "build")
+    from onnxdiffusion.bench.arch.release import build
+
+    t0 = time.time()
+    desc = build("flux2_klein", src, depth=None, encoder_layers=28)
+    record("build", {"seconds": round(time.time() - t0, 1), "backbone_params": desc["backbone_params"],
+                     "backbone_fp32_bytes": 4 * desc["backbone_params"], "src_bytes": folder_bytes(src)})
+
+
+def step_export(work: Path) -> None:
+    src, out = work / "klein-src", work / "klein-onnx"
+    if out.exists():
+        return
+    need_disk(16.5 * GB, "export")
+    row = timed([*cli(), "export", str(src), str(out), "--stream-weights", "on", "--skip", "vae_encoder"],
+                work / "export.log")
+    if row["rc"] == 0:
+        row["out_bytes"] = folder_bytes(out)
+        row["backbone_bytes"] = folder_bytes(out / "transformer")
+        shutil.rmtree(src)
+    record("export", row)
+
+
+def step_quantize(work: Path, recipe: str, name: str, extra: list[str]) -> None:
+    out = work / name
+    if out.exists():
+        return
+    need_disk(4.5 * GB if recipe == "int8-dynamic" else 8.5 * GB, recipe)  # static: a spill beside the output
+    row = timed([*cli(), "quantize", str(work / "klein-onnx"), str(out), recipe, "--no-quality", *extra],
+                work / f"{name}.log")
+    if row["rc"] == 0:
+        row["out_bytes"] = folder_bytes(out)
+        row["backbone_bytes"] = folder_bytes(out / "transformer")
+        report = json.loads((out / "quantize_report.json").read_text())
+        row["report"] = {k: report.get(k) for k in ("verdict", "latency", "latency_ratio", "pays", "memory",
+                                                    "fused_ops", "sizes", "seconds", "quality")}
+    record(recipe, row)
+
+
+def step_generate(work: Path, folder: str, threads: int) -> None:
+    png = work / f"{folder}-512.png"
+    if png.exists():
+        return
+    row = timed([*cli(), "generate", str(work / folder), PROMPT, "--steps", "4", "--height", "512", "--width", "512",
+                 "--memory", "bounded", "--threads", str(threads), "-o", str(png)], work / f"generate-{folder}.log")
+    record(f"generate {folder}", row)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--steps", default="build,export,dynamic,static,generate")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    steps = args.steps.split(",")
+    if "build" in steps:
+        step_build(args.work)
+    if "export" in steps:
+        step_export(args.work)
+    if "dynamic" in steps:
+        step_quantize(args.work, "int8-dynamic", "klein-int8d", [])
+    if "static" in steps:
+        step_quantize(args.work, "int8-static", "klein-int8s",
+                      ["--calib-count", "4", "--calib-steps", "4", "--calib-sampler", "euler"])
+    if "generate" in steps:
+        step_generate(args.work, "klein-int8d", args.threads)
+
+
+if __name__ == "__main__":
+    main()
