@@ -18,11 +18,16 @@ from ..errors import UserError
 from ..families import get_family
 from ..folder.manifest import Component
 from ..onnxio import release_memory
+from ..runtime.memory import MemoryOptions
 from ..runtime.session import check_external_data
 from . import files
 from .configs import BACKBONE, QuantizeConfig
 from .graphs import is_quantized, sort_graph
 from .speed_plan import SpeedPlan, speed_plan
+
+# the calibration pipeline's sessions for a backbone past the inline limit (runtime/memory.py's `bounded`, less its
+# letting the backbone go after each generation: calibration runs it again for every prompt)
+LARGE_CALIBRATION_MEMORY = MemoryOptions(release_text_encoders=True, mem_pattern=False, prepacking=False, arena=False)
 
 
 @dataclass
@@ -148,7 +153,10 @@ def calibrate(source: Source, config: QuantizeConfig, log: Callable[[str], None]
     from .calibration import load_prompts
 
     prompts, prompt_source = load_prompts(config.calibration)
-    pipe = Pipeline.from_folder(source.folder, provider="cpu", verify=False, threads=config.threads)
+    # a backbone past the inline limit runs unpacked from its mapped external data (file-backed pages the kernel can
+    # drop, not an anonymous packed copy of the fp32 weights), the text encoders let go after each prompt
+    memory = LARGE_CALIBRATION_MEMORY if source.large else None
+    pipe = Pipeline.from_folder(source.folder, provider="cpu", verify=False, threads=config.threads, memory=memory)
     if not source.large or runs_fp32_backbone(config, measure_quality):
         pipe.backbone  # its session now: a graph ONNX Runtime refuses is one line here, not a crash mid-quantize
     # else: a backbone past the inline limit that nothing runs in fp32 gets no session (its weights' size in RSS)
