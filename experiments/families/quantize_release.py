@@ -14,6 +14,8 @@ quantize_release.json. Steps:
   dynamic   WORK/klein-int8d: `onnxdiffusion quantize ... int8-dynamic --no-quality` (latency pair: auto)
   static    WORK/klein-int8s: the same with int8-static, 4 calibration prompts x 4 steps at 512x512
   generate  one 512x512 4-step image from the int8-dynamic folder, `--memory bounded`, 2 threads
+  fp32call  one 256x256 1-step image from the fp32 folder with the sessions quantize's calibration opens for a
+            large backbone (unpacked, mapped external data): what int8-static's calibration holds
 Before each big write the free disk is checked (>= 15 GB left after it, the brief's margin for the other sessions).
 """
 
@@ -126,19 +128,34 @@ def step_quantize(work: Path, recipe: str, name: str, extra: list[str]) -> None:
     record(recipe, row)
 
 
-def step_generate(work: Path, folder: str, threads: int) -> None:
-    png = work / f"{folder}-512.png"
-    if png.exists():
+def phases(work: Path, folder: str, mode: str, size: int, steps: int, threads: int, name: str,
+           png: Path | None = None) -> None:
+    """One generation in a fresh process (experiments/families/fullsize_run.py's child: VmHWM per phase, RssAnon /
+    RssFile while the backbone is held) under /usr/bin/time -v."""
+    if any(r == name for r in (json.loads(RESULTS.read_text()).get("rows", {}) if RESULTS.exists() else {})):
         return
-    row = timed([*cli(), "generate", str(work / folder), PROMPT, "--steps", "4", "--height", "512", "--width", "512",
-                 "--memory", "bounded", "--threads", str(threads), "-o", str(png)], work / f"generate-{folder}.log")
-    record(f"generate {folder}", row)
+    out = work / f"{name}.json"
+    cmd = [sys.executable, str(HERE / "fullsize_run.py"), str(work / folder), "--child", "--modes", mode, "--size",
+           str(size), "--steps", str(steps), "--threads", str(threads), *(["--save", str(png)] if png else [])]
+    log = work / f"{name}.log"
+    t0 = time.time()
+    with open(out, "w") as stdout, open(log, "w") as err:
+        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=stdout, stderr=err)
+    text = log.read_text()
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    row = {"folder": folder, "mode": mode, "size": size, "steps": steps, "threads": threads, "rc": proc.returncode,
+           "peak_rss_bytes": int(rss.group(1)) * 1024 if rss else None, "wall_s": round(time.time() - t0, 1),
+           "load_avg_end": os.getloadavg()}
+    lines = out.read_text().strip().splitlines()
+    if proc.returncode == 0 and lines:
+        row["phases"] = json.loads(lines[-1])
+    record(name, row)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work", type=Path)
-    ap.add_argument("--steps", default="build,export,dynamic,static,generate")
+    ap.add_argument("--steps", default="build,export,dynamic,generate")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -152,8 +169,12 @@ def main() -> None:
     if "static" in steps:
         step_quantize(args.work, "int8-static", "klein-int8s",
                       ["--calib-count", "4", "--calib-steps", "4", "--calib-sampler", "euler"])
-    if "generate" in steps:
-        step_generate(args.work, "klein-int8d", args.threads)
+    if "generate" in steps:  # the release bench's ours-int8 row's memory
+        phases(args.work, "klein-int8d", "bounded", 512, 4, args.threads, "generate int8-dynamic 512x512 4 steps",
+               args.work / "klein-int8d-512.png")
+    if "fp32call" in steps:  # what int8-static's calibration session costs: the fp32 backbone as quantize opens it
+        phases(args.work, "klein-onnx", "lean,prepacking=0,arena=0", 256, 1, args.threads,
+               "fp32 backbone, calibration's session options, 256x256 1 step")
 
 
 if __name__ == "__main__":
