@@ -57,13 +57,30 @@ def need_disk(nbytes: float, what: str) -> None:
 def timed(cmd: list[str], log: Path) -> dict:
     """`cmd` under /usr/bin/time -v; its peak RSS, wall and exit status (stderr kept in `log`)."""
     t0 = time.time()
+    peaks = {"RssAnon": 0, "RssFile": 0}
     with open(log, "w") as err:
-        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=err, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(["/usr/bin/time", "-v", *cmd], stdout=err, stderr=subprocess.STDOUT)
+        while proc.poll() is None:  # the anonymous / file-backed split GNU time does not give (sampled every 2 s)
+            for k, v in _child_status(proc.pid).items():
+                peaks[k] = max(peaks[k], v)
+            time.sleep(2)
     text = log.read_text()
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     return {"command": " ".join(["onnxdiffusion" if c == "onnxdiffusion.cli" else c for c in cmd[2:]]),
             "rc": proc.returncode, "peak_rss_bytes": int(rss.group(1)) * 1024 if rss else None,
+            "sampled_peak_rss_anon_bytes": peaks["RssAnon"], "sampled_peak_rss_file_bytes": peaks["RssFile"],
             "wall_s": round(time.time() - t0, 1), "load_avg_end": os.getloadavg()}
+
+
+def _child_status(pid: int) -> dict:
+    """RssAnon / RssFile (bytes) of the process /usr/bin/time (pid) runs."""
+    try:
+        child = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+        lines = Path(f"/proc/{child}/status").read_text().splitlines()
+    except (OSError, IndexError, ValueError):
+        return {}
+    return {k: int(v.split()[0]) * 1024 for line in lines for k, _, v in [line.partition(":")]
+            if k in ("RssAnon", "RssFile")}
 
 
 def record(step: str, row: dict) -> None:
@@ -117,7 +134,7 @@ def step_quantize(work: Path, recipe: str, name: str, extra: list[str]) -> None:
     if out.exists():
         return
     need_disk(4.5 * GB if recipe == "int8-dynamic" else 8.5 * GB, recipe)  # static: a spill beside the output
-    row = timed([*cli(), "quantize", str(work / "klein-onnx"), str(out), recipe, "--no-quality", *extra],
+    row = timed([*cli(), "quantize", str(work / "klein-onnx"), str(out), "--recipe", recipe, "--no-quality", *extra],
                 work / f"{name}.log")
     if row["rc"] == 0:
         row["out_bytes"] = folder_bytes(out)
