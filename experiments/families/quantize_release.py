@@ -36,7 +36,6 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "quantize_release.json"
 GB = 1e9
 MARGIN = 15 * GB
-PROMPT = "a red circle above a blue square"
 
 
 def cli() -> list[str]:
