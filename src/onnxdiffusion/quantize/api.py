@@ -76,7 +76,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
 
 # --- report ----------------------------------------------------------------------------------
 
-def verdict(source, built, latency: dict, provider: str, not_measured: str | None = None) -> tuple[float | None, bool, str]:
+def verdict(source, built, latency: dict, provider: str,
+            not_measured: str | None = None) -> tuple[float | None, bool, str]:
     """The backbone's latency ratio to fp32 (all components' when the backbone was not timed), whether
     it pays (the speed gate), and the sentence that says so (`not_measured`: why nothing was timed)."""
     gate_key = source.backbone_name if source.backbone_name in latency else None

@@ -84,7 +84,8 @@ def open_source(model: Path, out: Path, config: QuantizeConfig, overwrite: bool,
             raise UserError(f"{model}: no '{target}' component to convert")
     speed = speed_plan(config.latency, manifest.components[name].bytes)
     if require_speedup and not speed.measure:
-        raise UserError(f"--require-speedup gates on the measured latency, which this run does not measure: {speed.why}")
+        raise UserError(f"--require-speedup gates on the measured latency, which this run does not measure: "
+                        f"{speed.why}")
     return Source(model, manifest, name, path, backbone, large, speed)
 
 
