@@ -14,6 +14,7 @@ quantize_release.json. Steps:
   dynamic   WORK/klein-int8d: `onnxdiffusion quantize ... int8-dynamic --no-quality` (latency pair: auto)
   static    WORK/klein-int8s: the same with int8-static, 4 calibration prompts x 4 steps at 512x512
   generate  one 512x512 4-step image from the int8-dynamic folder, `--memory bounded`, 2 threads
+  generate-mmap  the same with MALLOC_MMAP_THRESHOLD_=1048576 (glibc's heap: quantize_release.md)
   fp32call  one 256x256 1-step image from the fp32 folder with the sessions quantize's calibration opens for a
             large backbone (unpacked, mapped external data): what int8-static's calibration holds
 Before each big write the free disk is checked (>= 15 GB left after it, the brief's margin for the other sessions).
@@ -145,7 +146,7 @@ def step_quantize(work: Path, recipe: str, name: str, extra: list[str]) -> None:
 
 
 def phases(work: Path, folder: str, mode: str, size: int, steps: int, threads: int, name: str,
-           png: Path | None = None) -> None:
+           png: Path | None = None, env: dict | None = None) -> None:
     """One generation in a fresh process (experiments/families/fullsize_run.py's child: VmHWM per phase, RssAnon /
     RssFile while the backbone is held) under /usr/bin/time -v."""
     if any(r == name for r in (json.loads(RESULTS.read_text()).get("rows", {}) if RESULTS.exists() else {})):
@@ -156,10 +157,11 @@ def phases(work: Path, folder: str, mode: str, size: int, steps: int, threads: i
     log = work / f"{name}.log"
     t0 = time.time()
     with open(out, "w") as stdout, open(log, "w") as err:
-        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=stdout, stderr=err)
+        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=stdout, stderr=err, env=env)
     text = log.read_text()
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     row = {"folder": folder, "mode": mode, "size": size, "steps": steps, "threads": threads, "rc": proc.returncode,
+           "environment": {k: v for k, v in (env or {}).items() if k.startswith("MALLOC_")},
            "peak_rss_bytes": int(rss.group(1)) * 1024 if rss else None, "wall_s": round(time.time() - t0, 1),
            "load_avg_end": os.getloadavg()}
     lines = out.read_text().strip().splitlines()
@@ -188,6 +190,11 @@ def main() -> None:
     if "generate" in steps:  # the release bench's ours-int8 row's memory
         phases(args.work, "klein-int8d", "bounded", 512, 4, args.threads, "generate int8-dynamic 512x512 4 steps",
                args.work / "klein-int8d-512.png")
+    if "generate-mmap" in steps:  # the same with glibc's mmap threshold fixed at 1 MB (quantize_release.md)
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
+        phases(args.work, "klein-int8d", "bounded", 512, 4, args.threads,
+               "generate int8-dynamic 512x512 4 steps, MALLOC_MMAP_THRESHOLD_=1048576",
+               args.work / "klein-int8d-512-mmap.png", env)
     if "fp32call" in steps:  # what int8-static's calibration session costs: the fp32 backbone as quantize opens it
         phases(args.work, "klein-onnx", "lean,prepacking=0,arena=0", 256, 1, args.threads,
                "fp32 backbone, calibration's session options, 256x256 1 step")
