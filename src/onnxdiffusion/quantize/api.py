@@ -53,8 +53,8 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
     log = log or (lambda m: None)
     model, out = Path(model), Path(out)
     t_start = time.time()
-    source = open_source(model, out, config, overwrite, force, measure_quality)
-    data = calibrate(source, config, log)
+    source = open_source(model, out, config, overwrite, force, measure_quality, require_speedup)
+    data = calibrate(source, config, log, measure_quality)
     ctx = plan(source, data, config, log, measure_quality)
     built = build(ctx, source)
     spills = spill_folders(built.components.values())  # a streamed build's weights: gone once saved (or on failure)
@@ -76,9 +76,10 @@ def quantize(model: Path | str, out: Path | str, config: QuantizeConfig, overwri
 
 # --- report ----------------------------------------------------------------------------------
 
-def verdict(source, built, latency: dict, provider: str) -> tuple[float | None, bool, str]:
+def verdict(source, built, latency: dict, provider: str,
+            not_measured: str | None = None) -> tuple[float | None, bool, str]:
     """The backbone's latency ratio to fp32 (all components' when the backbone was not timed), whether
-    it pays (the speed gate), and the sentence that says so."""
+    it pays (the speed gate), and the sentence that says so (`not_measured`: why nothing was timed)."""
     gate_key = source.backbone_name if source.backbone_name in latency else None
     ratio = latency[gate_key]["ratio"] if gate_key else sum(v["median_ms"] for v in latency.values()) / max(
         sum(v["fp32_median_ms"] for v in latency.values()), 1e-9) if latency else None
@@ -87,7 +88,7 @@ def verdict(source, built, latency: dict, provider: str) -> tuple[float | None, 
     if ratio is not None and ratio > 1.0:
         text += f": SLOWER than fp32 ({ratio:.2f}x its backbone latency)"
     if ratio is None:
-        text = f"not measured on {provider}: {built.stored_as or 'no kernels here'}"
+        text = f"not measured on {provider}: {not_measured or built.stored_as or 'no kernels here'}"
     elif built.simulated_on_cpu and provider == "cpu":
         text += " (FP8 Q/DQ runs as float simulation on ONNX Runtime's CPU provider; the speed is TensorRT's to give)"
     return ratio, pays, text
@@ -95,7 +96,7 @@ def verdict(source, built, latency: dict, provider: str) -> tuple[float | None, 
 
 def make_report(source, out: Path, config: QuantizeConfig, built, measured) -> dict:
     speed, correction = measured.speed, measured.quality.correction
-    ratio, pays, text = verdict(source, built, speed.latency, config.provider)
+    ratio, pays, text = verdict(source, built, speed.latency, config.provider, speed.not_measured)
     return {
         "recipe": config.recipe.to_dict(),
         "source": str(source.folder),
@@ -117,6 +118,7 @@ def make_report(source, out: Path, config: QuantizeConfig, built, measured) -> d
         "details": built.report_details(),
         "correction": correction.to_dict() if correction else None,
         "precision_schedule": measured.schedule.report,
+        "latency_pair": source.speed.to_dict(),
         "seconds": None,
     }
 

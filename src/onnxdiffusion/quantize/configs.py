@@ -21,6 +21,7 @@ from .configs_float import (  # noqa: F401 - each registers itself
     Fp8Recipe, Fp16Recipe, Int4WeightsRecipe, Nvfp4Recipe, W4A8Recipe, WeightsOnlyRecipe)
 from .configs_int8 import Int8DynamicRecipe, Int8NaiveRecipe, Int8StaticRecipe, Int8TimestepRecipe, MixedRecipe  # noqa: F401
 from .schedule import ScheduleConfig
+from .speed_plan import SETTINGS as SPEED_SETTINGS
 
 CONFIG_VERSION = 1
 # RECIPES: every recipe registered itself (configs_base.register) when its module was imported above
@@ -61,6 +62,9 @@ class QuantizeConfig:
     latency_runs: int = 30
     measure_memory: bool = True
     schedule: ScheduleConfig | None = None  # per-step precision schedule (quantize/schedule.py)
+    # auto | on | off: sessions of the backbone opened to time it (quantize/speed_plan.py); in the dict only when
+    # not auto, so that every folder made before it keeps its manifest's bytes
+    latency: str = "auto"
 
     def __post_init__(self) -> None:
         _check(isinstance(self.recipe, Recipe), f"recipe must be a Recipe, got {type(self.recipe).__name__}")
@@ -80,6 +84,7 @@ class QuantizeConfig:
                    f"leaves no quantized backbone")
         _check(isinstance(self.threads, int) and self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         _check(isinstance(self.latency_runs, int) and self.latency_runs >= 1, f"latency_runs must be >= 1, got {self.latency_runs}")
+        _choice("latency", self.latency, SPEED_SETTINGS)
 
     def to_dict(self) -> dict:
         return {
@@ -93,6 +98,7 @@ class QuantizeConfig:
             "latency_runs": self.latency_runs,
             "measure_memory": self.measure_memory,
             **({"schedule": self.schedule.to_dict()} if self.schedule is not None else {}),
+            **({"latency": self.latency} if self.latency != "auto" else {}),
         }
 
     @classmethod

@@ -38,6 +38,7 @@ class Speed:
     fused: dict | None
     memory: dict | None
     runnable: bool
+    not_measured: str | None = None  # why latency, fused ops and memory were not measured (a runnable backbone)
 
 
 @dataclass
@@ -112,27 +113,34 @@ def choose_schedule(source, data, ctx, built, config: QuantizeConfig, log) -> Sc
 
 def measure_speed(source, built, config: QuantizeConfig, log) -> Speed:
     runnable = built.cpu_runnable or config.provider != "cpu"
-    log("measuring latency" if runnable else "latency not measured: the stored backbone has no kernels on this provider")
+    timed = runnable and source.speed.measure  # each part below opens a session of the backbone
+    if not runnable:
+        log("latency not measured: the stored backbone has no kernels on this provider")
+    elif not timed:
+        log(f"latency not measured: {source.speed.why}")
+    else:
+        log("measuring latency")
     named = {source.folder_name(k): v for k, v in built.components.items()}
-    latency = measure_latency(source.folder, source.manifest, named, config) if runnable else {}
+    latency = measure_latency(source.folder, source.manifest, named, config) if timed else {}
     sizes = {}
     for name, m in built.components.items():
         before = source.components[source.folder_name(name)].bytes
         after = files.model_bytes(m)
         sizes[name] = {"fp32_bytes": before, "bytes": after, "ratio": round(before / after, 3)}
     new = built.backbone
-    fused = fused_summary(new, config.threads) if new is not None and config.provider == "cpu" and runnable else None
+    fused = fused_summary(new, config.threads) if new is not None and config.provider == "cpu" and timed else None
     memory = None
-    if new is not None and config.measure_memory and runnable:
+    if new is not None and config.measure_memory and timed:
         from .runner import memory_mb
 
         with tempfile.TemporaryDirectory(prefix="onnxdiffusion-q-") as scratch:
             path = Path(scratch) / "backbone.onnx"
-            files.save(new, path)
+            # a skeleton (a streamed build) saved with keep would point at this scratch folder, gone when it ends
+            files.save(files.copy(new) if files.data_dir(new) is not None else new, path)
             feed = component_feed(source.backbone_name, source.manifest)
             memory = {"fp32": memory_mb(source.backbone_path, feed), "new": memory_mb(path, feed),
                       "note": "resident MB a fresh process gains loading the backbone (and after one call)"}
-    return Speed(latency, sizes, fused, memory, runnable)
+    return Speed(latency, sizes, fused, memory, runnable, None if timed or not runnable else source.speed.why)
 
 
 def measure(source, data, ctx, built, config: QuantizeConfig, measure: bool, log) -> Measured:

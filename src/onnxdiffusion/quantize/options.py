@@ -35,6 +35,10 @@ class QuantizeOptions:
     provider: str = option("cpu", "ONNX Runtime execution provider, e.g. cpu | cuda | tensorrt | openvino")
     threads: int = option(1, "ONNX Runtime threads for calibration and latency")
     latency_runs: int = option(30, "timed backbone calls per side for the report's latency ratio")
+    latency: str = option("auto", "auto | on | off: open sessions of the backbone to time fp32 against the new one "
+                                  "(the report's ratio, --require-speedup's gate, ORT's fused ops, resident memory); "
+                                  "auto: off when the fp32 backbone is over half this machine's memory (the report "
+                                  "then says 'not measured' and why)")
     quality: bool = option(True, "measure backbone SQNR and probe-image PSNR vs fp32 (--no-quality: skip, e.g. "
                                  "random weights)")
     require_speedup: bool = option(False, "fail (no output) unless the backbone is measurably faster than fp32")
@@ -72,6 +76,7 @@ class QuantizeOptions:
             calibration=CalibrationConfig(count=self.calib_count, prompts_file=prompts, seed=self.calib_seed,
                                           sampler=sampler, steps=steps, guidance=guidance),
             correct=self.correct, provider=self.provider, threads=self.threads, latency_runs=self.latency_runs,
+            latency=self.latency,
             schedule=ScheduleConfig.parse(self.precision_schedule) if self.precision_schedule is not None else None,
         )
 

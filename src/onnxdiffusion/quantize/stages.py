@@ -18,10 +18,16 @@ from ..errors import UserError
 from ..families import get_family
 from ..folder.manifest import Component
 from ..onnxio import release_memory
+from ..runtime.memory import MemoryOptions
 from ..runtime.session import check_external_data
 from . import files
 from .configs import BACKBONE, QuantizeConfig
 from .graphs import is_quantized, sort_graph
+from .speed_plan import SpeedPlan, speed_plan
+
+# the calibration pipeline's sessions for a backbone past the inline limit (runtime/memory.py's `bounded`, less its
+# letting the backbone go after each generation: calibration runs it again for every prompt)
+LARGE_CALIBRATION_MEMORY = MemoryOptions(release_text_encoders=True, mem_pattern=False, prepacking=False, arena=False)
 
 
 @dataclass
@@ -34,6 +40,7 @@ class Source:
     backbone_path: Path
     backbone: onnx.ModelProto  # past the inline limit and a recipe that takes one: a skeleton
     large: bool  # past the inline limit: weights left in their file until the quantizer reads them
+    speed: SpeedPlan  # whether the backbone is timed (sessions opened) after the build
 
     def folder_name(self, name: str) -> str:
         """A recipe's component name (BACKBONE for the backbone) as this folder names it."""
@@ -45,7 +52,7 @@ class Source:
 
 
 def open_source(model: Path, out: Path, config: QuantizeConfig, overwrite: bool, force: bool,
-                measure_quality: bool) -> Source:
+                measure_quality: bool, require_speedup: bool = False) -> Source:
     """Every input checked before any model runs."""
     from ..runtime.session import resolve_provider
 
@@ -75,7 +82,11 @@ def open_source(model: Path, out: Path, config: QuantizeConfig, overwrite: bool,
     for target in recipe.targets:
         if target != BACKBONE and target not in manifest.components:
             raise UserError(f"{model}: no '{target}' component to convert")
-    return Source(model, manifest, name, path, backbone, large)
+    speed = speed_plan(config.latency, manifest.components[name].bytes)
+    if require_speedup and not speed.measure:
+        raise UserError(f"--require-speedup gates on the measured latency, which this run does not measure: "
+                        f"{speed.why}")
+    return Source(model, manifest, name, path, backbone, large, speed)
 
 
 @dataclass
@@ -129,13 +140,27 @@ class Calibration:
         return dict(calib.provenance) if calib is not None else {"kind": "none"}
 
 
-def calibrate(source: Source, config: QuantizeConfig, log: Callable[[str], None]) -> Calibration:
+def runs_fp32_backbone(config: QuantizeConfig, measure_quality: bool) -> bool:
+    """Whether anything before the latency pair runs the fp32 backbone: calibration (on trajectories or random
+    latents), the quality measurement, a recipe's image search, the precision schedule, --correct."""
+    recipe = config.recipe
+    return (measure_quality or recipe.calibrated or recipe.random_calibration or recipe.searches
+            or config.schedule is not None or config.correct)
+
+
+def calibrate(source: Source, config: QuantizeConfig, log: Callable[[str], None],
+              measure_quality: bool = True) -> Calibration:
     from ..runtime import Pipeline
     from .calibration import load_prompts
 
     prompts, prompt_source = load_prompts(config.calibration)
-    pipe = Pipeline.from_folder(source.folder, provider="cpu", verify=False, threads=config.threads)
-    pipe.backbone  # its session now: a graph ONNX Runtime refuses is one line here, not a crash mid-quantize
+    # a backbone past the inline limit runs unpacked from its mapped external data (file-backed pages the kernel can
+    # drop, not an anonymous packed copy of the fp32 weights), the text encoders let go after each prompt
+    memory = LARGE_CALIBRATION_MEMORY if source.large else None
+    pipe = Pipeline.from_folder(source.folder, provider="cpu", verify=False, threads=config.threads, memory=memory)
+    if not source.large or runs_fp32_backbone(config, measure_quality):
+        pipe.backbone  # its session now: a graph ONNX Runtime refuses is one line here, not a crash mid-quantize
+    # else: a backbone past the inline limit that nothing runs in fp32 gets no session (its weights' size in RSS)
     pipe.correction = pipe.precision_schedule = None  # (a forced re-quantization) references are the plain backbone's
     return Calibration(pipe, config, prompts, prompt_source, log)
 
@@ -158,7 +183,7 @@ def plan(source: Source, data: Calibration, config: QuantizeConfig, log: Callabl
             data.probe()
         if recipe.calibrated:
             data.calibration()
-        if config.schedule is None:  # a precision schedule runs the fp32 pipeline again to choose its steps
+        if config.schedule is None and data.pipe.backbone_loaded:  # a precision schedule runs it again
             data.pipe.backbone = None
             release_memory()
     return ctx
