@@ -12,6 +12,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from ..errors import UserError
+from . import heap
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -124,7 +125,8 @@ def session_options(threads: int | None = None, memory=None, level: str | None =
 
     `memory`: a runtime.memory.MemoryOptions; `prepacking=False` keeps ORT from making a packed copy of
     each constant weight for its kernels (they pack per call instead), `arena=False` gives activations
-    back to the allocator after each call instead of ORT's growing CPU arena, `mem_pattern=False` keeps
+    back to the allocator after each call instead of ORT's growing CPU arena (for a full-size model make_session
+    also has malloc hand large blocks back to the system: onnxio/heap.py), `mem_pattern=False` keeps
     ORT from planning a second block for a run's activations beside what its arena already holds.
     `level="extended"`: ORT's graph optimizations stop below the layout rewrites (NCHWc, NHWC).
     """
@@ -157,6 +159,8 @@ def make_session(path: Path, provider: str = "cpu", threads: int | None = None,
     if not checked:
         check_external_data(path)
     opts = session_options(threads, memory, level)
+    if memory is not None and not memory.arena and heap.full_size(path):
+        heap.hand_back_large_blocks()  # else its freed activations stay in malloc's heap
     if external_files:
         names = list(external_files)
         opts.add_external_initializers_from_files_in_memory(names, [external_files[n] for n in names],
