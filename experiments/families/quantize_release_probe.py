@@ -18,7 +18,9 @@ def status():
         k, _, v = line.partition(":")
         if k in ("VmHWM", "RssAnon", "RssFile"): d[k] = int(v.split()[0]) / 1e6
     return d
-if sys.argv[1] == "backbone":
+
+
+def backbone() -> None:
     import os
     import threading
     import time
@@ -47,8 +49,9 @@ if sys.argv[1] == "backbone":
         t = time.time()
         s.run(None, feed)
         print("call", call, round(time.time() - t, 1), status(), flush=True)
-    sys.exit()
-if sys.argv[1] == "build":
+
+
+def build() -> None:
     w = np.random.default_rng(0).integers(0, 255, (K, N), dtype=np.uint8)
     W = numpy_helper.from_array(w, "W")
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
@@ -60,10 +63,25 @@ if sys.argv[1] == "build":
                           [W, numpy_helper.from_array(np.array(128, np.uint8), "wz")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save_model(m, "m.onnx", save_as_external_data=True, location="m.onnx_data", size_threshold=1024)
-    sys.exit()
-o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.enable_cpu_mem_arena = False; o.enable_mem_pattern = False
-if sys.argv[1] == "noprepack": o.add_session_config_entry("session.disable_prepacking", "1")
-s = ort.InferenceSession("m.onnx", o, providers=["CPUExecutionProvider"])
-print("loaded", status())
-s.run(None, {"x": np.random.default_rng(1).standard_normal((M, K), dtype=np.float32)})
-print("ran", status(), "weight MB", K * N / 1e6)
+
+
+def run(mode: str) -> None:
+    o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.enable_cpu_mem_arena = False; o.enable_mem_pattern = False
+    if mode == "noprepack": o.add_session_config_entry("session.disable_prepacking", "1")
+    s = ort.InferenceSession("m.onnx", o, providers=["CPUExecutionProvider"])
+    print("loaded", status())
+    s.run(None, {"x": np.random.default_rng(1).standard_normal((M, K), dtype=np.float32)})
+    print("ran", status(), "weight MB", K * N / 1e6)
+
+
+def main() -> None:
+    if sys.argv[1] == "backbone":
+        backbone()
+    elif sys.argv[1] == "build":
+        build()
+    else:
+        run(sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()
