@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Is the anonymous memory that grows during one ONNX Runtime call under `--memory bounded` held tensors or glibc's
 heap? (issue 43, qwen20b.md). One session made as the run time makes it under `bounded` (no pre-packing, no arena,
-no memory pattern), two calls; RssAnon sampled every 0.2 s during each call. Run it twice, once as is and once with
+no memory pattern), CALLS calls (2); RssAnon sampled every 0.5 s during each call. Run it twice, once as is and once with
 GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072 (every allocation above 128 KiB its own mapping, given back on
 free: glibc's dynamic threshold, which moves blocks of the size last freed onto the brk heap, switched off). If the
 growth is gone under the tunable, it was the heap's free lists (memory freed but not returned), not live tensors.
 
-    python experiments/families/heap_ab.py MODEL.onnx [TOKENS]       # a text encoder (input_ids, attention_mask)
+    python experiments/families/heap_ab.py MODEL.onnx [TOKENS] [CALLS]   # a text encoder (input_ids, attention_mask)
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ def main() -> None:
     from anon_watch import sample
 
     path, tokens = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    calls = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     t = time.time()
     sess = ort.InferenceSession(path, sess_options=session_options(2, memory_options("bounded")),
                                 providers=["CPUExecutionProvider"])
     out = {"tunables": os.environ.get("GLIBC_TUNABLES", ""), "load_s": round(time.time() - t, 1),
            "anon_after_load": status("RssAnon"), "calls": []}
     ids = np.random.default_rng(0).integers(1, 150000, (1, tokens)).astype(np.int64)
-    for _ in range(2):
+    for _ in range(calls):
         peak, at_peak, stop = [0], [None], threading.Event()
 
         def watch() -> None:
