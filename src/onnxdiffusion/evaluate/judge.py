@@ -104,14 +104,18 @@ class Judge:
                 "occupied": empty.astype(bool),
                 "embedding": np.zeros((0, d), np.float32),
             }
-        cat = self.logits(x, batch_size)
-        shape = cat["shape_logits"].argmax(-1).astype(np.int64)
+        return self.read(self.logits(x, batch_size))
+
+    @staticmethod
+    def read(logits: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``predict``'s result from ``logits``' (one run of the model gives both)."""
+        shape = logits["shape_logits"].argmax(-1).astype(np.int64)
         return {
             "shape": shape,
-            "colour": cat["colour_logits"].argmax(-1).astype(np.int64),
-            "size": cat["size_logits"].argmax(-1).astype(np.int64),
+            "colour": logits["colour_logits"].argmax(-1).astype(np.int64),
+            "size": logits["size_logits"].argmax(-1).astype(np.int64),
             "occupied": shape > 0,
-            "embedding": cat["embedding"].astype(np.float32),
+            "embedding": logits["embedding"].astype(np.float32),
         }
 
     def logits(self, images, batch_size: int = 256) -> dict[str, np.ndarray]:

@@ -71,11 +71,12 @@ class Judged:
             return None
         from ..evaluate.judge import score_scenes, strict_margins, summarize
 
-        each = score_scenes(list(prompts.scenes), self.judge.predict(images))
+        logits = self.judge.logits(images)  # one run of the judge: verdicts and margins both read it
+        each = score_scenes(list(prompts.scenes), self.judge.read(logits))
         s = summarize(each)
         # per prompt: the paired test and the PSNR floor (accuracy.py) compare verdicts prompt by prompt; the
         # margins say how near each verdict is to flipping (the confirmation's expected discordance)
-        margins = strict_margins(list(prompts.scenes), self.judge.logits(images))
+        margins = strict_margins(list(prompts.scenes), logits)
         return {"strict": s["strict_accuracy"], "attribute": s["attribute_accuracy"],
                 "strict_each": [int(bool(e["strict"])) for e in each],
                 "margin_each": [round(m, 4) for m in margins]}
