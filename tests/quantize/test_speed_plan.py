@@ -80,7 +80,7 @@ def test_a_backbone_too_large_to_time_gets_no_session_at_all(external_onnx, tmp_
     """int8-dynamic without quality on a backbone past the inline limit and the machine's share: no session of the
     backbone is opened (not the fp32 one calibration used to open, not the latency pair)."""
     monkeypatch.setattr(onnxio_files, "INLINE_LIMIT", 64 << 10)
-    monkeypatch.setattr(sp, "machine_memory", lambda: 1 << 20)  # a "machine" smaller than the tiny UNet
+    monkeypatch.setattr(sp, "physical_memory", lambda: 1 << 20)  # a "machine" smaller than the tiny UNet
     opened = _backbone_sessions(monkeypatch)
     report = quantize(external_onnx, tmp_path / "q", QuantizeConfig(recipe=recipe_class("int8-dynamic")(), **FAST),
                       measure_quality=False)

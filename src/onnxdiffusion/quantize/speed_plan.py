@@ -7,10 +7,10 @@ why; it never claims a verdict it did not measure."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..errors import UserError
+from ..runtime.guards import physical_memory
 
 SETTINGS = ("auto", "on", "off")
 # auto measures while the fp32 backbone's weights are at most this share of the machine's memory: the pair holds
@@ -28,14 +28,6 @@ class SpeedPlan:
         return {"setting": self.setting, "measured": self.measure, **({"why": self.why} if self.why else {})}
 
 
-def machine_memory() -> int | None:
-    """Physical memory in bytes (None where the platform does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def check_setting(setting: str) -> str:
     if setting not in SETTINGS:
         raise UserError(f"--latency must be one of {', '.join(SETTINGS)}, got {setting!r}")
@@ -49,8 +41,8 @@ def speed_plan(setting: str, fp32_bytes: int, memory: int | None = None) -> Spee
         return SpeedPlan(setting, True)
     if setting == "off":
         return SpeedPlan(setting, False, "--latency off: no session of the backbone was opened to time it")
-    memory = machine_memory() if memory is None else memory
-    if memory is None or fp32_bytes <= AUTO_MEMORY_SHARE * memory:
+    memory = physical_memory() if memory is None else memory
+    if fp32_bytes <= AUTO_MEMORY_SHARE * memory:
         return SpeedPlan(setting, True)
     return SpeedPlan(setting, False, f"the fp32 backbone ({fp32_bytes / 1e9:.1f} GB of weights) is over "
                                      f"{AUTO_MEMORY_SHARE:.0%} of this machine's {memory / 1e9:.1f} GB, too large to "

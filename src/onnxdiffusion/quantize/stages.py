@@ -5,7 +5,7 @@ outputs, so plan and build can be tested without capture, probe, latency or save
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..families import get_family
 from ..folder.manifest import Component
 from ..onnxio import release_memory
-from ..runtime.memory import MemoryOptions
+from ..runtime.memory import MEMORY_MODES
 from ..runtime.session import check_external_data
 from . import files
 from .configs import BACKBONE, QuantizeConfig
@@ -27,7 +27,7 @@ from .speed_plan import SpeedPlan, speed_plan
 
 # the calibration pipeline's sessions for a backbone past the inline limit (runtime/memory.py's `bounded`, less its
 # letting the backbone go after each generation: calibration runs it again for every prompt)
-LARGE_CALIBRATION_MEMORY = MemoryOptions(release_text_encoders=True, mem_pattern=False, prepacking=False, arena=False)
+LARGE_CALIBRATION_MEMORY = replace(MEMORY_MODES["bounded"], release_backbone=False)
 
 
 @dataclass
