@@ -27,7 +27,6 @@ Prints and appends one JSON line per pair and variant to WORK/w4_pairs.jsonl.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import pickle
@@ -49,10 +48,10 @@ from onnx import helper, numpy_helper  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from w4_weight_probe import gptq_act  # noqa: E402  (sets its own env defaults, as this script does)
-from quantize_eval import RANKED_8BIT, generate, model_settings  # noqa: E402
+from quantize_eval import RANKED_8BIT, model_settings  # noqa: E402
+from w8_pair_probe import pair_images  # noqa: E402
 
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
-from onnxdiffusion.evaluate.run import EvaluateOptions, heldout_scenes  # noqa: E402
 from onnxdiffusion.onnxio.files import load_backbone  # noqa: E402
 from onnxdiffusion.quantize.gptq import gptq_blocks, input_hessians  # noqa: E402
 from onnxdiffusion.quantize.graphs import initializer_map, prepare_unet, quantizable_nodes  # noqa: E402
@@ -287,13 +286,7 @@ def main() -> int:
     shutil.copytree(src, out)
 
     def image(model: onnx.ModelProto, pair: int):
-        onnx.save(model, str(out / REL))
-        manifest = json.loads((out / "manifest.json").read_text())
-        manifest["files"][REL] = hashlib.sha256((out / REL).read_bytes()).hexdigest()
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        opts = EvaluateOptions(count=1, steps=settings["steps"], sampler=settings["sampler"],
-                               guidance=settings["guidance"], batch=1, seed_offset=pair)
-        return generate(out, heldout_scenes(opts), opts)
+        return pair_images(out, model, pair, settings)
 
     def record(res: dict) -> None:
         print(json.dumps(res), flush=True)

@@ -38,6 +38,18 @@ from onnxdiffusion.quantize.rotation import rotate_linears  # noqa: E402
 REL = "transformer/model.onnx"
 
 
+def pair_images(out: Path, model: onnx.ModelProto, pair: int, settings: dict):
+    """Held-out pair `pair`'s images (batch 1) with `model` as the backbone of the copied folder `out` (its manifest's
+    hash of the backbone file updated to match)."""
+    onnx.save(model, str(out / REL))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"][REL] = hashlib.sha256((out / REL).read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    opts = EvaluateOptions(count=1, steps=settings["steps"], sampler=settings["sampler"],
+                           guidance=settings["guidance"], batch=1, seed_offset=pair)
+    return generate(out, heldout_scenes(opts), opts)
+
+
 def build(rotated: onnx.ModelProto, linears: list[str], mode: str, hessians) -> onnx.ModelProto:
     if mode.startswith("wonly"):
         m = onnx.ModelProto()
@@ -67,13 +79,7 @@ def main() -> int:
     shutil.copytree(src, out)
 
     def images_with(model: onnx.ModelProto, pair: int):
-        onnx.save(model, str(out / REL))
-        manifest = json.loads((out / "manifest.json").read_text())
-        manifest["files"][REL] = hashlib.sha256((out / REL).read_bytes()).hexdigest()
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        opts = EvaluateOptions(count=1, steps=settings["steps"], sampler=settings["sampler"],
-                               guidance=settings["guidance"], batch=1, seed_offset=pair)
-        return generate(out, heldout_scenes(opts), opts)
+        return pair_images(out, model, pair, settings)
 
     for pair in args.pairs:
         t0 = time.time()
