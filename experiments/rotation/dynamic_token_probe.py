@@ -41,6 +41,9 @@ from onnx import numpy_helper  # noqa: E402
 
 from quantize_eval import fp32_reference, generate, model_settings  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import npz_cache  # noqa: E402
+
 from onnxdiffusion.evaluate.judge import Judge  # noqa: E402
 from onnxdiffusion.evaluate.metrics import psnr  # noqa: E402
 from onnxdiffusion.evaluate.run import EvaluateOptions, evaluate_images, heldout_scenes  # noqa: E402
@@ -96,21 +99,14 @@ def activations_only(m: onnx.ModelProto, linears: list[str]) -> onnx.ModelProto:
 
 def hessians_of(m: onnx.ModelProto, linears: list[str], src: Path, settings: dict, args) -> dict:
     """quantize's calibration trajectories (cached in WORK) through the (rotated) float graph: each input's E[x^T x]."""
-    import pickle
-
     from onnxdiffusion.quantize.calibration import capture, load_prompts
     from onnxdiffusion.quantize.configs_base import CalibrationConfig
     from onnxdiffusion.runtime import Pipeline
 
     cfg = CalibrationConfig(count=args.calib_count, sampler=settings["sampler"], steps=settings["steps"],
                             guidance=settings["guidance"])
-    cached = args.work / f"calib_{args.calib_count}.pkl"
-    if cached.exists():
-        calib = pickle.loads(cached.read_bytes())
-    else:
-        prompts, _ = load_prompts(cfg)
-        calib = capture(Pipeline.from_folder(src, provider="cpu", verify=False, threads=1), prompts, cfg)
-        cached.write_bytes(pickle.dumps(calib))
+    calib = npz_cache.calibration(args.work / f"calib_{args.calib_count}.npz", lambda: capture(
+        Pipeline.from_folder(src, provider="cpu", verify=False, threads=1), load_prompts(cfg)[0], cfg))
     return input_hessians(m, linears, calib, calib.spread_steps(args.gptq_steps))
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import shutil
 import sys
 import time
@@ -47,6 +46,7 @@ import onnx  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import npz_cache  # noqa: E402
 from w4_weight_probe import gptq_act  # noqa: E402  (sets its own env defaults, as this script does)
 from quantize_eval import RANKED_8BIT, model_settings  # noqa: E402
 from w8_pair_probe import pair_images  # noqa: E402
@@ -78,14 +78,12 @@ def calibration(src: Path, settings: dict, work: Path):
     from onnxdiffusion.quantize.configs_base import CalibrationConfig
     from onnxdiffusion.runtime import Pipeline
 
-    cached = work / "calib_32.pkl"
-    if cached.exists():
-        return pickle.loads(cached.read_bytes())
-    cfg = CalibrationConfig(count=32, sampler=settings["sampler"], steps=settings["steps"], guidance=settings["guidance"])
-    prompts, _ = load_prompts(cfg)
-    calib = capture(Pipeline.from_folder(src, provider="cpu", verify=False, threads=1), prompts, cfg)
-    cached.write_bytes(pickle.dumps(calib))
-    return calib
+    def build():
+        cfg = CalibrationConfig(count=32, sampler=settings["sampler"], steps=settings["steps"], guidance=settings["guidance"])
+        prompts, _ = load_prompts(cfg)
+        return capture(Pipeline.from_folder(src, provider="cpu", verify=False, threads=1), prompts, cfg)
+
+    return npz_cache.calibration(work / "calib_32.npz", build)
 
 
 def dequantized(q: np.ndarray, scales: np.ndarray, zps: np.ndarray, bs: int) -> np.ndarray:
@@ -106,16 +104,13 @@ def minmax8(w: np.ndarray, bs: int) -> np.ndarray:
 
 
 def weight_sets(base, names, hessians, work: Path, gptq_steps: int) -> dict[str, dict[str, np.ndarray]]:
-    cached = work / f"deq_w4_h{gptq_steps}_b{BS}{'_act' if ACT_ORDER else ''}.pkl"
+    cached = work / f"deq_w4_h{gptq_steps}_b{BS}{'_act' if ACT_ORDER else ''}.npz"
     inits = initializer_map(base)
     nodes = {n.name: n for n in base.graph.node}
     w = {n: numpy_helper.to_array(inits[nodes[n].input[1]]) for n in names}
-    if cached.exists():
-        w4 = pickle.loads(cached.read_bytes())
-    else:
-        w4 = {n: dequantized(*gptq_blocks(w[n], hessians[nodes[n].input[0]], BS, False), BS) for n in names} if not ACT_ORDER \
-            else {n: gptq_act(w[n], BS, hessians[nodes[n].input[0]]) for n in names}
-        cached.write_bytes(pickle.dumps(w4))
+    w4 = npz_cache.arrays(cached, lambda: (
+        {n: dequantized(*gptq_blocks(w[n], hessians[nodes[n].input[0]], BS, False), BS) for n in names} if not ACT_ORDER
+        else {n: gptq_act(w[n], BS, hessians[nodes[n].input[0]]) for n in names}))
     w4 = {n: v.astype(np.float32) for n, v in w4.items()}
     w8 = {n: minmax8(w[n], BS) for n in names}
     top = set(RANKED_8BIT[:36])
@@ -255,12 +250,7 @@ def hessians_at(base, names, calib, args) -> tuple[dict, str]:
     """The inputs' Hessians at --gptq-steps spread steps, or at the --hessian-steps listed (0 = the noisiest)."""
     steps = [int(x) for x in args.hessian_steps.split(",")] if args.hessian_steps else calib.spread_steps(args.gptq_steps)
     tag = ("s" + "_".join(map(str, steps))) if args.hessian_steps else str(args.gptq_steps)
-    hcache = args.work / f"hessians_{tag}.pkl"
-    if hcache.exists():
-        return pickle.loads(hcache.read_bytes()), tag
-    hessians = input_hessians(base, names, calib, steps)
-    hcache.write_bytes(pickle.dumps(hessians))
-    return hessians, tag
+    return npz_cache.arrays(args.work / f"hessians_{tag}.npz", lambda: input_hessians(base, names, calib, steps)), tag
 
 
 def main() -> int:

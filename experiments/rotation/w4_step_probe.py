@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
+import npz_cache  # noqa: E402
 from w4_pair_probe import REL, build, calibration, rotated_base, weight_sets, with_8bit  # noqa: E402
 
 from quantize_eval import model_settings  # noqa: E402
@@ -40,8 +41,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:
-    import pickle
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", type=int, default=101)
     ap.add_argument("--variant", default="top36:float")
@@ -54,13 +53,11 @@ def main() -> int:
     args = ap.parse_args()
     src, settings = model_settings(args.model)
     base, names = rotated_base(src)
-    hcache = args.work / f"hessians_{args.gptq_steps}.pkl"
-    if hcache.exists():
-        hessians = pickle.loads(hcache.read_bytes())
-    else:
+    def hessians_of_calibration():
         calib = calibration(src, settings, args.work)
-        hessians = input_hessians(base, names, calib, calib.spread_steps(args.gptq_steps))
-        hcache.write_bytes(pickle.dumps(hessians))
+        return input_hessians(base, names, calib, calib.spread_steps(args.gptq_steps))
+
+    hessians = npz_cache.arrays(args.work / f"hessians_{args.gptq_steps}.npz", hessians_of_calibration)
     sets = weight_sets(base, names, hessians, args.work, args.gptq_steps)
     wname, act = args.variant.split(":")
     quant = session(build(base, names, None if wname == "float" else with_8bit(sets, wname), act), 1)

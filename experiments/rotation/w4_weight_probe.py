@@ -28,7 +28,6 @@ diag-H order (act-order, each block's grid fixed before, static groups).
 import json
 import math
 import os
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -56,6 +55,9 @@ from onnxdiffusion.quantize.runner import backbone_outputs, session, sqnr_db  # 
 from onnxdiffusion.quantize.static_plan import _infer  # noqa: E402
 from onnxdiffusion.runtime import Pipeline  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import npz_cache  # noqa: E402
+
 MODELS = {"mmdit": ("models/shapes-mmdit-onnx", "flow_euler", 20, 3.0), "sd": ("models/shapes-sd-onnx", "ddim", 20, 4.0)}
 
 
@@ -63,14 +65,9 @@ def load(tag: str, count: int = 32, rotate: int = 64):
     folder, sampler, steps, guidance = MODELS[tag]
     folder = ROOT / folder
     SCRATCH.mkdir(parents=True, exist_ok=True)
-    cached = SCRATCH / f"calib_{tag}.pkl"
-    if cached.exists():
-        calib = pickle.loads(cached.read_bytes())
-    else:
-        cfg = CalibrationConfig(count=count, sampler=sampler, steps=steps, guidance=guidance)
-        prompts, _ = load_prompts(cfg)
-        calib = capture(Pipeline.from_folder(folder, provider="cpu", verify=False, threads=1), prompts, cfg)
-        cached.write_bytes(pickle.dumps(calib))
+    cfg = CalibrationConfig(count=count, sampler=sampler, steps=steps, guidance=guidance)
+    calib = npz_cache.calibration(SCRATCH / f"calib_{tag}.npz", lambda: capture(
+        Pipeline.from_folder(folder, provider="cpu", verify=False, threads=1), load_prompts(cfg)[0], cfg))
     manifest = read_manifest(folder)
     base = prepare_unet(files.load_backbone(component_path(folder, manifest, get_family(manifest.family).backbone)))
     base, _ = gemms_as_matmuls(base, [q.name for q in quantizable_nodes(base, ("Gemm",))])
@@ -311,12 +308,8 @@ CUMUL = ("embed_out", "net.2/MatMul", "ff", "attn", "adaln")  # net.2: the MLPs'
 
 
 def mixed(mode, base, calib, W, H, nodes, bs, eval_steps) -> None:
-    cache = SCRATCH / f"deq_gptqaclip_b{bs}_h{os.environ.get('HSTEPS', '6')}.pkl"
-    if cache.exists():
-        deq4 = pickle.loads(cache.read_bytes())
-    else:
-        deq4 = {n: gptq(w, bs, H[nodes[n].input[0]], False, clip=True) for n, w in W.items()}
-        cache.write_bytes(pickle.dumps(deq4))
+    deq4 = npz_cache.arrays(SCRATCH / f"deq_gptqaclip_b{bs}_h{os.environ.get('HSTEPS', '6')}.npz",
+                            lambda: {n: gptq(w, bs, H[nodes[n].input[0]], False, clip=True) for n, w in W.items()})
     deq8 = {n: _unblocks(q_asym(_blocks(w, bs)[0], bits=8), w.shape[0]) for n, w in W.items()}
     b4 = {n: nbits_bytes(w, bs, 4) for n, w in W.items()}
     b8 = {n: nbits_bytes(w, bs, 8) for n, w in W.items()}
