@@ -267,6 +267,17 @@ tiny_qwenimage_onnx = exported("tiny_qwenimage_onnx", "tiny_qwenimage_diffusers"
 tiny_zimage_onnx = exported("tiny_zimage_onnx", "tiny_zimage_diffusers", export_family)
 
 
+def export_family_streamed(src: Path, out: Path) -> Path:
+    """export_family with every weight streamed from the shards (stream_weights "on"; "auto" keeps a tiny model
+    whole): test_streamed_float and test_llm_streamed each exported the Z-Image one in a test."""
+    return export_family(src, out, stream_weights="on")
+
+
+tiny_zimage_streamed_onnx = exported("tiny_zimage_streamed_onnx", "tiny_zimage_diffusers", export_family_streamed)
+tiny_qwenimage_streamed_onnx = exported("tiny_qwenimage_streamed_onnx", "tiny_qwenimage_diffusers",
+                                        export_family_streamed)
+
+
 def export_family_encoder(src: Path, out: Path) -> Path:
     """export_family's components and the VAE encoder (img2img, inpainting and ControlNet encode a picture)."""
     from onnxdiffusion.export import ExportOptions, export_pipeline
@@ -324,7 +335,7 @@ SLOW_ONLY_FIXTURES = {
     "rendered", "scheduled", "sd3_loops", "sd3_without_t5", "sdxl_loops", "serve_models", "server",
     "static_folder", "tiny_int8_static", "tiny_sd3_int8_static", "tiny_flux_diffusers", "tiny_flux_onnx", "tiny_loops", "tiny_qwenimage_diffusers",
     "tiny_qwenimage_onnx", "tiny_qwenimage_enc_onnx", "tiny_sd3_onnx", "tiny_sdxl_onnx", "tiny_zimage_diffusers",
-    "tiny_zimage_onnx",
+    "tiny_zimage_onnx", "tiny_zimage_streamed_onnx", "tiny_qwenimage_streamed_onnx",
     "tiny_flux2_klein_diffusers", "tiny_flux2_dev_diffusers", "tiny_flux2_klein_onnx", "tiny_flux2_dev_onnx", "flux2_loops"
 }
 
