@@ -195,6 +195,22 @@ def tiny_int8_static(tiny_onnx, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_sd3_int8_static(tiny_sd3_onnx, tmp_path_factory) -> Path:
+    """tiny_sd3_onnx quantized by int8-static (4 calibration prompts x 3 flow_euler steps, quality measured), once
+    per run: test_cache_int8's MMDiT folder and test_family_quantize's plain int8-static case on tiny SD3 each made
+    this same call; read-only (quantize_report.json beside it is the report)."""
+    def build(root: Path) -> Path:
+        from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize
+
+        quantize(tiny_sd3_onnx, root / "model", QuantizeConfig(recipe=Int8StaticRecipe(), latency_runs=1,
+                                                               measure_memory=False,
+                                                               calibration=CalibrationConfig(count=4, steps=3, batch=4,
+                                                                                             sampler="flow_euler")))
+        return root / "model"
+    return shared_folder(tmp_path_factory, "tiny_sd3_int8_static", build)
+
+
+@pytest.fixture(scope="session")
 def tiny_v_diffusers(tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory, "tiny_v", lambda root: build_tiny_pipeline(
         root, prediction_type="v_prediction", spacing="trailing"))
@@ -249,6 +265,17 @@ def export_family(src: Path, out: Path, **options) -> Path:
 tiny_flux_onnx = exported("tiny_flux_onnx", "tiny_flux_diffusers", export_family)
 tiny_qwenimage_onnx = exported("tiny_qwenimage_onnx", "tiny_qwenimage_diffusers", export_family)
 tiny_zimage_onnx = exported("tiny_zimage_onnx", "tiny_zimage_diffusers", export_family)
+
+
+def export_family_streamed(src: Path, out: Path) -> Path:
+    """export_family with every weight streamed from the shards (stream_weights "on"; "auto" keeps a tiny model
+    whole): test_streamed_float and test_llm_streamed each exported the Z-Image one in a test."""
+    return export_family(src, out, stream_weights="on")
+
+
+tiny_zimage_streamed_onnx = exported("tiny_zimage_streamed_onnx", "tiny_zimage_diffusers", export_family_streamed)
+tiny_qwenimage_streamed_onnx = exported("tiny_qwenimage_streamed_onnx", "tiny_qwenimage_diffusers",
+                                        export_family_streamed)
 
 
 def export_family_encoder(src: Path, out: Path) -> Path:
@@ -306,9 +333,9 @@ def external_onnx(tiny_onnx, tmp_path_factory):
 SLOW_ONLY_FIXTURES = {
     "bench_models", "bench_run", "calib", "flux", "flux_pair", "peer_bench", "quantized", "qwen", "qwen_pair",
     "rendered", "scheduled", "sd3_loops", "sd3_without_t5", "sdxl_loops", "serve_models", "server",
-    "static_folder", "tiny_int8_static", "tiny_flux_diffusers", "tiny_flux_onnx", "tiny_loops", "tiny_qwenimage_diffusers",
+    "static_folder", "tiny_int8_static", "tiny_sd3_int8_static", "tiny_flux_diffusers", "tiny_flux_onnx", "tiny_loops", "tiny_qwenimage_diffusers",
     "tiny_qwenimage_onnx", "tiny_qwenimage_enc_onnx", "tiny_sd3_onnx", "tiny_sdxl_onnx", "tiny_zimage_diffusers",
-    "tiny_zimage_onnx",
+    "tiny_zimage_onnx", "tiny_zimage_streamed_onnx", "tiny_qwenimage_streamed_onnx",
     "tiny_flux2_klein_diffusers", "tiny_flux2_dev_diffusers", "tiny_flux2_klein_onnx", "tiny_flux2_dev_onnx", "flux2_loops"
 }
 

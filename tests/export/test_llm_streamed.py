@@ -130,14 +130,12 @@ def test_int8_int4_within_stated_db_of_float(request, tmp_path, kind):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["zimage", "qwenimage"])
-def test_streamed_encoder_gives_the_whole_exports_image(request, tmp_path, kind):
-    """conftest's folder (stream_weights "auto": whole, as the tiny sizes are) vs one exported streamed."""
-    from conftest import export_family
-
+def test_streamed_encoder_gives_the_whole_exports_image(request, kind):
+    """conftest's folder (stream_weights "auto": whole, as the tiny sizes are) vs one exported streamed (conftest's
+    export_family with stream_weights "on", once per run: test_streamed_float reads the Z-Image one too)."""
     from onnxdiffusion.runtime import Pipeline
 
-    src = request.getfixturevalue(f"tiny_{kind}_diffusers")
-    streamed = export_family(src, tmp_path / "on", stream_weights="on")
+    streamed = request.getfixturevalue(f"tiny_{kind}_streamed_onnx")
     assert json.loads((streamed / "manifest.json").read_text())["components"]["text_encoder"]["streamed_weights"]
     images = [Pipeline.from_folder(f, threads=1)("a red circle", steps=2, seed=1, height=32, width=32).images.astype(int)
               for f in (request.getfixturevalue(f"tiny_{kind}_onnx"), streamed)]

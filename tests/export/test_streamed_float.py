@@ -106,14 +106,13 @@ def test_huge_header_length_refused(tmp_path):
         Shards(tmp_path)
 
 
-def test_streamed_folder_generates_the_plain_image(tiny_zimage_diffusers, tiny_zimage_onnx, tmp_path):
+def test_streamed_folder_generates_the_plain_image(tiny_zimage_onnx, tiny_zimage_streamed_onnx):
     """The plain folder is conftest's (export_family: every component but the VAE encoder, stream_weights "auto",
-    which is "off" for a tiny backbone: test_auto_keeps_small_backbones_plain); the streamed one is exported alike."""
-    from conftest import export_family
-
+    which is "off" for a tiny backbone: test_auto_keeps_small_backbones_plain); the streamed one is exported alike
+    (conftest's tiny_zimage_streamed_onnx: export_family with stream_weights "on", once per run)."""
     from onnxdiffusion.runtime import Pipeline
 
-    folders = {"off": tiny_zimage_onnx, "on": export_family(tiny_zimage_diffusers, tmp_path / "on", stream_weights="on")}
+    folders = {"off": tiny_zimage_onnx, "on": tiny_zimage_streamed_onnx}
     images = []
     for setting, out in folders.items():
         streamed = json.loads((out / "manifest.json").read_text())["components"]["transformer"].get("streamed_weights")

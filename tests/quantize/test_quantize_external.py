@@ -44,9 +44,15 @@ def constants_external(tiny_onnx, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def inline_ref(tiny_onnx, tmp_path_factory):
-    """The recipe on the inline folder, once per recipe for both limits."""
-    made = {}
+def inline_ref(tiny_onnx, tiny_int8_static, tmp_path_factory):
+    """The recipe on the inline folder, once per recipe for both limits. int8-static's is conftest's shared
+    tiny_int8_static: the same call (Int8StaticRecipe(), 4 x 3 DDIM calibration in batches of 4, latency_runs=1,
+    measure_memory=False; DDIM is the calibration default), which the step-cache and ControlNet tests quantize
+    once per run anyway; its report is the one quantize wrote beside it."""
+    from onnxdiffusion.quantize.report import REPORT_NAME
+
+    made = {"int8-static": {"folder": tiny_int8_static,
+                            "report": json.loads((tiny_int8_static / REPORT_NAME).read_text())}}
 
     def get(name):
         if name not in made:

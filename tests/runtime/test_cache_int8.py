@@ -80,15 +80,10 @@ def test_a_piece_over_the_inline_limit_goes_through_a_file(monkeypatch):
 # --- on quantized tiny folders (slow: quantize with calibration) ------------------------------------
 
 @pytest.fixture(scope="module")
-def int8_folders(tiny_int8_static, tiny_sd3_onnx, tmp_path_factory):
-    """sd: conftest's shared tiny_int8_static (this module's own quantization before, the same config); sd3 here."""
-    from onnxdiffusion.quantize import CalibrationConfig, Int8StaticRecipe, QuantizeConfig, quantize
-
-    out = {"sd": tiny_int8_static, "sd3": tmp_path_factory.mktemp("cache_int8") / "sd3"}
-    cal = CalibrationConfig(count=4, steps=3, batch=4, sampler="flow_euler")
-    quantize(tiny_sd3_onnx, out["sd3"], QuantizeConfig(recipe=Int8StaticRecipe(), calibration=cal, latency_runs=1,
-                                                       measure_memory=False))
-    return out
+def int8_folders(tiny_int8_static, tiny_sd3_int8_static):
+    """conftest's shared int8-static folders (this module's own quantizations before, the same configs: 4 x 3
+    calibration, DDIM on SD, flow_euler on SD3)."""
+    return {"sd": tiny_int8_static, "sd3": tiny_sd3_int8_static}
 
 
 def _integer_ops(m: onnx.ModelProto) -> int:
