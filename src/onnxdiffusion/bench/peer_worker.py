@@ -143,8 +143,13 @@ def _split_sources(args) -> dict:
     sys.path.insert(0, str(Path(__file__).with_name("arch")))
     import sdcpp_files
 
+    gguf = {part: Path(args.cache) / f"{part}-{args.mode}.gguf" for part in ("diffusion", "llm")}
+    if all(g.is_file() for g in gguf.values()):
+        # converted: the named copies (16-20 GB at release size) are not read again and may have been deleted;
+        # rewriting them here would put minutes of copying into the peer's load time
+        return {"src": {"vae": Path(args.folder) / "vae" / "diffusion_pytorch_model.safetensors"}, "gguf": gguf}
     src = sdcpp_files.prepare(Path(args.folder), Path(args.cache).parent / "sdcpp-src")
-    return {"src": src, "gguf": {part: Path(args.cache) / f"{part}-{args.mode}.gguf" for part in ("diffusion", "llm")}}
+    return {"src": src, "gguf": gguf}
 
 
 def _is_split(args) -> bool:
