@@ -133,7 +133,8 @@ def load_optimum(args):
     return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.unet, pipe.vae_decoder)
 
 
-SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0", "q4_K": "q4_K"}
+# GGML type names as the binding's GGML_TYPE_MAP spells them (lower-case k: its key for Q4_K is "q4_k")
+SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0", "q4_K": "q4_k"}
 SPLIT_PIPELINES = ("ZImagePipeline", "Flux2KleinPipeline")  # sd.cpp reads these from split files
 
 
