@@ -13,7 +13,13 @@
 # Z-Image's int8 row is our export of the very Q8_0 GGUF the sdcpp-q8_0 row runs (MatMulNBits, 8-bit blocks of 32):
 # the fp32 ONNX of a 6B backbone (24.6 GB) is too big for `--quantize` on a 24 GB machine (klein's 15.5 GB too:
 # its ort-int8-dynamic row fails at release size until klein's GGUF names exist -- release_bench.md, blocker 2).
-# Ours run with `--memory lean` (text encoder let go after encoding), as a user short of memory would.
+# klein's int8 row is the same path as Z-Image's, built before the bench (prepare_klein below, resumable: each step
+# skipped when its output exists): sd.cpp's own converter writes its Q8_0 GGUF (the bench's --convert-only worker,
+# the one-off time and peak in WORK/convert-q8_0.json), the named copies it read are deleted, and ours is that GGUF
+# exported with --base the diffusers folder and the Qwen3-4B text encoder streamed to int8: no fp32 backbone is ever
+# written (15.5 GB), and WORK/onnx links to it so the bench's --arch build finds an exported model and exports none.
+# Ours run with `--memory bounded` (text encoder let go after encoding, backbone before the decode), as a user
+# short of memory would (MEMORY=lean for the earlier setting).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OD=${ONNXDIFFUSION:-onnxdiffusion}
@@ -28,6 +34,32 @@ else
   declare -A DEPTH=()
   SIZE=512 STEPS_ARG="" ROUNDS=${ROUNDS:-3}
 fi
+MEMORY=${MEMORY:-bounded}
+PY=${PYTHON:-python}
+ROOT=$(pwd)
+
+prepare_klein() {  # $1 = WORK/flux2_klein; release size only (sd.cpp cannot run a cut-down klein)
+  local w=$1 c mode
+  if [ ! -f "$w/diffusers/model_index.json" ]; then
+    $PY -m onnxdiffusion.bench.arch.fullwidth build flux2_klein "$w/diffusers" --profile bench
+  fi
+  for mode in q8_0 q4_K; do  # what the bench's sd.cpp rows would convert on their first load, done here once
+    c=$w/peers/sdcpp-$mode
+    if [ ! -f "$c/diffusion-$mode.gguf" ] || [ ! -f "$c/llm-$mode.gguf" ]; then
+      mkdir -p "$c"
+      (cd "$c" && "${ONNXDIFFUSION_SDCPP_PYTHON:-$ROOT/.venv-sdcpp/bin/python}" "$ROOT/src/onnxdiffusion/bench/peer_worker.py" \
+        --backend sdcpp --mode $mode --folder "$w/diffusers" --cache "$c" --threads 2 --convert-only > "$w/convert-$mode.json")
+    fi
+  done
+  rm -rf "$w/peers/sdcpp-src"  # the named copies sd.cpp's converter read (16 GB): the GGUFs are all it runs
+  c=$w/peers/sdcpp-q8_0
+  if [ ! -f "$w/onnx-q8_0/manifest.json" ]; then
+    $OD export "$c/diffusion-q8_0.gguf" "$w/onnx-q8_0" --base "$w/diffusers" --text-encoder-weights int8 \
+      --stream-weights on --skip vae_encoder --overwrite
+  fi
+  [ -e "$w/onnx" ] || ln -s onnx-q8_0 "$w/onnx"
+}
+
 failed=""
 for arch in $ARCHES; do
   depth=${DEPTH[$arch]:+--arch-depth ${DEPTH[$arch]}}
@@ -36,6 +68,9 @@ for arch in $ARCHES; do
   quantize=""
   if [ "$arch" = zimage ]; then
     variants="$variants,$w/onnx-q8_0"
+  elif [ -z "${PROOF:-}" ]; then
+    prepare_klein "$(realpath -m "$w")"
+    variants="$variants,$(realpath -m "$w")/onnx-q8_0"
   else
     variants="$variants,ort-int8-dynamic" quantize="--quantize int8-dynamic"
   fi
@@ -43,13 +78,13 @@ for arch in $ARCHES; do
     # a round's rows run interleaved; a folder row that is not there yet (Z-Image's GGUF export) is a skipped row
     # a failed bench (klein's --quantize at release size: release_bench.md, blocker 2) does not stop the others
     $OD bench --arch "$arch" $depth --work "$w" --size "$SIZE" $STEPS_ARG --threads "$t" --isolate \
-      --repeats "$ROUNDS" --variants "$variants" $quantize --memory lean --out "$OUT/$arch-t$t" || failed="$failed $arch-t$t"
+      --repeats "$ROUNDS" --variants "$variants" $quantize --memory "$MEMORY" --out "$OUT/$arch-t$t" || failed="$failed $arch-t$t"
     if [ "$arch" = zimage ] && [ ! -f "$w/onnx-q8_0/manifest.json" ] && [ -f "$w/peers/sdcpp-q8_0/diffusion-q8_0.gguf" ]; then
       # the first pass converted the backbone to Q8_0 for sd.cpp: export that GGUF for ours, then bench again
       # --base the exported folder: its text encoder and VAE are reused, only the backbone is exported
       $OD export "$w/peers/sdcpp-q8_0/diffusion-q8_0.gguf" "$w/onnx-q8_0" --base "$w/onnx" --overwrite
       $OD bench --arch "$arch" $depth --work "$w" --size "$SIZE" $STEPS_ARG --threads "$t" --isolate \
-        --repeats "$ROUNDS" --variants "$variants" --memory lean --out "$OUT/$arch-t$t" || failed="$failed $arch-t$t"
+        --repeats "$ROUNDS" --variants "$variants" --memory "$MEMORY" --out "$OUT/$arch-t$t" || failed="$failed $arch-t$t"
     fi
   done
 done

@@ -133,7 +133,8 @@ def load_optimum(args):
     return pipe, {"load_s": load_s}, versions, (pipe.text_encoder, pipe.unet, pipe.vae_decoder)
 
 
-SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0", "q4_K": "q4_K"}
+# GGML type names as the binding's GGML_TYPE_MAP spells them (lower-case k: its key for Q4_K is "q4_k")
+SDCPP_TYPES = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0", "q4_K": "q4_k"}
 SPLIT_PIPELINES = ("ZImagePipeline", "Flux2KleinPipeline")  # sd.cpp reads these from split files
 
 
@@ -143,8 +144,13 @@ def _split_sources(args) -> dict:
     sys.path.insert(0, str(Path(__file__).with_name("arch")))
     import sdcpp_files
 
+    gguf = {part: Path(args.cache) / f"{part}-{args.mode}.gguf" for part in ("diffusion", "llm")}
+    if all(g.is_file() for g in gguf.values()):
+        # converted: the named copies (16-20 GB at release size) are not read again and may have been deleted;
+        # rewriting them here would put minutes of copying into the peer's load time
+        return {"src": {"vae": Path(args.folder) / "vae" / "diffusion_pytorch_model.safetensors"}, "gguf": gguf}
     src = sdcpp_files.prepare(Path(args.folder), Path(args.cache).parent / "sdcpp-src")
-    return {"src": src, "gguf": {part: Path(args.cache) / f"{part}-{args.mode}.gguf" for part in ("diffusion", "llm")}}
+    return {"src": src, "gguf": gguf}
 
 
 def _is_split(args) -> bool:

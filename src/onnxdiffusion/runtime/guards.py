@@ -275,14 +275,21 @@ def probe_text(folder, pipe, backbone_io) -> None:
     """Encode an empty prompt once at load: a tokenizer padding past a text encoder's position table, or
     text conditioning the backbone's graph does not take (a manifest's lengths or widths that disagree with
     the graphs), is refused now in one line instead of failing inside ONNX Runtime on the first request.
-    Text encoders are small next to the backbone; this costs one encoding."""
+    Costs one encoding; where the text encoders are let go after each encoding (memory lean/bounded) the
+    pipeline runs `checked_encoding` on its first real prompt instead, so an LLM encoder runs once, not twice."""
+    checked_encoding(folder, lambda: pipe.encode_prompt([""]), backbone_io, "an empty prompt")
+
+
+def checked_encoding(folder, encode, backbone_io, what: str = "the first prompt"):
+    """`encode()`'s conditioning, refused in one line if the text encoders fail or make conditioning the
+    backbone's graph does not take (see probe_text)."""
     try:
-        cond = pipe.encode_prompt([""])
+        cond = encode()
     except UserError:
         raise
     except Exception as e:  # ORT's own exception types
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise UserError(f"{folder}: the text encoders fail on an empty prompt ({type(e).__name__}: {first})") from None
+        raise UserError(f"{folder}: the text encoders fail on {what} ({type(e).__name__}: {first})") from None
     declared = {i.name: i.shape for i in backbone_io.get_inputs()}
     for name, value in cond.items():
         shape = declared.get(name)
@@ -293,6 +300,7 @@ def probe_text(folder, pipe, backbone_io) -> None:
         if bad:
             raise UserError(f"{folder}: the text side makes {name} of shape {list(value.shape)} but the backbone "
                             f"takes {shape} (manifest and graphs disagree)")
+    return cond
 
 
 def is_runtime_error(e: BaseException) -> bool:

@@ -114,7 +114,12 @@ class Pipeline(SessionMakers, PictureStages):
             raise UserError(f"{folder}: the scheduler's prediction_type {kind!r} disagrees with "
                             f"the manifest's {info.prediction_type!r}")
         self.recommended = manifest.recommended
-        guards.probe_text(folder, self, backbone_io)  # one empty-prompt encoding: lengths and widths agree
+        # lengths and widths of the text side agree with the backbone: one empty-prompt encoding now, or, where
+        # the encoders are let go after each encoding, a check of the first real one (an LLM encoder's probe
+        # would load and run it a second time before the first image: minutes at release size)
+        self._text_unchecked = backbone_io if mem.release_text_encoders else None
+        if self._text_unchecked is None:
+            guards.probe_text(folder, self, backbone_io)
 
     @classmethod
     def from_folder(cls, folder: Path | str | None = None, provider: str = "cpu", verify: bool = True,
@@ -197,6 +202,15 @@ class Pipeline(SessionMakers, PictureStages):
         the family says (SD: encoder_hidden_states; SDXL adds the pooled text_embeds; ...).
         `adapter`: LoRA feeds (adapters.AdapterFeeds) for the text encoders that have some; `pictures`: what an
         editing family's text encoders read of its reference pictures (Family.reference_text)."""
+        unchecked = self._text_unchecked
+        if unchecked is not None:  # the load-time probe deferred to this first encoding (see __init__)
+            cond = guards.checked_encoding(self.folder, lambda: self._encode_prompt(prompts, adapter, pictures),
+                                           unchecked)
+            self._text_unchecked = None
+            return cond
+        return self._encode_prompt(prompts, adapter, pictures)
+
+    def _encode_prompt(self, prompts: list[str], adapter=None, pictures=None) -> Conditioning:
         seen = {} if pictures is None else {"pictures": pictures}
         with self.holding_text_encoders():
             encoded = {slot.name: self.family.encode_text(slot, self.tokenizers[slot.name],
