@@ -40,6 +40,8 @@ def _watch(budget, share: float, attr: str):
 
     def seen(images: int, seconds: float) -> None:
         budget.observe(images * budget.per_picture * share, seconds)
+        if attr == "references":  # what the reference's speed is re-based on (budget.rebase)
+            budget.reference_batches.append((images, seconds))
         setattr(budget, attr, max(0, getattr(budget, attr) - images))
 
     return seen

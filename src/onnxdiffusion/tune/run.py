@@ -239,6 +239,9 @@ def _references(store, folders: dict, default: Candidate, sets: tuple, guidance:
     log(f"tune: fp32 references of the checks: {' + '.join(str(len(p.prompts)) for _, p in todo)} prompts")
     for kind, p in todo:
         reference(store, folders, default, p, guidance, kind, budget)
+    rebased = budget.rebase()
+    if rebased:
+        log(f"tune: {rebased}")
     log(f"tune: references made: {budget.describe()}")
 
 

@@ -102,7 +102,9 @@ class Search:
         if r is None or cand.recipe != FP32 or cand.cache is not None:
             return
         n = len(self.prompts.prompts)
-        expected = n * (r["loop"] * cand.steps / self.default.steps + r["full"])
+        # its share of the reference's cost, at the budget's seconds a picture (re-based on the check references)
+        share = (r["loop"] * cand.steps / self.default.steps + r["full"]) / (r["loop"] + r["full"])
+        expected = n * share * self.budget.per_picture
         self.budget.observe(expected, seconds["loop"] + seconds["full"])
 
     # -- one generation, both decoders ----------------------------------------------------------------
