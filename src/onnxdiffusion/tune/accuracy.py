@@ -108,6 +108,18 @@ def expected_discordant(cand_margins, ref_margins) -> tuple[float, float]:
     return b, c
 
 
+def doubtful(cand_margins, ref_margins, n: int) -> bool:
+    """Whether the tuning prompts' margins already expect the candidate to fail the confirmation's test on `n`
+    prompts (expected_ok on their expected losses scaled to n). Only the order of the confirmations reads it (the
+    confirmation still decides): r7's MMDiT runs spent their one confirmation on fp32 dpmpp_2m 12 (1.12 expected
+    losses of 96 from the tuning prompts; 0.41 on the confirmation's: turned down) and had no time left for the
+    next, so both returned the default."""
+    if not cand_margins or not ref_margins or n <= 0:
+        return False
+    b, _ = expected_discordant(cand_margins, ref_margins)
+    return not expected_ok(b * n / len(ref_margins), n)
+
+
 def default_count(given: int | None, reads_judge: bool) -> int:
     if given is not None:
         return given

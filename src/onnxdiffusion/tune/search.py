@@ -83,6 +83,7 @@ class Search:
         self.evaluated = 0
         self.notes: list[str] = []
         self.reference_each: list | None = None  # fp32's per-prompt strict verdicts on the tuning prompts
+        self.reference_margins: list | None = None  # ... and the judge's margins of them (finish.doubter)
         self.reference_seconds: dict | None = None  # the reference's per_image_s: what the load factor reads
 
     # -- time ---------------------------------------------------------------------------------
