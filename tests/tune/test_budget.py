@@ -160,7 +160,8 @@ def test_the_whole_run_ends_inside_the_budget_when_the_load_doubles_during_the_c
     folders = {FP32: fp32}
     run._references(search.store, folders, DEFAULT, (confirm, held), 1.0, budget, lambda m: None)
     costs.clear()
-    assert budget.references == 0 and budget.load == pytest.approx(search_load, rel=0.01)
+    # the references re-based the reference's speed: the load factor is now read against their own
+    assert budget.references == 0 and budget.per_picture * budget.load == pytest.approx(search_load, rel=0.01)
     search.run_folder(fp32)
     search_costs = list(costs)
     load[0] = checks_load
@@ -231,3 +232,62 @@ def test_the_defaults_tiny_decoder_is_checked_from_the_reference_generation(tmp_
     rec = finish.holdout(search.store, {FP32: fp32}, DEFAULT.with_(decoder="tiny"), DEFAULT, prompts, Judged(None),
                          1.0, lambda m: None)
     assert len(costs) == 1 and rec["psnr"] < 100.0  # one generation: the reference's, both decoders
+
+
+@pytest.mark.parametrize("rebase", [True, False])
+def test_a_slow_first_reference_is_re_based_on_the_check_references_and_leaves_time_to_search(
+        tmp_path, monkeypatch, rebase):
+    """r6's MMDiT psnr35 run: the 16-picture reference measured 3.30 s a picture (the sessions' start-up, another
+    run's start beside it), the 96 + 96 check references then 2.1 s; the reserve read at the 3.30 s floor left no
+    search and ~650 s of the budget unused. Re-based on the check references, the search runs and the whole run
+    (timing, confirmation, held-out check, overhead) still ends inside the budget."""
+    from types import SimpleNamespace
+
+    from onnxdiffusion.tune import budget as budget_mod, run, select
+
+    if not rebase:  # the code before: the reserve read at the first reference's speed
+        monkeypatch.setattr(budget_mod, "REBASE_PICTURES", 10 ** 9)
+    clock, costs = Clock(), []
+    speed = 2.1  # s a picture, the machine's real speed (PICTURE_S x this load in the stub)
+    _stub_generation(monkeypatch, clock, load=speed, costs=costs)
+    _stub_timing(monkeypatch, clock, lambda: speed)
+    budget = Budget(1200.0, clock=clock)
+    clock.t = 59.0  # the 16-picture reference, its sessions' start-up included
+    confirm, held = PromptSet("confirm", tuple("c" * 96), 100), PromptSet("holdout", tuple("h" * 96), 200)
+    budget.per_picture, budget.references, budget.checked = 3.30, 192, 192
+    budget.timed, budget.rounds = 9, 5
+    search, fp32 = _search(tmp_path, budget)
+    search.reference_seconds = {"loop": 3.30, "full": 0.0}
+    folders = {FP32: fp32}
+    run._references(search.store, folders, DEFAULT, (confirm, held), 1.0, budget, lambda m: None)
+    costs.clear()
+    if not rebase:
+        assert not budget.searching() and budget.left() > 600  # r6: no search, the budget unused
+        return
+    assert budget.per_picture == pytest.approx(speed) and budget.load == pytest.approx(1.0, rel=0.01)
+    assert budget.searching()
+    search.run_folder(fp32)
+    assert search.evaluated >= 5 and budget.load == pytest.approx(1.0, rel=0.01)  # the search reads the same speed
+    search_costs = list(costs)
+    seen = []
+    confirmed = finish.confirmer(search, folders, DEFAULT, confirm, Judged(None), lambda m: None, seen)
+    cands, timed, picked = select.walk(search, search.passing({FP32}), DEFAULT, SimpleNamespace(top=6, rounds=5),
+                                       {}, "p", confirmed, lambda m: None)
+    chosen = picked["chosen"]
+    assert chosen != DEFAULT and seen[0]["confirmed"]
+    finish.holdout(search.store, folders, chosen, DEFAULT, held, Judged(None), 1.0, lambda m: None,
+                   budget=budget, share=search.share(chosen))
+    clock.t += OVERHEAD_S * speed
+    assert clock.t <= budget.budget_s + max(search_costs)
+
+
+def test_the_rebase_leaves_out_the_first_batch_and_keeps_the_floor():
+    b = Budget(600.0, clock=Clock())
+    b.per_picture, b.load = 3.0, 0.7
+    b.reference_batches = [(16, 16 * 5.0), (16, 16 * 2.0)]  # the first batch's start-up; too few pictures after it
+    assert b.rebase() is None and b.per_picture == 3.0
+    b.reference_batches.append((16, 16 * 2.0))
+    assert "3.00 -> 2.00 s a picture" in b.rebase()
+    assert b.per_picture == pytest.approx(2.0) and b.load == pytest.approx(0.7 * 3.0 / 2.0)
+    b.load = 0.5  # a lull after the references: the reserve still reads their average
+    assert b.pictures_s(10) * max(1.0, b.load) / b.load == pytest.approx(20.0)

@@ -40,6 +40,8 @@ def _watch(budget, share: float, attr: str):
 
     def seen(images: int, seconds: float) -> None:
         budget.observe(images * budget.per_picture * share, seconds)
+        if attr == "references":  # what the reference's speed is re-based on (budget.rebase)
+            budget.reference_batches.append((images, seconds))
         setattr(budget, attr, max(0, getattr(budget, attr) - images))
 
     return seen
@@ -152,6 +154,17 @@ def confirmer(search, folders: dict, default: Candidate, prompts: M.PromptSet, j
     return confirmed
 
 
+def doubter(search, n: int):
+    """score -> whether the tuning prompts' margins expect the confirmation on `n` prompts to turn the candidate
+    down (select.choose confirms those last); None where the bound does not read the judge."""
+    from .accuracy import doubtful
+
+    ref = search.reference_margins
+    if not search.bound.keep_accuracy or not ref:
+        return None
+    return lambda s: bool(s) and doubtful(s.get("margin_each"), ref, n)
+
+
 def finish(out: Path, model: Path, manifest, options, search, folders: dict, default: Candidate, sets: tuple,
            judged, facts: dict, unavailable: dict, built: list, t0: float, log) -> dict:
     """`sets`: (the confirmation prompts, the held-out prompts)."""
@@ -167,7 +180,8 @@ def finish(out: Path, model: Path, manifest, options, search, folders: dict, def
     passing = search.passing(set(folders))
     seen: list = []
     cands, timed, picked = walk(search, passing, default, options, _loaders(folders), holdout_set.prompts[0],
-                                confirmer(search, folders, default, confirm_set, judged, log, seen), log)
+                                confirmer(search, folders, default, confirm_set, judged, log, seen), log,
+                                doubter(search, len(confirm_set.prompts)))
     chosen = picked["chosen"]
     held = holdout(search.store, folders, chosen, default, holdout_set, judged, search.guidance, log,
                    budget=search.budget, share=search.share(chosen.with_(decoder="full")))

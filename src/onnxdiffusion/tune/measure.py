@@ -15,6 +15,7 @@ from ..errors import UserError
 from ..evaluate import scenes as S
 from ..evaluate.metrics import psnr
 from ..evaluate.run import item_latents
+from ..runtime.generation import GenerationResult
 from .space import Candidate
 
 PSNR_CAP = 100.0  # identical pictures: a finite figure a mean and a JSON file can hold
@@ -102,20 +103,25 @@ def generate(pipe, cand: Candidate, prompts: PromptSet, guidance: float, batch: 
         seeds = [prompts.seed + start + i for i in range(len(chunk))]
         shape = pipe.latent_shape_for(len(chunk))[1:]
         t0 = time.perf_counter()
-        result = pipe(chunk, steps=cand.steps, sampler=cand.sampler, guidance=guidance, batch=len(chunk),
-                      latents=item_latents(shape, seeds), seed=seeds[0], cache=cand.cache or "none", decoder="full")
+        # the loop's end read from its last step event, so the full decode is the generation's own (timing it
+        # by a second decode of the same latents cost one more VAE decode a batch in every generation)
+        t_steps, result = t0, None
+        for event in pipe.iter_generate(chunk, steps=cand.steps, sampler=cand.sampler, guidance=guidance,
+                                        batch=len(chunk), latents=item_latents(shape, seeds), seed=seeds[0],
+                                        cache=cand.cache or "none", decoder="full"):
+            if isinstance(event, GenerationResult):
+                result = event
+            else:
+                t_steps = time.perf_counter()
         t1 = time.perf_counter()
         h, w = result.images.shape[1:3]
         full.append(result.images)
-        t2 = time.perf_counter()
-        pipe.decode(result.latents, h, w, "full")
-        t3 = time.perf_counter()
         if has_tiny:
             tiny.append(pipe.decode(result.latents, h, w, "tiny"))
-        t4 = time.perf_counter()
-        t_loop += (t1 - t0) - (t3 - t2)
-        t_full += t3 - t2
-        t_tiny += t4 - t3
+        t2 = time.perf_counter()
+        t_loop += t_steps - t0
+        t_full += t1 - t_steps
+        t_tiny += t2 - t1
         if on_batch is not None:
             on_batch(len(chunk), t1 - t0)
     return {"full": np.concatenate(full), "tiny": np.concatenate(tiny) if tiny else None,

@@ -177,6 +177,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
     confirm_set = M.scene_set("confirm", options.confirm_count, CONFIRM_START)
     search = Search(store, bound, tune_set, ref, judged, d.guidance, default, budget, log)
     search.reference_each = (ref_verdict or {}).get("strict_each")
+    search.reference_margins = (ref_verdict or {}).get("margin_each")
     log(f"tune: bound {bound.describe()}")
     if made_ref:  # the reference run is the default's own generation: scored once, not generated again
         search.record(default, made_ref[0])
@@ -239,6 +240,9 @@ def _references(store, folders: dict, default: Candidate, sets: tuple, guidance:
     log(f"tune: fp32 references of the checks: {' + '.join(str(len(p.prompts)) for _, p in todo)} prompts")
     for kind, p in todo:
         reference(store, folders, default, p, guidance, kind, budget)
+    rebased = budget.rebase()
+    if rebased:
+        log(f"tune: {rebased}")
     log(f"tune: references made: {budget.describe()}")
 
 

@@ -83,6 +83,7 @@ class Search:
         self.evaluated = 0
         self.notes: list[str] = []
         self.reference_each: list | None = None  # fp32's per-prompt strict verdicts on the tuning prompts
+        self.reference_margins: list | None = None  # ... and the judge's margins of them (finish.doubter)
         self.reference_seconds: dict | None = None  # the reference's per_image_s: what the load factor reads
 
     # -- time ---------------------------------------------------------------------------------
@@ -102,7 +103,9 @@ class Search:
         if r is None or cand.recipe != FP32 or cand.cache is not None:
             return
         n = len(self.prompts.prompts)
-        expected = n * (r["loop"] * cand.steps / self.default.steps + r["full"])
+        # its share of the reference's cost, at the budget's seconds a picture (re-based on the check references)
+        share = (r["loop"] * cand.steps / self.default.steps + r["full"]) / (r["loop"] + r["full"])
+        expected = n * share * self.budget.per_picture
         self.budget.observe(expected, seconds["loop"] + seconds["full"])
 
     # -- one generation, both decoders ----------------------------------------------------------------

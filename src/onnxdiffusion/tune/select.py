@@ -37,17 +37,19 @@ def latencies(store, cands: list[Candidate], loaders: dict, prompt: str, guidanc
     return {c.key: store.put("timing", c.key, {"candidate": c.to_dict(), **measured[c.key]}) for c in cands}
 
 
-def choose(timed: dict, passing: list, default: Candidate, confirmed=lambda c: True) -> dict:
+def choose(timed: dict, passing: list, default: Candidate, confirmed=lambda c: True, doubtful=None) -> dict:
     """The fastest timed candidate within the bound that `confirmed(c)` holds for (tried fastest first, so only as
     many are confirmed as it takes; ties: fewer levers moved; the default always holds), the best single lever and
     the runner-up per lever (the fastest timed candidate with another value of that lever), both among those within
-    the bound and not turned down by `confirmed`."""
+    the bound and not turned down by `confirmed`. `doubtful(score)`: candidates the tuning data already expects to
+    be turned down are confirmed after the others (a confirmation costs the budget what another may then lack)."""
     ok = {c.key: (c, s) for c, s, _ in passing}
     rows = sorted(((timed[k]["median_s"], len(changed_levers(c, default)), c) for k, (c, s) in ok.items() if k in timed),
                   key=lambda r: (r[0], r[1], r[2].key))
+    doubt = {r[2].key: bool(doubtful and r[2] != default and doubtful(ok[r[2].key][1])) for r in rows}
     rejected = []
     best = default
-    for r in rows:
+    for r in sorted(rows, key=lambda r: doubt[r[2].key]):  # stable: fastest first within each
         if r[2] == default or confirmed(r[2]):
             best = r[2]
             break
@@ -59,10 +61,12 @@ def choose(timed: dict, passing: list, default: Candidate, confirmed=lambda c: T
         other = [r[2] for r in rows if r[2].lever(lever) != best.lever(lever)]
         runner_up[lever] = other[0] if other else None
     return {"chosen": best, "single": single[0] if single else None, "runner_up": runner_up,
-            "scores": {k: s for k, (c, s) in ok.items()}, "rejected": rejected}
+            "scores": {k: s for k, (c, s) in ok.items()}, "rejected": rejected,
+            "doubtful": [r[2] for r in rows if doubt[r[2].key]]}
 
 
-def walk(search, passing: list, default: Candidate, options, loaders: dict, prompt: str, confirmed, log):
+def walk(search, passing: list, default: Candidate, options, loaders: dict, prompt: str, confirmed, log,
+         doubtful=None):
     """Time and choose (the fastest confirmed); when every timed candidate faster than the default is turned down at
     confirmation, the next ones by the pre-ranking are timed (with the default and the best single levers again,
     so each choice reads one interleaved session) and walked in turn, while candidates estimated faster than the
@@ -85,7 +89,10 @@ def walk(search, passing: list, default: Candidate, options, loaders: dict, prom
         for note in b.shrunk[noted:]:
             log(f"tune: shrunk: {note}")
         b.timed = 0  # timed: no longer held back
-        picked = choose(timed, pool, default, confirmed)
+        picked = choose(timed, pool, default, confirmed, doubtful)
+        if picked["doubtful"]:
+            log(f"tune: confirmed after the others (the tuning prompts' margins expect them turned down): "
+                f"{', '.join(c.label() for c in picked['doubtful'])}")
         rejected += picked["rejected"]
         picked["rejected"] = list(rejected)
         if picked["chosen"] != default:
