@@ -291,3 +291,24 @@ def test_the_rebase_leaves_out_the_first_batch_and_keeps_the_floor():
     assert b.per_picture == pytest.approx(2.0) and b.load == pytest.approx(0.7 * 3.0 / 2.0)
     b.load = 0.5  # a lull after the references: the reserve still reads their average
     assert b.pictures_s(10) * max(1.0, b.load) / b.load == pytest.approx(20.0)
+
+
+def test_the_check_references_batches_go_to_the_rebase_hook_and_the_candidates_do_not(tmp_path, monkeypatch):
+    """finish._watch: every batch re-reads the load and is crossed off its own count; only the references' batches
+    reach Budget.reference_batch (what rebase reads), through the hook, in order."""
+    clock = Clock()
+    _stub_generation(monkeypatch, clock, load=2.0)
+    budget = Budget(6000.0, clock=clock)
+    budget.references, budget.checked = 40, 40
+    search, fp32 = _search(tmp_path, budget)
+    prompts = PromptSet("h", tuple("x" * 40), 9)
+    hooked = []
+    monkeypatch.setattr(budget, "reference_batch", lambda n, s: hooked.append((n, s)) or Budget.reference_batch(
+        budget, n, s))
+    finish.holdout(search.store, {FP32: fp32}, DEFAULT.with_(steps=10), DEFAULT, prompts, Judged(None), 1.0,
+                   lambda m: None, budget=budget, share=0.5)
+    assert hooked == budget.reference_batches == [(16, 32.0), (16, 32.0), (8, 16.0)]  # the references only
+    assert budget.references == 0 and budget.checked == 0  # each generation crossed off its own count
+    assert budget.load == pytest.approx(2.0, rel=0.01)  # re-read from both generations' batches
+    assert finish._watch(None, 1.0, "references", then=hooked.append) is None  # no budget: no hook
+

@@ -166,6 +166,10 @@ class Budget:
         return (f"the reference's speed re-based on {n} check references: {before:.2f} -> {seconds:.2f} s a "
                 f"picture (load x{load:.2f} -> x{self.load:.2f})")
 
+    def reference_batch(self, images: int, seconds: float) -> None:
+        """One batch of the checks' fp32 references was made: kept for `rebase` (finish.reference's hook)."""
+        self.reference_batches.append((images, seconds))
+
     def observe_build(self, seconds: float) -> None:
         # kept apart from the load factor: a build's cost does not scale with the load as a generation's does
         self.build_seen = seconds

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 from . import measure as M
+from .budget import Budget
 from .select import walk
 from .space import FP32, Candidate
 
@@ -32,17 +34,21 @@ def picture_name(kind: str, prompts: M.PromptSet, generation: str, decoder: str)
     return f"{kind}-{prompts.seed}-{len(prompts.prompts)}-{tag}-{decoder}"
 
 
-def _watch(budget, share: float, attr: str):
+OnBatch = Callable[[int, float], None]  # (pictures, seconds) of one batch: measure.generate's on_batch
+
+
+def _watch(budget: Budget | None, share: float, attr: str, then: OnBatch | None = None) -> OnBatch | None:
     """on_batch for measure.generate: the load factor re-read from each batch of pictures (`share` of the
-    reference's cost each), and the batch crossed off what the budget holds back for `attr`."""
+    reference's cost each), the batch crossed off what the budget holds back for `attr`, then `then` called with
+    the batch (the references' hook: budget.Budget.reference_batch)."""
     if budget is None:
         return None
 
     def seen(images: int, seconds: float) -> None:
         budget.observe(images * budget.per_picture * share, seconds)
-        if attr == "references":  # what the reference's speed is re-based on (budget.rebase)
-            budget.reference_batches.append((images, seconds))
         setattr(budget, attr, max(0, getattr(budget, attr) - images))
+        if then is not None:
+            then(images, seconds)
 
     return seen
 
@@ -52,7 +58,8 @@ def reference(store, folders: dict, default: Candidate, prompts: M.PromptSet, gu
     the search, so the time after it holds only the chosen candidate's own pictures)."""
     def make():
         made = M.generate(folders[FP32].pipe(default.profile), default, prompts, guidance,
-                          on_batch=_watch(budget, 1.0, "references"))
+                          on_batch=_watch(budget, 1.0, "references",
+                                          then=None if budget is None else budget.reference_batch))
         if made["tiny"] is not None:  # the default's tiny-decoder pictures: that candidate then costs no generation
             store.array(picture_name(kind, prompts, default.generation, "tiny"), lambda: made["tiny"])
         return made["full"]
