@@ -312,3 +312,19 @@ def test_the_check_references_batches_go_to_the_rebase_hook_and_the_candidates_d
     assert budget.load == pytest.approx(2.0, rel=0.01)  # re-read from both generations' batches
     assert finish._watch(None, 1.0, "references", then=hooked.append) is None  # no budget: no hook
 
+
+def test_the_reserve_at_r7_sd_psnr35s_stop_covers_the_rest_it_then_took():
+    """r7's UNet psnr35 run stopped its search at 814 s at a read load of x0.54 (a lull), its checks priced at the
+    fastest passing point's share 0.15 (the quality pass's 0.359 s over the first reference's 2.372 s); the rest
+    (timing 78 s, the chosen int8-timestep ddim 20's checks at share 0.63: 177 s) took 256 s against a reserve of
+    260. The suggested max(MARGIN x max(1, load), RISE x load) reserve is 173 s there: the search would have built
+    int8-static (189 s to build and try, 197 s beyond that reserve) and the run ended ~60-80 s past its budget. The
+    x1 floor times RISE is what covered a lull that ended and a share priced 4x too low."""
+    b = Budget(1200.0, clock=Clock())
+    b.per_picture, b.load, b.references, b.checked, b.checked_share = 1.90, 0.54, 0, 192, 0.359 / 2.372
+    b.timed, b.rounds = 9, 5
+    assert b.timing_s() == pytest.approx(44, abs=1) and b.checks_s() == pytest.approx(30, abs=1)  # as logged
+    assert b.reserve() == pytest.approx(260, abs=1) and b.reserve() >= 256
+    rest = b.checks_s() + OVERHEAD_S * b.load
+    suggested = max(MARGIN * max(1.0, b.load) / b.load * (b.timing_s() + rest), RISE * (b.floor_timing_s() + rest))
+    assert suggested < 256 < b.reserve()
