@@ -46,13 +46,14 @@ def replay(path: Path) -> list[str]:
             stop = (t, int(logged), a, b, load)
         else:
             beyond = BUDGET_S - t - int(need)
+            builds = "both" if beyond > a else "the suggestion" if beyond > b else "neither"
             rows.append(f"  {t:4d} s {recipe}: {need} s to build and try, {beyond} s beyond it; reserve today {a:.0f} "
-                        f"(logged {logged}), suggested {b:.0f}: builds with {'both' if beyond > a else 'the suggestion' if beyond > b else 'neither'}")
+                        f"(logged {logged}), suggested {b:.0f}: builds with {builds}")
     if stop and end:
         t, logged, a, b, load = stop
         rest = int(end.group(1)) - t
-        rows.append(f"  stop at {t} s, load x{load:.2f}: reserve today {a:.0f} s (logged {logged}), suggested {b:.0f} s; "
-                    f"the rest took {rest} s: today {'inside' if rest <= a else 'OVER'}, suggested "
+        rows.append(f"  stop at {t} s, load x{load:.2f}: reserve today {a:.0f} s (logged {logged}), suggested "
+                    f"{b:.0f} s; the rest took {rest} s: today {'inside' if rest <= a else 'OVER'}, suggested "
                     f"{'inside' if rest <= b else 'OVER'}")
     return rows
 
