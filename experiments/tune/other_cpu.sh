@@ -51,10 +51,11 @@ if [[ -z "${DRY_RUN:-}" && -z "${COLLECT_ONLY:-}" ]]; then
 import json
 from onnxdiffusion.bench.machine import machine_facts
 from onnxdiffusion.tune.machine import session_facts
-from onnxdiffusion.tune.run import profiles_for
-ok, refused = profiles_for("int8")
+from onnxdiffusion.tune.builds import plan, profiles_for
+ok, refused, _ = profiles_for("int8")
 print(json.dumps({**machine_facts(), "session": session_facts(), "int8_profiles": list(ok),
-                  "int8_profiles_refused": refused}, indent=1))
+                  "int8_profiles_refused": refused,
+                  "int8_static_builds": {b.name: list(b.for_profiles) for b in plan("int8-static")}}, indent=1))
 EOF
     cat "$OUT/machine.json" >&2
 fi

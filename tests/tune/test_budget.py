@@ -209,7 +209,7 @@ def test_the_first_recipe_is_built_after_the_fp32_folders_own_sampler_then_the_r
     budget = Budget(600.0, clock=Clock())
     search = SimpleNamespace(run_folder=run_folder, searching=lambda: True, budget=budget,
                              generation_s=lambda: 10.0)
-    monkeypatch.setattr(run, "_quantized", lambda model, recipes, *a: calls.append(("build", recipes)) or [])
+    monkeypatch.setattr(run, "build_and_search", lambda model, recipes, *a: calls.append(("build", recipes)) or [])
     opts = TuneOptions(min_psnr=35.0, recipes=("int8-timestep", "int8-static"))
     run._search(default_model_folder(), opts, search, {FP32: Folder(FP32, tmp_path, ("cpu",))}, {}, print)
     assert calls == [("search", FP32, True), ("build", ("int8-timestep",)), ("search", FP32, False),

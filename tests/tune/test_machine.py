@@ -52,3 +52,25 @@ def test_why_gives_each_levers_measured_speedups_the_refused_profiles_and_the_ot
 def test_session_facts_name_threads_and_providers():
     s = session_facts()
     assert s["threads"] >= 1 and "CPUExecutionProvider" in s["providers"]
+
+
+def test_the_other_kind_says_what_tune_builds_for_openvino_int8_and_what_it_did_here():
+    text = "\n".join(why_section(_result(["avx512_vnni"], "vnni")))
+    assert "also builds int8-static `-O stored=qdq`" in text and "not timed on `openvino-int8`" in text
+    assert "Here no folder of another form was planned" in text
+    # a run where onnxruntime-openvino was installed: the qdq build's fate, and the choice on openvino-int8 explained
+    r = _result(["avx512_vnni", "amx_int8", "amx_tile", "avx512_bf16"], "amx")
+    qdq = Candidate("int8-static+stored=qdq", "ddim", 12, None, "full", "openvino-int8")
+    r["chosen"] = qdq.to_dict()
+    r["timed"].append({**qdq.to_dict(), "median_s": 0.3})
+    r["latency_s"]["chosen"] = 0.3
+    r["quantize_builds"] = [{"recipe": "int8-static+stored=qdq", "quantize_recipe": "int8-static",
+                             "for_profiles": ["openvino-int8"], "profiles": ["openvino-int8"]}]
+    amx = "\n".join(why_section(r))
+    assert "run by the `openvino-int8` profile (ONNX Runtime's openvino provider)" in amx
+    assert "int8 convolutions and linears on AMX tiles" in amx and "On a CPU without AMX" in amx
+    vnni = "\n".join(why_section({**r, "machine": _result(["avx512_vnni"], "vnni")["machine"]}))
+    assert "Here: int8-static+stored=qdq for openvino-int8: built and searched." in vnni
+    r["quantize_builds"][0] = {**r["quantize_builds"][0], "skipped": "time budget"}
+    assert "for openvino-int8: not built (time budget)" in "\n".join(
+        why_section({**r, "machine": _result(["avx512_vnni"], "vnni")["machine"]}))

@@ -10,7 +10,10 @@ profile can also be any YAML file of the same form (`--profile path/to/mine.yaml
     provider_options: {...}       # ONNX Runtime's options for that provider, as strings
     threads: null                 # intra-op threads (null: ONNX Runtime's default)
     precision: fp8                # the backbone the folder must hold: fp32 | fp16 | int8 | fp8 | nvfp4 | any
-    recipe: {name: fp8}           # how to make such a folder with `quantize` (informative)
+    recipe: {name: fp8}           # how to make such a folder with `quantize`; the fields besides the name are the
+                                  # form of folder it runs: `tune` searches a quantized folder on it only where the
+                                  # folder's recipe holds them, and builds that form where it is not the recipe's
+                                  # default (tune/builds.py)
     loop: host                    # host (numpy sampler) | loop (the compiled ONNX Loop: latents never leave the device)
     io_binding: device            # host (numpy buffers) | device (OrtValues on the provider's device)
     cuda_graph: false             # capture the backbone call once and replay it (CUDA provider, fixed shapes)

@@ -114,7 +114,8 @@ def why_section(result: dict) -> list[str]:
     lines = ["## Why this choice on this CPU", "",
              f"This CPU's kind: **{kind}** ({cpu['model']}). Each lever measured here (medians of the timing above):",
              "", *lever_rows(result), "", *profile_lines(result)]
-    if c.recipe != "fp32":
+    provider = _provider(c.profile)
+    if c.recipe != "fp32" and provider == "cpu":
         lines.append(f"- The int8 backbone ({c.recipe}) on ONNX Runtime's CPU provider is the fastest point within the "
                      "bound here: its matrix products run on " + {
                          "amx": "AMX tiles (MLAS's QgemmU8S8KernelAmx)",
@@ -122,25 +123,63 @@ def why_section(result: dict) -> list[str]:
                          kind, "MLAS's portable integer kernels") + "; the recipe lever's speed-up in the table is "
                      "what those kernels buy over fp32 on this CPU, and the quantization's error left room for the "
                      "other levers only where the table shows them.")
+    elif c.recipe != "fp32":
+        lines.append(f"- The int8 backbone ({c.recipe}) run by the `{c.profile}` profile (ONNX Runtime's {provider} "
+                     "provider) is the fastest point within the bound here"
+                     + (": OpenVINO's CPU plugin runs the whole QDQ graph, its int8 convolutions and linears on "
+                        + {"amx": "AMX tiles", "vnni": "AVX-512 VNNI"}.get(kind, "its portable integer kernels")
+                        + ", its float parts in bf16 where the CPU has avx512_bf16 / amx_bf16 (the profile's "
+                        "float_math)" if provider == "openvino" else "")
+                     + "; the recipe and profile levers' speed-ups in the table are what it buys over fp32 here.")
     else:
         lines.append("- No quantized folder beat the fp32 one within the bound here (or none was built in the time "
                      "budget): the picture's error budget went to the sampler, the steps and the cache instead.")
-    lines += _other_kind(kind)
+    lines += _other_kind(kind, result)
     return lines
 
 
-def _other_kind(kind: str) -> list[str]:
+def _provider(profile: str) -> str:
+    """The provider a shipped profile runs on ("cpu" for a name this build does not ship: a report read elsewhere)."""
+    from ..errors import UserError
+    from ..profiles import load_profile
+
+    try:
+        return load_profile(profile).provider
+    except UserError:
+        return "cpu"
+
+
+def _forms_here(result: dict) -> str:
+    """What this run did with the builds of another form a profile declared (builds.py)."""
+    forms = [b for b in result.get("quantize_builds") or () if b.get("for_profiles")]
+    if not forms:
+        return ("Here no folder of another form was planned (no profile available here declares one for the "
+                "recipes searched; `openvino-int8` needs onnxruntime-openvino).")
+    return "Here: " + "; ".join(
+        f"{b['recipe']} for {', '.join(b['for_profiles'])}: " + (
+            f"not built ({b.get('skipped') or b.get('error')})" if "skipped" in b or "error" in b else
+            "built and searched" if b.get("profiles") else "built, no profile here runs it") for b in forms) + "."
+
+
+def _other_kind(kind: str, result: dict) -> list[str]:
     if kind == "amx":
         return ["- On a CPU without AMX (AVX-512 VNNI, e.g. AMD EPYC) ORT's own int8 kernels lead and OpenVINO's "
-                "bf16 has no tiles to run on: there the choice stays on cpu-int8 and the same lever search applies "
-                "(experiments/tune/README.md, rounds 3-4)."]
-    return ["- On an AMX Xeon (Sapphire Rapids and later; flags amx_tile amx_int8 amx_bf16) the expected choice is the "
-            "same sampler, steps, cache and decoder on an int8 backbone run by the `openvino-int8` profile "
-            "(onnxruntime-openvino: int8 convolutions and linears on AMX tiles, bf16 float parts, static backbone "
-            "shapes): experiments/amx measured its backbone step 1.72x ORT CPU's int8-static (0.46 vs 0.79 s, SD1.5 "
-            "size, 1 thread; 2.25x diffusers bf16 end to end vs 1.08-1.24x for ORT's int8) at -0.41 / -0.13 dB vs "
-            "int8-static on the embedded models (64 prompts). Why: ORT's CPU provider has no bf16 kernels, and its "
-            "QLinearConv with constant zero points runs the VNNI kernel, not AMX. `tune` times that profile there "
-            "when onnxruntime-openvino is installed (here it is refused, above); the quality levers are "
-            "CPU-independent and carry over, and the PSNR floor and paired test are read again from that machine's "
-            "own pictures. experiments/tune/other_cpu.sh runs the four acceptance runs on such a machine."]
+                "bf16 has no tiles to run on: there the choice is expected on cpu-int8 (with onnxruntime-openvino "
+                "installed, `tune` still builds and times the `-O stored=qdq` folder there, and the timing decides) "
+                "and the same lever search applies (experiments/tune/README.md, rounds 3-4)."]
+    return ["- On an AMX Xeon (Sapphire Rapids and later; flags amx_tile amx_int8 amx_bf16) with onnxruntime-openvino "
+            "installed, `tune` also builds int8-static `-O stored=qdq`, the form the `openvino-int8` profile declares "
+            "(standard ONNX operators only, the attention written out, so OpenVINO runs the whole graph: int8 "
+            "convolutions and linears on AMX tiles, bf16 float parts, static backbone shapes), as a folder of its own "
+            "(cached by content hash) right after int8-static's CPU-fused one, where the budget allows and that one "
+            "did not miss the bound at the folder's own sampler and steps, and searches and times it on "
+            "`openvino-int8` only; the CPU-fused int8 folders are not timed on `openvino-int8` (OpenVINO would run "
+            "them split around ONNX Runtime's own operators). The expected choice there, where its picture keeps the "
+            "bound, is that folder on `openvino-int8`: experiments/amx measured its backbone step 1.72x ORT CPU's int8-static (0.46 vs 0.79 s, "
+            "SD1.5 size, 1 thread; 2.25x diffusers bf16 end to end vs 1.08-1.24x for ORT's int8) at -0.41 / -0.13 dB "
+            "vs int8-static on the embedded models (64 prompts), not a tune run. Why: ORT's CPU provider has no bf16 "
+            "kernels, and its QLinearConv with constant zero points runs the VNNI kernel, not AMX. With the default "
+            "`--recipes` it is the third build (after int8-timestep and int8-static), which a 20-minute budget may "
+            "not reach; `--recipes int8-static` makes it the second. " + _forms_here(result) + " The quality levers "
+            "are CPU-independent and carry over, and the PSNR floor and paired test are read again from that "
+            "machine's own pictures. experiments/tune/other_cpu.sh runs the four acceptance runs on such a machine."]

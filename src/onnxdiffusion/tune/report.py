@@ -24,8 +24,10 @@ def hand_spelled(result: dict, model: str = "MODEL") -> list[str]:
     folder = model
     cmds = []
     if c.recipe != "fp32":
-        args = next((b.get("quantize_args", []) for b in result["quantize_builds"] if b.get("recipe") == c.recipe), [])
-        cmds.append(f"onnxdiffusion quantize {model} {c.recipe}-folder --recipe {c.recipe} {' '.join(args)}".strip())
+        # a build of another form (builds.py) is named by its recipe and options: quantize takes the recipe
+        b = next((b for b in result["quantize_builds"] if b.get("recipe") == c.recipe), {})
+        cmds.append(f"onnxdiffusion quantize {model} {c.recipe}-folder --recipe {b.get('quantize_recipe', c.recipe)} "
+                    f"{' '.join(b.get('quantize_args', []))}".strip())
         folder = f"{c.recipe}-folder"
     flags = f"--sampler {c.sampler} --steps {c.steps} --decoder {c.decoder} --profile {c.profile}"
     if c.cache:

@@ -11,11 +11,11 @@ from pathlib import Path
 from ..errors import UserError
 from ..fields import option
 from .accuracy import default_count
+from .builds import build_and_search, precision, profiles_for
 from .space import DEFAULT_RECIPES, FP32, Candidate
 
 # scene seeds: the tuning, confirmation and held-out prompts never overlap
 TUNE_START, HOLDOUT_START, CONFIRM_START = 50_000, 60_000, 70_000
-QUANTIZE_ARGS = ("--no-quality", "--latency-runs", "3")  # a build's arguments (with --threads 1): its cache key
 
 
 def _recipes(text: str) -> tuple[str, ...]:
@@ -70,32 +70,6 @@ def check_options(o: TuneOptions) -> None:
         raise UserError(f"unknown recipe {bad[0]!r}; choose from {', '.join(KNOWN_RECIPES)}")
 
 
-def profiles_for(precision: str) -> tuple[tuple[str, ...], dict[str, str]]:
-    """(the shipped profiles that run a backbone of `precision` here, {profile: why not} for the others)."""
-    from ..profiles import GPU_PROVIDERS, load_profile, shipped
-
-    ok, why = [], {}
-    for name in shipped():
-        p = load_profile(name)
-        if p.precision not in (precision, "any"):
-            continue
-        reason = "a GPU profile" if p.provider in GPU_PROVIDERS else p.unavailable_reason()
-        if reason is None:
-            ok.append(name)
-        else:
-            why[name] = reason
-    return tuple(ok), why
-
-
-def _precision(folder: Path) -> str:
-    from ..families import get_family
-    from ..folder.artifacts import read_manifest
-    from ..profiles import precision_family
-
-    m = read_manifest(folder)
-    return precision_family(m.components[get_family(m.family).backbone].precision)
-
-
 def _prepare_out(out: Path, model: Path, overwrite: bool) -> None:
     out = Path(out)
     m, o = Path(model).resolve(), out.resolve()
@@ -141,7 +115,7 @@ def tune(model: Path | str | None, out: Path | str, options: TuneOptions, log=No
         say(budget.stamp(message))
 
     facts = {**machine_facts(), "session": session_facts()}
-    fp32_profiles, unavailable = profiles_for(_precision(model))
+    fp32_profiles, unavailable, _ = profiles_for(precision(model))
     if not fp32_profiles:
         raise UserError(f"no shipped profile runs {model}'s backbone here ({'; '.join(unavailable.values())})")
     fp32 = Folder(FP32, model, fp32_profiles)
@@ -255,52 +229,10 @@ def _search(model: Path, options: TuneOptions, search, folders: dict, unavailabl
     # the quick pass is a few generations, each cheaper than the last (what passes there also sets the checks'
     # cost, so the build is weighed against the reserve it really leaves)
     points, cached = search.run_folder(fp32, quick=bool(first))
-    built = _quantized(model, first, search, folders, points, cached, unavailable, log)
+    built = build_and_search(model, first, search, folders, points, cached, unavailable, log)
     if search.searching():
         points, cached = search.run_folder(fp32)
         for recipe, folder in folders.items():
             if recipe != FP32 and search.searching():
                 search.run_folder(folder, fp32_points=points, fp32_cached=cached)
-    return built + _quantized(model, rest, search, folders, points, cached, unavailable, log)
-
-
-def _quantized(model: Path, recipes: tuple[str, ...], search, folders: dict, points, cached, unavailable: dict,
-               log) -> list[dict]:
-    """Each recipe's folder built (or found in the cache) while the budget allows a build and a generation on
-    it, then searched."""
-    from ..adapters.folder import cache_root
-    from ..bench.quantized import build_siblings, sibling_folder
-    from ..folder.artifacts import MANIFEST
-    from .search import Folder
-
-    args = QUANTIZE_ARGS
-    records = []
-    for recipe in recipes:
-        cache = cache_root() / "quantized"
-        folder = sibling_folder(cache, model, recipe, (*args, "--threads", "1"))
-        have = (folder / MANIFEST).is_file()
-        need = (0 if have else search.budget.build_s()) + search.generation_s()
-        if not search.budget.searching(need):
-            records.append({"recipe": recipe, "skipped": "time budget"})
-            log(f"tune: {recipe}: not built (time budget: {need:.0f} s to build and try it; "
-                f"{search.budget.describe()})")
-            continue
-        log(f"tune: {recipe}: {'cached' if have else 'building'} ({folder})")
-        t = time.monotonic()
-        try:
-            [path], [rec] = build_siblings(model, (recipe,), cache, args, threads=1, progress=False)
-        except UserError as e:
-            records.append({"recipe": recipe, "error": str(e)})
-            log(f"tune: {recipe}: {e}")
-            continue
-        if not rec.get("cached"):
-            search.budget.observe_build(time.monotonic() - t)
-        profiles, why = profiles_for(_precision(path))
-        unavailable.update(why)
-        rec["profiles"] = list(profiles)
-        records.append(rec)
-        if not profiles:
-            continue
-        folders[recipe] = Folder(recipe, path, profiles)
-        search.run_folder(folders[recipe], fp32_points=points, fp32_cached=cached)
-    return records
+    return built + build_and_search(model, rest, search, folders, points, cached, unavailable, log)

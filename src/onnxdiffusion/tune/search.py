@@ -205,7 +205,7 @@ class Search:
                     missed.add((sampler, cache))  # with fewer steps it only loses more
         return passed
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         if text not in self.notes:  # a second pass over a folder says it once
             self.notes.append(text)
 
@@ -218,11 +218,11 @@ class Search:
                 d = self.default
                 rec = self.quality(folder, Candidate(folder.recipe, d.sampler, d.steps, None, "full", profile))
                 if "skipped" in rec:
-                    self._note(f"{folder.recipe} on {profile}: built, but the search's part of the time budget was "
+                    self.note(f"{folder.recipe} on {profile}: built, but the search's part of the time budget was "
                                "spent before its first point")
                     continue
                 if not self.passed(rec):
-                    self._note(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} already; its "
+                    self.note(f"{folder.recipe} on {profile}: misses the bound at {d.sampler} {d.steps} already; its "
                                "other points were not tried")
                     continue
             p = self.sampling_stage(folder, profile, None if fp32_points is None else set(fp32_points), quick)
