@@ -69,6 +69,7 @@ def test_the_other_kind_says_what_tune_builds_for_openvino_int8_and_what_it_did_
     amx = "\n".join(why_section(r))
     assert "run by the `openvino-int8` profile (ONNX Runtime's openvino provider)" in amx
     assert "int8 convolutions and linears on AMX tiles" in amx and "On a CPU without AMX" in amx
+    assert "Here: int8-static+stored=qdq for openvino-int8: built and searched." in amx
     vnni = "\n".join(why_section({**r, "machine": _result(["avx512_vnni"], "vnni")["machine"]}))
     assert "Here: int8-static+stored=qdq for openvino-int8: built and searched." in vnni
     r["quantize_builds"][0] = {**r["quantize_builds"][0], "skipped": "time budget"}

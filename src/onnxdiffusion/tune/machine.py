@@ -166,7 +166,7 @@ def _other_kind(kind: str, result: dict) -> list[str]:
         return ["- On a CPU without AMX (AVX-512 VNNI, e.g. AMD EPYC) ORT's own int8 kernels lead and OpenVINO's "
                 "bf16 has no tiles to run on: there the choice is expected on cpu-int8 (with onnxruntime-openvino "
                 "installed, `tune` still builds and times the `-O stored=qdq` folder there, and the timing decides) "
-                "and the same lever search applies (experiments/tune/README.md, rounds 3-4)."]
+                "and the same lever search applies (experiments/tune/README.md, rounds 3-4). " + _forms_here(result)]
     return ["- On an AMX Xeon (Sapphire Rapids and later; flags amx_tile amx_int8 amx_bf16) with onnxruntime-openvino "
             "installed, `tune` also builds int8-static `-O stored=qdq`, the form the `openvino-int8` profile declares "
             "(standard ONNX operators only, the attention written out, so OpenVINO runs the whole graph: int8 "
