@@ -37,7 +37,8 @@ class Build:
 
     @property
     def name(self) -> str:
-        """The folder's name in the search (Candidate.recipe): the recipe, then each option (`int8-static+stored=qdq`)."""
+        """The folder's name in the search (Candidate.recipe): the recipe, then each option
+        (`int8-static+stored=qdq`)."""
         return self.recipe + "".join(f"+{k}={v}" for k, v in self.options)
 
     @property
@@ -76,7 +77,8 @@ def _usable():
         yield p, "a GPU profile" if p.provider in GPU_PROVIDERS else p.unavailable_reason()
 
 
-def profiles_for(precision: str, recipe: Mapping | None = None) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
+def profiles_for(precision: str, recipe: Mapping | None = None
+                 ) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
     """(the shipped profiles that run a backbone of `precision` here, {profile: why not} for the others, {profile:
     why not} for those available here that declare another form than `recipe`'s, a quantized folder's record)."""
     ok, why, form = [], {}, {}
