@@ -67,7 +67,10 @@ def measure_quality(built, data, config: QuantizeConfig, measure: bool) -> Quali
         return Quality()
     quality: dict = {}
     correction = None
-    sq = evaluate_sqnr(measured, traj, config.threads)
+    # one session of the measured graph for the SQNR, the correction's fit and the probe images: the same bytes and
+    # options each time (a session's runs do not change it), opened once instead of up to four times
+    qsess = session(measured, config.threads)
+    sq = evaluate_sqnr(qsess, traj, config.threads)
     quality["backbone_sqnr_db"] = {k: v for k, v in sq.items() if k != "_outputs"}
     if config.correct:
         if config.correct_method == "output":
@@ -75,18 +78,17 @@ def measure_quality(built, data, config: QuantizeConfig, measure: bool) -> Quali
         else:
             from ..runtime.pipeline import GenerateOptions
 
-            qsess = session(measured, config.threads)
             table = data.pipe.table(GenerateOptions(steps=config.calibration.steps, sampler=config.calibration.sampler))
             correction = OutputCorrection.fit_trajectory(lambda feed: qsess.run(["out_sample"], feed)[0], traj, table)
         corrected = np.stack([correction.apply(sq["_outputs"][s], traj.timesteps[s]) for s in range(traj.num_steps)])
         quality["backbone_sqnr_corrected_db"] = sqnr_db(traj.outputs, corrected)
         quality["backbone_error_affine_fraction"] = affine_explained_fraction(traj.outputs, sq["_outputs"])
     probe = data.probe()
-    quality["probe_psnr_db"] = probe.psnr(session(measured, config.threads))
+    quality["probe_psnr_db"] = probe.psnr(qsess)
     if correction is not None:
         data.pipe.correction = correction
         try:
-            quality["probe_psnr_corrected_db"] = probe.psnr(session(measured, config.threads))
+            quality["probe_psnr_corrected_db"] = probe.psnr(qsess)
         finally:
             data.pipe.correction = None
     quality["probe"] = {"prompts": len(probe.prompts), "note": "calibration prompts, not held-out"}

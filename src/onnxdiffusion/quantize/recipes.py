@@ -383,8 +383,9 @@ def build_nvfp4(ctx: Context, recipe: Nvfp4Recipe) -> Built:
                                       else ", activations rounded to fp16")) if simulation is not None else None)
 
 
-def evaluate_sqnr(model: onnx.ModelProto, calib: CalibrationSet | None, threads: int) -> dict | None:
-    """Backbone output SQNR vs fp32 per calibration step (recorded fp32 outputs)."""
+def evaluate_sqnr(model, calib: CalibrationSet | None, threads: int) -> dict | None:
+    """Backbone output SQNR vs fp32 per calibration step (recorded fp32 outputs); `model`: a ModelProto or an open
+    session of it."""
     if calib is None or calib.outputs is None:
         return None
     steps = list(range(calib.num_steps))
