@@ -2,7 +2,9 @@
 config without weights (accelerate's empty init), then each tensor of the file placed under diffusers' name (the
 family's GgufNames): a quantized Linear weight becomes an NBitsLinear (export/gguf_linear.py: MatMulNBits in ONNX,
 blocks written as they are for Q8_0 / Q4_0, re-quantized to 8-bit blocks otherwise, made from the file's memory
-map one layer at a time), every other tensor a float parameter."""
+map one layer at a time), every other tensor a float parameter. `layout` "int8-channel" (export --gguf-layout): every
+quantized Linear re-quantized to int8 with a scale per output channel instead (ChannelInt8Linear, DynamicQuantizeMatMul).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from pathlib import Path
 from ..errors import UserError
 from .gguf_blocks import BLOCK, EXACT, FLOAT_TYPES, type_name
 from .gguf_file import GgufFile, GgufTensor
+
+LAYOUTS = ("blocks", "int8-channel")  # export --gguf-layout: the GGUF's blocks (MatMulNBits) or int8 per channel
 
 
 def _names(family):
@@ -66,25 +70,29 @@ def _float(gg: GgufFile, entry) -> "torch.Tensor":
     return torch.from_numpy(finite(dequantize(raw, t.ggml_type, shape), f"tensor {t.name!r}"))
 
 
-def _blocks(gg: GgufFile, entry, report: dict):
-    """One layer's MatMulNBits blocks, made from the file's memory map when needed (never all held at once); the
-    re-quantization's worst signal-to-noise kept in the report."""
-    from .gguf_blocks import to_nbits
+def _blocks(gg: GgufFile, entry, report: dict, channel: bool = False):
+    """One layer's MatMulNBits blocks (or, `channel`, its int8 per-channel weight), made from the file's memory map
+    when needed (never all held at once); the re-quantization's worst signal-to-noise kept in the report."""
+    from .gguf_blocks import to_channel8, to_nbits
 
     t = entry[0]
     raw, shape = _chunk(gg, *entry)
-    nb = to_nbits(raw, t.ggml_type, shape)
+    nb = (to_channel8 if channel else to_nbits)(raw, t.ggml_type, shape)
     if nb.snr_db is not None:
         low = report["requantized_min_snr_db"]
         report["requantized_min_snr_db"] = round(nb.snr_db if low is None else min(low, nb.snr_db), 2)
     return nb
 
 
-def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
+def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path, layout: str = "blocks"):
     """The diffusers backbone with the file's weights: (module, report for the manifest)."""
     import torch
 
-    from .gguf_linear import NBitsLinear
+    from .gguf_linear import ChannelInt8Linear, NBitsLinear
+
+    if layout not in LAYOUTS:
+        raise UserError(f"--gguf-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    channel = layout == "int8-channel"
     from .streamed_float import empty_backbone, parent_of
 
     mapped = check_file(gg, family)
@@ -106,6 +114,8 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
     types = Counter(type_name(t.ggml_type) for t in gg.tensors.values())
     report = {"file": gg.path.name, "architecture": gg.architecture, "types": dict(sorted(types.items())),
               "exact": 0, "requantized": 0, "float": 0, "requantized_min_snr_db": None}
+    if channel:  # the default layout leaves the report (and the manifest) as it was
+        report["layout"] = layout
     done: set[str] = set()
     linears = [(n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
     for index, (name, lin) in enumerate(linears):
@@ -117,10 +127,12 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path):
                             f"not a [N, K] matrix with K a multiple of {BLOCK}")
         bias = _float(gg, mapped[f"{name}.bias"]) if lin.bias is not None else None
         owner, leaf = parent_of(module, name)
-        setattr(owner, leaf, NBitsLinear(partial(_blocks, gg, mapped[f"{name}.weight"], report),
-                                         EXACT.get(t.ggml_type, 8), index, lin.out_features, lin.in_features, bias))
+        load = partial(_blocks, gg, mapped[f"{name}.weight"], report, channel)
+        layer = ChannelInt8Linear(load, index, lin.out_features, lin.in_features, bias) if channel else \
+            NBitsLinear(load, EXACT.get(t.ggml_type, 8), index, lin.out_features, lin.in_features, bias)
+        setattr(owner, leaf, layer)
         done.update({f"{name}.weight", f"{name}.bias"})
-        report["exact" if t.ggml_type in EXACT else "requantized"] += 1
+        report["exact" if t.ggml_type in EXACT and not channel else "requantized"] += 1
     for name in params:
         if name in done:
             continue
@@ -135,4 +147,7 @@ def precision_label(report: dict) -> str:
     """The manifest's precision of a GGUF backbone: gguf- and its quantized types, most frequent first."""
     quantized = sorted((k for k in report["types"] if k not in ("F32", "F16", "BF16")),
                        key=lambda k: -report["types"][k])
-    return "gguf-" + "+".join(k.lower() for k in quantized) if quantized else "fp32"
+    if not quantized:
+        return "fp32"
+    label = "gguf-" + "+".join(k.lower() for k in quantized)
+    return f"{label}:{report['layout']}" if report.get("layout", "blocks") != "blocks" else label

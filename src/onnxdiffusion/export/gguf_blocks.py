@@ -10,6 +10,10 @@ Re-quantized (dequantized with the `gguf` package, then rounded to 8-bit blocks 
   every other type the `gguf` package can dequantize (Q4_1, Q5_0/1, Q2_K...Q6_K, IQ*, ...). The rounding error
   against the GGUF weights is reported per tensor (`snr_db`) and measured in experiments/families/gguf.md.
 Float types (F32, F16, BF16) stay float weights.
+
+`export --gguf-layout int8-channel` re-quantizes every quantized type (Q8_0 and Q4_0 too) to one symmetric int8
+scale per output channel (`Channel8`, ONNX Runtime's DynamicQuantizeMatMul: the int32 accumulator runs over the
+whole K, where MatMulNBits converts it to float every 32 inputs; experiments/families/step_kernels.md).
 """
 
 from __future__ import annotations
@@ -44,6 +48,24 @@ class NBits:
     bits: int
     exact: bool
     snr_db: float | None  # re-quantized: the rounding's signal-to-noise against the GGUF weights; exact: None
+
+
+@dataclass(frozen=True)
+class Channel8:
+    """One weight [N, K] as DynamicQuantizeMatMul inputs: `b` int8 [K, N] (symmetric: no zero point), `scales`
+    float32 [N], one per output channel. Always re-quantized (`exact` False, `snr_db` against the GGUF weights)."""
+
+    b: np.ndarray
+    scales: np.ndarray
+    bits: int = 8
+    exact: bool = False
+    snr_db: float | None = None
+
+
+def _snr(ref: np.ndarray, err: np.ndarray) -> float:
+    noise = float(np.square(err, dtype=np.float64).sum())
+    signal = float(np.square(ref, dtype=np.float64).sum())
+    return float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-300) / noise)
 
 
 def _blocks(raw: np.ndarray, shape: tuple[int, ...], block_bytes: int) -> np.ndarray:
@@ -134,6 +156,29 @@ def to_nbits(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> NBits:
     if ggml_type == Q4_0:
         return _q4_0(raw, shape)
     return requantize8(dequantize(raw, ggml_type, shape))
+
+
+def requantize_channel8(w: np.ndarray) -> Channel8:
+    """float [N, K] -> symmetric int8 with one fp32 scale per row (output channel), stored [K, N]."""
+    w = finite(w, "a weight").astype(np.float32, copy=False)
+    amax = np.abs(w).max(axis=1, keepdims=True)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    snr = _snr(w, q * scale - w)
+    return Channel8(np.ascontiguousarray(q.T), scale.reshape(-1), snr_db=snr)
+
+
+def to_channel8(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> Channel8:
+    """A quantized 2-D weight [N, K] re-quantized per output channel (from the GGUF's own dequantized values)."""
+    if len(shape) != 2 or shape[1] % BLOCK:
+        raise UserError(f"a {type_name(ggml_type)} weight of shape {list(shape)} is not a [N, K] matrix with K a "
+                        f"multiple of {BLOCK}")
+    return requantize_channel8(dequantize(raw, ggml_type, shape))
+
+
+def channel8_to_float(c: Channel8) -> np.ndarray:
+    """What DynamicQuantizeMatMul computes with (its dequantized weight, [N, K]), for tests and reports."""
+    return (c.b.T.astype(np.float32) * c.scales[:, None])
 
 
 def nbits_to_float(nb: NBits, shape: tuple[int, int]) -> np.ndarray:

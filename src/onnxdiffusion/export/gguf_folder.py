@@ -60,7 +60,7 @@ def export_into_folder(gguf_path: Path, out: Path, options, base: Path) -> Manif
         for p in base.iterdir():
             if p.name not in (MANIFEST, family.backbone):
                 (shutil.copytree if p.is_dir() else shutil.copy2)(p, tmp / p.name)
-        module, report = build_backbone(gg, family, class_name, base / family.backbone)
+        module, report = build_backbone(gg, family, class_name, base / family.backbone, options.gguf_layout)
         fused = fuse_attention(module) if options.fuse_attention else 0
         dims = family.export_dims(spec, info)
         gen = torch.Generator().manual_seed(0)

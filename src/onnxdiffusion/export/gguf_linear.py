@@ -22,6 +22,7 @@ from ..onnxio.aligned import AlignedData
 from .gguf_blocks import BLOCK, NBits
 
 DOMAIN_OP = "com.microsoft::MatMulNBits"
+CHANNEL_OP = "com.microsoft::DynamicQuantizeMatMul"  # --gguf-layout int8-channel (ChannelInt8Linear)
 # int8 compute of the activations: ONNX Runtime's fast CPU path for block-wise int4/int8 weights (ORT issue 23004)
 ACCURACY_LEVEL = 4
 _MAGIC = b"ODNBITS"  # + one byte (0: blocks, 1: scales) + the layer's u64 index: a placeholder's 16 bytes
@@ -48,6 +49,36 @@ class _MatMulNBits(torch.autograd.Function):
         y = g.op(DOMAIN_OP, x, b, scales, K_i=k, N_i=n, bits_i=bits, block_size_i=BLOCK,
                  accuracy_level_i=ACCURACY_LEVEL)
         sizes = x.type().varyingSizes()  # the exporter's shape inference knows no contrib op: say [..., N]
+        if sizes is not None:
+            y.setType(x.type().with_sizes([*sizes[:-1], n]))
+        return y
+
+
+def _dynamic_uint8(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as ONNX's DynamicQuantizeLinear rounds it (uint8, one scale and zero point for the whole tensor, its
+    range widened to hold 0), dequantized: the eager twin of the run-time activation quantization."""
+    lo, hi = torch.clamp(x.min(), max=0.0), torch.clamp(x.max(), min=0.0)
+    scale = (hi - lo) / 255.0
+    if float(scale) == 0.0:
+        return x
+    zero = torch.clamp(torch.round(-lo / scale), 0, 255)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
+class _DynamicQuantizeMatMul(torch.autograd.Function):
+    """x @ (b * scales): b int8 [K, N], one scale per output channel; in ONNX the activations are quantized to
+    uint8 per tensor at run time and the int32 accumulator runs over the whole K (MLAS' int8 GEMM)."""
+
+    @staticmethod
+    def forward(ctx, x, b, scales, n: int):
+        if b.numel() == len(_MAGIC) + 9:
+            return x.new_zeros((*x.shape[:-1], n))
+        return _dynamic_uint8(x) @ (b.to(scales.dtype) * scales)
+
+    @staticmethod
+    def symbolic(g, x, b, scales, n: int):
+        y = g.op(CHANNEL_OP, x, b, scales)
+        sizes = x.type().varyingSizes()
         if sizes is not None:
             y.setType(x.type().with_sizes([*sizes[:-1], n]))
         return y
@@ -86,6 +117,27 @@ class NBitsLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}"
+
+
+class ChannelInt8Linear(NBitsLinear):
+    """An NBitsLinear whose `load()` makes gguf_blocks.Channel8 (int8 [K, N], a scale per output channel): one
+    DynamicQuantizeMatMul node in ONNX (export --gguf-layout int8-channel); the same placeholders and writer."""
+
+    def __init__(self, load: Callable, index: int, out_features: int, in_features: int, bias: torch.Tensor | None):
+        super().__init__(load, 8, index, out_features, in_features, bias)
+        self.register_buffer("qweight", _placeholder(index, 0, np.int8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing():
+            b, s = self.qweight, self.scales
+        else:
+            c = self.load()
+            b, s = torch.from_numpy(c.b), torch.from_numpy(c.scales)
+        y = _DynamicQuantizeMatMul.apply(x, b, s, self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
 
 
 def streamed_layers(module: torch.nn.Module) -> dict[int, Callable[[], NBits]]:

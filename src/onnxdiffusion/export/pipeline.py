@@ -145,7 +145,8 @@ def _load_source(src: Path, name: str, class_name: str, family: Family, options:
     from .gguf_backbone import build_backbone
     from .gguf_file import read_gguf
 
-    module, reports[name] = build_backbone(read_gguf(options.gguf), family, class_name, src / name)
+    module, reports[name] = build_backbone(read_gguf(options.gguf), family, class_name, src / name,
+                                           options.gguf_layout)
     return module
 
 
@@ -225,6 +226,12 @@ def _check_options(options: ExportOptions) -> None:
         raise UserError(f"--stream-weights must be auto, on or off, got {options.stream_weights!r}")
     if options.text_encoder_weights not in ("float", "int8", "int4"):
         raise UserError(f"--text-encoder-weights must be float, int8 or int4, got {options.text_encoder_weights!r}")
+    from .gguf_backbone import LAYOUTS
+
+    if options.gguf_layout not in LAYOUTS:
+        raise UserError(f"--gguf-layout must be one of {', '.join(LAYOUTS)}, got {options.gguf_layout!r}")
+    if options.gguf_layout != "blocks" and options.gguf is None:
+        raise UserError(f"--gguf-layout {options.gguf_layout}: a GGUF source only (export MODEL.gguf OUT --base DIR)")
 
 
 def export_pipeline(src: Path | str, out: Path | str, options: ExportOptions | None = None,
