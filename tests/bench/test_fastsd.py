@@ -27,8 +27,6 @@ def test_the_fastsd_arch_runs_lcm_4_at_512_with_the_tiny_decoder():
         cfg = configs(tiny=arch.endswith("-tiny"), lcm=True)  # the folder's default size is the arch's
         assert (cfg["backbone"]["sample_size"] * 8, cfg["vae"]["sample_size"]) == (size, size)
         assert ARCHES[arch].sampler == "lcm" and "openvino-fp32" in ARCHES[arch].variants
-        args = ARCHES[arch].quantize_args  # calibrated on the steps the rows run
-        assert args[args.index("--calib-sampler") + 1] == ARCHES[arch].sampler
     assert _resolve(BenchOptions(arch="sd15-lcm", decoder="full")).decoder is None  # the VAE, by asking
     assert _resolve(BenchOptions(arch="sd15")).decoder is None and _resolve(BenchOptions(arch="sd15")).size == 256
     with pytest.raises(UserError, match="--decoder must be full or tiny"):

@@ -78,10 +78,6 @@ def _fullwidth(arch: str, work: Path, threads: int, progress: bool, depth: str |
 QUANTIZE_ARGS = ("--calib-count", "4", "--calib-steps", "4", "--latency-runs", "3", "--no-quality")
 
 
-# an LCM folder's manifest names no recommended sampler, so quantize would calibrate with DDIM's timesteps: the
-# int8 ranges of the FastSD rows come from the LCM steps those rows run
-LCM_CALIBRATION = ("--calib-sampler", "lcm")
-
 # the release-size rows by default (the quantized folders found beside the export are added): an fp32 ONNX Runtime
 # row of a 6B backbone holds 24.6 GB of weights
 RELEASE_ROWS = ("torch-bf16", "sdcpp-q8_0", "sdcpp-q4_K")
@@ -111,11 +107,10 @@ ARCHES = {
                  QUANTIZE_ARGS + ("--calib-guidance", "7.5"), 7.5, "ddim"),  # SD1.5's usual guidance (the committed figures')
     # FastSD CPU's recipe (LCM 4 steps + TAESD, 512x512) against OpenVINO's pipeline of the same folder + TAESD
     "sd15-lcm": Arch("Stable Diffusion v1.5-sized, LCM-distilled UNet + TAESD (the FastSD CPU recipe)", 4,
-                     ("ort-fp32", "openvino-fp32"), _sd15, QUANTIZE_ARGS + ("--calib-guidance", "8.0") + LCM_CALIBRATION,
-                     8.0, "lcm", 512, "tiny"),
+                     ("ort-fp32", "openvino-fp32"), _sd15, QUANTIZE_ARGS + ("--calib-guidance", "8.0"), 8.0, "lcm",
+                     512, "tiny"),
     "sd15-lcm-tiny": Arch("the FastSD recipe's model, narrow, 128x128 (a smoke-test model)", 4,
-                          ("ort-fp32", "openvino-fp32"), _sd15, QUANTIZE_ARGS + LCM_CALIBRATION, 8.0, "lcm", 128,
-                          "tiny"),
+                          ("ort-fp32", "openvino-fp32"), _sd15, QUANTIZE_ARGS, 8.0, "lcm", 128, "tiny"),
     "sd15-tiny": Arch("Stable Diffusion v1.5's block types, narrow (a smoke-test model)", 4,
                       ("torch-fp32", "ort-fp32"), _sd15),
     "sdxl": Arch("SDXL-base widths (UNet 320/640/1280, CLIP-L + OpenCLIP-bigG), fewer transformer blocks", 4,
