@@ -19,6 +19,11 @@ from .gguf_file import GgufFile, GgufTensor
 LAYOUTS = ("blocks", "int8-channel")  # export --gguf-layout: the GGUF's blocks (MatMulNBits) or int8 per channel
 
 
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise UserError(f"--gguf-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+
+
 def _names(family):
     if family.gguf_names is None:
         raise UserError(f"GGUF backbones of {family.name} pipelines are not read yet")
@@ -90,8 +95,7 @@ def build_backbone(gg: GgufFile, family, class_name: str, config_dir: Path, layo
 
     from .gguf_linear import ChannelInt8Linear, NBitsLinear
 
-    if layout not in LAYOUTS:
-        raise UserError(f"--gguf-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    check_layout(layout)
     channel = layout == "int8-channel"
     from .streamed_float import empty_backbone, parent_of
 

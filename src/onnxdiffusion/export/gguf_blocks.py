@@ -63,6 +63,7 @@ class Channel8:
 
 
 def _snr(ref: np.ndarray, err: np.ndarray) -> float:
+    """A re-quantization's signal-to-noise in dB (the rounding error `err` against the weights `ref`)."""
     noise = float(np.square(err, dtype=np.float64).sum())
     signal = float(np.square(ref, dtype=np.float64).sum())
     return float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-300) / noise)
@@ -121,11 +122,7 @@ def requantize8(w: np.ndarray) -> NBits:
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.rint(blocks / scale), -127, 127).astype(np.int16)
-    err = (q * scale - blocks).astype(np.float64)
-    signal = float(np.square(blocks, dtype=np.float64).sum())
-    noise = float(np.square(err).sum())
-    snr = float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-300) / noise)
-    return NBits((q + 128).astype(np.uint8), scale.reshape(-1), 8, False, snr)
+    return NBits((q + 128).astype(np.uint8), scale.reshape(-1), 8, False, _snr(blocks, q * scale - blocks))
 
 
 def requantize4(w: np.ndarray) -> NBits:
@@ -139,11 +136,8 @@ def requantize4(w: np.ndarray) -> NBits:
     q = np.clip(np.rint(blocks / scale), -8, 7).astype(np.int16)
     u = (q + 8).astype(np.uint8)
     packed = u[..., 0::2] | (u[..., 1::2] << 4)
-    err = (q * scale - blocks).astype(np.float64)
-    noise = float(np.square(err).sum())
-    signal = float(np.square(blocks, dtype=np.float64).sum())
-    snr = float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-300) / noise)
-    return NBits(np.ascontiguousarray(packed, dtype=np.uint8), scale.reshape(-1), 4, False, snr)
+    return NBits(np.ascontiguousarray(packed, dtype=np.uint8), scale.reshape(-1), 4, False,
+                 _snr(blocks, q * scale - blocks))
 
 
 def to_nbits(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> NBits:

@@ -112,8 +112,11 @@ class NBitsLinear(torch.nn.Module):
         else:
             nb = self.load()
             b, s = torch.from_numpy(nb.b), torch.from_numpy(nb.scales)
-        y = _MatMulNBits.apply(x, b, s, self.bits, self.out_features, self.in_features)
+        y = self._matmul(x, b, s)
         return y if self.bias is None else y + self.bias
+
+    def _matmul(self, x: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return _MatMulNBits.apply(x, b, s, self.bits, self.out_features, self.in_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}"
@@ -127,14 +130,8 @@ class ChannelInt8Linear(NBitsLinear):
         super().__init__(load, 8, index, out_features, in_features, bias)
         self.register_buffer("qweight", _placeholder(index, 0, np.int8))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_tracing():
-            b, s = self.qweight, self.scales
-        else:
-            c = self.load()
-            b, s = torch.from_numpy(c.b), torch.from_numpy(c.scales)
-        y = _DynamicQuantizeMatMul.apply(x, b, s, self.out_features)
-        return y if self.bias is None else y + self.bias
+    def _matmul(self, x: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return _DynamicQuantizeMatMul.apply(x, b, s, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"

@@ -226,10 +226,9 @@ def _check_options(options: ExportOptions) -> None:
         raise UserError(f"--stream-weights must be auto, on or off, got {options.stream_weights!r}")
     if options.text_encoder_weights not in ("float", "int8", "int4"):
         raise UserError(f"--text-encoder-weights must be float, int8 or int4, got {options.text_encoder_weights!r}")
-    from .gguf_backbone import LAYOUTS
+    from .gguf_backbone import check_layout
 
-    if options.gguf_layout not in LAYOUTS:
-        raise UserError(f"--gguf-layout must be one of {', '.join(LAYOUTS)}, got {options.gguf_layout!r}")
+    check_layout(options.gguf_layout)
     if options.gguf_layout != "blocks" and options.gguf is None:
         raise UserError(f"--gguf-layout {options.gguf_layout}: a GGUF source only (export MODEL.gguf OUT --base DIR)")
 

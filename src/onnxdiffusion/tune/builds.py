@@ -170,7 +170,7 @@ def _build(model, build: Build, search, unavailable: dict, log) -> tuple[dict, o
     from ..errors import UserError
     from ..folder.artifacts import MANIFEST
 
-    base = Build(build.recipe).name
+    base = build.recipe  # the recipe's default folder, searched before this build
     # a build of another form says so in its record (the report's hand-spelled command and its "why" read it)
     form = {"quantize_recipe": build.recipe, "for_profiles": list(build.for_profiles)} if build.options else {}
     if build.options and missed_everywhere(search, base):
